@@ -1,0 +1,205 @@
+//! Configuration from `APTIX_*` environment variables (DESIGN.md §4).
+//!
+//! Every variable is read in one place, parsed into a typed value, and a bad value fails start-up
+//! with a message that names the variable. Secrets are wrapped so they never print.
+
+use std::time::Duration;
+
+use crate::contract::RequestLimits;
+
+/// A value that must never appear in logs or debug output.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: impl Into<String>) -> Self {
+        Self(s.into())
+    }
+    /// The secret itself; call only where it is sent on the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() { "Secret(<empty>)" } else { "Secret(***)" })
+    }
+}
+
+/// A configuration variable that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("configuration variable {var}: {problem}")]
+pub struct ConfigError {
+    /// The variable's name.
+    pub var: &'static str,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `APTIX_NAMESPACE`: prefix of every queue, exchange and Redis key.
+    pub namespace: String,
+    /// `APTIX_AMQP_URL`: RabbitMQ; `None` = embedded in-memory queue.
+    pub amqp_url: Option<Secret>,
+    /// `APTIX_REDIS_URL`: Redis; `None` = embedded in-memory store.
+    pub redis_url: Option<Secret>,
+    /// `APTIX_LLM_BASE_URL`: Responses API base; `None` = the embedded fake model.
+    pub llm_base_url: Option<String>,
+    /// `OPENAI_API_KEY`: the model server's key.
+    pub api_key: Option<Secret>,
+    /// `APTIX_MODEL`: the model name sent on every call.
+    pub model: String,
+    /// `APTIX_LLM_TIMEOUT_SECS`: how long one model call may take.
+    pub llm_timeout: Duration,
+    /// `APTIX_LLM_CONNECT_TIMEOUT_SECS`: how long connecting to the model server may take.
+    pub llm_connect_timeout: Duration,
+    /// `APTIX_LLM_MAX_RETRIES`: retries of one model call after the first attempt.
+    pub llm_max_retries: usize,
+    /// `APTIX_MAX_ITERATIONS`: model calls one turn may make.
+    pub max_iterations: usize,
+    /// `APTIX_CONCURRENCY`: turns one worker runs at once.
+    pub concurrency: usize,
+    /// `APTIX_MODES_FILE`: a mode catalog replacing the built-in one.
+    pub modes_file: Option<String>,
+    /// `APTIX_LEASE_SECS`: how long a session lease lasts without renewal.
+    pub lease: Duration,
+    /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
+    pub limits: RequestLimits,
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads configuration through `lookup` (tests pass a map instead of the environment).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let defaults = RequestLimits::default();
+        let namespace = get("APTIX_NAMESPACE").unwrap_or_else(|| "aptix".to_string());
+        if let Err(e) = crate::contract::ids::check_id(&namespace) {
+            return Err(ConfigError {
+                var: "APTIX_NAMESPACE",
+                problem: e.to_string(),
+            });
+        }
+        Ok(Self {
+            namespace,
+            amqp_url: get("APTIX_AMQP_URL").map(Secret::new),
+            redis_url: get("APTIX_REDIS_URL").map(Secret::new),
+            llm_base_url: get("APTIX_LLM_BASE_URL").map(|u| u.trim_end_matches('/').to_string()),
+            api_key: get("OPENAI_API_KEY").map(Secret::new),
+            model: get("APTIX_MODEL").unwrap_or_else(|| "gpt-4o-mini".to_string()),
+            llm_timeout: Duration::from_secs(number(&get, "APTIX_LLM_TIMEOUT_SECS", 120)?),
+            llm_connect_timeout: Duration::from_secs(number(
+                &get,
+                "APTIX_LLM_CONNECT_TIMEOUT_SECS",
+                10,
+            )?),
+            llm_max_retries: number(&get, "APTIX_LLM_MAX_RETRIES", 2)?,
+            max_iterations: positive(&get, "APTIX_MAX_ITERATIONS", 8)?,
+            concurrency: positive(&get, "APTIX_CONCURRENCY", 16)?,
+            modes_file: get("APTIX_MODES_FILE"),
+            lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
+            limits: RequestLimits {
+                max_body_bytes: positive(&get, "APTIX_MAX_BODY_BYTES", defaults.max_body_bytes)?,
+                max_instruction_bytes: positive(
+                    &get,
+                    "APTIX_MAX_INSTRUCTION_BYTES",
+                    defaults.max_instruction_bytes,
+                )?,
+                max_artifact_bytes: positive(
+                    &get,
+                    "APTIX_MAX_ARTIFACT_BYTES",
+                    defaults.max_artifact_bytes,
+                )?,
+                max_image_bytes: positive(&get, "APTIX_MAX_IMAGE_BYTES", defaults.max_image_bytes)?,
+            },
+        })
+    }
+}
+
+fn number<T: std::str::FromStr>(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match get(var) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|e| ConfigError {
+            var,
+            problem: format!("{v:?} is not a valid number ({e})"),
+        }),
+    }
+}
+
+fn positive<T>(
+    get: &impl Fn(&str) -> Option<String>,
+    var: &'static str,
+    default: T,
+) -> Result<T, ConfigError>
+where
+    T: std::str::FromStr + PartialOrd + Default,
+    T::Err: std::fmt::Display,
+{
+    let n = number(get, var, default)?;
+    if n <= T::default() {
+        return Err(ConfigError {
+            var,
+            problem: "must be greater than zero".to_string(),
+        });
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_need_no_environment() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.namespace, "aptix");
+        assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
+        assert_eq!(c.limits, RequestLimits::default());
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = cfg(&[("APTIX_MAX_BODY_BYTES", "lots")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_MAX_BODY_BYTES");
+        let e = cfg(&[("APTIX_CONCURRENCY", "0")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_CONCURRENCY");
+        let e = cfg(&[("APTIX_NAMESPACE", "a b")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_NAMESPACE");
+    }
+
+    #[test]
+    fn limits_are_configurable() {
+        let c = cfg(&[("APTIX_MAX_INSTRUCTION_BYTES", "10")]).unwrap();
+        assert_eq!(c.limits.max_instruction_bytes, 10);
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let c = cfg(&[("OPENAI_API_KEY", "sk-very-secret")]).unwrap();
+        assert!(!format!("{c:?}").contains("sk-very-secret"));
+    }
+}

@@ -1,0 +1,131 @@
+//! The stable error codes every client sees in `InvokeResult.errors[].errorCode`.
+//!
+//! This is the one table of codes in the product; the README mirrors it. A code, once
+//! published, keeps its meaning: clients branch on codes, never on message text.
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! error_codes {
+    ($( $(#[doc = $doc:literal])+ $variant:ident = $code:literal, )+) => {
+        /// A stable, documented error (or warning) code.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum ErrorCode {
+            $( $(#[doc = $doc])+ #[serde(rename = $code)] $variant, )+
+        }
+
+        impl ErrorCode {
+            /// Every code, in table order (used to render the documentation table).
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)+];
+
+            /// The wire spelling of the code.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)+ }
+            }
+
+            /// One-line meaning of the code, as documented.
+            pub fn meaning(self) -> &'static str {
+                match self { $(ErrorCode::$variant => concat!($($doc),+).trim_ascii(),)+ }
+            }
+        }
+    };
+}
+
+error_codes! {
+    /// The body is not valid JSON, or not a JSON object.
+    MalformedJson = "MALFORMED_JSON",
+    /// The body, the instruction, an artifact or an image is larger than the configured limit.
+    PayloadTooLarge = "PAYLOAD_TOO_LARGE",
+    /// A required field is absent (or null).
+    MissingField = "MISSING_FIELD",
+    /// A field has the wrong JSON type (for example a number where a string is expected).
+    InvalidFieldType = "INVALID_FIELD_TYPE",
+    /// The same field was sent twice, once camelCase and once PascalCase.
+    DuplicateField = "DUPLICATE_FIELD",
+    /// A field that is server-owned (mode, continuation ids, tools) or not allowed in this scenario.
+    ForbiddenField = "FORBIDDEN_FIELD",
+    /// An id is not 1-128 characters of `[A-Za-z0-9._:-]`.
+    InvalidId = "INVALID_ID",
+    /// A user turn carries no instruction, no input artifact and no clipboard image.
+    EmptyTurn = "EMPTY_TURN",
+    /// A tool result has a negative or fractional `executionMs`, or not exactly one of `resultJson` / `errorMessage`.
+    InvalidToolResult = "INVALID_TOOL_RESULT",
+    /// A tool result's `resultJson` is not itself valid JSON.
+    InvalidResultJson = "INVALID_RESULT_JSON",
+    /// An input artifact has a bad `origin`, `encoding` or contents that do not decode.
+    InvalidArtifact = "INVALID_ARTIFACT",
+    /// An artifact's `relativePath` is absolute, rooted, has a drive letter, a `..` segment or a NUL.
+    InvalidPath = "INVALID_PATH",
+    /// A clipboard image has an empty id, a non-`image/*` MIME type or data that is not base64.
+    InvalidImage = "INVALID_IMAGE",
+    /// A RAG scope condition has an empty key, no values or an unknown operator.
+    InvalidRagCondition = "INVALID_RAG_CONDITION",
+    /// Warning: a field the contract does not know was ignored.
+    UnknownField = "UNKNOWN_FIELD",
+    /// The submitted tool results do not match the tool calls the turn waits for (count, ids, order).
+    ToolResultsMismatch = "TOOL_RESULTS_MISMATCH",
+    /// An `agentContextId` or `conversationContextId` names no configured context.
+    UnknownContext = "UNKNOWN_CONTEXT",
+    /// No turn with this id exists in this session.
+    TurnNotFound = "TURN_NOT_FOUND",
+    /// A turn with this id already exists with a different payload.
+    TurnConflict = "TURN_CONFLICT",
+    /// A tool continuation was sent for a turn that is not waiting for client tools.
+    TurnNotAwaitingTools = "TURN_NOT_AWAITING_TOOLS",
+    /// Another turn of the same session is running; the turn is retried later.
+    SessionBusy = "SESSION_BUSY",
+    /// The model server could not be reached or kept failing after retries (retryable).
+    LlmUnavailable = "LLM_UNAVAILABLE",
+    /// The model server rejected the request (a terminal 4xx); its message is kept.
+    LlmRejected = "LLM_REJECTED",
+    /// The model answered with something the pipeline cannot use (failed status, malformed body).
+    LlmBadResponse = "LLM_BAD_RESPONSE",
+    /// The turn called the model more times than the configured iteration limit.
+    IterationLimit = "ITERATION_LIMIT",
+    /// Warning: the model's answer was cut short (for example by `max_output_tokens`).
+    ResponseIncomplete = "RESPONSE_INCOMPLETE",
+    /// Warning: the model returned an output item type the pipeline does not know; it was ignored.
+    UnknownOutputItem = "UNKNOWN_OUTPUT_ITEM",
+    /// A server tool could not run (for example its store is unreachable); retryable.
+    ToolUnavailable = "TOOL_UNAVAILABLE",
+    /// An unexpected internal failure; details are logged, not returned.
+    Internal = "INTERNAL",
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Renders the code table as Markdown (the README's table is checked against this).
+pub fn markdown_table() -> String {
+    let mut out = String::from("| errorCode | meaning |\n|---|---|\n");
+    for code in ErrorCode::ALL {
+        out.push_str(&format!("| `{}` | {} |\n", code.as_str(), code.meaning()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_screaming_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            let s = code.as_str();
+            assert!(seen.insert(s), "duplicate code {s}");
+            assert!(s.chars().all(|c| c.is_ascii_uppercase() || c == '_'), "{s}");
+            assert!(!code.meaning().is_empty());
+        }
+    }
+
+    #[test]
+    fn serde_uses_wire_spelling() {
+        let json = serde_json::to_string(&ErrorCode::ToolResultsMismatch).unwrap();
+        assert_eq!(json, "\"TOOL_RESULTS_MISMATCH\"");
+        let back: ErrorCode = serde_json::from_str("\"SESSION_BUSY\"").unwrap();
+        assert_eq!(back, ErrorCode::SessionBusy);
+    }
+}
