@@ -24,7 +24,11 @@ impl Secret {
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() { "Secret(<empty>)" } else { "Secret(***)" })
+        f.write_str(if self.0.is_empty() {
+            "Secret(<empty>)"
+        } else {
+            "Secret(***)"
+        })
     }
 }
 
@@ -79,7 +83,11 @@ impl Config {
 
     /// Reads configuration through `lookup` (tests pass a map instead of the environment).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |k: &str| lookup(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let get = |k: &str| {
+            lookup(k)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
         let defaults = RequestLimits::default();
         let namespace = get("APTIX_NAMESPACE").unwrap_or_else(|| "aptix".to_string());
         if let Err(e) = crate::contract::ids::check_id(&namespace) {

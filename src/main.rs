@@ -11,7 +11,11 @@ use aptix_worker::config::Config;
 use aptix_worker::contract::{self, InvokeResult};
 
 #[derive(Parser)]
-#[command(name = "aptix", version, about = "Queue-driven execution backend for LLM agent turns")]
+#[command(
+    name = "aptix",
+    version,
+    about = "Queue-driven execution backend for LLM agent turns"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -54,7 +58,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for file in files {
                 let body = if file == "-" {
                     let mut buf = Vec::new();
-                    std::io::stdin().read_to_end(&mut buf).context("reading stdin")?;
+                    std::io::stdin()
+                        .read_to_end(&mut buf)
+                        .context("reading stdin")?;
                     buf
                 } else {
                     std::fs::read(&file).with_context(|| format!("reading {file}"))?
@@ -68,7 +74,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 all_valid &= result.is_successful();
                 println!("{file}: {}", serde_json::to_string_pretty(&result)?);
             }
-            Ok(if all_valid { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if all_valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::ErrorCodes => {
             print!("{}", contract::codes::markdown_table());

@@ -129,3 +129,15 @@ mod tests {
         assert_eq!(back, ErrorCode::SessionBusy);
     }
 }
+
+#[cfg(test)]
+mod readme {
+    #[test]
+    fn readme_lists_exactly_these_codes() {
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(&super::markdown_table()),
+            "README.md's error code table is out of date: paste `aptix error-codes` into it"
+        );
+    }
+}

@@ -69,7 +69,10 @@ pub struct InvokeResult<T> {
 
 /// A fresh result id: a GUID without hyphens, uppercase, as the original platform writes them.
 pub fn new_result_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string().to_ascii_uppercase()
+    uuid::Uuid::new_v4()
+        .simple()
+        .to_string()
+        .to_ascii_uppercase()
 }
 
 impl<T> InvokeResult<T> {

@@ -50,7 +50,7 @@ impl Default for RequestLimits {
 #[serde(untagged)]
 pub enum AgentExecuteRequest {
     /// Starts a new turn.
-    UserTurn(UserTurn),
+    UserTurn(Box<UserTurn>),
     /// Returns client tool results for a turn that waits for them.
     ToolContinuation(ToolContinuation),
 }
@@ -498,7 +498,10 @@ const USER_TURN_ONLY: &[&str] = &[
 ];
 
 /// Parses a request body (bytes as received) against the limits.
-pub fn parse_request(body: &[u8], limits: &RequestLimits) -> Result<ParsedRequest, RequestRejected> {
+pub fn parse_request(
+    body: &[u8],
+    limits: &RequestLimits,
+) -> Result<ParsedRequest, RequestRejected> {
     if body.len() > limits.max_body_bytes {
         return Err(RequestRejected {
             errors: vec![ErrorMessage::new(
@@ -536,7 +539,11 @@ pub fn parse_request_value(
     let parsed = match value.as_object() {
         Some(map) => parse_envelope(map, limits, &mut report),
         None => {
-            report.error(ErrorCode::MalformedJson, "$", "the body must be a JSON object");
+            report.error(
+                ErrorCode::MalformedJson,
+                "$",
+                "the body must be a JSON object",
+            );
             None
         }
     };
@@ -815,12 +822,16 @@ fn parse_envelope(
             Some(s.to_string())
         }
     });
-    let input_artifacts = fields
-        .array("inputArtifacts", report)
-        .map(|items| parse_list(items, "inputArtifacts", report, |m, p, r| parse_artifact(m, p, limits, r)));
-    let clipboard_images = fields
-        .array("clipboardImages", report)
-        .map(|items| parse_list(items, "clipboardImages", report, |m, p, r| parse_image(m, p, limits, r)));
+    let input_artifacts = fields.array("inputArtifacts", report).map(|items| {
+        parse_list(items, "inputArtifacts", report, |m, p, r| {
+            parse_artifact(m, p, limits, r)
+        })
+    });
+    let clipboard_images = fields.array("clipboardImages", report).map(|items| {
+        parse_list(items, "clipboardImages", report, |m, p, r| {
+            parse_image(m, p, limits, r)
+        })
+    });
     let rag_scope = fields
         .object("ragScope", report)
         .map(|m| parse_rag_scope(m, "ragScope", report));
@@ -863,7 +874,7 @@ fn parse_envelope(
         agent_context_id: fields.context_id("agentContextId", report),
         conversation_context_id: fields.context_id("conversationContextId", report),
     };
-    Some(AgentExecuteRequest::UserTurn(turn))
+    Some(AgentExecuteRequest::UserTurn(Box::new(turn)))
 }
 
 /// Parses every element of an array of objects; `None` if any element was invalid.
@@ -923,7 +934,11 @@ fn parse_tool_result(
     let tool_call_id = f.id("toolCallId", |s| ToolCallId::parse(s), report);
     let execution_ms = match f.get("executionMs") {
         None => {
-            report.error(ErrorCode::MissingField, &f.path("executionMs"), "is required");
+            report.error(
+                ErrorCode::MissingField,
+                &f.path("executionMs"),
+                "is required",
+            );
             None
         }
         Some(Value::Number(n)) => match n.as_u64() {
@@ -1008,31 +1023,29 @@ fn parse_artifact(
         &[],
         report,
     );
-    let relative_path = f
-        .required_string("relativePath", report)
-        .and_then(|s| match RelativePath::parse(s) {
-            Ok(p) => Some(p),
-            Err(why) => {
-                report.error(ErrorCode::InvalidPath, &f.path("relativePath"), why);
-                None
-            }
-        });
+    let relative_path =
+        f.required_string("relativePath", report)
+            .and_then(|s| match RelativePath::parse(s) {
+                Ok(p) => Some(p),
+                Err(why) => {
+                    report.error(ErrorCode::InvalidPath, &f.path("relativePath"), why);
+                    None
+                }
+            });
     let file_name = f.required_string("fileName", report);
     let contents = f.required_string("contents", report);
-    let origin = f
-        .required_string("origin", report)
-        .and_then(|s| match s {
-            "ide" => Some(Origin::Ide),
-            "user" => Some(Origin::User),
-            other => {
-                report.error(
-                    ErrorCode::InvalidArtifact,
-                    &f.path("origin"),
-                    format!("must be \"ide\" or \"user\" (got {other:?})"),
-                );
-                None
-            }
-        });
+    let origin = f.required_string("origin", report).and_then(|s| match s {
+        "ide" => Some(Origin::Ide),
+        "user" => Some(Origin::User),
+        other => {
+            report.error(
+                ErrorCode::InvalidArtifact,
+                &f.path("origin"),
+                format!("must be \"ide\" or \"user\" (got {other:?})"),
+            );
+            None
+        }
+    });
     let mut encoding_ok = true;
     let encoding = match f.string("encoding", report) {
         None => Encoding::Utf8,
@@ -1130,7 +1143,11 @@ fn parse_image(
         .required_string("dataBase64", report)
         .and_then(|s| match BASE64.decode(s) {
             Ok(bytes) if bytes.is_empty() => {
-                report.error(ErrorCode::InvalidImage, &f.path("dataBase64"), "must not be empty");
+                report.error(
+                    ErrorCode::InvalidImage,
+                    &f.path("dataBase64"),
+                    "must not be empty",
+                );
                 None
             }
             Ok(bytes) if bytes.len() > limits.max_image_bytes => {
@@ -1166,7 +1183,11 @@ fn parse_rag_scope(map: &Map<String, Value>, path: &str, report: &mut Report) ->
     let f = Fields::collect(map, path, &["conditions"], &[], report);
     let Some(items) = f.array("conditions", report) else {
         if !f.has("conditions") {
-            report.error(ErrorCode::MissingField, &f.path("conditions"), "is required");
+            report.error(
+                ErrorCode::MissingField,
+                &f.path("conditions"),
+                "is required",
+            );
         }
         return None;
     };
@@ -1182,7 +1203,11 @@ fn parse_condition(
     let f = Fields::collect(map, path, &["key", "operator", "values"], &[], report);
     let key = f.required_string("key", report).and_then(|k| {
         if k.trim().is_empty() {
-            report.error(ErrorCode::InvalidRagCondition, &f.path("key"), "must not be empty");
+            report.error(
+                ErrorCode::InvalidRagCondition,
+                &f.path("key"),
+                "must not be empty",
+            );
             None
         } else {
             Some(k.to_string())

@@ -18,7 +18,11 @@ pub enum ToolResultsMismatch {
         got: usize,
     },
     /// The same ids, in a different order.
-    #[error("tool results are out of order: expected [{}], got [{}]", join(expected), join(got))]
+    #[error(
+        "tool results are out of order: expected [{}], got [{}]",
+        join(expected),
+        join(got)
+    )]
     Order {
         /// The expected order.
         expected: Vec<ToolCallId>,
@@ -110,8 +114,16 @@ mod tests {
     #[test]
     fn each_kind_of_mismatch_is_named() {
         let cases: Vec<(Vec<ToolCallId>, Vec<ToolResult>, &str)> = vec![
-            (vec![id("a"), id("b")], vec![res("a")], "expected 2 tool result(s), got 1"),
-            (vec![id("a")], vec![res("a"), res("b")], "expected 1 tool result(s), got 2"),
+            (
+                vec![id("a"), id("b")],
+                vec![res("a")],
+                "expected 2 tool result(s), got 1",
+            ),
+            (
+                vec![id("a")],
+                vec![res("a"), res("b")],
+                "expected 1 tool result(s), got 2",
+            ),
             (
                 vec![id("a"), id("b")],
                 vec![res("b"), res("a")],
