@@ -12,3 +12,8 @@
 
 pub mod config;
 pub mod contract;
+pub mod catalog;
+pub mod llm;
+pub mod store;
+pub mod tools;
+pub mod pipeline;

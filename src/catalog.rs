@@ -1,0 +1,494 @@
+//! The mode catalog (AGN-013/AGN-014) and the tool declarations it refers to.
+//!
+//! Owns: which modes exist, which tools each mode offers (with their JSON schemas and whether
+//! they run on the server or the client), the AGN-014 §6 catalog block sent to the model, and
+//! start-up validation of every AGN-014 invariant. Must not: persist anything or call the model.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Name of the mode change tool (TUL-007); every mode offers it.
+pub const CHANGE_MODE_TOOL: &str = "agent_change_mode";
+/// Name of the mode listing tool (TUL-010).
+pub const LIST_MODES_TOOL: &str = "agent_list_modes";
+/// Name of the built-in client tool that reads a workspace file on the client.
+pub const READ_FILE_TOOL: &str = "workspace_read_file";
+
+/// Where a tool runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolLocation {
+    /// Implemented by this server (a registered server tool).
+    Server,
+    /// Run by the client; a call ends the turn as `client_tool_continuation`.
+    Client,
+}
+
+/// A tool as declared in the catalog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ToolDef {
+    /// The function name the model calls.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON schema of its arguments.
+    pub parameters: Value,
+    /// Whether the model must follow the schema exactly (all properties required, no extras).
+    #[serde(default = "default_true")]
+    pub strict: bool,
+    /// Server or client.
+    pub location: ToolLocation,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A mode's lifecycle status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModeStatus {
+    /// In normal use.
+    Active,
+    /// Available, may change.
+    Experimental,
+    /// Kept for old sessions; avoid.
+    Deprecated,
+}
+
+/// One mode (AGN-014 §3), immutable at runtime.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mode {
+    /// 32 uppercase hex characters (a GUID without hyphens); stored in sessions.
+    pub id: String,
+    /// snake_case key used in prompts and tools.
+    pub key: String,
+    /// UI label (`modeDisplayName`).
+    pub display_name: String,
+    /// What the mode covers.
+    pub description: String,
+    /// One sentence: when to choose this mode.
+    pub when_to_use: String,
+    /// Whether new sessions start here (exactly one mode).
+    #[serde(default)]
+    pub is_default: bool,
+    /// Lifecycle status; must be a known value when present.
+    #[serde(default = "default_status")]
+    pub status: ModeStatus,
+    /// Names of the tools this mode offers.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// A tool the model must call on every call in this mode (`tool_choice`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<String>,
+    /// Shown once when a session switches into this mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub welcome_message: Option<String>,
+    /// Roles of the humans who typically use this mode.
+    #[serde(default)]
+    pub human_role_hints: Vec<String>,
+    /// Requests that clearly belong to this mode.
+    #[serde(default)]
+    pub example_utterances: Vec<String>,
+}
+
+fn default_status() -> ModeStatus {
+    ModeStatus::Active
+}
+
+/// A catalog entry that breaks an invariant; start-up stops with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid mode catalog: {0}")]
+pub struct CatalogError(pub String);
+
+/// The catalog file format: `{"modes": [...], "tools": [...]}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CatalogFile {
+    modes: Vec<Mode>,
+    tools: Vec<ToolDef>,
+}
+
+/// The validated catalog.
+#[derive(Debug, Clone)]
+pub struct ModeCatalog {
+    modes: Vec<Mode>,
+    tools: Vec<ToolDef>,
+    default_index: usize,
+}
+
+impl ModeCatalog {
+    /// Validates modes and tools against every AGN-014 invariant.
+    pub fn new(modes: Vec<Mode>, tools: Vec<ToolDef>) -> Result<Self, CatalogError> {
+        let err = |m: String| Err(CatalogError(m));
+        if modes.is_empty() {
+            return err("the catalog defines no modes".into());
+        }
+        for (i, mode) in modes.iter().enumerate() {
+            let at = format!("modes[{i}] (key {:?})", mode.key);
+            let id_ok = mode.id.len() == 32
+                && mode.id.chars().all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c));
+            if !id_ok {
+                return err(format!(
+                    "{at}: id {:?} must be 32 uppercase hexadecimal characters (a GUID without hyphens)",
+                    mode.id
+                ));
+            }
+            let key_ok = !mode.key.is_empty()
+                && mode
+                    .key
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !key_ok {
+                return err(format!("{at}: key must be snake_case ([a-z0-9_]+)"));
+            }
+            if modes[..i].iter().any(|m| m.id == mode.id) {
+                return err(format!("{at}: id {} is used by another mode", mode.id));
+            }
+            if modes[..i].iter().any(|m| m.key == mode.key) {
+                return err(format!("{at}: key is used by another mode"));
+            }
+            if mode.when_to_use.trim().is_empty() {
+                return err(format!("{at}: whenToUse must not be empty"));
+            }
+            if mode.when_to_use.contains('\n') {
+                return err(format!("{at}: whenToUse must be a single line"));
+            }
+            if mode.display_name.trim().is_empty() {
+                return err(format!("{at}: displayName must not be empty"));
+            }
+            if !mode.tools.iter().any(|t| t == CHANGE_MODE_TOOL) {
+                return err(format!(
+                    "{at}: every mode must offer {CHANGE_MODE_TOOL} (TUL-007 §3.1)"
+                ));
+            }
+            for tool in &mode.tools {
+                if !tools.iter().any(|t| &t.name == tool) {
+                    return err(format!("{at}: tool {tool:?} is not declared in tools"));
+                }
+            }
+            if let Some(choice) = &mode.tool_choice
+                && !mode.tools.contains(choice)
+            {
+                return err(format!(
+                    "{at}: toolChoice {choice:?} is not one of the mode's tools"
+                ));
+            }
+        }
+        let defaults: Vec<&Mode> = modes.iter().filter(|m| m.is_default).collect();
+        if defaults.len() != 1 {
+            return err(format!(
+                "exactly one mode must be the default; found {} ({})",
+                defaults.len(),
+                defaults.iter().map(|m| m.key.as_str()).collect::<Vec<_>>().join(", ")
+            ));
+        }
+        for (i, tool) in tools.iter().enumerate() {
+            let at = format!("tools[{i}] (name {:?})", tool.name);
+            let name_ok = !tool.name.is_empty()
+                && tool.name.len() <= 64
+                && tool
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !name_ok {
+                return err(format!("{at}: name must be 1-64 of [A-Za-z0-9_-]"));
+            }
+            if tools[..i].iter().any(|t| t.name == tool.name) {
+                return err(format!("{at}: declared twice"));
+            }
+            if tool.parameters.get("type").and_then(Value::as_str) != Some("object") {
+                return err(format!("{at}: parameters must be a JSON schema of type object"));
+            }
+            if tool.strict {
+                check_strict_schema(&tool.parameters).map_err(|m| CatalogError(format!("{at}: {m}")))?;
+            }
+        }
+        let default_index = modes.iter().position(|m| m.is_default).unwrap_or(0);
+        Ok(Self {
+            modes,
+            tools,
+            default_index,
+        })
+    }
+
+    /// Parses and validates a catalog file's JSON.
+    pub fn from_json(text: &str) -> Result<Self, CatalogError> {
+        let file: CatalogFile = serde_json::from_str(text)
+            .map_err(|e| CatalogError(format!("the file is not a valid catalog: {e}")))?;
+        Self::new(file.modes, file.tools)
+    }
+
+    /// Loads the catalog named by `APTIX_MODES_FILE`, or the built-in one.
+    pub fn load(path: Option<&str>) -> Result<Self, CatalogError> {
+        match path {
+            None => Ok(Self::builtin()),
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| CatalogError(format!("cannot read {p}: {e}")))?;
+                Self::from_json(&text)
+            }
+        }
+    }
+
+    /// Serialises the catalog in the file format (for `aptix modes`, and as a template).
+    pub fn to_json(&self) -> Value {
+        json!({"modes": self.modes, "tools": self.tools})
+    }
+
+    /// The built-in catalog: the three AGN-014 seed modes with their fixed ids.
+    pub fn builtin() -> Self {
+        let shared = || vec![CHANGE_MODE_TOOL.to_string(), LIST_MODES_TOOL.to_string()];
+        let mode = |id: &str, key: &str, name: &str, desc: &str, when: &str, default: bool| Mode {
+            id: id.into(),
+            key: key.into(),
+            display_name: name.into(),
+            description: desc.into(),
+            when_to_use: when.into(),
+            is_default: default,
+            status: ModeStatus::Active,
+            tools: shared(),
+            tool_choice: None,
+            welcome_message: None,
+            human_role_hints: Vec::new(),
+            example_utterances: Vec::new(),
+        };
+        let mut general = mode(
+            "3F8E4F377F7A4C189C7F6A8B9F945C11",
+            "general",
+            "General",
+            "General-purpose help: questions, explanations and light assistance.",
+            "Use this mode for everyday Q&A, explanation, and lightweight assistance.",
+            true,
+        );
+        general.tools.push(READ_FILE_TOOL.into());
+        general.example_utterances = vec!["What does this function do?".into()];
+        let mut ddr = mode(
+            "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22",
+            "ddr_authoring",
+            "DDR Authoring",
+            "Writing, refining and checking Aptix DDR specifications (SYS-001).",
+            "Use this mode when the user wants to create, refine, or validate Aptix DDR specifications following SYS-001.",
+            false,
+        );
+        ddr.welcome_message = Some("You are now in DDR Authoring mode.".into());
+        ddr.example_utterances = vec!["Draft a DDR for the retry policy.".into()];
+        let workflow = mode(
+            "0FB81E6A8337444BA00A0CE28E3A1F78",
+            "workflow_authoring",
+            "Workflow Authoring",
+            "Creating, refining and checking Aptix agent workflows (TUL-006).",
+            "Use this mode when defining, editing, or validating Aptix workflows using TUL-006.",
+            false,
+        );
+        let tools = vec![
+            ToolDef {
+                name: CHANGE_MODE_TOOL.into(),
+                description: "Changes the mode of the current session. Call it only after the user has confirmed the switch; give a short reason, and set branch=true when the user wants the new work to start as a separate session.".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {
+                        "mode": {"type": "string", "description": "Key of the target mode."},
+                        "branch": {"type": "boolean", "description": "true to start the new work as a separate session."},
+                        "reason": {"type": "string", "description": "Why the new mode fits the request."}
+                    },
+                    "required": ["mode", "branch", "reason"],
+                    "additionalProperties": false
+                }),
+                strict: true,
+                location: ToolLocation::Server,
+            },
+            ToolDef {
+                name: LIST_MODES_TOOL.into(),
+                description: "Lists every mode with its purpose. Call it when the user asks which modes exist or needs help choosing one, or before proposing a mode change; not on every message.".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {
+                        "includeExamples": {"type": ["boolean", "null"], "description": "Include example requests for each mode."}
+                    },
+                    "required": ["includeExamples"],
+                    "additionalProperties": false
+                }),
+                strict: true,
+                location: ToolLocation::Server,
+            },
+            ToolDef {
+                name: READ_FILE_TOOL.into(),
+                description: "Reads a file from the user's workspace (runs in the client).".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "Path relative to the workspace root."}
+                    },
+                    "required": ["path"],
+                    "additionalProperties": false
+                }),
+                strict: true,
+                location: ToolLocation::Client,
+            },
+        ];
+        // The built-in catalog satisfies its own invariants (checked by a unit test).
+        Self::new(vec![general, ddr, workflow], tools).unwrap_or_else(|e| {
+            unreachable!("the built-in catalog is invalid: {e}")
+        })
+    }
+
+    /// All modes, in catalog order.
+    pub fn modes(&self) -> &[Mode] {
+        &self.modes
+    }
+
+    /// The default mode for new sessions.
+    pub fn default_mode(&self) -> &Mode {
+        &self.modes[self.default_index]
+    }
+
+    /// A mode by key.
+    pub fn by_key(&self, key: &str) -> Option<&Mode> {
+        self.modes.iter().find(|m| m.key == key)
+    }
+
+    /// A mode by id, falling back to the default mode (AGN-014 §6.3).
+    pub fn by_id_or_default(&self, id: &str) -> &Mode {
+        self.modes
+            .iter()
+            .find(|m| m.id == id)
+            .unwrap_or_else(|| self.default_mode())
+    }
+
+    /// The valid keys, for error messages.
+    pub fn keys(&self) -> Vec<&str> {
+        self.modes.iter().map(|m| m.key.as_str()).collect()
+    }
+
+    /// A tool declaration by name.
+    pub fn tool(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// All declared tools.
+    pub fn tools(&self) -> &[ToolDef] {
+        &self.tools
+    }
+
+    /// The tools a mode offers, in the mode's order.
+    pub fn tools_for(&self, mode: &Mode) -> Vec<&ToolDef> {
+        mode.tools.iter().filter_map(|n| self.tool(n)).collect()
+    }
+
+    /// The AGN-014 §6 block naming the current mode (the default when the key is unknown).
+    pub fn system_prompt(&self, current_key: &str) -> String {
+        let current = self.by_key(current_key).unwrap_or_else(|| self.default_mode());
+        let mut out = format!("Current Mode: {}\n\nAvailable Modes:\n", current.key);
+        for m in &self.modes {
+            out.push_str(&format!("- {}: {}\n", m.key, m.when_to_use));
+        }
+        out.push_str("\nMode Switching:\n");
+        out.push_str("- If the user’s request clearly matches another mode’s \"when to use\" description, you may recommend switching.\n");
+        out.push_str(&format!(
+            "- If the user expresses interest in switching, follow the instructions in the {CHANGE_MODE_TOOL} tool.\n"
+        ));
+        out.push_str(&format!(
+            "- If you need more detail about modes, call the {LIST_MODES_TOOL} tool."
+        ));
+        out
+    }
+}
+
+/// Checks the rules the Responses API applies to `strict: true` function schemas: every object
+/// lists all its properties in `required` and sets `additionalProperties: false`.
+fn check_strict_schema(schema: &Value) -> Result<(), String> {
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for name in props.keys() {
+            if !required.contains(&name.as_str()) {
+                return Err(format!(
+                    "strict schemas must list every property in required (missing {name:?}); make optional ones nullable"
+                ));
+            }
+        }
+        if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Err("strict schemas must set additionalProperties: false".into());
+        }
+        for sub in props.values() {
+            check_strict_schema(sub)?;
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        check_strict_schema(items)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(edit: impl FnOnce(&mut Value)) -> Result<ModeCatalog, CatalogError> {
+        let mut v = ModeCatalog::builtin().to_json();
+        edit(&mut v);
+        ModeCatalog::from_json(&v.to_string())
+    }
+
+    #[test]
+    fn builtin_catalog_has_the_seed_modes() {
+        let c = ModeCatalog::builtin();
+        assert_eq!(c.keys(), ["general", "ddr_authoring", "workflow_authoring"]);
+        assert_eq!(c.default_mode().key, "general");
+        assert_eq!(c.by_key("general").unwrap().id, "3F8E4F377F7A4C189C7F6A8B9F945C11");
+        assert_eq!(c.by_key("ddr_authoring").unwrap().id, "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22");
+        assert_eq!(c.by_key("workflow_authoring").unwrap().id, "0FB81E6A8337444BA00A0CE28E3A1F78");
+        for m in c.modes() {
+            assert!(m.tools.contains(&CHANGE_MODE_TOOL.to_string()));
+            assert!(m.tools.contains(&LIST_MODES_TOOL.to_string()));
+        }
+        let general: Vec<&str> = c.tools_for(c.default_mode()).iter().map(|t| t.name.as_str()).collect();
+        assert!(general.contains(&READ_FILE_TOOL));
+        assert_eq!(c.tool(READ_FILE_TOOL).unwrap().location, ToolLocation::Client);
+        // round-trips through the file format
+        assert!(ModeCatalog::from_json(&c.to_json().to_string()).is_ok());
+    }
+
+    #[test]
+    fn every_invariant_fails_fast_naming_the_entry() {
+        let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+            (Box::new(|v| v["modes"][1]["id"] = json!("a9e1f9c15a0c4f8d9af51f3e8b2a6d22")), "modes[1] (key \"ddr_authoring\"): id"),
+            (Box::new(|v| v["modes"][1]["id"] = json!("A9E1F9C1")), "modes[1] (key \"ddr_authoring\"): id"),
+            (Box::new(|v| v["modes"][1]["id"] = v["modes"][0]["id"].clone()), "is used by another mode"),
+            (Box::new(|v| v["modes"][2]["key"] = json!("Workflow Authoring")), "modes[2] (key \"Workflow Authoring\"): key must be snake_case"),
+            (Box::new(|v| v["modes"][2]["key"] = json!("")), "key must be snake_case"),
+            (Box::new(|v| v["modes"][2]["key"] = json!("general")), "modes[2] (key \"general\"): key is used by another mode"),
+            (Box::new(|v| v["modes"][1]["isDefault"] = json!(true)), "exactly one mode must be the default; found 2"),
+            (Box::new(|v| v["modes"][0]["isDefault"] = json!(false)), "exactly one mode must be the default; found 0"),
+            (Box::new(|v| v["modes"][0]["whenToUse"] = json!(" ")), "modes[0] (key \"general\"): whenToUse must not be empty"),
+            (Box::new(|v| v["modes"][0]["status"] = json!("retired")), "not a valid catalog"),
+            (Box::new(|v| v["modes"][0]["tools"] = json!(["agent_list_modes"])), "every mode must offer agent_change_mode"),
+            (Box::new(|v| v["modes"][0]["tools"] = json!(["agent_change_mode", "nope"])), "tool \"nope\" is not declared"),
+            (Box::new(|v| v["tools"][2]["parameters"]["required"] = json!([])), "tools[2] (name \"workspace_read_file\"): strict schemas must list every property"),
+        ];
+        for (edit, expected) in cases {
+            let e = file_with(edit).unwrap_err();
+            assert!(e.0.contains(expected), "{:?} should contain {expected:?}", e.0);
+        }
+        // each status value is accepted
+        for s in ["active", "experimental", "deprecated"] {
+            assert!(file_with(|v| v["modes"][0]["status"] = json!(s)).is_ok());
+        }
+    }
+
+    #[test]
+    fn system_prompt_names_the_current_mode() {
+        let c = ModeCatalog::builtin();
+        let p = c.system_prompt("ddr_authoring");
+        assert!(p.starts_with("Current Mode: ddr_authoring\n\nAvailable Modes:\n- general: Use this mode for everyday Q&A"));
+        assert!(p.contains("\n\nMode Switching:\n- If the user"));
+        assert!(p.ends_with("call the agent_list_modes tool."));
+        assert!(c.system_prompt("unknown").starts_with("Current Mode: general\n"));
+    }
+}

@@ -1,0 +1,486 @@
+//! The Responses API client (AGN-027 layer C): exactly one logical model call per invocation,
+//! with the official SDKs' retry policy, and normalisation of the answer.
+//!
+//! Owns: HTTP to the model server, retry/backoff, error classification, output parsing. Must not:
+//! build prompts, run tools or loop over calls. Raw vendor JSON never leaves this module except
+//! as output items kept for replay; errors carry only the model's message.
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable as _};
+use serde_json::Value;
+
+use crate::config::{Config, Secret};
+use crate::contract::Usage;
+
+/// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
+
+/// One output item of a model answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputItem {
+    /// Assistant text (`output_text` parts of a `message`, joined).
+    Text(String),
+    /// The model declined (`refusal` part).
+    Refusal(String),
+    /// The model asks for a function call.
+    FunctionCall {
+        /// The id to answer with (`call_id`).
+        call_id: String,
+        /// The function name.
+        name: String,
+        /// The arguments as JSON text (as the model wrote them; not necessarily valid).
+        arguments: String,
+    },
+    /// Reasoning, ignored.
+    Reasoning,
+    /// An item type this client does not know; ignored with a warning.
+    Unknown(String),
+}
+
+/// A normalised model answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelResponse {
+    /// The response id (`previous_response_id` for the next call).
+    pub id: String,
+    /// The parsed output items, in order.
+    pub items: Vec<OutputItem>,
+    /// The raw output items that can be replayed as input (messages and function calls).
+    pub replay_items: Vec<Value>,
+    /// Why the answer is incomplete (`max_output_tokens`, `content_filter`), if it is.
+    pub incomplete_reason: Option<String>,
+    /// Token usage of this call.
+    pub usage: Usage,
+}
+
+/// Why a model call failed, after retries.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    /// Transient failures (429, 5xx, timeouts, connection errors) outlasted the retries.
+    #[error("model server unavailable after {attempts} attempt(s): {message}")]
+    Unavailable {
+        /// Attempts made.
+        attempts: usize,
+        /// The last failure, with the model's message when it sent one.
+        message: String,
+    },
+    /// The model server rejected the request (terminal 4xx).
+    #[error("model server rejected the request (HTTP {status}): {message}")]
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The model's error message.
+        message: String,
+    },
+    /// The server does not know `previous_response_id` (it does not store responses).
+    #[error("model server does not know the previous response: {0}")]
+    PreviousResponseNotFound(String),
+    /// The answer could not be used (malformed body, `failed` status).
+    #[error("model server gave an unusable answer: {0}")]
+    BadResponse(String),
+}
+
+impl LlmError {
+    /// Whether retrying the whole turn later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+}
+
+/// One attempt's failure, before the retry policy decides.
+#[derive(Debug)]
+struct AttemptError {
+    retryable: bool,
+    retry_after: Option<Duration>,
+    error: LlmError,
+}
+
+/// A small Responses API client on reqwest.
+#[derive(Debug, Clone)]
+pub struct LlmClient {
+    http: reqwest::Client,
+    base_url: String,
+    api_key: Option<Secret>,
+    max_retries: usize,
+    min_backoff: Duration,
+}
+
+impl LlmClient {
+    /// A client for `base_url` (e.g. `https://api.openai.com/v1`).
+    pub fn new(
+        base_url: &str,
+        api_key: Option<Secret>,
+        connect_timeout: Duration,
+        timeout: Duration,
+        max_retries: usize,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .timeout(timeout)
+            .build()?;
+        Ok(Self {
+            http,
+            base_url: base_url.trim_end_matches('/').to_string(),
+            api_key,
+            max_retries,
+            min_backoff: Duration::from_millis(500),
+        })
+    }
+
+    /// A client configured from [`Config`] for `base_url`.
+    pub fn from_config(config: &Config, base_url: &str) -> Result<Self, reqwest::Error> {
+        Self::new(
+            base_url,
+            config.api_key.clone(),
+            config.llm_connect_timeout,
+            config.llm_timeout,
+            config.llm_max_retries,
+        )
+    }
+
+    /// Sets the first backoff delay (tests shorten it; the SDK default is 0.5 s).
+    pub fn with_min_backoff(mut self, d: Duration) -> Self {
+        self.min_backoff = d;
+        self
+    }
+
+    /// `POST /responses` with retries; returns the normalised answer.
+    pub async fn create_response(&self, body: &Value) -> Result<ModelResponse, LlmError> {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.min_backoff)
+            .with_max_delay(Duration::from_secs(8))
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(self.max_retries);
+        let mut attempts = 0usize;
+        let result = (|| {
+            attempts += 1;
+            self.attempt(body)
+        })
+        .retry(backoff)
+        .when(|e: &AttemptError| e.retryable)
+        .adjust(|e: &AttemptError, dur| dur.map(|d| e.retry_after.unwrap_or(d)))
+        .notify(|e: &AttemptError, dur| {
+            tracing::warn!(error = %e.error, retry_in_ms = dur.as_millis() as u64, "model call failed; retrying");
+        })
+        .await;
+        result.map_err(|e| match e.error {
+            LlmError::Unavailable { message, .. } => LlmError::Unavailable { attempts, message },
+            other => other,
+        })
+    }
+
+    async fn attempt(&self, body: &Value) -> Result<ModelResponse, AttemptError> {
+        let unavailable = |message: String| AttemptError {
+            retryable: true,
+            retry_after: None,
+            error: LlmError::Unavailable {
+                attempts: 1,
+                message,
+            },
+        };
+        let mut req = self
+            .http
+            .post(format!("{}/responses", self.base_url))
+            .json(body);
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key.expose());
+        }
+        let resp = req.send().await.map_err(|e| {
+            unavailable(if e.is_timeout() {
+                "the model call timed out".to_string()
+            } else {
+                format!("could not reach the model server ({})", without_url(&e))
+            })
+        })?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.map_err(|e| {
+            unavailable(if e.is_timeout() {
+                "the model call timed out while reading the answer".to_string()
+            } else {
+                format!("the answer was cut off ({})", without_url(&e))
+            })
+        })?;
+        if (200..300).contains(&status) {
+            let value: Value = serde_json::from_slice(&bytes).map_err(|e| AttemptError {
+                retryable: false,
+                retry_after: None,
+                error: LlmError::BadResponse(format!("the answer is not JSON ({e})")),
+            })?;
+            return parse_response(&value);
+        }
+        let (message, code) = error_message(&bytes, status);
+        let should_retry = headers
+            .get("x-should-retry")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v == "true");
+        let retryable = should_retry
+            .unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
+        if code.as_deref() == Some("previous_response_not_found") {
+            return Err(AttemptError {
+                retryable: false,
+                retry_after: None,
+                error: LlmError::PreviousResponseNotFound(message),
+            });
+        }
+        if retryable {
+            Err(AttemptError {
+                retryable: true,
+                retry_after: retry_after(&headers),
+                error: LlmError::Unavailable {
+                    attempts: 1,
+                    message: format!("HTTP {status}: {message}"),
+                },
+            })
+        } else {
+            Err(AttemptError {
+                retryable: false,
+                retry_after: None,
+                error: LlmError::Rejected { status, message },
+            })
+        }
+    }
+}
+
+/// A reqwest error's text without the URL (which may carry credentials in a query string).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(url) = e.url() {
+        s = s.replace(url.as_str(), "<model server>");
+    }
+    s
+}
+
+/// The model's error message and code from an error body, or a generic one.
+fn error_message(bytes: &[u8], status: u16) -> (String, Option<String>) {
+    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
+    let err = parsed.as_ref().and_then(|v| v.get("error"));
+    let message = err
+        .and_then(|e| e.get("message"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("HTTP {status} without an error message"));
+    let code = err
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    (message, code)
+}
+
+/// `retry-after-ms`, then `retry-after` (seconds or an HTTP date), when within bounds.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let from_ms = header("retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|ms| ms / 1000.0);
+    let from_secs = || {
+        let v = header("retry-after")?.trim();
+        if let Ok(secs) = v.parse::<f64>() {
+            return Some(secs);
+        }
+        let when = time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822)
+            .ok()?;
+        Some((when - time::OffsetDateTime::now_utc()).as_seconds_f64())
+    };
+    let secs = from_ms.or_else(from_secs)?;
+    if secs.is_finite() && secs >= 0.0 && secs <= MAX_RETRY_AFTER.as_secs_f64() {
+        Some(Duration::from_secs_f64(secs))
+    } else {
+        None
+    }
+}
+
+/// Normalises a `Response` object.
+fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
+    let bad = |m: String| AttemptError {
+        retryable: false,
+        retry_after: None,
+        error: LlmError::BadResponse(m),
+    };
+    let id = v
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("the answer has no response id".into()))?
+        .to_string();
+    let status = v.get("status").and_then(Value::as_str).unwrap_or("completed");
+    let mut incomplete_reason = None;
+    match status {
+        "completed" => {}
+        "incomplete" => {
+            incomplete_reason = Some(
+                v.pointer("/incomplete_details/reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown")
+                    .to_string(),
+            );
+        }
+        "failed" => {
+            let code = v.pointer("/error/code").and_then(Value::as_str).unwrap_or("unknown");
+            let message = v
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .unwrap_or("the model reported a failure");
+            let retryable = matches!(code, "server_error" | "rate_limit_exceeded");
+            return Err(AttemptError {
+                retryable,
+                retry_after: None,
+                error: if retryable {
+                    LlmError::Unavailable {
+                        attempts: 1,
+                        message: format!("response failed ({code}): {message}"),
+                    }
+                } else {
+                    LlmError::BadResponse(format!("response failed ({code}): {message}"))
+                },
+            });
+        }
+        other => return Err(bad(format!("unexpected response status {other:?}"))),
+    }
+    let output = v
+        .get("output")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("the answer has no output array".into()))?;
+    let mut items = Vec::new();
+    let mut replay_items = Vec::new();
+    for item in output {
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "message" => {
+                let parts = item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| bad("a message item has no content".into()))?;
+                let mut text = String::new();
+                for part in parts {
+                    match part.get("type").and_then(Value::as_str) {
+                        Some("output_text") => {
+                            text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
+                        }
+                        Some("refusal") => items.push(OutputItem::Refusal(
+                            part.get("refusal")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_string(),
+                        )),
+                        other => items.push(OutputItem::Unknown(format!(
+                            "message part {}",
+                            other.unwrap_or("(none)")
+                        ))),
+                    }
+                }
+                if !text.is_empty() {
+                    replay_items.push(serde_json::json!({"role": "assistant", "content": text}));
+                    items.push(OutputItem::Text(text));
+                }
+            }
+            "function_call" => {
+                let field = |k: &str| {
+                    item.get(k)
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .ok_or_else(|| bad(format!("a function_call item has no {k}")))
+                };
+                let (call_id, name, arguments) =
+                    (field("call_id")?, field("name")?, field("arguments")?);
+                replay_items.push(serde_json::json!({
+                    "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments
+                }));
+                items.push(OutputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                });
+            }
+            "reasoning" => items.push(OutputItem::Reasoning),
+            other => items.push(OutputItem::Unknown(other.to_string())),
+        }
+    }
+    let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
+    Ok(ModelResponse {
+        id,
+        items,
+        replay_items,
+        incomplete_reason,
+        usage: Usage {
+            prompt_tokens: n("input_tokens"),
+            completion_tokens: n("output_tokens"),
+            total_tokens: n("total_tokens"),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Value {
+        let path = format!(
+            "{}/../shared/fixtures/openai/examples/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("json")
+    }
+
+    #[test]
+    fn parses_the_real_text_answer() {
+        let r = parse_response(&fixture("01_text_response_openai_python_live_snapshot.json"))
+            .expect("parses");
+        assert!(matches!(&r.items[..], [OutputItem::Text(t)] if t.starts_with("I can't provide real-time updates")));
+        assert_eq!(r.usage, Usage { prompt_tokens: 14, completion_tokens: 50, total_tokens: 64 });
+        assert_eq!(r.incomplete_reason, None);
+    }
+
+    #[test]
+    fn parses_the_function_call_answer() {
+        let r = parse_response(&fixture("02_function_call_response.json")).expect("parses");
+        assert_eq!(
+            r.items,
+            vec![OutputItem::FunctionCall {
+                call_id: "call_unLAR8MvFNptuiZK6K6HCy5k".into(),
+                name: "get_current_weather".into(),
+                arguments: "{\"location\":\"Boston, MA\",\"unit\":\"celsius\"}".into(),
+            }]
+        );
+        assert_eq!(r.replay_items[0]["call_id"], "call_unLAR8MvFNptuiZK6K6HCy5k");
+    }
+
+    #[test]
+    fn failed_status_is_classified() {
+        let event = fixture("04_response_failed_event.json");
+        let e = parse_response(&event["response"]).unwrap_err();
+        assert!(e.retryable, "server_error is transient");
+        let mut v = event["response"].clone();
+        v["error"]["code"] = "invalid_prompt".into();
+        let e = parse_response(&v).unwrap_err();
+        assert!(!e.retryable);
+        assert!(matches!(e.error, LlmError::BadResponse(m) if m.contains("invalid_prompt")));
+    }
+
+    #[test]
+    fn error_bodies_keep_the_model_message() {
+        let (m, code) = error_message(br#"{"error": {"message": "Unauthorized", "type": "invalid_request_error"}}"#, 401);
+        assert_eq!(m, "Unauthorized");
+        assert_eq!(code, None);
+        let (m, _) = error_message(b"<html>bad gateway</html>", 502);
+        assert_eq!(m, "HTTP 502 without an error message");
+    }
+
+    #[test]
+    fn retry_after_headers() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "250".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_millis(250)), "ms wins");
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("retry-after", "9999".parse().unwrap());
+        assert_eq!(retry_after(&h), None, "too long: use the normal backoff");
+        let mut h = reqwest::header::HeaderMap::new();
+        let soon = time::OffsetDateTime::now_utc() + time::Duration::seconds(30);
+        let date = soon.format(&time::format_description::well_known::Rfc2822).unwrap();
+        h.insert("retry-after", date.parse().unwrap());
+        let d = retry_after(&h).expect("http date");
+        assert!(d <= Duration::from_secs(31) && d >= Duration::from_secs(25), "{d:?}");
+    }
+}

@@ -1,0 +1,244 @@
+//! Composition (AGN-027 layer B): the only code that assembles model input.
+//!
+//! Builds `CreateResponse` bodies as the real Responses API wants them (DESIGN.md §3):
+//! `input_text` / `input_image` parts, flat function tools sent on every call, the AGN-014 §6
+//! catalog block as `instructions` on every call, and either `previous_response_id` or the
+//! replayed conversation. Must not: call the model, run tools, loop or retry.
+
+use serde_json::{Value, json};
+
+use crate::catalog::ToolDef;
+use crate::contract::UserTurn;
+use crate::contract::request::Encoding;
+
+/// One chunk of the `[CONTEXT]` block (AGN-002 §5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextChunk {
+    /// Stable chunk id.
+    pub id: String,
+    /// Path relative to the workspace.
+    pub path: String,
+    /// First line (1-based).
+    pub line_start: usize,
+    /// Last line (inclusive).
+    pub line_end: usize,
+    /// Language tag for the fence.
+    pub language: String,
+    /// The text.
+    pub content: String,
+}
+
+/// How the call continues the conversation.
+#[derive(Debug, Clone, Copy)]
+pub enum Continuation<'a> {
+    /// The first call of a session.
+    Fresh,
+    /// Continue from a stored response.
+    Previous(&'a str),
+    /// Resend these earlier items (servers that do not store responses).
+    Replay(&'a [Value]),
+}
+
+/// Everything one model call needs.
+#[derive(Debug, Clone)]
+pub struct CallSpec<'a> {
+    /// Model name.
+    pub model: &'a str,
+    /// The AGN-014 §6 block for the mode current at this call.
+    pub instructions: &'a str,
+    /// The turn's tools (chosen before the loop).
+    pub tools: &'a [&'a ToolDef],
+    /// A tool the model must call, if the mode forces one.
+    pub tool_choice: Option<&'a str>,
+    /// How the call continues the conversation.
+    pub continuation: Continuation<'a>,
+    /// The new input items of this call.
+    pub input: &'a [Value],
+}
+
+/// The `CreateResponse` body for one call.
+pub fn request_body(spec: &CallSpec<'_>) -> Value {
+    let mut input: Vec<Value> = Vec::new();
+    let mut body = serde_json::Map::new();
+    body.insert("model".into(), json!(spec.model));
+    body.insert("instructions".into(), json!(spec.instructions));
+    match spec.continuation {
+        Continuation::Fresh => {}
+        Continuation::Previous(id) => {
+            body.insert("previous_response_id".into(), json!(id));
+        }
+        Continuation::Replay(items) => input.extend(items.iter().cloned()),
+    }
+    input.extend(spec.input.iter().cloned());
+    body.insert("input".into(), Value::Array(input));
+    if !spec.tools.is_empty() {
+        let tools: Vec<Value> = spec
+            .tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                    "strict": t.strict,
+                })
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(name) = spec.tool_choice {
+        body.insert("tool_choice".into(), json!({"type": "function", "name": name}));
+    }
+    Value::Object(body)
+}
+
+/// The system message carrying the boot prompt (first call of a session only).
+pub fn system_message(boot_prompt: &str) -> Value {
+    json!({"role": "system", "content": [{"type": "input_text", "text": boot_prompt}]})
+}
+
+/// The user message of a turn: `[MODE]`+`[INSTRUCTION]`, then the `[CONTEXT]` block, then the
+/// latched solution context, then clipboard images (AGN-003 §3, AGN-002).
+pub fn user_message(
+    mode_key: &str,
+    turn: &UserTurn,
+    solution_context: Option<&str>,
+    chunks: &[ContextChunk],
+) -> Value {
+    let mut parts = vec![json!({
+        "type": "input_text",
+        "text": format!("[MODE: {mode_key}]\n\n[INSTRUCTION]\n{}", turn.instruction().unwrap_or("")),
+    })];
+    if let Some(block) = context_block(chunks) {
+        parts.push(json!({"type": "input_text", "text": block}));
+    }
+    if let Some(ctx) = solution_context.filter(|c| !c.trim().is_empty()) {
+        parts.push(json!({"type": "input_text", "text": format!("[SOLUTION CONTEXT]\n{ctx}")}));
+    }
+    for image in turn.clipboard_images() {
+        parts.push(json!({"type": "input_image", "image_url": image.data_url(), "detail": "auto"}));
+    }
+    json!({"role": "user", "content": parts})
+}
+
+/// A `function_call_output` input item.
+pub fn tool_output(call_id: &str, output: &str) -> Value {
+    json!({"type": "function_call_output", "call_id": call_id, "output": output})
+}
+
+/// The AGN-002 `[CONTEXT]` block, or `None` when there is nothing to show.
+pub fn context_block(chunks: &[ContextChunk]) -> Option<String> {
+    if chunks.is_empty() {
+        return None;
+    }
+    let mut out = String::from("[CONTEXT]\n\n");
+    for (i, c) in chunks.iter().enumerate() {
+        let body = c.content.strip_suffix('\n').unwrap_or(&c.content);
+        // A fence longer than any backtick run inside the content keeps the block well-formed.
+        let fence = "`".repeat(longest_backtick_run(body).max(2) + 1);
+        out.push_str(&format!(
+            "=== CHUNK {} ===\nId: {}\nPath: {}\nLines: {}-{}\nLanguage: {}\n{fence}{}\n{body}\n{fence}\n\n",
+            i + 1,
+            c.id,
+            c.path,
+            c.line_start,
+            c.line_end,
+            c.language,
+            c.language
+        ));
+    }
+    Some(out)
+}
+
+fn longest_backtick_run(s: &str) -> usize {
+    let (mut best, mut run) = (0, 0);
+    for ch in s.chars() {
+        if ch == '`' {
+            run += 1;
+            best = best.max(run);
+        } else {
+            run = 0;
+        }
+    }
+    best
+}
+
+/// Whole-file chunks for a turn's input artifacts (`Lines: 1-<line count>`).
+pub fn artifact_chunks(turn: &UserTurn) -> Vec<ContextChunk> {
+    turn.input_artifacts()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let content = match a.encoding() {
+                Encoding::Utf8 => a.contents().to_string(),
+                Encoding::Base64 => {
+                    let bytes = a.decoded();
+                    String::from_utf8(bytes).unwrap_or_else(|e| {
+                        format!("(binary content, {} bytes, not shown)", e.as_bytes().len())
+                    })
+                }
+            };
+            let lines = content.lines().count().max(1);
+            ContextChunk {
+                id: format!("artifact_{}", i + 1),
+                path: a.relative_path().as_str().to_string(),
+                line_start: 1,
+                line_end: lines,
+                language: a
+                    .language()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| language_of(a.relative_path().as_str()).to_string()),
+                content,
+            }
+        })
+        .collect()
+}
+
+/// A fence language from a file extension.
+pub fn language_of(path: &str) -> &'static str {
+    let ext = path.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("rs") => "rust",
+        Some("cs") => "csharp",
+        Some("ts" | "tsx") => "typescript",
+        Some("js" | "jsx" | "mjs") => "javascript",
+        Some("py") => "python",
+        Some("md" | "markdown") => "markdown",
+        Some("json") => "json",
+        Some("xml" | "csproj") => "xml",
+        Some("scss") => "scss",
+        Some("css") => "css",
+        Some("html" | "htm") => "html",
+        Some("yml" | "yaml") => "yaml",
+        Some("toml") => "toml",
+        Some("sh") => "bash",
+        Some("go") => "go",
+        Some("java") => "java",
+        Some("sql") => "sql",
+        _ => "text",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_block_has_the_agn002_layout() {
+        let chunks = vec![
+            ContextChunk { id: "ctx_1".into(), path: "Billing/InvoiceManager.cs".into(), line_start: 40, line_end: 42, language: "csharp".into(), content: "public class InvoiceManager\n{\n}\n".into() },
+            ContextChunk { id: "ctx_2".into(), path: "docs/a.md".into(), line_start: 1, line_end: 1, language: "markdown".into(), content: "# A".into() },
+        ];
+        let expected = "[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\nPath: Billing/InvoiceManager.cs\nLines: 40-42\nLanguage: csharp\n```csharp\npublic class InvoiceManager\n{\n}\n```\n\n=== CHUNK 2 ===\nId: ctx_2\nPath: docs/a.md\nLines: 1-1\nLanguage: markdown\n```markdown\n# A\n```\n\n";
+        assert_eq!(context_block(&chunks).unwrap(), expected);
+        assert_eq!(context_block(&[]), None);
+    }
+
+    #[test]
+    fn fences_grow_past_backticks_in_content() {
+        let c = ContextChunk { id: "x".into(), path: "a.md".into(), line_start: 1, line_end: 3, language: "markdown".into(), content: "```rust\nfn a(){}\n```".into() };
+        let block = context_block(&[c]).unwrap();
+        assert!(block.contains("````markdown\n```rust\nfn a(){}\n```\n````\n"), "{block}");
+    }
+}

@@ -1,0 +1,211 @@
+//! Session and turn state (AGN-027 layer F): what the pipeline reads before a turn and writes
+//! while and after it runs.
+//!
+//! Owns: the stored shapes and the [`SessionStore`] trait; the in-memory implementation lives in
+//! [`memory`]. Must not: call the model or run tools. Workers are stateless: everything a turn
+//! needs to resume (pending client tool calls, recorded server tool outputs) is stored here.
+
+pub mod memory;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::contract::{
+    AgentExecuteResponse, InvokeResult, SessionId, ToolCall, ToolResult, TurnId, Usage,
+};
+
+pub use memory::MemoryStore;
+
+/// One mode transition (AGN-011 §3.2), with keys rather than ids for readability.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModeChange {
+    /// Mode key before the change.
+    pub previous_mode: String,
+    /// Mode key after the change.
+    pub new_mode: String,
+    /// When (RFC 3339, UTC).
+    pub timestamp: String,
+    /// Why, as the model gave it.
+    pub reason: String,
+    /// The turn in which it happened.
+    pub turn_id: TurnId,
+}
+
+/// A session's server-owned state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionState {
+    /// The session.
+    pub session_id: SessionId,
+    /// Current mode id (what AGN-014 says sessions store).
+    pub mode_id: String,
+    /// Current mode key (kept beside the id for prompts and history).
+    pub mode_key: String,
+    /// Every mode change, oldest first.
+    pub mode_history: Vec<ModeChange>,
+    /// The model response the next call continues from. Only ever points at a response whose
+    /// function calls were all answered (DESIGN.md §3).
+    pub previous_response_id: Option<String>,
+    /// Conversation items so far, for replay continuation (servers that do not store responses).
+    pub conversation: Vec<Value>,
+    /// Set once the model server answered `previous_response_not_found`: later calls replay.
+    pub replay: bool,
+    /// The latched solution context (AGN-034 §4.5).
+    pub solution_context: Option<String>,
+    /// The tenant that owns the session, when the front door knows it.
+    pub owner: Option<String>,
+    /// Created (RFC 3339).
+    pub created_at: String,
+    /// Last changed (RFC 3339).
+    pub updated_at: String,
+}
+
+/// Where a turn is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// Accepted, not yet picked up.
+    Queued,
+    /// A worker is running it.
+    Running,
+    /// Waiting for the client's tool results.
+    AwaitingClientTools,
+    /// Finished with a successful result.
+    Completed,
+    /// Finished with a failed result.
+    Failed,
+}
+
+impl TurnStatus {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::AwaitingClientTools => "awaiting_client_tools",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// What the reasoner had accumulated when a turn paused for client tools; enough to resume it
+/// on any worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingTools {
+    /// The model response whose function calls are being answered.
+    pub response_id: String,
+    /// The client tool calls, in order: a continuation must answer exactly these.
+    pub client_calls: Vec<ToolCall>,
+    /// Outputs for the same response's server (or undeclared) calls: `(call_id, output)`.
+    pub server_outputs: Vec<(String, String)>,
+    /// The loop's state at the pause.
+    pub progress: TurnProgress,
+}
+
+/// The reasoner's running totals over a turn.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnProgress {
+    /// The mode whose tools the turn offers (chosen before the loop, AGN-011 §4.4).
+    pub tools_mode_key: String,
+    /// Model calls made so far.
+    pub iterations: usize,
+    /// Usage summed so far.
+    pub usage: Usage,
+    /// Server tools run so far (for the final `toolResults`).
+    pub server_tool_results: Vec<ToolResult>,
+    /// Warnings for the user so far.
+    pub user_warnings: Vec<String>,
+    /// Items this turn added to the conversation (inputs and outputs), for replay.
+    pub turn_items: Vec<Value>,
+    /// Successful mode changes in this turn.
+    pub mode_changes: usize,
+}
+
+/// A turn's record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnRecord {
+    /// The session.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Hash of the user turn's payload: the same ids with another payload is a conflict.
+    pub fingerprint: String,
+    /// Lifecycle status.
+    pub status: TurnStatus,
+    /// The mode the turn started in (AGN-011 §3.2 snapshot).
+    pub mode_key: String,
+    /// Set while the turn waits for client tools.
+    pub pending: Option<PendingTools>,
+    /// Outputs of server tools already run, per `call_id`: a re-run reuses them instead of
+    /// running a tool twice.
+    pub tool_ledger: BTreeMap<String, String>,
+    /// Request transcript: the model request bodies sent, in order.
+    pub requests: Vec<Value>,
+    /// Times the turn was started (including continuations and retries).
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    pub completed_at: Option<String>,
+    /// The last result (continuation or final) or the failure.
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+}
+
+/// A store operation that could not be done.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// The backend is unreachable or failed; the operation may succeed if retried.
+    #[error("session store unavailable: {0}")]
+    Unavailable(String),
+    /// Stored data could not be read back.
+    #[error("session store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and, with the
+/// session-state issue, Redis.
+#[async_trait::async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// The session, if it exists.
+    async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError>;
+    /// The turn, if it exists in that session.
+    async fn get_turn(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Option<TurnRecord>, StoreError>;
+    /// Writes a turn record (progress while it runs).
+    async fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError>;
+    /// Records one server tool's output before the next model call, so a re-run reuses it.
+    async fn record_tool_output(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        call_id: &str,
+        output: &str,
+    ) -> Result<(), StoreError>;
+    /// Changes the session's mode and appends the history entry, atomically; returns the new
+    /// state. Creates nothing: the session must exist.
+    async fn change_mode(
+        &self,
+        session: &SessionId,
+        new_mode_id: &str,
+        change: ModeChange,
+    ) -> Result<SessionState, StoreError>;
+    /// Writes the session's new state and the turn's record together.
+    async fn commit(&self, session: &SessionState, turn: &TurnRecord) -> Result<(), StoreError>;
+}
+
+/// Now, as RFC 3339 UTC.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+}

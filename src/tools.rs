@@ -1,0 +1,208 @@
+//! Server tools (AGN-027 layer D): the registry and the built-in tools `agent_change_mode`
+//! (TUL-007) and `agent_list_modes` (TUL-010).
+//!
+//! Owns: running one server tool call and saying how it went. Must not: call the model or loop.
+//! A tool that rejects its arguments answers the model (so it can correct itself); a tool that
+//! cannot run fails the turn retryably.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog};
+use crate::contract::{SessionId, TurnId};
+use crate::store::{ModeChange, SessionStore, now_rfc3339};
+
+/// What a server tool call is about.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The session whose turn called the tool.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// The session's mode key when the tool runs.
+    pub current_mode_key: String,
+}
+
+/// How one server tool call went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolRun {
+    /// It ran; this is its result JSON.
+    Ok(Value),
+    /// It refused the arguments; the message goes back to the model.
+    Rejected(String),
+    /// It could not run (a dependency is down); the turn fails and is retried later.
+    Unavailable(String),
+}
+
+/// A tool implemented by this server.
+#[async_trait::async_trait]
+pub trait ServerTool: Send + Sync {
+    /// The function name.
+    fn name(&self) -> &'static str;
+    /// Runs one call with the model's arguments (JSON text).
+    async fn run(&self, ctx: &ToolContext, arguments: &str) -> ToolRun;
+}
+
+/// The server tools by name.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: HashMap<&'static str, Arc<dyn ServerTool>>,
+}
+
+impl ToolRegistry {
+    /// The built-in tools, wired to a store and catalog.
+    pub fn builtin(store: Arc<dyn SessionStore>, catalog: Arc<ModeCatalog>) -> Self {
+        let mut r = Self::default();
+        r.register(Arc::new(ModeChangeTool {
+            store,
+            catalog: catalog.clone(),
+        }));
+        r.register(Arc::new(ListModesTool { catalog }));
+        r
+    }
+
+    /// Adds a tool (replacing one of the same name).
+    pub fn register(&mut self, tool: Arc<dyn ServerTool>) {
+        self.tools.insert(tool.name(), tool);
+    }
+
+    /// A tool by name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn ServerTool>> {
+        self.tools.get(name)
+    }
+
+    /// Checks that every tool the catalog declares as a server tool is implemented here.
+    pub fn check_catalog(&self, catalog: &ModeCatalog) -> Result<(), String> {
+        for t in catalog.tools() {
+            if t.location == crate::catalog::ToolLocation::Server && self.get(&t.name).is_none() {
+                return Err(format!(
+                    "the catalog declares server tool {:?}, which this server does not implement",
+                    t.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `agent_change_mode` (TUL-007): changes the session's mode and records why.
+pub struct ModeChangeTool {
+    store: Arc<dyn SessionStore>,
+    catalog: Arc<ModeCatalog>,
+}
+
+#[async_trait::async_trait]
+impl ServerTool for ModeChangeTool {
+    fn name(&self) -> &'static str {
+        CHANGE_MODE_TOOL
+    }
+
+    async fn run(&self, ctx: &ToolContext, arguments: &str) -> ToolRun {
+        const EMPTY: &str = "ModeChangeTool requires a non-empty arguments object.";
+        if arguments.trim().is_empty() {
+            return ToolRun::Rejected(EMPTY.into());
+        }
+        let Ok(Value::Object(args)) = serde_json::from_str::<Value>(arguments) else {
+            return ToolRun::Rejected(EMPTY.into());
+        };
+        let mode = args
+            .get("mode")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty());
+        let Some(mode) = mode else {
+            return ToolRun::Rejected("ModeChangeTool requires a non-empty 'mode' string.".into());
+        };
+        let Some(branch) = args.get("branch").and_then(Value::as_bool) else {
+            return ToolRun::Rejected("ModeChangeTool requires a 'branch' boolean flag.".into());
+        };
+        let reason = args
+            .get("reason")
+            .and_then(Value::as_str)
+            .filter(|r| !r.trim().is_empty());
+        let Some(reason) = reason else {
+            return ToolRun::Rejected(
+                "ModeChangeTool requires a non-empty 'reason' string explaining why the mode change is needed."
+                    .into(),
+            );
+        };
+        let Some(target) = self.catalog.by_key(mode) else {
+            return ToolRun::Rejected(format!(
+                "ModeChangeTool cannot change to unknown mode '{mode}'. Valid modes: {}.",
+                self.catalog.keys().join(", ")
+            ));
+        };
+        let change = ModeChange {
+            previous_mode: ctx.current_mode_key.clone(),
+            new_mode: target.key.clone(),
+            timestamp: now_rfc3339(),
+            reason: reason.to_string(),
+            turn_id: ctx.turn_id.clone(),
+        };
+        match self.store.change_mode(&ctx.session_id, &target.id, change).await {
+            Ok(_) => ToolRun::Ok(json!({
+                "success": true, "mode": target.key, "branch": branch, "reason": reason
+            })),
+            Err(e) => {
+                tracing::error!(error = %e, session_id = %ctx.session_id, "agent_change_mode could not persist the mode");
+                ToolRun::Unavailable("ModeChangeTool failed to change the session mode.".into())
+            }
+        }
+    }
+}
+
+/// `agent_list_modes` (TUL-010): the catalog's modes, read-only.
+pub struct ListModesTool {
+    catalog: Arc<ModeCatalog>,
+}
+
+#[async_trait::async_trait]
+impl ServerTool for ListModesTool {
+    fn name(&self) -> &'static str {
+        LIST_MODES_TOOL
+    }
+
+    async fn run(&self, _ctx: &ToolContext, arguments: &str) -> ToolRun {
+        let args = if arguments.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            match serde_json::from_str::<Value>(arguments) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => {
+                    return ToolRun::Rejected(
+                        "agent_list_modes expects a JSON object of arguments.".into(),
+                    );
+                }
+            }
+        };
+        let include_examples = match args.get("includeExamples") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return ToolRun::Rejected(
+                    "agent_list_modes: 'includeExamples' must be a boolean.".into(),
+                );
+            }
+        };
+        let modes: Vec<Value> = self
+            .catalog
+            .modes()
+            .iter()
+            .map(|m| {
+                json!({
+                    "id": m.id,
+                    "key": m.key,
+                    "displayName": m.display_name,
+                    "description": if m.description.is_empty() { &m.when_to_use } else { &m.description },
+                    "systemPromptSummary": m.when_to_use,
+                    "isDefault": m.is_default,
+                    "humanRoleHints": m.human_role_hints,
+                    "exampleUtterances": if include_examples { m.example_utterances.clone() } else { Vec::new() },
+                })
+            })
+            .collect();
+        ToolRun::Ok(json!({ "modes": modes }))
+    }
+}
