@@ -457,7 +457,8 @@ mod tests {
 
     #[test]
     fn every_invariant_fails_fast_naming_the_entry() {
-        let cases: Vec<(Box<dyn FnOnce(&mut Value)>, &str)> = vec![
+        type Edit = Box<dyn FnOnce(&mut Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (Box::new(|v| v["modes"][1]["id"] = json!("a9e1f9c15a0c4f8d9af51f3e8b2a6d22")), "modes[1] (key \"ddr_authoring\"): id"),
             (Box::new(|v| v["modes"][1]["id"] = json!("A9E1F9C1")), "modes[1] (key \"ddr_authoring\"): id"),
             (Box::new(|v| v["modes"][1]["id"] = v["modes"][0]["id"].clone()), "is used by another mode"),

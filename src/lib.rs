@@ -17,3 +17,4 @@ pub mod llm;
 pub mod store;
 pub mod tools;
 pub mod pipeline;
+pub mod fake_llm;

@@ -19,7 +19,7 @@ use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
-    FinalResponse, InvokeResult, SessionId, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
+    FinalResponse, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
     ToolOutcome, ToolResult, TurnId, UserTurn, check_tool_results,
 };
 use crate::llm::{LlmClient, LlmError, ModelResponse, OutputItem};
@@ -338,20 +338,18 @@ impl Pipeline {
             progress.iterations += 1;
             let instructions = self.catalog.system_prompt(&session.mode_key);
             let call = |replay: bool, history: &[Value]| {
-                let history: Vec<Value> = history.to_vec();
-                let body = compose::request_body(&CallSpec {
+                compose::request_body(&CallSpec {
                     model: &self.settings.model,
                     instructions: &instructions,
                     tools: &tools,
                     tool_choice: tools_mode.tool_choice.as_deref(),
                     continuation: match (&previous, replay) {
-                        (_, true) => Continuation::Replay(&history),
+                        (_, true) => Continuation::Replay(history),
                         (Some(id), false) => Continuation::Previous(id),
                         (None, false) => Continuation::Fresh,
                     },
                     input: &input,
-                });
-                body
+                })
             };
             let history: Vec<Value> = session
                 .conversation
@@ -670,9 +668,4 @@ impl Pipeline {
         self.store.put_turn(&record).await.map_err(store_failure)?;
         Ok(result)
     }
-}
-
-/// A session id for callers that only have text (used by the CLI).
-pub fn session_id(s: &str) -> Option<SessionId> {
-    SessionId::parse(s).ok()
 }

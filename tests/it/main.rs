@@ -1,5 +1,9 @@
 //! All integration tests compile into this one binary (faster builds, shared helpers).
 
+mod support;
+
+mod compose_golden;
 mod contract_props;
 mod contract_request;
 mod contract_response;
+mod pipeline_scenarios;

@@ -1,0 +1,482 @@
+//! A faithful fake of the OpenAI Responses API, for tests, demos and benchmarks.
+//!
+//! A real HTTP server (`POST /v1/responses`) that checks requests the way the real API does
+//! (content part types, tool shapes, `tool_choice`, unanswered function calls, unknown
+//! `previous_response_id`; and, given the official OpenAPI document, the full `CreateResponse`
+//! schema), stores responses so `previous_response_id` works (or runs stateless), and answers
+//! with real `Response` objects. Tests script it reply by reply; with no script it answers
+//! deterministically, and an instruction line `#fake:call <tool> <json>` makes it call a tool.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A completed text answer.
+    Text(String),
+    /// Function calls `(name, arguments)`, in order, each with a fresh `call_id`.
+    Calls(Vec<(String, Value)>),
+    /// A refusal.
+    Refusal(String),
+    /// Text cut short (`status: incomplete`, reason `max_output_tokens`).
+    Incomplete(String),
+    /// An output item of a type clients do not know, followed by text.
+    UnknownItemThenText(String),
+    /// An answer with no usable output (an empty output array).
+    Empty,
+    /// An HTTP error with an OpenAI-style error body and optional retry headers.
+    Error {
+        /// HTTP status.
+        status: u16,
+        /// The error message.
+        message: String,
+        /// `retry-after-ms` header.
+        retry_after_ms: Option<u64>,
+    },
+    /// A 200 whose body is not JSON.
+    Malformed,
+    /// A `status: failed` response with this error code.
+    Failed(String),
+    /// Wait, then give the inner reply (for timeouts).
+    Delay(Duration, Box<Reply>),
+}
+
+/// Options of a fake server.
+#[derive(Debug, Clone, Default)]
+pub struct FakeOptions {
+    /// Added to every answer.
+    pub latency: Duration,
+    /// Store nothing: every `previous_response_id` is unknown.
+    pub stateless: bool,
+}
+
+/// A stored response: what a follow-up call must answer.
+#[derive(Debug, Clone)]
+struct Stored {
+    pending_calls: Vec<String>,
+}
+
+struct Inner {
+    options: FakeOptions,
+    script: Mutex<VecDeque<Reply>>,
+    requests: Mutex<Vec<Value>>,
+    stored: Mutex<HashMap<String, Stored>>,
+    counter: AtomicU64,
+    schema: Option<Arc<jsonschema::Validator>>,
+}
+
+/// A handle to a running fake server.
+#[derive(Clone)]
+pub struct FakeLlm {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+}
+
+/// The schema validator for `CreateResponse` from the official OpenAPI document.
+pub fn create_response_validator(openapi_json: &Path) -> Result<jsonschema::Validator, String> {
+    let text = std::fs::read_to_string(openapi_json)
+        .map_err(|e| format!("cannot read {}: {e}", openapi_json.display()))?;
+    let mut doc: Value =
+        serde_json::from_str(&text).map_err(|e| format!("invalid OpenAPI JSON: {e}"))?;
+    if let Some(components) = doc.get_mut("components") {
+        discriminated_one_of_to_any_of(components);
+    }
+    let schema = json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": "#/components/schemas/CreateResponse",
+        "components": doc.get("components").cloned().unwrap_or(Value::Null),
+    });
+    jsonschema::validator_for(&schema).map_err(|e| format!("cannot compile CreateResponse: {e}"))
+}
+
+/// OpenAPI resolves a `oneOf` that has a `discriminator` by the discriminator property; plain
+/// JSON Schema does not, and the spec's input item alternatives overlap (a `user` message
+/// matches both `EasyInputMessage` and `InputMessage`), so a literal `oneOf` rejects every
+/// message. Reading those as `anyOf` keeps every real constraint of each alternative.
+fn discriminated_one_of_to_any_of(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if map.contains_key("discriminator")
+                && let Some(alternatives) = map.remove("oneOf")
+            {
+                map.insert("anyOf".into(), alternatives);
+            }
+            map.values_mut().for_each(discriminated_one_of_to_any_of);
+        }
+        Value::Array(items) => items.iter_mut().for_each(discriminated_one_of_to_any_of),
+        _ => {}
+    }
+}
+
+impl FakeLlm {
+    /// Starts a server on `addr` (port 0 for any free port).
+    pub async fn start(
+        addr: SocketAddr,
+        options: FakeOptions,
+        schema: Option<Arc<jsonschema::Validator>>,
+    ) -> std::io::Result<Self> {
+        let inner = Arc::new(Inner {
+            options,
+            script: Mutex::new(VecDeque::new()),
+            requests: Mutex::new(Vec::new()),
+            stored: Mutex::new(HashMap::new()),
+            counter: AtomicU64::new(1),
+            schema,
+        });
+        let app = Router::new()
+            .route("/v1/responses", post(create_response))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "fake model server stopped");
+            }
+        });
+        Ok(Self { inner, addr })
+    }
+
+    /// The base URL to configure as `APTIX_LLM_BASE_URL`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Queues scripted replies, answered in order.
+    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
+        if let Ok(mut s) = self.inner.script.lock() {
+            s.extend(replies);
+        }
+    }
+
+    /// Every request body received so far (valid or not).
+    pub fn requests(&self) -> Vec<Value> {
+        self.inner.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+fn error_response(status: StatusCode, message: &str, param: Option<&str>, code: Option<&str>) -> Response {
+    let body = json!({"error": {
+        "message": message, "type": "invalid_request_error", "param": param, "code": code
+    }});
+    (status, Json(body)).into_response()
+}
+
+async fn create_response(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(_) => {
+            return error_response(StatusCode::BAD_REQUEST, "We could not parse the JSON body of your request.", None, None);
+        }
+    };
+    if let Ok(mut r) = inner.requests.lock() {
+        r.push(request.clone());
+    }
+    if !inner.options.latency.is_zero() {
+        tokio::time::sleep(inner.options.latency).await;
+    }
+    if let Err((message, param, code)) = check_request(&inner, &request) {
+        return error_response(StatusCode::BAD_REQUEST, &message, param.as_deref(), code.as_deref());
+    }
+    let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
+    let reply = scripted.unwrap_or_else(|| default_reply(&request));
+    answer(&inner, &request, reply).await
+}
+
+type Rejection = (String, Option<String>, Option<String>);
+
+fn reject(message: impl Into<String>, param: &str) -> Rejection {
+    (message.into(), Some(param.to_string()), None)
+}
+
+/// The checks the real API applies that matter to us; plus the full schema when loaded.
+fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
+    if let Some(v) = &inner.schema {
+        if let Some(err) = v.iter_errors(req).next() {
+            return Err(reject(
+                format!("Invalid request: {err} at '{}'", err.instance_path),
+                &err.instance_path.to_string(),
+            ));
+        }
+    }
+    if req.get("model").and_then(Value::as_str).is_none() {
+        return Err(reject("Missing required parameter: 'model'.", "model"));
+    }
+    let items: Vec<Value> = match req.get("input") {
+        Some(Value::String(_)) | None => Vec::new(),
+        Some(Value::Array(a)) => a.clone(),
+        Some(_) => return Err(reject("Invalid type for 'input'.", "input")),
+    };
+    let mut outputs: Vec<String> = Vec::new();
+    let mut calls_in_input: Vec<String> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        match item.get("type").and_then(Value::as_str) {
+            Some("function_call_output") => {
+                let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| reject("Missing required parameter: 'call_id'.", &at))?;
+                if !item.get("output").is_some_and(|o| o.is_string() || o.is_array()) {
+                    return Err(reject("Missing required parameter: 'output'.", &at));
+                }
+                outputs.push(id.to_string());
+            }
+            Some("function_call") => {
+                for k in ["call_id", "name", "arguments"] {
+                    if item.get(k).and_then(Value::as_str).is_none() {
+                        return Err(reject(format!("Missing required parameter: '{at}.{k}'."), &at));
+                    }
+                }
+                calls_in_input.push(item["call_id"].as_str().unwrap_or_default().to_string());
+            }
+            Some("message") | None => {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or("");
+                if !matches!(role, "user" | "assistant" | "system" | "developer") {
+                    return Err(reject(format!("Invalid value for '{at}.role': {role:?}."), &at));
+                }
+                match item.get("content") {
+                    Some(Value::String(_)) => {}
+                    Some(Value::Array(parts)) => {
+                        for (j, p) in parts.iter().enumerate() {
+                            let pat = format!("{at}.content[{j}]");
+                            let allowed: &[&str] = if role == "assistant" { &["output_text", "refusal"] } else { &["input_text", "input_image", "input_file"] };
+                            let t = p.get("type").and_then(Value::as_str).unwrap_or("");
+                            if !allowed.contains(&t) {
+                                return Err(reject(format!("Invalid value: '{t}'. Supported values are: {}.", allowed.join(", ")), &format!("{pat}.type")));
+                            }
+                            if t == "input_text" && p.get("text").and_then(Value::as_str).is_none() {
+                                return Err(reject("Missing required parameter: 'text'.", &pat));
+                            }
+                            if t == "input_image" && p.get("image_url").and_then(Value::as_str).is_none() && p.get("file_id").is_none() {
+                                return Err(reject("Missing required parameter: 'image_url'.", &pat));
+                            }
+                        }
+                    }
+                    _ => return Err(reject("Missing required parameter: 'content'.", &at)),
+                }
+            }
+            Some(other) => return Err(reject(format!("Invalid value: '{other}'."), &format!("{at}.type"))),
+        }
+    }
+    let mut tool_names = Vec::new();
+    if let Some(tools) = req.get("tools") {
+        let tools = tools.as_array().ok_or_else(|| reject("Invalid type for 'tools'.", "tools"))?;
+        for (i, t) in tools.iter().enumerate() {
+            let at = format!("tools[{i}]");
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(reject("Only function tools are supported by this fake.", &format!("{at}.type")));
+            }
+            if t.get("function").is_some() {
+                return Err(reject("Unknown parameter: 'tools[].function'. Function tools are flat in the Responses API.", &at));
+            }
+            let name = t.get("name").and_then(Value::as_str).ok_or_else(|| reject("Missing required parameter: 'tools[].name'.", &at))?;
+            if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                return Err(reject(format!("Invalid 'tools[{i}].name': string does not match pattern."), &at));
+            }
+            if t.get("strict").and_then(Value::as_bool) == Some(true) {
+                if let Some(params) = t.get("parameters") {
+                    strict_ok(params).map_err(|m| reject(format!("Invalid schema for function '{name}': {m}"), &format!("{at}.parameters")))?;
+                }
+            }
+            tool_names.push(name.to_string());
+        }
+    }
+    match req.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if matches!(s.as_str(), "none" | "auto" | "required") => {}
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o.get("name").and_then(Value::as_str).unwrap_or("");
+            if !tool_names.iter().any(|t| t == name) {
+                return Err(reject(format!("Tool choice '{name}' not found in 'tools' parameter."), "tool_choice"));
+            }
+        }
+        Some(_) => return Err(reject("Invalid value for 'tool_choice'.", "tool_choice")),
+    }
+    // Function calls that must be answered: those of the previous response, or (replay) those
+    // that appear in the input itself.
+    let mut must_answer = calls_in_input;
+    if let Some(prev) = req.get("previous_response_id").and_then(Value::as_str) {
+        let stored = if inner.options.stateless { None } else { inner.stored.lock().ok().and_then(|s| s.get(prev).cloned()) };
+        match stored {
+            Some(s) => must_answer.extend(s.pending_calls),
+            None => {
+                return Err((
+                    format!("Previous response with id '{prev}' not found."),
+                    Some("previous_response_id".into()),
+                    Some("previous_response_not_found".into()),
+                ));
+            }
+        }
+    }
+    for call in &must_answer {
+        if !outputs.contains(call) {
+            return Err(reject(format!("No tool output found for function call {call}."), "input"));
+        }
+    }
+    for out in &outputs {
+        if !must_answer.contains(out) {
+            return Err(reject(format!("No tool call found for function call output with call_id {out}."), "input"));
+        }
+    }
+    Ok(())
+}
+
+fn strict_ok(schema: &Value) -> Result<(), String> {
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        let required: Vec<&str> = schema.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        if let Some(missing) = props.keys().find(|k| !required.contains(&k.as_str())) {
+            return Err(format!("'required' is required to be supplied and to be an array including every key in properties. Missing '{missing}'."));
+        }
+        if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Err("'additionalProperties' is required to be supplied and to be false.".into());
+        }
+        props.values().try_for_each(strict_ok)?;
+    }
+    Ok(())
+}
+
+/// The text of the last user message (for the default reply).
+fn last_user_text(req: &Value) -> String {
+    let items = req.get("input").and_then(Value::as_array).cloned().unwrap_or_default();
+    for item in items.iter().rev() {
+        if item.get("role").and_then(Value::as_str) == Some("user") {
+            return match item.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"),
+                _ => String::new(),
+            };
+        }
+    }
+    String::new()
+}
+
+/// The deterministic answer when no reply is scripted.
+fn default_reply(req: &Value) -> Reply {
+    let outputs = req
+        .get("input")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output")).count())
+        .unwrap_or(0);
+    let has_user = req.get("input").and_then(Value::as_array).is_some_and(|a| a.iter().any(|i| i.get("role").and_then(Value::as_str) == Some("user")));
+    if outputs > 0 && !has_user {
+        return Reply::Text(format!("Received {outputs} tool output(s); done."));
+    }
+    let text = last_user_text(req);
+    let calls: Vec<(String, Value)> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#fake:call "))
+        .filter_map(|rest| {
+            let (name, args) = rest.split_once(' ').unwrap_or((rest, "{}"));
+            Some((name.to_string(), serde_json::from_str(args).ok()?))
+        })
+        .collect();
+    if !calls.is_empty() && outputs == 0 {
+        return Reply::Calls(calls);
+    }
+    let mode = text.lines().next().and_then(|l| l.strip_prefix("[MODE: ")).and_then(|l| l.strip_suffix(']')).unwrap_or("?");
+    let instruction = text.split("[INSTRUCTION]\n").nth(1).and_then(|s| s.lines().next()).unwrap_or("").trim();
+    let chunks = text.matches("=== CHUNK ").count();
+    Reply::Text(format!("Fake answer in mode {mode} to: {instruction} ({chunks} context chunk(s) seen)"))
+}
+
+fn next_id(inner: &Inner, prefix: &str) -> String {
+    format!("{prefix}_{:016x}{:08x}", inner.counter.fetch_add(1, Ordering::Relaxed), fastrand::u32(..))
+}
+
+async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
+    while let Reply::Delay(d, next) = reply {
+        tokio::time::sleep(d).await;
+        reply = *next;
+    }
+    let message = |inner: &Inner, part: Value| json!({
+        "id": next_id(inner, "msg"), "type": "message", "status": "completed", "role": "assistant", "content": [part]
+    });
+    let text_part = |t: &str| json!({"type": "output_text", "text": t, "annotations": [], "logprobs": []});
+    let (status, output, incomplete): (&str, Vec<Value>, Option<&str>) = match &reply {
+        Reply::Text(t) => ("completed", vec![message(inner, text_part(t))], None),
+        Reply::Refusal(r) => ("completed", vec![message(inner, json!({"type": "refusal", "refusal": r}))], None),
+        Reply::Incomplete(t) => ("incomplete", vec![message(inner, text_part(t))], Some("max_output_tokens")),
+        Reply::UnknownItemThenText(t) => ("completed", vec![json!({"type": "web_search_call", "id": next_id(inner, "ws"), "status": "completed"}), message(inner, text_part(t))], None),
+        Reply::Empty => ("completed", vec![], None),
+        Reply::Calls(calls) => ("completed", calls.iter().map(|(name, args)| json!({
+            "type": "function_call", "id": next_id(inner, "fc"), "call_id": next_id(inner, "call"),
+            "name": name, "arguments": args.to_string(), "status": "completed"
+        })).collect(), None),
+        Reply::Error { status, message, retry_after_ms } => {
+            let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let kind = if *status == 429 { "rate_limit_exceeded" } else if *status >= 500 { "server_error" } else { "invalid_request_error" };
+            let mut resp = (code, Json(json!({"error": {"message": message, "type": kind, "param": null, "code": null}}))).into_response();
+            if let Some(ms) = retry_after_ms
+                && let Ok(v) = HeaderValue::from_str(&ms.to_string())
+            {
+                resp.headers_mut().insert("retry-after-ms", v);
+            }
+            return resp;
+        }
+        Reply::Malformed => {
+            let mut headers = HeaderMap::new();
+            headers.insert("content-type", HeaderValue::from_static("application/json"));
+            return (StatusCode::OK, headers, "{\"id\": \"resp_trunc").into_response();
+        }
+        Reply::Failed(code) => {
+            let id = next_id(inner, "resp");
+            return Json(json!({"id": id, "object": "response", "status": "failed", "output": [], "error": {"code": code, "message": "The model failed to generate a response."}})).into_response();
+        }
+        Reply::Delay(..) => unreachable!("delays are unwrapped above"),
+    };
+    let id = next_id(inner, "resp");
+    let pending_calls: Vec<String> = output.iter().filter(|o| o["type"] == "function_call").filter_map(|o| o["call_id"].as_str().map(str::to_string)).collect();
+    if !inner.options.stateless && req.get("store").and_then(Value::as_bool) != Some(false)
+        && let Ok(mut s) = inner.stored.lock()
+    {
+        s.insert(id.clone(), Stored { pending_calls });
+    }
+    let input_tokens = (req.to_string().len() / 4) as u64;
+    let output_tokens = (Value::Array(output.clone()).to_string().len() / 4) as u64;
+    Json(json!({
+        "id": id,
+        "object": "response",
+        "created_at": time::OffsetDateTime::now_utc().unix_timestamp(),
+        "status": status,
+        "error": null,
+        "incomplete_details": incomplete.map(|r| json!({"reason": r})),
+        "instructions": req.get("instructions").cloned().unwrap_or(Value::Null),
+        "max_output_tokens": req.get("max_output_tokens").cloned().unwrap_or(Value::Null),
+        "model": req.get("model").cloned().unwrap_or(Value::Null),
+        "output": output,
+        "parallel_tool_calls": true,
+        "previous_response_id": req.get("previous_response_id").cloned().unwrap_or(Value::Null),
+        "reasoning": {"effort": null, "summary": null},
+        "store": !inner.options.stateless,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": req.get("tool_choice").cloned().unwrap_or(json!("auto")),
+        "tools": req.get("tools").cloned().unwrap_or(json!([])),
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens
+        },
+        "user": null,
+        "metadata": {}
+    }))
+    .into_response()
+}
