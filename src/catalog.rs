@@ -129,7 +129,10 @@ impl ModeCatalog {
         for (i, mode) in modes.iter().enumerate() {
             let at = format!("modes[{i}] (key {:?})", mode.key);
             let id_ok = mode.id.len() == 32
-                && mode.id.chars().all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c));
+                && mode
+                    .id
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || ('A'..='F').contains(&c));
             if !id_ok {
                 return err(format!(
                     "{at}: id {:?} must be 32 uppercase hexadecimal characters (a GUID without hyphens)",
@@ -182,7 +185,11 @@ impl ModeCatalog {
             return err(format!(
                 "exactly one mode must be the default; found {} ({})",
                 defaults.len(),
-                defaults.iter().map(|m| m.key.as_str()).collect::<Vec<_>>().join(", ")
+                defaults
+                    .iter()
+                    .map(|m| m.key.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         for (i, tool) in tools.iter().enumerate() {
@@ -200,10 +207,13 @@ impl ModeCatalog {
                 return err(format!("{at}: declared twice"));
             }
             if tool.parameters.get("type").and_then(Value::as_str) != Some("object") {
-                return err(format!("{at}: parameters must be a JSON schema of type object"));
+                return err(format!(
+                    "{at}: parameters must be a JSON schema of type object"
+                ));
             }
             if tool.strict {
-                check_strict_schema(&tool.parameters).map_err(|m| CatalogError(format!("{at}: {m}")))?;
+                check_strict_schema(&tool.parameters)
+                    .map_err(|m| CatalogError(format!("{at}: {m}")))?;
             }
         }
         let default_index = modes.iter().position(|m| m.is_default).unwrap_or(0);
@@ -330,9 +340,8 @@ impl ModeCatalog {
             },
         ];
         // The built-in catalog satisfies its own invariants (checked by a unit test).
-        Self::new(vec![general, ddr, workflow], tools).unwrap_or_else(|e| {
-            unreachable!("the built-in catalog is invalid: {e}")
-        })
+        Self::new(vec![general, ddr, workflow], tools)
+            .unwrap_or_else(|e| unreachable!("the built-in catalog is invalid: {e}"))
     }
 
     /// All modes, in catalog order.
@@ -380,7 +389,9 @@ impl ModeCatalog {
 
     /// The AGN-014 §6 block naming the current mode (the default when the key is unknown).
     pub fn system_prompt(&self, current_key: &str) -> String {
-        let current = self.by_key(current_key).unwrap_or_else(|| self.default_mode());
+        let current = self
+            .by_key(current_key)
+            .unwrap_or_else(|| self.default_mode());
         let mut out = format!("Current Mode: {}\n\nAvailable Modes:\n", current.key);
         for m in &self.modes {
             out.push_str(&format!("- {}: {}\n", m.key, m.when_to_use));
@@ -441,16 +452,32 @@ mod tests {
         let c = ModeCatalog::builtin();
         assert_eq!(c.keys(), ["general", "ddr_authoring", "workflow_authoring"]);
         assert_eq!(c.default_mode().key, "general");
-        assert_eq!(c.by_key("general").unwrap().id, "3F8E4F377F7A4C189C7F6A8B9F945C11");
-        assert_eq!(c.by_key("ddr_authoring").unwrap().id, "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22");
-        assert_eq!(c.by_key("workflow_authoring").unwrap().id, "0FB81E6A8337444BA00A0CE28E3A1F78");
+        assert_eq!(
+            c.by_key("general").unwrap().id,
+            "3F8E4F377F7A4C189C7F6A8B9F945C11"
+        );
+        assert_eq!(
+            c.by_key("ddr_authoring").unwrap().id,
+            "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22"
+        );
+        assert_eq!(
+            c.by_key("workflow_authoring").unwrap().id,
+            "0FB81E6A8337444BA00A0CE28E3A1F78"
+        );
         for m in c.modes() {
             assert!(m.tools.contains(&CHANGE_MODE_TOOL.to_string()));
             assert!(m.tools.contains(&LIST_MODES_TOOL.to_string()));
         }
-        let general: Vec<&str> = c.tools_for(c.default_mode()).iter().map(|t| t.name.as_str()).collect();
+        let general: Vec<&str> = c
+            .tools_for(c.default_mode())
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         assert!(general.contains(&READ_FILE_TOOL));
-        assert_eq!(c.tool(READ_FILE_TOOL).unwrap().location, ToolLocation::Client);
+        assert_eq!(
+            c.tool(READ_FILE_TOOL).unwrap().location,
+            ToolLocation::Client
+        );
         // round-trips through the file format
         assert!(ModeCatalog::from_json(&c.to_json().to_string()).is_ok());
     }
@@ -459,23 +486,66 @@ mod tests {
     fn every_invariant_fails_fast_naming_the_entry() {
         type Edit = Box<dyn FnOnce(&mut Value)>;
         let cases: Vec<(Edit, &str)> = vec![
-            (Box::new(|v| v["modes"][1]["id"] = json!("a9e1f9c15a0c4f8d9af51f3e8b2a6d22")), "modes[1] (key \"ddr_authoring\"): id"),
-            (Box::new(|v| v["modes"][1]["id"] = json!("A9E1F9C1")), "modes[1] (key \"ddr_authoring\"): id"),
-            (Box::new(|v| v["modes"][1]["id"] = v["modes"][0]["id"].clone()), "is used by another mode"),
-            (Box::new(|v| v["modes"][2]["key"] = json!("Workflow Authoring")), "modes[2] (key \"Workflow Authoring\"): key must be snake_case"),
-            (Box::new(|v| v["modes"][2]["key"] = json!("")), "key must be snake_case"),
-            (Box::new(|v| v["modes"][2]["key"] = json!("general")), "modes[2] (key \"general\"): key is used by another mode"),
-            (Box::new(|v| v["modes"][1]["isDefault"] = json!(true)), "exactly one mode must be the default; found 2"),
-            (Box::new(|v| v["modes"][0]["isDefault"] = json!(false)), "exactly one mode must be the default; found 0"),
-            (Box::new(|v| v["modes"][0]["whenToUse"] = json!(" ")), "modes[0] (key \"general\"): whenToUse must not be empty"),
-            (Box::new(|v| v["modes"][0]["status"] = json!("retired")), "not a valid catalog"),
-            (Box::new(|v| v["modes"][0]["tools"] = json!(["agent_list_modes"])), "every mode must offer agent_change_mode"),
-            (Box::new(|v| v["modes"][0]["tools"] = json!(["agent_change_mode", "nope"])), "tool \"nope\" is not declared"),
-            (Box::new(|v| v["tools"][2]["parameters"]["required"] = json!([])), "tools[2] (name \"workspace_read_file\"): strict schemas must list every property"),
+            (
+                Box::new(|v| v["modes"][1]["id"] = json!("a9e1f9c15a0c4f8d9af51f3e8b2a6d22")),
+                "modes[1] (key \"ddr_authoring\"): id",
+            ),
+            (
+                Box::new(|v| v["modes"][1]["id"] = json!("A9E1F9C1")),
+                "modes[1] (key \"ddr_authoring\"): id",
+            ),
+            (
+                Box::new(|v| v["modes"][1]["id"] = v["modes"][0]["id"].clone()),
+                "is used by another mode",
+            ),
+            (
+                Box::new(|v| v["modes"][2]["key"] = json!("Workflow Authoring")),
+                "modes[2] (key \"Workflow Authoring\"): key must be snake_case",
+            ),
+            (
+                Box::new(|v| v["modes"][2]["key"] = json!("")),
+                "key must be snake_case",
+            ),
+            (
+                Box::new(|v| v["modes"][2]["key"] = json!("general")),
+                "modes[2] (key \"general\"): key is used by another mode",
+            ),
+            (
+                Box::new(|v| v["modes"][1]["isDefault"] = json!(true)),
+                "exactly one mode must be the default; found 2",
+            ),
+            (
+                Box::new(|v| v["modes"][0]["isDefault"] = json!(false)),
+                "exactly one mode must be the default; found 0",
+            ),
+            (
+                Box::new(|v| v["modes"][0]["whenToUse"] = json!(" ")),
+                "modes[0] (key \"general\"): whenToUse must not be empty",
+            ),
+            (
+                Box::new(|v| v["modes"][0]["status"] = json!("retired")),
+                "not a valid catalog",
+            ),
+            (
+                Box::new(|v| v["modes"][0]["tools"] = json!(["agent_list_modes"])),
+                "every mode must offer agent_change_mode",
+            ),
+            (
+                Box::new(|v| v["modes"][0]["tools"] = json!(["agent_change_mode", "nope"])),
+                "tool \"nope\" is not declared",
+            ),
+            (
+                Box::new(|v| v["tools"][2]["parameters"]["required"] = json!([])),
+                "tools[2] (name \"workspace_read_file\"): strict schemas must list every property",
+            ),
         ];
         for (edit, expected) in cases {
             let e = file_with(edit).unwrap_err();
-            assert!(e.0.contains(expected), "{:?} should contain {expected:?}", e.0);
+            assert!(
+                e.0.contains(expected),
+                "{:?} should contain {expected:?}",
+                e.0
+            );
         }
         // each status value is accepted
         for s in ["active", "experimental", "deprecated"] {
@@ -490,6 +560,44 @@ mod tests {
         assert!(p.starts_with("Current Mode: ddr_authoring\n\nAvailable Modes:\n- general: Use this mode for everyday Q&A"));
         assert!(p.contains("\n\nMode Switching:\n- If the user"));
         assert!(p.ends_with("call the agent_list_modes tool."));
-        assert!(c.system_prompt("unknown").starts_with("Current Mode: general\n"));
+        assert!(
+            c.system_prompt("unknown")
+                .starts_with("Current Mode: general\n")
+        );
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    #[test]
+    fn loads_a_catalog_file_and_fails_fast_on_a_bad_one() {
+        let dir = std::env::temp_dir().join(format!("aptix-modes-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("modes.json");
+        let mut v = ModeCatalog::builtin().to_json();
+        v["modes"][1]["toolChoice"] = json!("agent_list_modes");
+        std::fs::write(&good, v.to_string()).unwrap();
+        let c = ModeCatalog::load(good.to_str()).unwrap();
+        assert_eq!(
+            c.by_key("ddr_authoring").unwrap().tool_choice.as_deref(),
+            Some("agent_list_modes")
+        );
+        let bad = dir.join("bad.json");
+        v["modes"][1]["toolChoice"] = json!("workspace_read_file");
+        std::fs::write(&bad, v.to_string()).unwrap();
+        let e = ModeCatalog::load(bad.to_str()).unwrap_err();
+        assert!(
+            e.0.contains("modes[1] (key \"ddr_authoring\"): toolChoice"),
+            "{e}"
+        );
+        assert!(
+            ModeCatalog::load(dir.join("missing.json").to_str())
+                .unwrap_err()
+                .0
+                .contains("cannot read")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

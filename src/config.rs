@@ -71,6 +71,9 @@ pub struct Config {
     pub modes_file: Option<String>,
     /// `APTIX_LEASE_SECS`: how long a session lease lasts without renewal.
     pub lease: Duration,
+    /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
+    /// (for model servers that do not store responses).
+    pub llm_replay: bool,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
 }
@@ -114,6 +117,7 @@ impl Config {
             concurrency: positive(&get, "APTIX_CONCURRENCY", 16)?,
             modes_file: get("APTIX_MODES_FILE"),
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
+            llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
             limits: RequestLimits {
                 max_body_bytes: positive(&get, "APTIX_MAX_BODY_BYTES", defaults.max_body_bytes)?,
                 max_instruction_bytes: positive(
@@ -128,6 +132,29 @@ impl Config {
                 )?,
                 max_image_bytes: positive(&get, "APTIX_MAX_IMAGE_BYTES", defaults.max_image_bytes)?,
             },
+        })
+    }
+}
+
+fn flag(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<bool, ConfigError> {
+    match get(var).as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("0" | "false" | "no" | "off") => Ok(false),
+        Some("1" | "true" | "yes" | "on") => Ok(true),
+        Some(other) => Err(ConfigError {
+            var,
+            problem: format!("{other:?} is not a boolean (use true or false)"),
+        }),
+    }
+}
+
+impl Config {
+    /// The model server to use: `APTIX_LLM_BASE_URL`, else OpenAI when `OPENAI_API_KEY` is
+    /// set, else `None` (the caller starts the embedded fake model).
+    pub fn model_base_url(&self) -> Option<String> {
+        self.llm_base_url.clone().or_else(|| {
+            self.api_key
+                .as_ref()
+                .map(|_| "https://api.openai.com/v1".to_string())
         })
     }
 }

@@ -167,11 +167,20 @@ impl FakeLlm {
 
     /// Every request body received so far (valid or not).
     pub fn requests(&self) -> Vec<Value> {
-        self.inner.requests.lock().map(|r| r.clone()).unwrap_or_default()
+        self.inner
+            .requests
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 }
 
-fn error_response(status: StatusCode, message: &str, param: Option<&str>, code: Option<&str>) -> Response {
+fn error_response(
+    status: StatusCode,
+    message: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Response {
     let body = json!({"error": {
         "message": message, "type": "invalid_request_error", "param": param, "code": code
     }});
@@ -182,7 +191,12 @@ async fn create_response(State(inner): State<Arc<Inner>>, body: axum::body::Byte
     let request: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(_) => {
-            return error_response(StatusCode::BAD_REQUEST, "We could not parse the JSON body of your request.", None, None);
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "We could not parse the JSON body of your request.",
+                None,
+                None,
+            );
         }
     };
     if let Ok(mut r) = inner.requests.lock() {
@@ -192,7 +206,12 @@ async fn create_response(State(inner): State<Arc<Inner>>, body: axum::body::Byte
         tokio::time::sleep(inner.options.latency).await;
     }
     if let Err((message, param, code)) = check_request(&inner, &request) {
-        return error_response(StatusCode::BAD_REQUEST, &message, param.as_deref(), code.as_deref());
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            &message,
+            param.as_deref(),
+            code.as_deref(),
+        );
     }
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
@@ -229,8 +248,14 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
         let at = format!("input[{i}]");
         match item.get("type").and_then(Value::as_str) {
             Some("function_call_output") => {
-                let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| reject("Missing required parameter: 'call_id'.", &at))?;
-                if !item.get("output").is_some_and(|o| o.is_string() || o.is_array()) {
+                let id = item
+                    .get("call_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| reject("Missing required parameter: 'call_id'.", &at))?;
+                if !item
+                    .get("output")
+                    .is_some_and(|o| o.is_string() || o.is_array())
+                {
                     return Err(reject("Missing required parameter: 'output'.", &at));
                 }
                 outputs.push(id.to_string());
@@ -238,7 +263,10 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
             Some("function_call") => {
                 for k in ["call_id", "name", "arguments"] {
                     if item.get(k).and_then(Value::as_str).is_none() {
-                        return Err(reject(format!("Missing required parameter: '{at}.{k}'."), &at));
+                        return Err(reject(
+                            format!("Missing required parameter: '{at}.{k}'."),
+                            &at,
+                        ));
                     }
                 }
                 calls_in_input.push(item["call_id"].as_str().unwrap_or_default().to_string());
@@ -246,50 +274,99 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
             Some("message") | None => {
                 let role = item.get("role").and_then(Value::as_str).unwrap_or("");
                 if !matches!(role, "user" | "assistant" | "system" | "developer") {
-                    return Err(reject(format!("Invalid value for '{at}.role': {role:?}."), &at));
+                    return Err(reject(
+                        format!("Invalid value for '{at}.role': {role:?}."),
+                        &at,
+                    ));
                 }
                 match item.get("content") {
                     Some(Value::String(_)) => {}
                     Some(Value::Array(parts)) => {
                         for (j, p) in parts.iter().enumerate() {
                             let pat = format!("{at}.content[{j}]");
-                            let allowed: &[&str] = if role == "assistant" { &["output_text", "refusal"] } else { &["input_text", "input_image", "input_file"] };
+                            let allowed: &[&str] = if role == "assistant" {
+                                &["output_text", "refusal"]
+                            } else {
+                                &["input_text", "input_image", "input_file"]
+                            };
                             let t = p.get("type").and_then(Value::as_str).unwrap_or("");
                             if !allowed.contains(&t) {
-                                return Err(reject(format!("Invalid value: '{t}'. Supported values are: {}.", allowed.join(", ")), &format!("{pat}.type")));
+                                return Err(reject(
+                                    format!(
+                                        "Invalid value: '{t}'. Supported values are: {}.",
+                                        allowed.join(", ")
+                                    ),
+                                    &format!("{pat}.type"),
+                                ));
                             }
-                            if t == "input_text" && p.get("text").and_then(Value::as_str).is_none() {
+                            if t == "input_text" && p.get("text").and_then(Value::as_str).is_none()
+                            {
                                 return Err(reject("Missing required parameter: 'text'.", &pat));
                             }
-                            if t == "input_image" && p.get("image_url").and_then(Value::as_str).is_none() && p.get("file_id").is_none() {
-                                return Err(reject("Missing required parameter: 'image_url'.", &pat));
+                            if t == "input_image"
+                                && p.get("image_url").and_then(Value::as_str).is_none()
+                                && p.get("file_id").is_none()
+                            {
+                                return Err(reject(
+                                    "Missing required parameter: 'image_url'.",
+                                    &pat,
+                                ));
                             }
                         }
                     }
                     _ => return Err(reject("Missing required parameter: 'content'.", &at)),
                 }
             }
-            Some(other) => return Err(reject(format!("Invalid value: '{other}'."), &format!("{at}.type"))),
+            Some(other) => {
+                return Err(reject(
+                    format!("Invalid value: '{other}'."),
+                    &format!("{at}.type"),
+                ));
+            }
         }
     }
     let mut tool_names = Vec::new();
     if let Some(tools) = req.get("tools") {
-        let tools = tools.as_array().ok_or_else(|| reject("Invalid type for 'tools'.", "tools"))?;
+        let tools = tools
+            .as_array()
+            .ok_or_else(|| reject("Invalid type for 'tools'.", "tools"))?;
         for (i, t) in tools.iter().enumerate() {
             let at = format!("tools[{i}]");
             if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(reject("Only function tools are supported by this fake.", &format!("{at}.type")));
+                return Err(reject(
+                    "Only function tools are supported by this fake.",
+                    &format!("{at}.type"),
+                ));
             }
             if t.get("function").is_some() {
-                return Err(reject("Unknown parameter: 'tools[].function'. Function tools are flat in the Responses API.", &at));
+                return Err(reject(
+                    "Unknown parameter: 'tools[].function'. Function tools are flat in the Responses API.",
+                    &at,
+                ));
             }
-            let name = t.get("name").and_then(Value::as_str).ok_or_else(|| reject("Missing required parameter: 'tools[].name'.", &at))?;
-            if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                return Err(reject(format!("Invalid 'tools[{i}].name': string does not match pattern."), &at));
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| reject("Missing required parameter: 'tools[].name'.", &at))?;
+            if name.is_empty()
+                || name.len() > 64
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(reject(
+                    format!("Invalid 'tools[{i}].name': string does not match pattern."),
+                    &at,
+                ));
             }
             if t.get("strict").and_then(Value::as_bool) == Some(true) {
                 if let Some(params) = t.get("parameters") {
-                    strict_ok(params).map_err(|m| reject(format!("Invalid schema for function '{name}': {m}"), &format!("{at}.parameters")))?;
+                    strict_ok(params).map_err(|m| {
+                        reject(
+                            format!("Invalid schema for function '{name}': {m}"),
+                            &format!("{at}.parameters"),
+                        )
+                    })?;
                 }
             }
             tool_names.push(name.to_string());
@@ -301,7 +378,10 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
         Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
             let name = o.get("name").and_then(Value::as_str).unwrap_or("");
             if !tool_names.iter().any(|t| t == name) {
-                return Err(reject(format!("Tool choice '{name}' not found in 'tools' parameter."), "tool_choice"));
+                return Err(reject(
+                    format!("Tool choice '{name}' not found in 'tools' parameter."),
+                    "tool_choice",
+                ));
             }
         }
         Some(_) => return Err(reject("Invalid value for 'tool_choice'.", "tool_choice")),
@@ -310,7 +390,11 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
     // that appear in the input itself.
     let mut must_answer = calls_in_input;
     if let Some(prev) = req.get("previous_response_id").and_then(Value::as_str) {
-        let stored = if inner.options.stateless { None } else { inner.stored.lock().ok().and_then(|s| s.get(prev).cloned()) };
+        let stored = if inner.options.stateless {
+            None
+        } else {
+            inner.stored.lock().ok().and_then(|s| s.get(prev).cloned())
+        };
         match stored {
             Some(s) => must_answer.extend(s.pending_calls),
             None => {
@@ -324,12 +408,18 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
     }
     for call in &must_answer {
         if !outputs.contains(call) {
-            return Err(reject(format!("No tool output found for function call {call}."), "input"));
+            return Err(reject(
+                format!("No tool output found for function call {call}."),
+                "input",
+            ));
         }
     }
     for out in &outputs {
         if !must_answer.contains(out) {
-            return Err(reject(format!("No tool call found for function call output with call_id {out}."), "input"));
+            return Err(reject(
+                format!("No tool call found for function call output with call_id {out}."),
+                "input",
+            ));
         }
     }
     Ok(())
@@ -337,12 +427,20 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
 
 fn strict_ok(schema: &Value) -> Result<(), String> {
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-        let required: Vec<&str> = schema.get("required").and_then(Value::as_array).map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
         if let Some(missing) = props.keys().find(|k| !required.contains(&k.as_str())) {
-            return Err(format!("'required' is required to be supplied and to be an array including every key in properties. Missing '{missing}'."));
+            return Err(format!(
+                "'required' is required to be supplied and to be an array including every key in properties. Missing '{missing}'."
+            ));
         }
         if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
-            return Err("'additionalProperties' is required to be supplied and to be false.".into());
+            return Err(
+                "'additionalProperties' is required to be supplied and to be false.".into(),
+            );
         }
         props.values().try_for_each(strict_ok)?;
     }
@@ -351,12 +449,20 @@ fn strict_ok(schema: &Value) -> Result<(), String> {
 
 /// The text of the last user message (for the default reply).
 fn last_user_text(req: &Value) -> String {
-    let items = req.get("input").and_then(Value::as_array).cloned().unwrap_or_default();
+    let items = req
+        .get("input")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     for item in items.iter().rev() {
         if item.get("role").and_then(Value::as_str) == Some("user") {
             return match item.get("content") {
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
                 _ => String::new(),
             };
         }
@@ -369,9 +475,16 @@ fn default_reply(req: &Value) -> Reply {
     let outputs = req
         .get("input")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output")).count())
+        .map(|a| {
+            a.iter()
+                .filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"))
+                .count()
+        })
         .unwrap_or(0);
-    let has_user = req.get("input").and_then(Value::as_array).is_some_and(|a| a.iter().any(|i| i.get("role").and_then(Value::as_str) == Some("user")));
+    let has_user = req.get("input").and_then(Value::as_array).is_some_and(|a| {
+        a.iter()
+            .any(|i| i.get("role").and_then(Value::as_str) == Some("user"))
+    });
     if outputs > 0 && !has_user {
         return Reply::Text(format!("Received {outputs} tool output(s); done."));
     }
@@ -387,14 +500,30 @@ fn default_reply(req: &Value) -> Reply {
     if !calls.is_empty() && outputs == 0 {
         return Reply::Calls(calls);
     }
-    let mode = text.lines().next().and_then(|l| l.strip_prefix("[MODE: ")).and_then(|l| l.strip_suffix(']')).unwrap_or("?");
-    let instruction = text.split("[INSTRUCTION]\n").nth(1).and_then(|s| s.lines().next()).unwrap_or("").trim();
+    let mode = text
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("[MODE: "))
+        .and_then(|l| l.strip_suffix(']'))
+        .unwrap_or("?");
+    let instruction = text
+        .split("[INSTRUCTION]\n")
+        .nth(1)
+        .and_then(|s| s.lines().next())
+        .unwrap_or("")
+        .trim();
     let chunks = text.matches("=== CHUNK ").count();
-    Reply::Text(format!("Fake answer in mode {mode} to: {instruction} ({chunks} context chunk(s) seen)"))
+    Reply::Text(format!(
+        "Fake answer in mode {mode} to: {instruction} ({chunks} context chunk(s) seen)"
+    ))
 }
 
 fn next_id(inner: &Inner, prefix: &str) -> String {
-    format!("{prefix}_{:016x}{:08x}", inner.counter.fetch_add(1, Ordering::Relaxed), fastrand::u32(..))
+    format!(
+        "{prefix}_{:016x}{:08x}",
+        inner.counter.fetch_add(1, Ordering::Relaxed),
+        fastrand::u32(..)
+    )
 }
 
 async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
@@ -402,10 +531,13 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
         tokio::time::sleep(d).await;
         reply = *next;
     }
-    let message = |inner: &Inner, part: Value| json!({
-        "id": next_id(inner, "msg"), "type": "message", "status": "completed", "role": "assistant", "content": [part]
-    });
-    let text_part = |t: &str| json!({"type": "output_text", "text": t, "annotations": [], "logprobs": []});
+    let message = |inner: &Inner, part: Value| {
+        json!({
+            "id": next_id(inner, "msg"), "type": "message", "status": "completed", "role": "assistant", "content": [part]
+        })
+    };
+    let text_part =
+        |t: &str| json!({"type": "output_text", "text": t, "annotations": [], "logprobs": []});
     let (status, output, incomplete): (&str, Vec<Value>, Option<&str>) = match &reply {
         Reply::Text(t) => ("completed", vec![message(inner, text_part(t))], None),
         Reply::Refusal(r) => ("completed", vec![message(inner, json!({"type": "refusal", "refusal": r}))], None),
@@ -439,8 +571,13 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
         Reply::Delay(..) => unreachable!("delays are unwrapped above"),
     };
     let id = next_id(inner, "resp");
-    let pending_calls: Vec<String> = output.iter().filter(|o| o["type"] == "function_call").filter_map(|o| o["call_id"].as_str().map(str::to_string)).collect();
-    if !inner.options.stateless && req.get("store").and_then(Value::as_bool) != Some(false)
+    let pending_calls: Vec<String> = output
+        .iter()
+        .filter(|o| o["type"] == "function_call")
+        .filter_map(|o| o["call_id"].as_str().map(str::to_string))
+        .collect();
+    if !inner.options.stateless
+        && req.get("store").and_then(Value::as_bool) != Some(false)
         && let Ok(mut s) = inner.stored.lock()
     {
         s.insert(id.clone(), Stored { pending_calls });

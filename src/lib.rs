@@ -10,11 +10,11 @@
 //! Later stages (front door, queue, worker, pipeline, LLM client, store) are added as their
 //! issues land; see the README for what runs today.
 
+pub mod catalog;
 pub mod config;
 pub mod contract;
-pub mod catalog;
+pub mod fake_llm;
 pub mod llm;
+pub mod pipeline;
 pub mod store;
 pub mod tools;
-pub mod pipeline;
-pub mod fake_llm;

@@ -215,8 +215,7 @@ impl LlmClient {
             .get("x-should-retry")
             .and_then(|v| v.to_str().ok())
             .map(|v| v == "true");
-        let retryable = should_retry
-            .unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
+        let retryable = should_retry.unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
         if code.as_deref() == Some("previous_response_not_found") {
             return Err(AttemptError {
                 retryable: false,
@@ -279,8 +278,8 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
         if let Ok(secs) = v.parse::<f64>() {
             return Some(secs);
         }
-        let when = time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822)
-            .ok()?;
+        let when =
+            time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822).ok()?;
         Some((when - time::OffsetDateTime::now_utc()).as_seconds_f64())
     };
     let secs = from_ms.or_else(from_secs)?;
@@ -303,7 +302,10 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
         .and_then(Value::as_str)
         .ok_or_else(|| bad("the answer has no response id".into()))?
         .to_string();
-    let status = v.get("status").and_then(Value::as_str).unwrap_or("completed");
+    let status = v
+        .get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("completed");
     let mut incomplete_reason = None;
     match status {
         "completed" => {}
@@ -316,7 +318,10 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
             );
         }
         "failed" => {
-            let code = v.pointer("/error/code").and_then(Value::as_str).unwrap_or("unknown");
+            let code = v
+                .pointer("/error/code")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
             let message = v
                 .pointer("/error/message")
                 .and_then(Value::as_str)
@@ -396,7 +401,11 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
             other => items.push(OutputItem::Unknown(other.to_string())),
         }
     }
-    let n = |k: &str| v.pointer(&format!("/usage/{k}")).and_then(Value::as_u64).unwrap_or(0);
+    let n = |k: &str| {
+        v.pointer(&format!("/usage/{k}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
     Ok(ModelResponse {
         id,
         items,
@@ -424,10 +433,21 @@ mod tests {
 
     #[test]
     fn parses_the_real_text_answer() {
-        let r = parse_response(&fixture("01_text_response_openai_python_live_snapshot.json"))
-            .expect("parses");
-        assert!(matches!(&r.items[..], [OutputItem::Text(t)] if t.starts_with("I can't provide real-time updates")));
-        assert_eq!(r.usage, Usage { prompt_tokens: 14, completion_tokens: 50, total_tokens: 64 });
+        let r = parse_response(&fixture(
+            "01_text_response_openai_python_live_snapshot.json",
+        ))
+        .expect("parses");
+        assert!(
+            matches!(&r.items[..], [OutputItem::Text(t)] if t.starts_with("I can't provide real-time updates"))
+        );
+        assert_eq!(
+            r.usage,
+            Usage {
+                prompt_tokens: 14,
+                completion_tokens: 50,
+                total_tokens: 64
+            }
+        );
         assert_eq!(r.incomplete_reason, None);
     }
 
@@ -442,7 +462,10 @@ mod tests {
                 arguments: "{\"location\":\"Boston, MA\",\"unit\":\"celsius\"}".into(),
             }]
         );
-        assert_eq!(r.replay_items[0]["call_id"], "call_unLAR8MvFNptuiZK6K6HCy5k");
+        assert_eq!(
+            r.replay_items[0]["call_id"],
+            "call_unLAR8MvFNptuiZK6K6HCy5k"
+        );
     }
 
     #[test]
@@ -459,7 +482,10 @@ mod tests {
 
     #[test]
     fn error_bodies_keep_the_model_message() {
-        let (m, code) = error_message(br#"{"error": {"message": "Unauthorized", "type": "invalid_request_error"}}"#, 401);
+        let (m, code) = error_message(
+            br#"{"error": {"message": "Unauthorized", "type": "invalid_request_error"}}"#,
+            401,
+        );
         assert_eq!(m, "Unauthorized");
         assert_eq!(code, None);
         let (m, _) = error_message(b"<html>bad gateway</html>", 502);
@@ -478,9 +504,14 @@ mod tests {
         assert_eq!(retry_after(&h), None, "too long: use the normal backoff");
         let mut h = reqwest::header::HeaderMap::new();
         let soon = time::OffsetDateTime::now_utc() + time::Duration::seconds(30);
-        let date = soon.format(&time::format_description::well_known::Rfc2822).unwrap();
+        let date = soon
+            .format(&time::format_description::well_known::Rfc2822)
+            .unwrap();
         h.insert("retry-after", date.parse().unwrap());
         let d = retry_after(&h).expect("http date");
-        assert!(d <= Duration::from_secs(31) && d >= Duration::from_secs(25), "{d:?}");
+        assert!(
+            d <= Duration::from_secs(31) && d >= Duration::from_secs(25),
+            "{d:?}"
+        );
     }
 }

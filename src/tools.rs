@@ -141,7 +141,11 @@ impl ServerTool for ModeChangeTool {
             reason: reason.to_string(),
             turn_id: ctx.turn_id.clone(),
         };
-        match self.store.change_mode(&ctx.session_id, &target.id, change).await {
+        match self
+            .store
+            .change_mode(&ctx.session_id, &target.id, change)
+            .await
+        {
             Ok(_) => ToolRun::Ok(json!({
                 "success": true, "mode": target.key, "branch": branch, "reason": reason
             })),

@@ -88,7 +88,10 @@ pub fn request_body(spec: &CallSpec<'_>) -> Value {
         body.insert("tools".into(), Value::Array(tools));
     }
     if let Some(name) = spec.tool_choice {
-        body.insert("tool_choice".into(), json!({"type": "function", "name": name}));
+        body.insert(
+            "tool_choice".into(),
+            json!({"type": "function", "name": name}),
+        );
     }
     Value::Object(body)
 }
@@ -227,8 +230,22 @@ mod tests {
     #[test]
     fn context_block_has_the_agn002_layout() {
         let chunks = vec![
-            ContextChunk { id: "ctx_1".into(), path: "Billing/InvoiceManager.cs".into(), line_start: 40, line_end: 42, language: "csharp".into(), content: "public class InvoiceManager\n{\n}\n".into() },
-            ContextChunk { id: "ctx_2".into(), path: "docs/a.md".into(), line_start: 1, line_end: 1, language: "markdown".into(), content: "# A".into() },
+            ContextChunk {
+                id: "ctx_1".into(),
+                path: "Billing/InvoiceManager.cs".into(),
+                line_start: 40,
+                line_end: 42,
+                language: "csharp".into(),
+                content: "public class InvoiceManager\n{\n}\n".into(),
+            },
+            ContextChunk {
+                id: "ctx_2".into(),
+                path: "docs/a.md".into(),
+                line_start: 1,
+                line_end: 1,
+                language: "markdown".into(),
+                content: "# A".into(),
+            },
         ];
         let expected = "[CONTEXT]\n\n=== CHUNK 1 ===\nId: ctx_1\nPath: Billing/InvoiceManager.cs\nLines: 40-42\nLanguage: csharp\n```csharp\npublic class InvoiceManager\n{\n}\n```\n\n=== CHUNK 2 ===\nId: ctx_2\nPath: docs/a.md\nLines: 1-1\nLanguage: markdown\n```markdown\n# A\n```\n\n";
         assert_eq!(context_block(&chunks).unwrap(), expected);
@@ -237,8 +254,57 @@ mod tests {
 
     #[test]
     fn fences_grow_past_backticks_in_content() {
-        let c = ContextChunk { id: "x".into(), path: "a.md".into(), line_start: 1, line_end: 3, language: "markdown".into(), content: "```rust\nfn a(){}\n```".into() };
+        let c = ContextChunk {
+            id: "x".into(),
+            path: "a.md".into(),
+            line_start: 1,
+            line_end: 3,
+            language: "markdown".into(),
+            content: "```rust\nfn a(){}\n```".into(),
+        };
         let block = context_block(&[c]).unwrap();
-        assert!(block.contains("````markdown\n```rust\nfn a(){}\n```\n````\n"), "{block}");
+        assert!(
+            block.contains("````markdown\n```rust\nfn a(){}\n```\n````\n"),
+            "{block}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use crate::catalog::ModeCatalog;
+
+    #[test]
+    fn a_forced_tool_becomes_tool_choice_function() {
+        let catalog = ModeCatalog::builtin();
+        let tools = catalog.tools_for(catalog.default_mode());
+        let input = [json!({"role": "user", "content": "x"})];
+        let body = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools: &tools,
+            tool_choice: Some("workspace_read_file"),
+            continuation: Continuation::Previous("resp_1"),
+            input: &input,
+        });
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "name": "workspace_read_file"})
+        );
+        assert_eq!(body["previous_response_id"], "resp_1");
+        let none = request_body(&CallSpec {
+            tool_choice: None,
+            ..CallSpec {
+                model: "m",
+                instructions: "i",
+                tools: &tools,
+                tool_choice: None,
+                continuation: Continuation::Fresh,
+                input: &input,
+            }
+        });
+        assert!(none.get("tool_choice").is_none(), "omitted means auto");
+        assert!(none.get("previous_response_id").is_none());
     }
 }

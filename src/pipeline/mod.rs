@@ -19,8 +19,8 @@ use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
-    FinalResponse, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
-    ToolOutcome, ToolResult, TurnId, UserTurn, check_tool_results,
+    FinalResponse, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
+    ToolResult, TurnId, UserTurn, check_tool_results,
 };
 use crate::llm::{LlmClient, LlmError, ModelResponse, OutputItem};
 use crate::store::{
@@ -127,11 +127,9 @@ impl Pipeline {
 
     /// Runs one request to its next stable point: a final answer, a client tool continuation,
     /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later".
-    pub async fn run(
-        &self,
-        request: &AgentExecuteRequest,
-    ) -> Result<TurnResult, RetryableFailure> {
-        let span = info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
+    pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
+        let span =
+            info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
         async {
             match request {
                 AgentExecuteRequest::UserTurn(turn) => self.run_user_turn(turn).await,
@@ -153,10 +151,15 @@ impl Pipeline {
                     format!("turn {tid} already exists in session {sid} with a different payload"),
                 )));
             }
-            if let (Some(result), TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools) =
-                (&rec.result, rec.status)
+            if let (
+                Some(result),
+                TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools,
+            ) = (&rec.result, rec.status)
             {
-                info!(status = rec.status.as_str(), "turn already ran; returning its stored result");
+                info!(
+                    status = rec.status.as_str(),
+                    "turn already ran; returning its stored result"
+                );
                 return Ok(result.clone());
             }
         }
@@ -228,7 +231,10 @@ impl Pipeline {
         record.status = TurnStatus::Running;
         record.attempts += 1;
         // The session exists (and the turn is running) before any tool can touch it.
-        self.store.commit(&session, &record).await.map_err(store_failure)?;
+        self.store
+            .commit(&session, &record)
+            .await
+            .map_err(store_failure)?;
         info!(mode = %mode.key, attempt = record.attempts, "turn started");
 
         let first_call = session.previous_response_id.is_none() && session.conversation.is_empty();
@@ -248,7 +254,8 @@ impl Pipeline {
             ..Default::default()
         };
         let previous = session.previous_response_id.clone();
-        self.reason(session, record, progress, input, previous).await
+        self.reason(session, record, progress, input, previous)
+            .await
     }
 
     async fn run_continuation(
@@ -274,8 +281,11 @@ impl Pipeline {
                 )));
             }
         };
-        let expected: Vec<ToolCallId> =
-            pending.client_calls.iter().map(|c| c.tool_call_id.clone()).collect();
+        let expected: Vec<ToolCallId> = pending
+            .client_calls
+            .iter()
+            .map(|c| c.tool_call_id.clone())
+            .collect();
         if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
             warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
             let result = InvokeResult::failure(mismatch.to_error());
@@ -304,7 +314,8 @@ impl Pipeline {
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
         let previous = Some(pending.response_id.clone());
-        self.reason(session, record, pending.progress, input, previous).await
+        self.reason(session, record, pending.progress, input, previous)
+            .await
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
@@ -371,7 +382,12 @@ impl Pipeline {
                 record.requests.push(body.clone());
                 outcome = self.llm.create_response(&body).await;
             }
-            info!(iteration = progress.iterations, elapsed_ms = started.elapsed().as_millis() as u64, ok = outcome.is_ok(), "model call");
+            info!(
+                iteration = progress.iterations,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                ok = outcome.is_ok(),
+                "model call"
+            );
             let response: ModelResponse = match outcome {
                 Ok(r) => r,
                 Err(e) if e.is_retryable() => {
@@ -393,7 +409,9 @@ impl Pipeline {
             };
             progress.usage.add(response.usage);
             progress.turn_items.append(&mut input);
-            progress.turn_items.extend(response.replay_items.iter().cloned());
+            progress
+                .turn_items
+                .extend(response.replay_items.iter().cloned());
 
             let mut texts = Vec::new();
             let mut refusals = Vec::new();
@@ -402,15 +420,19 @@ impl Pipeline {
                 match item {
                     OutputItem::Text(t) => texts.push(t.clone()),
                     OutputItem::Refusal(r) => refusals.push(r.clone()),
-                    OutputItem::FunctionCall { call_id, name, arguments } => {
-                        calls.push((call_id.clone(), name.clone(), arguments.clone()))
-                    }
+                    OutputItem::FunctionCall {
+                        call_id,
+                        name,
+                        arguments,
+                    } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
                     OutputItem::Reasoning => {}
                     OutputItem::Unknown(kind) => {
                         warn!(kind = %kind, "ignoring an unknown output item");
                         api_warnings.push(ErrorMessage::new(
                             ErrorCode::UnknownOutputItem,
-                            format!("the model returned an output item of type {kind:?}; it was ignored"),
+                            format!(
+                                "the model returned an output item of type {kind:?}; it was ignored"
+                            ),
                         ));
                     }
                 }
@@ -421,7 +443,9 @@ impl Pipeline {
                 ));
             }
             if !refusals.is_empty() {
-                progress.user_warnings.push("The model declined part of this request.".into());
+                progress
+                    .user_warnings
+                    .push("The model declined part of this request.".into());
             }
 
             if calls.is_empty() {
@@ -453,20 +477,29 @@ impl Pipeline {
                         let out = json!({"error": format!("Tool '{name}' is not available in this mode.")}).to_string();
                         outputs.push((call_id, out));
                     }
-                    Some(ToolLocation::Client) => match (ToolCallId::parse(&call_id), JsonText::parse(&arguments)) {
-                        (Ok(id), Ok(args)) => client_calls.push(ToolCall {
-                            tool_call_id: id,
-                            name,
-                            arguments_json: args,
-                        }),
-                        _ => {
-                            let out = json!({"error": format!("The call to '{name}' has invalid arguments JSON or call id; call it again with valid JSON.")}).to_string();
-                            outputs.push((call_id, out));
+                    Some(ToolLocation::Client) => {
+                        match (ToolCallId::parse(&call_id), JsonText::parse(&arguments)) {
+                            (Ok(id), Ok(args)) => client_calls.push(ToolCall {
+                                tool_call_id: id,
+                                name,
+                                arguments_json: args,
+                            }),
+                            _ => {
+                                let out = json!({"error": format!("The call to '{name}' has invalid arguments JSON or call id; call it again with valid JSON.")}).to_string();
+                                outputs.push((call_id, out));
+                            }
                         }
-                    },
+                    }
                     Some(ToolLocation::Server) => {
                         let out = self
-                            .run_server_tool(&mut session, &mut record, &mut progress, &call_id, &name, &arguments)
+                            .run_server_tool(
+                                &mut session,
+                                &mut record,
+                                &mut progress,
+                                &call_id,
+                                &name,
+                                &arguments,
+                            )
                             .await?;
                         outputs.push((call_id, out));
                     }
@@ -474,7 +507,14 @@ impl Pipeline {
             }
             if !client_calls.is_empty() {
                 return self
-                    .await_client_tools(session, record, progress, response.id, client_calls, outputs)
+                    .await_client_tools(
+                        session,
+                        record,
+                        progress,
+                        response.id,
+                        client_calls,
+                        outputs,
+                    )
                     .await;
             }
             input = outputs
@@ -501,7 +541,10 @@ impl Pipeline {
             return Ok(out.clone());
         }
         let Some(tool) = self.tools.get(name) else {
-            return Ok(json!({"error": format!("Tool '{name}' is not implemented on the server.")}).to_string());
+            return Ok(
+                json!({"error": format!("Tool '{name}' is not implemented on the server.")})
+                    .to_string(),
+            );
         };
         let ctx = ToolContext {
             session_id: session.session_id.clone(),
@@ -544,7 +587,9 @@ impl Pipeline {
             .record_tool_output(&session.session_id, &record.turn_id, call_id, &output)
             .await
             .map_err(store_failure)?;
-        record.tool_ledger.insert(call_id.to_string(), output.clone());
+        record
+            .tool_ledger
+            .insert(call_id.to_string(), output.clone());
         Ok(output)
     }
 
@@ -568,9 +613,9 @@ impl Pipeline {
         progress.mode_changes += 1;
         if progress.mode_changes == 2 {
             warn!("several mode changes in one turn; the last one wins");
-            progress
-                .user_warnings
-                .push("The mode was changed more than once in this turn; the last change applies.".into());
+            progress.user_warnings.push(
+                "The mode was changed more than once in this turn; the last change applies.".into(),
+            );
         }
         Ok(())
     }
@@ -597,7 +642,10 @@ impl Pipeline {
         api_warnings: Vec<ErrorMessage>,
     ) -> Result<TurnResult, RetryableFailure> {
         if progress.mode_changes > 0
-            && let Some(welcome) = &self.catalog.by_id_or_default(&session.mode_id).welcome_message
+            && let Some(welcome) = &self
+                .catalog
+                .by_id_or_default(&session.mode_id)
+                .welcome_message
         {
             text = format!("{welcome}\n\n{text}");
         }
@@ -617,7 +665,10 @@ impl Pipeline {
         record.completed_at = Some(now_rfc3339());
         record.pending = None;
         record.result = Some(result.clone());
-        self.store.commit(&session, &record).await.map_err(store_failure)?;
+        self.store
+            .commit(&session, &record)
+            .await
+            .map_err(store_failure)?;
         info!(iterations = progress.iterations, "turn completed");
         Ok(result)
     }
@@ -633,12 +684,14 @@ impl Pipeline {
     ) -> Result<TurnResult, RetryableFailure> {
         let meta = self.meta(&session, &record.turn_id);
         let count = client_calls.len();
-        let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None) else {
+        let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None)
+        else {
             return Err(RetryableFailure {
                 error: permanent(ErrorCode::Internal, "no client tool calls to wait for"),
             });
         };
-        let result = InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
+        let result =
+            InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
         record.status = TurnStatus::AwaitingClientTools;
         record.pending = Some(PendingTools {
             response_id,
@@ -648,7 +701,10 @@ impl Pipeline {
         });
         record.result = Some(result.clone());
         // The session's continuation id is *not* moved to this response: its calls are unanswered.
-        self.store.commit(&session, &record).await.map_err(store_failure)?;
+        self.store
+            .commit(&session, &record)
+            .await
+            .map_err(store_failure)?;
         info!(calls = count, "turn waits for client tools");
         Ok(result)
     }

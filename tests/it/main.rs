@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cli;
 mod compose_golden;
 mod contract_props;
 mod contract_request;

@@ -19,12 +19,19 @@ fn turn(session: &str, turn: &str, instruction: &str) -> Value {
 fn final_text(r: &Result) -> &str {
     match r.result() {
         Some(AgentExecuteResponse::Final(f)) => &f.primary_output_text,
-        other => panic!("expected a final response, got {other:?} / {:?}", r.errors()),
+        other => panic!(
+            "expected a final response, got {other:?} / {:?}",
+            r.errors()
+        ),
     }
 }
 
 fn only_error(r: &Result) -> (ErrorCode, String) {
-    assert!(!r.is_successful(), "expected a failure, got {:?}", r.result());
+    assert!(
+        !r.is_successful(),
+        "expected a failure, got {:?}",
+        r.result()
+    );
     let e = r.errors();
     assert_eq!(e.len(), 1, "{e:?}");
     (e[0].error_code, e[0].message.clone())
@@ -32,7 +39,9 @@ fn only_error(r: &Result) -> (ErrorCode, String) {
 
 fn client_call_ids(r: &Result) -> Vec<String> {
     match r.result() {
-        Some(AgentExecuteResponse::ClientToolContinuation(c)) => c.tool_calls().map(|t| t.tool_call_id.to_string()).collect(),
+        Some(AgentExecuteResponse::ClientToolContinuation(c)) => {
+            c.tool_calls().map(|t| t.tool_call_id.to_string()).collect()
+        }
         other => panic!("expected a continuation, got {other:?} / {:?}", r.errors()),
     }
 }
@@ -42,41 +51,91 @@ fn results_json(ids: &[&str]) -> Value {
 }
 
 fn function_outputs(body: &Value) -> Vec<(String, String)> {
-    body["input"].as_array().unwrap().iter()
+    body["input"]
+        .as_array()
+        .unwrap()
+        .iter()
         .filter(|i| i["type"] == "function_call_output")
-        .map(|i| (i["call_id"].as_str().unwrap().to_string(), i["output"].as_str().unwrap().to_string()))
+        .map(|i| {
+            (
+                i["call_id"].as_str().unwrap().to_string(),
+                i["output"].as_str().unwrap().to_string(),
+            )
+        })
         .collect()
 }
 
 async fn status(h: &crate::support::Harness, s: &str, t: &str) -> TurnStatus {
-    h.store.get_turn(&SessionId::parse(s).unwrap(), &TurnId::parse(t).unwrap()).await.unwrap().expect("turn stored").status
+    h.store
+        .get_turn(&SessionId::parse(s).unwrap(), &TurnId::parse(t).unwrap())
+        .await
+        .unwrap()
+        .expect("turn stored")
+        .status
 }
 
 #[tokio::test]
 async fn plain_answer_then_a_follow_up_turn() {
     let h = harness(Setup::default()).await;
-    h.fake.push([Reply::Text("Hello.".into()), Reply::Text("Again.".into())]);
-    let r = h.pipeline.run(&request(turn("s1", "t1", "hi"))).await.unwrap();
+    h.fake
+        .push([Reply::Text("Hello.".into()), Reply::Text("Again.".into())]);
+    let r = h
+        .pipeline
+        .run(&request(turn("s1", "t1", "hi")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "Hello.");
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { unreachable!() };
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        unreachable!()
+    };
     assert_eq!(f.meta.mode_display_name, "General");
     assert!(f.usage.expect("usage").total_tokens > 0);
     assert_eq!(status(&h, "s1", "t1").await, TurnStatus::Completed);
     let sid = SessionId::parse("s1").unwrap();
-    let first_id = h.store.get_session(&sid).await.unwrap().unwrap().previous_response_id.expect("continuation id stored");
+    let first_id = h
+        .store
+        .get_session(&sid)
+        .await
+        .unwrap()
+        .unwrap()
+        .previous_response_id
+        .expect("continuation id stored");
 
-    let r2 = h.pipeline.run(&request(turn("s1", "t2", "again"))).await.unwrap();
+    let r2 = h
+        .pipeline
+        .run(&request(turn("s1", "t2", "again")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r2), "Again.");
     let reqs = h.fake.requests();
     assert_eq!(reqs.len(), 2);
-    assert_eq!(reqs[0]["input"][0]["role"], "system", "the first call of a session carries the boot prompt");
+    assert_eq!(
+        reqs[0]["input"][0]["role"], "system",
+        "the first call of a session carries the boot prompt"
+    );
     assert!(reqs[0].get("previous_response_id").is_none());
-    assert_eq!(reqs[1]["input"].as_array().unwrap().len(), 1, "later calls carry only the new user message");
+    assert_eq!(
+        reqs[1]["input"].as_array().unwrap().len(),
+        1,
+        "later calls carry only the new user message"
+    );
     assert_eq!(reqs[1]["input"][0]["role"], "user");
-    assert_eq!(reqs[1]["previous_response_id"].as_str(), Some(first_id.as_str()));
+    assert_eq!(
+        reqs[1]["previous_response_id"].as_str(),
+        Some(first_id.as_str())
+    );
     for r in &reqs {
-        assert!(r["instructions"].as_str().unwrap().starts_with("Current Mode: general\n"));
-        assert_eq!(r["tools"].as_array().unwrap().len(), 3, "tools are sent on every call");
+        assert!(
+            r["instructions"]
+                .as_str()
+                .unwrap()
+                .starts_with("Current Mode: general\n")
+        );
+        assert_eq!(
+            r["tools"].as_array().unwrap().len(),
+            3,
+            "tools are sent on every call"
+        );
     }
 }
 
@@ -84,12 +143,21 @@ async fn plain_answer_then_a_follow_up_turn() {
 async fn a_server_tool_loop_runs_on_the_server() {
     let h = harness(Setup::default()).await;
     h.fake.push([
-        Reply::Calls(vec![("agent_list_modes".into(), json!({"includeExamples": true}))]),
+        Reply::Calls(vec![(
+            "agent_list_modes".into(),
+            json!({"includeExamples": true}),
+        )]),
         Reply::Text("There are three modes.".into()),
     ]);
-    let r = h.pipeline.run(&request(turn("s", "t", "which modes exist?"))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t", "which modes exist?")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "There are three modes.");
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { unreachable!() };
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        unreachable!()
+    };
     assert_eq!(f.tool_results.len(), 1, "server tools run are listed");
     let reqs = h.fake.requests();
     assert_eq!(reqs.len(), 2);
@@ -97,45 +165,104 @@ async fn a_server_tool_loop_runs_on_the_server() {
     assert_eq!(outputs.len(), 1);
     let listed: Value = serde_json::from_str(&outputs[0].1).unwrap();
     assert_eq!(listed["modes"].as_array().unwrap().len(), 3);
-    assert_eq!(listed["modes"][0]["exampleUtterances"][0], "What does this function do?");
+    assert_eq!(
+        listed["modes"][0]["exampleUtterances"][0],
+        "What does this function do?"
+    );
     assert!(reqs[1]["previous_response_id"].as_str().is_some());
-    assert!(reqs[1]["tools"].is_array(), "tools are resent on tool-output calls");
+    assert!(
+        reqs[1]["tools"].is_array(),
+        "tools are resent on tool-output calls"
+    );
 }
 
 #[tokio::test]
 async fn a_mode_change_mid_turn_is_persisted_and_seen() {
     let h = harness(Setup::default()).await;
     h.fake.push([
-        Reply::Calls(vec![("agent_change_mode".into(), json!({"mode": "ddr_authoring", "branch": false, "reason": "User wants a DDR."}))]),
+        Reply::Calls(vec![(
+            "agent_change_mode".into(),
+            json!({"mode": "ddr_authoring", "branch": false, "reason": "User wants a DDR."}),
+        )]),
         Reply::Text("Let's write the DDR.".into()),
         Reply::Text("Next.".into()),
     ]);
-    let r = h.pipeline.run(&request(turn("s", "t1", "write a DDR"))).await.unwrap();
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { panic!("{:?}", r.errors()) };
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t1", "write a DDR")))
+        .await
+        .unwrap();
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        panic!("{:?}", r.errors())
+    };
     assert_eq!(f.meta.mode_display_name, "DDR Authoring");
-    assert!(f.primary_output_text.starts_with("You are now in DDR Authoring mode.\n\n"), "welcome message is prepended");
+    assert!(
+        f.primary_output_text
+            .starts_with("You are now in DDR Authoring mode.\n\n"),
+        "welcome message is prepended"
+    );
     let tool_result: Value = match &f.tool_results[0].outcome {
         aptix_worker::contract::ToolOutcome::Result(j) => serde_json::from_str(j.as_str()).unwrap(),
         other => panic!("{other:?}"),
     };
-    assert_eq!(tool_result, json!({"success": true, "mode": "ddr_authoring", "branch": false, "reason": "User wants a DDR."}));
+    assert_eq!(
+        tool_result,
+        json!({"success": true, "mode": "ddr_authoring", "branch": false, "reason": "User wants a DDR."})
+    );
 
-    let session = h.store.get_session(&SessionId::parse("s").unwrap()).await.unwrap().unwrap();
+    let session = h
+        .store
+        .get_session(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(session.mode_key, "ddr_authoring");
     assert_eq!(session.mode_id, "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22");
     assert_eq!(session.mode_history.len(), 1);
     let entry = &session.mode_history[0];
-    assert_eq!((entry.previous_mode.as_str(), entry.new_mode.as_str(), entry.reason.as_str(), entry.turn_id.as_str()), ("general", "ddr_authoring", "User wants a DDR.", "t1"));
+    assert_eq!(
+        (
+            entry.previous_mode.as_str(),
+            entry.new_mode.as_str(),
+            entry.reason.as_str(),
+            entry.turn_id.as_str()
+        ),
+        ("general", "ddr_authoring", "User wants a DDR.", "t1")
+    );
 
     let reqs = h.fake.requests();
-    assert!(reqs[1]["instructions"].as_str().unwrap().starts_with("Current Mode: ddr_authoring\n"), "the next call names the new mode");
-    let names = |r: &Value| r["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect::<Vec<_>>();
-    assert!(names(&reqs[1]).contains(&"workspace_read_file".to_string()), "tools are not changed mid-turn");
+    assert!(
+        reqs[1]["instructions"]
+            .as_str()
+            .unwrap()
+            .starts_with("Current Mode: ddr_authoring\n"),
+        "the next call names the new mode"
+    );
+    let names = |r: &Value| {
+        r["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        names(&reqs[1]).contains(&"workspace_read_file".to_string()),
+        "tools are not changed mid-turn"
+    );
 
     // The next turn runs in the new mode with its tools.
-    h.pipeline.run(&request(turn("s", "t2", "continue"))).await.unwrap();
+    h.pipeline
+        .run(&request(turn("s", "t2", "continue")))
+        .await
+        .unwrap();
     let reqs = h.fake.requests();
-    assert!(reqs[2]["input"][0]["content"][0]["text"].as_str().unwrap().starts_with("[MODE: ddr_authoring]\n\n[INSTRUCTION]\ncontinue"));
+    assert!(
+        reqs[2]["input"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("[MODE: ddr_authoring]\n\n[INSTRUCTION]\ncontinue")
+    );
     assert!(!names(&reqs[2]).contains(&"workspace_read_file".to_string()));
 }
 
@@ -143,8 +270,14 @@ async fn a_mode_change_mid_turn_is_persisted_and_seen() {
 async fn rejected_mode_changes_go_back_to_the_model() {
     let h = harness(Setup::default()).await;
     h.fake.push([
-        Reply::Calls(vec![("agent_change_mode".into(), json!({"mode": "ddr_authoring", "branch": false, "reason": ""}))]),
-        Reply::Calls(vec![("agent_change_mode".into(), json!({"mode": "poetry", "branch": false, "reason": "r"}))]),
+        Reply::Calls(vec![(
+            "agent_change_mode".into(),
+            json!({"mode": "ddr_authoring", "branch": false, "reason": ""}),
+        )]),
+        Reply::Calls(vec![(
+            "agent_change_mode".into(),
+            json!({"mode": "poetry", "branch": false, "reason": "r"}),
+        )]),
         Reply::Text("Staying.".into()),
     ]);
     let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
@@ -153,8 +286,16 @@ async fn rejected_mode_changes_go_back_to_the_model() {
     let first = &function_outputs(&reqs[1])[0].1;
     assert!(first.contains("ModeChangeTool requires a non-empty 'reason' string explaining why the mode change is needed."), "{first}");
     let second = &function_outputs(&reqs[2])[0].1;
-    assert!(second.contains("Valid modes: general, ddr_authoring, workflow_authoring"), "{second}");
-    let session = h.store.get_session(&SessionId::parse("s").unwrap()).await.unwrap().unwrap();
+    assert!(
+        second.contains("Valid modes: general, ddr_authoring, workflow_authoring"),
+        "{second}"
+    );
+    let session = h
+        .store
+        .get_session(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(session.mode_key, "general");
     assert!(session.mode_history.is_empty());
 }
@@ -164,16 +305,29 @@ async fn several_mode_changes_last_wins_with_a_warning() {
     let h = harness(Setup::default()).await;
     h.fake.push([
         Reply::Calls(vec![
-            ("agent_change_mode".into(), json!({"mode": "ddr_authoring", "branch": false, "reason": "a"})),
-            ("agent_change_mode".into(), json!({"mode": "workflow_authoring", "branch": true, "reason": "b"})),
+            (
+                "agent_change_mode".into(),
+                json!({"mode": "ddr_authoring", "branch": false, "reason": "a"}),
+            ),
+            (
+                "agent_change_mode".into(),
+                json!({"mode": "workflow_authoring", "branch": true, "reason": "b"}),
+            ),
         ]),
         Reply::Text("ok".into()),
     ]);
     let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { panic!() };
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        panic!()
+    };
     assert_eq!(f.meta.mode_display_name, "Workflow Authoring");
     assert_eq!(f.user_warnings.len(), 1, "{:?}", f.user_warnings);
-    let session = h.store.get_session(&SessionId::parse("s").unwrap()).await.unwrap().unwrap();
+    let session = h
+        .store
+        .get_session(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(session.mode_history.len(), 2);
     assert_eq!(session.mode_key, "workflow_authoring");
 }
@@ -185,12 +339,24 @@ async fn client_tool_continuation_with_an_exact_match() {
         ("workspace_read_file".into(), json!({"path": "a.md"})),
         ("workspace_read_file".into(), json!({"path": "b.md"})),
     ])]);
-    let r = h.pipeline.run(&request(turn("s", "t", "read a and b"))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t", "read a and b")))
+        .await
+        .unwrap();
     let ids = client_call_ids(&r);
     assert_eq!(ids.len(), 2);
     assert_eq!(status(&h, "s", "t").await, TurnStatus::AwaitingClientTools);
-    let session = h.store.get_session(&SessionId::parse("s").unwrap()).await.unwrap().unwrap();
-    assert_eq!(session.previous_response_id, None, "the session never points at a response with unanswered calls");
+    let session = h
+        .store
+        .get_session(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        session.previous_response_id, None,
+        "the session never points at a response with unanswered calls"
+    );
 
     h.fake.push([Reply::Text("Both read.".into())]);
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
@@ -198,7 +364,10 @@ async fn client_tool_continuation_with_an_exact_match() {
     let r = h.pipeline.run(&request(cont)).await.unwrap();
     assert_eq!(final_text(&r), "Both read.");
     let reqs = h.fake.requests();
-    let outputs: Vec<String> = function_outputs(&reqs[1]).into_iter().map(|(id, _)| id).collect();
+    let outputs: Vec<String> = function_outputs(&reqs[1])
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
     assert_eq!(outputs, ids);
     assert_eq!(status(&h, "s", "t").await, TurnStatus::Completed);
 }
@@ -206,23 +375,54 @@ async fn client_tool_continuation_with_an_exact_match() {
 #[tokio::test]
 async fn each_kind_of_mismatch_fails_the_turn_but_not_the_session() {
     for (kind, make) in [
-        ("count", Box::new(|ids: &[String]| results_json(&[ids[0].as_str()])) as Box<dyn Fn(&[String]) -> Value>),
-        ("order", Box::new(|ids: &[String]| results_json(&[ids[1].as_str(), ids[0].as_str()]))),
-        ("id", Box::new(|ids: &[String]| results_json(&[ids[0].as_str(), "call_other"]))),
+        (
+            "count",
+            Box::new(|ids: &[String]| results_json(&[ids[0].as_str()]))
+                as Box<dyn Fn(&[String]) -> Value>,
+        ),
+        (
+            "order",
+            Box::new(|ids: &[String]| results_json(&[ids[1].as_str(), ids[0].as_str()])),
+        ),
+        (
+            "id",
+            Box::new(|ids: &[String]| results_json(&[ids[0].as_str(), "call_other"])),
+        ),
     ] {
         let h = harness(Setup::default()).await;
         h.fake.push([Reply::Text("first".into())]);
-        h.pipeline.run(&request(turn("s", "t0", "hello"))).await.unwrap();
-        h.fake.push([Reply::Calls(vec![("workspace_read_file".into(), json!({"path": "a"})), ("workspace_read_file".into(), json!({"path": "b"}))])]);
-        let ids = client_call_ids(&h.pipeline.run(&request(turn("s", "t1", "read"))).await.unwrap());
-        let r = h.pipeline.run(&request(json!({"sessionId": "s", "turnId": "t1", "toolResults": make(&ids)}))).await.unwrap();
+        h.pipeline
+            .run(&request(turn("s", "t0", "hello")))
+            .await
+            .unwrap();
+        h.fake.push([Reply::Calls(vec![
+            ("workspace_read_file".into(), json!({"path": "a"})),
+            ("workspace_read_file".into(), json!({"path": "b"})),
+        ])]);
+        let ids = client_call_ids(
+            &h.pipeline
+                .run(&request(turn("s", "t1", "read")))
+                .await
+                .unwrap(),
+        );
+        let r = h
+            .pipeline
+            .run(&request(
+                json!({"sessionId": "s", "turnId": "t1", "toolResults": make(&ids)}),
+            ))
+            .await
+            .unwrap();
         let (code, message) = only_error(&r);
         assert_eq!(code, ErrorCode::ToolResultsMismatch, "{kind}: {message}");
         assert_eq!(status(&h, "s", "t1").await, TurnStatus::Failed, "{kind}");
         // The session survives: the next turn continues from the last good response, which the
         // fake (like the real API) accepts only because it has no unanswered calls.
         h.fake.push([Reply::Text("still here".into())]);
-        let r = h.pipeline.run(&request(turn("s", "t2", "next"))).await.unwrap();
+        let r = h
+            .pipeline
+            .run(&request(turn("s", "t2", "next")))
+            .await
+            .unwrap();
         assert_eq!(final_text(&r), "still here", "{kind}");
     }
 }
@@ -239,31 +439,54 @@ async fn mixed_server_and_client_calls() {
     assert_eq!(ids.len(), 1, "only the client call is returned");
     h.fake.push([Reply::Text("done".into())]);
     let r = h.pipeline.run(&request(json!({"sessionId": "s", "turnId": "t", "toolResults": results_json(&[ids[0].as_str()])}))).await.unwrap();
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { panic!("{:?}", r.errors()) };
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        panic!("{:?}", r.errors())
+    };
     assert_eq!(f.tool_results.len(), 1, "the server tool run is listed");
     let reqs = h.fake.requests();
-    assert_eq!(function_outputs(&reqs[1]).len(), 2, "server and client outputs go back together");
+    assert_eq!(
+        function_outputs(&reqs[1]).len(),
+        2,
+        "server and client outputs go back together"
+    );
 }
 
 #[tokio::test]
 async fn undeclared_tools_are_answered_as_errors_not_run() {
     let h = harness(Setup::default()).await;
-    h.fake.push([Reply::Calls(vec![("drop_database".into(), json!({}))]), Reply::Text("sorry".into())]);
+    h.fake.push([
+        Reply::Calls(vec![("drop_database".into(), json!({}))]),
+        Reply::Text("sorry".into()),
+    ]);
     let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
     assert_eq!(final_text(&r), "sorry");
     let out = &function_outputs(&h.fake.requests()[1])[0].1;
-    assert!(out.contains("Tool 'drop_database' is not available in this mode."), "{out}");
+    assert!(
+        out.contains("Tool 'drop_database' is not available in this mode."),
+        "{out}"
+    );
 }
 
 #[tokio::test]
 async fn the_iteration_limit_ends_the_turn() {
     let mut settings = PipelineSettings::new("gpt-test");
     settings.max_iterations = 2;
-    let h = harness(Setup { settings, ..Setup::default() }).await;
+    let h = harness(Setup {
+        settings,
+        ..Setup::default()
+    })
+    .await;
     for _ in 0..3 {
-        h.fake.push([Reply::Calls(vec![("agent_list_modes".into(), json!({"includeExamples": false}))])]);
+        h.fake.push([Reply::Calls(vec![(
+            "agent_list_modes".into(),
+            json!({"includeExamples": false}),
+        )])]);
     }
-    let r = h.pipeline.run(&request(turn("s", "t", "loop"))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t", "loop")))
+        .await
+        .unwrap();
     assert_eq!(only_error(&r).0, ErrorCode::IterationLimit);
     assert_eq!(h.fake.requests().len(), 2);
     assert_eq!(status(&h, "s", "t").await, TurnStatus::Failed);
@@ -272,12 +495,22 @@ async fn the_iteration_limit_ends_the_turn() {
 #[tokio::test]
 async fn a_429_with_retry_after_is_honoured_then_succeeds() {
     let h = harness(Setup::default()).await;
-    h.fake.push([Reply::Error { status: 429, message: "Rate limit reached".into(), retry_after_ms: Some(400) }, Reply::Text("ok".into())]);
+    h.fake.push([
+        Reply::Error {
+            status: 429,
+            message: "Rate limit reached".into(),
+            retry_after_ms: Some(400),
+        },
+        Reply::Text("ok".into()),
+    ]);
     let started = Instant::now();
     let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
     assert_eq!(final_text(&r), "ok");
     // The client's own backoff is 10 ms in tests, so only the header explains this wait.
-    assert!(started.elapsed() >= Duration::from_millis(400), "retry-after-ms was not honoured");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "retry-after-ms was not honoured"
+    );
     assert_eq!(h.fake.requests().len(), 2);
 }
 
@@ -285,40 +518,80 @@ async fn a_429_with_retry_after_is_honoured_then_succeeds() {
 async fn repeated_5xx_is_a_retryable_failure_after_the_retries() {
     let h = harness(Setup::default()).await;
     for _ in 0..3 {
-        h.fake.push([Reply::Error { status: 503, message: "overloaded".into(), retry_after_ms: None }]);
+        h.fake.push([Reply::Error {
+            status: 503,
+            message: "overloaded".into(),
+            retry_after_ms: None,
+        }]);
     }
-    let err = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap_err();
+    let err = h
+        .pipeline
+        .run(&request(turn("s", "t", "x")))
+        .await
+        .unwrap_err();
     assert_eq!(err.error.error_code, ErrorCode::LlmUnavailable);
-    assert!(err.error.message.contains("after 3 attempt(s)") && err.error.message.contains("overloaded"), "{}", err.error.message);
+    assert!(
+        err.error.message.contains("after 3 attempt(s)")
+            && err.error.message.contains("overloaded"),
+        "{}",
+        err.error.message
+    );
     assert_eq!(h.fake.requests().len(), 3, "one call plus two retries");
 }
 
 #[tokio::test]
 async fn a_terminal_400_fails_the_turn_with_the_model_message() {
     let h = harness(Setup::default()).await;
-    h.fake.push([Reply::Error { status: 400, message: "Invalid 'input': too long.".into(), retry_after_ms: None }]);
+    h.fake.push([Reply::Error {
+        status: 400,
+        message: "Invalid 'input': too long.".into(),
+        retry_after_ms: None,
+    }]);
     let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
     let (code, message) = only_error(&r);
     assert_eq!(code, ErrorCode::LlmRejected);
     assert!(message.contains("Invalid 'input': too long."), "{message}");
-    assert!(!message.contains('{'), "no raw vendor JSON reaches the client: {message}");
+    assert!(
+        !message.contains('{'),
+        "no raw vendor JSON reaches the client: {message}"
+    );
     assert_eq!(h.fake.requests().len(), 1, "4xx is not retried");
 }
 
 #[tokio::test]
 async fn a_timeout_is_retryable() {
-    let h = harness(Setup { timeout: Duration::from_millis(300), max_retries: 1, ..Setup::default() }).await;
+    let h = harness(Setup {
+        timeout: Duration::from_millis(300),
+        max_retries: 1,
+        ..Setup::default()
+    })
+    .await;
     for _ in 0..2 {
-        h.fake.push([Reply::Delay(Duration::from_secs(3), Box::new(Reply::Text("late".into())))]);
+        h.fake.push([Reply::Delay(
+            Duration::from_secs(3),
+            Box::new(Reply::Text("late".into())),
+        )]);
     }
-    let err = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap_err();
+    let err = h
+        .pipeline
+        .run(&request(turn("s", "t", "x")))
+        .await
+        .unwrap_err();
     assert_eq!(err.error.error_code, ErrorCode::LlmUnavailable);
-    assert!(err.error.message.contains("timed out"), "{}", err.error.message);
+    assert!(
+        err.error.message.contains("timed out"),
+        "{}",
+        err.error.message
+    );
 }
 
 #[tokio::test]
 async fn malformed_and_empty_model_output_fail_the_turn() {
-    for reply in [Reply::Malformed, Reply::Empty, Reply::Failed("invalid_prompt".into())] {
+    for reply in [
+        Reply::Malformed,
+        Reply::Empty,
+        Reply::Failed("invalid_prompt".into()),
+    ] {
         let h = harness(Setup::default()).await;
         h.fake.push([reply.clone()]);
         let r = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
@@ -329,15 +602,42 @@ async fn malformed_and_empty_model_output_fail_the_turn() {
 #[tokio::test]
 async fn refusals_incomplete_answers_and_unknown_items_are_reported() {
     let h = harness(Setup::default()).await;
-    h.fake.push([Reply::Refusal("I can't help with that.".into()), Reply::Incomplete("Half an ans".into()), Reply::UnknownItemThenText("text".into())]);
-    let r = h.pipeline.run(&request(turn("s", "t1", "x"))).await.unwrap();
+    h.fake.push([
+        Reply::Refusal("I can't help with that.".into()),
+        Reply::Incomplete("Half an ans".into()),
+        Reply::UnknownItemThenText("text".into()),
+    ]);
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t1", "x")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "I can't help with that.");
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { unreachable!() };
-    assert_eq!(f.user_warnings, vec!["The model declined part of this request.".to_string()]);
-    let r = h.pipeline.run(&request(turn("s", "t2", "x"))).await.unwrap();
-    let Some(AgentExecuteResponse::Final(f)) = r.result() else { unreachable!() };
-    assert!(f.user_warnings[0].contains("max_output_tokens"), "{:?}", f.user_warnings);
-    let r = h.pipeline.run(&request(turn("s", "t3", "x"))).await.unwrap();
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        unreachable!()
+    };
+    assert_eq!(
+        f.user_warnings,
+        vec!["The model declined part of this request.".to_string()]
+    );
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t2", "x")))
+        .await
+        .unwrap();
+    let Some(AgentExecuteResponse::Final(f)) = r.result() else {
+        unreachable!()
+    };
+    assert!(
+        f.user_warnings[0].contains("max_output_tokens"),
+        "{:?}",
+        f.user_warnings
+    );
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t3", "x")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "text");
     assert_eq!(r.warnings()[0].error_code, ErrorCode::UnknownOutputItem);
 }
@@ -346,31 +646,78 @@ async fn refusals_incomplete_answers_and_unknown_items_are_reported() {
 async fn replay_mode_resends_the_conversation() {
     let mut settings = PipelineSettings::new("gpt-test");
     settings.replay = true;
-    let h = harness(Setup { settings, options: FakeOptions { stateless: true, ..Default::default() }, ..Setup::default() }).await;
-    h.fake.push([Reply::Text("one".into()), Reply::Text("two".into())]);
-    h.pipeline.run(&request(turn("s", "t1", "first"))).await.unwrap();
-    let r = h.pipeline.run(&request(turn("s", "t2", "second"))).await.unwrap();
+    let h = harness(Setup {
+        settings,
+        options: FakeOptions {
+            stateless: true,
+            ..Default::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    h.fake
+        .push([Reply::Text("one".into()), Reply::Text("two".into())]);
+    h.pipeline
+        .run(&request(turn("s", "t1", "first")))
+        .await
+        .unwrap();
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t2", "second")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "two");
     let reqs = h.fake.requests();
     assert!(reqs[1].get("previous_response_id").is_none());
-    let roles: Vec<&str> = reqs[1]["input"].as_array().unwrap().iter().map(|i| i["role"].as_str().unwrap_or("")).collect();
+    let roles: Vec<&str> = reqs[1]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["role"].as_str().unwrap_or(""))
+        .collect();
     assert_eq!(roles, ["system", "user", "assistant", "user"]);
     assert_eq!(reqs[1]["input"][2]["content"], "one");
 }
 
 #[tokio::test]
 async fn previous_response_not_found_falls_back_to_replay() {
-    let h = harness(Setup { options: FakeOptions { stateless: true, ..Default::default() }, ..Setup::default() }).await;
-    h.fake.push([Reply::Text("one".into()), Reply::Text("two".into())]);
-    h.pipeline.run(&request(turn("s", "t1", "first"))).await.unwrap();
-    let r = h.pipeline.run(&request(turn("s", "t2", "second"))).await.unwrap();
+    let h = harness(Setup {
+        options: FakeOptions {
+            stateless: true,
+            ..Default::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    h.fake
+        .push([Reply::Text("one".into()), Reply::Text("two".into())]);
+    h.pipeline
+        .run(&request(turn("s", "t1", "first")))
+        .await
+        .unwrap();
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t2", "second")))
+        .await
+        .unwrap();
     assert_eq!(final_text(&r), "two");
     let reqs = h.fake.requests();
     assert_eq!(reqs.len(), 3);
-    assert!(reqs[1]["previous_response_id"].is_string(), "first try continues by id");
-    assert!(reqs[2].get("previous_response_id").is_none(), "the fallback replays");
+    assert!(
+        reqs[1]["previous_response_id"].is_string(),
+        "first try continues by id"
+    );
+    assert!(
+        reqs[2].get("previous_response_id").is_none(),
+        "the fallback replays"
+    );
     assert_eq!(reqs[2]["input"].as_array().unwrap().len(), 4);
-    let session = h.store.get_session(&SessionId::parse("s").unwrap()).await.unwrap().unwrap();
+    let session = h
+        .store
+        .get_session(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(session.replay, "later turns replay straight away");
 }
 
@@ -382,18 +729,34 @@ async fn a_replayed_turn_is_idempotent_and_conflicts_are_errors() {
     let again = h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
     assert_eq!(first, again, "the stored result is returned");
     assert_eq!(h.fake.requests().len(), 1, "the model is not called twice");
-    let conflict = h.pipeline.run(&request(turn("s", "t", "something else"))).await.unwrap();
+    let conflict = h
+        .pipeline
+        .run(&request(turn("s", "t", "something else")))
+        .await
+        .unwrap();
     assert_eq!(only_error(&conflict).0, ErrorCode::TurnConflict);
 }
 
 #[tokio::test]
 async fn continuations_for_the_wrong_turn_are_errors() {
     let h = harness(Setup::default()).await;
-    let r = h.pipeline.run(&request(json!({"sessionId": "s", "turnId": "nope", "toolResults": results_json(&["c"])}))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(
+            json!({"sessionId": "s", "turnId": "nope", "toolResults": results_json(&["c"])}),
+        ))
+        .await
+        .unwrap();
     assert_eq!(only_error(&r).0, ErrorCode::TurnNotFound);
     h.fake.push([Reply::Text("done".into())]);
     h.pipeline.run(&request(turn("s", "t", "x"))).await.unwrap();
-    let r = h.pipeline.run(&request(json!({"sessionId": "s", "turnId": "t", "toolResults": results_json(&["c"])}))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(
+            json!({"sessionId": "s", "turnId": "t", "toolResults": results_json(&["c"])}),
+        ))
+        .await
+        .unwrap();
     let (code, message) = only_error(&r);
     assert_eq!(code, ErrorCode::TurnNotAwaitingTools);
     assert!(message.contains("is completed"), "{message}");
@@ -406,7 +769,40 @@ async fn unknown_contexts_are_validation_errors() {
     let (code, message) = only_error(&r);
     assert_eq!(code, ErrorCode::UnknownContext);
     assert!(message.starts_with("conversationContextId: "));
-    let r = h.pipeline.run(&request(json!({"sessionId": "s", "turnId": "t2", "instruction": "x", "agentContextId": "nope"}))).await.unwrap();
+    let r = h
+        .pipeline
+        .run(&request(
+            json!({"sessionId": "s", "turnId": "t2", "instruction": "x", "agentContextId": "nope"}),
+        ))
+        .await
+        .unwrap();
     assert_eq!(only_error(&r).0, ErrorCode::UnknownContext);
     assert!(h.fake.requests().is_empty());
+}
+
+#[tokio::test]
+async fn the_fake_serves_many_concurrent_requests() {
+    let h = harness(Setup::default()).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/responses", h.fake.base_url());
+    let body = json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "[MODE: general]\n\n[INSTRUCTION]\nhi"}]}]});
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1000 {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        tasks.spawn(async move {
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        });
+    }
+    let mut ok = 0;
+    while let Some(r) = tasks.join_next().await {
+        if r.expect("task").expect("request") == 200 {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 1000);
 }

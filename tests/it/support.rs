@@ -17,8 +17,14 @@ pub fn schema() -> Arc<jsonschema::Validator> {
     static SCHEMA: OnceLock<Arc<jsonschema::Validator>> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures/openai/openapi.json");
-            Arc::new(create_response_validator(std::path::Path::new(path)).expect("the official OpenAPI document loads"))
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../shared/fixtures/openai/openapi.json"
+            );
+            Arc::new(
+                create_response_validator(std::path::Path::new(path))
+                    .expect("the official OpenAPI document loads"),
+            )
         })
         .clone()
 }
@@ -26,8 +32,14 @@ pub fn schema() -> Arc<jsonschema::Validator> {
 /// Asserts that a request body is a valid `CreateResponse`.
 #[track_caller]
 pub fn assert_valid_create_response(body: &Value) {
-    let errors: Vec<String> = schema().iter_errors(body).map(|e| format!("{e} at {}", e.instance_path)).collect();
-    assert!(errors.is_empty(), "not a valid CreateResponse: {errors:?}\n{body:#}");
+    let errors: Vec<String> = schema()
+        .iter_errors(body)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "not a valid CreateResponse: {errors:?}\n{body:#}"
+    );
 }
 
 pub struct Harness {
@@ -55,16 +67,36 @@ impl Default for Setup {
 }
 
 pub async fn harness(setup: Setup) -> Harness {
-    let fake = FakeLlm::start("127.0.0.1:0".parse().unwrap(), setup.options, Some(schema()))
-        .await
-        .expect("fake model starts");
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        setup.options,
+        Some(schema()),
+    )
+    .await
+    .expect("fake model starts");
     let store = Arc::new(MemoryStore::new());
-    let llm = LlmClient::new(&fake.base_url(), None, Duration::from_secs(2), setup.timeout, setup.max_retries)
-        .expect("client")
-        .with_min_backoff(Duration::from_millis(10));
+    let llm = LlmClient::new(
+        &fake.base_url(),
+        None,
+        Duration::from_secs(2),
+        setup.timeout,
+        setup.max_retries,
+    )
+    .expect("client")
+    .with_min_backoff(Duration::from_millis(10));
     let dyn_store: Arc<dyn SessionStore> = store.clone();
-    let pipeline = Pipeline::new(dyn_store, Arc::new(ModeCatalog::builtin()), llm, setup.settings).expect("pipeline");
-    Harness { fake, store, pipeline }
+    let pipeline = Pipeline::new(
+        dyn_store,
+        Arc::new(ModeCatalog::builtin()),
+        llm,
+        setup.settings,
+    )
+    .expect("pipeline");
+    Harness {
+        fake,
+        store,
+        pipeline,
+    }
 }
 
 /// Parses a request literal (panics on invalid test input).

@@ -1,0 +1,83 @@
+//! The `aptix` binary as a user runs it.
+
+use std::process::Command;
+
+fn aptix() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_aptix"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    for var in [
+        "APTIX_LLM_BASE_URL",
+        "OPENAI_API_KEY",
+        "APTIX_AMQP_URL",
+        "APTIX_REDIS_URL",
+        "APTIX_MODES_FILE",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+#[test]
+fn the_readme_main_command_runs_on_the_embedded_default() {
+    let out = aptix()
+        .args([
+            "run",
+            "examples/requests/user-turn.json",
+            "examples/requests/client-tool.json",
+        ])
+        .output()
+        .expect("runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"kind\": \"final\""), "{stdout}");
+    assert!(
+        stdout.contains("\"kind\": \"client_tool_continuation\""),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Received 1 tool output(s); done."),
+        "the client tool was answered: {stdout}"
+    );
+}
+
+#[test]
+fn validate_reports_every_violation_and_exits_non_zero() {
+    let out = aptix()
+        .args(["validate", "examples/requests/invalid.json"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for code in [
+        "FORBIDDEN_FIELD",
+        "INVALID_ID",
+        "MISSING_FIELD",
+        "INVALID_PATH",
+        "INVALID_ARTIFACT",
+    ] {
+        assert!(stdout.contains(code), "{code} missing: {stdout}");
+    }
+}
+
+#[test]
+fn a_bad_modes_file_stops_start_up_naming_the_entry() {
+    let dir = std::env::temp_dir().join(format!("aptix-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("modes.json");
+    std::fs::write(&file, r#"{"modes": [], "tools": []}"#).unwrap();
+    let out = aptix()
+        .arg("modes")
+        .env("APTIX_MODES_FILE", &file)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("invalid mode catalog: the catalog defines no modes")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
