@@ -210,3 +210,197 @@ impl ServerTool for ListModesTool {
         ToolRun::Ok(json!({ "modes": modes }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{MemoryStore, SessionState, TurnRecord, TurnStatus};
+
+    async fn setup() -> (Arc<MemoryStore>, ToolRegistry, ToolContext) {
+        let store = Arc::new(MemoryStore::new());
+        let catalog = Arc::new(ModeCatalog::builtin());
+        let sid = SessionId::parse("s").unwrap();
+        let tid = TurnId::parse("t").unwrap();
+        let session = SessionState {
+            session_id: sid.clone(),
+            mode_id: catalog.default_mode().id.clone(),
+            mode_key: "general".into(),
+            mode_history: vec![],
+            previous_response_id: None,
+            conversation: vec![],
+            replay: false,
+            solution_context: None,
+            owner: None,
+            created_at: now_rfc3339(),
+            updated_at: now_rfc3339(),
+        };
+        let turn = TurnRecord {
+            session_id: sid.clone(),
+            turn_id: tid.clone(),
+            fingerprint: String::new(),
+            status: TurnStatus::Running,
+            mode_key: "general".into(),
+            pending: None,
+            tool_ledger: Default::default(),
+            requests: vec![],
+            attempts: 1,
+            submitted_at: now_rfc3339(),
+            completed_at: None,
+            result: None,
+        };
+        store.commit(&session, &turn).await.unwrap();
+        let dyn_store: Arc<dyn SessionStore> = store.clone();
+        let registry = ToolRegistry::builtin(dyn_store, catalog);
+        let ctx = ToolContext {
+            session_id: sid,
+            turn_id: tid,
+            current_mode_key: "general".into(),
+        };
+        (store, registry, ctx)
+    }
+
+    async fn mode_of(store: &MemoryStore) -> (String, usize) {
+        let s = store
+            .get_session(&SessionId::parse("s").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        (s.mode_key, s.mode_history.len())
+    }
+
+    #[tokio::test]
+    async fn change_mode_happy_path_persists_with_history() {
+        let (store, reg, ctx) = setup().await;
+        let run = reg
+            .get(CHANGE_MODE_TOOL)
+            .unwrap()
+            .run(
+                &ctx,
+                r#"{"mode":"ddr_authoring","branch":true,"reason":"DDR work"}"#,
+            )
+            .await;
+        assert_eq!(
+            run,
+            ToolRun::Ok(
+                json!({"success": true, "mode": "ddr_authoring", "branch": true, "reason": "DDR work"})
+            )
+        );
+        assert_eq!(mode_of(&store).await, ("ddr_authoring".to_string(), 1));
+    }
+
+    #[tokio::test]
+    async fn change_mode_validation_messages_and_no_side_effect() {
+        let (store, reg, ctx) = setup().await;
+        let tool = reg.get(CHANGE_MODE_TOOL).unwrap();
+        let cases = [
+            ("", "ModeChangeTool requires a non-empty arguments object."),
+            (
+                "   ",
+                "ModeChangeTool requires a non-empty arguments object.",
+            ),
+            (
+                "[1]",
+                "ModeChangeTool requires a non-empty arguments object.",
+            ),
+            (
+                r#"{"branch":false,"reason":"r"}"#,
+                "ModeChangeTool requires a non-empty 'mode' string.",
+            ),
+            (
+                r#"{"mode":"","branch":false,"reason":"r"}"#,
+                "ModeChangeTool requires a non-empty 'mode' string.",
+            ),
+            (
+                r#"{"mode":"general","reason":"r"}"#,
+                "ModeChangeTool requires a 'branch' boolean flag.",
+            ),
+            (
+                r#"{"mode":"general","branch":false}"#,
+                "ModeChangeTool requires a non-empty 'reason' string explaining why the mode change is needed.",
+            ),
+            (
+                r#"{"mode":"general","branch":false,"reason":" "}"#,
+                "ModeChangeTool requires a non-empty 'reason' string explaining why the mode change is needed.",
+            ),
+            (
+                r#"{"mode":"poetry","branch":false,"reason":"r"}"#,
+                "ModeChangeTool cannot change to unknown mode 'poetry'. Valid modes: general, ddr_authoring, workflow_authoring.",
+            ),
+        ];
+        for (args, msg) in cases {
+            assert_eq!(
+                tool.run(&ctx, args).await,
+                ToolRun::Rejected(msg.into()),
+                "{args}"
+            );
+        }
+        assert_eq!(
+            mode_of(&store).await,
+            ("general".to_string(), 0),
+            "no rejected call changed the mode"
+        );
+    }
+
+    #[tokio::test]
+    async fn change_mode_that_cannot_persist_is_unavailable() {
+        let (_store, reg, mut ctx) = setup().await;
+        ctx.session_id = SessionId::parse("missing").unwrap();
+        let run = reg
+            .get(CHANGE_MODE_TOOL)
+            .unwrap()
+            .run(&ctx, r#"{"mode":"general","branch":false,"reason":"r"}"#)
+            .await;
+        assert_eq!(
+            run,
+            ToolRun::Unavailable("ModeChangeTool failed to change the session mode.".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn list_modes_returns_the_catalog() {
+        let (store, reg, ctx) = setup().await;
+        let tool = reg.get(LIST_MODES_TOOL).unwrap();
+        let ToolRun::Ok(v) = tool.run(&ctx, "{}").await else {
+            panic!()
+        };
+        let modes = v["modes"].as_array().unwrap();
+        assert_eq!(modes.len(), 3);
+        assert_eq!(modes[0]["id"], "3F8E4F377F7A4C189C7F6A8B9F945C11");
+        assert_eq!(modes[0]["isDefault"], true);
+        assert_eq!(modes[0]["exampleUtterances"], json!([]));
+        let ToolRun::Ok(v) = tool.run(&ctx, r#"{"includeExamples":true}"#).await else {
+            panic!()
+        };
+        assert_eq!(
+            v["modes"][0]["exampleUtterances"][0],
+            "What does this function do?"
+        );
+        assert!(matches!(
+            tool.run(&ctx, r#"{"includeExamples":"yes"}"#).await,
+            ToolRun::Rejected(_)
+        ));
+        assert_eq!(
+            mode_of(&store).await,
+            ("general".to_string(), 0),
+            "read-only"
+        );
+    }
+
+    #[test]
+    fn every_builtin_server_tool_is_implemented() {
+        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+        let catalog = Arc::new(ModeCatalog::builtin());
+        assert!(
+            ToolRegistry::builtin(store.clone(), catalog.clone())
+                .check_catalog(&catalog)
+                .is_ok()
+        );
+        let mut v = catalog.to_json();
+        v["tools"][2]["location"] = json!("server");
+        let c = ModeCatalog::from_json(&v.to_string()).unwrap();
+        let e = ToolRegistry::builtin(store, catalog)
+            .check_catalog(&c)
+            .unwrap_err();
+        assert!(e.contains("workspace_read_file"), "{e}");
+    }
+}
