@@ -17,7 +17,8 @@ use crate::contract::Usage;
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
 /// One output item of a model answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum OutputItem {
     /// Assistant text (`output_text` parts of a `message`, joined).
     Text(String),
@@ -35,11 +36,14 @@ pub enum OutputItem {
     /// Reasoning, ignored.
     Reasoning,
     /// An item type this client does not know; ignored with a warning.
-    Unknown(String),
+    Unknown {
+        /// The item's type.
+        item_type: String,
+    },
 }
 
 /// A normalised model answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelResponse {
     /// The response id (`previous_response_id` for the next call).
     pub id: String,
@@ -368,10 +372,9 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
                                 .unwrap_or("")
                                 .to_string(),
                         )),
-                        other => items.push(OutputItem::Unknown(format!(
-                            "message part {}",
-                            other.unwrap_or("(none)")
-                        ))),
+                        other => items.push(OutputItem::Unknown {
+                            item_type: format!("message part {}", other.unwrap_or("(none)")),
+                        }),
                     }
                 }
                 if !text.is_empty() {
@@ -398,7 +401,9 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
                 });
             }
             "reasoning" => items.push(OutputItem::Reasoning),
-            other => items.push(OutputItem::Unknown(other.to_string())),
+            other => items.push(OutputItem::Unknown {
+                item_type: other.to_string(),
+            }),
         }
     }
     let n = |k: &str| {

@@ -23,6 +23,8 @@ pub struct ToolContext {
     pub turn_id: TurnId,
     /// The session's mode key when the tool runs.
     pub current_mode_key: String,
+    /// The turn's session lease; the tool's writes are fenced with it.
+    pub lease: crate::store::Lease,
 }
 
 /// How one server tool call went.
@@ -143,7 +145,7 @@ impl ServerTool for ModeChangeTool {
         };
         match self
             .store
-            .change_mode(&ctx.session_id, &target.id, change)
+            .change_mode(&ctx.session_id, &target.id, change, &ctx.lease)
             .await
         {
             Ok(_) => ToolRun::Ok(json!({
@@ -247,14 +249,25 @@ mod tests {
             submitted_at: now_rfc3339(),
             completed_at: None,
             result: None,
+            answered: vec![],
+            checkpoint: None,
         };
-        store.commit(&session, &turn).await.unwrap();
+        let lease = store
+            .acquire_lease(&sid, "test", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        store
+            .save(Some(&session), &turn, &lease, false)
+            .await
+            .unwrap();
         let dyn_store: Arc<dyn SessionStore> = store.clone();
         let registry = ToolRegistry::builtin(dyn_store, catalog);
         let ctx = ToolContext {
             session_id: sid,
             turn_id: tid,
             current_mode_key: "general".into(),
+            lease,
         };
         (store, registry, ctx)
     }
@@ -343,8 +356,17 @@ mod tests {
 
     #[tokio::test]
     async fn change_mode_that_cannot_persist_is_unavailable() {
-        let (_store, reg, mut ctx) = setup().await;
-        ctx.session_id = SessionId::parse("missing").unwrap();
+        let (store, reg, ctx) = setup().await;
+        // Another holder took over the session: the write is fenced, the tool cannot run.
+        store
+            .release_lease(&ctx.session_id, &ctx.lease)
+            .await
+            .unwrap();
+        store
+            .acquire_lease(&ctx.session_id, "other", std::time::Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
         let run = reg
             .get(CHANGE_MODE_TOOL)
             .unwrap()

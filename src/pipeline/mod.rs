@@ -19,13 +19,13 @@ use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
-    FinalResponse, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
-    ToolResult, TurnId, UserTurn, check_tool_results,
+    FinalResponse, InvokeResult, SessionId, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
+    ToolOutcome, ToolResult, TurnId, UserTurn, check_tool_results,
 };
 use crate::llm::{LlmClient, LlmError, ModelResponse, OutputItem};
 use crate::store::{
-    PendingTools, SessionState, SessionStore, StoreError, TurnProgress, TurnRecord, TurnStatus,
-    now_rfc3339,
+    Checkpoint, Lease, PendingTools, SessionState, SessionStore, StoreError, TurnProgress,
+    TurnRecord, TurnStatus, now_rfc3339,
 };
 use crate::tools::{ToolContext, ToolRegistry, ToolRun};
 use compose::{CallSpec, Continuation};
@@ -54,6 +54,10 @@ pub struct PipelineSettings {
     pub conversation_contexts: HashMap<String, String>,
     /// Known agent context ids (model endpoint/credentials); only `default` today.
     pub agent_contexts: Vec<String>,
+    /// How long a session lease lasts without renewal (renewed every third of it).
+    pub lease_ttl: std::time::Duration,
+    /// This process's id, part of every lease holder name.
+    pub worker_id: String,
 }
 
 impl PipelineSettings {
@@ -68,6 +72,8 @@ impl PipelineSettings {
                 DEFAULT_BOOT_PROMPT.to_string(),
             )]),
             agent_contexts: vec!["default".to_string()],
+            lease_ttl: std::time::Duration::from_secs(30),
+            worker_id: format!("worker-{}", uuid::Uuid::new_v4().simple()),
         }
     }
 }
@@ -91,6 +97,31 @@ fn permanent(code: ErrorCode, message: impl Into<String>) -> ErrorMessage {
 fn store_failure(e: StoreError) -> RetryableFailure {
     RetryableFailure {
         error: ErrorMessage::new(ErrorCode::Internal, format!("{e}")),
+    }
+}
+
+/// A held session lease, renewed in the background until dropped.
+struct HeldLease {
+    lease: Lease,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+    }
+}
+
+/// Everything one run of a turn works on while it holds the session's lease.
+struct Run {
+    session: SessionState,
+    record: TurnRecord,
+    held: HeldLease,
+}
+
+impl Run {
+    fn lease(&self) -> &Lease {
+        &self.held.lease
     }
 }
 
@@ -126,7 +157,8 @@ impl Pipeline {
     }
 
     /// Runs one request to its next stable point: a final answer, a client tool continuation,
-    /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later".
+    /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later": the
+    /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
         let span =
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
@@ -140,28 +172,66 @@ impl Pipeline {
         .await
     }
 
+    /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
+    async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, RetryableFailure> {
+        let holder = format!("{}/{tid}", self.settings.worker_id);
+        let ttl = self.settings.lease_ttl;
+        let Some(lease) = self
+            .store
+            .acquire_lease(sid, &holder, ttl)
+            .await
+            .map_err(store_failure)?
+        else {
+            info!("session is busy with another turn");
+            return Err(RetryableFailure {
+                error: permanent(
+                    ErrorCode::SessionBusy,
+                    format!("session {sid} is running another turn; this one will run after it"),
+                ),
+            });
+        };
+        let store = self.store.clone();
+        let (sid2, lease2) = (sid.clone(), lease.clone());
+        let renewer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                match store.renew_lease(&sid2, &lease2, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        warn!(session_id = %sid2, "session lease lost; further writes of this turn will be rejected");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(session_id = %sid2, error = %e, "could not renew the session lease")
+                    }
+                }
+            }
+        });
+        Ok(HeldLease { lease, renewer })
+    }
+
+    /// Gives the lease back after a retryable failure so a retry can proceed at once.
+    async fn retry_later(
+        &self,
+        run: Run,
+        failure: RetryableFailure,
+    ) -> Result<TurnResult, RetryableFailure> {
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
+            warn!(error = %e, "could not save the turn before retrying it later");
+            let _ = self
+                .store
+                .release_lease(&run.session.session_id, run.lease())
+                .await;
+        }
+        warn!(code = %failure.error.error_code, message = %failure.error.message, "turn will be retried later");
+        Err(failure)
+    }
+
     async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, RetryableFailure> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
-        let existing = self.store.get_turn(sid, tid).await.map_err(store_failure)?;
-        if let Some(rec) = &existing {
-            if rec.fingerprint != fp {
-                return Ok(InvokeResult::failure(permanent(
-                    ErrorCode::TurnConflict,
-                    format!("turn {tid} already exists in session {sid} with a different payload"),
-                )));
-            }
-            if let (
-                Some(result),
-                TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools,
-            ) = (&rec.result, rec.status)
-            {
-                info!(
-                    status = rec.status.as_str(),
-                    "turn already ran; returning its stored result"
-                );
-                return Ok(result.clone());
-            }
+        if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
+            return Ok(done);
         }
         // Unknown context ids are validation errors (the turn fails, nothing is created).
         let boot = match turn.conversation_context_id() {
@@ -186,26 +256,46 @@ impl Pipeline {
             )));
         }
 
-        let now = now_rfc3339();
-        let mut session = match self.store.get_session(sid).await.map_err(store_failure)? {
-            Some(s) => s,
-            None => {
-                let mode = self.catalog.default_mode();
-                SessionState {
-                    session_id: sid.clone(),
-                    mode_id: mode.id.clone(),
-                    mode_key: mode.key.clone(),
-                    mode_history: Vec::new(),
-                    previous_response_id: None,
-                    conversation: Vec::new(),
-                    replay: false,
-                    solution_context: None,
-                    owner: None,
-                    created_at: now.clone(),
-                    updated_at: now.clone(),
-                }
+        let held = self.lease(sid, tid).await?;
+        // Another worker may have finished the turn while we waited for the lease.
+        let existing = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
             }
         };
+        if let Some(rec) = &existing
+            && let Some(done) = self.finished(rec, &fp)
+        {
+            let _ = self.store.release_lease(sid, &held.lease).await;
+            return Ok(done);
+        }
+
+        let now = now_rfc3339();
+        let loaded = match self.store.get_session(sid).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        let mut session = loaded.unwrap_or_else(|| {
+            let mode = self.catalog.default_mode();
+            SessionState {
+                session_id: sid.clone(),
+                mode_id: mode.id.clone(),
+                mode_key: mode.key.clone(),
+                mode_history: Vec::new(),
+                previous_response_id: None,
+                conversation: Vec::new(),
+                replay: false,
+                solution_context: None,
+                owner: None,
+                created_at: now.clone(),
+                updated_at: now.clone(),
+            }
+        });
         // A session whose stored mode id is no longer in the catalog continues in the default.
         let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
         session.mode_key = mode.key.clone();
@@ -221,41 +311,95 @@ impl Pipeline {
             status: TurnStatus::Running,
             mode_key: mode.key.clone(),
             pending: None,
+            answered: Vec::new(),
             tool_ledger: Default::default(),
             requests: Vec::new(),
             attempts: 0,
             submitted_at: now.clone(),
             completed_at: None,
             result: None,
+            checkpoint: None,
         });
         record.status = TurnStatus::Running;
         record.attempts += 1;
+        let run = Run {
+            session,
+            record,
+            held,
+        };
         // The session exists (and the turn is running) before any tool can touch it.
-        self.store
-            .commit(&session, &record)
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), false)
             .await
-            .map_err(store_failure)?;
-        info!(mode = %mode.key, attempt = record.attempts, "turn started");
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
 
-        let first_call = session.previous_response_id.is_none() && session.conversation.is_empty();
+        if run.record.checkpoint.is_some() {
+            // A crashed or retried run left a resume point: continue from it.
+            let previous = None;
+            return self
+                .reason(run, TurnProgress::default(), Vec::new(), previous)
+                .await;
+        }
+        let first_call =
+            run.session.previous_response_id.is_none() && run.session.conversation.is_empty();
         let mut input = Vec::new();
         if first_call {
             input.push(compose::system_message(&boot));
         }
         let chunks = compose::artifact_chunks(turn);
         input.push(compose::user_message(
-            &session.mode_key,
+            &run.session.mode_key,
             turn,
-            session.solution_context.as_deref(),
+            run.session.solution_context.as_deref(),
             &chunks,
         ));
         let progress = TurnProgress {
             tools_mode_key: mode.key.clone(),
             ..Default::default()
         };
-        let previous = session.previous_response_id.clone();
-        self.reason(session, record, progress, input, previous)
-            .await
+        let previous = run.session.previous_response_id.clone();
+        self.reason(run, progress, input, previous).await
+    }
+
+    /// The stored result of a user turn that already ran (or a conflict), if any.
+    async fn stored_outcome(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        fp: &str,
+    ) -> Result<Option<TurnResult>, RetryableFailure> {
+        let existing = self.store.get_turn(sid, tid).await.map_err(store_failure)?;
+        Ok(existing.and_then(|rec| self.finished(&rec, fp)))
+    }
+
+    fn finished(&self, rec: &TurnRecord, fp: &str) -> Option<TurnResult> {
+        if rec.fingerprint != fp {
+            return Some(InvokeResult::failure(permanent(
+                ErrorCode::TurnConflict,
+                format!(
+                    "turn {} already exists in session {} with a different payload",
+                    rec.turn_id, rec.session_id
+                ),
+            )));
+        }
+        let done = matches!(
+            rec.status,
+            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
+        ) || rec.pending.is_some();
+        match (&rec.result, done) {
+            (Some(result), true) => {
+                info!(
+                    status = rec.status.as_str(),
+                    "turn already ran; returning its stored result"
+                );
+                Some(result.clone())
+            }
+            _ => None,
+        }
     }
 
     async fn run_continuation(
@@ -263,44 +407,109 @@ impl Pipeline {
         cont: &ToolContinuation,
     ) -> Result<TurnResult, RetryableFailure> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
-        let Some(mut record) = self.store.get_turn(sid, tid).await.map_err(store_failure)? else {
-            return Ok(InvokeResult::failure(permanent(
-                ErrorCode::TurnNotFound,
-                format!("turn {tid} does not exist in session {sid}"),
-            )));
-        };
-        let pending = match (&record.status, record.pending.take()) {
-            (TurnStatus::AwaitingClientTools, Some(p)) => p,
-            (status, _) => {
-                return Ok(InvokeResult::failure(permanent(
+        let submitted: Vec<String> = cont
+            .tool_results()
+            .iter()
+            .map(|r| r.tool_call_id.to_string())
+            .collect();
+        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, TurnResult> {
+            let Some(record) = record else {
+                return Err(InvokeResult::failure(permanent(
+                    ErrorCode::TurnNotFound,
+                    format!("turn {tid} does not exist in session {sid}"),
+                )));
+            };
+            // A continuation that was already applied (a redelivery) gets the turn's result.
+            if submitted.iter().all(|id| record.answered.contains(id))
+                && let Some(result) = &record.result
+                && record.status != TurnStatus::Running
+            {
+                return Err(result.clone());
+            }
+            // Awaiting client tools, or running with the pending calls still recorded (a run
+            // of this continuation that crashed): both accept the results.
+            if record.pending.is_none()
+                || !matches!(
+                    record.status,
+                    TurnStatus::AwaitingClientTools | TurnStatus::Running
+                )
+            {
+                return Err(InvokeResult::failure(permanent(
                     ErrorCode::TurnNotAwaitingTools,
                     format!(
                         "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
-                        status.as_str()
+                        record.status.as_str()
                     ),
                 )));
             }
+            Ok(record)
+        };
+        if let Err(answer) = check(self.store.get_turn(sid, tid).await.map_err(store_failure)?) {
+            return Ok(answer);
+        }
+        let held = self.lease(sid, tid).await?;
+        let reread = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        let mut record = match check(reread) {
+            Ok(r) => r,
+            Err(answer) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Ok(answer);
+            }
+        };
+        let session = match self.store.get_session(sid).await {
+            Ok(Some(s)) => s,
+            other => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(match other {
+                    Err(e) => e,
+                    _ => StoreError::Corrupt(format!("session {sid} of a waiting turn is missing")),
+                }));
+            }
+        };
+        let Some(pending) = record.pending.clone() else {
+            let _ = self.store.release_lease(sid, &held.lease).await;
+            return Err(store_failure(StoreError::Corrupt(
+                "pending calls vanished".into(),
+            )));
         };
         let expected: Vec<ToolCallId> = pending
             .client_calls
             .iter()
             .map(|c| c.tool_call_id.clone())
             .collect();
-        if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
-            warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
-            let result = InvokeResult::failure(mismatch.to_error());
-            return self.fail_turn(record, result).await;
-        }
-        let Some(mut session) = self.store.get_session(sid).await.map_err(store_failure)? else {
-            return Err(store_failure(StoreError::Corrupt(format!(
-                "session {sid} of a waiting turn is missing"
-            ))));
-        };
-        session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
         record.status = TurnStatus::Running;
         record.attempts += 1;
-        self.store.put_turn(&record).await.map_err(store_failure)?;
-
+        let mut run = Run {
+            session,
+            record,
+            held,
+        };
+        run.session.mode_key = self
+            .catalog
+            .by_id_or_default(&run.session.mode_id)
+            .key
+            .clone();
+        if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
+            warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
+            return self
+                .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
+                .await;
+        }
+        run.record.answered.extend(submitted);
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), false).await {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        if run.record.checkpoint.is_some() {
+            return self
+                .reason(run, TurnProgress::default(), Vec::new(), None)
+                .await;
+        }
         let mut input: Vec<Value> = pending
             .server_outputs
             .iter()
@@ -314,104 +523,163 @@ impl Pipeline {
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
         let previous = Some(pending.response_id.clone());
-        self.reason(session, record, pending.progress, input, previous)
-            .await
+        self.reason(run, pending.progress, input, previous).await
+    }
+
+    /// Calls the model once (with the fallback to replay), accounting for the answer.
+    async fn call_model(
+        &self,
+        run: &mut Run,
+        progress: &mut TurnProgress,
+        tools_mode: &crate::catalog::Mode,
+        tools: &[&ToolDef],
+        input: Vec<Value>,
+        previous: Option<&str>,
+    ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
+        progress.iterations += 1;
+        let instructions = self.catalog.system_prompt(&run.session.mode_key);
+        let history: Vec<Value> = run
+            .session
+            .conversation
+            .iter()
+            .chain(progress.turn_items.iter())
+            .cloned()
+            .collect();
+        let body_for = |replay: bool| {
+            compose::request_body(&CallSpec {
+                model: &self.settings.model,
+                instructions: &instructions,
+                tools,
+                tool_choice: tools_mode.tool_choice.as_deref(),
+                continuation: match (previous, replay) {
+                    (_, true) => Continuation::Replay(&history),
+                    (Some(id), false) => Continuation::Previous(id),
+                    (None, false) => Continuation::Fresh,
+                },
+                input: &input,
+            })
+        };
+        let replay = self.settings.replay || run.session.replay;
+        let body = body_for(replay);
+        run.record.requests.push(body.clone());
+        let started = std::time::Instant::now();
+        let mut outcome = self.llm.create_response(&body).await;
+        if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
+            && !replay
+        {
+            warn!(%msg, "model server does not store responses; switching this session to replay");
+            run.session.replay = true;
+            let body = body_for(true);
+            run.record.requests.push(body.clone());
+            outcome = self.llm.create_response(&body).await;
+        }
+        info!(
+            iteration = progress.iterations,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            ok = outcome.is_ok(),
+            "model call"
+        );
+        let response = match outcome {
+            Ok(r) => r,
+            Err(e) if e.is_retryable() => {
+                return Err(RetryableFailure {
+                    error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
+                });
+            }
+            Err(e) => {
+                let code = match e {
+                    LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound(_) => {
+                        ErrorCode::LlmRejected
+                    }
+                    _ => ErrorCode::LlmBadResponse,
+                };
+                return Ok(Err(InvokeResult::failure(permanent(code, e.to_string()))));
+            }
+        };
+        progress.usage.add(response.usage);
+        progress.turn_items.extend(input);
+        progress
+            .turn_items
+            .extend(response.replay_items.iter().cloned());
+        if let Some(reason) = &response.incomplete_reason {
+            progress.user_warnings.push(format!(
+                "The answer is incomplete: the model stopped early ({reason})."
+            ));
+        }
+        if response
+            .items
+            .iter()
+            .any(|i| matches!(i, OutputItem::Refusal(_)))
+        {
+            progress
+                .user_warnings
+                .push("The model declined part of this request.".into());
+        }
+        Ok(Ok(response))
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
     async fn reason(
         &self,
-        mut session: SessionState,
-        mut record: TurnRecord,
+        mut run: Run,
         mut progress: TurnProgress,
         mut input: Vec<Value>,
         mut previous: Option<String>,
     ) -> Result<TurnResult, RetryableFailure> {
-        let tools_mode = self
-            .catalog
-            .by_key(&progress.tools_mode_key)
-            .unwrap_or_else(|| self.catalog.default_mode())
-            .clone();
-        let tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
-        let mut replay = self.settings.replay || session.replay;
         let mut api_warnings: Vec<ErrorMessage> = Vec::new();
         loop {
-            if progress.iterations >= self.settings.max_iterations {
-                let result = InvokeResult::failure(permanent(
-                    ErrorCode::IterationLimit,
-                    format!(
-                        "the turn reached the limit of {} model calls without a final answer",
-                        self.settings.max_iterations
-                    ),
-                ));
-                return self.fail_turn(record, result).await;
-            }
-            progress.iterations += 1;
-            let instructions = self.catalog.system_prompt(&session.mode_key);
-            let call = |replay: bool, history: &[Value]| {
-                compose::request_body(&CallSpec {
-                    model: &self.settings.model,
-                    instructions: &instructions,
-                    tools: &tools,
-                    tool_choice: tools_mode.tool_choice.as_deref(),
-                    continuation: match (&previous, replay) {
-                        (_, true) => Continuation::Replay(history),
-                        (Some(id), false) => Continuation::Previous(id),
-                        (None, false) => Continuation::Fresh,
-                    },
-                    input: &input,
-                })
-            };
-            let history: Vec<Value> = session
-                .conversation
-                .iter()
-                .chain(progress.turn_items.iter())
-                .cloned()
-                .collect();
-            let mut body = call(replay, &history);
-            record.requests.push(body.clone());
-            let started = std::time::Instant::now();
-            let mut outcome = self.llm.create_response(&body).await;
-            if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
-                && !replay
-            {
-                warn!(%msg, "model server does not store responses; switching this session to replay");
-                replay = true;
-                session.replay = true;
-                body = call(true, &history);
-                record.requests.push(body.clone());
-                outcome = self.llm.create_response(&body).await;
-            }
-            info!(
-                iteration = progress.iterations,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                ok = outcome.is_ok(),
-                "model call"
-            );
-            let response: ModelResponse = match outcome {
-                Ok(r) => r,
-                Err(e) if e.is_retryable() => {
-                    self.store.put_turn(&record).await.map_err(store_failure)?;
-                    return Err(RetryableFailure {
-                        error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
-                    });
+            // Resume from a checkpoint (a re-run after a crash), or ask the model.
+            let response = match run.record.checkpoint.clone() {
+                Some(cp) if input.is_empty() => {
+                    info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
+                    progress = cp.progress;
+                    cp.response
                 }
-                Err(e) => {
-                    let code = match e {
-                        LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound(_) => {
-                            ErrorCode::LlmRejected
+                _ => {
+                    if progress.iterations >= self.settings.max_iterations {
+                        let result = InvokeResult::failure(permanent(
+                            ErrorCode::IterationLimit,
+                            format!(
+                                "the turn reached the limit of {} model calls without a final answer",
+                                self.settings.max_iterations
+                            ),
+                        ));
+                        return self.fail_turn(run, result).await;
+                    }
+                    let tools_mode = self.tools_mode(&progress);
+                    let tools = self.catalog.tools_for(&tools_mode);
+                    let sent = std::mem::take(&mut input);
+                    match self
+                        .call_model(
+                            &mut run,
+                            &mut progress,
+                            &tools_mode,
+                            &tools,
+                            sent,
+                            previous.as_deref(),
+                        )
+                        .await
+                    {
+                        Err(retryable) => return self.retry_later(run, retryable).await,
+                        Ok(Err(failed)) => return self.fail_turn(run, failed).await,
+                        Ok(Ok(response)) => {
+                            // Saved before any tool runs: a re-run resumes here.
+                            run.record.checkpoint = Some(Checkpoint {
+                                response: response.clone(),
+                                progress: progress.clone(),
+                            });
+                            if let Err(e) =
+                                self.store.save(None, &run.record, run.lease(), false).await
+                            {
+                                return self.retry_later(run, store_failure(e)).await;
+                            }
+                            response
                         }
-                        _ => ErrorCode::LlmBadResponse,
-                    };
-                    let result = InvokeResult::failure(permanent(code, e.to_string()));
-                    return self.fail_turn(record, result).await;
+                    }
                 }
             };
-            progress.usage.add(response.usage);
-            progress.turn_items.append(&mut input);
-            progress
-                .turn_items
-                .extend(response.replay_items.iter().cloned());
+            let tools_mode = self.tools_mode(&progress);
+            let tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
 
             let mut texts = Vec::new();
             let mut refusals = Vec::new();
@@ -426,7 +694,7 @@ impl Pipeline {
                         arguments,
                     } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
                     OutputItem::Reasoning => {}
-                    OutputItem::Unknown(kind) => {
+                    OutputItem::Unknown { item_type: kind } => {
                         warn!(kind = %kind, "ignoring an unknown output item");
                         api_warnings.push(ErrorMessage::new(
                             ErrorCode::UnknownOutputItem,
@@ -436,16 +704,6 @@ impl Pipeline {
                         ));
                     }
                 }
-            }
-            if let Some(reason) = &response.incomplete_reason {
-                progress.user_warnings.push(format!(
-                    "The answer is incomplete: the model stopped early ({reason})."
-                ));
-            }
-            if !refusals.is_empty() {
-                progress
-                    .user_warnings
-                    .push("The model declined part of this request.".into());
             }
 
             if calls.is_empty() {
@@ -458,10 +716,10 @@ impl Pipeline {
                         ErrorCode::LlmBadResponse,
                         "the model answered with neither text nor tool calls",
                     ));
-                    return self.fail_turn(record, result).await;
+                    return self.fail_turn(run, result).await;
                 }
                 return self
-                    .complete_turn(session, record, progress, response.id, text, api_warnings)
+                    .complete_turn(run, progress, response.id, text, api_warnings)
                     .await;
             }
 
@@ -491,30 +749,19 @@ impl Pipeline {
                         }
                     }
                     Some(ToolLocation::Server) => {
-                        let out = self
-                            .run_server_tool(
-                                &mut session,
-                                &mut record,
-                                &mut progress,
-                                &call_id,
-                                &name,
-                                &arguments,
-                            )
-                            .await?;
-                        outputs.push((call_id, out));
+                        match self
+                            .run_server_tool(&mut run, &mut progress, &call_id, &name, &arguments)
+                            .await
+                        {
+                            Ok(out) => outputs.push((call_id, out)),
+                            Err(retryable) => return self.retry_later(run, retryable).await,
+                        }
                     }
                 }
             }
             if !client_calls.is_empty() {
                 return self
-                    .await_client_tools(
-                        session,
-                        record,
-                        progress,
-                        response.id,
-                        client_calls,
-                        outputs,
-                    )
+                    .await_client_tools(run, progress, response.id, client_calls, outputs)
                     .await;
             }
             input = outputs
@@ -522,23 +769,42 @@ impl Pipeline {
                 .map(|(id, out)| compose::tool_output(id, out))
                 .collect();
             previous = Some(response.id);
-            self.store.put_turn(&record).await.map_err(store_failure)?;
         }
+    }
+
+    fn tools_mode(&self, progress: &TurnProgress) -> crate::catalog::Mode {
+        self.catalog
+            .by_key(&progress.tools_mode_key)
+            .unwrap_or_else(|| self.catalog.default_mode())
+            .clone()
     }
 
     /// Runs (or replays from the ledger) one server tool call; returns the output for the model.
     async fn run_server_tool(
         &self,
-        session: &mut SessionState,
-        record: &mut TurnRecord,
+        run: &mut Run,
         progress: &mut TurnProgress,
         call_id: &str,
         name: &str,
         arguments: &str,
     ) -> Result<String, RetryableFailure> {
-        if let Some(out) = record.tool_ledger.get(call_id) {
+        if let Some(out) = run.record.tool_ledger.get(call_id).cloned() {
             info!(tool = %name, call_id, "reusing the recorded output of a server tool");
-            return Ok(out.clone());
+            let listed = progress
+                .server_tool_results
+                .iter()
+                .any(|r| r.tool_call_id.as_str() == call_id);
+            if !listed && let Ok(id) = ToolCallId::parse(call_id) {
+                let outcome = JsonText::parse(out.as_str())
+                    .map(ToolOutcome::Result)
+                    .unwrap_or_else(|_| ToolOutcome::Error(out.clone()));
+                progress.server_tool_results.push(ToolResult {
+                    tool_call_id: id,
+                    execution_ms: 0,
+                    outcome,
+                });
+            }
+            return Ok(out);
         }
         let Some(tool) = self.tools.get(name) else {
             return Ok(
@@ -547,18 +813,19 @@ impl Pipeline {
             );
         };
         let ctx = ToolContext {
-            session_id: session.session_id.clone(),
-            turn_id: record.turn_id.clone(),
-            current_mode_key: session.mode_key.clone(),
+            session_id: run.session.session_id.clone(),
+            turn_id: run.record.turn_id.clone(),
+            current_mode_key: run.session.mode_key.clone(),
+            lease: run.lease().clone(),
         };
         let started = std::time::Instant::now();
-        let run = tool.run(&ctx, arguments).await;
+        let outcome = tool.run(&ctx, arguments).await;
         let execution_ms = started.elapsed().as_millis() as u64;
         let tool_call_id = ToolCallId::parse(call_id).unwrap_or_else(|_| ToolCallId::generate());
-        let output = match run {
+        let output = match outcome {
             ToolRun::Ok(value) => {
                 if name == crate::catalog::CHANGE_MODE_TOOL {
-                    self.apply_mode_change(session, progress).await?;
+                    self.apply_mode_change(run, progress).await?;
                 }
                 progress.server_tool_results.push(ToolResult {
                     tool_call_id,
@@ -577,19 +844,28 @@ impl Pipeline {
                 json!({"success": false, "error": message}).to_string()
             }
             ToolRun::Unavailable(message) => {
-                self.store.put_turn(record).await.map_err(store_failure)?;
                 return Err(RetryableFailure {
                     error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
                 });
             }
         };
         self.store
-            .record_tool_output(&session.session_id, &record.turn_id, call_id, &output)
+            .record_tool_output(
+                &run.session.session_id,
+                &run.record.turn_id,
+                call_id,
+                &output,
+                run.lease(),
+            )
             .await
             .map_err(store_failure)?;
-        record
+        run.record
             .tool_ledger
             .insert(call_id.to_string(), output.clone());
+        // The checkpoint's progress must include this tool's result for a resumed run.
+        if let Some(cp) = run.record.checkpoint.as_mut() {
+            cp.progress = progress.clone();
+        }
         Ok(output)
     }
 
@@ -597,18 +873,18 @@ impl Pipeline {
     /// mode; the last change wins.
     async fn apply_mode_change(
         &self,
-        session: &mut SessionState,
+        run: &mut Run,
         progress: &mut TurnProgress,
     ) -> Result<(), RetryableFailure> {
         let fresh = self
             .store
-            .get_session(&session.session_id)
+            .get_session(&run.session.session_id)
             .await
             .map_err(store_failure)?;
         if let Some(fresh) = fresh {
-            session.mode_id = fresh.mode_id;
-            session.mode_key = fresh.mode_key;
-            session.mode_history = fresh.mode_history;
+            run.session.mode_id = fresh.mode_id;
+            run.session.mode_key = fresh.mode_key;
+            run.session.mode_history = fresh.mode_history;
         }
         progress.mode_changes += 1;
         if progress.mode_changes == 2 {
@@ -634,8 +910,7 @@ impl Pipeline {
 
     async fn complete_turn(
         &self,
-        mut session: SessionState,
-        mut record: TurnRecord,
+        mut run: Run,
         progress: TurnProgress,
         response_id: String,
         mut text: String,
@@ -644,13 +919,14 @@ impl Pipeline {
         if progress.mode_changes > 0
             && let Some(welcome) = &self
                 .catalog
-                .by_id_or_default(&session.mode_id)
+                .by_id_or_default(&run.session.mode_id)
                 .welcome_message
         {
             text = format!("{welcome}\n\n{text}");
         }
+        let iterations = progress.iterations;
         let response = AgentExecuteResponse::Final(FinalResponse {
-            meta: self.meta(&session, &record.turn_id),
+            meta: self.meta(&run.session, &run.record.turn_id),
             primary_output_text: text,
             files: Vec::new(),
             tool_results: progress.server_tool_results,
@@ -658,31 +934,34 @@ impl Pipeline {
             usage: Some(progress.usage),
         });
         let result = InvokeResult::success(response).with_warnings(api_warnings);
-        session.previous_response_id = Some(response_id);
-        session.conversation.extend(progress.turn_items);
-        session.updated_at = now_rfc3339();
-        record.status = TurnStatus::Completed;
-        record.completed_at = Some(now_rfc3339());
-        record.pending = None;
-        record.result = Some(result.clone());
-        self.store
-            .commit(&session, &record)
+        run.session.previous_response_id = Some(response_id);
+        run.session.conversation.extend(progress.turn_items);
+        run.session.updated_at = now_rfc3339();
+        run.record.status = TurnStatus::Completed;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), true)
             .await
-            .map_err(store_failure)?;
-        info!(iterations = progress.iterations, "turn completed");
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        info!(iterations, "turn completed");
         Ok(result)
     }
 
     async fn await_client_tools(
         &self,
-        session: SessionState,
-        mut record: TurnRecord,
+        mut run: Run,
         progress: TurnProgress,
         response_id: String,
         client_calls: Vec<ToolCall>,
         server_outputs: Vec<(String, String)>,
     ) -> Result<TurnResult, RetryableFailure> {
-        let meta = self.meta(&session, &record.turn_id);
+        let meta = self.meta(&run.session, &run.record.turn_id);
         let count = client_calls.len();
         let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None)
         else {
@@ -692,36 +971,45 @@ impl Pipeline {
         };
         let result =
             InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
-        record.status = TurnStatus::AwaitingClientTools;
-        record.pending = Some(PendingTools {
+        run.record.status = TurnStatus::AwaitingClientTools;
+        run.record.pending = Some(PendingTools {
             response_id,
             client_calls,
             server_outputs,
             progress,
         });
-        record.result = Some(result.clone());
-        // The session's continuation id is *not* moved to this response: its calls are unanswered.
-        self.store
-            .commit(&session, &record)
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        // The session's continuation id is *not* moved to this response: its calls are
+        // unanswered. The session is saved for what changed (replay flag, latched context).
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), true)
             .await
-            .map_err(store_failure)?;
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
         info!(calls = count, "turn waits for client tools");
         Ok(result)
     }
 
     async fn fail_turn(
         &self,
-        mut record: TurnRecord,
+        mut run: Run,
         result: TurnResult,
     ) -> Result<TurnResult, RetryableFailure> {
         for e in result.errors() {
             warn!(code = %e.error_code, message = %e.message, "turn failed");
         }
-        record.status = TurnStatus::Failed;
-        record.pending = None;
-        record.completed_at = Some(now_rfc3339());
-        record.result = Some(result.clone());
-        self.store.put_turn(&record).await.map_err(store_failure)?;
+        run.record.status = TurnStatus::Failed;
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.result = Some(result.clone());
+        // The session's continuation state is left as it was before the turn.
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
+            return self.retry_later(run, store_failure(e)).await;
+        }
         Ok(result)
     }
 }

@@ -1,21 +1,36 @@
-//! The embedded in-memory store: one process, no persistence. Same semantics as the Redis store.
+//! The embedded in-memory store: one process, no persistence, no expiry. Same lease and fencing
+//! semantics as the Redis store (the conformance suite runs against both).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use super::{ModeChange, SessionState, SessionStore, StoreError, TurnRecord, now_rfc3339};
+use super::{Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord, now_rfc3339};
 use crate::contract::{SessionId, TurnId};
 
 /// Sessions and turns in process memory.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    fenced: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<SessionId, SessionState>,
     turns: HashMap<(SessionId, TurnId), TurnRecord>,
+    order: HashMap<SessionId, Vec<TurnId>>,
+    leases: HashMap<SessionId, (Lease, Instant)>,
+    fences: HashMap<SessionId, u64>,
+}
+
+impl Inner {
+    fn holds(&self, session: &SessionId, lease: &Lease) -> bool {
+        self.leases
+            .get(session)
+            .is_some_and(|(l, until)| l == lease && *until > Instant::now())
+    }
 }
 
 impl MemoryStore {
@@ -28,6 +43,12 @@ impl MemoryStore {
         self.inner
             .lock()
             .map_err(|_| StoreError::Unavailable("in-memory store lock poisoned".into()))
+    }
+
+    fn fenced(&self, session: &SessionId) -> StoreError {
+        self.fenced.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(session_id = %session, "rejected a write from a stale lease holder");
+        StoreError::Fenced(session.to_string())
     }
 }
 
@@ -49,11 +70,97 @@ impl SessionStore for MemoryStore {
             .cloned())
     }
 
-    async fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError> {
-        self.lock()?.turns.insert(
-            (turn.session_id.clone(), turn.turn_id.clone()),
-            turn.clone(),
-        );
+    async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError> {
+        Ok(self.lock()?.order.get(session).cloned().unwrap_or_default())
+    }
+
+    async fn acquire_lease(
+        &self,
+        session: &SessionId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let mut inner = self.lock()?;
+        if inner
+            .leases
+            .get(session)
+            .is_some_and(|(_, until)| *until > Instant::now())
+        {
+            return Ok(None);
+        }
+        let token = inner.fences.entry(session.clone()).or_insert(0);
+        *token += 1;
+        let lease = Lease {
+            token: *token,
+            holder: holder.to_string(),
+        };
+        inner
+            .leases
+            .insert(session.clone(), (lease.clone(), Instant::now() + ttl));
+        Ok(Some(lease))
+    }
+
+    async fn renew_lease(
+        &self,
+        session: &SessionId,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        if !inner.holds(session, lease) {
+            return Ok(false);
+        }
+        inner
+            .leases
+            .insert(session.clone(), (lease.clone(), Instant::now() + ttl));
+        Ok(true)
+    }
+
+    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if inner.leases.get(session).is_some_and(|(l, _)| l == lease) {
+            inner.leases.remove(session);
+        }
+        Ok(())
+    }
+
+    async fn save(
+        &self,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        if !inner.holds(&turn.session_id, lease) {
+            drop(inner);
+            return Err(self.fenced(&turn.session_id));
+        }
+        if let Some(s) = session {
+            inner.sessions.insert(s.session_id.clone(), s.clone());
+        }
+        let key = (turn.session_id.clone(), turn.turn_id.clone());
+        let mut record = turn.clone();
+        // The ledger is append-only: outputs recorded by `record_tool_output` are never lost
+        // by a save of an older copy of the record.
+        if let Some(existing) = inner.turns.get(&key) {
+            for (k, v) in &existing.tool_ledger {
+                record
+                    .tool_ledger
+                    .entry(k.clone())
+                    .or_insert_with(|| v.clone());
+            }
+        } else {
+            inner
+                .order
+                .entry(turn.session_id.clone())
+                .or_default()
+                .push(turn.turn_id.clone());
+        }
+        inner.turns.insert(key, record);
+        if release {
+            inner.leases.remove(&turn.session_id);
+        }
         Ok(())
     }
 
@@ -63,8 +170,13 @@ impl SessionStore for MemoryStore {
         turn: &TurnId,
         call_id: &str,
         output: &str,
+        lease: &Lease,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
+        if !inner.holds(session, lease) {
+            drop(inner);
+            return Err(self.fenced(session));
+        }
         let record = inner
             .turns
             .get_mut(&(session.clone(), turn.clone()))
@@ -80,8 +192,13 @@ impl SessionStore for MemoryStore {
         session: &SessionId,
         new_mode_id: &str,
         change: ModeChange,
+        lease: &Lease,
     ) -> Result<SessionState, StoreError> {
         let mut inner = self.lock()?;
+        if !inner.holds(session, lease) {
+            drop(inner);
+            return Err(self.fenced(session));
+        }
         let state = inner
             .sessions
             .get_mut(session)
@@ -93,15 +210,7 @@ impl SessionStore for MemoryStore {
         Ok(state.clone())
     }
 
-    async fn commit(&self, session: &SessionState, turn: &TurnRecord) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        inner
-            .sessions
-            .insert(session.session_id.clone(), session.clone());
-        inner.turns.insert(
-            (turn.session_id.clone(), turn.turn_id.clone()),
-            turn.clone(),
-        );
-        Ok(())
+    fn fenced_rejections(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
     }
 }

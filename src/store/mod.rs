@@ -6,8 +6,10 @@
 //! needs to resume (pending client tool calls, recorded server tool outputs) is stored here.
 
 pub mod memory;
+pub mod redis;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -17,6 +19,36 @@ use crate::contract::{
 };
 
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
+
+/// A session lease: while held, only its holder may write the session's state. The token grows
+/// with every acquisition, so a write carrying an older token (a holder that paused past its
+/// lease) is rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The fencing token.
+    pub token: u64,
+    /// Who holds it (worker id and turn), for logs and debugging.
+    pub holder: String,
+}
+
+/// Retention of stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Turn records and their results expire this long after their last write.
+    pub turns: Duration,
+    /// Sessions expire this long after their last write (idle sessions).
+    pub sessions: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            turns: Duration::from_secs(7 * 24 * 3600),
+            sessions: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
 
 /// One mode transition (AGN-011 §3.2), with keys rather than ids for readability.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,8 +173,12 @@ pub struct TurnRecord {
     pub status: TurnStatus,
     /// The mode the turn started in (AGN-011 §3.2 snapshot).
     pub mode_key: String,
-    /// Set while the turn waits for client tools.
+    /// Set while the turn waits for client tools (and while their results are processed).
     pub pending: Option<PendingTools>,
+    /// Client tool call ids already answered by a continuation: a redelivered continuation is
+    /// recognised instead of being taken for a mismatch.
+    #[serde(default)]
+    pub answered: Vec<String>,
     /// Outputs of server tools already run, per `call_id`: a re-run reuses them instead of
     /// running a tool twice.
     pub tool_ledger: BTreeMap<String, String>,
@@ -156,6 +192,21 @@ pub struct TurnRecord {
     pub completed_at: Option<String>,
     /// The last result (continuation or final) or the failure.
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
+    /// The last model answer and the loop state right after it, saved before any of its tools
+    /// run: a re-run after a crash resumes here instead of asking the model again, so tools
+    /// recorded in the ledger are not run twice.
+    #[serde(default)]
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// The resume point of a running turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// The model answer whose tool calls are being processed.
+    pub response: crate::llm::ModelResponse,
+    /// The loop state after that answer was accounted for.
+    pub progress: TurnProgress,
 }
 
 /// A store operation that could not be done.
@@ -167,10 +218,16 @@ pub enum StoreError {
     /// Stored data could not be read back.
     #[error("session store data is corrupt: {0}")]
     Corrupt(String),
+    /// The writer no longer holds the session's lease; its write was rejected.
+    #[error("the lease on session {0} was lost; the write was rejected")]
+    Fenced(String),
 }
 
-/// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and, with the
-/// session-state issue, Redis.
+/// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and
+/// [`RedisStore`]; both pass one conformance suite (`tests/it/store_conformance.rs`).
+///
+/// Every write a worker makes during a turn carries its [`Lease`] and is rejected if that lease
+/// is no longer the session's current one.
 #[async_trait::async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// The session, if it exists.
@@ -181,26 +238,53 @@ pub trait SessionStore: Send + Sync + 'static {
         session: &SessionId,
         turn: &TurnId,
     ) -> Result<Option<TurnRecord>, StoreError>;
-    /// Writes a turn record (progress while it runs).
-    async fn put_turn(&self, turn: &TurnRecord) -> Result<(), StoreError>;
-    /// Records one server tool's output before the next model call, so a re-run reuses it.
+    /// The session's turn ids with their status, oldest first.
+    async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError>;
+    /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
+    async fn acquire_lease(
+        &self,
+        session: &SessionId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError>;
+    /// Extends a held lease; `false` when it was lost (expired and maybe taken by another).
+    async fn renew_lease(
+        &self,
+        session: &SessionId,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+    /// Gives a lease back (no effect when it was already lost).
+    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError>;
+    /// Writes the turn record and, when given, the session state, in one atomic step checked
+    /// against the lease; with `release`, the lease is released in the same step.
+    async fn save(
+        &self,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+    ) -> Result<(), StoreError>;
+    /// Records one server tool's output before the next model call (fenced).
     async fn record_tool_output(
         &self,
         session: &SessionId,
         turn: &TurnId,
         call_id: &str,
         output: &str,
+        lease: &Lease,
     ) -> Result<(), StoreError>;
-    /// Changes the session's mode and appends the history entry, atomically; returns the new
-    /// state. Creates nothing: the session must exist.
+    /// Changes the session's mode and appends the history entry (fenced); returns the new
+    /// state. The session must exist.
     async fn change_mode(
         &self,
         session: &SessionId,
         new_mode_id: &str,
         change: ModeChange,
+        lease: &Lease,
     ) -> Result<SessionState, StoreError>;
-    /// Writes the session's new state and the turn's record together.
-    async fn commit(&self, session: &SessionState, turn: &TurnRecord) -> Result<(), StoreError>;
+    /// How many writes were rejected because their lease was stale.
+    fn fenced_rejections(&self) -> u64;
 }
 
 /// Now, as RFC 3339 UTC.

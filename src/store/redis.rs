@@ -1,0 +1,379 @@
+//! The Redis session store: what makes "every accepted turn completes exactly once" hold when
+//! many workers on many machines share one Redis.
+//!
+//! Key layout (all under the namespace, with the session id as a hash tag so one session's keys
+//! sit in one Redis Cluster slot):
+//!
+//! | key | type | holds | expires |
+//! |---|---|---|---|
+//! | `<ns>:session:{<sid>}` | string | session state (JSON) | idle-session retention |
+//! | `<ns>:turns:{<sid>}` | list | turn ids, oldest first | idle-session retention |
+//! | `<ns>:turn:{<sid>}:<tid>` | string | turn record (JSON) | turn retention |
+//! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id` | turn retention |
+//! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
+//! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
+//!
+//! Every write a worker makes during a turn runs in a Lua script that first checks the lease
+//! key still holds the writer's `<token>:<holder>`; a stale writer gets `FENCED` and nothing is
+//! written.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands as _, Script};
+
+use super::{
+    Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord, now_rfc3339,
+};
+use crate::contract::{SessionId, TurnId};
+
+const ACQUIRE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+return token
+";
+
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+";
+
+/// KEYS: lease, turn, turns index, session, ledger.
+/// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
+///       session TTL ms.
+const SAVE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[7])
+if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7]) end
+if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
+return 1
+";
+
+/// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
+const RECORD_OUTPUT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+";
+
+/// KEYS: lease, session. ARGV: lease value, session JSON, TTL ms.
+const SET_SESSION: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+";
+
+/// Session state in Redis.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    namespace: String,
+    retention: Retention,
+    scripts: std::sync::Arc<Scripts>,
+    fenced: std::sync::Arc<AtomicU64>,
+}
+
+struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    save: Script,
+    record_output: Script,
+    set_session: Script,
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().max(1) as u64
+}
+
+fn lease_value(lease: &Lease) -> String {
+    format!("{}:{}", lease.token, lease.holder)
+}
+
+impl RedisStore {
+    /// Connects (the connection manager reconnects by itself after failures).
+    pub async fn connect(
+        url: &str,
+        namespace: &str,
+        retention: Retention,
+    ) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            namespace: namespace.to_string(),
+            retention,
+            scripts: std::sync::Arc::new(Scripts {
+                acquire: Script::new(ACQUIRE),
+                renew: Script::new(RENEW),
+                release: Script::new(RELEASE),
+                save: Script::new(SAVE),
+                record_output: Script::new(RECORD_OUTPUT),
+                set_session: Script::new(SET_SESSION),
+            }),
+            fenced: std::sync::Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// The namespace prefix of every key.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn key(&self, kind: &str, session: &SessionId) -> String {
+        format!("{}:{kind}:{{{session}}}", self.namespace)
+    }
+
+    fn turn_key(&self, kind: &str, session: &SessionId, turn: &TurnId) -> String {
+        format!("{}:{kind}:{{{session}}}:{turn}", self.namespace)
+    }
+
+    fn map_fenced(&self, session: &SessionId, e: redis::RedisError) -> StoreError {
+        if e.code() == Some("FENCED") {
+            self.fenced.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(session_id = %session, "rejected a write from a stale lease holder");
+            StoreError::Fenced(session.to_string())
+        } else {
+            unavailable(e)
+        }
+    }
+
+    /// Deletes every key under the namespace (tests and tear-down; uses SCAN, not KEYS).
+    pub async fn delete_namespace(&self) -> Result<u64, StoreError> {
+        let mut conn = self.conn.clone();
+        let pattern = format!("{}:*", self.namespace);
+        let mut cursor: u64 = 0;
+        let mut deleted = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            if !keys.is_empty() {
+                let n: u64 = conn.del(&keys).await.map_err(unavailable)?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    key: &str,
+    raw: Option<String>,
+) -> Result<Option<T>, StoreError> {
+    raw.map(|s| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("{key}: {e}"))))
+        .transpose()
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Corrupt(format!("cannot encode: {e}")))
+}
+
+#[async_trait::async_trait]
+impl SessionStore for RedisStore {
+    async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError> {
+        let key = self.key("session", id);
+        let raw: Option<String> = self.conn.clone().get(&key).await.map_err(unavailable)?;
+        decode(&key, raw)
+    }
+
+    async fn get_turn(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Option<TurnRecord>, StoreError> {
+        let key = self.turn_key("turn", session, turn);
+        let ledger_key = self.turn_key("ledger", session, turn);
+        let mut conn = self.conn.clone();
+        let (raw, ledger): (Option<String>, std::collections::BTreeMap<String, String>) =
+            redis::pipe()
+                .get(&key)
+                .hgetall(&ledger_key)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+        let mut record: Option<TurnRecord> = decode(&key, raw)?;
+        if let Some(r) = record.as_mut() {
+            // The ledger hash is the source of truth for recorded tool outputs.
+            r.tool_ledger.extend(ledger);
+        }
+        Ok(record)
+    }
+
+    async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError> {
+        let ids: Vec<String> = self
+            .conn
+            .clone()
+            .lrange(self.key("turns", session), 0, -1)
+            .await
+            .map_err(unavailable)?;
+        ids.into_iter()
+            .map(|s| TurnId::parse(s).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .collect()
+    }
+
+    async fn acquire_lease(
+        &self,
+        session: &SessionId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let token: Option<u64> = self
+            .scripts
+            .acquire
+            .key(self.key("lease", session))
+            .key(self.key("fence", session))
+            .arg(holder)
+            .arg(ms(ttl))
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(token.map(|token| Lease {
+            token,
+            holder: holder.to_string(),
+        }))
+    }
+
+    async fn renew_lease(
+        &self,
+        session: &SessionId,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let ok: i64 = self
+            .scripts
+            .renew
+            .key(self.key("lease", session))
+            .arg(lease_value(lease))
+            .arg(ms(ttl))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(ok == 1)
+    }
+
+    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError> {
+        let _: i64 = self
+            .scripts
+            .release
+            .key(self.key("lease", session))
+            .arg(lease_value(lease))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn save(
+        &self,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+    ) -> Result<(), StoreError> {
+        let sid = &turn.session_id;
+        let session_json = session.map(encode).transpose()?.unwrap_or_default();
+        let result: Result<i64, _> = self
+            .scripts
+            .save
+            .key(self.key("lease", sid))
+            .key(self.turn_key("turn", sid, &turn.turn_id))
+            .key(self.key("turns", sid))
+            .key(self.key("session", sid))
+            .key(self.turn_key("ledger", sid, &turn.turn_id))
+            .arg(lease_value(lease))
+            .arg(encode(turn)?)
+            .arg(ms(self.retention.turns))
+            .arg(if release { "1" } else { "0" })
+            .arg(turn.turn_id.as_str())
+            .arg(session_json)
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        result.map(|_| ()).map_err(|e| self.map_fenced(sid, e))
+    }
+
+    async fn record_tool_output(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        call_id: &str,
+        output: &str,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        let result: Result<i64, _> = self
+            .scripts
+            .record_output
+            .key(self.key("lease", session))
+            .key(self.turn_key("ledger", session, turn))
+            .arg(lease_value(lease))
+            .arg(call_id)
+            .arg(output)
+            .arg(ms(self.retention.turns))
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        result.map(|_| ()).map_err(|e| self.map_fenced(session, e))
+    }
+
+    async fn change_mode(
+        &self,
+        session: &SessionId,
+        new_mode_id: &str,
+        change: ModeChange,
+        lease: &Lease,
+    ) -> Result<SessionState, StoreError> {
+        // Read-modify-write is safe: only the lease holder writes the session, and the write
+        // below is rejected if the lease moved on in between.
+        let mut state = self
+            .get_session(session)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
+        state.mode_id = new_mode_id.to_string();
+        state.mode_key = change.new_mode.clone();
+        state.updated_at = now_rfc3339();
+        state.mode_history.push(change);
+        let result: Result<i64, _> = self
+            .scripts
+            .set_session
+            .key(self.key("lease", session))
+            .key(self.key("session", session))
+            .arg(lease_value(lease))
+            .arg(encode(&state)?)
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn.clone())
+            .await;
+        result.map_err(|e| self.map_fenced(session, e))?;
+        Ok(state)
+    }
+
+    fn fenced_rejections(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
+    }
+}
