@@ -412,19 +412,19 @@ impl Pipeline {
             .iter()
             .map(|r| r.tool_call_id.to_string())
             .collect();
-        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, TurnResult> {
+        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Box<TurnResult>> {
             let Some(record) = record else {
-                return Err(InvokeResult::failure(permanent(
+                return Err(Box::new(InvokeResult::failure(permanent(
                     ErrorCode::TurnNotFound,
                     format!("turn {tid} does not exist in session {sid}"),
-                )));
+                ))));
             };
             // A continuation that was already applied (a redelivery) gets the turn's result.
             if submitted.iter().all(|id| record.answered.contains(id))
                 && let Some(result) = &record.result
                 && record.status != TurnStatus::Running
             {
-                return Err(result.clone());
+                return Err(Box::new(result.clone()));
             }
             // Awaiting client tools, or running with the pending calls still recorded (a run
             // of this continuation that crashed): both accept the results.
@@ -434,18 +434,18 @@ impl Pipeline {
                     TurnStatus::AwaitingClientTools | TurnStatus::Running
                 )
             {
-                return Err(InvokeResult::failure(permanent(
+                return Err(Box::new(InvokeResult::failure(permanent(
                     ErrorCode::TurnNotAwaitingTools,
                     format!(
                         "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
                         record.status.as_str()
                     ),
-                )));
+                ))));
             }
             Ok(record)
         };
         if let Err(answer) = check(self.store.get_turn(sid, tid).await.map_err(store_failure)?) {
-            return Ok(answer);
+            return Ok(*answer);
         }
         let held = self.lease(sid, tid).await?;
         let reread = match self.store.get_turn(sid, tid).await {
@@ -459,7 +459,7 @@ impl Pipeline {
             Ok(r) => r,
             Err(answer) => {
                 let _ = self.store.release_lease(sid, &held.lease).await;
-                return Ok(answer);
+                return Ok(*answer);
             }
         };
         let session = match self.store.get_session(sid).await {
