@@ -18,7 +18,7 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
 /// One output item of a model answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum OutputItem {
     /// Assistant text (`output_text` parts of a `message`, joined).
     Text(String),
@@ -518,5 +518,39 @@ mod tests {
             d <= Duration::from_secs(31) && d >= Duration::from_secs(25),
             "{d:?}"
         );
+    }
+}
+
+#[cfg(test)]
+mod serde_tests {
+    use super::*;
+
+    #[test]
+    fn model_responses_round_trip_through_json_for_checkpoints() {
+        let r = ModelResponse {
+            id: "resp_1".into(),
+            items: vec![
+                OutputItem::Text("t".into()),
+                OutputItem::Refusal("r".into()),
+                OutputItem::FunctionCall {
+                    call_id: "c".into(),
+                    name: "n".into(),
+                    arguments: "{}".into(),
+                },
+                OutputItem::Reasoning,
+                OutputItem::Unknown {
+                    item_type: "x".into(),
+                },
+            ],
+            replay_items: vec![serde_json::json!({"role": "assistant", "content": "t"})],
+            incomplete_reason: Some("max_output_tokens".into()),
+            usage: Usage {
+                prompt_tokens: 1,
+                completion_tokens: 2,
+                total_tokens: 3,
+            },
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<ModelResponse>(&text).unwrap(), r);
     }
 }

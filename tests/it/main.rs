@@ -7,4 +7,6 @@ mod compose_golden;
 mod contract_props;
 mod contract_request;
 mod contract_response;
+mod pipeline_redis;
 mod pipeline_scenarios;
+mod store_conformance;

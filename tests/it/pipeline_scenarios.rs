@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use aptix_worker::contract::{AgentExecuteResponse, ErrorCode, InvokeResult, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::store::{SessionStore, TurnStatus};
+use aptix_worker::store::TurnStatus;
 use serde_json::{Value, json};
 
 use crate::support::{Setup, harness, request};

@@ -1,5 +1,5 @@
-//! Shared test helpers: the fake model on port 0 with the official schema, and a pipeline over
-//! the in-memory store pointed at it.
+//! Shared test helpers: the fake model on port 0 with the official schema, stores (in-memory or
+//! real Redis under a fresh namespace), and pipelines wired to them.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use aptix_worker::contract::{AgentExecuteRequest, RequestLimits, parse_request};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::store::{MemoryStore, SessionStore};
+use aptix_worker::store::{MemoryStore, RedisStore, Retention, SessionStore};
 use serde_json::Value;
 
 /// The `CreateResponse` validator, compiled once per test binary.
@@ -42,10 +42,79 @@ pub fn assert_valid_create_response(body: &Value) {
     );
 }
 
+/// The Redis the integration tests use (they fail, not skip, when it is not there).
+pub fn redis_url() -> String {
+    std::env::var("APTIX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+/// A Redis store under a fresh namespace; its keys are deleted when the guard drops, even when
+/// the test panics.
+pub struct RedisGuard {
+    pub store: Arc<RedisStore>,
+}
+
+impl Drop for RedisGuard {
+    fn drop(&mut self) {
+        let pattern = format!("{}:*", self.store.namespace());
+        let Ok(client) = redis::Client::open(redis_url()) else {
+            return;
+        };
+        let Ok(mut conn) = client.get_connection() else {
+            return;
+        };
+        let mut cursor: u64 = 0;
+        loop {
+            let scanned: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut conn);
+            let Ok((next, keys)) = scanned else { return };
+            if !keys.is_empty() {
+                let _: redis::RedisResult<u64> = redis::cmd("DEL").arg(&keys).query(&mut conn);
+            }
+            if next == 0 {
+                return;
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// A Redis store with its own namespace.
+pub async fn redis_store() -> RedisGuard {
+    redis_store_with(Retention::default()).await
+}
+
+/// A Redis store with its own namespace and retention.
+pub async fn redis_store_with(retention: Retention) -> RedisGuard {
+    let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
+    let store = RedisStore::connect(&redis_url(), &ns, retention)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "Redis must be running at {} for this test: {e}",
+                redis_url()
+            )
+        });
+    RedisGuard {
+        store: Arc::new(store),
+    }
+}
+
+/// Which store a harness uses.
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
 pub struct Harness {
     pub fake: FakeLlm,
-    pub store: Arc<MemoryStore>,
+    pub store: Arc<dyn SessionStore>,
     pub pipeline: Pipeline,
+    pub _redis: Option<RedisGuard>,
 }
 
 pub struct Setup {
@@ -53,6 +122,7 @@ pub struct Setup {
     pub settings: PipelineSettings,
     pub timeout: Duration,
     pub max_retries: usize,
+    pub store: StoreKind,
 }
 
 impl Default for Setup {
@@ -62,7 +132,28 @@ impl Default for Setup {
             settings: PipelineSettings::new("gpt-test"),
             timeout: Duration::from_secs(10),
             max_retries: 2,
+            store: StoreKind::Memory,
         }
+    }
+}
+
+fn client(base_url: &str, timeout: Duration, max_retries: usize) -> LlmClient {
+    LlmClient::new(base_url, None, Duration::from_secs(2), timeout, max_retries)
+        .expect("client")
+        .with_min_backoff(Duration::from_millis(10))
+}
+
+impl Harness {
+    /// Another worker (its own id and client) over the same store and fake model.
+    pub fn another_worker(&self, settings: PipelineSettings) -> Pipeline {
+        let llm = client(&self.fake.base_url(), Duration::from_secs(10), 2);
+        Pipeline::new(
+            self.store.clone(),
+            Arc::new(ModeCatalog::builtin()),
+            llm,
+            settings,
+        )
+        .expect("pipeline")
     }
 }
 
@@ -74,19 +165,16 @@ pub async fn harness(setup: Setup) -> Harness {
     )
     .await
     .expect("fake model starts");
-    let store = Arc::new(MemoryStore::new());
-    let llm = LlmClient::new(
-        &fake.base_url(),
-        None,
-        Duration::from_secs(2),
-        setup.timeout,
-        setup.max_retries,
-    )
-    .expect("client")
-    .with_min_backoff(Duration::from_millis(10));
-    let dyn_store: Arc<dyn SessionStore> = store.clone();
+    let (store, guard): (Arc<dyn SessionStore>, Option<RedisGuard>) = match setup.store {
+        StoreKind::Memory => (Arc::new(MemoryStore::new()), None),
+        StoreKind::Redis => {
+            let g = redis_store().await;
+            (g.store.clone(), Some(g))
+        }
+    };
+    let llm = client(&fake.base_url(), setup.timeout, setup.max_retries);
     let pipeline = Pipeline::new(
-        dyn_store,
+        store.clone(),
         Arc::new(ModeCatalog::builtin()),
         llm,
         setup.settings,
@@ -96,6 +184,7 @@ pub async fn harness(setup: Setup) -> Harness {
         fake,
         store,
         pipeline,
+        _redis: guard,
     }
 }
 

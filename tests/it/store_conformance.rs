@@ -1,0 +1,389 @@
+//! One conformance suite for every session store: each test runs against the in-memory store and
+//! against the real local Redis (under a fresh namespace that is deleted afterwards).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use aptix_worker::contract::{SessionId, TurnId};
+use aptix_worker::store::{
+    MemoryStore, ModeChange, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus,
+    now_rfc3339,
+};
+
+use crate::support::{RedisGuard, redis_store};
+
+/// A store under test and whatever keeps its backing data alive (and cleans it up).
+pub struct Subject {
+    pub store: Arc<dyn SessionStore>,
+    _guard: Option<RedisGuard>,
+}
+
+pub fn memory() -> Subject {
+    Subject {
+        store: Arc::new(MemoryStore::new()),
+        _guard: None,
+    }
+}
+
+pub async fn redis() -> Subject {
+    let g = redis_store().await;
+    Subject {
+        store: g.store.clone(),
+        _guard: Some(g),
+    }
+}
+
+fn sid(s: &str) -> SessionId {
+    SessionId::parse(s).unwrap()
+}
+
+fn session(id: &str) -> SessionState {
+    SessionState {
+        session_id: sid(id),
+        mode_id: "3F8E4F377F7A4C189C7F6A8B9F945C11".into(),
+        mode_key: "general".into(),
+        mode_history: vec![],
+        previous_response_id: None,
+        conversation: vec![],
+        replay: false,
+        solution_context: None,
+        owner: Some("tenant-a".into()),
+        created_at: now_rfc3339(),
+        updated_at: now_rfc3339(),
+    }
+}
+
+fn turn(session: &str, id: &str) -> TurnRecord {
+    TurnRecord {
+        session_id: sid(session),
+        turn_id: TurnId::parse(id).unwrap(),
+        fingerprint: "fp".into(),
+        status: TurnStatus::Running,
+        mode_key: "general".into(),
+        pending: None,
+        answered: vec![],
+        tool_ledger: Default::default(),
+        requests: vec![],
+        attempts: 1,
+        submitted_at: now_rfc3339(),
+        completed_at: None,
+        result: None,
+        checkpoint: None,
+    }
+}
+
+const LONG: Duration = Duration::from_secs(30);
+
+async fn saves_and_reads_back_sessions_and_turns(s: Subject) {
+    let st = &s.store;
+    assert!(st.get_session(&sid("a")).await.unwrap().is_none());
+    let lease = st
+        .acquire_lease(&sid("a"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = session("a");
+    state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
+    st.save(Some(&state), &turn("a", "t1"), &lease, false)
+        .await
+        .unwrap();
+    st.save(None, &turn("a", "t2"), &lease, false)
+        .await
+        .unwrap();
+    let mut t1 = turn("a", "t1");
+    t1.status = TurnStatus::Completed;
+    st.save(None, &t1, &lease, true).await.unwrap();
+    assert_eq!(st.get_session(&sid("a")).await.unwrap(), Some(state));
+    assert_eq!(
+        st.get_turn(&sid("a"), &TurnId::parse("t1").unwrap())
+            .await
+            .unwrap(),
+        Some(t1)
+    );
+    assert!(
+        st.get_turn(&sid("b"), &TurnId::parse("t1").unwrap())
+            .await
+            .unwrap()
+            .is_none(),
+        "turns live in their session"
+    );
+    let ids: Vec<String> = st
+        .list_turns(&sid("a"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(ids, ["t1", "t2"], "listed once each, oldest first");
+}
+
+async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
+    let st = &s.store;
+    let a = st
+        .acquire_lease(&sid("s"), "w1", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        st.acquire_lease(&sid("s"), "w2", LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "busy"
+    );
+    assert!(
+        st.acquire_lease(&sid("other"), "w2", LONG)
+            .await
+            .unwrap()
+            .is_some(),
+        "per session"
+    );
+    st.release_lease(&sid("s"), &a).await.unwrap();
+    let b = st
+        .acquire_lease(&sid("s"), "w2", Duration::from_millis(200))
+        .await
+        .unwrap()
+        .expect("released");
+    assert!(b.token > a.token, "tokens grow");
+    // A non-holder's release does nothing.
+    st.release_lease(&sid("s"), &a).await.unwrap();
+    assert!(
+        st.acquire_lease(&sid("s"), "w3", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let c = st
+        .acquire_lease(&sid("s"), "w3", LONG)
+        .await
+        .unwrap()
+        .expect("expired");
+    assert!(c.token > b.token);
+}
+
+async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
+    let st = &s.store;
+    let ttl = Duration::from_millis(300);
+    let a = st
+        .acquire_lease(&sid("s"), "w1", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(st.renew_lease(&sid("s"), &a, ttl).await.unwrap());
+        assert!(
+            st.acquire_lease(&sid("s"), "w2", ttl)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let _b = st
+        .acquire_lease(&sid("s"), "w2", LONG)
+        .await
+        .unwrap()
+        .expect("expired");
+    assert!(
+        !st.renew_lease(&sid("s"), &a, ttl).await.unwrap(),
+        "a lost lease cannot be renewed"
+    );
+}
+
+async fn a_stale_holder_cannot_write(s: Subject) {
+    let st = &s.store;
+    let a = st
+        .acquire_lease(&sid("s"), "w1", Duration::from_millis(150))
+        .await
+        .unwrap()
+        .unwrap();
+    st.save(Some(&session("s")), &turn("s", "t"), &a, false)
+        .await
+        .unwrap();
+    // w1 pauses past its lease; w2 takes over and writes.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let b = st
+        .acquire_lease(&sid("s"), "w2", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut newer = turn("s", "t");
+    newer.attempts = 2;
+    st.save(None, &newer, &b, false).await.unwrap();
+    let before = st.fenced_rejections();
+    let mut stale = turn("s", "t");
+    stale.status = TurnStatus::Completed;
+    let tid = TurnId::parse("t").unwrap();
+    assert!(matches!(
+        st.save(Some(&session("s")), &stale, &a, true).await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert!(matches!(
+        st.record_tool_output(&sid("s"), &tid, "call_1", "{}", &a)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    let change = ModeChange {
+        previous_mode: "general".into(),
+        new_mode: "ddr_authoring".into(),
+        timestamp: now_rfc3339(),
+        reason: "r".into(),
+        turn_id: tid.clone(),
+    };
+    assert!(matches!(
+        st.change_mode(&sid("s"), "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", change, &a)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        st.fenced_rejections() - before,
+        3,
+        "every rejected write is counted"
+    );
+    let stored = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.attempts, stored.status),
+        (2, TurnStatus::Running),
+        "the newer holder's state stands"
+    );
+    assert!(stored.tool_ledger.is_empty());
+    assert_eq!(
+        st.get_session(&sid("s")).await.unwrap().unwrap().mode_key,
+        "general"
+    );
+    // and the stale release did not free w2's lease
+    assert!(
+        st.acquire_lease(&sid("s"), "w3", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn the_ledger_is_never_lost_by_a_later_save(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    st.save(Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    let tid = TurnId::parse("t").unwrap();
+    st.record_tool_output(&sid("s"), &tid, "call_1", "{\"ok\":1}", &lease)
+        .await
+        .unwrap();
+    st.save(None, &t, &lease, false).await.unwrap(); // an older copy without the entry
+    let stored = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!(
+        stored.tool_ledger.get("call_1").map(String::as_str),
+        Some("{\"ok\":1}")
+    );
+}
+
+async fn change_mode_appends_history(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    st.save(Some(&session("s")), &turn("s", "t"), &lease, false)
+        .await
+        .unwrap();
+    let tid = TurnId::parse("t").unwrap();
+    let change = ModeChange {
+        previous_mode: "general".into(),
+        new_mode: "ddr_authoring".into(),
+        timestamp: now_rfc3339(),
+        reason: "DDR".into(),
+        turn_id: tid.clone(),
+    };
+    let state = st
+        .change_mode(
+            &sid("s"),
+            "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22",
+            change.clone(),
+            &lease,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (state.mode_key.as_str(), state.mode_id.as_str()),
+        ("ddr_authoring", "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22")
+    );
+    let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
+    assert_eq!(stored.mode_history, vec![change.clone()]);
+    let missing = st
+        .acquire_lease(&sid("nobody"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        st.change_mode(&sid("nobody"), "X", change, &missing).await,
+        Err(StoreError::Corrupt(_))
+    ));
+}
+
+async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (st, inside, done) = (s.store.clone(), inside.clone(), done.clone());
+        tasks.spawn(async move {
+            let lease = loop {
+                if let Some(l) = st
+                    .acquire_lease(&sid("hot"), &format!("w{i}"), LONG)
+                    .await
+                    .unwrap()
+                {
+                    break l;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let mut t = turn("hot", &format!("t{i}"));
+            t.status = TurnStatus::Completed;
+            st.save(None, &t, &lease, true).await.unwrap();
+            done.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("task");
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 16);
+    assert_eq!(s.store.list_turns(&sid("hot")).await.unwrap().len(), 16);
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test] async fn $name() { super::$name(super::memory()).await } )*
+        }
+        mod redis {
+            $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*
+        }
+    };
+}
+
+conformance!(
+    saves_and_reads_back_sessions_and_turns,
+    a_lease_is_exclusive_until_released_or_expired,
+    renewal_keeps_a_lease_and_fails_once_lost,
+    a_stale_holder_cannot_write,
+    the_ledger_is_never_lost_by_a_later_save,
+    change_mode_appends_history,
+    racing_holders_take_turns_and_none_is_lost,
+);
