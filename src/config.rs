@@ -71,6 +71,9 @@ pub struct Config {
     pub modes_file: Option<String>,
     /// `APTIX_LEASE_SECS`: how long a session lease lasts without renewal.
     pub lease: Duration,
+    /// `APTIX_RESULT_TTL_SECS` / `APTIX_SESSION_TTL_SECS`: how long turn records and idle
+    /// sessions are kept.
+    pub retention: crate::store::Retention,
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
     /// (for model servers that do not store responses).
     pub llm_replay: bool,
@@ -118,6 +121,14 @@ impl Config {
             modes_file: get("APTIX_MODES_FILE"),
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
+            retention: crate::store::Retention {
+                turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
+                sessions: Duration::from_secs(positive(
+                    &get,
+                    "APTIX_SESSION_TTL_SECS",
+                    30 * 24 * 3600,
+                )?),
+            },
             limits: RequestLimits {
                 max_body_bytes: positive(&get, "APTIX_MAX_BODY_BYTES", defaults.max_body_bytes)?,
                 max_instruction_bytes: positive(

@@ -19,7 +19,7 @@ use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::store::{MemoryStore, SessionStore};
+use aptix_worker::store::{MemoryStore, RedisStore, SessionStore};
 
 #[derive(Parser)]
 #[command(
@@ -67,6 +67,13 @@ enum Command {
     },
     /// Print the mode catalog in use (the file format of APTIX_MODES_FILE).
     Modes,
+    /// Measure the session store's hot path (begin + commit of a turn) against a bare Redis
+    /// SET+GET baseline, on APTIX_REDIS_URL (default redis://127.0.0.1:6379/).
+    BenchStore {
+        /// Turns to run.
+        #[arg(long, default_value_t = 2000)]
+        turns: usize,
+    },
     /// Print the table of error codes as Markdown.
     ErrorCodes,
 }
@@ -158,6 +165,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&catalog.to_json())?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::BenchStore { turns } => {
+            let config = Config::from_env()?;
+            let url = config
+                .redis_url
+                .map(|u| u.expose().to_string())
+                .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
+            aptix_worker::store::bench::run(&url, turns).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::ErrorCodes => {
             print!("{}", contract::codes::markdown_table());
             Ok(ExitCode::SUCCESS)
@@ -179,10 +195,17 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
         }
     };
     let llm = LlmClient::from_config(&config, &base_url)?;
-    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn SessionStore> = match &config.redis_url {
+        Some(url) => {
+            tracing::info!(namespace = %config.namespace, "using the Redis session store");
+            Arc::new(RedisStore::connect(url.expose(), &config.namespace, config.retention).await?)
+        }
+        None => Arc::new(MemoryStore::new()),
+    };
     let mut settings = PipelineSettings::new(config.model.clone());
     settings.max_iterations = config.max_iterations;
     settings.replay = config.llm_replay;
+    settings.lease_ttl = config.lease;
     let pipeline = Pipeline::new(store, catalog, llm, settings).map_err(anyhow::Error::msg)?;
 
     let mut all_ok = true;

@@ -5,6 +5,7 @@
 //! [`memory`]. Must not: call the model or run tools. Workers are stateless: everything a turn
 //! needs to resume (pending client tool calls, recorded server tool outputs) is stored here.
 
+pub mod bench;
 pub mod memory;
 pub mod redis;
 

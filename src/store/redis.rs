@@ -84,6 +84,7 @@ pub struct RedisStore {
     retention: Retention,
     scripts: std::sync::Arc<Scripts>,
     fenced: std::sync::Arc<AtomicU64>,
+    round_trips: std::sync::Arc<AtomicU64>,
 }
 
 struct Scripts {
@@ -129,7 +130,19 @@ impl RedisStore {
                 set_session: Script::new(SET_SESSION),
             }),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
+            round_trips: std::sync::Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// Requests sent to Redis so far (a pipeline or a script counts once).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// A connection for one request, counted.
+    fn conn(&self) -> ConnectionManager {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.conn.clone()
     }
 
     /// The namespace prefix of every key.
@@ -199,7 +212,7 @@ fn encode<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
 impl SessionStore for RedisStore {
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError> {
         let key = self.key("session", id);
-        let raw: Option<String> = self.conn.clone().get(&key).await.map_err(unavailable)?;
+        let raw: Option<String> = self.conn().get(&key).await.map_err(unavailable)?;
         decode(&key, raw)
     }
 
@@ -210,7 +223,7 @@ impl SessionStore for RedisStore {
     ) -> Result<Option<TurnRecord>, StoreError> {
         let key = self.turn_key("turn", session, turn);
         let ledger_key = self.turn_key("ledger", session, turn);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let (raw, ledger): (Option<String>, std::collections::BTreeMap<String, String>) =
             redis::pipe()
                 .get(&key)
@@ -252,7 +265,7 @@ impl SessionStore for RedisStore {
             .arg(holder)
             .arg(ms(ttl))
             .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(token.map(|token| Lease {
@@ -273,7 +286,7 @@ impl SessionStore for RedisStore {
             .key(self.key("lease", session))
             .arg(lease_value(lease))
             .arg(ms(ttl))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(ok == 1)
@@ -285,7 +298,7 @@ impl SessionStore for RedisStore {
             .release
             .key(self.key("lease", session))
             .arg(lease_value(lease))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
         Ok(())
@@ -315,7 +328,7 @@ impl SessionStore for RedisStore {
             .arg(turn.turn_id.as_str())
             .arg(session_json)
             .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await;
         result.map(|_| ()).map_err(|e| self.map_fenced(sid, e))
     }
@@ -337,7 +350,7 @@ impl SessionStore for RedisStore {
             .arg(call_id)
             .arg(output)
             .arg(ms(self.retention.turns))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await;
         result.map(|_| ()).map_err(|e| self.map_fenced(session, e))
     }
@@ -367,7 +380,7 @@ impl SessionStore for RedisStore {
             .arg(lease_value(lease))
             .arg(encode(&state)?)
             .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn())
             .await;
         result.map_err(|e| self.map_fenced(session, e))?;
         Ok(state)
