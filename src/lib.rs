@@ -16,5 +16,6 @@ pub mod contract;
 pub mod fake_llm;
 pub mod llm;
 pub mod pipeline;
+pub mod queue;
 pub mod store;
 pub mod tools;

@@ -1,0 +1,165 @@
+//! The job queue: turn jobs from the front door to the workers, delayed retries, the
+//! dead-letter queue, and per-session replies (DESIGN.md §5–§6).
+//!
+//! Owns: the [`Broker`] trait and its two implementations — [`rabbit::RabbitBroker`] (RabbitMQ
+//! via lapin: quorum queues, publisher confirms, mandatory publishes, manual acks) and
+//! [`memory::MemoryBroker`] (the embedded single-process mode, same semantics). Must not: run
+//! turns or touch session state.
+
+pub mod memory;
+pub mod rabbit;
+
+use std::time::Duration;
+
+use crate::contract::SessionId;
+
+pub use memory::MemoryBroker;
+pub use rabbit::RabbitBroker;
+
+/// A queue operation that failed. Publishing failures are never swallowed: the caller sees
+/// them and does not report the job as accepted (or does not ack the delivery).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum QueueError {
+    /// The broker is unreachable or the connection/channel dropped.
+    #[error("message broker unavailable: {0}")]
+    Unavailable(String),
+    /// The broker refused the message (nack) or could not route it (returned).
+    #[error("message broker did not accept the message: {0}")]
+    Rejected(String),
+}
+
+/// Names of everything the product declares, all under the namespace.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    /// Prefix of every name.
+    pub namespace: String,
+    /// Delays of the retry queues, shortest first; a job's n-th retry uses the n-th (the last
+    /// one repeats).
+    pub retry_delays: Vec<Duration>,
+    /// How long an unused reply queue lives.
+    pub reply_queue_ttl: Duration,
+}
+
+impl Topology {
+    /// The defaults under a namespace.
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
+            reply_queue_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+    /// The turn job queue.
+    pub fn jobs(&self) -> String {
+        format!("{}.turns", self.namespace)
+    }
+    /// The dead-letter queue.
+    pub fn dead(&self) -> String {
+        format!("{}.turns.dead", self.namespace)
+    }
+    /// The retry queue for one delay.
+    pub fn retry(&self, delay: Duration) -> String {
+        format!("{}.turns.retry.{}ms", self.namespace, delay.as_millis())
+    }
+    /// The reply exchange.
+    pub fn replies(&self) -> String {
+        format!("{}.replies", self.namespace)
+    }
+    /// A session's reply queue.
+    pub fn reply_queue(&self, session: &SessionId) -> String {
+        format!("{}.reply.{session}", self.namespace)
+    }
+    /// The delay for a job's `retry`-th retry (1-based).
+    pub fn delay_for(&self, retry: u32) -> Duration {
+        let i = (retry.max(1) as usize - 1).min(self.retry_delays.len().saturating_sub(1));
+        self.retry_delays
+            .get(i)
+            .copied()
+            .unwrap_or(Duration::from_secs(1))
+    }
+}
+
+/// Where a message came from and what to do with it.
+pub struct Delivery {
+    /// The job body (an `AgentExecuteRequest` in wire JSON).
+    pub body: Vec<u8>,
+    /// Retries already made (from the `x-aptix-attempt` header; 0 for a fresh job).
+    pub attempt: u32,
+    /// Whether the broker delivered it before (a previous consumer died or nacked).
+    pub redelivered: bool,
+    acker: Box<dyn Acker>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("bytes", &self.body.len())
+            .field("attempt", &self.attempt)
+            .field("redelivered", &self.redelivered)
+            .finish()
+    }
+}
+
+impl Delivery {
+    /// A delivery with its acknowledgement handle (for broker implementations).
+    pub fn new(body: Vec<u8>, attempt: u32, redelivered: bool, acker: Box<dyn Acker>) -> Self {
+        Self {
+            body,
+            attempt,
+            redelivered,
+            acker,
+        }
+    }
+
+    /// Done with it: the broker forgets it.
+    pub async fn ack(self) -> Result<(), QueueError> {
+        self.acker.ack().await
+    }
+
+    /// Not done: the broker delivers it again (to any consumer).
+    pub async fn requeue(self) -> Result<(), QueueError> {
+        self.acker.requeue().await
+    }
+}
+
+/// Acknowledges one delivery.
+#[async_trait::async_trait]
+pub trait Acker: Send + Sync {
+    /// Positive acknowledgement.
+    async fn ack(self: Box<Self>) -> Result<(), QueueError>;
+    /// Negative acknowledgement with requeue.
+    async fn requeue(self: Box<Self>) -> Result<(), QueueError>;
+}
+
+/// A stream of deliveries; ends when the connection or channel is gone (reconnect and consume
+/// again).
+pub type Deliveries = tokio::sync::mpsc::Receiver<Delivery>;
+
+/// A stream of reply bodies (turn status JSON) of one session.
+pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
+
+/// The broker behind the front door and the workers.
+#[async_trait::async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Enqueues a turn job; returns only once the broker has confirmed it.
+    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError>;
+    /// Brings a job back to the job queue after `delay`, with its retry count (confirmed).
+    async fn publish_retry(&self, body: &[u8], attempt: u32, delay: Duration)
+    -> Result<(), QueueError>;
+    /// Moves a job to the dead-letter queue with the reason (confirmed).
+    async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)
+    -> Result<(), QueueError>;
+    /// Publishes a turn status to the session's reply destination (confirmed).
+    async fn publish_reply(
+        &self,
+        session: &SessionId,
+        correlation_id: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError>;
+    /// Starts consuming turn jobs with at most `prefetch` unacknowledged at once.
+    async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
+    /// Consumes a session's reply queue (what `aptix watch` prints).
+    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Reads up to `max` dead-lettered jobs with their reasons, removing them.
+    async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
+}

@@ -1,0 +1,461 @@
+//! The RabbitMQ broker (lapin).
+//!
+//! Topology, declared idempotently by whoever connects first (all names under the namespace):
+//! - `<ns>.turns` — durable **quorum** queue of turn jobs;
+//! - `<ns>.turns.retry.<ms>ms` — one quorum queue per retry delay; messages wait there for
+//!   their TTL and are dead-lettered (at-least-once) back to `<ns>.turns`;
+//! - `<ns>.turns.dead` — the dead-letter queue (poison messages, jobs past the retry limit),
+//!   each message carrying `x-aptix-reason`;
+//! - `<ns>.replies` — direct exchange; routing key = session id; each session's durable reply
+//!   queue `<ns>.reply.<sid>` is bound to it and expires when unused.
+//!
+//! Every publish uses publisher confirms and the mandatory flag; a nack or a returned message is
+//! an error for the caller. Messages are persistent. Deliveries are acknowledged manually.
+
+use std::collections::HashSet;
+use std::sync::Mutex as StdMutex;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use tokio::sync::{Mutex, mpsc};
+
+use super::{Acker, Broker, Deliveries, Delivery, QueueError, Replies, Topology};
+use crate::contract::SessionId;
+
+const ATTEMPT_HEADER: &str = "x-aptix-attempt";
+const REASON_HEADER: &str = "x-aptix-reason";
+
+fn unavailable(e: lapin::Error) -> QueueError {
+    QueueError::Unavailable(e.to_string())
+}
+
+struct Live {
+    connection: Connection,
+    publisher: Channel,
+}
+
+/// Turn jobs and replies on RabbitMQ.
+pub struct RabbitBroker {
+    url: String,
+    topology: Topology,
+    connection_name: String,
+    live: Mutex<Option<Live>>,
+    reply_queues: StdMutex<HashSet<SessionId>>,
+}
+
+fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in pairs {
+        t.insert(ShortString::from(k), v);
+    }
+    t
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn attempt_of(props: &BasicProperties) -> u32 {
+    props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(ATTEMPT_HEADER).cloned())
+        .and_then(|v| match v {
+            AMQPValue::LongUInt(n) => Some(n),
+            AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
+            AMQPValue::LongInt(n) => u32::try_from(n).ok(),
+            AMQPValue::ShortUInt(n) => Some(u32::from(n)),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+impl RabbitBroker {
+    /// A broker for `url`; connects lazily and again after any connection loss.
+    pub fn new(url: &str, topology: Topology, connection_name: &str) -> Self {
+        Self {
+            url: url.to_string(),
+            topology,
+            connection_name: connection_name.to_string(),
+            live: Mutex::new(None),
+            reply_queues: StdMutex::new(HashSet::new()),
+        }
+    }
+
+    /// The names in use.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Connects now (and declares the topology); errors if the broker is unreachable.
+    pub async fn connect(&self) -> Result<(), QueueError> {
+        self.publisher().await.map(|_| ())
+    }
+
+    async fn open(&self) -> Result<Live, QueueError> {
+        let props = ConnectionProperties::default()
+            .with_executor(tokio_executor_trait::Tokio::current())
+            .with_reactor(tokio_reactor_trait::Tokio::current())
+            .with_connection_name(LongString::from(self.connection_name.as_str()));
+        let connection = Connection::connect(&self.url, props)
+            .await
+            .map_err(unavailable)?;
+        let publisher = connection.create_channel().await.map_err(unavailable)?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+        self.declare(&publisher).await?;
+        if let Ok(mut q) = self.reply_queues.lock() {
+            q.clear();
+        }
+        tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
+        Ok(Live {
+            connection,
+            publisher,
+        })
+    }
+
+    async fn declare(&self, ch: &Channel) -> Result<(), QueueError> {
+        let t = &self.topology;
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let quorum = || vec![("x-queue-type", text("quorum"))];
+        ch.queue_declare(&t.jobs(), durable, table(quorum()))
+            .await
+            .map_err(unavailable)?;
+        ch.queue_declare(&t.dead(), durable, table(quorum()))
+            .await
+            .map_err(unavailable)?;
+        for delay in &t.retry_delays {
+            let mut args = quorum();
+            args.push((
+                "x-message-ttl",
+                AMQPValue::LongLongInt(delay.as_millis() as i64),
+            ));
+            args.push(("x-dead-letter-exchange", text("")));
+            args.push(("x-dead-letter-routing-key", text(&t.jobs())));
+            args.push(("x-dead-letter-strategy", text("at-least-once")));
+            args.push(("x-overflow", text("reject-publish")));
+            ch.queue_declare(&(t.retry(*delay)), durable, table(args))
+                .await
+                .map_err(unavailable)?;
+        }
+        ch.exchange_declare(
+            &t.replies(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// The confirm-mode publishing channel, reconnecting when the old one is gone.
+    async fn publisher(&self) -> Result<Channel, QueueError> {
+        let mut live = self.live.lock().await;
+        if let Some(l) = live.as_ref()
+            && l.connection.status().connected()
+            && l.publisher.status().connected()
+        {
+            return Ok(l.publisher.clone());
+        }
+        if live.is_some() {
+            tracing::warn!("RabbitMQ connection lost; reconnecting");
+        }
+        let fresh = self.open().await?;
+        let ch = fresh.publisher.clone();
+        *live = Some(fresh);
+        Ok(ch)
+    }
+
+    async fn consumer_channel(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let live = self.live.lock().await;
+        let l = live
+            .as_ref()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        l.connection.create_channel().await.map_err(unavailable)
+    }
+
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
+        let ch = self.publisher().await?;
+        let confirm = ch
+            .basic_publish(
+                exchange,
+                routing_key,
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body,
+                props.with_delivery_mode(2),
+            )
+            .await
+            .map_err(unavailable)?
+            .await
+            .map_err(unavailable)?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(QueueError::Rejected(format!(
+                    "returned as unroutable ({} {})",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Confirmation::Nack(None) => Err(QueueError::Rejected("nacked by the broker".into())),
+            Confirmation::NotRequested => Err(QueueError::Unavailable(
+                "the channel is not in confirm mode".into(),
+            )),
+        }
+    }
+
+    async fn ensure_reply_queue(&self, session: &SessionId) -> Result<String, QueueError> {
+        let name = self.topology.reply_queue(session);
+        let known = self
+            .reply_queues
+            .lock()
+            .map(|q| q.contains(session))
+            .unwrap_or(false);
+        if !known {
+            let ch = self.publisher().await?;
+            ch.queue_declare(
+                name.as_str(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                table(vec![(
+                    "x-expires",
+                    AMQPValue::LongLongInt(self.topology.reply_queue_ttl.as_millis() as i64),
+                )]),
+            )
+            .await
+            .map_err(unavailable)?;
+            ch.queue_bind(
+                name.as_str(),
+                &self.topology.replies(),
+                session.as_str(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+            if let Ok(mut q) = self.reply_queues.lock() {
+                q.insert(session.clone());
+            }
+        }
+        Ok(name)
+    }
+}
+
+struct RabbitAcker(lapin::acker::Acker);
+
+#[async_trait::async_trait]
+impl Acker for RabbitAcker {
+    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+        self.0
+            .ack(BasicAckOptions::default())
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+    async fn requeue(self: Box<Self>) -> Result<(), QueueError> {
+        self.0
+            .nack(BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for RabbitBroker {
+    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError> {
+        let props = BasicProperties::default()
+            .with_content_type(ShortString::from("application/json"))
+            .with_headers(table(vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(0))]));
+        self.publish("", &self.topology.jobs(), body, props).await
+    }
+
+    async fn publish_retry(
+        &self,
+        body: &[u8],
+        attempt: u32,
+        delay: Duration,
+    ) -> Result<(), QueueError> {
+        // The retry queue with the nearest delay at or above the one asked for.
+        let delays = &self.topology.retry_delays;
+        let chosen = delays
+            .iter()
+            .copied()
+            .find(|d| *d >= delay)
+            .or_else(|| delays.last().copied())
+            .ok_or_else(|| QueueError::Rejected("no retry queues are configured".into()))?;
+        let props = BasicProperties::default()
+            .with_content_type(ShortString::from("application/json"))
+            .with_headers(table(vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(attempt))]));
+        self.publish("", &self.topology.retry(chosen), body, props)
+            .await
+    }
+
+    async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str) -> Result<(), QueueError> {
+        let props = BasicProperties::default()
+            .with_content_type(ShortString::from("application/json"))
+            .with_headers(table(vec![
+                (ATTEMPT_HEADER, AMQPValue::LongUInt(attempt)),
+                (REASON_HEADER, text(reason)),
+            ]));
+        self.publish("", &self.topology.dead(), body, props).await
+    }
+
+    async fn publish_reply(
+        &self,
+        session: &SessionId,
+        correlation_id: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
+        let props = || {
+            BasicProperties::default()
+                .with_content_type(ShortString::from("application/json"))
+                .with_correlation_id(ShortString::from(correlation_id))
+        };
+        self.ensure_reply_queue(session).await?;
+        let exchange = self.topology.replies();
+        match self.publish(&exchange, session.as_str(), body, props()).await {
+            // The reply queue expired since we declared it: declare it again, once.
+            Err(QueueError::Rejected(_)) => {
+                if let Ok(mut q) = self.reply_queues.lock() {
+                    q.remove(session);
+                }
+                self.ensure_reply_queue(session).await?;
+                self.publish(&exchange, session.as_str(), body, props()).await
+            }
+            other => other,
+        }
+    }
+
+    async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
+        let ch = self.consumer_channel().await?;
+        ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
+            .await
+            .map_err(unavailable)?;
+        let mut consumer = ch
+            .basic_consume(
+                &self.topology.jobs(),
+                &(format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple())),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
+        tokio::spawn(async move {
+            // Keeps the channel alive as long as the stream is read.
+            let _channel = ch;
+            while let Some(next) = consumer.next().await {
+                match next {
+                    Ok(d) => {
+                        let attempt = attempt_of(&d.properties);
+                        let delivery = Delivery::new(
+                            d.data,
+                            attempt,
+                            d.redelivered,
+                            Box::new(RabbitAcker(d.acker)),
+                        );
+                        if tx.send(delivery).await.is_err() {
+                            return; // the worker stopped consuming; unacked messages return
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "RabbitMQ consumer stopped");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        let queue = self.ensure_reply_queue(session).await?;
+        let ch = self.consumer_channel().await?;
+        let mut consumer = ch
+            .basic_consume(
+                queue.as_str(),
+                &(format!("watch-{}", uuid::Uuid::new_v4().simple())),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let _channel = ch;
+            while let Some(Ok(d)) = consumer.next().await {
+                if tx.send(d.data).await.is_err() {
+                    let _ = d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                    return;
+                }
+                let _ = d.acker.ack(BasicAckOptions::default()).await;
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
+        let ch = self.consumer_channel().await?;
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(msg) = ch
+                .basic_get(&self.topology.dead(), BasicGetOptions::default())
+                .await
+                .map_err(unavailable)?
+            else {
+                break;
+            };
+            let reason = msg
+                .delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(REASON_HEADER).cloned())
+                .and_then(|v| match v {
+                    AMQPValue::LongString(s) => Some(s.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            msg.delivery
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(unavailable)?;
+            out.push((msg.delivery.data, reason));
+        }
+        let _ = ch.close(200, "done").await;
+        Ok(out)
+    }
+}
