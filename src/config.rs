@@ -74,6 +74,14 @@ pub struct Config {
     /// `APTIX_RESULT_TTL_SECS` / `APTIX_SESSION_TTL_SECS`: how long turn records and idle
     /// sessions are kept.
     pub retention: crate::store::Retention,
+    /// `APTIX_MAX_ATTEMPTS`: runs of a job before it is dead-lettered.
+    pub max_attempts: u32,
+    /// `APTIX_TURN_DEADLINE_SECS`: the longest one run of a turn may take.
+    pub turn_deadline: Duration,
+    /// `APTIX_SHUTDOWN_GRACE_SECS`: how long shutdown waits for in-flight turns.
+    pub shutdown_grace: Duration,
+    /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
+    pub reply_queue_ttl: Duration,
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
     /// (for model servers that do not store responses).
     pub llm_replay: bool,
@@ -121,6 +129,14 @@ impl Config {
             modes_file: get("APTIX_MODES_FILE"),
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
+            max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
+            turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
+            shutdown_grace: Duration::from_secs(number(&get, "APTIX_SHUTDOWN_GRACE_SECS", 30)?),
+            reply_queue_ttl: Duration::from_secs(positive(
+                &get,
+                "APTIX_REPLY_QUEUE_TTL_SECS",
+                24 * 3600,
+            )?),
             retention: crate::store::Retention {
                 turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
                 sessions: Duration::from_secs(positive(

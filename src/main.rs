@@ -14,12 +14,17 @@ use serde_json::json;
 
 use aptix_worker::catalog::{ModeCatalog, READ_FILE_TOOL};
 use aptix_worker::config::Config;
+use aptix_worker::contract::SessionId;
 use aptix_worker::contract::request::RelativePath;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
+use aptix_worker::frontdoor::{FrontDoor, SubmitError};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::store::{MemoryStore, RedisStore, SessionStore};
+use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
+use aptix_worker::store::{MemoryStore, RedisStore, SessionStore, TurnStatusView};
+use aptix_worker::worker::{Worker, WorkerSettings};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +48,19 @@ enum Command {
         /// Where client tools (workspace_read_file) read files from.
         #[arg(long, default_value = "examples/workspace")]
         workspace: PathBuf,
+    },
+    /// Run a worker: consume turn jobs from RabbitMQ (APTIX_AMQP_URL) until SIGTERM/Ctrl-C.
+    Worker,
+    /// Enqueue request files through the front door (prints each accepted turn's status).
+    Enqueue {
+        /// AgentExecuteRequest JSON files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print a session's results as they arrive on its reply queue (Ctrl-C stops).
+    Watch {
+        /// The session id.
+        session_id: String,
     },
     /// Serve the fake Responses API (for tests, demos and benchmarks).
     FakeLlm {
@@ -106,6 +124,70 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { files, workspace } => run_files(&files, &workspace).await,
+        Command::Worker => {
+            let config = Config::from_env()?;
+            if config.amqp_url.is_none() {
+                anyhow::bail!(
+                    "APTIX_AMQP_URL is not set: a standalone worker needs RabbitMQ (use `aptix run` for the embedded mode)"
+                );
+            }
+            if config.redis_url.is_none() {
+                anyhow::bail!(
+                    "APTIX_REDIS_URL is not set: workers on several machines need a shared Redis"
+                );
+            }
+            let app = App::build(&config).await?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            app.worker(&config).run(shutdown).await;
+            tracing::info!("worker stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Enqueue { files } => {
+            let config = Config::from_env()?;
+            let app = App::build(&config).await?;
+            let door = app.front_door(&config);
+            let mut all_ok = true;
+            for file in files {
+                let body =
+                    std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+                match door.submit(&body).await {
+                    Ok(view) => println!("{}: {}", file.display(), serde_json::to_string(&view)?),
+                    Err(e) => {
+                        all_ok = false;
+                        println!(
+                            "{}: {}",
+                            file.display(),
+                            serde_json::to_string_pretty(&submit_error_result(e))?
+                        );
+                    }
+                }
+            }
+            Ok(if all_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Watch { session_id } => {
+            let config = Config::from_env()?;
+            let sid = SessionId::parse(session_id.as_str())
+                .map_err(|e| anyhow::anyhow!("session id {session_id:?}: {e}"))?;
+            let app = App::build(&config).await?;
+            let mut replies = app.broker.subscribe_replies(&sid).await?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    next = replies.recv() => match next {
+                        Some(body) => println!("{}", String::from_utf8_lossy(&body)),
+                        None => anyhow::bail!("the reply stream ended (broker connection lost)"),
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::FakeLlm {
             listen,
             latency_ms,
@@ -181,61 +263,191 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The embedded single-process run: each file is one request; client tool calls for
-/// `workspace_read_file` are answered from `workspace`, as a client would.
+/// Everything a process needs, built from the configuration: embedded in-memory parts when no
+/// URLs are set, RabbitMQ and Redis when they are.
+struct App {
+    store: Arc<dyn SessionStore>,
+    broker: Arc<dyn Broker>,
+    pipeline: Pipeline,
+    topology: Topology,
+    /// Keeps the built-in fake model alive when no model server is configured.
+    _fake: Option<FakeLlm>,
+}
+
+impl App {
+    async fn build(config: &Config) -> anyhow::Result<Self> {
+        let catalog = Arc::new(ModeCatalog::load(config.modes_file.as_deref())?);
+        let (base_url, fake) = match config.model_base_url() {
+            Some(url) => (url, None),
+            None => {
+                let fake =
+                    FakeLlm::start("127.0.0.1:0".parse()?, FakeOptions::default(), None).await?;
+                tracing::info!(base_url = %fake.base_url(), "no model configured; using the built-in fake model");
+                (fake.base_url(), Some(fake))
+            }
+        };
+        let llm = LlmClient::from_config(config, &base_url)?;
+        let store: Arc<dyn SessionStore> = match &config.redis_url {
+            Some(url) => {
+                tracing::info!(namespace = %config.namespace, "using the Redis session store");
+                Arc::new(
+                    RedisStore::connect(url.expose(), &config.namespace, config.retention).await?,
+                )
+            }
+            None => Arc::new(MemoryStore::new()),
+        };
+        let mut topology = Topology::new(&config.namespace);
+        topology.reply_queue_ttl = config.reply_queue_ttl;
+        let broker: Arc<dyn Broker> = match &config.amqp_url {
+            Some(url) => {
+                let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());
+                let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name);
+                rabbit.connect().await?;
+                tracing::info!(namespace = %config.namespace, "using RabbitMQ");
+                Arc::new(rabbit)
+            }
+            None => Arc::new(MemoryBroker::new()),
+        };
+        let mut settings = PipelineSettings::new(config.model.clone());
+        settings.max_iterations = config.max_iterations;
+        settings.replay = config.llm_replay;
+        settings.lease_ttl = config.lease;
+        let pipeline =
+            Pipeline::new(store.clone(), catalog, llm, settings).map_err(anyhow::Error::msg)?;
+        Ok(Self {
+            store,
+            broker,
+            pipeline,
+            topology,
+            _fake: fake,
+        })
+    }
+
+    fn worker(&self, config: &Config) -> Worker {
+        let settings = WorkerSettings {
+            concurrency: u16::try_from(config.concurrency).unwrap_or(u16::MAX),
+            max_attempts: config.max_attempts,
+            turn_deadline: config.turn_deadline,
+            shutdown_grace: config.shutdown_grace,
+            limits: config.limits,
+            ..WorkerSettings::default()
+        };
+        Worker::new(
+            self.broker.clone(),
+            self.pipeline.clone(),
+            self.topology.clone(),
+            settings,
+        )
+    }
+
+    fn front_door(&self, config: &Config) -> FrontDoor {
+        FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
+    }
+}
+
+/// Cancels `token` on SIGTERM or Ctrl-C.
+async fn stop_on_signal(token: CancellationToken) {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    let _ = tokio::signal::ctrl_c().await;
+                    token.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown requested");
+    token.cancel();
+}
+
+/// The `InvokeResult` a client gets for a request the front door did not accept.
+fn submit_error_result(e: SubmitError) -> InvokeResult<AgentExecuteResponse> {
+    match e {
+        SubmitError::Invalid(rejected) => rejected.into_invoke_result(),
+        SubmitError::Conflict(m) | SubmitError::NotFound(m) | SubmitError::NotAwaitingTools(m) => {
+            InvokeResult::failure(m)
+        }
+        SubmitError::Unavailable(m) => InvokeResult::failure(contract::ErrorMessage::new(
+            contract::ErrorCode::Internal,
+            m,
+        )),
+    }
+}
+
+/// The main job: each file becomes a turn that goes through the front door, the queue, a worker
+/// and the store, exactly as in a deployment (embedded in-memory parts unless URLs are set);
+/// client tool calls for `workspace_read_file` are answered from `workspace`, as a client would.
 async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
-    let catalog = Arc::new(ModeCatalog::load(config.modes_file.as_deref())?);
-    let (base_url, _fake) = match config.model_base_url() {
-        Some(url) => (url, None),
-        None => {
-            let fake = FakeLlm::start("127.0.0.1:0".parse()?, FakeOptions::default(), None).await?;
-            tracing::info!(base_url = %fake.base_url(), "no model configured; using the built-in fake model");
-            (fake.base_url(), Some(fake))
-        }
-    };
-    let llm = LlmClient::from_config(&config, &base_url)?;
-    let store: Arc<dyn SessionStore> = match &config.redis_url {
-        Some(url) => {
-            tracing::info!(namespace = %config.namespace, "using the Redis session store");
-            Arc::new(RedisStore::connect(url.expose(), &config.namespace, config.retention).await?)
-        }
-        None => Arc::new(MemoryStore::new()),
-    };
-    let mut settings = PipelineSettings::new(config.model.clone());
-    settings.max_iterations = config.max_iterations;
-    settings.replay = config.llm_replay;
-    settings.lease_ttl = config.lease;
-    let pipeline = Pipeline::new(store, catalog, llm, settings).map_err(anyhow::Error::msg)?;
+    let app = App::build(&config).await?;
+    let door = app.front_door(&config);
+    let shutdown = CancellationToken::new();
+    let worker = app.worker(&config);
+    let worker_task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { worker.run(shutdown).await }
+    });
 
     let mut all_ok = true;
     for file in files {
         let body = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        let result = match contract::parse_request(&body, &config.limits) {
-            Err(rejected) => rejected.into_invoke_result(),
-            Ok(parsed) => {
-                let mut r = run_once(&pipeline, &parsed.request).await;
-                // Act as the client for continuations we can serve, a few rounds at most.
-                for _ in 0..4 {
-                    let Some(AgentExecuteResponse::ClientToolContinuation(c)) = r.result() else {
-                        break;
-                    };
-                    let results: Vec<serde_json::Value> = c
-                        .tool_calls()
-                        .map(|call| client_tool(workspace, call))
-                        .collect();
-                    println!("{}: {}", file.display(), serde_json::to_string_pretty(&r)?);
-                    let cont = json!({
-                        "sessionId": c.meta.session_id, "turnId": c.meta.turn_id, "toolResults": results
-                    });
-                    r = match contract::parse_request(cont.to_string().as_bytes(), &config.limits) {
-                        Ok(p) => run_once(&pipeline, &p.request).await,
-                        Err(rejected) => rejected.into_invoke_result(),
-                    };
-                }
-                r.with_warnings(parsed.warnings)
+        let parsed = match contract::parse_request(&body, &config.limits) {
+            Ok(p) => p,
+            Err(rejected) => {
+                all_ok = false;
+                let r: InvokeResult<AgentExecuteResponse> = rejected.into_invoke_result();
+                println!("{}: {}", file.display(), serde_json::to_string_pretty(&r)?);
+                continue;
             }
         };
+        let mut request = parsed.request;
+        let mut replies = app.broker.subscribe_replies(request.session_id()).await?;
+        // Act as the client for continuations we can serve, a few rounds at most.
+        let mut rounds = 0;
+        let result = loop {
+            if let Err(e) = door.submit_parsed(&request).await {
+                break submit_error_result(e);
+            }
+            let view = wait_for(&mut replies, request.turn_id()).await?;
+            let Some(result) = view.result else {
+                anyhow::bail!("a reply without a result");
+            };
+            rounds += 1;
+            let Some(AgentExecuteResponse::ClientToolContinuation(c)) = result.result() else {
+                break result;
+            };
+            if rounds > 4 {
+                break result;
+            }
+            println!(
+                "{}: {}",
+                file.display(),
+                serde_json::to_string_pretty(&result)?
+            );
+            let results: Vec<serde_json::Value> = c
+                .tool_calls()
+                .map(|call| client_tool(workspace, call))
+                .collect();
+            let cont = json!({
+                "sessionId": c.meta.session_id, "turnId": c.meta.turn_id, "toolResults": results
+            });
+            request = contract::parse_request(cont.to_string().as_bytes(), &config.limits)
+                .map_err(|r| anyhow::anyhow!("building the continuation: {:?}", r.errors))?
+                .request;
+        };
+        let result = result.with_warnings(parsed.warnings);
         all_ok &= result.is_successful();
         println!(
             "{}: {}",
@@ -243,6 +455,8 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
             serde_json::to_string_pretty(&result)?
         );
     }
+    shutdown.cancel();
+    let _ = worker_task.await;
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
@@ -250,14 +464,20 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
     })
 }
 
-async fn run_once(
-    pipeline: &Pipeline,
-    request: &contract::AgentExecuteRequest,
-) -> InvokeResult<AgentExecuteResponse> {
-    match pipeline.run(request).await {
-        Ok(r) => r,
-        // Without a queue there is nobody to retry later: report the transient failure.
-        Err(retryable) => InvokeResult::failure(retryable.error),
+/// Waits for the next reply about `turn` that is not an intermediate state.
+async fn wait_for(
+    replies: &mut aptix_worker::queue::Replies,
+    turn: &contract::TurnId,
+) -> anyhow::Result<TurnStatusView> {
+    loop {
+        let body = tokio::time::timeout(Duration::from_secs(600), replies.recv())
+            .await
+            .context("no result within 10 minutes")?
+            .context("the reply stream ended")?;
+        let view: TurnStatusView = serde_json::from_slice(&body).context("an unreadable reply")?;
+        if &view.turn_id == turn {
+            return Ok(view);
+        }
     }
 }
 

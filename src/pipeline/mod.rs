@@ -172,6 +172,71 @@ impl Pipeline {
         .await
     }
 
+    /// Fails a turn for good after its retries ran out (the queue calls this before it
+    /// dead-letters the job), so the failure is stored and published like any result. Returns
+    /// the stored result instead when the turn already finished.
+    pub async fn give_up(
+        &self,
+        request: &AgentExecuteRequest,
+        error: ErrorMessage,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let held = self.lease(sid, tid).await?;
+        let record = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        let fp = match request {
+            AgentExecuteRequest::UserTurn(t) => fingerprint(t),
+            AgentExecuteRequest::ToolContinuation(_) => String::new(),
+        };
+        let mut record = match record {
+            Some(r) => r,
+            None => TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()),
+        };
+        if matches!(record.status, TurnStatus::Completed | TurnStatus::Failed)
+            && let Some(result) = record.result.clone()
+        {
+            let _ = self.store.release_lease(sid, &held.lease).await;
+            return Ok(result);
+        }
+        let session = match self.store.get_session(sid).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        record.status = TurnStatus::Running;
+        let run = Run {
+            session: session.unwrap_or_else(|| self.new_session(sid)),
+            record,
+            held,
+        };
+        self.fail_turn(run, InvokeResult::failure(error)).await
+    }
+
+    fn new_session(&self, sid: &SessionId) -> SessionState {
+        let mode = self.catalog.default_mode();
+        let now = now_rfc3339();
+        SessionState {
+            session_id: sid.clone(),
+            mode_id: mode.id.clone(),
+            mode_key: mode.key.clone(),
+            mode_history: Vec::new(),
+            previous_response_id: None,
+            conversation: Vec::new(),
+            replay: false,
+            solution_context: None,
+            owner: None,
+            created_at: now.clone(),
+            updated_at: now,
+        }
+    }
+
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
     async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, RetryableFailure> {
         let holder = format!("{}/{tid}", self.settings.worker_id);
@@ -280,22 +345,7 @@ impl Pipeline {
                 return Err(store_failure(e));
             }
         };
-        let mut session = loaded.unwrap_or_else(|| {
-            let mode = self.catalog.default_mode();
-            SessionState {
-                session_id: sid.clone(),
-                mode_id: mode.id.clone(),
-                mode_key: mode.key.clone(),
-                mode_history: Vec::new(),
-                previous_response_id: None,
-                conversation: Vec::new(),
-                replay: false,
-                solution_context: None,
-                owner: None,
-                created_at: now.clone(),
-                updated_at: now.clone(),
-            }
-        });
+        let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
         // A session whose stored mode id is no longer in the catalog continues in the default.
         let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
         session.mode_key = mode.key.clone();
@@ -304,23 +354,10 @@ impl Pipeline {
         }
         session.updated_at = now.clone();
 
-        let mut record = existing.unwrap_or_else(|| TurnRecord {
-            session_id: sid.clone(),
-            turn_id: tid.clone(),
-            fingerprint: fp,
-            status: TurnStatus::Running,
-            mode_key: mode.key.clone(),
-            pending: None,
-            answered: Vec::new(),
-            tool_ledger: Default::default(),
-            requests: Vec::new(),
-            attempts: 0,
-            submitted_at: now.clone(),
-            completed_at: None,
-            result: None,
-            checkpoint: None,
-        });
+        let mut record = existing
+            .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone()));
         record.status = TurnStatus::Running;
+        record.mode_key = mode.key.clone();
         record.attempts += 1;
         let run = Run {
             session,

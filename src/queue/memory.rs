@@ -90,8 +90,15 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn publish_dead(&self, body: &[u8], _attempt: u32, reason: &str) -> Result<(), QueueError> {
-        self.lock()?.dead.push_back((body.to_vec(), reason.to_string()));
+    async fn publish_dead(
+        &self,
+        body: &[u8],
+        _attempt: u32,
+        reason: &str,
+    ) -> Result<(), QueueError> {
+        self.lock()?
+            .dead
+            .push_back((body.to_vec(), reason.to_string()));
         Ok(())
     }
 
@@ -122,7 +129,9 @@ impl Broker for MemoryBroker {
         let broker = self.clone();
         tokio::spawn(async move {
             loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else { return };
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
                 let job = loop {
                     let notified = broker.notify.notified();
                     match broker.lock().map(|mut s| s.ready.pop_front()) {

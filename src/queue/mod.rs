@@ -144,8 +144,12 @@ pub trait Broker: Send + Sync + 'static {
     /// Enqueues a turn job; returns only once the broker has confirmed it.
     async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError>;
     /// Brings a job back to the job queue after `delay`, with its retry count (confirmed).
-    async fn publish_retry(&self, body: &[u8], attempt: u32, delay: Duration)
-    -> Result<(), QueueError>;
+    async fn publish_retry(
+        &self,
+        body: &[u8],
+        attempt: u32,
+        delay: Duration,
+    ) -> Result<(), QueueError>;
     /// Moves a job to the dead-letter queue with the reason (confirmed).
     async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)
     -> Result<(), QueueError>;

@@ -322,7 +322,12 @@ impl Broker for RabbitBroker {
             .await
     }
 
-    async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str) -> Result<(), QueueError> {
+    async fn publish_dead(
+        &self,
+        body: &[u8],
+        attempt: u32,
+        reason: &str,
+    ) -> Result<(), QueueError> {
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
             .with_headers(table(vec![
@@ -345,14 +350,18 @@ impl Broker for RabbitBroker {
         };
         self.ensure_reply_queue(session).await?;
         let exchange = self.topology.replies();
-        match self.publish(&exchange, session.as_str(), body, props()).await {
+        match self
+            .publish(&exchange, session.as_str(), body, props())
+            .await
+        {
             // The reply queue expired since we declared it: declare it again, once.
             Err(QueueError::Rejected(_)) => {
                 if let Ok(mut q) = self.reply_queues.lock() {
                     q.remove(session);
                 }
                 self.ensure_reply_queue(session).await?;
-                self.publish(&exchange, session.as_str(), body, props()).await
+                self.publish(&exchange, session.as_str(), body, props())
+                    .await
             }
             other => other,
         }
@@ -417,7 +426,13 @@ impl Broker for RabbitBroker {
             let _channel = ch;
             while let Some(Ok(d)) = consumer.next().await {
                 if tx.send(d.data).await.is_err() {
-                    let _ = d.acker.nack(BasicNackOptions { requeue: true, ..Default::default() }).await;
+                    let _ = d
+                        .acker
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
                     return;
                 }
                 let _ = d.acker.ack(BasicAckOptions::default()).await;

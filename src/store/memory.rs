@@ -74,6 +74,21 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.order.get(session).cloned().unwrap_or_default())
     }
 
+    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError> {
+        let mut inner = self.lock()?;
+        let key = (turn.session_id.clone(), turn.turn_id.clone());
+        if let Some(existing) = inner.turns.get(&key) {
+            return Ok(Some(existing.clone()));
+        }
+        inner.turns.insert(key, turn.clone());
+        inner
+            .order
+            .entry(turn.session_id.clone())
+            .or_default()
+            .push(turn.turn_id.clone());
+        Ok(None)
+    }
+
     async fn acquire_lease(
         &self,
         session: &SessionId,

@@ -200,6 +200,70 @@ pub struct TurnRecord {
     pub checkpoint: Option<Checkpoint>,
 }
 
+/// A turn's status as clients see it (GET, SSE events, reply messages):
+/// `{sessionId, turnId, status, attempts, submittedAt, completedAt?, result?}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnStatusView {
+    /// The session.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Lifecycle status.
+    pub status: TurnStatus,
+    /// Runs so far.
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub completed_at: Option<String>,
+    /// The latest result, once there is one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+}
+
+impl From<&TurnRecord> for TurnStatusView {
+    fn from(r: &TurnRecord) -> Self {
+        Self {
+            session_id: r.session_id.clone(),
+            turn_id: r.turn_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at.clone(),
+            completed_at: r.completed_at.clone(),
+            result: r.result.clone(),
+        }
+    }
+}
+
+impl TurnRecord {
+    /// A freshly accepted turn, not yet picked up by a worker.
+    pub fn queued(
+        session_id: SessionId,
+        turn_id: TurnId,
+        fingerprint: String,
+        mode_key: String,
+    ) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            fingerprint,
+            status: TurnStatus::Queued,
+            mode_key,
+            pending: None,
+            answered: Vec::new(),
+            tool_ledger: BTreeMap::new(),
+            requests: Vec::new(),
+            attempts: 0,
+            submitted_at: now_rfc3339(),
+            completed_at: None,
+            result: None,
+            checkpoint: None,
+        }
+    }
+}
+
 /// The resume point of a running turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -241,6 +305,9 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<Option<TurnRecord>, StoreError>;
     /// The session's turn ids with their status, oldest first.
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError>;
+    /// Creates the record of a newly accepted turn unless one exists; returns the existing one
+    /// otherwise. Not fenced: the front door writes it without holding the session's lease.
+    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError>;
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,

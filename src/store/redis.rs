@@ -61,6 +61,16 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 return 1
 ";
 
+/// KEYS: turn, turns index. ARGV: turn JSON, turn TTL ms, turn id, index TTL ms.
+const CREATE_TURN: &str = r"
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return false
+";
+
 /// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
 const RECORD_OUTPUT: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -93,6 +103,7 @@ struct Scripts {
     release: Script,
     save: Script,
     record_output: Script,
+    create_turn: Script,
     set_session: Script,
 }
 
@@ -127,6 +138,7 @@ impl RedisStore {
                 release: Script::new(RELEASE),
                 save: Script::new(SAVE),
                 record_output: Script::new(RECORD_OUTPUT),
+                create_turn: Script::new(CREATE_TURN),
                 set_session: Script::new(SET_SESSION),
             }),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
@@ -249,6 +261,23 @@ impl SessionStore for RedisStore {
         ids.into_iter()
             .map(|s| TurnId::parse(s).map_err(|e| StoreError::Corrupt(e.to_string())))
             .collect()
+    }
+
+    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError> {
+        let key = self.turn_key("turn", &turn.session_id, &turn.turn_id);
+        let existing: Option<String> = self
+            .scripts
+            .create_turn
+            .key(&key)
+            .key(self.key("turns", &turn.session_id))
+            .arg(encode(turn)?)
+            .arg(ms(self.retention.turns))
+            .arg(turn.turn_id.as_str())
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        decode(&key, existing)
     }
 
     async fn acquire_lease(

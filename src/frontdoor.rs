@@ -1,0 +1,128 @@
+//! The front door's core: validate a request, apply the idempotency rules, record the turn as
+//! queued and enqueue it — and say "accepted" only once the broker confirmed the job.
+//!
+//! Owns: what happens between a request body and an accepted job. Must not: run turns. The HTTP
+//! API and the CLI clients sit on top of this.
+
+use std::sync::Arc;
+
+use crate::contract::{
+    AgentExecuteRequest, ErrorCode, ErrorMessage, RequestLimits, RequestRejected, parse_request,
+};
+use crate::pipeline::fingerprint;
+use crate::queue::{Broker, QueueError};
+use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
+
+/// Why a request was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The body broke the contract (every violation listed).
+    #[error("invalid request")]
+    Invalid(RequestRejected),
+    /// Same ids, different payload.
+    #[error("{}", .0.message)]
+    Conflict(ErrorMessage),
+    /// A continuation for an unknown turn.
+    #[error("{}", .0.message)]
+    NotFound(ErrorMessage),
+    /// A continuation for a turn that is not waiting for client tools.
+    #[error("{}", .0.message)]
+    NotAwaitingTools(ErrorMessage),
+    /// The store or the broker is unavailable; nothing was accepted.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<StoreError> for SubmitError {
+    fn from(e: StoreError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
+impl From<QueueError> for SubmitError {
+    fn from(e: QueueError) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
+/// Accepts requests.
+#[derive(Clone)]
+pub struct FrontDoor {
+    store: Arc<dyn SessionStore>,
+    broker: Arc<dyn Broker>,
+    limits: RequestLimits,
+}
+
+impl FrontDoor {
+    /// A front door over a store and a broker.
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        broker: Arc<dyn Broker>,
+        limits: RequestLimits,
+    ) -> Self {
+        Self {
+            store,
+            broker,
+            limits,
+        }
+    }
+
+    /// Validates and enqueues a request body; returns the turn's status once the job is
+    /// confirmed (or the existing status when the same turn was already accepted).
+    pub async fn submit(&self, body: &[u8]) -> Result<TurnStatusView, SubmitError> {
+        let parsed = parse_request(body, &self.limits).map_err(SubmitError::Invalid)?;
+        self.submit_parsed(&parsed.request).await
+    }
+
+    /// Enqueues an already parsed request.
+    pub async fn submit_parsed(
+        &self,
+        request: &AgentExecuteRequest,
+    ) -> Result<TurnStatusView, SubmitError> {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let job = serde_json::to_vec(request)
+            .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
+        match request {
+            AgentExecuteRequest::UserTurn(turn) => {
+                let fp = fingerprint(turn);
+                let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new());
+                match self.store.create_turn(&fresh).await? {
+                    None => {}
+                    Some(existing) if existing.fingerprint != fp => {
+                        return Err(SubmitError::Conflict(ErrorMessage::new(
+                            ErrorCode::TurnConflict,
+                            format!(
+                                "turn {tid} already exists in session {sid} with a different payload"
+                            ),
+                        )));
+                    }
+                    // Accepted before and still queued: its job may not have been confirmed,
+                    // so enqueue again (a duplicate job is harmless: turns are idempotent).
+                    Some(existing) if existing.status == TurnStatus::Queued => {}
+                    Some(existing) => return Ok(TurnStatusView::from(&existing)),
+                }
+                self.broker.publish_job(&job).await?;
+                Ok(TurnStatusView::from(&fresh))
+            }
+            AgentExecuteRequest::ToolContinuation(_) => {
+                let Some(record) = self.store.get_turn(sid, tid).await? else {
+                    return Err(SubmitError::NotFound(ErrorMessage::new(
+                        ErrorCode::TurnNotFound,
+                        format!("turn {tid} does not exist in session {sid}"),
+                    )));
+                };
+                if record.status != TurnStatus::AwaitingClientTools {
+                    return Err(SubmitError::NotAwaitingTools(ErrorMessage::new(
+                        ErrorCode::TurnNotAwaitingTools,
+                        format!(
+                            "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
+                            record.status.as_str()
+                        ),
+                    )));
+                }
+                self.broker.publish_job(&job).await?;
+                Ok(TurnStatusView::from(&record))
+            }
+        }
+    }
+}

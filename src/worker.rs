@@ -1,0 +1,343 @@
+//! The worker: consumes turn jobs, runs each in its own task, and decides from the type of the
+//! outcome what happens to the message.
+//!
+//! Owns: consume → run → reply → ack, concurrency (prefetch = concurrency), reconnection with
+//! backoff, graceful shutdown. Must not: build prompts or touch Redis directly (the pipeline and
+//! the store do).
+//!
+//! | outcome | what happens |
+//! |---|---|
+//! | result (final, continuation, or a permanent failure) | stored by the pipeline, published to the session's replies, acked |
+//! | session busy | republished with a short delay (not counted as a retry), acked |
+//! | transient failure (model, store, tool unavailable; turn deadline) | republished with a growing delay, acked; past the retry limit: failed for good, result published, dead-lettered |
+//! | unparseable message | dead-lettered at once, acked |
+//!
+//! A message is acked only after the result is committed and the reply (or the retry, or the
+//! dead-letter copy) is confirmed by the broker; otherwise it is requeued.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument as _, error, info, info_span, warn};
+
+use crate::contract::{
+    AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
+    RequestLimits, parse_request,
+};
+use crate::pipeline::Pipeline;
+use crate::queue::{Broker, Delivery, QueueError, Topology};
+use crate::store::{TurnStatus, TurnStatusView, now_rfc3339};
+
+/// Worker settings.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    /// Turns run at once (and the consumer prefetch).
+    pub concurrency: u16,
+    /// Runs of a job before it is dead-lettered (the first run included).
+    pub max_attempts: u32,
+    /// The longest one run of a turn may take; keep it well below RabbitMQ's
+    /// `consumer_timeout`.
+    pub turn_deadline: Duration,
+    /// How long shutdown waits for in-flight turns.
+    pub shutdown_grace: Duration,
+    /// Delay before a job for a busy session is tried again.
+    pub busy_delay: Duration,
+    /// Request size limits (jobs are parsed again on the worker).
+    pub limits: RequestLimits,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 16,
+            max_attempts: 5,
+            turn_deadline: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(30),
+            busy_delay: Duration::from_secs(1),
+            limits: RequestLimits::default(),
+        }
+    }
+}
+
+/// Counters of what the worker did (exported as metrics by the front door issue).
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Jobs that ended with a published result.
+    pub completed: AtomicU64,
+    /// Jobs sent to a delayed retry because of a transient failure.
+    pub retried: AtomicU64,
+    /// Jobs sent back because their session was busy.
+    pub busy: AtomicU64,
+    /// Jobs dead-lettered.
+    pub dead_lettered: AtomicU64,
+    /// Deliveries the broker marked as redelivered.
+    pub redeliveries: AtomicU64,
+}
+
+/// Consumes and runs turn jobs.
+#[derive(Clone)]
+pub struct Worker {
+    broker: Arc<dyn Broker>,
+    pipeline: Pipeline,
+    topology: Topology,
+    settings: WorkerSettings,
+    stats: Arc<WorkerStats>,
+}
+
+enum Disposition {
+    Ack,
+    Requeue,
+}
+
+impl Worker {
+    /// A worker over a broker and a pipeline.
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        pipeline: Pipeline,
+        topology: Topology,
+        settings: WorkerSettings,
+    ) -> Self {
+        Self {
+            broker,
+            pipeline,
+            topology,
+            settings,
+            stats: Arc::new(WorkerStats::default()),
+        }
+    }
+
+    /// What the worker did so far.
+    pub fn stats(&self) -> &WorkerStats {
+        &self.stats
+    }
+
+    /// Consumes until `shutdown` fires, reconnecting with backoff whenever the broker goes away;
+    /// then waits up to the grace period for in-flight turns. Whatever is still unacked then is
+    /// redelivered by the broker to another worker.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let tracker = TaskTracker::new();
+        let mut backoff = Duration::from_millis(200);
+        'outer: while !shutdown.is_cancelled() {
+            let mut deliveries = match self.broker.consume(self.settings.concurrency).await {
+                Ok(d) => {
+                    info!(
+                        concurrency = self.settings.concurrency,
+                        "consuming turn jobs"
+                    );
+                    backoff = Duration::from_millis(200);
+                    d
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot consume; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break 'outer,
+                        _ = tokio::time::sleep(backoff + Duration::from_millis(fastrand::u64(0..=backoff.as_millis() as u64 / 4))) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'outer,
+                    next = deliveries.recv() => match next {
+                        Some(delivery) => {
+                            let worker = self.clone();
+                            tracker.spawn(async move { worker.handle(delivery).await });
+                        }
+                        None => {
+                            warn!("the broker stopped delivering (connection or channel lost); reconnecting");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        info!(
+            in_flight = tracker.len(),
+            "stopping: no new jobs; waiting for in-flight turns"
+        );
+        tracker.close();
+        if tokio::time::timeout(self.settings.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                in_flight = tracker.len(),
+                "shutdown grace period over; unfinished turns will be redelivered"
+            );
+        }
+    }
+
+    /// Handles one delivery to its ack or requeue.
+    pub async fn handle(&self, delivery: Delivery) {
+        if delivery.redelivered {
+            self.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
+        }
+        let disposition = match parse_request(&delivery.body, &self.settings.limits) {
+            Err(rejected) => {
+                let reason = rejected
+                    .errors
+                    .first()
+                    .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
+                    .unwrap_or_else(|| "unparseable job".into());
+                error!(%reason, bytes = delivery.body.len(), "poison message; dead-lettering it");
+                match self
+                    .broker
+                    .publish_dead(&delivery.body, delivery.attempt, &reason)
+                    .await
+                {
+                    Ok(()) => {
+                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        Disposition::Ack
+                    }
+                    Err(e) => {
+                        error!(error = %e, "could not dead-letter a poison message");
+                        Disposition::Requeue
+                    }
+                }
+            }
+            Ok(parsed) => {
+                let span = info_span!(
+                    "job",
+                    session_id = %parsed.request.session_id(),
+                    turn_id = %parsed.request.turn_id(),
+                    attempt = delivery.attempt + 1,
+                    redelivered = delivery.redelivered,
+                );
+                self.run_job(&parsed.request, &delivery)
+                    .instrument(span)
+                    .await
+            }
+        };
+        let acked = match disposition {
+            Disposition::Ack => delivery.ack().await,
+            Disposition::Requeue => delivery.requeue().await,
+        };
+        if let Err(e) = acked {
+            // The channel is gone; the broker redelivers the message and the store makes the
+            // second run return the committed result.
+            warn!(error = %e, "could not acknowledge a delivery; it will be redelivered");
+        }
+    }
+
+    async fn run_job(&self, request: &AgentExecuteRequest, delivery: &Delivery) -> Disposition {
+        let outcome =
+            tokio::time::timeout(self.settings.turn_deadline, self.pipeline.run(request)).await;
+        let failure = match outcome {
+            Ok(Ok(result)) => return self.reply(request, result).await,
+            Ok(Err(f)) => f.error,
+            Err(_) => ErrorMessage::new(
+                ErrorCode::LlmUnavailable,
+                format!(
+                    "the turn did not finish within its deadline of {} s",
+                    self.settings.turn_deadline.as_secs()
+                ),
+            ),
+        };
+        if failure.error_code == ErrorCode::SessionBusy {
+            self.stats.busy.fetch_add(1, Ordering::Relaxed);
+            return self
+                .republish(delivery, delivery.attempt, self.settings.busy_delay)
+                .await;
+        }
+        let next = delivery.attempt + 1;
+        if next < self.settings.max_attempts {
+            let delay = self.topology.delay_for(next);
+            warn!(code = %failure.error_code, message = %failure.message, retry = next, delay_ms = delay.as_millis() as u64, "transient failure; retrying later");
+            self.stats.retried.fetch_add(1, Ordering::Relaxed);
+            return self.republish(delivery, next, delay).await;
+        }
+        let reason = format!(
+            "gave up after {next} attempts; last error {}: {}",
+            failure.error_code, failure.message
+        );
+        error!(%reason, "retry limit reached; failing the turn and dead-lettering the job");
+        let final_error = ErrorMessage::new(failure.error_code, reason.clone());
+        let result = match self.pipeline.give_up(request, final_error.clone()).await {
+            Ok(r) => r,
+            // The store is down too: the client still gets a failed result.
+            Err(_) => InvokeResult::failure(final_error),
+        };
+        if let Err(e) = self
+            .broker
+            .publish_dead(&delivery.body, next, &reason)
+            .await
+        {
+            error!(error = %e, "could not dead-letter the job; requeueing it");
+            return Disposition::Requeue;
+        }
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        self.reply(request, result).await
+    }
+
+    async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
+        match self
+            .broker
+            .publish_retry(&delivery.body, attempt, delay)
+            .await
+        {
+            Ok(()) => Disposition::Ack,
+            Err(e) => {
+                warn!(error = %e, "could not schedule the retry; requeueing");
+                Disposition::Requeue
+            }
+        }
+    }
+
+    /// Publishes the turn's status to the session's replies.
+    async fn reply(
+        &self,
+        request: &AgentExecuteRequest,
+        result: InvokeResult<AgentExecuteResponse>,
+    ) -> Disposition {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let record = self
+            .pipeline
+            .store()
+            .get_turn(sid, tid)
+            .await
+            .ok()
+            .flatten();
+        let status = match result.result() {
+            Some(AgentExecuteResponse::Final(_)) => TurnStatus::Completed,
+            Some(AgentExecuteResponse::ClientToolContinuation(_)) => {
+                TurnStatus::AwaitingClientTools
+            }
+            None => TurnStatus::Failed,
+        };
+        let view = TurnStatusView {
+            session_id: sid.clone(),
+            turn_id: tid.clone(),
+            status,
+            attempts: record.as_ref().map(|r| r.attempts).unwrap_or(0),
+            submitted_at: record
+                .as_ref()
+                .map(|r| r.submitted_at.clone())
+                .unwrap_or_else(now_rfc3339),
+            completed_at: record.as_ref().and_then(|r| r.completed_at.clone()),
+            result: Some(result),
+        };
+        let body = match serde_json::to_vec(&view) {
+            Ok(b) => b,
+            Err(e) => {
+                error!(error = %e, "cannot encode a turn status");
+                return Disposition::Requeue;
+            }
+        };
+        match self.broker.publish_reply(sid, tid.as_str(), &body).await {
+            Ok(()) => {
+                self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                info!(status = status.as_str(), "result published");
+                Disposition::Ack
+            }
+            Err(QueueError::Rejected(m) | QueueError::Unavailable(m)) => {
+                warn!(error = %m, "could not publish the result; the job will run again and republish it");
+                Disposition::Requeue
+            }
+        }
+    }
+}
