@@ -95,6 +95,37 @@ impl RabbitBroker {
         &self.topology
     }
 
+    /// Deletes every queue and the exchange of the namespace that this broker declared
+    /// (tests and tear-down). Reply queues of sessions this process never used are left to
+    /// expire.
+    pub async fn delete_topology(&self) -> Result<(), QueueError> {
+        let ch = self.consumer_channel().await?;
+        let t = &self.topology;
+        let mut queues = vec![t.jobs(), t.dead()];
+        queues.extend(t.retry_delays.iter().map(|d| t.retry(*d)));
+        if let Ok(known) = self.reply_queues.lock() {
+            queues.extend(known.iter().map(|s| t.reply_queue(s)));
+        }
+        for q in queues {
+            ch.queue_delete(&q, lapin::options::QueueDeleteOptions::default())
+                .await
+                .map_err(unavailable)?;
+        }
+        ch.exchange_delete(
+            &t.replies(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+        .map_err(unavailable)?;
+        let _ = ch.close(200, "done".into()).await;
+        Ok(())
+    }
+
+    /// The name this broker's connection shows in RabbitMQ (`user_provided_name`).
+    pub fn connection_name(&self) -> &str {
+        &self.connection_name
+    }
+
     /// Connects now (and declares the topology); errors if the broker is unreachable.
     pub async fn connect(&self) -> Result<(), QueueError> {
         self.publisher().await.map(|_| ())

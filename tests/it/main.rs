@@ -9,4 +9,5 @@ mod contract_request;
 mod contract_response;
 mod pipeline_redis;
 mod pipeline_scenarios;
+mod queue_conformance;
 mod store_conformance;

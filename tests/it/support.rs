@@ -194,3 +194,71 @@ pub fn request(v: Value) -> AgentExecuteRequest {
         .expect("test request is valid")
         .request
 }
+
+/// The RabbitMQ the integration tests use (they fail, not skip, when it is not there).
+pub fn amqp_url() -> String {
+    std::env::var("APTIX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// A RabbitMQ broker under a fresh namespace with short retry delays; its queues and exchange
+/// are deleted when the guard drops (reply queues expire by themselves after 30 s unused).
+pub struct RabbitGuard {
+    pub broker: Arc<aptix_worker::queue::RabbitBroker>,
+    pub topology: aptix_worker::queue::Topology,
+}
+
+impl Drop for RabbitGuard {
+    fn drop(&mut self) {
+        let topology = self.topology.clone();
+        // The test's runtime may be shutting down: clean up from a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let b = aptix_worker::queue::RabbitBroker::new(
+                    &amqp_url(),
+                    topology,
+                    "aptix-test-cleanup",
+                );
+                let _ = b.delete_topology().await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A test topology: unique namespace, short retry delays.
+pub fn test_topology() -> aptix_worker::queue::Topology {
+    let mut t = aptix_worker::queue::Topology::new(&format!(
+        "aptix-test-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    t.retry_delays = vec![Duration::from_millis(200), Duration::from_millis(400)];
+    t.reply_queue_ttl = Duration::from_secs(30);
+    t
+}
+
+pub async fn rabbit_broker(
+    topology: &aptix_worker::queue::Topology,
+    name: &str,
+) -> Arc<aptix_worker::queue::RabbitBroker> {
+    let b = aptix_worker::queue::RabbitBroker::new(&amqp_url(), topology.clone(), name);
+    b.connect().await.unwrap_or_else(|e| {
+        panic!(
+            "RabbitMQ must be running at {} for this test: {e}",
+            amqp_url()
+        )
+    });
+    Arc::new(b)
+}
+
+pub async fn rabbit() -> RabbitGuard {
+    let topology = test_topology();
+    let broker = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
+    RabbitGuard { broker, topology }
+}
