@@ -10,4 +10,5 @@ mod contract_response;
 mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;
+mod queue_e2e;
 mod store_conformance;
