@@ -117,7 +117,7 @@ impl RabbitBroker {
         )
         .await
         .map_err(unavailable)?;
-        let _ = ch.close(200, "done".into()).await;
+        let _ = ch.close(200, "done").await;
         Ok(())
     }
 
