@@ -10,6 +10,7 @@
 //! Later stages (front door, queue, worker, pipeline, LLM client, store) are added as their
 //! issues land; see the README for what runs today.
 
+pub mod bench;
 pub mod catalog;
 pub mod config;
 pub mod contract;

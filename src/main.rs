@@ -94,6 +94,25 @@ enum Command {
     },
     /// Print the table of error codes as Markdown.
     ErrorCodes,
+    /// Push turns through the real job path against the fake model and compare with a bare
+    /// publish/consume baseline (RabbitMQ/Redis when their URLs are set, else in-memory).
+    Bench {
+        /// Turns to push.
+        #[arg(long, default_value_t = 2000)]
+        turns: usize,
+        /// Sessions they are spread over (default: one per turn).
+        #[arg(long)]
+        sessions: Option<usize>,
+        /// The fake model's latency in milliseconds.
+        #[arg(long, default_value_t = 50)]
+        latency_ms: u64,
+        /// Worker concurrency.
+        #[arg(long, default_value_t = 256)]
+        concurrency: u16,
+        /// Instead: hold this many turns in flight against a slow model and report memory.
+        #[arg(long)]
+        in_flight: Option<usize>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -254,6 +273,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|u| u.expose().to_string())
                 .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
             aptix_worker::store::bench::run(&url, turns).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            turns,
+            sessions,
+            latency_ms,
+            concurrency,
+            in_flight,
+        } => {
+            let config = Config::from_env()?;
+            match in_flight {
+                Some(k) => {
+                    let latency =
+                        Duration::from_millis(if latency_ms == 50 { 2000 } else { latency_ms });
+                    aptix_worker::bench::memory(&config, k, latency).await?
+                }
+                None => {
+                    let opts = aptix_worker::bench::BenchOptions {
+                        turns,
+                        sessions: sessions.unwrap_or(turns),
+                        latency: Duration::from_millis(latency_ms),
+                        concurrency,
+                    };
+                    aptix_worker::bench::run(&config, &opts).await?
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::ErrorCodes => {

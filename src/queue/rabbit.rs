@@ -426,8 +426,12 @@ impl Broker for RabbitBroker {
                             d.redelivered,
                             Box::new(RabbitAcker(d.acker)),
                         );
-                        if tx.send(delivery).await.is_err() {
-                            return; // the worker stopped consuming; unacked messages return
+                        if let Err(unsent) = tx.send(delivery).await {
+                            // The worker stopped consuming: give the message back and close
+                            // the channel so nothing stays unacked on it.
+                            let _ = unsent.0.requeue().await;
+                            let _ = _channel.close(200, "consumer stopped").await;
+                            return;
                         }
                     }
                     Err(e) => {

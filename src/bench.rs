@@ -1,0 +1,351 @@
+//! `aptix bench`: turns pushed through the real job path (front door → broker → worker →
+//! pipeline → store → reply) against the fake model at a fixed latency, compared with a bare
+//! publish/consume baseline of same-sized messages measured in the same run.
+//!
+//! With `APTIX_AMQP_URL` / `APTIX_REDIS_URL` set it runs on RabbitMQ and Redis (under a fresh
+//! namespace it deletes afterwards); otherwise on the embedded in-memory parts.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::catalog::ModeCatalog;
+use crate::config::Config;
+use crate::contract::{SessionId, TurnId};
+use crate::fake_llm::{FakeLlm, FakeOptions};
+use crate::frontdoor::FrontDoor;
+use crate::llm::LlmClient;
+use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
+use crate::store::{MemoryStore, RedisStore, SessionStore, TurnStatus, TurnStatusView};
+use crate::worker::{Worker, WorkerSettings};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Turns to push.
+    pub turns: usize,
+    /// Sessions they are spread over (turns of one session run one after another).
+    pub sessions: usize,
+    /// The fake model's latency.
+    pub latency: Duration,
+    /// Worker concurrency.
+    pub concurrency: u16,
+}
+
+struct Parts {
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn SessionStore>,
+    rabbit: Option<Arc<RabbitBroker>>,
+    redis: Option<Arc<RedisStore>>,
+    topology: Topology,
+    _fake: FakeLlm,
+    pipeline: Pipeline,
+}
+
+async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse()?,
+        FakeOptions {
+            latency,
+            stateless: false,
+        },
+        None,
+    )
+    .await?;
+    let ns = format!(
+        "{}-bench-{}",
+        config.namespace,
+        uuid::Uuid::new_v4().simple()
+    );
+    let topology = Topology::new(&ns);
+    let (broker, rabbit): (Arc<dyn Broker>, _) = match &config.amqp_url {
+        Some(url) => {
+            let r = Arc::new(RabbitBroker::new(
+                url.expose(),
+                topology.clone(),
+                &format!("{ns}-bench"),
+            ));
+            r.connect().await?;
+            (r.clone(), Some(r))
+        }
+        None => (Arc::new(MemoryBroker::new()), None),
+    };
+    let (store, redis): (Arc<dyn SessionStore>, _) = match &config.redis_url {
+        Some(url) => {
+            let r = Arc::new(RedisStore::connect(url.expose(), &ns, config.retention).await?);
+            (r.clone(), Some(r))
+        }
+        None => (Arc::new(MemoryStore::new()), None),
+    };
+    let llm = LlmClient::new(
+        &fake.base_url(),
+        None,
+        Duration::from_secs(5),
+        Duration::from_secs(60),
+        2,
+    )?;
+    let pipeline = Pipeline::new(
+        store.clone(),
+        Arc::new(ModeCatalog::builtin()),
+        llm,
+        PipelineSettings::new("bench-model"),
+    )
+    .map_err(anyhow::Error::msg)?;
+    Ok(Parts {
+        broker,
+        store,
+        rabbit,
+        redis,
+        topology,
+        _fake: fake,
+        pipeline,
+    })
+}
+
+async fn cleanup(p: &Parts) {
+    if let Some(r) = &p.rabbit {
+        let _ = r.delete_topology().await;
+    }
+    if let Some(r) = &p.redis {
+        let _ = r.delete_namespace().await;
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The throughput/latency benchmark.
+pub async fn run(config: &Config, opts: &BenchOptions) -> anyhow::Result<()> {
+    let p = parts(config, opts.latency).await?;
+    let result = throughput(&p, opts).await;
+    cleanup(&p).await;
+    result
+}
+
+async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
+    let sessions: Vec<SessionId> = (0..opts.sessions.max(1))
+        .map(|i| SessionId::parse(format!("bench-{i}")))
+        .collect::<Result<_, _>>()?;
+    // One merged stream of replies, stamped on arrival.
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, TurnStatusView)>();
+    for sid in &sessions {
+        let mut replies = p.broker.subscribe_replies(sid).await?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Some(body) = replies.recv().await {
+                if let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body) {
+                    let _ = tx.send((Instant::now(), view));
+                }
+            }
+        });
+    }
+    let settings = WorkerSettings {
+        concurrency: opts.concurrency,
+        busy_delay: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let worker = Worker::new(
+        p.broker.clone(),
+        p.pipeline.clone(),
+        p.topology.clone(),
+        settings,
+    );
+    let stop = CancellationToken::new();
+    let worker_task = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+    let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
+
+    let mut submitted: HashMap<(SessionId, TurnId), Instant> = HashMap::new();
+    let mut job_size = 0usize;
+    let started = Instant::now();
+    for i in 0..opts.turns {
+        let sid = &sessions[i % sessions.len()];
+        let tid = TurnId::parse(format!("t{i}"))?;
+        let body = serde_json::json!({
+            "sessionId": sid, "turnId": tid,
+            "instruction": format!("Summarise design record {i} in three bullet points."),
+        })
+        .to_string();
+        job_size = body.len();
+        submitted.insert((sid.clone(), tid), Instant::now());
+        door.submit(body.as_bytes())
+            .await
+            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    }
+    let mut latencies = Vec::with_capacity(opts.turns);
+    let mut failed = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while latencies.len() + failed < opts.turns {
+        let (at, view) = tokio::time::timeout_at(deadline.into(), rx.recv())
+            .await
+            .context("the benchmark did not finish within 10 minutes")?
+            .context("reply streams ended")?;
+        if let Some(sent) = submitted.remove(&(view.session_id.clone(), view.turn_id.clone())) {
+            match view.status {
+                TurnStatus::Completed => latencies.push(at - sent),
+                _ => failed += 1,
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    stop.cancel();
+    let _ = worker_task.await;
+    latencies.sort();
+    let rate = opts.turns as f64 / elapsed.as_secs_f64();
+
+    // Baseline: bare publish + consume + ack of same-sized messages on the same broker kind.
+    let payload = vec![b'x'; job_size];
+    let total = opts.turns;
+    let mut deliveries = p.broker.consume(opts.concurrency).await?;
+    let base_start = Instant::now();
+    let consume = tokio::spawn(async move {
+        let mut n = 0usize;
+        while n < total {
+            match deliveries.recv().await {
+                Some(d) => {
+                    let _ = d.ack().await;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    });
+    for _ in 0..total {
+        p.broker.publish_job(&payload).await?;
+    }
+    let consumed = tokio::time::timeout(Duration::from_secs(300), consume)
+        .await
+        .context("baseline did not finish")??;
+    anyhow::ensure!(consumed == total, "baseline consumed {consumed} of {total}");
+    let base_elapsed = base_start.elapsed();
+    let base_rate = total as f64 / base_elapsed.as_secs_f64();
+
+    let overhead: Vec<Duration> = latencies
+        .iter()
+        .map(|l| l.saturating_sub(opts.latency))
+        .collect();
+    println!(
+        "aptix bench: {} turns over {} sessions, model latency {} ms, worker concurrency {}, {}",
+        opts.turns,
+        sessions.len(),
+        opts.latency.as_millis(),
+        opts.concurrency,
+        if p.rabbit.is_some() {
+            "RabbitMQ"
+        } else {
+            "in-memory broker"
+        },
+    );
+    println!(
+        "  store: {}",
+        if p.redis.is_some() {
+            "Redis"
+        } else {
+            "in-memory"
+        }
+    );
+    println!(
+        "  completed {} / failed {} in {:.2} s",
+        latencies.len(),
+        failed,
+        elapsed.as_secs_f64()
+    );
+    println!("  worker path        {:>10.1} turns/s", rate);
+    println!(
+        "  bare publish+consume {:>8.1} msgs/s ({} B messages)",
+        base_rate, job_size
+    );
+    println!(
+        "  ratio (bare / worker path) {:>6.2}x",
+        base_rate / rate.max(f64::EPSILON)
+    );
+    println!(
+        "  end-to-end latency  p50 {:>7.1} ms  p95 {:>7.1} ms  p99 {:>7.1} ms",
+        ms(percentile(&latencies, 0.50)),
+        ms(percentile(&latencies, 0.95)),
+        ms(percentile(&latencies, 0.99))
+    );
+    println!(
+        "  queue+state overhead (end-to-end minus model latency)  p50 {:>7.1} ms  p95 {:>7.1} ms  p99 {:>7.1} ms",
+        ms(percentile(&overhead, 0.50)),
+        ms(percentile(&overhead, 0.95)),
+        ms(percentile(&overhead, 0.99))
+    );
+    Ok(())
+}
+
+/// Resident memory of this process, in bytes (Linux).
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Holds `in_flight` turns in flight against a slow model and reports memory per turn.
+pub async fn memory(config: &Config, in_flight: usize, latency: Duration) -> anyhow::Result<()> {
+    let p = parts(config, latency).await?;
+    let result = memory_inner(&p, in_flight, latency).await;
+    cleanup(&p).await;
+    result
+}
+
+async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow::Result<()> {
+    let before = rss_bytes().context("cannot read /proc/self/statm")?;
+    let settings = WorkerSettings {
+        concurrency: u16::try_from(in_flight).unwrap_or(u16::MAX),
+        ..WorkerSettings::default()
+    };
+    let worker = Worker::new(
+        p.broker.clone(),
+        p.pipeline.clone(),
+        p.topology.clone(),
+        settings,
+    );
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+    let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
+    let started = Instant::now();
+    for i in 0..in_flight {
+        let body = serde_json::json!({"sessionId": format!("mem-{i}"), "turnId": "t", "instruction": "hold"}).to_string();
+        door.submit(body.as_bytes())
+            .await
+            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    }
+    // Sample while the turns wait for the model.
+    let mut peak = before;
+    while started.elapsed() < latency.mul_f64(0.9) {
+        peak = peak.max(rss_bytes().unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let _ = task.await;
+    let per = (peak.saturating_sub(before)) as f64 / in_flight as f64;
+    println!(
+        "aptix bench --in-flight: {in_flight} turns held against a {} ms model; resident memory {:.1} MiB -> {:.1} MiB; {:.1} KiB per in-flight turn (includes the fake model's share of the process)",
+        latency.as_millis(),
+        before as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        per / 1024.0
+    );
+    Ok(())
+}
