@@ -119,6 +119,9 @@ impl Worker {
     /// redelivered by the broker to another worker.
     pub async fn run(&self, shutdown: CancellationToken) {
         let tracker = TaskTracker::new();
+        // Fired when the grace period is over: abandons what is still running, which drops its
+        // deliveries unacked so the broker hands them to another worker.
+        let abandon = CancellationToken::new();
         let mut backoff = Duration::from_millis(200);
         'outer: while !shutdown.is_cancelled() {
             let mut deliveries = match self.broker.consume(self.settings.concurrency).await {
@@ -146,7 +149,15 @@ impl Worker {
                     next = deliveries.recv() => match next {
                         Some(delivery) => {
                             let worker = self.clone();
-                            tracker.spawn(async move { worker.handle(delivery).await });
+                            let abandon = abandon.clone();
+                            tracker.spawn(async move {
+                                tokio::select! {
+                                    _ = worker.handle(delivery) => {}
+                                    _ = abandon.cancelled() => {
+                                        warn!("turn abandoned at shutdown; it will be redelivered");
+                                    }
+                                }
+                            });
                         }
                         None => {
                             warn!("the broker stopped delivering (connection or channel lost); reconnecting");
@@ -169,6 +180,8 @@ impl Worker {
                 in_flight = tracker.len(),
                 "shutdown grace period over; unfinished turns will be redelivered"
             );
+            abandon.cancel();
+            tracker.wait().await;
         }
     }
 

@@ -52,19 +52,32 @@ impl MemoryBroker {
 
 struct MemoryAcker {
     broker: MemoryBroker,
-    body: Vec<u8>,
-    attempt: u32,
+    /// `Some` until the delivery is acked or requeued; a delivery dropped without either is
+    /// requeued, as a broker does with the unacked deliveries of a closed channel.
+    pending: Option<(Vec<u8>, u32)>,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for MemoryAcker {
+    fn drop(&mut self) {
+        if let Some((body, attempt)) = self.pending.take()
+            && let Err(e) = self.broker.push(body, attempt, true)
+        {
+            tracing::error!(error = %e, "in-memory broker lost an unacknowledged delivery");
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl Acker for MemoryAcker {
-    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+    async fn ack(mut self: Box<Self>) -> Result<(), QueueError> {
+        self.pending = None;
         Ok(())
     }
     async fn requeue(self: Box<Self>) -> Result<(), QueueError> {
-        let this = *self;
-        this.broker.push(this.body, this.attempt, true)
+        // Dropping a pending acker requeues it.
+        drop(self);
+        Ok(())
     }
 }
 
@@ -143,8 +156,7 @@ impl Broker for MemoryBroker {
                 let (body, attempt, redelivered) = job;
                 let acker = MemoryAcker {
                     broker: broker.clone(),
-                    body: body.clone(),
-                    attempt,
+                    pending: Some((body.clone(), attempt)),
                     _permit: permit,
                 };
                 let delivery = Delivery::new(body, attempt, redelivered, Box::new(acker));
