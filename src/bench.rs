@@ -62,7 +62,9 @@ async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
         config.namespace,
         uuid::Uuid::new_v4().simple()
     );
-    let topology = Topology::new(&ns);
+    let mut topology = Topology::new(&ns);
+    // Left-over reply queues (if the run is interrupted) vanish soon.
+    topology.reply_queue_ttl = Duration::from_secs(60);
     let (broker, rabbit): (Arc<dyn Broker>, _) = match &config.amqp_url {
         Some(url) => {
             let r = Arc::new(RabbitBroker::new(

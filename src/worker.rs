@@ -241,6 +241,24 @@ impl Worker {
         let outcome =
             tokio::time::timeout(self.settings.turn_deadline, self.pipeline.run(request)).await;
         let failure = match outcome {
+            // A request that names the wrong turn (a duplicate or a race the front door could
+            // not see) must not publish a "failed" status over the turn's real one: the run that
+            // produced the turn's result already published it.
+            Ok(Ok(result))
+                if result.errors().iter().any(|e| {
+                    matches!(
+                        e.error_code,
+                        ErrorCode::TurnConflict
+                            | ErrorCode::TurnNotAwaitingTools
+                            | ErrorCode::TurnNotFound
+                    )
+                }) =>
+            {
+                for e in result.errors() {
+                    warn!(code = %e.error_code, message = %e.message, "job does not apply to its turn; dropping it without a reply");
+                }
+                return Disposition::Ack;
+            }
             Ok(Ok(result)) => return self.reply(request, result).await,
             Ok(Err(f)) => f.error,
             Err(_) => ErrorMessage::new(

@@ -12,4 +12,4 @@ mod pipeline_scenarios;
 mod queue_conformance;
 mod queue_e2e;
 mod store_conformance;
-mod worker_shutdown;
+mod worker_embedded;

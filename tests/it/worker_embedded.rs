@@ -1,4 +1,5 @@
-//! Graceful shutdown on the embedded broker (the same worker code path as RabbitMQ).
+//! The worker on the embedded broker (the same worker code path as RabbitMQ): shutdown and
+//! jobs that do not apply to their turn.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,4 +116,52 @@ async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
         .expect("redelivered")
         .unwrap();
     assert!(again.redelivered);
+}
+
+#[tokio::test]
+async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status() {
+    let (broker, worker, door, _fake) = setup(Duration::ZERO, Duration::from_secs(5)).await;
+    let mut replies = broker
+        .subscribe_replies(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"hi"}"#)
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let view: TurnStatusView = serde_json::from_slice(&first).unwrap();
+    assert_eq!(view.status, TurnStatus::Completed);
+    // A continuation job for the completed turn (bypassing the front door, as a duplicate or a
+    // race would) is acked without a reply.
+    broker
+        .publish_job(br#"{"sessionId":"s","turnId":"t","toolResults":[{"toolCallId":"c","executionMs":1,"resultJson":"{}"}]}"#)
+        .await
+        .unwrap();
+    door.submit(br#"{"sessionId":"s","turnId":"t2","instruction":"next"}"#)
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let view: TurnStatusView = serde_json::from_slice(&next).unwrap();
+    assert_eq!(
+        (view.turn_id.as_str(), view.status),
+        ("t2", TurnStatus::Completed)
+    );
+    assert_eq!(
+        broker.ready_len(),
+        0,
+        "the stray job was acked, not requeued"
+    );
+    stop.cancel();
+    task.await.unwrap();
 }
