@@ -35,6 +35,9 @@ pub struct BenchOptions {
     pub latency: Duration,
     /// Worker concurrency.
     pub concurrency: u16,
+    /// Submit at this many turns per second instead of as fast as possible (to measure latency
+    /// below saturation).
+    pub rate: Option<f64>,
 }
 
 struct Parts {
@@ -177,6 +180,10 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
     let mut job_size = 0usize;
     let started = Instant::now();
     for i in 0..opts.turns {
+        if let Some(rate) = opts.rate.filter(|r| *r > 0.0) {
+            let due = started + Duration::from_secs_f64(i as f64 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
         let sid = &sessions[i % sessions.len()];
         let tid = TurnId::parse(format!("t{i}"))?;
         let body = serde_json::json!({
@@ -254,6 +261,13 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         } else {
             "in-memory broker"
         },
+    );
+    println!(
+        "  submitted {}",
+        match opts.rate {
+            Some(r) => format!("at {r} turns/s"),
+            None => "as fast as possible".into(),
+        }
     );
     println!(
         "  store: {}",

@@ -109,6 +109,9 @@ enum Command {
         /// Worker concurrency.
         #[arg(long, default_value_t = 256)]
         concurrency: u16,
+        /// Submit at this many turns per second (default: as fast as possible).
+        #[arg(long)]
+        rate: Option<f64>,
         /// Instead: hold this many turns in flight against a slow model and report memory.
         #[arg(long)]
         in_flight: Option<usize>,
@@ -280,6 +283,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sessions,
             latency_ms,
             concurrency,
+            rate,
             in_flight,
         } => {
             let config = Config::from_env()?;
@@ -295,6 +299,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         sessions: sessions.unwrap_or(turns),
                         latency: Duration::from_millis(latency_ms),
                         concurrency,
+                        rate,
                     };
                     aptix_worker::bench::run(&config, &opts).await?
                 }

@@ -446,3 +446,25 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
     survivor.stop.cancel();
     survivor.task.await.unwrap();
 }
+
+#[tokio::test]
+async fn an_unroutable_publish_is_an_error_not_silence() {
+    let d = Deployment::new(FakeOptions::default()).await;
+    // Someone deletes the job queue under us: the mandatory publish comes back as returned.
+    let status = Command::new("rabbitmqctl")
+        .args(["delete_queue", &d.topology().jobs()])
+        .status()
+        .expect("rabbitmqctl runs");
+    assert!(status.success());
+    let err = d
+        .door
+        .submit(&submit_body(
+            json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, aptix_worker::frontdoor::SubmitError::Unavailable(ref m) if m.contains("unroutable")),
+        "{err:?}"
+    );
+}
