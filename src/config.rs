@@ -82,6 +82,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// `APTIX_API_TOKENS`: bearer token → tenant (`token=tenant,token=tenant`).
+    pub api_tokens: ApiTokens,
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
     /// (for model servers that do not store responses).
     pub llm_replay: bool,
@@ -129,6 +131,7 @@ impl Config {
             modes_file: get("APTIX_MODES_FILE"),
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
+            api_tokens: tokens(&get)?,
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
             shutdown_grace: Duration::from_secs(number(&get, "APTIX_SHUTDOWN_GRACE_SECS", 30)?),
@@ -161,6 +164,56 @@ impl Config {
             },
         })
     }
+}
+
+/// Bearer tokens and the tenants they stand for; debug output shows tenants only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ApiTokens(std::collections::HashMap<String, String>);
+
+impl ApiTokens {
+    /// Tokens from `(token, tenant)` pairs.
+    pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(pairs.into_iter().collect())
+    }
+    /// The tenant a token stands for.
+    pub fn tenant(&self, token: &str) -> Option<&str> {
+        self.0.get(token).map(String::as_str)
+    }
+    /// Whether no tokens are configured.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for ApiTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut tenants: Vec<&String> = self.0.values().collect();
+        tenants.sort();
+        write!(f, "ApiTokens(tenants: {tenants:?})")
+    }
+}
+
+fn tokens(get: &impl Fn(&str) -> Option<String>) -> Result<ApiTokens, ConfigError> {
+    let mut out = std::collections::HashMap::new();
+    for pair in get("APTIX_API_TOKENS").unwrap_or_default().split(',') {
+        let pair = pair.trim();
+        if pair.is_empty() {
+            continue;
+        }
+        match pair.split_once('=') {
+            Some((token, tenant)) if !token.trim().is_empty() && !tenant.trim().is_empty() => {
+                out.insert(token.trim().to_string(), tenant.trim().to_string());
+            }
+            // The entry is not echoed: it holds a secret.
+            _ => {
+                return Err(ConfigError {
+                    var: "APTIX_API_TOKENS",
+                    problem: "every entry must be token=tenant".into(),
+                });
+            }
+        }
+    }
+    Ok(ApiTokens(out))
 }
 
 fn flag(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<bool, ConfigError> {
@@ -261,7 +314,19 @@ mod tests {
 
     #[test]
     fn secrets_do_not_print() {
-        let c = cfg(&[("OPENAI_API_KEY", "sk-very-secret")]).unwrap();
-        assert!(!format!("{c:?}").contains("sk-very-secret"));
+        let c = cfg(&[
+            ("OPENAI_API_KEY", "sk-very-secret"),
+            ("APTIX_API_TOKENS", "tok-secret=tenant-a"),
+        ])
+        .unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("sk-very-secret") && !shown.contains("tok-secret"),
+            "{shown}"
+        );
+        assert!(shown.contains("tenant-a"));
+        assert_eq!(c.api_tokens.tenant("tok-secret"), Some("tenant-a"));
+        let e = cfg(&[("APTIX_API_TOKENS", "tok-secret")]).unwrap_err();
+        assert!(!e.to_string().contains("tok-secret"));
     }
 }

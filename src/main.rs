@@ -18,6 +18,7 @@ use aptix_worker::contract::SessionId;
 use aptix_worker::contract::request::RelativePath;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
+use aptix_worker::frontdoor::http::{HttpState, check_exposure, serve};
 use aptix_worker::frontdoor::{FrontDoor, SubmitError};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
@@ -48,6 +49,16 @@ enum Command {
         /// Where client tools (workspace_read_file) read files from.
         #[arg(long, default_value = "examples/workspace")]
         workspace: PathBuf,
+    },
+    /// Serve the HTTP API (front door). With --worker, also run a worker in this process
+    /// (required on the embedded in-memory queue).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+        /// Also consume and run turns in this process.
+        #[arg(long)]
+        worker: bool,
     },
     /// Run a worker: consume turn jobs from RabbitMQ (APTIX_AMQP_URL) until SIGTERM/Ctrl-C.
     Worker,
@@ -146,6 +157,40 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { files, workspace } => run_files(&files, &workspace).await,
+        Command::Serve { listen, worker } => {
+            let config = Config::from_env()?;
+            check_exposure(&listen, &config.api_tokens).map_err(anyhow::Error::msg)?;
+            if config.amqp_url.is_none() && !worker {
+                anyhow::bail!(
+                    "on the embedded in-memory queue nothing else can run the turns: add --worker (or set APTIX_AMQP_URL)"
+                );
+            }
+            let app = App::build(&config).await?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            let worker_task = worker.then(|| {
+                let w = app.worker(&config);
+                let s = shutdown.clone();
+                tokio::spawn(async move { w.run(s).await })
+            });
+            let state = HttpState {
+                door: app.front_door(&config),
+                store: app.store.clone(),
+                broker: app.broker.clone(),
+                catalog: app.catalog.clone(),
+                tokens: config.api_tokens.clone(),
+                limits: config.limits,
+            };
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            tracing::info!(address = %listener.local_addr()?, "HTTP API listening");
+            serve(listener, state, shutdown).await?;
+            if let Some(t) = worker_task {
+                let _ = t.await;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Worker => {
             let config = Config::from_env()?;
             if config.amqp_url.is_none() {
@@ -316,6 +361,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Everything a process needs, built from the configuration: embedded in-memory parts when no
 /// URLs are set, RabbitMQ and Redis when they are.
 struct App {
+    catalog: Arc<ModeCatalog>,
     store: Arc<dyn SessionStore>,
     broker: Arc<dyn Broker>,
     pipeline: Pipeline,
@@ -362,9 +408,10 @@ impl App {
         settings.max_iterations = config.max_iterations;
         settings.replay = config.llm_replay;
         settings.lease_ttl = config.lease;
-        let pipeline =
-            Pipeline::new(store.clone(), catalog, llm, settings).map_err(anyhow::Error::msg)?;
+        let pipeline = Pipeline::new(store.clone(), catalog.clone(), llm, settings)
+            .map_err(anyhow::Error::msg)?;
         Ok(Self {
+            catalog,
             store,
             broker,
             pipeline,

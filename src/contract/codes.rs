@@ -87,6 +87,12 @@ error_codes! {
     UnknownOutputItem = "UNKNOWN_OUTPUT_ITEM",
     /// A server tool could not run (for example its store is unreachable); retryable.
     ToolUnavailable = "TOOL_UNAVAILABLE",
+    /// The request has no valid `Authorization: Bearer <token>`.
+    Unauthorized = "UNAUTHORIZED",
+    /// No such session (or it belongs to another tenant, which looks the same).
+    SessionNotFound = "SESSION_NOT_FOUND",
+    /// The queue or the store is unavailable; nothing was accepted. Retry later.
+    ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.
     Internal = "INTERNAL",
 }

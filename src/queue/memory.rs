@@ -180,6 +180,10 @@ impl Broker for MemoryBroker {
         Ok(rx)
     }
 
+    async fn check(&self) -> Result<(), QueueError> {
+        self.lock().map(|_| ())
+    }
+
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
         let mut state = self.lock()?;
         let n = max.min(state.dead.len());

@@ -164,6 +164,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Consumes a session's reply queue (what `aptix watch` prints).
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Whether the broker is reachable (for readiness checks).
+    async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
 }

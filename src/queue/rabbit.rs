@@ -476,6 +476,10 @@ impl Broker for RabbitBroker {
         Ok(rx)
     }
 
+    async fn check(&self) -> Result<(), QueueError> {
+        self.publisher().await.map(|_| ())
+    }
+
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
         let ch = self.consumer_channel().await?;
         let mut out = Vec::new();

@@ -23,6 +23,7 @@ struct Inner {
     order: HashMap<SessionId, Vec<TurnId>>,
     leases: HashMap<SessionId, (Lease, Instant)>,
     fences: HashMap<SessionId, u64>,
+    owners: HashMap<SessionId, String>,
 }
 
 impl Inner {
@@ -87,6 +88,19 @@ impl SessionStore for MemoryStore {
             .or_default()
             .push(turn.turn_id.clone());
         Ok(None)
+    }
+
+    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
+        Ok(self.lock()?.owners.get(session).cloned())
+    }
+
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
+        Ok(self
+            .lock()?
+            .owners
+            .entry(session.clone())
+            .or_insert_with(|| tenant.to_string())
+            .clone())
     }
 
     async fn acquire_lease(

@@ -308,6 +308,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
     async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError>;
+    /// The tenant that owns the session, if any.
+    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
+    /// Makes `tenant` the session's owner unless it has one; returns the owner.
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError>;
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,

@@ -12,6 +12,7 @@
 //! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id` | turn retention |
 //! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
 //! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
+//! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
 //! key still holds the writer's `<token>:<holder>`; a stale writer gets `FENCED` and nothing is
@@ -278,6 +279,32 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         decode(&key, existing)
+    }
+
+    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
+        self.conn()
+            .get(self.key("owner", session))
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
+        let key = self.key("owner", session);
+        let mut conn = self.conn();
+        let (_, owner, _): (Option<String>, String, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(tenant)
+            .arg("NX")
+            .cmd("GET")
+            .arg(&key)
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ms(self.retention.sessions))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        Ok(owner)
     }
 
     async fn acquire_lease(

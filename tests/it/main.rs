@@ -7,6 +7,7 @@ mod compose_golden;
 mod contract_props;
 mod contract_request;
 mod contract_response;
+mod http_api;
 mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;

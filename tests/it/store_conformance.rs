@@ -367,6 +367,39 @@ async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
     assert_eq!(s.store.list_turns(&sid("hot")).await.unwrap().len(), 16);
 }
 
+async fn the_first_tenant_owns_a_session(s: Subject) {
+    let st = &s.store;
+    assert_eq!(st.owner(&sid("s")).await.unwrap(), None);
+    assert_eq!(
+        st.claim_owner(&sid("s"), "tenant-a").await.unwrap(),
+        "tenant-a"
+    );
+    assert_eq!(
+        st.claim_owner(&sid("s"), "tenant-b").await.unwrap(),
+        "tenant-a",
+        "first claim wins"
+    );
+    assert_eq!(
+        st.owner(&sid("s")).await.unwrap().as_deref(),
+        Some("tenant-a")
+    );
+    assert_eq!(st.owner(&sid("other")).await.unwrap(), None);
+}
+
+async fn create_turn_creates_once(s: Subject) {
+    let st = &s.store;
+    assert_eq!(st.create_turn(&turn("s", "t")).await.unwrap(), None);
+    let mut second = turn("s", "t");
+    second.fingerprint = "other".into();
+    let existing = st
+        .create_turn(&second)
+        .await
+        .unwrap()
+        .expect("already there");
+    assert_eq!(existing.fingerprint, "fp");
+    assert_eq!(st.list_turns(&sid("s")).await.unwrap().len(), 1);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -386,4 +419,6 @@ conformance!(
     the_ledger_is_never_lost_by_a_later_save,
     change_mode_appends_history,
     racing_holders_take_turns_and_none_is_lost,
+    the_first_tenant_owns_a_session,
+    create_turn_creates_once,
 );

@@ -11,6 +11,8 @@ use crate::contract::{
 };
 use crate::pipeline::fingerprint;
 use crate::queue::{Broker, QueueError};
+pub mod http;
+
 use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
 
 /// Why a request was not accepted.

@@ -1,0 +1,355 @@
+//! The HTTP API (axum): every answer an `InvokeResult` in the wire format of DESIGN.md §2.
+//!
+//! Routes so far: `POST /v1/turns`, `GET /v1/sessions/{sessionId}/turns/{turnId}` (with
+//! `?wait=<seconds>` long-polling), `GET /v1/sessions/{sessionId}`, `GET /healthz`,
+//! `GET /readyz`. Auth: `Authorization: Bearer <token>`, tokens map to tenants; a session
+//! belongs to the tenant that created it, and another tenant's session looks exactly like a
+//! missing one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use super::{FrontDoor, SubmitError};
+use crate::catalog::ModeCatalog;
+use crate::config::ApiTokens;
+use crate::contract::{
+    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, SessionId, TurnId,
+    parse_request,
+};
+use crate::queue::Broker;
+use crate::store::{ModeChange, SessionStore, TurnStatus};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Accepts requests.
+    pub door: FrontDoor,
+    /// Reads turn and session state.
+    pub store: Arc<dyn SessionStore>,
+    /// For readiness checks.
+    pub broker: Arc<dyn Broker>,
+    /// For mode display names.
+    pub catalog: Arc<ModeCatalog>,
+    /// Who may call.
+    pub tokens: ApiTokens,
+    /// Request size limits.
+    pub limits: RequestLimits,
+}
+
+/// The tenant of unauthenticated calls when no tokens are configured (loopback only).
+pub const LOCAL_TENANT: &str = "local";
+
+/// The longest long-poll wait accepted.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The router with every route.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/turns", post(post_turn))
+        .route("/v1/sessions/{session_id}/turns/{turn_id}", get(get_turn))
+        .route("/v1/sessions/{session_id}", get(get_session))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        // Bodies are read (and limited) by the handler, so an oversized body still gets an
+        // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+fn answer<T: Serialize>(status: StatusCode, result: InvokeResult<T>) -> Response {
+    (status, Json(result)).into_response()
+}
+
+fn failure(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
+    answer::<()>(
+        status,
+        InvokeResult::failure(ErrorMessage::new(code, message)),
+    )
+}
+
+/// The caller's tenant, if the call is authenticated.
+fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
+    if state.tokens.is_empty() {
+        return Some(LOCAL_TENANT.to_string());
+    }
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    token
+        .and_then(|t| state.tokens.tenant(t))
+        .map(str::to_string)
+}
+
+fn unauthorized() -> Response {
+    failure(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        "a valid Authorization: Bearer <token> header is required",
+    )
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "dependency unavailable");
+    failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::ServiceUnavailable,
+        "the service is temporarily unavailable; nothing was accepted, try again",
+    )
+}
+
+async fn post_turn(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let limit = state.limits.max_body_bytes;
+    let body: Bytes = match axum::body::to_bytes(request.into_body(), limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("$: the request body is larger than the limit of {limit} bytes"),
+            );
+        }
+    };
+    let parsed = match parse_request(&body, &state.limits) {
+        Ok(p) => p,
+        Err(rejected) => {
+            let status = if rejected.is_body_too_large() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return answer::<()>(status, rejected.into_invoke_result());
+        }
+    };
+    let sid = parsed.request.session_id().clone();
+    let owner = match &parsed.request {
+        AgentExecuteRequest::UserTurn(_) => state.store.claim_owner(&sid, &tenant).await.map(Some),
+        AgentExecuteRequest::ToolContinuation(_) => state.store.owner(&sid).await,
+    };
+    match owner {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o != tenant => return not_found_turn(&sid, parsed.request.turn_id()),
+        Ok(_) => {}
+    }
+    match state.door.submit_parsed(&parsed.request).await {
+        Ok(view) => answer(
+            StatusCode::ACCEPTED,
+            InvokeResult::success(view).with_warnings(parsed.warnings),
+        ),
+        Err(SubmitError::Invalid(r)) => {
+            answer::<()>(StatusCode::BAD_REQUEST, r.into_invoke_result())
+        }
+        Err(SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m)) => {
+            answer::<()>(StatusCode::CONFLICT, InvokeResult::failure(m))
+        }
+        Err(SubmitError::NotFound(m)) => {
+            answer::<()>(StatusCode::NOT_FOUND, InvokeResult::failure(m))
+        }
+        Err(SubmitError::Unavailable(m)) => unavailable(m),
+    }
+}
+
+fn not_found_turn(sid: &SessionId, tid: &TurnId) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::TurnNotFound,
+        format!("turn {tid} does not exist in session {sid}"),
+    )
+}
+
+/// Parses path ids; a malformed id cannot exist, so it is a 404 like any absent one.
+fn ids(session: &str, turn: Option<&str>) -> Option<(SessionId, Option<TurnId>)> {
+    let sid = SessionId::parse(session).ok()?;
+    match turn {
+        None => Some((sid, None)),
+        Some(t) => Some((sid, Some(TurnId::parse(t).ok()?))),
+    }
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait: Option<f64>,
+}
+
+async fn get_turn(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Path((session_id, turn_id)): Path<(String, String)>,
+    Query(query): Query<WaitQuery>,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::TurnNotFound,
+            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
+        );
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o == tenant => {}
+        Ok(_) => return not_found_turn(&sid, &tid),
+    }
+    let wait = query
+        .wait
+        .filter(|w| w.is_finite() && *w > 0.0)
+        .map(|w| Duration::from_secs_f64(w).min(MAX_WAIT))
+        .unwrap_or(Duration::ZERO);
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let record = match state.store.get_turn(&sid, &tid).await {
+            Err(e) => return unavailable(e),
+            Ok(None) => return not_found_turn(&sid, &tid),
+            Ok(Some(r)) => r,
+        };
+        let settled = !matches!(record.status, TurnStatus::Queued | TurnStatus::Running);
+        if settled || tokio::time::Instant::now() >= deadline {
+            return answer(
+                StatusCode::OK,
+                InvokeResult::success(crate::store::TurnStatusView::from(&record)),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SessionView {
+    session_id: SessionId,
+    mode_key: String,
+    mode_display_name: String,
+    mode_history: Vec<ModeChange>,
+    turns: Vec<TurnSummary>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TurnSummary {
+    turn_id: TurnId,
+    status: TurnStatus,
+}
+
+async fn get_session(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Path(session_id): Path<String>,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let missing = || {
+        failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::SessionNotFound,
+            format!("session {session_id:?} does not exist"),
+        )
+    };
+    let Some((sid, _)) = ids(&session_id, None) else {
+        return missing();
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o == tenant => {}
+        Ok(_) => return missing(),
+    }
+    let (session, turn_ids) = match (
+        state.store.get_session(&sid).await,
+        state.store.list_turns(&sid).await,
+    ) {
+        (Ok(s), Ok(t)) => (s, t),
+        (Err(e), _) | (_, Err(e)) => return unavailable(e),
+    };
+    let mut turns = Vec::with_capacity(turn_ids.len());
+    for tid in turn_ids {
+        match state.store.get_turn(&sid, &tid).await {
+            Ok(Some(r)) => turns.push(TurnSummary {
+                turn_id: tid,
+                status: r.status,
+            }),
+            Ok(None) => {} // expired
+            Err(e) => return unavailable(e),
+        }
+    }
+    // A session whose first turn has not started yet is in the default mode.
+    let mode = match &session {
+        Some(s) => state.catalog.by_id_or_default(&s.mode_id),
+        None => state.catalog.default_mode(),
+    };
+    let view = SessionView {
+        session_id: sid,
+        mode_key: mode.key.clone(),
+        mode_display_name: mode.display_name.clone(),
+        mode_history: session.map(|s| s.mode_history).unwrap_or_default(),
+        turns,
+    };
+    answer(StatusCode::OK, InvokeResult::success(view))
+}
+
+async fn healthz() -> Response {
+    answer(
+        StatusCode::OK,
+        InvokeResult::success(serde_json::json!({"status": "alive"})),
+    )
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    let mut errors = Vec::new();
+    let probe = SessionId::parse("readyz-probe").ok();
+    if let Some(probe) = probe
+        && let Err(e) = state.store.get_session(&probe).await
+    {
+        errors.push(ErrorMessage::new(
+            ErrorCode::ServiceUnavailable,
+            format!("session store: {e}"),
+        ));
+    }
+    if let Err(e) = state.broker.check().await {
+        errors.push(ErrorMessage::new(
+            ErrorCode::ServiceUnavailable,
+            format!("message broker: {e}"),
+        ));
+    }
+    match InvokeResult::<()>::failures(errors) {
+        Some(failed) => answer(StatusCode::SERVICE_UNAVAILABLE, failed),
+        None => answer(
+            StatusCode::OK,
+            InvokeResult::success(serde_json::json!({"status": "ready"})),
+        ),
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: HttpState,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// Refuses to expose an unauthenticated API beyond this machine.
+pub fn check_exposure(addr: &std::net::SocketAddr, tokens: &ApiTokens) -> Result<(), String> {
+    if tokens.is_empty() && !addr.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {addr} without APTIX_API_TOKENS: anyone who can reach it could run turns; set tokens or listen on 127.0.0.1"
+        ));
+    }
+    Ok(())
+}
