@@ -56,6 +56,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/turns", post(post_turn))
         .route("/v1/sessions/{session_id}/turns/{turn_id}", get(get_turn))
         .route("/v1/sessions/{session_id}", get(get_session))
+        .route("/v1/sessions/{session_id}/events", get(session_events))
+        .route("/api/ai/agent/execute", post(execute_sync))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         // Bodies are read (and limited) by the handler, so an oversized body still gets an
@@ -298,6 +300,168 @@ async fn get_session(
         turns,
     };
     answer(StatusCode::OK, InvokeResult::success(view))
+}
+
+/// Server-Sent Events: one `event: turn` per result of the session as it is published, `id:` the
+/// turn id, `data:` the turn status JSON. Every subscriber gets every event.
+async fn session_events(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Path(session_id): Path<String>,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let Some((sid, _)) = ids(&session_id, None) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::SessionNotFound,
+            format!("session {session_id:?} does not exist"),
+        );
+    };
+    // Subscribing before the first turn is allowed, and makes the subscriber the owner.
+    match state.store.claim_owner(&sid, &tenant).await {
+        Err(e) => return unavailable(e),
+        Ok(owner) if owner != tenant => {
+            return failure(
+                StatusCode::NOT_FOUND,
+                ErrorCode::SessionNotFound,
+                format!("session {session_id:?} does not exist"),
+            );
+        }
+        Ok(_) => {}
+    }
+    let events = match state.broker.subscribe_events(&sid).await {
+        Ok(e) => e,
+        Err(e) => return unavailable(e),
+    };
+    let stream = futures_util::stream::unfold(events, |mut events| async move {
+        let body = events.recv().await?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let id = serde_json::from_slice::<crate::store::TurnStatusView>(&body)
+            .map(|v| v.turn_id.to_string())
+            .unwrap_or_default();
+        let event = axum::response::sse::Event::default()
+            .event("turn")
+            .id(id)
+            .data(text);
+        Some((Ok::<_, std::convert::Infallible>(event), events))
+    });
+    axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::default())
+        .into_response()
+}
+
+/// The longest the synchronous endpoint waits for a result.
+const SYNC_WAIT: Duration = Duration::from_secs(600);
+
+/// The original platform's synchronous endpoint: enqueue, wait, answer `200` with the
+/// `InvokeResult<AgentExecuteResponse>` (failed for invalid requests and failed turns), or with
+/// `"streaming": true` an NDJSON stream whose last line is
+/// `{"kind":"final","index":99999,"final": <InvokeResult>}`. Only 401 and 413 are not 200.
+async fn execute_sync(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let limit = state.limits.max_body_bytes;
+    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
+        return failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: the request body is larger than the limit of {limit} bytes"),
+        );
+    };
+    let parsed = match parse_request(&body, &state.limits) {
+        Ok(p) => p,
+        Err(rejected) if rejected.is_body_too_large() => {
+            return answer::<()>(StatusCode::PAYLOAD_TOO_LARGE, rejected.into_invoke_result());
+        }
+        Err(rejected) => return answer::<()>(StatusCode::OK, rejected.into_invoke_result()),
+    };
+    let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
+    let result = run_sync(&state, &tenant, &parsed.request)
+        .await
+        .with_warnings(parsed.warnings);
+    if streaming {
+        let line = serde_json::json!({"kind": "final", "index": 99999, "final": result});
+        return (
+            StatusCode::OK,
+            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+            format!("{line}\n"),
+        )
+            .into_response();
+    }
+    answer(StatusCode::OK, result)
+}
+
+async fn run_sync(
+    state: &HttpState,
+    tenant: &str,
+    request: &AgentExecuteRequest,
+) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    let (sid, tid) = (request.session_id(), request.turn_id());
+    let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
+    let owner = match request {
+        AgentExecuteRequest::UserTurn(_) => state.store.claim_owner(sid, tenant).await.map(Some),
+        AgentExecuteRequest::ToolContinuation(_) => state.store.owner(sid).await,
+    };
+    match owner {
+        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+        Ok(Some(o)) if o != tenant => {
+            return fail(
+                ErrorCode::TurnNotFound,
+                format!("turn {tid} does not exist in session {sid}"),
+            );
+        }
+        Ok(_) => {}
+    }
+    // Subscribe before enqueueing so the result cannot slip past.
+    let mut events = match state.broker.subscribe_events(sid).await {
+        Ok(e) => e,
+        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+    };
+    let accepted = match state.door.submit_parsed(request).await {
+        Ok(view) => view,
+        Err(SubmitError::Invalid(r)) => return r.into_invoke_result(),
+        Err(
+            SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m) | SubmitError::NotFound(m),
+        ) => return InvokeResult::failure(m),
+        Err(SubmitError::Unavailable(m)) => return fail(ErrorCode::ServiceUnavailable, m),
+    };
+    let settled = |s: TurnStatus| {
+        matches!(
+            s,
+            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
+        )
+    };
+    // A request for a turn that already ran gets its stored result at once.
+    if settled(accepted.status)
+        && matches!(request, AgentExecuteRequest::UserTurn(_))
+        && let Some(r) = accepted.result
+    {
+        return r;
+    }
+    let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    loop {
+        let next = tokio::time::timeout_at(deadline, events.recv()).await;
+        let Ok(Some(body)) = next else {
+            return fail(
+                ErrorCode::ServiceUnavailable,
+                format!(
+                    "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+                ),
+            );
+        };
+        let Ok(view) = serde_json::from_slice::<crate::store::TurnStatusView>(&body) else {
+            continue;
+        };
+        if &view.turn_id == tid
+            && settled(view.status)
+            && let Some(result) = view.result
+        {
+            return result;
+        }
+    }
 }
 
 async fn healthz() -> Response {

@@ -17,6 +17,7 @@ struct State {
     dead: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, VecDeque<Vec<u8>>>,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
+    listeners: HashMap<SessionId, Vec<mpsc::Sender<Vec<u8>>>>,
 }
 
 /// Queues in process memory.
@@ -122,6 +123,10 @@ impl Broker for MemoryBroker {
         body: &[u8],
     ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
+        if let Some(listeners) = state.listeners.get_mut(session) {
+            // Closed or hopelessly slow listeners are dropped; the rest get every event.
+            listeners.retain(|tx| tx.try_send(body.to_vec()).is_ok());
+        }
         if let Some(tx) = state.subscribers.get(session) {
             if tx.try_send(body.to_vec()).is_ok() {
                 return Ok(());
@@ -177,6 +182,16 @@ impl Broker for MemoryBroker {
             let _ = tx.try_send(body);
         }
         state.subscribers.insert(session.clone(), tx);
+        Ok(rx)
+    }
+
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        let (tx, rx) = mpsc::channel(1024);
+        self.lock()?
+            .listeners
+            .entry(session.clone())
+            .or_default()
+            .push(tx);
         Ok(rx)
     }
 

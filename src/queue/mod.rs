@@ -164,6 +164,10 @@ pub trait Broker: Send + Sync + 'static {
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Consumes a session's reply queue (what `aptix watch` prints).
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
+    /// published from now on (SSE streams, the synchronous endpoint), without taking them from
+    /// the session's reply queue.
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
     /// Whether the broker is reachable (for readiness checks).
     async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.

@@ -476,6 +476,55 @@ impl Broker for RabbitBroker {
         Ok(rx)
     }
 
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        // A private, server-named queue bound to the reply exchange: deleted with its channel.
+        let ch = self.consumer_channel().await?;
+        let queue = ch
+            .queue_declare(
+                "",
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let name = queue.name().to_string();
+        ch.queue_bind(
+            &name,
+            &self.topology.replies(),
+            session.as_str(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(unavailable)?;
+        let mut consumer = ch
+            .basic_consume(
+                &name,
+                &format!("events-{}", uuid::Uuid::new_v4().simple()),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                if tx.send(d.data).await.is_err() {
+                    break;
+                }
+            }
+            let _ = ch.close(200, "subscriber gone").await;
+        });
+        Ok(rx)
+    }
+
     async fn check(&self) -> Result<(), QueueError> {
         self.publisher().await.map(|_| ())
     }

@@ -338,3 +338,110 @@ async fn the_session_view_shows_mode_history_and_turns() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn the_synchronous_endpoint_answers_like_the_original() {
+    let app = spawn_app(RequestLimits::default()).await;
+    app.fake.push([
+        Reply::Text("sync answer".into()),
+        Reply::Text("streamed".into()),
+    ]);
+    let url = format!("{}/api/ai/agent/execute", app.base);
+    let resp = app
+        .http
+        .post(&url)
+        .bearer_auth("tok-a")
+        .body(json!({"SessionId": "s", "TurnId": "t1", "Instruction": "hi"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["successful"], true, "{body}");
+    assert_eq!(body["result"]["kind"], "final");
+    assert_eq!(body["result"]["primaryOutputText"], "sync answer");
+    // invalid: still 200, a failed InvokeResult
+    let resp = app
+        .http
+        .post(&url)
+        .bearer_auth("tok-a")
+        .body(json!({"sessionId": "s"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["successful"], false);
+    assert!(body.get("result").is_none());
+    // no token: 401
+    let resp = app.http.post(&url).body("{}").send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    // streaming: NDJSON whose last line is the final envelope
+    let resp = app.http.post(&url).bearer_auth("tok-a").body(json!({"sessionId": "s", "turnId": "t2", "instruction": "stream it", "streaming": true}).to_string()).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let text = resp.text().await.unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (last["kind"].as_str(), last["index"].as_u64()),
+        (Some("final"), Some(99999))
+    );
+    assert_eq!(last["final"]["result"]["primaryOutputText"], "streamed");
+}
+
+#[tokio::test]
+async fn every_sse_subscriber_gets_every_event() {
+    let app = spawn_app(RequestLimits::default()).await;
+    let url = format!("{}/v1/sessions/s/events", app.base);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let resp = app
+            .http
+            .get(&url)
+            .bearer_auth("tok-a")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        streams.push(resp);
+    }
+    // Another tenant cannot listen in.
+    let resp = app
+        .http
+        .get(&url)
+        .bearer_auth("tok-b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    app.fake.push([Reply::Text("to both".into())]);
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}).to_string(),
+    )
+    .await;
+    for resp in streams.iter_mut() {
+        let mut seen = String::new();
+        let got = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(chunk) = resp.chunk().await.unwrap() {
+                seen.push_str(&String::from_utf8_lossy(&chunk));
+                if seen.contains("\n\n") && seen.contains("event: turn") {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(got.is_ok(), "no event; saw {seen:?}");
+        assert!(seen.contains("event: turn\n"), "{seen}");
+        assert!(seen.contains("id: t\n"), "{seen}");
+        let data = seen.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+        let view: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(view["status"], "completed");
+    }
+}

@@ -128,6 +128,24 @@ async fn replies_reach_the_session_subscriber_in_order(s: Subject) {
     }
 }
 
+async fn every_event_subscriber_gets_every_result(s: Subject) {
+    let sid = SessionId::parse("s-1").unwrap();
+    let mut a = s.broker.subscribe_events(&sid).await.unwrap();
+    let mut b = s.broker.subscribe_events(&sid).await.unwrap();
+    let mut queue = s.broker.subscribe_replies(&sid).await.unwrap();
+    s.broker.publish_reply(&sid, "t1", b"one").await.unwrap();
+    s.broker.publish_reply(&sid, "t2", b"two").await.unwrap();
+    for rx in [&mut a, &mut b, &mut queue] {
+        for expected in [&b"one"[..], b"two"] {
+            let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(got, expected);
+        }
+    }
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -146,4 +164,5 @@ conformance!(
     a_retry_arrives_after_its_delay_with_its_attempt,
     dead_letters_keep_their_reason,
     replies_reach_the_session_subscriber_in_order,
+    every_event_subscriber_gets_every_result,
 );
