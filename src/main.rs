@@ -39,6 +39,22 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum DlqAction {
+    /// Print dead-lettered jobs with their reasons (they stay dead-lettered, moved to the back).
+    List {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+    /// Put dead-lettered jobs back on the job queue as fresh jobs.
+    Requeue {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run request files through the agent pipeline in this process (embedded store; the
     /// built-in fake model unless APTIX_LLM_BASE_URL or OPENAI_API_KEY is set).
@@ -72,6 +88,11 @@ enum Command {
     Watch {
         /// The session id.
         session_id: String,
+    },
+    /// Inspect or replay the dead-letter queue (APTIX_AMQP_URL).
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
     },
     /// Serve the fake Responses API (for tests, demos and benchmarks).
     FakeLlm {
@@ -188,6 +209,37 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             serve(listener, state, shutdown).await?;
             if let Some(t) = worker_task {
                 let _ = t.await;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dlq { action } => {
+            let config = Config::from_env()?;
+            let Some(url) = &config.amqp_url else {
+                anyhow::bail!("APTIX_AMQP_URL is not set: the dead-letter queue lives in RabbitMQ");
+            };
+            let mut topology = Topology::new(&config.namespace);
+            topology.reply_queue_ttl = config.reply_queue_ttl;
+            let broker = RabbitBroker::new(url.expose(), topology, "aptix-dlq");
+            broker.connect().await?;
+            match action {
+                DlqAction::List { max } => {
+                    let dead = broker.drain_dead(max).await?;
+                    for (body, reason) in &dead {
+                        println!(
+                            "{}",
+                            json!({"reason": reason, "job": String::from_utf8_lossy(body)})
+                        );
+                        broker.publish_dead(body, 0, reason).await?;
+                    }
+                    eprintln!("{} dead-lettered job(s) listed", dead.len());
+                }
+                DlqAction::Requeue { max } => {
+                    let dead = broker.drain_dead(max).await?;
+                    for (body, _) in &dead {
+                        broker.publish_job(body).await?;
+                    }
+                    eprintln!("{} job(s) requeued", dead.len());
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -81,3 +81,46 @@ fn a_bad_modes_file_stops_start_up_naming_the_entry() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test]
+async fn dlq_lists_and_requeues_dead_jobs() {
+    use aptix_worker::queue::Broker as _;
+    let guard = crate::support::rabbit().await;
+    guard
+        .broker
+        .publish_dead(b"{\"sessionId\":\"s\"}", 3, "gave up after 3 attempts")
+        .await
+        .unwrap();
+    let run = |args: &[&str]| {
+        aptix()
+            .args(args)
+            .env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_NAMESPACE", &guard.topology.namespace)
+            .output()
+            .expect("runs")
+    };
+    let out = run(&["dlq", "list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("gave up after 3 attempts") && listed.contains("sessionId"),
+        "{listed}"
+    );
+    let out = run(&["dlq", "requeue"]);
+    assert!(out.status.success());
+    assert!(
+        guard.broker.drain_dead(10).await.unwrap().is_empty(),
+        "moved out of the DLQ"
+    );
+    let mut jobs = guard.broker.consume(1).await.unwrap();
+    let job = tokio::time::timeout(std::time::Duration::from_secs(5), jobs.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(job.body, b"{\"sessionId\":\"s\"}");
+    job.ack().await.unwrap();
+}
