@@ -42,22 +42,7 @@ fn session(id: &SessionId) -> SessionState {
 }
 
 fn record(sid: &SessionId, tid: &TurnId) -> TurnRecord {
-    TurnRecord {
-        session_id: sid.clone(),
-        turn_id: tid.clone(),
-        fingerprint: "0".repeat(64),
-        status: TurnStatus::Running,
-        mode_key: "general".into(),
-        pending: None,
-        answered: Vec::new(),
-        tool_ledger: Default::default(),
-        requests: Vec::new(),
-        attempts: 1,
-        submitted_at: super::now_rfc3339(),
-        completed_at: None,
-        result: None,
-        checkpoint: None,
-    }
+    TurnRecord::queued(sid.clone(), tid.clone(), "0".repeat(64), "general".into())
 }
 
 /// Runs the benchmark and prints a small report.

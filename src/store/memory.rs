@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord, now_rfc3339};
+use super::{Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord};
 use crate::contract::{SessionId, TurnId};
 
 /// Sessions and turns in process memory.
@@ -232,10 +232,7 @@ impl SessionStore for MemoryStore {
             .sessions
             .get_mut(session)
             .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
-        state.mode_id = new_mode_id.to_string();
-        state.mode_key = change.new_mode.clone();
-        state.updated_at = now_rfc3339();
-        state.mode_history.push(change);
+        state.apply_mode_change(new_mode_id, change);
         Ok(state.clone())
     }
 

@@ -96,6 +96,16 @@ pub struct SessionState {
     pub updated_at: String,
 }
 
+impl SessionState {
+    /// Records a mode change: the new mode, its history entry, the update time.
+    pub fn apply_mode_change(&mut self, new_mode_id: &str, change: ModeChange) {
+        self.mode_id = new_mode_id.to_string();
+        self.mode_key = change.new_mode.clone();
+        self.updated_at = now_rfc3339();
+        self.mode_history.push(change);
+    }
+}
+
 /// Where a turn is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

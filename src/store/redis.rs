@@ -24,9 +24,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands as _, Script};
 
-use super::{
-    Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord, now_rfc3339,
-};
+use super::{Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord};
 use crate::contract::{SessionId, TurnId};
 
 const ACQUIRE: &str = r"
@@ -424,10 +422,7 @@ impl SessionStore for RedisStore {
             .get_session(session)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
-        state.mode_id = new_mode_id.to_string();
-        state.mode_key = change.new_mode.clone();
-        state.updated_at = now_rfc3339();
-        state.mode_history.push(change);
+        state.apply_mode_change(new_mode_id, change);
         let result: Result<i64, _> = self
             .scripts
             .set_session
