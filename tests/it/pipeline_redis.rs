@@ -259,3 +259,25 @@ async fn a_redelivered_continuation_gets_the_stored_result() {
         .unwrap();
     assert_eq!(user_again, first);
 }
+
+#[tokio::test]
+async fn a_turn_longer_than_its_lease_keeps_it_by_renewal() {
+    let mut settings = PipelineSettings::new("gpt-test");
+    settings.lease_ttl = Duration::from_millis(300);
+    let h = harness(Setup {
+        settings,
+        options: FakeOptions {
+            latency: Duration::from_millis(1200),
+            ..Default::default()
+        },
+        ..redis_setup()
+    })
+    .await;
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t", "slow")))
+        .await
+        .expect("not fenced: the lease was renewed");
+    assert!(r.is_successful(), "{:?}", r.errors());
+    assert_eq!(h.store.fenced_rejections(), 0);
+}
