@@ -123,4 +123,11 @@ async fn dlq_lists_and_requeues_dead_jobs() {
         .unwrap();
     assert_eq!(job.body, b"{\"sessionId\":\"s\"}");
     job.ack().await.unwrap();
+    // The command declared the namespace's default retry queues too: remove them.
+    let defaults = aptix_worker::queue::RabbitBroker::new(
+        &crate::support::amqp_url(),
+        aptix_worker::queue::Topology::new(&guard.topology.namespace),
+        "aptix-test-cleanup",
+    );
+    defaults.delete_topology().await.unwrap();
 }
