@@ -131,3 +131,68 @@ async fn dlq_lists_and_requeues_dead_jobs() {
     );
     defaults.delete_topology().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_worker_process_drains_and_exits_0_on_sigterm() {
+    use std::io::{BufRead as _, BufReader};
+    let guard = crate::support::rabbit().await;
+    let mut child = aptix()
+        .arg("worker")
+        .env("APTIX_AMQP_URL", crate::support::amqp_url())
+        .env("APTIX_REDIS_URL", crate::support::redis_url())
+        .env("APTIX_NAMESPACE", &guard.topology.namespace)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let started = std::time::Instant::now();
+    loop {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("worker logs");
+        if line.contains("consuming turn jobs") {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "worker did not start"
+        );
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker did not stop after SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0));
+    let logs: Vec<String> = rx.try_iter().collect();
+    assert!(
+        logs.iter().any(|l| l.contains("worker stopped")),
+        "{logs:?}"
+    );
+    // The worker's own topology under this namespace (default retry delays) is removed too.
+    let defaults = aptix_worker::queue::RabbitBroker::new(
+        &crate::support::amqp_url(),
+        aptix_worker::queue::Topology::new(&guard.topology.namespace),
+        "aptix-test-cleanup",
+    );
+    defaults.delete_topology().await.unwrap();
+}
