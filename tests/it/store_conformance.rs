@@ -121,7 +121,7 @@ async fn saves_and_reads_back_sessions_and_turns(s: Subject) {
 async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
     let st = &s.store;
     let a = st
-        .acquire_lease(&sid("s"), "w1", Duration::from_millis(300))
+        .acquire_lease(&sid("s"), "w1", Duration::from_millis(600))
         .await
         .unwrap()
         .expect("free");
@@ -141,7 +141,7 @@ async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
     );
     st.release_lease(&sid("s"), &a).await.unwrap();
     let b = st
-        .acquire_lease(&sid("s"), "w2", Duration::from_millis(200))
+        .acquire_lease(&sid("s"), "w2", Duration::from_millis(600))
         .await
         .unwrap()
         .expect("released");
@@ -154,7 +154,7 @@ async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
             .unwrap()
             .is_none()
     );
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     let c = st
         .acquire_lease(&sid("s"), "w3", LONG)
         .await
@@ -165,7 +165,8 @@ async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
 
 async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
     let st = &s.store;
-    let ttl = Duration::from_millis(300);
+    // Generous margins: the suite runs in parallel on a 2-core machine.
+    let ttl = Duration::from_millis(700);
     let a = st
         .acquire_lease(&sid("s"), "w1", ttl)
         .await
@@ -181,7 +182,7 @@ async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
                 .is_none()
         );
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(900)).await;
     let _b = st
         .acquire_lease(&sid("s"), "w2", LONG)
         .await
@@ -196,7 +197,7 @@ async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
 async fn a_stale_holder_cannot_write(s: Subject) {
     let st = &s.store;
     let a = st
-        .acquire_lease(&sid("s"), "w1", Duration::from_millis(150))
+        .acquire_lease(&sid("s"), "w1", Duration::from_millis(500))
         .await
         .unwrap()
         .unwrap();
@@ -204,7 +205,7 @@ async fn a_stale_holder_cannot_write(s: Subject) {
         .await
         .unwrap();
     // w1 pauses past its lease; w2 takes over and writes.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
     let b = st
         .acquire_lease(&sid("s"), "w2", LONG)
         .await
