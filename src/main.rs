@@ -89,6 +89,34 @@ enum Command {
         /// The session id.
         session_id: String,
     },
+    /// Submit one request file to the HTTP API and print its result (or, with --no-wait, its
+    /// accepted status).
+    Submit {
+        /// The AgentExecuteRequest JSON file.
+        file: PathBuf,
+        /// The API's base URL.
+        #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Bearer token.
+        #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Print the accepted status instead of waiting for the result.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Print a turn's status from the HTTP API.
+    Status {
+        /// The session id.
+        session_id: String,
+        /// The turn id.
+        turn_id: String,
+        /// The API's base URL.
+        #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Bearer token.
+        #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
     /// Inspect or replay the dead-letter queue (APTIX_AMQP_URL).
     Dlq {
         #[command(subcommand)]
@@ -211,6 +239,69 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let _ = t.await;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit {
+            file,
+            url,
+            token,
+            no_wait,
+        } => {
+            let body =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let client = ApiClient::new(&url, token);
+            let (status, accepted) = client.post("/v1/turns", body).await?;
+            if status != 202 || no_wait {
+                println!("{}", serde_json::to_string_pretty(&accepted)?);
+                return Ok(if status == 202 {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            }
+            let (sid, tid) = (
+                accepted["result"]["sessionId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                accepted["result"]["turnId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+            loop {
+                let (status, view) = client
+                    .get(&format!("/v1/sessions/{sid}/turns/{tid}?wait=30"))
+                    .await?;
+                let state = view["result"]["status"].as_str().unwrap_or_default();
+                if status != 200 || !matches!(state, "queued" | "running") {
+                    let result = &view["result"]["result"];
+                    let shown = if result.is_null() { &view } else { result };
+                    println!("{}", serde_json::to_string_pretty(shown)?);
+                    let ok = status == 200 && state != "failed";
+                    return Ok(if ok {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    });
+                }
+            }
+        }
+        Command::Status {
+            session_id,
+            turn_id,
+            url,
+            token,
+        } => {
+            let client = ApiClient::new(&url, token);
+            let (status, view) = client
+                .get(&format!("/v1/sessions/{session_id}/turns/{turn_id}"))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&view)?);
+            Ok(if status == 200 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Dlq { action } => {
             let config = Config::from_env()?;
@@ -627,6 +718,55 @@ async fn wait_for(
         if &view.turn_id == turn {
             return Ok(view);
         }
+    }
+}
+
+/// A small client of the HTTP API for the CLI commands.
+struct ApiClient {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl ApiClient {
+    fn new(base: &str, token: Option<String>) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: base.trim_end_matches('/').to_string(),
+            token,
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(u16, serde_json::Value)> {
+        let req = match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the API at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .json()
+            .await
+            .context("the API answered with something that is not JSON")?;
+        Ok((status, body))
+    }
+
+    async fn post(&self, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, serde_json::Value)> {
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, serde_json::Value)> {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 }
 

@@ -196,3 +196,85 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
     );
     defaults.delete_topology().await.unwrap();
 }
+
+/// Kills the child process when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn submit_and_status_talk_to_the_http_api() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let _server = Child(
+        aptix()
+            .args([
+                "serve",
+                "--worker",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .env("APTIX_API_TOKENS", "tok-cli=tenant-cli")
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("serve starts"),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = aptix()
+        .args(["submit", "examples/requests/user-turn.json", "--url", &url])
+        .env("APTIX_TOKEN", "tok-cli")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"kind\": \"final\""), "{stdout}");
+    let out = aptix()
+        .args([
+            "status",
+            "demo-session-1",
+            "turn-1",
+            "--url",
+            &url,
+            "--token",
+            "tok-cli",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\": \"completed\""));
+    // The wrong token is refused, and the command says so by its exit code.
+    let out = aptix()
+        .args([
+            "status",
+            "demo-session-1",
+            "turn-1",
+            "--url",
+            &url,
+            "--token",
+            "wrong",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("UNAUTHORIZED"));
+}
