@@ -170,10 +170,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         settings,
     );
     let stop = CancellationToken::new();
-    let worker_task = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
+    let worker_task = worker.spawn(stop.clone());
     let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
 
     let mut submitted: HashMap<(SessionId, TurnId), Instant> = HashMap::new();
@@ -335,10 +332,7 @@ async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow:
         settings,
     );
     let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
+    let task = worker.spawn(stop.clone());
     let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
     let started = Instant::now();
     for i in 0..in_flight {

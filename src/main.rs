@@ -217,11 +217,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let app = App::build(&config).await?;
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));
-            let worker_task = worker.then(|| {
-                let w = app.worker(&config);
-                let s = shutdown.clone();
-                tokio::spawn(async move { w.run(s).await })
-            });
+            let worker_task = worker.then(|| app.worker(&config).spawn(shutdown.clone()));
             let state = HttpState {
                 door: app.front_door(&config),
                 store: app.store.clone(),
@@ -634,11 +630,7 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
     let app = App::build(&config).await?;
     let door = app.front_door(&config);
     let shutdown = CancellationToken::new();
-    let worker = app.worker(&config);
-    let worker_task = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { worker.run(shutdown).await }
-    });
+    let worker_task = app.worker(&config).spawn(shutdown.clone());
 
     let mut all_ok = true;
     for file in files {

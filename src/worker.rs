@@ -114,6 +114,12 @@ impl Worker {
         &self.stats
     }
 
+    /// Runs [`Worker::run`] on its own task.
+    pub fn spawn(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let worker = self.clone();
+        tokio::spawn(async move { worker.run(shutdown).await })
+    }
+
     /// Consumes until `shutdown` fires, reconnecting with backoff whenever the broker goes away;
     /// then waits up to the grace period for in-flight turns. Whatever is still unacked then is
     /// redelivered by the broker to another worker.

@@ -68,10 +68,7 @@ async fn spawn_app(limits: RequestLimits) -> App {
         rabbit.topology.clone(),
         WorkerSettings::default(),
     );
-    tokio::spawn({
-        let s = stop.clone();
-        async move { worker.run(s).await }
-    });
+    worker.spawn(stop.clone());
     let state = HttpState {
         door: FrontDoor::new(store.clone(), rabbit.broker.clone(), limits),
         store: store.clone(),

@@ -82,10 +82,7 @@ impl Deployment {
         .unwrap();
         let worker = Worker::new(broker.clone(), pipeline, self.topology().clone(), settings);
         let stop = CancellationToken::new();
-        let task = tokio::spawn({
-            let (w, s) = (worker.clone(), stop.clone());
-            async move { w.run(s).await }
-        });
+        let task = worker.spawn(stop.clone());
         RunningWorker {
             broker,
             worker,

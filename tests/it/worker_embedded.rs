@@ -64,10 +64,7 @@ async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
         .await
         .unwrap();
     let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
+    let task = worker.spawn(stop.clone());
     door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
@@ -89,10 +86,7 @@ async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
     let (broker, worker, door, _fake) =
         setup(Duration::from_secs(3), Duration::from_millis(200)).await;
     let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
+    let task = worker.spawn(stop.clone());
     door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
@@ -126,10 +120,7 @@ async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status
         .await
         .unwrap();
     let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
+    let task = worker.spawn(stop.clone());
     door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"hi"}"#)
         .await
         .unwrap();
