@@ -89,6 +89,26 @@ pub struct Config {
     pub llm_replay: bool,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
+    /// `APTIX_MAX_BATCH_BYTES` / `APTIX_MAX_BATCH_LINES`: the largest batch submission.
+    pub batch_limits: BatchLimits,
+}
+
+/// Limits of one batch submission (each line is also held to [`RequestLimits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// The largest NDJSON body, in bytes.
+    pub max_bytes: usize,
+    /// The most lines.
+    pub max_lines: usize,
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 * 1024 * 1024,
+            max_lines: 10_000,
+        }
+    }
 }
 
 impl Config {
@@ -161,6 +181,18 @@ impl Config {
                     defaults.max_artifact_bytes,
                 )?,
                 max_image_bytes: positive(&get, "APTIX_MAX_IMAGE_BYTES", defaults.max_image_bytes)?,
+            },
+            batch_limits: BatchLimits {
+                max_bytes: positive(
+                    &get,
+                    "APTIX_MAX_BATCH_BYTES",
+                    BatchLimits::default().max_bytes,
+                )?,
+                max_lines: positive(
+                    &get,
+                    "APTIX_MAX_BATCH_LINES",
+                    BatchLimits::default().max_lines,
+                )?,
             },
         })
     }

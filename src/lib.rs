@@ -7,8 +7,13 @@
 //!   `ToolContinuation`, `AgentExecuteResponse`, `InvokeResult`, error codes.
 //! - [`config`] — configuration from `APTIX_*` environment variables.
 //!
-//! Later stages (front door, queue, worker, pipeline, LLM client, store) are added as their
-//! issues land; see the README for what runs today.
+//! - [`frontdoor`] — validation, idempotency and enqueueing; the HTTP API and batches.
+//! - [`queue`] — the job path: RabbitMQ (or the embedded in-memory broker).
+//! - [`worker`] — consume → run → reply → ack.
+//! - [`pipeline`] — one turn: compose the model request, call the model, run server tools.
+//! - [`llm`] — the Responses API client; [`fake_llm`] — a faithful fake of it for tests.
+//! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
+//! - [`metrics`] — Prometheus metrics.
 
 pub mod bench;
 pub mod catalog;
@@ -17,6 +22,7 @@ pub mod contract;
 pub mod fake_llm;
 pub mod frontdoor;
 pub mod llm;
+pub mod metrics;
 pub mod pipeline;
 pub mod queue;
 pub mod store;

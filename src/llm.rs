@@ -5,6 +5,7 @@
 //! build prompts, run tools or loop over calls. Raw vendor JSON never leaves this module except
 //! as output items kept for replay; errors carry only the model's message.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable as _};
@@ -12,6 +13,7 @@ use serde_json::Value;
 
 use crate::config::{Config, Secret};
 use crate::contract::Usage;
+use crate::metrics::Metrics;
 
 /// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
@@ -107,6 +109,7 @@ pub struct LlmClient {
     api_key: Option<Secret>,
     max_retries: usize,
     min_backoff: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl LlmClient {
@@ -128,6 +131,7 @@ impl LlmClient {
             api_key,
             max_retries,
             min_backoff: Duration::from_millis(500),
+            metrics: Arc::default(),
         })
     }
 
@@ -148,6 +152,12 @@ impl LlmClient {
         self
     }
 
+    /// Records latency, tokens and retries in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     /// `POST /responses` with retries; returns the normalised answer.
     pub async fn create_response(&self, body: &Value) -> Result<ModelResponse, LlmError> {
         let backoff = ExponentialBuilder::default()
@@ -157,6 +167,7 @@ impl LlmClient {
             .with_jitter()
             .with_max_times(self.max_retries);
         let mut attempts = 0usize;
+        let started = std::time::Instant::now();
         let result = (|| {
             attempts += 1;
             self.attempt(body)
@@ -165,9 +176,15 @@ impl LlmClient {
         .when(|e: &AttemptError| e.retryable)
         .adjust(|e: &AttemptError, dur| dur.map(|d| e.retry_after.unwrap_or(d)))
         .notify(|e: &AttemptError, dur| {
+            self.metrics.model_retry();
             tracing::warn!(error = %e.error, retry_in_ms = dur.as_millis() as u64, "model call failed; retrying");
         })
         .await;
+        self.metrics.observe_model_latency(started.elapsed());
+        if let Ok(r) = &result {
+            self.metrics
+                .add_tokens(r.usage.prompt_tokens, r.usage.completion_tokens);
+        }
         result.map_err(|e| match e.error {
             LlmError::Unavailable { message, .. } => LlmError::Unavailable { attempts, message },
             other => other,

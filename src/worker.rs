@@ -27,6 +27,7 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
     RequestLimits, parse_request,
 };
+use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::store::{TurnStatus, TurnStatusView, now_rfc3339};
@@ -62,7 +63,7 @@ impl Default for WorkerSettings {
     }
 }
 
-/// Counters of what the worker did (exported as metrics by the front door issue).
+/// Counters of what this worker did (the process-wide view is [`Metrics`]).
 #[derive(Debug, Default)]
 pub struct WorkerStats {
     /// Jobs that ended with a published result.
@@ -85,6 +86,30 @@ pub struct Worker {
     topology: Topology,
     settings: WorkerSettings,
     stats: Arc<WorkerStats>,
+    metrics: Arc<Metrics>,
+}
+
+/// When a run started, by the monotonic and the wall clock.
+#[derive(Clone, Copy)]
+struct Started {
+    at: std::time::Instant,
+    wall: time::OffsetDateTime,
+}
+
+impl Started {
+    fn now() -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            wall: time::OffsetDateTime::now_utc(),
+        }
+    }
+
+    /// Time from an RFC 3339 timestamp to this start (none if unreadable or in the future).
+    fn since_rfc3339(&self, ts: &str) -> Option<Duration> {
+        let then =
+            time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+        Duration::try_from(self.wall - then).ok()
+    }
 }
 
 enum Disposition {
@@ -106,7 +131,14 @@ impl Worker {
             topology,
             settings,
             stats: Arc::new(WorkerStats::default()),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Records what the worker does in `metrics` (in addition to [`Worker::stats`]).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// What the worker did so far.
@@ -195,6 +227,7 @@ impl Worker {
     pub async fn handle(&self, delivery: Delivery) {
         if delivery.redelivered {
             self.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
+            self.metrics.redelivered();
         }
         let disposition = match parse_request(&delivery.body, &self.settings.limits) {
             Err(rejected) => {
@@ -211,6 +244,7 @@ impl Worker {
                 {
                     Ok(()) => {
                         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.dead_lettered();
                         Disposition::Ack
                     }
                     Err(e) => {
@@ -244,8 +278,11 @@ impl Worker {
     }
 
     async fn run_job(&self, request: &AgentExecuteRequest, delivery: &Delivery) -> Disposition {
-        let outcome =
-            tokio::time::timeout(self.settings.turn_deadline, self.pipeline.run(request)).await;
+        let started = Started::now();
+        let outcome = {
+            let _in_flight = self.metrics.run_started();
+            tokio::time::timeout(self.settings.turn_deadline, self.pipeline.run(request)).await
+        };
         let failure = match outcome {
             // A request that names the wrong turn (a duplicate or a race the front door could
             // not see) must not publish a "failed" status over the turn's real one: the run that
@@ -265,7 +302,7 @@ impl Worker {
                 }
                 return Disposition::Ack;
             }
-            Ok(Ok(result)) => return self.reply(request, result).await,
+            Ok(Ok(result)) => return self.reply(request, result, Some(started)).await,
             Ok(Err(f)) => f.error,
             Err(_) => ErrorMessage::new(
                 ErrorCode::LlmUnavailable,
@@ -277,6 +314,7 @@ impl Worker {
         };
         if failure.error_code == ErrorCode::SessionBusy {
             self.stats.busy.fetch_add(1, Ordering::Relaxed);
+            self.metrics.job_retry("session_busy");
             return self
                 .republish(delivery, delivery.attempt, self.settings.busy_delay)
                 .await;
@@ -286,6 +324,7 @@ impl Worker {
             let delay = self.topology.delay_for(next);
             warn!(code = %failure.error_code, message = %failure.message, retry = next, delay_ms = delay.as_millis() as u64, "transient failure; retrying later");
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
+            self.metrics.job_retry("transient");
             return self.republish(delivery, next, delay).await;
         }
         let reason = format!(
@@ -308,7 +347,8 @@ impl Worker {
             return Disposition::Requeue;
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-        self.reply(request, result).await
+        self.metrics.dead_lettered();
+        self.reply(request, result, None).await
     }
 
     async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
@@ -330,6 +370,7 @@ impl Worker {
         &self,
         request: &AgentExecuteRequest,
         result: InvokeResult<AgentExecuteResponse>,
+        started: Option<Started>,
     ) -> Disposition {
         let (sid, tid) = (request.session_id(), request.turn_id());
         let record = self
@@ -368,6 +409,16 @@ impl Worker {
         match self.broker.publish_reply(sid, tid.as_str(), &body).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                self.metrics.turn_finished(status.as_str());
+                if let Some(started) = started {
+                    self.metrics.observe_turn_duration(started.at.elapsed());
+                    if let Some(wait) = record
+                        .as_ref()
+                        .and_then(|r| started.since_rfc3339(&r.submitted_at))
+                    {
+                        self.metrics.observe_queue_wait(wait);
+                    }
+                }
                 info!(status = status.as_str(), "result published");
                 Disposition::Ack
             }

@@ -91,6 +91,10 @@ error_codes! {
     Unauthorized = "UNAUTHORIZED",
     /// No such session (or it belongs to another tenant, which looks the same).
     SessionNotFound = "SESSION_NOT_FOUND",
+    /// A batch line repeats a `customId` used by an earlier line of the same batch.
+    DuplicateCustomId = "DUPLICATE_CUSTOM_ID",
+    /// No such batch (or it belongs to another tenant, which looks the same).
+    BatchNotFound = "BATCH_NOT_FOUND",
     /// The queue or the store is unavailable; nothing was accepted. Retry later.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, RequestLimits, RequestRejected, parse_request,
 };
+use crate::metrics::Metrics;
 use crate::pipeline::fingerprint;
 use crate::queue::{Broker, QueueError};
+pub mod batch;
 pub mod http;
 
 use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
@@ -53,6 +55,7 @@ pub struct FrontDoor {
     store: Arc<dyn SessionStore>,
     broker: Arc<dyn Broker>,
     limits: RequestLimits,
+    metrics: Arc<Metrics>,
 }
 
 impl FrontDoor {
@@ -66,7 +69,19 @@ impl FrontDoor {
             store,
             broker,
             limits,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Counts accepted turns and suppressed duplicates in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// The metrics this front door records in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Validates and enqueues a request body; returns the turn's status once the job is
@@ -101,9 +116,13 @@ impl FrontDoor {
                     // Accepted before and still queued: its job may not have been confirmed,
                     // so enqueue again (a duplicate job is harmless: turns are idempotent).
                     Some(existing) if existing.status == TurnStatus::Queued => {}
-                    Some(existing) => return Ok(TurnStatusView::from(&existing)),
+                    Some(existing) => {
+                        self.metrics.duplicate_suppressed("frontdoor");
+                        return Ok(TurnStatusView::from(&existing));
+                    }
                 }
                 self.broker.publish_job(&job).await?;
+                self.metrics.turn_accepted();
                 Ok(TurnStatusView::from(&fresh))
             }
             AgentExecuteRequest::ToolContinuation(_) => {
@@ -123,6 +142,7 @@ impl FrontDoor {
                     )));
                 }
                 self.broker.publish_job(&job).await?;
+                self.metrics.turn_accepted();
                 Ok(TurnStatusView::from(&record))
             }
         }

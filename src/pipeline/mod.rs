@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, info, info_span, warn};
 
+use crate::metrics::Metrics;
 use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
@@ -86,6 +87,7 @@ pub struct Pipeline {
     llm: LlmClient,
     tools: ToolRegistry,
     settings: Arc<PipelineSettings>,
+    metrics: Arc<Metrics>,
 }
 
 type TurnResult = InvokeResult<AgentExecuteResponse>;
@@ -148,7 +150,14 @@ impl Pipeline {
             llm,
             tools,
             settings: Arc::new(settings),
+            metrics: Arc::default(),
         })
+    }
+
+    /// Counts suppressed duplicates in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The store (for callers that read turn status).
@@ -433,6 +442,7 @@ impl Pipeline {
                     status = rec.status.as_str(),
                     "turn already ran; returning its stored result"
                 );
+                self.metrics.duplicate_suppressed("worker");
                 Some(result.clone())
             }
             _ => None,
@@ -461,6 +471,7 @@ impl Pipeline {
                 && let Some(result) = &record.result
                 && record.status != TurnStatus::Running
             {
+                self.metrics.duplicate_suppressed("worker");
                 return Err(Box::new(result.clone()));
             }
             // Awaiting client tools, or running with the pending calls still recorded (a run

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord};
+use super::{BatchRecord, Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord};
 use crate::contract::{SessionId, TurnId};
 
 /// Sessions and turns in process memory.
@@ -24,6 +24,7 @@ struct Inner {
     leases: HashMap<SessionId, (Lease, Instant)>,
     fences: HashMap<SessionId, u64>,
     owners: HashMap<SessionId, String>,
+    batches: HashMap<String, BatchRecord>,
 }
 
 impl Inner {
@@ -238,5 +239,16 @@ impl SessionStore for MemoryStore {
 
     fn fenced_rejections(&self) -> u64 {
         self.fenced.load(Ordering::Relaxed)
+    }
+
+    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
+        self.lock()?
+            .batches
+            .insert(batch.batch_id.clone(), batch.clone());
+        Ok(())
+    }
+
+    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
+        Ok(self.lock()?.batches.get(id).cloned())
     }
 }

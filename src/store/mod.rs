@@ -367,6 +367,66 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<SessionState, StoreError>;
     /// How many writes were rejected because their lease was stale.
     fn fenced_rejections(&self) -> u64;
+    /// Stores a batch (kept as long as turn records).
+    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
+    /// The batch, if it exists.
+    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError>;
+    /// Several turns at once, in the order asked (`None` where absent); one round trip where
+    /// the backend allows it.
+    async fn get_turns(
+        &self,
+        ids: &[(SessionId, TurnId)],
+    ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (sid, tid) in ids {
+            out.push(self.get_turn(sid, tid).await?);
+        }
+        Ok(out)
+    }
+}
+
+/// A batch of turns submitted together (`POST /v1/batches`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchRecord {
+    /// The batch id.
+    pub batch_id: String,
+    /// The tenant that submitted it (only it can read the batch).
+    pub tenant: String,
+    /// Submitted (RFC 3339).
+    pub created_at: String,
+    /// Lines in the submission (blank lines not counted).
+    pub total: usize,
+    /// Accepted lines, in line order.
+    pub items: Vec<BatchItem>,
+    /// Rejected lines, in line order.
+    pub rejected: Vec<BatchLineError>,
+}
+
+/// One accepted line of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchItem {
+    /// 1-based line number in the submission.
+    pub line: usize,
+    /// The client's id for the line.
+    pub custom_id: String,
+    /// The turn's session.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+}
+
+/// One rejected line of a batch, with every reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchLineError {
+    /// 1-based line number in the submission.
+    pub line: usize,
+    /// The client's id for the line, when it could be read.
+    pub custom_id: Option<String>,
+    /// What is wrong with it.
+    pub errors: Vec<crate::contract::ErrorMessage>,
 }
 
 /// Now, as RFC 3339 UTC.

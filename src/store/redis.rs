@@ -24,7 +24,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands as _, Script};
 
-use super::{Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord};
+use super::{BatchRecord, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord};
 use crate::contract::{SessionId, TurnId};
 
 const ACQUIRE: &str = r"
@@ -439,5 +439,48 @@ impl SessionStore for RedisStore {
 
     fn fenced_rejections(&self) -> u64 {
         self.fenced.load(Ordering::Relaxed)
+    }
+
+    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
+        let key = format!("{}:batch:{}", self.namespace, batch.batch_id);
+        let _: () = self
+            .conn()
+            .pset_ex(&key, encode(batch)?, ms(self.retention.turns))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
+        let key = format!("{}:batch:{id}", self.namespace);
+        let raw: Option<String> = self.conn().get(&key).await.map_err(unavailable)?;
+        decode(&key, raw)
+    }
+
+    /// One pipeline of GETs per 500 turns. Tool ledgers are not merged in: callers of this
+    /// read statuses and results, not a turn's internals.
+    async fn get_turns(
+        &self,
+        ids: &[(SessionId, TurnId)],
+    ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|(sid, tid)| self.turn_key("turn", sid, tid))
+                .collect();
+            for key in &keys {
+                pipe.get(key);
+            }
+            let raws: Vec<Option<String>> = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            for (key, raw) in keys.iter().zip(raws) {
+                out.push(decode(key, raw)?);
+            }
+        }
+        Ok(out)
     }
 }

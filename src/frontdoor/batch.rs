@@ -1,0 +1,489 @@
+//! Batches: many turns submitted as one NDJSON body, tracked and read back together.
+//!
+//! Each line is `{"customId": "...", "request": <AgentExecuteRequest>}` and is validated on its
+//! own: good lines are enqueued like single turns, bad lines are reported with their 1-based
+//! line number and customId. A request may leave out `sessionId` and `turnId`; fresh ones are
+//! assigned. The batch record (which lines became which turns) is stored once every line was
+//! handled; the turns themselves carry all state, so a batch's progress is read from them.
+
+use futures_util::StreamExt as _;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::{FrontDoor, SubmitError};
+use crate::config::BatchLimits;
+use crate::contract::{
+    AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
+    ParsedRequest, SessionId, TurnId, parse_request,
+};
+use crate::store::{
+    BatchItem, BatchLineError, BatchRecord, StoreError, TurnStatus, now_rfc3339,
+};
+
+/// The longest `customId` accepted.
+pub const MAX_CUSTOM_ID_CHARS: usize = 256;
+
+/// Lines validated and enqueued at once.
+const SUBMIT_CONCURRENCY: usize = 16;
+
+/// The answer to a batch submission.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchAccepted {
+    /// The new batch's id.
+    pub batch_id: String,
+    /// Lines submitted (blank lines not counted).
+    pub total: usize,
+    /// Lines enqueued.
+    pub accepted: usize,
+    /// Lines not enqueued, each with every reason.
+    pub errors: Vec<BatchLineError>,
+}
+
+/// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
+/// failed` (turns whose records expired count as `expired`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchProgress {
+    /// The batch id.
+    pub batch_id: String,
+    /// Lines submitted.
+    pub total: usize,
+    /// Lines rejected at submission.
+    pub rejected: usize,
+    /// Turns waiting for a worker.
+    pub queued: usize,
+    /// Turns being run.
+    pub running: usize,
+    /// Turns waiting for client tool results.
+    pub awaiting_client_tools: usize,
+    /// Turns with a final answer.
+    pub completed: usize,
+    /// Turns that failed.
+    pub failed: usize,
+    /// Turns whose records are gone (past the retention period).
+    pub expired: usize,
+}
+
+/// One line of `GET /v1/batches/{id}/results`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchResultLine {
+    /// The client's id for the line.
+    pub custom_id: Option<String>,
+    /// 1-based line number in the submission.
+    pub line: usize,
+    /// The turn's session (absent for rejected lines).
+    pub session_id: Option<SessionId>,
+    /// The turn (absent for rejected lines).
+    pub turn_id: Option<TurnId>,
+    /// The turn's status, or `rejected` / `expired`.
+    pub status: &'static str,
+    /// The turn's result; for a rejected line, the failed result naming every violation.
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+}
+
+/// Why a whole batch was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    /// More bytes or lines than the limits allow.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The body is not UTF-8 or has no lines.
+    #[error("{0}")]
+    Invalid(String),
+    /// The store is unavailable.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+enum LineOutcome {
+    Accepted(BatchItem),
+    Rejected(BatchLineError),
+}
+
+fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> LineOutcome {
+    LineOutcome::Rejected(BatchLineError {
+        line,
+        custom_id,
+        errors,
+    })
+}
+
+/// Gives a request object fresh ids where it has none (in either spelling, or null).
+fn fill_ids(request: &mut Map<String, Value>) {
+    for (camel, pascal, fresh) in [
+        ("sessionId", "SessionId", SessionId::generate().to_string()),
+        ("turnId", "TurnId", TurnId::generate().to_string()),
+    ] {
+        let present = [camel, pascal]
+            .iter()
+            .any(|k| request.get(*k).is_some_and(|v| !v.is_null()));
+        if !present {
+            request.remove(pascal);
+            request.insert(camel.to_string(), Value::String(fresh));
+        }
+    }
+}
+
+impl FrontDoor {
+    /// Validates every line of an NDJSON batch on its own, enqueues the good ones for `tenant`,
+    /// and stores the batch. A line's turn joins a session of another tenant only as a
+    /// "does not exist" error.
+    pub async fn submit_batch(
+        &self,
+        tenant: &str,
+        body: &[u8],
+        limits: BatchLimits,
+    ) -> Result<BatchAccepted, BatchError> {
+        if body.len() > limits.max_bytes {
+            return Err(BatchError::TooLarge(format!(
+                "the batch is larger than the limit of {} bytes",
+                limits.max_bytes
+            )));
+        }
+        let text = std::str::from_utf8(body)
+            .map_err(|e| BatchError::Invalid(format!("the batch is not UTF-8 text: {e}")))?;
+        let lines: Vec<(usize, &str)> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| (i + 1, l.trim()))
+            .filter(|(_, l)| !l.is_empty())
+            .collect();
+        if lines.is_empty() {
+            return Err(BatchError::Invalid(
+                "the batch has no lines; send one {\"customId\", \"request\"} object per line"
+                    .into(),
+            ));
+        }
+        if lines.len() > limits.max_lines {
+            return Err(BatchError::TooLarge(format!(
+                "the batch has {} lines; the limit is {}",
+                lines.len(),
+                limits.max_lines
+            )));
+        }
+        // customIds must be unique within the batch: results are keyed by them.
+        let mut seen = std::collections::HashSet::new();
+        let prepared: Vec<_> = lines
+            .iter()
+            .map(|&(line, raw)| {
+                let prepared = self.prepare_line(line, raw);
+                match prepared {
+                    Ok((_, custom_id, _)) if !seen.insert(custom_id.clone()) => {
+                        Err(line_error(
+                            line,
+                            Some(custom_id.clone()),
+                            vec![ErrorMessage::new(
+                                ErrorCode::DuplicateCustomId,
+                                format!("customId: {custom_id:?} is used by an earlier line"),
+                            )],
+                        ))
+                    }
+                    other => other,
+                }
+            })
+            .collect();
+        let outcomes: Vec<LineOutcome> = futures_util::stream::iter(prepared)
+            .map(|p| async move {
+                match p {
+                    Err(rejected) => rejected,
+                    Ok((line, custom_id, request)) => {
+                        self.enqueue_line(tenant, line, custom_id, request).await
+                    }
+                }
+            })
+            .buffered(SUBMIT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut record = BatchRecord {
+            batch_id: format!("batch-{}", uuid::Uuid::new_v4().simple()),
+            tenant: tenant.to_string(),
+            created_at: now_rfc3339(),
+            total: lines.len(),
+            items: Vec::new(),
+            rejected: Vec::new(),
+        };
+        for o in outcomes {
+            match o {
+                LineOutcome::Accepted(item) => record.items.push(item),
+                LineOutcome::Rejected(e) => record.rejected.push(e),
+            }
+        }
+        self.store.put_batch(&record).await?;
+        tracing::info!(
+            batch_id = %record.batch_id,
+            total = record.total,
+            accepted = record.items.len(),
+            rejected = record.rejected.len(),
+            "batch accepted"
+        );
+        Ok(BatchAccepted {
+            batch_id: record.batch_id,
+            total: record.total,
+            accepted: record.items.len(),
+            errors: record.rejected,
+        })
+    }
+
+    /// Reads one line into its customId and a parsed request (ids filled in).
+    fn prepare_line(
+        &self,
+        line: usize,
+        raw: &str,
+    ) -> Result<(usize, String, ParsedRequest), LineOutcome> {
+        let value: Value = serde_json::from_str(raw).map_err(|e| {
+            line_error(
+                line,
+                None,
+                vec![ErrorMessage::new(
+                    ErrorCode::MalformedJson,
+                    format!("$: the line is not valid JSON ({e})"),
+                )],
+            )
+        })?;
+        let Value::Object(mut obj) = value else {
+            return Err(line_error(
+                line,
+                None,
+                vec![ErrorMessage::new(
+                    ErrorCode::MalformedJson,
+                    "$: the line must be a JSON object {\"customId\", \"request\"}",
+                )],
+            ));
+        };
+        let custom_id = match obj.remove("customId") {
+            Some(Value::String(s))
+                if !s.trim().is_empty() && s.chars().count() <= MAX_CUSTOM_ID_CHARS =>
+            {
+                Some(s)
+            }
+            Some(Value::String(_)) => {
+                return Err(line_error(
+                    line,
+                    None,
+                    vec![ErrorMessage::new(
+                        ErrorCode::InvalidId,
+                        format!("customId: must be 1-{MAX_CUSTOM_ID_CHARS} characters, not blank"),
+                    )],
+                ));
+            }
+            Some(Value::Null) | None => None,
+            Some(_) => {
+                return Err(line_error(
+                    line,
+                    None,
+                    vec![ErrorMessage::new(
+                        ErrorCode::InvalidFieldType,
+                        "customId: must be a string",
+                    )],
+                ));
+            }
+        };
+        let mut errors = Vec::new();
+        if custom_id.is_none() {
+            errors.push(ErrorMessage::new(
+                ErrorCode::MissingField,
+                "customId: is required",
+            ));
+        }
+        let request = match obj.remove("request") {
+            Some(Value::Object(mut r)) => {
+                fill_ids(&mut r);
+                Some(r)
+            }
+            Some(Value::Null) | None => {
+                errors.push(ErrorMessage::new(
+                    ErrorCode::MissingField,
+                    "request: is required",
+                ));
+                None
+            }
+            Some(_) => {
+                errors.push(ErrorMessage::new(
+                    ErrorCode::InvalidFieldType,
+                    "request: must be an AgentExecuteRequest object",
+                ));
+                None
+            }
+        };
+        let (Some(custom_id), Some(request), true) = (custom_id.clone(), request, errors.is_empty())
+        else {
+            return Err(line_error(line, custom_id, errors));
+        };
+        let body = serde_json::to_vec(&Value::Object(request)).unwrap_or_default();
+        match parse_request(&body, &self.limits) {
+            Ok(parsed) => Ok((line, custom_id, parsed)),
+            Err(rejected) => Err(line_error(
+                line,
+                Some(custom_id),
+                rejected
+                    .errors
+                    .into_iter()
+                    .map(|mut e| {
+                        e.message = match e.message.strip_prefix("$:") {
+                            Some(rest) => format!("request:{rest}"),
+                            None => format!("request.{}", e.message),
+                        };
+                        e
+                    })
+                    .collect(),
+            )),
+        }
+    }
+
+    async fn enqueue_line(
+        &self,
+        tenant: &str,
+        line: usize,
+        custom_id: String,
+        parsed: ParsedRequest,
+    ) -> LineOutcome {
+        let request = parsed.request;
+        let (sid, tid) = (request.session_id().clone(), request.turn_id().clone());
+        let fail = |code: ErrorCode, message: String| {
+            line_error(line, Some(custom_id.clone()), vec![ErrorMessage::new(code, message)])
+        };
+        let owner = match &request {
+            AgentExecuteRequest::UserTurn(_) => self.store.claim_owner(&sid, tenant).await.map(Some),
+            AgentExecuteRequest::ToolContinuation(_) => self.store.owner(&sid).await,
+        };
+        match owner {
+            Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+            Ok(Some(o)) if o != tenant => {
+                return fail(
+                    ErrorCode::TurnNotFound,
+                    format!("turn {tid} does not exist in session {sid}"),
+                );
+            }
+            Ok(_) => {}
+        }
+        match self.submit_parsed(&request).await {
+            Ok(_) => LineOutcome::Accepted(BatchItem {
+                line,
+                custom_id,
+                session_id: sid,
+                turn_id: tid,
+            }),
+            Err(SubmitError::Invalid(r)) => line_error(line, Some(custom_id), r.errors),
+            Err(
+                SubmitError::Conflict(m) | SubmitError::NotFound(m) | SubmitError::NotAwaitingTools(m),
+            ) => line_error(line, Some(custom_id), vec![m]),
+            Err(SubmitError::Unavailable(m)) => fail(ErrorCode::ServiceUnavailable, m),
+        }
+    }
+}
+
+/// Turns read from the store at once when reporting on a batch.
+const READ_CHUNK: usize = 500;
+
+impl FrontDoor {
+    /// The batch, if it exists and belongs to `tenant` (another tenant's batch is absent).
+    pub async fn batch(&self, tenant: &str, id: &str) -> Result<Option<BatchRecord>, StoreError> {
+        Ok(self
+            .store
+            .get_batch(id)
+            .await?
+            .filter(|b| b.tenant == tenant))
+    }
+
+    /// Counts the batch's turns by status.
+    pub async fn batch_progress(&self, batch: &BatchRecord) -> Result<BatchProgress, StoreError> {
+        let mut p = BatchProgress {
+            batch_id: batch.batch_id.clone(),
+            total: batch.total,
+            rejected: batch.rejected.len(),
+            ..BatchProgress::default()
+        };
+        for chunk in batch.items.chunks(READ_CHUNK) {
+            let ids: Vec<_> = chunk
+                .iter()
+                .map(|i| (i.session_id.clone(), i.turn_id.clone()))
+                .collect();
+            for record in self.store.get_turns(&ids).await? {
+                let slot = match record.map(|r| r.status) {
+                    None => &mut p.expired,
+                    Some(TurnStatus::Queued) => &mut p.queued,
+                    Some(TurnStatus::Running) => &mut p.running,
+                    Some(TurnStatus::AwaitingClientTools) => &mut p.awaiting_client_tools,
+                    Some(TurnStatus::Completed) => &mut p.completed,
+                    Some(TurnStatus::Failed) => &mut p.failed,
+                };
+                *slot += 1;
+            }
+        }
+        Ok(p)
+    }
+
+    /// The batch's result lines, in submission order, read a chunk of turns at a time.
+    pub fn batch_results(
+        &self,
+        batch: BatchRecord,
+    ) -> impl futures_util::Stream<Item = Result<Vec<BatchResultLine>, StoreError>> + Send + 'static
+    {
+        let store = self.store.clone();
+        let rejected: Vec<BatchResultLine> = batch
+            .rejected
+            .into_iter()
+            .map(|r| BatchResultLine {
+                custom_id: r.custom_id,
+                line: r.line,
+                session_id: None,
+                turn_id: None,
+                status: "rejected",
+                result: InvokeResult::failures(r.errors),
+            })
+            .collect();
+        let mut chunks: Vec<Vec<BatchItem>> = batch
+            .items
+            .chunks(READ_CHUNK)
+            .map(<[BatchItem]>::to_vec)
+            .collect();
+        chunks.reverse();
+        futures_util::stream::unfold(
+            (store, chunks, Some(rejected)),
+            |(store, mut chunks, mut rejected)| async move {
+                let Some(chunk) = chunks.pop() else {
+                    // Rejected lines come last, once: they have no turn to read.
+                    let lines = rejected.take().filter(|r| !r.is_empty())?;
+                    return Some((Ok(lines), (store, chunks, rejected)));
+                };
+                let ids: Vec<_> = chunk
+                    .iter()
+                    .map(|i| (i.session_id.clone(), i.turn_id.clone()))
+                    .collect();
+                let records = match store.get_turns(&ids).await {
+                    Ok(r) => r,
+                    Err(e) => return Some((Err(e), (store, Vec::new(), None))),
+                };
+                let lines = chunk
+                    .into_iter()
+                    .zip(records)
+                    .map(|(item, record)| {
+                        let (status, result) = match record {
+                            None => ("expired", None),
+                            Some(r) => {
+                                let settled = matches!(
+                                    r.status,
+                                    TurnStatus::Completed
+                                        | TurnStatus::Failed
+                                        | TurnStatus::AwaitingClientTools
+                                );
+                                (r.status.as_str(), if settled { r.result } else { None })
+                            }
+                        };
+                        BatchResultLine {
+                            custom_id: Some(item.custom_id),
+                            line: item.line,
+                            session_id: Some(item.session_id),
+                            turn_id: Some(item.turn_id),
+                            status,
+                            result,
+                        }
+                    })
+                    .collect();
+                Some((Ok(lines), (store, chunks, rejected)))
+            },
+        )
+    }
+}

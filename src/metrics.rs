@@ -1,0 +1,274 @@
+//! Prometheus metrics: what the front door, the workers and the model client did.
+//!
+//! Owns: the metric families and their text exposition (`GET /metrics`). Must not: decide
+//! anything. One [`Metrics`] is built per process and shared (`Arc`) by every part; parts built
+//! without one (library users, tests) get a private registry nobody scrapes.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = [(&'static str, &'static str); 1];
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    turns: Family<Labels, Counter>,
+    queue_wait: Histogram,
+    turn_duration: Histogram,
+    model_latency: Histogram,
+    tokens: Family<Labels, Counter>,
+    model_retries: Counter,
+    job_retries: Family<Labels, Counter>,
+    redeliveries: Counter,
+    dead_lettered: Counter,
+    duplicates: Family<Labels, Counter>,
+    in_flight: Gauge,
+    accepted: Counter,
+    fenced: Counter<u64, AtomicU64>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Buckets from 5 ms to about 22 minutes.
+fn seconds_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.005, 2.0, 19)
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("aptix");
+        let turns = Family::<Labels, Counter>::default();
+        registry.register(
+            "turns",
+            "Turn results published, by status (completed, awaiting_client_tools, failed)",
+            turns.clone(),
+        );
+        let accepted = Counter::default();
+        registry.register(
+            "turns_accepted",
+            "Turns accepted by the front door (broker-confirmed jobs)",
+            accepted.clone(),
+        );
+        let queue_wait = Histogram::new(seconds_buckets());
+        registry.register(
+            "turn_queue_wait_seconds",
+            "Time from a turn's acceptance to the start of the run that produced its result",
+            queue_wait.clone(),
+        );
+        let turn_duration = Histogram::new(seconds_buckets());
+        registry.register(
+            "turn_duration_seconds",
+            "Time one run of a turn took on a worker (model calls and server tools)",
+            turn_duration.clone(),
+        );
+        let model_latency = Histogram::new(seconds_buckets());
+        registry.register(
+            "model_request_duration_seconds",
+            "Latency of one Responses API call, retries included",
+            model_latency.clone(),
+        );
+        let tokens = Family::<Labels, Counter>::default();
+        registry.register(
+            "model_tokens",
+            "Tokens reported by the model, by kind (input, output)",
+            tokens.clone(),
+        );
+        let model_retries = Counter::default();
+        registry.register(
+            "model_retries",
+            "Responses API calls retried after a transient failure",
+            model_retries.clone(),
+        );
+        let job_retries = Family::<Labels, Counter>::default();
+        registry.register(
+            "job_retries",
+            "Jobs sent back for a delayed retry, by reason (transient, session_busy)",
+            job_retries.clone(),
+        );
+        let redeliveries = Counter::default();
+        registry.register(
+            "job_redeliveries",
+            "Deliveries the broker marked as redelivered (a consumer died or lost its channel)",
+            redeliveries.clone(),
+        );
+        let dead_lettered = Counter::default();
+        registry.register(
+            "jobs_dead_lettered",
+            "Jobs moved to the dead-letter queue (poison or past the retry limit)",
+            dead_lettered.clone(),
+        );
+        let duplicates = Family::<Labels, Counter>::default();
+        registry.register(
+            "duplicates_suppressed",
+            "Requests or jobs recognised as repeats and answered from stored state, by stage (frontdoor, worker)",
+            duplicates.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "turns_in_flight",
+            "Turn jobs being run by this process's workers",
+            in_flight.clone(),
+        );
+        let fenced = Counter::<u64, AtomicU64>::default();
+        registry.register(
+            "fenced_writes_rejected",
+            "Session-store writes rejected because their lease was lost (stale writer stopped)",
+            fenced.clone(),
+        );
+        Self {
+            registry,
+            turns,
+            queue_wait,
+            turn_duration,
+            model_latency,
+            tokens,
+            model_retries,
+            job_retries,
+            redeliveries,
+            dead_lettered,
+            duplicates,
+            in_flight,
+            accepted,
+            fenced,
+        }
+    }
+
+    /// A turn result was published with this status.
+    pub fn turn_finished(&self, status: &'static str) {
+        self.turns.get_or_create(&[("status", status)]).inc();
+    }
+
+    /// The front door accepted a turn.
+    pub fn turn_accepted(&self) {
+        self.accepted.inc();
+    }
+
+    /// How long a turn waited in the queue before the run that finished it started.
+    pub fn observe_queue_wait(&self, wait: Duration) {
+        self.queue_wait.observe(wait.as_secs_f64());
+    }
+
+    /// How long one run of a turn took.
+    pub fn observe_turn_duration(&self, took: Duration) {
+        self.turn_duration.observe(took.as_secs_f64());
+    }
+
+    /// One model call (with its retries) took this long.
+    pub fn observe_model_latency(&self, took: Duration) {
+        self.model_latency.observe(took.as_secs_f64());
+    }
+
+    /// Token usage of one model answer.
+    pub fn add_tokens(&self, input: u64, output: u64) {
+        self.tokens.get_or_create(&[("kind", "input")]).inc_by(input);
+        self.tokens
+            .get_or_create(&[("kind", "output")])
+            .inc_by(output);
+    }
+
+    /// A model call is retried.
+    pub fn model_retry(&self) {
+        self.model_retries.inc();
+    }
+
+    /// A job goes back for a delayed retry (`transient` or `session_busy`).
+    pub fn job_retry(&self, reason: &'static str) {
+        self.job_retries.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// A delivery was marked redelivered.
+    pub fn redelivered(&self) {
+        self.redeliveries.inc();
+    }
+
+    /// A job was dead-lettered.
+    pub fn dead_lettered(&self) {
+        self.dead_lettered.inc();
+    }
+
+    /// A repeat was answered from stored state at `stage` (`frontdoor` or `worker`).
+    pub fn duplicate_suppressed(&self, stage: &'static str) {
+        self.duplicates.get_or_create(&[("stage", stage)]).inc();
+    }
+
+    /// A turn run starts; the guard ends it.
+    pub fn run_started(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight(self)
+    }
+
+    /// Brings the fenced-write counter up to the store's own count (read at scrape time).
+    pub fn sync_fenced(&self, total: u64) {
+        let seen = self.fenced.get();
+        if total > seen {
+            self.fenced.inc_by(total - seen);
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Counts a run as in flight until dropped.
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_family_with_labels() {
+        let m = Metrics::new();
+        m.turn_finished("completed");
+        m.turn_finished("failed");
+        m.add_tokens(10, 3);
+        m.job_retry("transient");
+        m.duplicate_suppressed("worker");
+        m.observe_queue_wait(Duration::from_millis(20));
+        m.sync_fenced(4);
+        m.sync_fenced(2);
+        let guard = m.run_started();
+        let text = m.encode();
+        drop(guard);
+        assert!(text.contains("aptix_turns_total{status=\"completed\"} 1"), "{text}");
+        assert!(text.contains("aptix_turns_total{status=\"failed\"} 1"));
+        assert!(text.contains("aptix_model_tokens_total{kind=\"input\"} 10"));
+        assert!(text.contains("aptix_model_tokens_total{kind=\"output\"} 3"));
+        assert!(text.contains("aptix_job_retries_total{reason=\"transient\"} 1"));
+        assert!(text.contains("aptix_duplicates_suppressed_total{stage=\"worker\"} 1"));
+        assert!(text.contains("aptix_turn_queue_wait_seconds_count 1"));
+        assert!(text.contains("aptix_turns_in_flight 1"));
+        assert!(text.contains("aptix_fenced_writes_rejected_total 4"));
+        assert!(m.encode().contains("aptix_turns_in_flight 0"));
+    }
+}
