@@ -17,6 +17,7 @@
 
 pub mod bench;
 pub mod catalog;
+pub mod client;
 pub mod config;
 pub mod contract;
 pub mod fake_llm;

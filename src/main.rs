@@ -12,15 +12,17 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
-use aptix_worker::catalog::{ModeCatalog, READ_FILE_TOOL};
+use aptix_worker::catalog::ModeCatalog;
+use aptix_worker::client::{ApiClient, BatchJob, client_tool, run_batch};
 use aptix_worker::config::Config;
-use aptix_worker::contract::SessionId;
-use aptix_worker::contract::request::RelativePath;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
-use aptix_worker::frontdoor::http::{HttpState, check_exposure, serve};
+use aptix_worker::frontdoor::http::{
+    HttpState, check_exposure, openapi, ops_router, router, serve,
+};
 use aptix_worker::frontdoor::{FrontDoor, SubmitError};
 use aptix_worker::llm::LlmClient;
+use aptix_worker::metrics::Metrics;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
 use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use aptix_worker::store::{MemoryStore, RedisStore, SessionStore, TurnStatusView};
@@ -56,18 +58,22 @@ enum DlqAction {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run request files through the agent pipeline in this process (embedded store; the
-    /// built-in fake model unless APTIX_LLM_BASE_URL or OPENAI_API_KEY is set).
+    /// Front door and worker in one process (embedded in-memory queue and store unless
+    /// APTIX_AMQP_URL / APTIX_REDIS_URL are set; the built-in fake model unless
+    /// APTIX_LLM_BASE_URL or OPENAI_API_KEY is set). Serves the HTTP API until SIGTERM/Ctrl-C;
+    /// given request files, runs them in order instead and exits.
     Run {
-        /// AgentExecuteRequest JSON files, run in order.
-        #[arg(required = true)]
+        /// AgentExecuteRequest JSON files to run (acting as the client for workspace_read_file).
         files: Vec<PathBuf>,
         /// Where client tools (workspace_read_file) read files from.
         #[arg(long, default_value = "examples/workspace")]
         workspace: PathBuf,
+        /// Address to serve the HTTP API on (default 127.0.0.1:8080 when no files are given).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
     },
     /// Serve the HTTP API (front door). With --worker, also run a worker in this process
-    /// (required on the embedded in-memory queue).
+    /// (required on the embedded in-memory queue; `aptix run` is the same).
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8080")]
@@ -77,17 +83,56 @@ enum Command {
         worker: bool,
     },
     /// Run a worker: consume turn jobs from RabbitMQ (APTIX_AMQP_URL) until SIGTERM/Ctrl-C.
-    Worker,
+    Worker {
+        /// Serve /healthz, /readyz and /metrics on this address.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Run a folder of *.md documents (or an NDJSON file of {"customId","request"} lines) as a
+    /// batch through the HTTP API: one new session per input, a progress bar, one result file
+    /// per input plus summary.json. Re-running skips inputs that already completed. Without
+    /// --url (or APTIX_URL), runs an embedded server in this process.
+    Batch {
+        /// A folder of *.md files, or an .ndjson file.
+        input: PathBuf,
+        /// The instruction every document is sent with.
+        #[arg(long)]
+        instruction: Option<String>,
+        /// Where results go (default: aptix-results/<input name>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The API's base URL (default: an embedded server).
+        #[arg(long, env = "APTIX_URL")]
+        url: Option<String>,
+        /// Bearer token.
+        #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// How often progress is polled, in milliseconds.
+        #[arg(long, default_value_t = 500)]
+        poll_ms: u64,
+    },
+    /// Print the OpenAPI document of the HTTP API.
+    Openapi,
     /// Enqueue request files through the front door (prints each accepted turn's status).
     Enqueue {
         /// AgentExecuteRequest JSON files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Print a session's results as they arrive on its reply queue (Ctrl-C stops).
+    /// Print a session's turn results as the HTTP API publishes them (Server-Sent Events;
+    /// Ctrl-C stops).
     Watch {
         /// The session id.
         session_id: String,
+        /// The API's base URL.
+        #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Bearer token.
+        #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<usize>,
     },
     /// Submit one request file to the HTTP API and print its result (or, with --no-wait, its
     /// accepted status).
@@ -205,35 +250,86 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run { files, workspace } => run_files(&files, &workspace).await,
-        Command::Serve { listen, worker } => {
-            let config = Config::from_env()?;
-            check_exposure(&listen, &config.api_tokens).map_err(anyhow::Error::msg)?;
-            if config.amqp_url.is_none() && !worker {
-                anyhow::bail!(
-                    "on the embedded in-memory queue nothing else can run the turns: add --worker (or set APTIX_AMQP_URL)"
-                );
+        Command::Run {
+            files,
+            workspace,
+            listen,
+        } => {
+            if files.is_empty() {
+                let listen = listen.unwrap_or_else(default_listen);
+                serve_api(listen, true).await
+            } else {
+                run_files(&files, &workspace, listen).await
             }
-            let app = App::build(&config).await?;
-            let shutdown = CancellationToken::new();
-            tokio::spawn(stop_on_signal(shutdown.clone()));
-            let worker_task = worker.then(|| app.worker(&config).spawn(shutdown.clone()));
-            let state = HttpState {
-                door: app.front_door(&config),
-                store: app.store.clone(),
-                broker: app.broker.clone(),
-                catalog: app.catalog.clone(),
-                tokens: config.api_tokens.clone(),
-                limits: config.limits,
+        }
+        Command::Serve { listen, worker } => serve_api(listen, worker).await,
+        Command::Batch {
+            input,
+            instruction,
+            out,
+            url,
+            token,
+            poll_ms,
+        } => {
+            let out = out.unwrap_or_else(|| {
+                let name = input
+                    .file_stem()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "batch".into());
+                PathBuf::from("aptix-results").join(name)
+            });
+            let job = BatchJob {
+                input,
+                instruction,
+                out,
+                poll: Duration::from_millis(poll_ms.max(10)),
+                max_tool_rounds: 4,
             };
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("cannot listen on {listen}"))?;
-            tracing::info!(address = %listener.local_addr()?, "HTTP API listening");
-            serve(listener, state, shutdown).await?;
-            if let Some(t) = worker_task {
-                let _ = t.await;
+            // Without a URL, an embedded server on a free loopback port does the work.
+            let mut embedded = None;
+            let url = match url {
+                Some(u) => u,
+                None => {
+                    let config = Config::from_env()?;
+                    let app = App::build(&config).await?;
+                    let shutdown = CancellationToken::new();
+                    let worker_task = app.worker(&config).spawn(shutdown.clone());
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                    let addr = listener.local_addr()?;
+                    let router = router(app.http_state(&config));
+                    let server = tokio::spawn(serve(listener, router, shutdown.clone()));
+                    eprintln!("no --url given: running an embedded server at http://{addr}");
+                    embedded = Some((shutdown, worker_task, server, app));
+                    format!("http://{addr}")
+                }
+            };
+            let client = ApiClient::new(&url, token);
+            let outcome = run_batch(&client, &job).await;
+            if let Some((shutdown, worker_task, server, _app)) = embedded {
+                shutdown.cancel();
+                let _ = worker_task.await;
+                let _ = server.await;
             }
+            let outcome = outcome?;
+            println!(
+                "{} input(s): {} completed now, {} already done, {} failed; results in {}",
+                outcome.total,
+                outcome.completed,
+                outcome.skipped,
+                outcome.failed.len(),
+                job.out.display()
+            );
+            if outcome.failed.is_empty() {
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("failed:");
+            for (id, why) in &outcome.failed {
+                println!("  {id}: {why}");
+            }
+            Ok(ExitCode::FAILURE)
+        }
+        Command::Openapi => {
+            println!("{}", openapi().to_pretty_json()?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit {
@@ -330,7 +426,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker => {
+        Command::Worker { listen } => {
             let config = Config::from_env()?;
             if config.amqp_url.is_none() {
                 anyhow::bail!(
@@ -345,7 +441,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let app = App::build(&config).await?;
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));
+            let ops = match listen {
+                Some(addr) => {
+                    check_exposure(&addr, &config.api_tokens).map_err(anyhow::Error::msg)?;
+                    let listener = tokio::net::TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("cannot listen on {addr}"))?;
+                    tracing::info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
+                    let router = ops_router(app.http_state(&config));
+                    Some(tokio::spawn(serve(listener, router, shutdown.clone())))
+                }
+                None => None,
+            };
             app.worker(&config).run(shutdown).await;
+            if let Some(ops) = ops {
+                let _ = ops.await;
+            }
             tracing::info!("worker stopped");
             Ok(ExitCode::SUCCESS)
         }
@@ -375,22 +486,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Watch { session_id } => {
-            let config = Config::from_env()?;
-            let sid = SessionId::parse(session_id.as_str())
-                .map_err(|e| anyhow::anyhow!("session id {session_id:?}: {e}"))?;
-            let app = App::build(&config).await?;
-            let mut replies = app.broker.subscribe_replies(&sid).await?;
+        Command::Watch {
+            session_id,
+            url,
+            token,
+            count,
+        } => {
+            let client = ApiClient::new(&url, token);
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    next = replies.recv() => match next {
-                        Some(body) => println!("{}", String::from_utf8_lossy(&body)),
-                        None => anyhow::bail!("the reply stream ended (broker connection lost)"),
-                    }
-                }
+            let mut seen = 0usize;
+            let watch = client.watch(&session_id, |data| {
+                println!("{data}");
+                seen += 1;
+                count.is_none_or(|c| seen < c)
+            });
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                r = watch => r?,
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -505,6 +618,7 @@ struct App {
     broker: Arc<dyn Broker>,
     pipeline: Pipeline,
     topology: Topology,
+    metrics: Arc<Metrics>,
     /// Keeps the built-in fake model alive when no model server is configured.
     _fake: Option<FakeLlm>,
 }
@@ -521,7 +635,8 @@ impl App {
                 (fake.base_url(), Some(fake))
             }
         };
-        let llm = LlmClient::from_config(config, &base_url)?;
+        let metrics = Arc::new(Metrics::new());
+        let llm = LlmClient::from_config(config, &base_url)?.with_metrics(metrics.clone());
         let store: Arc<dyn SessionStore> = match &config.redis_url {
             Some(url) => {
                 tracing::info!(namespace = %config.namespace, "using the Redis session store");
@@ -548,13 +663,15 @@ impl App {
         settings.replay = config.llm_replay;
         settings.lease_ttl = config.lease;
         let pipeline = Pipeline::new(store.clone(), catalog.clone(), llm, settings)
-            .map_err(anyhow::Error::msg)?;
+            .map_err(anyhow::Error::msg)?
+            .with_metrics(metrics.clone());
         Ok(Self {
             catalog,
             store,
             broker,
             pipeline,
             topology,
+            metrics,
             _fake: fake,
         })
     }
@@ -574,11 +691,54 @@ impl App {
             self.topology.clone(),
             settings,
         )
+        .with_metrics(self.metrics.clone())
     }
 
     fn front_door(&self, config: &Config) -> FrontDoor {
         FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
+            .with_metrics(self.metrics.clone())
     }
+
+    fn http_state(&self, config: &Config) -> HttpState {
+        HttpState {
+            door: self.front_door(config),
+            store: self.store.clone(),
+            broker: self.broker.clone(),
+            catalog: self.catalog.clone(),
+            tokens: config.api_tokens.clone(),
+            limits: config.limits,
+            batch_limits: config.batch_limits,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+/// Serves the HTTP API until SIGTERM/Ctrl-C, with a worker in this process when asked.
+async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
+    check_exposure(&listen, &config.api_tokens).map_err(anyhow::Error::msg)?;
+    if config.amqp_url.is_none() && !worker {
+        anyhow::bail!(
+            "on the embedded in-memory queue nothing else can run the turns: use `aptix run` or add --worker (or set APTIX_AMQP_URL)"
+        );
+    }
+    let app = App::build(&config).await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    let worker_task = worker.then(|| app.worker(&config).spawn(shutdown.clone()));
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(address = %listener.local_addr()?, worker, "HTTP API listening");
+    serve(listener, router(app.http_state(&config)), shutdown).await?;
+    if let Some(t) = worker_task {
+        let _ = t.await;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Cancels `token` on SIGTERM or Ctrl-C.
@@ -625,12 +785,28 @@ fn submit_error_result(e: SubmitError) -> InvokeResult<AgentExecuteResponse> {
 /// The main job: each file becomes a turn that goes through the front door, the queue, a worker
 /// and the store, exactly as in a deployment (embedded in-memory parts unless URLs are set);
 /// client tool calls for `workspace_read_file` are answered from `workspace`, as a client would.
-async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCode> {
+async fn run_files(
+    files: &[PathBuf],
+    workspace: &Path,
+    listen: Option<SocketAddr>,
+) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
     let app = App::build(&config).await?;
     let door = app.front_door(&config);
     let shutdown = CancellationToken::new();
     let worker_task = app.worker(&config).spawn(shutdown.clone());
+    let server = match listen {
+        Some(addr) => {
+            check_exposure(&addr, &config.api_tokens).map_err(anyhow::Error::msg)?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            tracing::info!(address = %listener.local_addr()?, "HTTP API listening while the files run");
+            let router = router(app.http_state(&config));
+            Some(tokio::spawn(serve(listener, router, shutdown.clone())))
+        }
+        None => None,
+    };
 
     let mut all_ok = true;
     for file in files {
@@ -670,7 +846,7 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
             );
             let results: Vec<serde_json::Value> = c
                 .tool_calls()
-                .map(|call| client_tool(workspace, call))
+                .map(|call| client_tool(workspace, &serde_json::to_value(call).unwrap_or_default()))
                 .collect();
             let cont = json!({
                 "sessionId": c.meta.session_id, "turnId": c.meta.turn_id, "toolResults": results
@@ -689,6 +865,9 @@ async fn run_files(files: &[PathBuf], workspace: &Path) -> anyhow::Result<ExitCo
     }
     shutdown.cancel();
     let _ = worker_task.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
@@ -710,82 +889,5 @@ async fn wait_for(
         if &view.turn_id == turn {
             return Ok(view);
         }
-    }
-}
-
-/// A small client of the HTTP API for the CLI commands.
-struct ApiClient {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
-}
-
-impl ApiClient {
-    fn new(base: &str, token: Option<String>) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: base.trim_end_matches('/').to_string(),
-            token,
-        }
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(u16, serde_json::Value)> {
-        let req = match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        };
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .json()
-            .await
-            .context("the API answered with something that is not JSON")?;
-        Ok((status, body))
-    }
-
-    async fn post(&self, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, serde_json::Value)> {
-        self.send(
-            self.http
-                .post(format!("{}{path}", self.base))
-                .header("content-type", "application/json")
-                .body(body),
-        )
-        .await
-    }
-
-    async fn get(&self, path: &str) -> anyhow::Result<(u16, serde_json::Value)> {
-        self.send(self.http.get(format!("{}{path}", self.base)))
-            .await
-    }
-}
-
-/// Runs one client tool call the way the IDE extension would.
-fn client_tool(workspace: &Path, call: &contract::ToolCall) -> serde_json::Value {
-    let id = call.tool_call_id.as_str();
-    let fail = |msg: String| json!({"toolCallId": id, "executionMs": 0, "errorMessage": msg});
-    if call.name != READ_FILE_TOOL {
-        return fail(format!("this client does not implement {}", call.name));
-    }
-    let started = std::time::Instant::now();
-    let args: serde_json::Value =
-        serde_json::from_str(call.arguments_json.as_str()).unwrap_or_default();
-    let Some(path) = args.get("path").and_then(|p| p.as_str()) else {
-        return fail("missing 'path'".into());
-    };
-    let Ok(rel) = RelativePath::parse(path) else {
-        return fail(format!(
-            "{path:?} is not a relative path inside the workspace"
-        ));
-    };
-    match std::fs::read_to_string(workspace.join(rel.as_str())) {
-        Ok(text) => json!({
-            "toolCallId": id,
-            "executionMs": started.elapsed().as_millis() as u64,
-            "resultJson": json!({"path": path, "contents": text}).to_string(),
-        }),
-        Err(e) => fail(format!("cannot read {path}: {e}")),
     }
 }

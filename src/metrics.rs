@@ -178,7 +178,9 @@ impl Metrics {
 
     /// Token usage of one model answer.
     pub fn add_tokens(&self, input: u64, output: u64) {
-        self.tokens.get_or_create(&[("kind", "input")]).inc_by(input);
+        self.tokens
+            .get_or_create(&[("kind", "input")])
+            .inc_by(input);
         self.tokens
             .get_or_create(&[("kind", "output")])
             .inc_by(output);
@@ -260,7 +262,10 @@ mod tests {
         let guard = m.run_started();
         let text = m.encode();
         drop(guard);
-        assert!(text.contains("aptix_turns_total{status=\"completed\"} 1"), "{text}");
+        assert!(
+            text.contains("aptix_turns_total{status=\"completed\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("aptix_turns_total{status=\"failed\"} 1"));
         assert!(text.contains("aptix_model_tokens_total{kind=\"input\"} 10"));
         assert!(text.contains("aptix_model_tokens_total{kind=\"output\"} 3"));

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 macro_rules! error_codes {
     ($( $(#[doc = $doc:literal])+ $variant:ident = $code:literal, )+) => {
         /// A stable, documented error (or warning) code.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
         pub enum ErrorCode {
             $( $(#[doc = $doc])+ #[serde(rename = $code)] $variant, )+
         }

@@ -41,8 +41,9 @@ pub fn check_id(s: &str) -> Result<(), IdError> {
 macro_rules! id_type {
     ($(#[doc = $doc:literal])+ $name:ident) => {
         $(#[doc = $doc])+
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, utoipa::ToSchema)]
         #[serde(transparent)]
+        #[schema(value_type = String, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
         pub struct $name(String);
 
         impl $name {

@@ -16,9 +16,7 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
     ParsedRequest, SessionId, TurnId, parse_request,
 };
-use crate::store::{
-    BatchItem, BatchLineError, BatchRecord, StoreError, TurnStatus, now_rfc3339,
-};
+use crate::store::{BatchItem, BatchLineError, BatchRecord, StoreError, TurnStatus, now_rfc3339};
 
 /// The longest `customId` accepted.
 pub const MAX_CUSTOM_ID_CHARS: usize = 256;
@@ -27,7 +25,7 @@ pub const MAX_CUSTOM_ID_CHARS: usize = 256;
 const SUBMIT_CONCURRENCY: usize = 16;
 
 /// The answer to a batch submission.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchAccepted {
     /// The new batch's id.
@@ -42,7 +40,7 @@ pub struct BatchAccepted {
 
 /// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
 /// failed` (turns whose records expired count as `expired`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchProgress {
     /// The batch id.
@@ -66,7 +64,7 @@ pub struct BatchProgress {
 }
 
 /// One line of `GET /v1/batches/{id}/results`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchResultLine {
     /// The client's id for the line.
@@ -78,8 +76,10 @@ pub struct BatchResultLine {
     /// The turn (absent for rejected lines).
     pub turn_id: Option<TurnId>,
     /// The turn's status, or `rejected` / `expired`.
+    #[schema(value_type = String, example = "completed")]
     pub status: &'static str,
     /// The turn's result; for a rejected line, the failed result naming every violation.
+    #[schema(value_type = Option<crate::frontdoor::openapi::ExecuteResult>)]
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
 }
 
@@ -170,16 +170,14 @@ impl FrontDoor {
             .map(|&(line, raw)| {
                 let prepared = self.prepare_line(line, raw);
                 match prepared {
-                    Ok((_, custom_id, _)) if !seen.insert(custom_id.clone()) => {
-                        Err(line_error(
-                            line,
-                            Some(custom_id.clone()),
-                            vec![ErrorMessage::new(
-                                ErrorCode::DuplicateCustomId,
-                                format!("customId: {custom_id:?} is used by an earlier line"),
-                            )],
-                        ))
-                    }
+                    Ok((_, custom_id, _)) if !seen.insert(custom_id.clone()) => Err(line_error(
+                        line,
+                        Some(custom_id.clone()),
+                        vec![ErrorMessage::new(
+                            ErrorCode::DuplicateCustomId,
+                            format!("customId: {custom_id:?} is used by an earlier line"),
+                        )],
+                    )),
                     other => other,
                 }
             })
@@ -307,7 +305,8 @@ impl FrontDoor {
                 None
             }
         };
-        let (Some(custom_id), Some(request), true) = (custom_id.clone(), request, errors.is_empty())
+        let (Some(custom_id), Some(request), true) =
+            (custom_id.clone(), request, errors.is_empty())
         else {
             return Err(line_error(line, custom_id, errors));
         };
@@ -342,10 +341,16 @@ impl FrontDoor {
         let request = parsed.request;
         let (sid, tid) = (request.session_id().clone(), request.turn_id().clone());
         let fail = |code: ErrorCode, message: String| {
-            line_error(line, Some(custom_id.clone()), vec![ErrorMessage::new(code, message)])
+            line_error(
+                line,
+                Some(custom_id.clone()),
+                vec![ErrorMessage::new(code, message)],
+            )
         };
         let owner = match &request {
-            AgentExecuteRequest::UserTurn(_) => self.store.claim_owner(&sid, tenant).await.map(Some),
+            AgentExecuteRequest::UserTurn(_) => {
+                self.store.claim_owner(&sid, tenant).await.map(Some)
+            }
             AgentExecuteRequest::ToolContinuation(_) => self.store.owner(&sid).await,
         };
         match owner {
@@ -367,7 +372,9 @@ impl FrontDoor {
             }),
             Err(SubmitError::Invalid(r)) => line_error(line, Some(custom_id), r.errors),
             Err(
-                SubmitError::Conflict(m) | SubmitError::NotFound(m) | SubmitError::NotAwaitingTools(m),
+                SubmitError::Conflict(m)
+                | SubmitError::NotFound(m)
+                | SubmitError::NotAwaitingTools(m),
             ) => line_error(line, Some(custom_id), vec![m]),
             Err(SubmitError::Unavailable(m)) => fail(ErrorCode::ServiceUnavailable, m),
         }

@@ -1,10 +1,15 @@
 //! The HTTP API (axum): every answer an `InvokeResult` in the wire format of DESIGN.md §2.
 //!
-//! Routes so far: `POST /v1/turns`, `GET /v1/sessions/{sessionId}/turns/{turnId}` (with
-//! `?wait=<seconds>` long-polling), `GET /v1/sessions/{sessionId}`, `GET /healthz`,
-//! `GET /readyz`. Auth: `Authorization: Bearer <token>`, tokens map to tenants; a session
-//! belongs to the tenant that created it, and another tenant's session looks exactly like a
-//! missing one.
+//! Routes: turns (`POST /v1/turns`, `GET /v1/sessions/{sessionId}/turns/{turnId}` with
+//! `?wait=<seconds>` long-polling), sessions (`GET /v1/sessions/{sessionId}` and its SSE
+//! `/events`), batches (`POST /v1/batches`, `GET /v1/batches/{batchId}` and `/results`), the
+//! original synchronous endpoint (`POST /api/ai/agent/execute`), and operations (`/healthz`,
+//! `/readyz`, `/metrics`, `/openapi.json`). The router and the OpenAPI document are built from
+//! the same annotated handlers, so the document covers every route.
+//!
+//! Auth: `Authorization: Bearer <token>`, tokens map to tenants; a session (or batch) belongs to
+//! the tenant that created it, and another tenant's looks exactly like a missing one. `/healthz`,
+//! `/readyz`, `/metrics` and `/openapi.json` need no token.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +18,26 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::batch::{BatchAccepted, BatchProgress, BatchResultLine};
+use super::openapi::{self as api_doc, ExecuteResult, Failure};
 use super::{FrontDoor, SubmitError};
 use crate::catalog::ModeCatalog;
-use crate::config::ApiTokens;
+use crate::config::{ApiTokens, BatchLimits};
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, SessionId, TurnId,
     parse_request,
 };
+use crate::metrics::Metrics;
 use crate::queue::Broker;
+use crate::store::TurnStatusView;
 use crate::store::{ModeChange, SessionStore, TurnStatus};
 
 /// What the handlers share.
@@ -42,6 +55,10 @@ pub struct HttpState {
     pub tokens: ApiTokens,
     /// Request size limits.
     pub limits: RequestLimits,
+    /// Batch size limits.
+    pub batch_limits: BatchLimits,
+    /// The process's metrics (`GET /metrics`).
+    pub metrics: Arc<Metrics>,
 }
 
 /// The tenant of unauthenticated calls when no tokens are configured (loopback only).
@@ -50,19 +67,75 @@ pub const LOCAL_TENANT: &str = "local";
 /// The longest long-poll wait accepted.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "aptix-worker",
+        description = "Queue-driven execution of LLM agent turns: submit turns and batches, poll or subscribe for results."
+    ),
+    components(schemas(api_doc::AgentExecuteRequest, api_doc::AgentExecuteResponse, api_doc::BatchLine, api_doc::StreamFinalLine, ExecuteResult, Failure)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The routes and the OpenAPI document describing exactly them.
+fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(post_turn))
+        .routes(routes!(get_turn))
+        .routes(routes!(get_session))
+        .routes(routes!(session_events))
+        .routes(routes!(post_batch))
+        .routes(routes!(get_batch))
+        .routes(routes!(get_batch_results))
+        .routes(routes!(execute_sync))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_json))
+        .split_for_parts()
+}
+
+/// The OpenAPI document of the API, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    parts().1
+}
+
 /// The router with every route.
 pub fn router(state: HttpState) -> Router {
-    Router::new()
-        .route("/v1/turns", post(post_turn))
-        .route("/v1/sessions/{session_id}/turns/{turn_id}", get(get_turn))
-        .route("/v1/sessions/{session_id}", get(get_session))
-        .route("/v1/sessions/{session_id}/events", get(session_events))
-        .route("/api/ai/agent/execute", post(execute_sync))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+    let (router, api) = parts();
+    let api = Arc::new(api.to_json().unwrap_or_else(|_| "{}".to_string()));
+    router
         // Bodies are read (and limited) by the handler, so an oversized body still gets an
         // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
         .layer(DefaultBodyLimit::disable())
+        .layer(axum::Extension(OpenApiJson(api)))
+        .with_state(state)
+}
+
+#[derive(Clone)]
+struct OpenApiJson(Arc<String>);
+
+/// Only `/healthz`, `/readyz` and `/metrics`: what a standalone worker serves.
+pub fn ops_router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -109,6 +182,18 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
     )
 }
 
+/// Submit a turn (a user turn or a tool continuation).
+#[utoipa::path(post, path = "/v1/turns", tag = "turns",
+    request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted: the job is confirmed by the broker", body = api_doc::InvokeResult<TurnStatusView>),
+        (status = 400, description = "Invalid: every violation; nothing enqueued", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
+        (status = 409, description = "Same ids, different payload; or the turn is not awaiting client tools", body = Failure),
+        (status = 413, description = "Body over the limit", body = Failure),
+        (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
+    ))]
 async fn post_turn(State(state): State<HttpState>, request: Request) -> Response {
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
@@ -185,6 +270,19 @@ struct WaitQuery {
     wait: Option<f64>,
 }
 
+/// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}", tag = "turns",
+    params(
+        ("sessionId" = String, Path, description = "The session"),
+        ("turnId" = String, Path, description = "The turn"),
+        ("wait" = Option<f64>, Query, description = "Seconds to wait for the turn to settle (at most 60)"),
+    ),
+    responses(
+        (status = 200, description = "The turn's status", body = api_doc::InvokeResult<TurnStatusView>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
 async fn get_turn(
     State(state): State<HttpState>,
     headers: HeaderMap,
@@ -229,7 +327,7 @@ async fn get_turn(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct SessionView {
     session_id: SessionId,
@@ -239,13 +337,22 @@ struct SessionView {
     turns: Vec<TurnSummary>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct TurnSummary {
     turn_id: TurnId,
     status: TurnStatus,
 }
 
+/// A session: its mode (keys, not ids), mode history and turns.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}", tag = "sessions",
+    params(("sessionId" = String, Path, description = "The session")),
+    responses(
+        (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such session (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
 async fn get_session(
     State(state): State<HttpState>,
     headers: HeaderMap,
@@ -304,6 +411,14 @@ async fn get_session(
 
 /// Server-Sent Events: one `event: turn` per result of the session as it is published, `id:` the
 /// turn id, `data:` the turn status JSON. Every subscriber gets every event.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
+    params(("sessionId" = String, Path, description = "The session (may not exist yet)")),
+    responses(
+        (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = TurnStatusView),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "Another tenant's session", body = Failure),
+        (status = 503, description = "Broker unavailable", body = Failure),
+    ))]
 async fn session_events(
     State(state): State<HttpState>,
     headers: HeaderMap,
@@ -359,6 +474,13 @@ const SYNC_WAIT: Duration = Duration::from_secs(600);
 /// `InvokeResult<AgentExecuteResponse>` (failed for invalid requests and failed turns), or with
 /// `"streaming": true` an NDJSON stream whose last line is
 /// `{"kind":"final","index":99999,"final": <InvokeResult>}`. Only 401 and 413 are not 200.
+#[utoipa::path(post, path = "/api/ai/agent/execute", tag = "compatibility",
+    request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream whose last line is StreamFinalLine", body = ExecuteResult),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 413, description = "Body over the limit", body = Failure),
+    ))]
 async fn execute_sync(State(state): State<HttpState>, request: Request) -> Response {
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
@@ -464,6 +586,9 @@ async fn run_sync(
     }
 }
 
+/// Liveness: the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "Alive", body = api_doc::InvokeResult<api_doc::Health>)))]
 async fn healthz() -> Response {
     answer(
         StatusCode::OK,
@@ -471,6 +596,12 @@ async fn healthz() -> Response {
     )
 }
 
+/// Readiness: RabbitMQ and Redis are reachable.
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
+    responses(
+        (status = 200, description = "Ready", body = api_doc::InvokeResult<api_doc::Health>),
+        (status = 503, description = "A dependency is unreachable (each one named)", body = Failure),
+    ))]
 async fn readyz(State(state): State<HttpState>) -> Response {
     let mut errors = Vec::new();
     let probe = SessionId::parse("readyz-probe").ok();
@@ -497,13 +628,176 @@ async fn readyz(State(state): State<HttpState>) -> Response {
     }
 }
 
-/// Serves the API on `listener` until `shutdown` fires.
+/// Submit a batch: NDJSON, one `{"customId", "request"}` per line, each validated on its own.
+#[utoipa::path(post, path = "/v1/batches", tag = "batches",
+    request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
+        description = "One BatchLine per line; a request may leave out sessionId/turnId"),
+    responses(
+        (status = 202, description = "Good lines enqueued; bad lines listed by line number and customId", body = api_doc::InvokeResult<BatchAccepted>),
+        (status = 400, description = "No lines, or not UTF-8", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+async fn post_batch(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let limit = state.batch_limits.max_bytes;
+    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
+        return failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: the batch is larger than the limit of {limit} bytes"),
+        );
+    };
+    use super::batch::BatchError;
+    match state
+        .door
+        .submit_batch(&tenant, &body, state.batch_limits)
+        .await
+    {
+        Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
+        Err(BatchError::TooLarge(m)) => failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: {m}"),
+        ),
+        Err(BatchError::Invalid(m)) => failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::MalformedJson,
+            format!("$: {m}"),
+        ),
+        Err(BatchError::Store(e)) => unavailable(e),
+    }
+}
+
+/// Looks up the caller's batch, or answers 401/404/503.
+async fn caller_batch(
+    state: &HttpState,
+    headers: &HeaderMap,
+    batch_id: &str,
+) -> Result<crate::store::BatchRecord, Response> {
+    let Some(tenant) = tenant(state, headers) else {
+        return Err(unauthorized());
+    };
+    let missing = || {
+        failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::BatchNotFound,
+            format!("batch {batch_id:?} does not exist"),
+        )
+    };
+    if crate::contract::ids::check_id(batch_id).is_err() {
+        return Err(missing());
+    }
+    match state.door.batch(&tenant, batch_id).await {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(missing()),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// A batch's progress: its turns counted by status.
+#[utoipa::path(get, path = "/v1/batches/{batchId}", tag = "batches",
+    params(("batchId" = String, Path, description = "The batch")),
+    responses(
+        (status = 200, description = "Counts by status", body = api_doc::InvokeResult<BatchProgress>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+async fn get_batch(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Path(batch_id): Path<String>,
+) -> Response {
+    let batch = match caller_batch(&state, &headers, &batch_id).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match state.door.batch_progress(&batch).await {
+        Ok(p) => answer(StatusCode::OK, InvokeResult::success(p)),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// A batch's results: NDJSON, one line per submitted line (accepted lines in order, then
+/// rejected ones); `result` is present once the turn settled.
+#[utoipa::path(get, path = "/v1/batches/{batchId}/results", tag = "batches",
+    params(("batchId" = String, Path, description = "The batch")),
+    responses(
+        (status = 200, description = "One BatchResultLine per line", content_type = "application/x-ndjson", body = BatchResultLine),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+    ))]
+async fn get_batch_results(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Path(batch_id): Path<String>,
+) -> Response {
+    use futures_util::StreamExt as _;
+    let batch = match caller_batch(&state, &headers, &batch_id).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let lines = state.door.batch_results(batch).map(|chunk| {
+        let chunk = chunk.map_err(|e| {
+            // Headers are sent already: end the stream early; the client sees a short body.
+            tracing::warn!(error = %e, "batch results cut short");
+            std::io::Error::other(e.to_string())
+        })?;
+        let mut out = Vec::new();
+        for line in chunk {
+            if serde_json::to_writer(&mut out, &line).is_ok() {
+                out.push(b'\n');
+            }
+        }
+        Ok::<_, std::io::Error>(Bytes::from(out))
+    });
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
+    responses((status = 200, description = "Metrics", content_type = "text/plain; version=0.0.4", body = String)))]
+async fn metrics(State(state): State<HttpState>) -> Response {
+    state.metrics.sync_fenced(state.store.fenced_rejections());
+    (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
+async fn openapi_json(axum::Extension(OpenApiJson(api)): axum::Extension<OpenApiJson>) -> Response {
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        api.as_str().to_owned(),
+    )
+        .into_response()
+}
+
+/// Serves `router` on `listener` until `shutdown` fires.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    state: HttpState,
+    router: Router,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }

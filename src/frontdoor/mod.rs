@@ -14,6 +14,7 @@ use crate::pipeline::fingerprint;
 use crate::queue::{Broker, QueueError};
 pub mod batch;
 pub mod http;
+pub mod openapi;
 
 use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
 

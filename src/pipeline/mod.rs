@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, info, info_span, warn};
 
-use crate::metrics::Metrics;
 use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
@@ -24,6 +23,7 @@ use crate::contract::{
     ToolOutcome, ToolResult, TurnId, UserTurn, check_tool_results,
 };
 use crate::llm::{LlmClient, LlmError, ModelResponse, OutputItem};
+use crate::metrics::Metrics;
 use crate::store::{
     Checkpoint, Lease, PendingTools, SessionState, SessionStore, StoreError, TurnProgress,
     TurnRecord, TurnStatus, now_rfc3339,

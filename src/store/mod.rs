@@ -52,7 +52,7 @@ impl Default for Retention {
 }
 
 /// One mode transition (AGN-011 §3.2), with keys rather than ids for readability.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ModeChange {
     /// Mode key before the change.
@@ -107,7 +107,7 @@ impl SessionState {
 }
 
 /// Where a turn is in its lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     /// Accepted, not yet picked up.
@@ -212,7 +212,7 @@ pub struct TurnRecord {
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
 /// `{sessionId, turnId, status, attempts, submittedAt, completedAt?, result?}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnStatusView {
     /// The session.
@@ -230,6 +230,7 @@ pub struct TurnStatusView {
     pub completed_at: Option<String>,
     /// The latest result, once there is one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
+    #[schema(value_type = Option<crate::frontdoor::openapi::ExecuteResult>)]
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
 }
 
@@ -418,7 +419,7 @@ pub struct BatchItem {
 }
 
 /// One rejected line of a batch, with every reason.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchLineError {
     /// 1-based line number in the submission.

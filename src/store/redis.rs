@@ -24,7 +24,9 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands as _, Script};
 
-use super::{BatchRecord, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord};
+use super::{
+    BatchRecord, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord,
+};
 use crate::contract::{SessionId, TurnId};
 
 const ACQUIRE: &str = r"
