@@ -133,6 +133,19 @@ impl Metrics {
             "Session-store writes rejected because their lease was lost (stale writer stopped)",
             fenced.clone(),
         );
+        // Known label values start at zero, so dashboards and alerts see every series at once.
+        for status in ["completed", "awaiting_client_tools", "failed"] {
+            turns.get_or_create(&[("status", status)]).inc_by(0);
+        }
+        for kind in ["input", "output"] {
+            tokens.get_or_create(&[("kind", kind)]).inc_by(0);
+        }
+        for reason in ["transient", "session_busy"] {
+            job_retries.get_or_create(&[("reason", reason)]).inc_by(0);
+        }
+        for stage in ["frontdoor", "worker"] {
+            duplicates.get_or_create(&[("stage", stage)]).inc_by(0);
+        }
         Self {
             registry,
             turns,

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 macro_rules! error_codes {
     ($( $(#[doc = $doc:literal])+ $variant:ident = $code:literal, )+) => {
         /// A stable, documented error (or warning) code.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
         pub enum ErrorCode {
             $( $(#[doc = $doc])+ #[serde(rename = $code)] $variant, )+
         }
@@ -100,6 +100,19 @@ error_codes! {
     /// An unexpected internal failure; details are logged, not returned.
     Internal = "INTERNAL",
 }
+
+impl utoipa::PartialSchema for ErrorCode {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::String))
+            .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .description(Some("A stable error or warning code (see the README's table)."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ErrorCode {}
 
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::catalog::ModeCatalog;
-use aptix_worker::config::ApiTokens;
+use aptix_worker::config::{ApiTokens, BatchLimits};
 use aptix_worker::contract::RequestLimits;
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use aptix_worker::frontdoor::FrontDoor;
-use aptix_worker::frontdoor::http::{HttpState, serve};
+use aptix_worker::frontdoor::http::{HttpState, openapi, router, serve};
 use aptix_worker::llm::LlmClient;
+use aptix_worker::metrics::Metrics;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
 use aptix_worker::store::SessionStore;
 use aptix_worker::worker::{Worker, WorkerSettings};
@@ -24,6 +25,7 @@ struct App {
     fake: FakeLlm,
     store: Arc<dyn SessionStore>,
     stop: CancellationToken,
+    api: Value,
     _rabbit: RabbitGuard,
     _redis: RedisGuard,
 }
@@ -35,6 +37,11 @@ impl Drop for App {
 }
 
 async fn spawn_app(limits: RequestLimits) -> App {
+    spawn_app_with(limits, BatchLimits::default()).await
+}
+
+async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) -> App {
+    let metrics = Arc::new(Metrics::new());
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
         FakeOptions::default(),
@@ -53,24 +60,28 @@ async fn spawn_app(limits: RequestLimits) -> App {
         Duration::from_secs(30),
         0,
     )
-    .unwrap();
+    .unwrap()
+    .with_metrics(metrics.clone());
     let pipeline = Pipeline::new(
         store.clone(),
         catalog.clone(),
         llm,
         PipelineSettings::new("m"),
     )
-    .unwrap();
+    .unwrap()
+    .with_metrics(metrics.clone());
     let stop = CancellationToken::new();
     let worker = Worker::new(
         rabbit.broker.clone(),
         pipeline,
         rabbit.topology.clone(),
         WorkerSettings::default(),
-    );
+    )
+    .with_metrics(metrics.clone());
     worker.spawn(stop.clone());
     let state = HttpState {
-        door: FrontDoor::new(store.clone(), rabbit.broker.clone(), limits),
+        door: FrontDoor::new(store.clone(), rabbit.broker.clone(), limits)
+            .with_metrics(metrics.clone()),
         store: store.clone(),
         broker: rabbit.broker.clone(),
         catalog,
@@ -79,19 +90,31 @@ async fn spawn_app(limits: RequestLimits) -> App {
             ("tok-b".to_string(), "tenant-b".to_string()),
         ]),
         limits,
+        batch_limits,
+        metrics,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn({
         let s = stop.clone();
-        async move { serve(listener, state, s).await }
+        async move { serve(listener, router(state), s).await }
     });
+    let http = reqwest::Client::new();
+    let api: Value = http
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     App {
         base,
-        http: reqwest::Client::new(),
+        http,
         fake,
         store,
         stop,
+        api,
         _rabbit: rabbit,
         _redis: redis,
     }
@@ -99,12 +122,24 @@ async fn spawn_app(limits: RequestLimits) -> App {
 
 impl App {
     async fn post(&self, token: Option<&str>, body: impl Into<reqwest::Body>) -> (u16, Value) {
-        let mut req = self.http.post(format!("{}/v1/turns", self.base)).body(body);
+        self.post_to(token, "/v1/turns", body).await
+    }
+
+    async fn post_to(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}{path}", self.base)).body(body);
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.unwrap();
-        (resp.status().as_u16(), resp.json().await.unwrap())
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        self.conforms("post", path, status, &body);
+        (status, body)
     }
 
     async fn get(&self, token: Option<&str>, path: &str) -> (u16, Value) {
@@ -113,8 +148,48 @@ impl App {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.unwrap();
-        (resp.status().as_u16(), resp.json().await.unwrap())
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        self.conforms("get", path, status, &body);
+        (status, body)
     }
+
+    /// Every JSON answer must match what /openapi.json says this route answers with this status.
+    fn conforms(&self, method: &str, path: &str, status: u16, body: &Value) {
+        let schema = response_schema(&self.api, method, path, status)
+            .unwrap_or_else(|| panic!("/openapi.json documents no {status} for {method} {path}"));
+        let root = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": schema["$ref"],
+            "components": self.api["components"],
+        });
+        let validator = jsonschema::validator_for(&root).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(body)
+            .map(|e| format!("{} at {}", e, e.instance_path))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path} {status} does not match its documented schema: {errors:?}\n{body}"
+        );
+    }
+}
+
+/// The documented JSON schema of a route's answer, matching the path against the templates.
+fn response_schema(api: &Value, method: &str, path: &str, status: u16) -> Option<Value> {
+    let path = path.split('?').next().unwrap_or(path);
+    let segments: Vec<&str> = path.split('/').collect();
+    let (_, ops) = api["paths"].as_object()?.iter().find(|(template, _)| {
+        let t: Vec<&str> = template.split('/').collect();
+        t.len() == segments.len()
+            && t.iter()
+                .zip(&segments)
+                .all(|(a, b)| a.starts_with('{') || a == b)
+    })?;
+    let content = &ops[method]["responses"][status.to_string()]["content"];
+    content["application/json"]["schema"]
+        .as_object()
+        .map(|o| Value::Object(o.clone()))
 }
 
 fn code(v: &Value) -> &str {
@@ -440,5 +515,319 @@ async fn every_sse_subscriber_gets_every_event() {
         let data = seen.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
         let view: Value = serde_json::from_str(data).unwrap();
         assert_eq!(view["status"], "completed");
+    }
+}
+
+fn ndjson(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_with_good_and_bad_lines() {
+    let app = spawn_app(RequestLimits::default()).await;
+    // Another tenant owns session "theirs".
+    app.post(
+        Some("tok-b"),
+        json!({"sessionId": "theirs", "turnId": "t", "instruction": "mine"}).to_string(),
+    )
+    .await;
+    let lines = [
+        json!({"customId": "fresh", "request": {"instruction": "no ids"}}).to_string(),
+        json!({"customId": "named", "request": {"sessionId": "bs", "turnId": "bt", "instruction": "with ids"}}).to_string(),
+        "{not json".to_string(),
+        String::new(), // blank lines are skipped, but still count for line numbers
+        json!({"request": {"instruction": "no custom id"}}).to_string(),
+        json!({"customId": "bad", "request": {"instruction": "x", "mode": "general", "sessionId": "bad id"}}).to_string(),
+        json!({"customId": "fresh", "request": {"instruction": "repeat"}}).to_string(),
+        json!({"customId": "hijack", "request": {"sessionId": "theirs", "turnId": "t2", "instruction": "x"}}).to_string(),
+    ];
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/batches", lines.join("\n"))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let r = &body["result"];
+    assert_eq!(
+        (r["total"].as_u64(), r["accepted"].as_u64()),
+        (Some(7), Some(2))
+    );
+    let errors = r["errors"].as_array().unwrap();
+    let by_line: Vec<(u64, Option<&str>, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e["line"].as_u64().unwrap(),
+                e["customId"].as_str(),
+                e["errors"][0]["errorCode"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_line,
+        vec![
+            (3, None, "MALFORMED_JSON"),
+            (5, None, "MISSING_FIELD"),
+            (6, Some("bad"), "FORBIDDEN_FIELD"),
+            (7, Some("fresh"), "DUPLICATE_CUSTOM_ID"),
+            (8, Some("hijack"), "TURN_NOT_FOUND"),
+        ]
+    );
+    // Every violation of a line is listed, with the field path under `request`.
+    let bad: Vec<&str> = errors[2]["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].as_str().unwrap())
+        .collect();
+    assert!(
+        bad.iter().any(|m| m.starts_with("request.sessionId")),
+        "{bad:?}"
+    );
+    assert!(bad.iter().any(|m| m.starts_with("request.mode")), "{bad:?}");
+    let id = r["batchId"].as_str().unwrap().to_string();
+
+    // Progress until nothing is queued or running.
+    let mut progress = Value::Null;
+    for _ in 0..100 {
+        let (status, body) = app.get(Some("tok-a"), &format!("/v1/batches/{id}")).await;
+        assert_eq!(status, 200);
+        progress = body["result"].clone();
+        if progress["queued"] == 0 && progress["running"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        progress,
+        json!({"batchId": id, "total": 7, "rejected": 5, "queued": 0, "running": 0,
+               "awaitingClientTools": 0, "completed": 2, "failed": 0, "expired": 0})
+    );
+
+    // Results: one NDJSON line per submitted line.
+    let resp = app
+        .http
+        .get(format!("{}/v1/batches/{id}/results", app.base))
+        .bearer_auth("tok-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let results = ndjson(&resp.text().await.unwrap());
+    assert_eq!(results.len(), 7);
+    let fresh = &results[0];
+    assert_eq!(fresh["customId"], "fresh");
+    assert_eq!(fresh["status"], "completed");
+    assert!(
+        fresh["result"]["result"]["primaryOutputText"]
+            .as_str()
+            .unwrap()
+            .contains("no ids"),
+        "{fresh}"
+    );
+    // Fresh ids were assigned and are real turns of the caller.
+    let (sid, tid) = (
+        fresh["sessionId"].as_str().unwrap(),
+        fresh["turnId"].as_str().unwrap(),
+    );
+    let (status, turn) = app
+        .get(Some("tok-a"), &format!("/v1/sessions/{sid}/turns/{tid}"))
+        .await;
+    assert_eq!(
+        (status, turn["result"]["status"].as_str()),
+        (200, Some("completed"))
+    );
+    assert_eq!(
+        (
+            results[1]["sessionId"].as_str(),
+            results[1]["turnId"].as_str()
+        ),
+        (Some("bs"), Some("bt"))
+    );
+    let rejected: Vec<_> = results[2..]
+        .iter()
+        .map(|l| (l["line"].as_u64().unwrap(), l["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        rejected,
+        vec![
+            (3, "rejected"),
+            (5, "rejected"),
+            (6, "rejected"),
+            (7, "rejected"),
+            (8, "rejected")
+        ]
+    );
+    assert_eq!(results[2]["result"]["successful"], false);
+
+    // Other tenants and missing tokens see nothing.
+    let (status, body) = app.get(Some("tok-b"), &format!("/v1/batches/{id}")).await;
+    assert_eq!((status, code(&body)), (404, "BATCH_NOT_FOUND"));
+    let (status, _) = app
+        .get(Some("tok-b"), &format!("/v1/batches/{id}/results"))
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = app.get(None, &format!("/v1/batches/{id}")).await;
+    assert_eq!(status, 401);
+    let (status, _) = app.post_to(None, "/v1/batches", lines[0].clone()).await;
+    assert_eq!(status, 401);
+    let (status, body) = app.post_to(Some("tok-a"), "/v1/batches", "\n\n").await;
+    assert_eq!((status, code(&body)), (400, "MALFORMED_JSON"));
+}
+
+#[tokio::test]
+async fn a_batch_over_the_limits_is_413_and_nothing_runs() {
+    let limits = BatchLimits {
+        max_bytes: 1000,
+        max_lines: 2,
+    };
+    let app = spawn_app_with(RequestLimits::default(), limits).await;
+    let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
+    let (status, body) = app
+        .post_to(
+            Some("tok-a"),
+            "/v1/batches",
+            [line.clone(), line.clone(), line].join("\n"),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (413, "PAYLOAD_TOO_LARGE"));
+    let big = json!({"customId": "a", "request": {"instruction": "x".repeat(2000)}}).to_string();
+    let (status, _) = app.post_to(Some("tok-a"), "/v1/batches", big).await;
+    assert_eq!(status, 413);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(app.fake.requests().is_empty());
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn metrics_count_what_happened() {
+    let app = spawn_app(RequestLimits::default()).await;
+    app.fake.push([Reply::Text("Done.".into())]);
+    let turn = json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}).to_string();
+    app.post(Some("tok-a"), turn.clone()).await;
+    app.get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=10")
+        .await;
+    app.post(Some("tok-a"), turn).await; // a repeat: answered from the store
+    let resp = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "no token needed");
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = resp.text().await.unwrap();
+    assert_eq!(metric(&text, "aptix_turns_accepted_total"), 1.0);
+    assert_eq!(
+        metric(&text, "aptix_turns_total{status=\"completed\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "aptix_duplicates_suppressed_total{stage=\"frontdoor\"}"
+        ),
+        1.0
+    );
+    assert_eq!(metric(&text, "aptix_turn_queue_wait_seconds_count"), 1.0);
+    assert_eq!(metric(&text, "aptix_turn_duration_seconds_count"), 1.0);
+    assert_eq!(
+        metric(&text, "aptix_model_request_duration_seconds_count"),
+        1.0
+    );
+    assert!(metric(&text, "aptix_model_tokens_total{kind=\"input\"}") > 0.0);
+    assert_eq!(metric(&text, "aptix_turns_in_flight"), 0.0);
+    assert_eq!(metric(&text, "aptix_fenced_writes_rejected_total"), 0.0);
+    for family in [
+        "aptix_job_retries",
+        "aptix_job_redeliveries",
+        "aptix_model_retries",
+        "aptix_jobs_dead_lettered",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE {family} counter")),
+            "{family} missing:\n{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_openapi_document_covers_every_route() {
+    let app = spawn_app(RequestLimits::default()).await;
+    let expected = [
+        ("post", "/v1/turns"),
+        ("get", "/v1/sessions/{sessionId}/turns/{turnId}"),
+        ("get", "/v1/sessions/{sessionId}"),
+        ("get", "/v1/sessions/{sessionId}/events"),
+        ("post", "/v1/batches"),
+        ("get", "/v1/batches/{batchId}"),
+        ("get", "/v1/batches/{batchId}/results"),
+        ("post", "/api/ai/agent/execute"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/metrics"),
+        ("get", "/openapi.json"),
+    ];
+    let paths = app.api["paths"].as_object().unwrap();
+    let mut documented: Vec<(String, String)> = paths
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), p.clone()))
+        })
+        .collect();
+    documented.sort();
+    let mut wanted: Vec<(String, String)> = expected
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    wanted.sort();
+    assert_eq!(documented, wanted);
+    // The served document is the one the code generates, and every reference resolves.
+    assert_eq!(app.api, serde_json::to_value(openapi()).unwrap());
+    let text = app.api.to_string();
+    let schemas = app.api["components"]["schemas"].as_object().unwrap();
+    for r in text.split("#/components/schemas/").skip(1) {
+        let name: String = r
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        assert!(schemas.contains_key(&name), "dangling $ref {name}");
+    }
+    // Every documented route is really routed (no 404/405 from the router itself).
+    for (method, path) in expected {
+        let concrete = path
+            .replace("{sessionId}", "s")
+            .replace("{turnId}", "t")
+            .replace("{batchId}", "b");
+        let req = match method {
+            "post" => app.http.post(format!("{}{concrete}", app.base)).body("{}"),
+            _ => app.http.get(format!("{}{concrete}", app.base)),
+        };
+        let resp = req
+            .bearer_auth("tok-a")
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(resp) = resp {
+            assert_ne!(resp.status().as_u16(), 405, "{method} {path}");
+            let is_router_404 =
+                resp.status().as_u16() == 404 && resp.headers().get("content-type").is_none();
+            assert!(!is_router_404, "{method} {path} is not routed");
+        }
     }
 }
