@@ -77,10 +77,12 @@ impl ApiClient {
     }
 
     /// Follows a session's Server-Sent Events, calling `on_event` with each event's data until
-    /// the stream ends or `on_event` returns `false`.
+    /// the stream ends or `on_event` returns `false`. `on_subscribed` runs once the server has
+    /// subscribed (it answers only then), so nothing published afterwards is missed.
     pub async fn watch(
         &self,
         session_id: &str,
+        on_subscribed: impl FnOnce(),
         mut on_event: impl FnMut(&str) -> bool,
     ) -> anyhow::Result<()> {
         let resp = self
@@ -97,6 +99,7 @@ impl ApiClient {
             let body = resp.text().await.unwrap_or_default();
             bail!("the API refused the subscription ({status}): {body}");
         }
+        on_subscribed();
         let mut stream = resp.bytes_stream();
         let mut buf = String::new();
         let mut data = String::new();

@@ -224,14 +224,23 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Client commands keep stderr for their own progress unless RUST_LOG asks for more.
+    let default_level = match cli.command {
+        Command::Batch { .. }
+        | Command::Submit { .. }
+        | Command::Status { .. }
+        | Command::Watch { .. }
+        | Command::Validate { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -496,7 +505,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));
             let mut seen = 0usize;
-            let watch = client.watch(&session_id, |data| {
+            let subscribed = || eprintln!("watching session {session_id}; Ctrl-C stops");
+            let watch = client.watch(&session_id, subscribed, |data| {
                 println!("{data}");
                 seen += 1;
                 count.is_none_or(|c| seen < c)

@@ -107,7 +107,9 @@ impl utoipa::PartialSchema for ErrorCode {
         ObjectBuilder::new()
             .schema_type(SchemaType::Type(Type::String))
             .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
-            .description(Some("A stable error or warning code (see the README's table)."))
+            .description(Some(
+                "A stable error or warning code (see the README's table).",
+            ))
             .into()
     }
 }

@@ -17,8 +17,87 @@ fn aptix() -> Command {
     c
 }
 
+/// The arguments of the README's main command (the first `cargo run --release -- …` line).
+fn readme_main_command() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let line = readme
+        .lines()
+        .find_map(|l| l.strip_prefix("cargo run --release -- "))
+        .expect("the README shows the main command");
+    // Split on spaces, keeping double-quoted arguments whole.
+    let mut args = Vec::new();
+    let mut quoted = false;
+    let mut current = String::new();
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !current.is_empty() {
+                    args.push(std::mem::take(&mut current));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        args.push(current);
+    }
+    args
+}
+
 #[test]
 fn the_readme_main_command_runs_on_the_embedded_default() {
+    let args = readme_main_command();
+    assert_eq!(args[0], "batch", "{args:?}");
+    let out_dir =
+        std::env::temp_dir().join(format!("aptix-readme-{}", uuid::Uuid::new_v4().simple()));
+    let run = || {
+        aptix()
+            .args(&args)
+            .arg("--out")
+            .arg(&out_dir)
+            .output()
+            .expect("runs")
+    };
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inputs = std::fs::read_dir("examples/ddrs").unwrap().count();
+    assert!(inputs >= 3, "a few sample DDRs");
+    assert!(
+        stdout.contains(&format!("{inputs} input(s): {inputs} completed now")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&out_dir.display().to_string()),
+        "prints where results are"
+    );
+    for entry in std::fs::read_dir("examples/ddrs").unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let r: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out_dir.join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(r["status"], "completed", "{r}");
+        assert_eq!(r["result"]["result"]["kind"], "final");
+    }
+    assert!(out_dir.join("summary.json").exists());
+    let again = run();
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout)
+            .contains(&format!("0 completed now, {inputs} already done")),
+        "resumes"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+#[test]
+fn run_still_runs_request_files_with_a_client_tool_round() {
     let out = aptix()
         .args([
             "run",
@@ -34,10 +113,6 @@ fn the_readme_main_command_runs_on_the_embedded_default() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("\"kind\": \"final\""), "{stdout}");
-    assert!(
-        stdout.contains("\"kind\": \"client_tool_continuation\""),
-        "{stdout}"
-    );
     assert!(
         stdout.contains("Received 1 tool output(s); done."),
         "the client tool was answered: {stdout}"
@@ -262,6 +337,54 @@ fn submit_and_status_talk_to_the_http_api() {
         .unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"status\": \"completed\""));
+    // `aptix watch` follows the session over SSE and sees the next turn's result.
+    let watch = aptix()
+        .args([
+            "watch",
+            "demo-session-1",
+            "--count",
+            "1",
+            "--url",
+            &url,
+            "--token",
+            "tok-cli",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut watch = watch;
+    {
+        use std::io::BufRead as _;
+        let mut line = String::new();
+        std::io::BufReader::new(watch.stderr.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("watching session demo-session-1"), "{line}");
+    }
+    let second =
+        std::env::temp_dir().join(format!("aptix-turn-{}.json", uuid::Uuid::new_v4().simple()));
+    std::fs::write(
+        &second,
+        serde_json::json!({"sessionId": "demo-session-1", "turnId": "turn-2", "instruction": "again"}).to_string(),
+    )
+    .unwrap();
+    let out = aptix()
+        .arg("submit")
+        .arg(&second)
+        .args(["--url", &url, "--token", "tok-cli"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let watched = watch.wait_with_output().unwrap();
+    assert!(watched.status.success());
+    let event: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&watched.stdout).trim()).unwrap();
+    assert_eq!(
+        (event["turnId"].as_str(), event["status"].as_str()),
+        (Some("turn-2"), Some("completed"))
+    );
+    let _ = std::fs::remove_file(&second);
     // The wrong token is refused, and the command says so by its exit code.
     let out = aptix()
         .args([
@@ -277,4 +400,125 @@ fn submit_and_status_talk_to_the_http_api() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("UNAUTHORIZED"));
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) {
+    std::fs::write(dir.join(name), text).unwrap();
+}
+
+fn read_json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn batch_processes_a_folder_and_resumes() {
+    let root = std::env::temp_dir().join(format!("aptix-batch-{}", uuid::Uuid::new_v4().simple()));
+    let input = root.join("docs");
+    let out = root.join("out");
+    std::fs::create_dir_all(&input).unwrap();
+    write(&input, "a.md", "# DDR-1 Alpha\n\nFirst decision.\n");
+    write(&input, "b.md", "# DDR-2 Beta\n\nSecond decision.\n");
+    // The model asks the client for a file; the batch command answers from the input folder.
+    write(
+        &input,
+        "c.md",
+        "# DDR-3 Gamma\n\n#fake:call workspace_read_file {\"path\": \"a.md\"}\n",
+    );
+    write(
+        &input,
+        "big.md",
+        &format!("# DDR-4 Big\n\n{}\n", "x".repeat(3000)),
+    );
+    write(&input, "notes.txt", "not a markdown file");
+    let batch = |limit: Option<&str>| {
+        let mut c = aptix();
+        c.args(["batch"])
+            .arg(&input)
+            .args([
+                "--instruction",
+                "Summarise the decision",
+                "--poll-ms",
+                "50",
+                "--out",
+            ])
+            .arg(&out);
+        if let Some(l) = limit {
+            c.env("APTIX_MAX_ARTIFACT_BYTES", l);
+        }
+        let o = c.output().unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+
+    // First run: big.md is over the artifact limit, so it fails; the others complete.
+    let (code, stdout, stderr) = batch(Some("2000"));
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 input(s): 3 completed now, 0 already done, 1 failed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("big.md: request.inputArtifacts[0]"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&out.display().to_string()),
+        "says where results are"
+    );
+    assert!(stderr.contains("4/4 done, 1 failed"), "progress: {stderr}");
+    for name in ["a.md", "b.md"] {
+        let r = read_json(&out.join(format!("{name}.json")));
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["customId"], name);
+        assert!(
+            r["result"]["result"]["primaryOutputText"]
+                .as_str()
+                .unwrap()
+                .contains("Summarise the decision"),
+            "{r}"
+        );
+    }
+    let c = read_json(&out.join("c.md.json"));
+    assert_eq!(c["status"], "completed", "{c}");
+    assert_eq!(
+        c["result"]["result"]["primaryOutputText"],
+        "Received 1 tool output(s); done."
+    );
+    let big = read_json(&out.join("big.md.json"));
+    assert_eq!(big["status"], "rejected");
+    assert_eq!(big["result"]["errors"][0]["errorCode"], "PAYLOAD_TOO_LARGE");
+    assert!(!out.join("notes.txt.json").exists());
+    let summary = read_json(&out.join("summary.json"));
+    assert_eq!(
+        (summary["total"].as_u64(), summary["completed"].as_u64()),
+        (Some(4), Some(3))
+    );
+    assert_eq!(summary["failed"][0]["customId"], "big.md");
+    let a_before = std::fs::read_to_string(out.join("a.md.json")).unwrap();
+
+    // Second run, limit lifted: completed inputs are skipped, the failed one runs again.
+    let (code, stdout, stderr) = batch(None);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("4 input(s): 1 completed now, 3 already done, 0 failed"),
+        "{stdout}"
+    );
+    assert_eq!(read_json(&out.join("big.md.json"))["status"], "completed");
+    assert_eq!(read_json(&out.join("big.md.json"))["attempt"], 1);
+    assert_eq!(
+        std::fs::read_to_string(out.join("a.md.json")).unwrap(),
+        a_before
+    );
+
+    // Third run: nothing to do.
+    let (code, stdout, _) = batch(None);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("0 completed now, 4 already done"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
 }

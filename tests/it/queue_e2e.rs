@@ -396,7 +396,13 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
         Reply::Text("finished by the second worker".into()),
     ]);
     let lease = Duration::from_millis(600);
-    let doomed = d.worker("doomed", settings(), lease).await;
+    // A grace period of zero makes stopping drop every in-flight turn on the spot, the way a
+    // killed process would: no ack, no retry, no lease release (the lease just expires).
+    let sudden = WorkerSettings {
+        shutdown_grace: Duration::ZERO,
+        ..settings()
+    };
+    let doomed = d.worker("doomed", sudden, lease).await;
     let mut replies = d.replies("s").await;
     d.door
         .submit(&submit_body(
@@ -415,9 +421,10 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
         2,
         "the tool ran and the next model call is in flight"
     );
-    // Kill it: the process stops working and its connection drops with the job unacked.
-    doomed.task.abort();
+    // Kill it: its connection drops with the job unacked and its in-flight turn stops dead.
     close_connection(doomed.broker.connection_name());
+    doomed.stop.cancel();
+    doomed.task.await.unwrap();
     let survivor = d.worker("survivor", settings(), lease).await;
     let r = next_reply(&mut replies, 30).await;
     assert_eq!(r.status, TurnStatus::Completed);
