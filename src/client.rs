@@ -176,6 +176,92 @@ pub fn client_tool(workspace: &Path, call: &Value) -> Value {
     }
 }
 
+/// The repository name for a folder: `explicit`, else the folder's own name.
+pub fn repo_name(folder: &Path, explicit: Option<String>) -> String {
+    explicit.unwrap_or_else(|| {
+        std::fs::canonicalize(folder)
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "default".into())
+    })
+}
+
+/// Files sent per `POST /v1/index` request (and at most this many bytes).
+const INDEX_GROUP_FILES: usize = 200;
+const INDEX_GROUP_BYTES: usize = 8 * 1024 * 1024;
+
+/// Indexes a folder through the API: the files in groups (progress on stderr), then the
+/// complete listing so files gone from the folder leave the index.
+pub async fn upload_index(
+    client: &ApiClient,
+    folder: &Path,
+    repo: &str,
+    tags: &[String],
+) -> anyhow::Result<crate::rag::IndexReport> {
+    let (files, skipped) = crate::rag::indexer::read_folder(folder)
+        .with_context(|| format!("reading {}", folder.display()))?;
+    let mut total = crate::rag::IndexReport {
+        repo: repo.to_string(),
+        files: files.len(),
+        skipped,
+        ..Default::default()
+    };
+    let mut groups: Vec<Vec<&(String, String)>> = vec![Vec::new()];
+    let mut bytes = 0;
+    for f in &files {
+        let last = groups.last_mut().map(|g| g.len()).unwrap_or(0);
+        if last >= INDEX_GROUP_FILES || (last > 0 && bytes + f.1.len() > INDEX_GROUP_BYTES) {
+            groups.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += f.1.len();
+        if let Some(g) = groups.last_mut() {
+            g.push(f);
+        }
+    }
+    let keep: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
+    let count = groups.len();
+    let mut done = 0;
+    for (i, group) in groups.into_iter().enumerate() {
+        let mut body = json!({
+            "repo": repo,
+            "tags": tags,
+            "files": group.iter().map(|(p, c)| json!({"path": p, "contents": c})).collect::<Vec<_>>(),
+        });
+        if i + 1 == count {
+            body["keep"] = json!(keep);
+        }
+        let (status, answer) = client.post("/v1/index", serde_json::to_vec(&body)?).await?;
+        if status != 200 {
+            bail!(
+                "the API refused to index ({status}): {}",
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
+            );
+        }
+        let r = &answer["result"];
+        let n = |k: &str| usize::try_from(r[k].as_u64().unwrap_or(0)).unwrap_or(0);
+        total.indexed += n("indexed");
+        total.unchanged += n("unchanged");
+        total.chunks += n("chunks");
+        total.removed += n("removed");
+        for s in r["skipped"].as_array().into_iter().flatten() {
+            total.skipped.push(crate::rag::indexer::SkippedFile {
+                path: s["path"].as_str().unwrap_or_default().to_string(),
+                reason: s["reason"].as_str().unwrap_or_default().to_string(),
+            });
+        }
+        done += group.len();
+        if count > 1 || files.len() >= INDEX_GROUP_FILES {
+            eprintln!(
+                "indexing {}: {done}/{} file(s)",
+                folder.display(),
+                files.len()
+            );
+        }
+    }
+    Ok(total)
+}
+
 /// What `aptix batch` works on.
 #[derive(Debug, Clone)]
 pub struct BatchJob {

@@ -42,6 +42,10 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// The tenant of callers when no API tokens are configured (loopback only), and the owner of
+/// sessions created without the HTTP API.
+pub const LOCAL_TENANT: &str = "local";
+
 /// The whole configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -91,6 +95,10 @@ pub struct Config {
     pub limits: RequestLimits,
     /// `APTIX_MAX_BATCH_BYTES` / `APTIX_MAX_BATCH_LINES`: the largest batch submission.
     pub batch_limits: BatchLimits,
+    /// `APTIX_RAG_MAX_CHUNKS` / `APTIX_RAG_MAX_CHARS`: how much retrieved context a turn gets.
+    pub rag_budget: crate::rag::RagBudget,
+    /// `APTIX_RAG_CHUNK_LINES`: the most lines in one indexed chunk.
+    pub chunk_lines: usize,
 }
 
 /// Limits of one batch submission (each line is also held to [`RequestLimits`]).
@@ -182,6 +190,23 @@ impl Config {
                 )?,
                 max_image_bytes: positive(&get, "APTIX_MAX_IMAGE_BYTES", defaults.max_image_bytes)?,
             },
+            rag_budget: crate::rag::RagBudget {
+                max_chunks: number(
+                    &get,
+                    "APTIX_RAG_MAX_CHUNKS",
+                    crate::rag::RagBudget::default().max_chunks,
+                )?,
+                max_chars: number(
+                    &get,
+                    "APTIX_RAG_MAX_CHARS",
+                    crate::rag::RagBudget::default().max_chars,
+                )?,
+            },
+            chunk_lines: positive(
+                &get,
+                "APTIX_RAG_CHUNK_LINES",
+                crate::rag::ChunkOptions::default().max_lines,
+            )?,
             batch_limits: BatchLimits {
                 max_bytes: positive(
                     &get,

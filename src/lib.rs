@@ -13,6 +13,7 @@
 //! - [`pipeline`] — one turn: compose the model request, call the model, run server tools.
 //! - [`llm`] — the Responses API client; [`fake_llm`] — a faithful fake of it for tests.
 //! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
+//! - [`rag`] — the chunk index, BM25 retrieval and `ragScope` filtering for `[CONTEXT]`.
 //! - [`metrics`] — Prometheus metrics.
 
 pub mod bench;
@@ -26,6 +27,7 @@ pub mod llm;
 pub mod metrics;
 pub mod pipeline;
 pub mod queue;
+pub mod rag;
 pub mod store;
 pub mod tools;
 pub mod worker;

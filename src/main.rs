@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 use aptix_worker::catalog::ModeCatalog;
-use aptix_worker::client::{ApiClient, BatchJob, client_tool, run_batch};
+use aptix_worker::client::{ApiClient, BatchJob, client_tool, repo_name, run_batch, upload_index};
 use aptix_worker::config::Config;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
@@ -25,6 +25,7 @@ use aptix_worker::llm::LlmClient;
 use aptix_worker::metrics::Metrics;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
 use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
+use aptix_worker::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisIndex};
 use aptix_worker::store::{MemoryStore, RedisStore, SessionStore, TurnStatusView};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
@@ -110,9 +111,34 @@ enum Command {
         /// How often progress is polled, in milliseconds.
         #[arg(long, default_value_t = 500)]
         poll_ms: u64,
+        /// Index this folder first, so turns see related documents in their context.
+        #[arg(long)]
+        index: Option<PathBuf>,
     },
     /// Print the OpenAPI document of the HTTP API.
     Openapi,
+    /// Index a folder for retrieval (Markdown by heading, code by lines): through the HTTP API
+    /// with --url, else straight into Redis (APTIX_REDIS_URL). Unchanged files are skipped,
+    /// changed ones re-chunked, files gone from the folder removed.
+    Index {
+        /// The folder.
+        folder: PathBuf,
+        /// The repository name chunks carry (default: the folder's name).
+        #[arg(long)]
+        repo: Option<String>,
+        /// A tag for every chunk (repeatable).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// The API's base URL.
+        #[arg(long, env = "APTIX_URL")]
+        url: Option<String>,
+        /// Bearer token.
+        #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        /// The tenant whose index to write when writing straight to Redis.
+        #[arg(long, default_value = "local")]
+        tenant: String,
+    },
     /// Enqueue request files through the front door (prints each accepted turn's status).
     Enqueue {
         /// AgentExecuteRequest JSON files.
@@ -279,6 +305,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             url,
             token,
             poll_ms,
+            index,
         } => {
             let out = out.unwrap_or_else(|| {
                 let name = input
@@ -313,7 +340,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             };
             let client = ApiClient::new(&url, token);
-            let outcome = run_batch(&client, &job).await;
+            let indexed = match &index {
+                Some(folder) => upload_index(&client, folder, &repo_name(folder, None), &[])
+                    .await
+                    .map(|r| {
+                        eprintln!(
+                            "indexed {}: {} file(s) ({} new or changed, {} chunk(s)), {} removed",
+                            folder.display(),
+                            r.files,
+                            r.indexed,
+                            r.chunks,
+                            r.removed
+                        )
+                    }),
+                None => Ok(()),
+            };
+            let outcome = match indexed {
+                Ok(()) => run_batch(&client, &job).await,
+                Err(e) => Err(e),
+            };
             if let Some((shutdown, worker_task, server, _app)) = embedded {
                 shutdown.cancel();
                 let _ = worker_task.await;
@@ -336,6 +381,52 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("  {id}: {why}");
             }
             Ok(ExitCode::FAILURE)
+        }
+        Command::Index {
+            folder,
+            repo,
+            tags,
+            url,
+            token,
+            tenant,
+        } => {
+            let repo = repo_name(&folder, repo);
+            let report = match url {
+                Some(url) => {
+                    let client = ApiClient::new(&url, token);
+                    upload_index(&client, &folder, &repo, &tags).await?
+                }
+                None => {
+                    let config = Config::from_env()?;
+                    let Some(redis) = &config.redis_url else {
+                        anyhow::bail!(
+                            "nothing to index into: pass --url of a running server (the embedded in-memory index lives inside it) or set APTIX_REDIS_URL"
+                        );
+                    };
+                    let index = RedisIndex::connect(redis.expose(), &config.namespace).await?;
+                    let opts = ChunkOptions {
+                        max_lines: config.chunk_lines,
+                    };
+                    let mut shown = std::time::Instant::now();
+                    aptix_worker::rag::index_folder(
+                        &index,
+                        &tenant,
+                        &repo,
+                        &folder,
+                        &tags,
+                        opts,
+                        |done, all| {
+                            if done == all || shown.elapsed() >= Duration::from_secs(1) {
+                                eprintln!("indexing {}: {done}/{all} file(s)", folder.display());
+                                shown = std::time::Instant::now();
+                            }
+                        },
+                    )
+                    .await?
+                }
+            };
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(ExitCode::SUCCESS)
         }
         Command::Openapi => {
             println!("{}", openapi().to_pretty_json()?);
@@ -629,6 +720,7 @@ struct App {
     pipeline: Pipeline,
     topology: Topology,
     metrics: Arc<Metrics>,
+    index: Arc<dyn ChunkIndex>,
     /// Keeps the built-in fake model alive when no model server is configured.
     _fake: Option<FakeLlm>,
 }
@@ -668,13 +760,21 @@ impl App {
             }
             None => Arc::new(MemoryBroker::new()),
         };
+        let index: Arc<dyn ChunkIndex> = match &config.redis_url {
+            Some(url) => Arc::new(RedisIndex::connect(url.expose(), &config.namespace).await?),
+            None => Arc::new(MemoryIndex::new()),
+        };
         let mut settings = PipelineSettings::new(config.model.clone());
         settings.max_iterations = config.max_iterations;
         settings.replay = config.llm_replay;
         settings.lease_ttl = config.lease;
         let pipeline = Pipeline::new(store.clone(), catalog.clone(), llm, settings)
             .map_err(anyhow::Error::msg)?
-            .with_metrics(metrics.clone());
+            .with_metrics(metrics.clone())
+            .with_rag(
+                Arc::new(Bm25Retriever::new(index.clone())),
+                config.rag_budget,
+            );
         Ok(Self {
             catalog,
             store,
@@ -682,6 +782,7 @@ impl App {
             pipeline,
             topology,
             metrics,
+            index,
             _fake: fake,
         })
     }
@@ -719,6 +820,10 @@ impl App {
             limits: config.limits,
             batch_limits: config.batch_limits,
             metrics: self.metrics.clone(),
+            index: self.index.clone(),
+            chunk_options: ChunkOptions {
+                max_lines: config.chunk_lines,
+            },
         }
     }
 }

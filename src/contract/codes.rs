@@ -59,6 +59,8 @@ error_codes! {
     InvalidImage = "INVALID_IMAGE",
     /// A RAG scope condition has an empty key, no values or an unknown operator.
     InvalidRagCondition = "INVALID_RAG_CONDITION",
+    /// Warning: a `ragScope` condition names a key chunks do not carry (path, language, repo, tags, docId); it was ignored.
+    UnknownRagKey = "UNKNOWN_RAG_KEY",
     /// Warning: a field the contract does not know was ignored.
     UnknownField = "UNKNOWN_FIELD",
     /// The submitted tool results do not match the tool calls the turn waits for (count, ids, order).

@@ -405,6 +405,9 @@ impl RagOperator {
     }
 }
 
+/// The chunk metadata keys a `ragScope` condition can name (DESIGN.md §7).
+pub const RAG_KEYS: &[&str] = &["path", "language", "repo", "tags", "docId"];
+
 /// One scope condition; all conditions of a scope are ANDed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RagCondition {
@@ -1210,6 +1213,16 @@ fn parse_condition(
             );
             None
         } else {
+            if !RAG_KEYS.contains(&k) {
+                report.warn(
+                    ErrorCode::UnknownRagKey,
+                    &f.path("key"),
+                    format!(
+                        "{k:?} is not a chunk metadata key ({}); the condition is ignored",
+                        RAG_KEYS.join(", ")
+                    ),
+                );
+            }
             Some(k.to_string())
         }
     });

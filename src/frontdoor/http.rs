@@ -37,6 +37,8 @@ use crate::contract::{
 };
 use crate::metrics::Metrics;
 use crate::queue::Broker;
+use crate::rag::indexer::IndexReport;
+use crate::rag::{ChunkIndex, ChunkOptions};
 use crate::store::TurnStatusView;
 use crate::store::{ModeChange, SessionStore, TurnStatus};
 
@@ -59,10 +61,13 @@ pub struct HttpState {
     pub batch_limits: BatchLimits,
     /// The process's metrics (`GET /metrics`).
     pub metrics: Arc<Metrics>,
+    /// The chunk index `POST /v1/index` writes to.
+    pub index: Arc<dyn ChunkIndex>,
+    /// How indexed files are cut.
+    pub chunk_options: ChunkOptions,
 }
 
-/// The tenant of unauthenticated calls when no tokens are configured (loopback only).
-pub const LOCAL_TENANT: &str = "local";
+pub use crate::config::LOCAL_TENANT;
 
 /// The longest long-poll wait accepted.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -102,6 +107,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(post_batch))
         .routes(routes!(get_batch))
         .routes(routes!(get_batch_results))
+        .routes(routes!(post_index))
         .routes(routes!(execute_sync))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -761,6 +767,124 @@ async fn get_batch_results(
         axum::body::Body::from_stream(lines),
     )
         .into_response()
+}
+
+/// A file to index.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IndexFile {
+    /// Path relative to the repository root (`/`-separated, no `..`).
+    path: String,
+    /// The file's text.
+    contents: String,
+}
+
+/// `POST /v1/index`: files to (re)index for the caller's tenant.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct IndexRequest {
+    /// The repository the files belong to (chunk metadata `repo`).
+    repo: String,
+    /// Tags added to every chunk of these files.
+    #[serde(default)]
+    tags: Vec<String>,
+    /// Files to index; unchanged ones are skipped.
+    #[serde(default)]
+    files: Vec<IndexFile>,
+    /// The repository's complete file listing: indexed files not in it are removed.
+    #[serde(default)]
+    keep: Option<Vec<String>>,
+}
+
+/// Index files for retrieval: Markdown is chunked by heading, code by a bounded number of lines;
+/// a changed file's chunks are replaced; with `keep`, files not listed are removed.
+#[utoipa::path(post, path = "/v1/index", tag = "retrieval",
+    request_body(content = IndexRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "What was indexed, left alone, removed and skipped", body = api_doc::InvokeResult<IndexReport>),
+        (status = 400, description = "Malformed body, bad repo name or path", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
+        (status = 503, description = "Index unavailable", body = Failure),
+    ))]
+async fn post_index(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let limit = state.batch_limits.max_bytes;
+    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
+        return failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: the body is larger than the limit of {limit} bytes"),
+        );
+    };
+    let req: IndexRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::MalformedJson,
+                format!("$: not an index request ({e})"),
+            );
+        }
+    };
+    let mut errors = Vec::new();
+    if let Err(e) = crate::contract::ids::check_id(&req.repo) {
+        errors.push(ErrorMessage::new(
+            ErrorCode::InvalidId,
+            format!("repo: {e}"),
+        ));
+    }
+    let listed = req.files.iter().map(|f| f.path.as_str());
+    let kept = req.keep.iter().flatten().map(String::as_str);
+    for (i, path) in listed.chain(kept).enumerate() {
+        if let Err(why) = crate::contract::request::RelativePath::parse(path) {
+            errors.push(ErrorMessage::new(
+                ErrorCode::InvalidPath,
+                format!("path #{}: {path:?} {why}", i + 1),
+            ));
+        }
+    }
+    if let Some(failed) = InvokeResult::<()>::failures(errors) {
+        return answer(StatusCode::BAD_REQUEST, failed);
+    }
+    let files: Vec<(String, String)> = req
+        .files
+        .into_iter()
+        .map(|f| (f.path, f.contents))
+        .collect();
+    let index = state.index.as_ref();
+    let result = crate::rag::index_files(
+        index,
+        &tenant,
+        &req.repo,
+        &files,
+        &req.tags,
+        false,
+        state.chunk_options,
+        |_, _| {},
+    )
+    .await;
+    let mut report = match result {
+        Ok(r) => r,
+        Err(e) => return unavailable(e),
+    };
+    if let Some(keep) = req.keep {
+        let keep: std::collections::HashSet<String> = keep.into_iter().collect();
+        let known = match index.files(&tenant, &req.repo).await {
+            Ok(k) => k,
+            Err(e) => return unavailable(e),
+        };
+        for path in known.keys().filter(|p| !keep.contains(*p)) {
+            if let Err(e) = index.remove_file(&tenant, &req.repo, path).await {
+                return unavailable(e);
+            }
+            report.removed += 1;
+        }
+    }
+    tracing::info!(%tenant, repo = %report.repo, indexed = report.indexed, unchanged = report.unchanged, removed = report.removed, chunks = report.chunks, "index updated");
+    answer(StatusCode::OK, InvokeResult::success(report))
 }
 
 /// Prometheus metrics (text exposition format).

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
+use crate::config::LOCAL_TENANT;
 use crate::contract::request::JsonText;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
@@ -24,6 +25,7 @@ use crate::contract::{
 };
 use crate::llm::{LlmClient, LlmError, ModelResponse, OutputItem};
 use crate::metrics::Metrics;
+use crate::rag::{RagBudget, RagQuery, Retriever};
 use crate::store::{
     Checkpoint, Lease, PendingTools, SessionState, SessionStore, StoreError, TurnProgress,
     TurnRecord, TurnStatus, now_rfc3339,
@@ -88,6 +90,14 @@ pub struct Pipeline {
     tools: ToolRegistry,
     settings: Arc<PipelineSettings>,
     metrics: Arc<Metrics>,
+    rag: Option<Rag>,
+}
+
+/// Retrieval for the `[CONTEXT]` block.
+#[derive(Clone)]
+struct Rag {
+    retriever: Arc<dyn Retriever>,
+    budget: RagBudget,
 }
 
 type TurnResult = InvokeResult<AgentExecuteResponse>;
@@ -151,7 +161,74 @@ impl Pipeline {
             tools,
             settings: Arc::new(settings),
             metrics: Arc::default(),
+            rag: None,
         })
+    }
+
+    /// Adds retrieved chunks to every user turn's `[CONTEXT]` block, within `budget`.
+    pub fn with_rag(mut self, retriever: Arc<dyn Retriever>, budget: RagBudget) -> Self {
+        self.rag = Some(Rag { retriever, budget });
+        self
+    }
+
+    /// The request's artifacts plus, with retrieval configured, the chunks retrieved for the
+    /// turn (scoped by its `ragScope`, in rank order, cut to the budget). Retrieval is
+    /// advisory: when the index cannot be read the turn goes on with its artifacts alone.
+    async fn context_chunks(&self, sid: &SessionId, turn: &UserTurn) -> Vec<compose::ContextChunk> {
+        let artifacts = compose::artifact_chunks(turn);
+        let Some(rag) = &self.rag else {
+            return artifacts;
+        };
+        let tenant = match self.store.owner(sid).await {
+            Ok(owner) => owner.unwrap_or_else(|| LOCAL_TENANT.to_string()),
+            Err(e) => {
+                warn!(error = %e, "cannot read the session's owner; no retrieval for this turn");
+                return artifacts;
+            }
+        };
+        let mut text = turn.instruction().unwrap_or_default().to_string();
+        for a in turn.input_artifacts() {
+            text.push(' ');
+            text.push_str(a.relative_path().as_str());
+        }
+        let query = RagQuery {
+            text,
+            conditions: turn
+                .rag_scope()
+                .map(|s| s.conditions.clone())
+                .unwrap_or_default(),
+            exclude_paths: turn
+                .input_artifacts()
+                .iter()
+                .map(|a| a.relative_path().as_str().to_string())
+                .collect(),
+            limit: rag.budget.max_chunks,
+        };
+        let retrieved = match rag.retriever.retrieve(&tenant, &query).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "retrieval failed; the turn goes on without retrieved context");
+                return artifacts;
+            }
+        };
+        let found = retrieved.len();
+        let retrieved: Vec<_> = retrieved.iter().map(|s| s.chunk.to_context()).collect();
+        let (chunks, cut) = crate::rag::within_budget(artifacts, retrieved, rag.budget);
+        info!(
+            %tenant,
+            retrieved = found,
+            used = found - cut.ids.len(),
+            "retrieved context"
+        );
+        if !cut.ids.is_empty() {
+            info!(
+                cut_chunks = ?cut.ids,
+                cut_chars = cut.chars,
+                max_chars = rag.budget.max_chars,
+                "context budget reached; retrieved chunks left out"
+            );
+        }
+        chunks
     }
 
     /// Counts suppressed duplicates in `metrics`.
@@ -396,7 +473,7 @@ impl Pipeline {
         if first_call {
             input.push(compose::system_message(&boot));
         }
-        let chunks = compose::artifact_chunks(turn);
+        let chunks = self.context_chunks(sid, turn).await;
         input.push(compose::user_message(
             &run.session.mode_key,
             turn,

@@ -1,0 +1,261 @@
+//! The chunk index in Redis.
+//!
+//! Key layout (one hash tag per tenant, so a tenant's whole index sits in one Cluster slot and a
+//! file is replaced in one atomic script):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<ns>:rag:{<tenant>}:files:<repo>` | hash | path → `{hash, ids}` of each indexed file |
+//! | `<ns>:rag:{<tenant>}:chunk` | hash | chunk id → `{chunk, terms, tokens}` (JSON) |
+//! | `<ns>:rag:{<tenant>}:meta` | hash | chunk id → metadata and length (JSON) |
+//! | `<ns>:rag:{<tenant>}:term:<term>` | hash | chunk id → count of the term in it |
+//! | `<ns>:rag:{<tenant>}:stats` | hash | `chunks`, `tokens` |
+//!
+//! Index keys do not expire: an index lives until its files are removed from it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands as _, Script};
+use serde::{Deserialize, Serialize};
+
+use super::{Chunk, ChunkIndex, ChunkMeta, RagError};
+
+/// Replaces (or, with no chunks and an empty record, removes) one file's chunks.
+/// KEYS: files, chunk, meta, stats. ARGV: term key prefix, path, file record (or ''), chunk
+/// count, then per chunk: id, entry JSON, meta JSON, tokens, term count, (term, count)...
+const PUT_FILE: &str = r"
+local function drop(id)
+  local raw = redis.call('HGET', KEYS[2], id)
+  if not raw then return end
+  local e = cjson.decode(raw)
+  for term, _ in pairs(e.terms) do redis.call('HDEL', ARGV[1] .. term, id) end
+  redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('HINCRBY', KEYS[4], 'chunks', -1)
+  redis.call('HINCRBY', KEYS[4], 'tokens', -e.tokens)
+end
+local removed = 0
+local old = redis.call('HGET', KEYS[1], ARGV[2])
+if old then
+  local rec = cjson.decode(old)
+  for _, id in ipairs(rec.ids) do drop(id) end
+  removed = #rec.ids
+end
+local i = 5
+for _ = 1, tonumber(ARGV[4]) do
+  local id, entry, meta = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local tokens, nterms = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+  i = i + 5
+  drop(id)
+  for _ = 1, nterms do
+    redis.call('HSET', ARGV[1] .. ARGV[i], id, ARGV[i + 1])
+    i = i + 2
+  end
+  redis.call('HSET', KEYS[2], id, entry)
+  redis.call('HSET', KEYS[3], id, meta)
+  redis.call('HINCRBY', KEYS[4], 'chunks', 1)
+  redis.call('HINCRBY', KEYS[4], 'tokens', tokens)
+end
+if ARGV[3] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[2])
+else
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+return removed
+";
+
+#[derive(Serialize, Deserialize)]
+struct FileRecord {
+    hash: String,
+    ids: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    chunk: Chunk,
+    terms: BTreeMap<String, u32>,
+    tokens: u32,
+}
+
+/// A [`ChunkIndex`] in Redis.
+#[derive(Clone)]
+pub struct RedisIndex {
+    conn: ConnectionManager,
+    namespace: String,
+    put_file: std::sync::Arc<Script>,
+}
+
+fn unavailable(e: redis::RedisError) -> RagError {
+    RagError::Unavailable(e.to_string())
+}
+
+fn corrupt(key: &str, e: serde_json::Error) -> RagError {
+    RagError::Corrupt(format!("{key}: {e}"))
+}
+
+/// Ids read per `HMGET`.
+const BATCH: usize = 500;
+
+impl RedisIndex {
+    /// Connects (the connection manager reconnects by itself after failures).
+    pub async fn connect(url: &str, namespace: &str) -> Result<Self, RagError> {
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            namespace: namespace.to_string(),
+            put_file: std::sync::Arc::new(Script::new(PUT_FILE)),
+        })
+    }
+
+    fn key(&self, tenant: &str, kind: &str) -> String {
+        format!("{}:rag:{{{tenant}}}:{kind}", self.namespace)
+    }
+
+    async fn hmget<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+        ids: &[String],
+    ) -> Result<Vec<Option<T>>, RagError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for part in ids.chunks(BATCH) {
+            let raws: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(key)
+                .arg(part)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(unavailable)?;
+            for raw in raws {
+                out.push(
+                    raw.map(|r| serde_json::from_str(&r).map_err(|e| corrupt(key, e)))
+                        .transpose()?,
+                );
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait::async_trait]
+impl ChunkIndex for RedisIndex {
+    async fn files(&self, tenant: &str, repo: &str) -> Result<BTreeMap<String, String>, RagError> {
+        let key = self.key(tenant, &format!("files:{repo}"));
+        let raw: HashMap<String, String> =
+            self.conn.clone().hgetall(&key).await.map_err(unavailable)?;
+        raw.into_iter()
+            .map(|(path, rec)| {
+                let rec: FileRecord = serde_json::from_str(&rec).map_err(|e| corrupt(&key, e))?;
+                Ok((path, rec.hash))
+            })
+            .collect()
+    }
+
+    async fn put_file(
+        &self,
+        tenant: &str,
+        repo: &str,
+        path: &str,
+        content_hash: &str,
+        chunks: &[Chunk],
+    ) -> Result<(), RagError> {
+        let record = FileRecord {
+            hash: content_hash.to_string(),
+            ids: chunks.iter().map(|c| c.id.clone()).collect(),
+        };
+        let mut inv = self.put_file.prepare_invoke();
+        inv.key(self.key(tenant, &format!("files:{repo}")))
+            .key(self.key(tenant, "chunk"))
+            .key(self.key(tenant, "meta"))
+            .key(self.key(tenant, "stats"))
+            .arg(self.key(tenant, "term:"))
+            .arg(path)
+            .arg(serde_json::to_string(&record).map_err(|e| corrupt(path, e))?)
+            .arg(chunks.len());
+        for c in chunks {
+            let terms = c.terms();
+            let tokens: u32 = terms.values().sum();
+            let meta = c.meta(tokens);
+            inv.arg(&c.id)
+                .arg(
+                    serde_json::to_string(&Entry {
+                        chunk: c.clone(),
+                        terms: terms.clone(),
+                        tokens,
+                    })
+                    .map_err(|e| corrupt(path, e))?,
+                )
+                .arg(serde_json::to_string(&meta).map_err(|e| corrupt(path, e))?)
+                .arg(tokens)
+                .arg(terms.len());
+            for (term, tf) in &terms {
+                inv.arg(term).arg(*tf);
+            }
+        }
+        let _: i64 = inv
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn remove_file(&self, tenant: &str, repo: &str, path: &str) -> Result<usize, RagError> {
+        let removed: i64 = self
+            .put_file
+            .key(self.key(tenant, &format!("files:{repo}")))
+            .key(self.key(tenant, "chunk"))
+            .key(self.key(tenant, "meta"))
+            .key(self.key(tenant, "stats"))
+            .arg(self.key(tenant, "term:"))
+            .arg(path)
+            .arg("")
+            .arg(0)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(usize::try_from(removed).unwrap_or(0))
+    }
+
+    async fn postings(
+        &self,
+        tenant: &str,
+        terms: &[String],
+    ) -> Result<Vec<HashMap<String, u32>>, RagError> {
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let prefix = self.key(tenant, "term:");
+        let mut pipe = redis::pipe();
+        for t in terms {
+            pipe.hgetall(format!("{prefix}{t}"));
+        }
+        pipe.query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {
+        let (chunks, tokens): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.key(tenant, "stats"))
+            .arg("chunks")
+            .arg("tokens")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        let n = |v: Option<i64>| u64::try_from(v.unwrap_or(0)).unwrap_or(0);
+        Ok((n(chunks), n(tokens)))
+    }
+
+    async fn metas(
+        &self,
+        tenant: &str,
+        ids: &[String],
+    ) -> Result<Vec<Option<ChunkMeta>>, RagError> {
+        self.hmget(&self.key(tenant, "meta"), ids).await
+    }
+
+    async fn chunks(&self, tenant: &str, ids: &[String]) -> Result<Vec<Option<Chunk>>, RagError> {
+        let entries: Vec<Option<Entry>> = self.hmget(&self.key(tenant, "chunk"), ids).await?;
+        Ok(entries.into_iter().map(|e| e.map(|e| e.chunk)).collect())
+    }
+}
