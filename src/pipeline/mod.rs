@@ -187,9 +187,16 @@ impl Pipeline {
             }
         };
         let mut text = turn.instruction().unwrap_or_default().to_string();
+        // Artifact names without their extensions: `.md` would match every Markdown chunk.
         for a in turn.input_artifacts() {
+            let name = a
+                .relative_path()
+                .as_str()
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
             text.push(' ');
-            text.push_str(a.relative_path().as_str());
+            text.push_str(name.rsplit_once('.').map_or(name, |(stem, _)| stem));
         }
         let query = RagQuery {
             text,

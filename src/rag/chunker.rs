@@ -140,7 +140,14 @@ pub fn chunk_file(
     }
     let chunks = spans
         .into_iter()
-        .filter(|&(s, e)| lines[s..e].iter().any(|l| !l.trim().is_empty()))
+        // A span ends at its last non-blank line, so `Lines` is exactly what is shown.
+        .map(|(s, mut e)| {
+            while e > s && lines[e - 1].trim().is_empty() {
+                e -= 1;
+            }
+            (s, e)
+        })
+        .filter(|&(s, e)| e > s)
         .map(|(s, e)| {
             let content = lines[s..e].join("\n");
             Chunk {

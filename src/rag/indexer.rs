@@ -107,11 +107,14 @@ pub async fn index_files(
     Ok(report)
 }
 
+/// Files found (relative path and where it is, or its text) and files skipped.
+pub type Listing<T> = (Vec<(String, T)>, Vec<SkippedFile>);
+
 /// Directories never walked into.
 const SKIPPED_DIRS: &[&str] = &["target", "node_modules", "bin", "obj", "dist", "build"];
 
 /// The indexable files under `root` (relative paths with `/`, sorted), plus the ones skipped.
-pub fn walk(root: &Path) -> std::io::Result<(Vec<(String, PathBuf)>, Vec<SkippedFile>)> {
+pub fn walk(root: &Path) -> std::io::Result<Listing<PathBuf>> {
     let mut found = BTreeSet::new();
     let mut skipped = Vec::new();
     let mut stack = vec![root.to_path_buf()];
@@ -154,7 +157,7 @@ pub fn walk(root: &Path) -> std::io::Result<(Vec<(String, PathBuf)>, Vec<Skipped
 }
 
 /// Reads the indexable files under `folder` (non-UTF-8 ones are reported as skipped).
-pub fn read_folder(folder: &Path) -> std::io::Result<(Vec<(String, String)>, Vec<SkippedFile>)> {
+pub fn read_folder(folder: &Path) -> std::io::Result<Listing<String>> {
     let (paths, mut skipped) = walk(folder)?;
     let mut files = Vec::with_capacity(paths.len());
     for (rel, path) in paths {

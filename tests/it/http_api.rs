@@ -12,6 +12,7 @@ use aptix_worker::frontdoor::http::{HttpState, openapi, router, serve};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::metrics::Metrics;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
+use aptix_worker::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, RagBudget, RedisIndex};
 use aptix_worker::store::SessionStore;
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::{Value, json};
@@ -51,6 +52,11 @@ async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) -> App
     .unwrap();
     let redis = redis_store().await;
     let store: Arc<dyn SessionStore> = redis.store.clone();
+    let index: Arc<dyn ChunkIndex> = Arc::new(
+        RedisIndex::connect(&crate::support::redis_url(), redis.store.namespace())
+            .await
+            .unwrap(),
+    );
     let rabbit = rabbit().await;
     let catalog = Arc::new(ModeCatalog::builtin());
     let llm = LlmClient::new(
@@ -69,7 +75,11 @@ async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) -> App
         PipelineSettings::new("m"),
     )
     .unwrap()
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.clone())
+    .with_rag(
+        Arc::new(Bm25Retriever::new(index.clone())),
+        RagBudget::default(),
+    );
     let stop = CancellationToken::new();
     let worker = Worker::new(
         rabbit.broker.clone(),
@@ -92,6 +102,8 @@ async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) -> App
         limits,
         batch_limits,
         metrics,
+        index,
+        chunk_options: ChunkOptions::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -779,6 +791,7 @@ async fn the_openapi_document_covers_every_route() {
         ("get", "/readyz"),
         ("get", "/metrics"),
         ("get", "/openapi.json"),
+        ("post", "/v1/index"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths
@@ -830,4 +843,111 @@ async fn the_openapi_document_covers_every_route() {
             assert!(!is_router_404, "{method} {path} is not routed");
         }
     }
+}
+
+#[tokio::test]
+async fn indexed_documents_reach_the_model_through_the_scope() {
+    let app = spawn_app(RequestLimits::default()).await;
+    let leases = "# AGN-202 Session leases\n\nOne turn per session at a time.\n\n## Decision\nWorkers hold a lease with a fencing token.";
+    let queues = "# AGN-201 Queue retries\n\n## Decision\nRetries go through delay queues; the lease is not involved.";
+    let body = json!({"repo": "aptix", "tags": ["design"], "files": [
+        {"path": "docs/AGN-202.md", "contents": leases},
+        {"path": "docs/AGN-201.md", "contents": queues},
+        {"path": "src/main.rs", "contents": "fn main() { let lease = 1; }"},
+    ]});
+    let (status, report) = app
+        .post_to(Some("tok-a"), "/v1/index", body.to_string())
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        (
+            report["result"]["indexed"].as_u64(),
+            report["result"]["chunks"].as_u64()
+        ),
+        (Some(3), Some(5))
+    );
+    // Bad input is a 400 naming the field; no token is a 401.
+    let (status, body) = app
+        .post_to(
+            Some("tok-a"),
+            "/v1/index",
+            json!({"repo": "bad repo", "files": [{"path": "../x.md", "contents": ""}]}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let codes: Vec<&str> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["errorCode"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, vec!["INVALID_ID", "INVALID_PATH"]);
+    let (status, _) = app
+        .post_to(None, "/v1/index", json!({"repo": "r"}).to_string())
+        .await;
+    assert_eq!(status, 401);
+
+    app.fake.push([Reply::Text("seen".into())]);
+    let turn = json!({"sessionId": "s", "turnId": "t", "instruction": "explain the session lease",
+        "ragScope": {"conditions": [
+            {"key": "docId", "operator": "==", "values": ["AGN-202"]},
+            {"key": "tags", "operator": "contains", "values": ["design"]},
+            {"key": "color", "operator": "==", "values": ["blue"]}]}});
+    let (status, accepted) = app.post(Some("tok-a"), turn.to_string()).await;
+    assert_eq!(status, 202);
+    assert_eq!(accepted["warnings"][0]["errorCode"], "UNKNOWN_RAG_KEY");
+    let (_, done) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=10")
+        .await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    let reqs = app.fake.requests();
+    let user = reqs[0]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["role"] == "user")
+        .unwrap()
+        .clone();
+    let block = user["content"][1]["text"].as_str().unwrap();
+    let ids: Vec<String> = aptix_worker::rag::chunk_file(
+        "aptix",
+        "docs/AGN-202.md",
+        leases,
+        &["design".into()],
+        ChunkOptions::default(),
+    )
+    .unwrap()
+    .into_iter()
+    .map(|c| c.id)
+    .collect();
+    assert_eq!(
+        block,
+        format!(
+            "[CONTEXT]\n\n=== CHUNK 1 ===\nId: {}\nPath: docs/AGN-202.md\nLines: 1-3\nLanguage: markdown\n```markdown\n# AGN-202 Session leases\n\nOne turn per session at a time.\n```\n\n=== CHUNK 2 ===\nId: {}\nPath: docs/AGN-202.md\nLines: 5-6\nLanguage: markdown\n```markdown\n## Decision\nWorkers hold a lease with a fencing token.\n```\n\n",
+            ids[0], ids[1]
+        ),
+        "only the scoped document; the chunk with the rarer term (session, twice) first"
+    );
+    // Another tenant's turns see nothing of tenant a's index.
+    app.fake.push([Reply::Text("nothing".into())]);
+    app.post(
+        Some("tok-b"),
+        json!({"sessionId": "sb", "turnId": "t", "instruction": "explain the lease"}).to_string(),
+    )
+    .await;
+    app.get(Some("tok-b"), "/v1/sessions/sb/turns/t?wait=10")
+        .await;
+    let reqs = app.fake.requests();
+    let user = reqs[1]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["role"] == "user")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        user["content"].as_array().unwrap().len(),
+        1,
+        "no [CONTEXT] for tenant b: {user}"
+    );
 }

@@ -12,5 +12,6 @@ mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;
 mod queue_e2e;
+mod rag;
 mod store_conformance;
 mod worker_embedded;

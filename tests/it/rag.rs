@@ -1,0 +1,571 @@
+//! Retrieval: chunking, the index (memory and real Redis, one suite), BM25 ranking, `ragScope`
+//! operators, the budget and the composed `[CONTEXT]` block, on a small corpus written here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use aptix_worker::contract::request::{RagCondition, RagOperator};
+use aptix_worker::contract::{RequestLimits, parse_request};
+use aptix_worker::fake_llm::Reply;
+use aptix_worker::rag::{
+    Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RagQuery, RedisIndex,
+    Retriever, chunk_file, index_folder,
+};
+use serde_json::json;
+
+use crate::support::{RedisGuard, Setup, harness, redis_store, redis_url, request};
+
+const QUEUE_DOC: &str = "# AGN-201 Queue retries
+**Tags:** queue, retries
+
+Why jobs are retried through delay queues.
+
+## Decision
+A failed job goes to a delay queue whose messages dead-letter back to the job queue.
+```sh
+# not a heading: inside a fence
+```
+
+## Risks
+Poison messages loop forever unless the attempt count is capped.";
+
+const LEASE_DOC: &str = "# AGN-202 Session leases
+**Tags:** state, redis
+
+Only one turn of a session runs at a time.
+
+## Decision
+A worker takes the session lease with a fencing token before running a turn. Lease renewal
+happens every third of the lease time; a stale fencing token makes every write fail.
+
+## Alternatives
+A global lock per session in the database.";
+
+/// A Rust file of 130 lines: three chunks of at most 60 lines.
+fn code_file() -> String {
+    (1..=130)
+        .map(|i| match i {
+            1 => "// Lease handling for sessions.".to_string(),
+            75 => "fn renew_lease_with_zebra_marker() {}".to_string(),
+            n => format!("let line_{n} = {n};"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The corpus in a fresh folder.
+fn corpus() -> PathBuf {
+    let root = std::env::temp_dir().join(format!("aptix-rag-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(root.join("docs/AGN-201-queue-retries.md"), QUEUE_DOC).unwrap();
+    std::fs::write(root.join("docs/AGN-202-session-leases.md"), LEASE_DOC).unwrap();
+    std::fs::write(root.join("src/lease.rs"), code_file()).unwrap();
+    std::fs::write(root.join("logo.png"), [0x89, 0x50, 0x4e, 0x47]).unwrap();
+    root
+}
+
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn opts() -> ChunkOptions {
+    ChunkOptions { max_lines: 60 }
+}
+
+#[test]
+fn markdown_is_chunked_by_heading_with_exact_line_spans() {
+    let chunks = chunk_file(
+        "aptix",
+        "docs/AGN-201-queue-retries.md",
+        QUEUE_DOC,
+        &["extra".to_string()],
+        opts(),
+    )
+    .unwrap();
+    let spans: Vec<(usize, usize)> = chunks.iter().map(|c| (c.line_start, c.line_end)).collect();
+    assert_eq!(spans, vec![(1, 4), (6, 10), (12, 13)]);
+    let lines: Vec<&str> = QUEUE_DOC.lines().collect();
+    for c in &chunks {
+        assert_eq!(c.content, lines[c.line_start - 1..c.line_end].join("\n"));
+        assert_eq!(c.language, "markdown");
+        assert_eq!(c.repo, "aptix");
+        assert_eq!(c.doc_id.as_deref(), Some("AGN-201"));
+        assert_eq!(c.tags, vec!["queue", "retries", "extra"]);
+        assert!(c.id.starts_with("c_"));
+    }
+    // Stable ids: the same input gives the same ids; a changed section gets a new one and the
+    // others keep theirs.
+    let again = chunk_file(
+        "aptix",
+        "docs/AGN-201-queue-retries.md",
+        QUEUE_DOC,
+        &["extra".into()],
+        opts(),
+    )
+    .unwrap();
+    assert_eq!(chunks, again);
+    let edited = QUEUE_DOC.replace("Poison messages", "Poisonous messages");
+    let changed = chunk_file(
+        "aptix",
+        "docs/AGN-201-queue-retries.md",
+        &edited,
+        &["extra".into()],
+        opts(),
+    )
+    .unwrap();
+    assert_eq!(changed[0].id, chunks[0].id);
+    assert_eq!(changed[1].id, chunks[1].id);
+    assert_ne!(changed[2].id, chunks[2].id);
+}
+
+#[test]
+fn code_is_chunked_by_a_bounded_number_of_lines() {
+    let code = code_file();
+    let chunks = chunk_file("aptix", "src/lease.rs", &code, &[], opts()).unwrap();
+    let spans: Vec<(usize, usize)> = chunks.iter().map(|c| (c.line_start, c.line_end)).collect();
+    assert_eq!(spans, vec![(1, 60), (61, 120), (121, 130)]);
+    assert!(chunks[1].content.contains("zebra"));
+    assert!(chunks[1].content.starts_with("let line_61 = 61;"));
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c.language == "rust" && c.doc_id.is_none())
+    );
+    // A Markdown section longer than the bound is split too.
+    let long = format!("# Big\n{}", vec!["text"; 150].join("\n"));
+    let spans: Vec<(usize, usize)> = chunk_file("r", "big.md", &long, &[], opts())
+        .unwrap()
+        .iter()
+        .map(|c| (c.line_start, c.line_end))
+        .collect();
+    assert_eq!(spans, vec![(1, 60), (61, 120), (121, 151)]);
+}
+
+/// Both index implementations, the Redis one under a fresh namespace.
+async fn indexes() -> Vec<(&'static str, Arc<dyn ChunkIndex>, Option<RedisGuard>)> {
+    let guard = redis_store().await;
+    let redis = RedisIndex::connect(&redis_url(), guard.store.namespace())
+        .await
+        .expect("Redis is reachable");
+    vec![
+        ("memory", Arc::new(MemoryIndex::new()), None),
+        ("redis", Arc::new(redis), Some(guard)),
+    ]
+}
+
+async fn search(
+    index: &Arc<dyn ChunkIndex>,
+    tenant: &str,
+    text: &str,
+    conditions: Vec<RagCondition>,
+) -> Vec<(String, usize)> {
+    Bm25Retriever::new(index.clone())
+        .retrieve(
+            tenant,
+            &RagQuery {
+                text: text.into(),
+                conditions,
+                exclude_paths: Vec::new(),
+                limit: 10,
+            },
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.chunk.path, s.chunk.line_start))
+        .collect()
+}
+
+#[tokio::test]
+async fn reindexing_replaces_changed_files_and_deletes_removed_ones() {
+    for (name, index, _guard) in indexes().await {
+        let root = corpus();
+        let _c = Cleanup(root.clone());
+        let report = index_folder(index.as_ref(), "t1", "aptix", &root, &[], opts(), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(
+            (report.files, report.indexed, report.chunks, report.removed),
+            (3, 3, 9, 0),
+            "{name}"
+        );
+        assert_eq!(report.skipped.len(), 1, "{name}: the PNG is skipped");
+        assert_eq!(index.stats("t1").await.unwrap().0, 9, "{name}");
+        assert_eq!(index.files("t1", "aptix").await.unwrap().len(), 3);
+
+        // Nothing changed: nothing is rewritten.
+        let report = index_folder(index.as_ref(), "t1", "aptix", &root, &[], opts(), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!((report.indexed, report.unchanged), (0, 3), "{name}");
+
+        // A changed file: its old chunks are gone, the new ones found.
+        std::fs::write(
+            root.join("src/lease.rs"),
+            code_file().replace("zebra", "yak"),
+        )
+        .unwrap();
+        let report = index_folder(index.as_ref(), "t1", "aptix", &root, &[], opts(), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(
+            (report.indexed, report.unchanged, report.chunks),
+            (1, 2, 3),
+            "{name}"
+        );
+        assert!(
+            search(&index, "t1", "zebra", vec![]).await.is_empty(),
+            "{name}: old term gone"
+        );
+        assert_eq!(
+            search(&index, "t1", "yak", vec![]).await,
+            vec![("src/lease.rs".to_string(), 61)]
+        );
+        assert_eq!(index.stats("t1").await.unwrap().0, 9, "{name}: no orphans");
+        assert!(index.postings("t1", &["zebra".into()]).await.unwrap()[0].is_empty());
+
+        // A removed file leaves the index.
+        std::fs::remove_file(root.join("docs/AGN-201-queue-retries.md")).unwrap();
+        let report = index_folder(index.as_ref(), "t1", "aptix", &root, &[], opts(), |_, _| {})
+            .await
+            .unwrap();
+        assert_eq!(report.removed, 1, "{name}");
+        assert_eq!(index.stats("t1").await.unwrap().0, 6, "{name}");
+        assert!(
+            search(&index, "t1", "poison delay", vec![])
+                .await
+                .is_empty(),
+            "{name}"
+        );
+        assert!(
+            !index
+                .files("t1", "aptix")
+                .await
+                .unwrap()
+                .contains_key("docs/AGN-201-queue-retries.md")
+        );
+
+        // Another tenant's index is separate.
+        assert!(
+            search(&index, "t2", "lease", vec![]).await.is_empty(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_obviously_relevant_chunk_ranks_first() {
+    for (name, index, _guard) in indexes().await {
+        let root = corpus();
+        let _c = Cleanup(root.clone());
+        index_folder(index.as_ref(), "t", "aptix", &root, &[], opts(), |_, _| {})
+            .await
+            .unwrap();
+        let hits = search(
+            &index,
+            "t",
+            "How does lease renewal with a fencing token work?",
+            vec![],
+        )
+        .await;
+        assert_eq!(
+            hits[0],
+            ("docs/AGN-202-session-leases.md".to_string(), 6),
+            "{name}: {hits:?}"
+        );
+        let hits = search(&index, "t", "delay queue dead-letter", vec![]).await;
+        assert_eq!(
+            hits[0],
+            ("docs/AGN-201-queue-retries.md".to_string(), 6),
+            "{name}: {hits:?}"
+        );
+        assert!(
+            search(&index, "t", "kubernetes helm", vec![])
+                .await
+                .is_empty()
+        );
+    }
+}
+
+fn cond(key: &str, operator: RagOperator, values: &[&str]) -> RagCondition {
+    RagCondition {
+        key: key.into(),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
+}
+
+#[tokio::test]
+async fn each_scope_operator_filters_and_conditions_are_anded() {
+    for (name, index, _guard) in indexes().await {
+        let root = corpus();
+        let _c = Cleanup(root.clone());
+        index_folder(
+            index.as_ref(),
+            "t",
+            "aptix",
+            &root,
+            &["team-a".into()],
+            opts(),
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+        let paths = |hits: Vec<(String, usize)>| {
+            let mut p: Vec<String> = hits.into_iter().map(|h| h.0).collect();
+            p.sort();
+            p.dedup();
+            p
+        };
+        // "lease" appears in all three files.
+        let q = "lease session queue";
+        assert_eq!(
+            paths(search(&index, "t", q, vec![]).await).len(),
+            3,
+            "{name}"
+        );
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![cond("language", RagOperator::Equals, &["rust"])]
+                )
+                .await
+            ),
+            vec!["src/lease.rs"],
+            "{name}: =="
+        );
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![cond("docId", RagOperator::NotEquals, &["AGN-201"])]
+                )
+                .await
+            ),
+            vec!["docs/AGN-202-session-leases.md", "src/lease.rs"],
+            "{name}: !="
+        );
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![cond("path", RagOperator::Contains, &["DOCS/"])]
+                )
+                .await
+            ),
+            vec![
+                "docs/AGN-201-queue-retries.md",
+                "docs/AGN-202-session-leases.md"
+            ],
+            "{name}: contains"
+        );
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![cond("tags", RagOperator::DoesNotContain, &["queue"])]
+                )
+                .await
+            ),
+            vec!["docs/AGN-202-session-leases.md", "src/lease.rs"],
+            "{name}: does_not_contain"
+        );
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![
+                        cond("tags", RagOperator::Equals, &["team-a"]),
+                        cond("language", RagOperator::Equals, &["markdown"]),
+                        cond("docId", RagOperator::Equals, &["AGN-202"]),
+                    ]
+                )
+                .await
+            ),
+            vec!["docs/AGN-202-session-leases.md"],
+            "{name}: ANDed"
+        );
+        assert!(
+            search(
+                &index,
+                "t",
+                q,
+                vec![cond("repo", RagOperator::Equals, &["other"])]
+            )
+            .await
+            .is_empty(),
+            "{name}"
+        );
+        // A key chunks do not have is ignored.
+        assert_eq!(
+            paths(
+                search(
+                    &index,
+                    "t",
+                    q,
+                    vec![cond("owner", RagOperator::Equals, &["x"])]
+                )
+                .await
+            )
+            .len(),
+            3
+        );
+    }
+}
+
+#[test]
+fn an_unknown_scope_key_is_a_warning_not_an_error() {
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "x",
+        "ragScope": {"conditions": [{"key": "owner", "operator": "==", "values": ["me"]},
+                                     {"key": "docId", "operator": "==", "values": ["AGN-1"]}]}});
+    let parsed = parse_request(body.to_string().as_bytes(), &RequestLimits::default()).unwrap();
+    assert_eq!(parsed.warnings.len(), 1);
+    assert_eq!(parsed.warnings[0].error_code.as_str(), "UNKNOWN_RAG_KEY");
+    assert!(
+        parsed.warnings[0]
+            .message
+            .starts_with("ragScope.conditions[0].key:"),
+        "{}",
+        parsed.warnings[0].message
+    );
+}
+
+/// The `[CONTEXT]` text the fake model received in the user message of call `n`.
+fn context_of(h: &crate::support::Harness, n: usize) -> String {
+    let reqs = h.fake.requests();
+    let input = reqs[n]["input"].as_array().unwrap();
+    let user = input.iter().find(|i| i["role"] == "user").unwrap();
+    user["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["text"].as_str())
+        .find(|t| t.starts_with("[CONTEXT]"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn the_composed_block_is_golden_and_the_budget_bounds_it() {
+    let root = corpus();
+    let _c = Cleanup(root.clone());
+    let index: Arc<dyn ChunkIndex> = Arc::new(MemoryIndex::new());
+    index_folder(
+        index.as_ref(),
+        "local",
+        "aptix",
+        &root,
+        &[],
+        opts(),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    let h = harness(Setup::default()).await;
+    let budget = RagBudget {
+        max_chunks: 2,
+        max_chars: 10_000,
+    };
+    let pipeline = h
+        .pipeline
+        .clone()
+        .with_rag(Arc::new(Bm25Retriever::new(index.clone())), budget);
+    h.fake
+        .push([Reply::Text("ok".into()), Reply::Text("ok".into())]);
+    let turn = request(json!({
+        "sessionId": "s", "turnId": "t1",
+        "instruction": "Check the session fencing token and lease renewal rules",
+        "inputArtifacts": [{"relativePath": "notes/todo.md", "fileName": "todo.md",
+                            "contents": "- check leases\n", "origin": "user"}],
+        "ragScope": {"conditions": [{"key": "docId", "operator": "==", "values": ["AGN-202"]}]}
+    }));
+    pipeline.run(&turn).await.unwrap();
+    let expected = "[CONTEXT]
+
+=== CHUNK 1 ===
+Id: artifact_1
+Path: notes/todo.md
+Lines: 1-1
+Language: markdown
+```markdown
+- check leases
+```
+
+=== CHUNK 2 ===
+Id: ID_A
+Path: docs/AGN-202-session-leases.md
+Lines: 6-8
+Language: markdown
+```markdown
+## Decision
+A worker takes the session lease with a fencing token before running a turn. Lease renewal
+happens every third of the lease time; a stale fencing token makes every write fail.
+```
+
+=== CHUNK 3 ===
+Id: ID_B
+Path: docs/AGN-202-session-leases.md
+Lines: 1-4
+Language: markdown
+```markdown
+# AGN-202 Session leases
+**Tags:** state, redis
+
+Only one turn of a session runs at a time.
+```
+
+";
+    let ids: Vec<String> = {
+        let all = chunk_file(
+            "aptix",
+            "docs/AGN-202-session-leases.md",
+            LEASE_DOC,
+            &[],
+            opts(),
+        )
+        .unwrap();
+        vec![all[1].id.clone(), all[0].id.clone()]
+    };
+    let expected = expected.replace("ID_A", &ids[0]).replace("ID_B", &ids[1]);
+    assert_eq!(context_of(&h, 0), expected);
+
+    // A character budget that fits only the best chunk: the others are cut (and logged).
+    let decision = &chunk_file(
+        "aptix",
+        "docs/AGN-202-session-leases.md",
+        LEASE_DOC,
+        &[],
+        opts(),
+    )
+    .unwrap()[1];
+    let tight = RagBudget {
+        max_chunks: 5,
+        max_chars: decision.content.chars().count() + 10,
+    };
+    let pipeline = h
+        .pipeline
+        .clone()
+        .with_rag(Arc::new(Bm25Retriever::new(index)), tight);
+    let turn = request(json!({"sessionId": "s2", "turnId": "t1",
+        "instruction": "fencing token lease renewal session queue"}));
+    pipeline.run(&turn).await.unwrap();
+    let block = context_of(&h, 1);
+    assert_eq!(block.matches("=== CHUNK ").count(), 1, "{block}");
+    assert!(block.contains(&format!("Id: {}\n", decision.id)), "{block}");
+}
