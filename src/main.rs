@@ -225,6 +225,19 @@ enum Command {
     },
     /// Print the table of error codes as Markdown.
     ErrorCodes,
+    /// Measure indexing and BM25 queries on a synthetic corpus (memory, and Redis when
+    /// APTIX_REDIS_URL is set) against baselines measured in the same run.
+    BenchRag {
+        /// Files in the corpus.
+        #[arg(long, default_value_t = 500)]
+        files: usize,
+        /// Sections (chunks) per file.
+        #[arg(long, default_value_t = 8)]
+        sections: usize,
+        /// Queries timed per index.
+        #[arg(long, default_value_t = 300)]
+        queries: usize,
+    },
     /// Push turns through the real job path against the fake model and compare with a bare
     /// publish/consume baseline (RabbitMQ/Redis when their URLs are set, else in-memory).
     Bench {
@@ -702,6 +715,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     aptix_worker::bench::run(&config, &opts).await?
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchRag {
+            files,
+            sections,
+            queries,
+        } => {
+            let config = Config::from_env()?;
+            let opts = aptix_worker::rag::bench::RagBenchOptions {
+                files,
+                sections,
+                queries,
+            };
+            aptix_worker::rag::bench::run(config.redis_url.as_ref().map(|u| u.expose()), opts)
+                .await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::ErrorCodes => {

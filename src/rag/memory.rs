@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use super::{Chunk, ChunkIndex, ChunkMeta, RagError};
+use super::{Chunk, ChunkIndex, ChunkMeta, Posting, RagError};
 
 #[derive(Debug, Default)]
 struct TenantIndex {
@@ -11,7 +11,7 @@ struct TenantIndex {
     files: BTreeMap<(String, String), (String, Vec<String>)>,
     /// id → (chunk, its terms, its metadata).
     chunks: HashMap<String, (Chunk, BTreeMap<String, u32>, ChunkMeta)>,
-    postings: HashMap<String, HashMap<String, u32>>,
+    postings: HashMap<String, HashMap<String, Posting>>,
     tokens: u64,
 }
 
@@ -85,10 +85,13 @@ impl ChunkIndex for MemoryIndex {
                 let terms = c.terms();
                 let tokens: u32 = terms.values().sum();
                 for (term, tf) in &terms {
-                    t.postings
-                        .entry(term.clone())
-                        .or_default()
-                        .insert(c.id.clone(), *tf);
+                    t.postings.entry(term.clone()).or_default().insert(
+                        c.id.clone(),
+                        Posting {
+                            tf: *tf,
+                            len: tokens,
+                        },
+                    );
                 }
                 t.tokens += u64::from(tokens);
                 t.chunks
@@ -115,7 +118,7 @@ impl ChunkIndex for MemoryIndex {
         &self,
         tenant: &str,
         terms: &[String],
-    ) -> Result<Vec<HashMap<String, u32>>, RagError> {
+    ) -> Result<Vec<HashMap<String, Posting>>, RagError> {
         self.with(tenant, |t| {
             terms
                 .iter()

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::contract::request::{RagCondition, RagOperator};
 use crate::pipeline::compose::ContextChunk;
 
+pub mod bench;
 pub mod chunker;
 pub mod indexer;
 pub mod memory;
@@ -171,6 +172,16 @@ pub enum RagError {
     Corrupt(String),
 }
 
+/// One chunk in a term's posting list: how often the term occurs there, and the chunk's length
+/// in tokens (so ranking needs no second lookup per candidate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Posting {
+    /// Occurrences of the term in the chunk.
+    pub tf: u32,
+    /// The chunk's length in tokens.
+    pub len: u32,
+}
+
 /// Where chunks are kept, with what BM25 needs to rank them. Implementations: [`MemoryIndex`]
 /// and [`RedisIndex`]; both pass one conformance suite.
 #[async_trait::async_trait]
@@ -188,12 +199,12 @@ pub trait ChunkIndex: Send + Sync + 'static {
     ) -> Result<(), RagError>;
     /// Deletes a file's chunks; returns how many there were.
     async fn remove_file(&self, tenant: &str, repo: &str, path: &str) -> Result<usize, RagError>;
-    /// For each term, the chunks holding it with the term's count there.
+    /// For each term, the chunks holding it.
     async fn postings(
         &self,
         tenant: &str,
         terms: &[String],
-    ) -> Result<Vec<HashMap<String, u32>>, RagError>;
+    ) -> Result<Vec<HashMap<String, Posting>>, RagError>;
     /// (chunks, total tokens) of the tenant's index.
     async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError>;
     /// Metadata of chunks, in the order asked.
@@ -269,40 +280,43 @@ impl Retriever for Bm25Retriever {
             return Ok(Vec::new());
         }
         let postings = self.index.postings(tenant, &terms).await?;
-        let mut candidates: Vec<String> = postings
-            .iter()
-            .flat_map(|p| p.keys().cloned())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        candidates.sort();
-        let metas = self.index.metas(tenant, &candidates).await?;
+        // Score every candidate from the postings alone.
         let avg = (total as f64 / n as f64).max(1.0);
-        let mut scored: Vec<(String, f64)> = Vec::new();
-        for (id, meta) in candidates.iter().zip(metas) {
-            let Some(meta) = meta else { continue };
-            if query.exclude_paths.iter().any(|p| p == &meta.path)
-                || !meta.matches(&query.conditions)
-            {
-                continue;
+        let mut scores: HashMap<&str, f64> = HashMap::new();
+        for p in &postings {
+            let df = p.len() as f64;
+            let idf = (1.0 + (n as f64 - df + 0.5) / (df + 0.5)).ln();
+            for (id, posting) in p {
+                let tf = f64::from(posting.tf);
+                let norm = 1.0 - self.b + self.b * f64::from(posting.len) / avg;
+                *scores.entry(id.as_str()).or_insert(0.0) +=
+                    idf * tf * (self.k1 + 1.0) / (tf + self.k1 * norm);
             }
-            let len = f64::from(meta.tokens);
-            let score: f64 = postings
-                .iter()
-                .filter_map(|p| {
-                    let tf = f64::from(*p.get(id)?);
-                    let df = p.len() as f64;
-                    let idf = (1.0 + (n as f64 - df + 0.5) / (df + 0.5)).ln();
-                    Some(
-                        idf * tf * (self.k1 + 1.0)
-                            / (tf + self.k1 * (1.0 - self.b + self.b * len / avg)),
-                    )
-                })
-                .sum();
-            scored.push((id.clone(), score));
         }
-        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        scored.truncate(query.limit);
+        let mut ranked: Vec<(&str, f64)> = scores.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        // Then read metadata best first, a few at a time, until enough pass the scope.
+        let step = (query.limit * 4).max(32);
+        let mut scored: Vec<(String, f64)> = Vec::new();
+        for window in ranked.chunks(step) {
+            let ids: Vec<String> = window.iter().map(|(id, _)| id.to_string()).collect();
+            let metas = self.index.metas(tenant, &ids).await?;
+            for ((id, score), meta) in window.iter().zip(metas) {
+                let Some(meta) = meta else { continue };
+                if query.exclude_paths.iter().any(|p| p == &meta.path)
+                    || !meta.matches(&query.conditions)
+                {
+                    continue;
+                }
+                scored.push((id.to_string(), *score));
+                if scored.len() == query.limit {
+                    break;
+                }
+            }
+            if scored.len() == query.limit {
+                break;
+            }
+        }
         let ids: Vec<String> = scored.iter().map(|(id, _)| id.clone()).collect();
         let chunks = self.index.chunks(tenant, &ids).await?;
         Ok(scored

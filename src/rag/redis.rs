@@ -8,7 +8,7 @@
 //! | `<ns>:rag:{<tenant>}:files:<repo>` | hash | path → `{hash, ids}` of each indexed file |
 //! | `<ns>:rag:{<tenant>}:chunk` | hash | chunk id → `{chunk, terms, tokens}` (JSON) |
 //! | `<ns>:rag:{<tenant>}:meta` | hash | chunk id → metadata and length (JSON) |
-//! | `<ns>:rag:{<tenant>}:term:<term>` | hash | chunk id → count of the term in it |
+//! | `<ns>:rag:{<tenant>}:term:<term>` | hash | chunk id → `<count of the term>:<chunk length>` |
 //! | `<ns>:rag:{<tenant>}:stats` | hash | `chunks`, `tokens` |
 //!
 //! Index keys do not expire: an index lives until its files are removed from it.
@@ -19,7 +19,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands as _, Script};
 use serde::{Deserialize, Serialize};
 
-use super::{Chunk, ChunkIndex, ChunkMeta, RagError};
+use super::{Chunk, ChunkIndex, ChunkMeta, Posting, RagError};
 
 /// Replaces (or, with no chunks and an empty record, removes) one file's chunks.
 /// KEYS: files, chunk, meta, stats. ARGV: term key prefix, path, file record (or ''), chunk
@@ -189,7 +189,7 @@ impl ChunkIndex for RedisIndex {
                 .arg(tokens)
                 .arg(terms.len());
             for (term, tf) in &terms {
-                inv.arg(term).arg(*tf);
+                inv.arg(term).arg(format!("{tf}:{tokens}"));
             }
         }
         let _: i64 = inv
@@ -220,7 +220,7 @@ impl ChunkIndex for RedisIndex {
         &self,
         tenant: &str,
         terms: &[String],
-    ) -> Result<Vec<HashMap<String, u32>>, RagError> {
+    ) -> Result<Vec<HashMap<String, Posting>>, RagError> {
         if terms.is_empty() {
             return Ok(Vec::new());
         }
@@ -229,9 +229,28 @@ impl ChunkIndex for RedisIndex {
         for t in terms {
             pipe.hgetall(format!("{prefix}{t}"));
         }
-        pipe.query_async(&mut self.conn.clone())
+        let raw: Vec<HashMap<String, String>> = pipe
+            .query_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)
+            .map_err(unavailable)?;
+        raw.into_iter()
+            .zip(terms)
+            .map(|(list, term)| {
+                list.into_iter()
+                    .map(|(id, v)| {
+                        let parsed = v.split_once(':').and_then(|(tf, len)| {
+                            Some(Posting {
+                                tf: tf.parse().ok()?,
+                                len: len.parse().ok()?,
+                            })
+                        });
+                        parsed.map(|p| (id, p)).ok_or_else(|| {
+                            RagError::Corrupt(format!("{prefix}{term}: bad posting {v:?}"))
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {
