@@ -84,6 +84,15 @@ fn the_readme_main_command_runs_on_the_embedded_default() {
         .unwrap();
         assert_eq!(r["status"], "completed", "{r}");
         assert_eq!(r["result"]["result"]["kind"], "final");
+        // The fake model reports how many [CONTEXT] chunks it saw: the document itself plus
+        // sections of the other records retrieved from the index.
+        let text = r["result"]["result"]["primaryOutputText"].as_str().unwrap();
+        let seen: usize = text
+            .split_once(" context chunk(s) seen")
+            .and_then(|(before, _)| before.rsplit_once('('))
+            .and_then(|(_, n)| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(seen >= 2, "retrieved context reached the model: {text}");
     }
     assert!(out_dir.join("summary.json").exists());
     let again = run();
@@ -520,5 +529,66 @@ fn batch_processes_a_folder_and_resumes() {
         stdout.contains("0 completed now, 4 already done"),
         "{stdout}"
     );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[tokio::test]
+async fn index_writes_to_redis_and_reindexes_incrementally() {
+    let guard = crate::support::redis_store().await;
+    let root = std::env::temp_dir().join(format!("aptix-index-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    write(
+        &root.join("docs"),
+        "AGN-301.md",
+        "# AGN-301 Leases\n\n## Decision\nUse leases.\n",
+    );
+    write(&root, "main.rs", "fn main() {}\n");
+    let index = || {
+        let out = aptix()
+            .arg("index")
+            .arg(&root)
+            .args(["--repo", "demo", "--tag", "t1"])
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", guard.store.namespace())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = index();
+    assert_eq!(
+        (
+            first["files"].as_u64(),
+            first["indexed"].as_u64(),
+            first["chunks"].as_u64()
+        ),
+        (Some(2), Some(2), Some(3))
+    );
+    let again = index();
+    assert_eq!(
+        (again["indexed"].as_u64(), again["unchanged"].as_u64()),
+        (Some(0), Some(2))
+    );
+    std::fs::remove_file(root.join("main.rs")).unwrap();
+    let after = index();
+    assert_eq!(after["removed"].as_u64(), Some(1));
+    // What the CLI wrote is what the pipeline reads.
+    let idx = aptix_worker::rag::RedisIndex::connect(
+        &crate::support::redis_url(),
+        guard.store.namespace(),
+    )
+    .await
+    .unwrap();
+    use aptix_worker::rag::ChunkIndex as _;
+    let files = idx.files("local", "demo").await.unwrap();
+    assert_eq!(files.keys().collect::<Vec<_>>(), vec!["docs/AGN-301.md"]);
+    // Nowhere to write: a clear error.
+    let out = aptix().arg("index").arg(&root).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("APTIX_REDIS_URL"));
     let _ = std::fs::remove_dir_all(&root);
 }
