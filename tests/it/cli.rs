@@ -220,8 +220,13 @@ async fn dlq_lists_and_requeues_dead_jobs() {
 async fn a_worker_process_drains_and_exits_0_on_sigterm() {
     use std::io::{BufRead as _, BufReader};
     let guard = crate::support::rabbit().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut child = aptix()
-        .arg("worker")
+        .args(["worker", "--listen", &format!("127.0.0.1:{port}")])
         .env("APTIX_AMQP_URL", crate::support::amqp_url())
         .env("APTIX_REDIS_URL", crate::support::redis_url())
         .env("APTIX_NAMESPACE", &guard.topology.namespace)
@@ -250,6 +255,27 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
             "worker did not start"
         );
     }
+    // The worker serves its health and metrics.
+    let get = |path: &str| {
+        use std::io::{Read as _, Write as _};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            conn,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    assert!(get("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(get("/readyz").starts_with("HTTP/1.1 200"));
+    let metrics = get("/metrics");
+    assert!(metrics.contains("aptix_turns_in_flight 0"), "{metrics}");
+    assert!(
+        get("/v1/turns").starts_with("HTTP/1.1 404"),
+        "a worker serves no API"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -292,7 +318,7 @@ impl Drop for Child {
 }
 
 #[test]
-fn submit_and_status_talk_to_the_http_api() {
+fn submit_status_and_watch_talk_to_aptix_run_over_http() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -301,12 +327,7 @@ fn submit_and_status_talk_to_the_http_api() {
     let url = format!("http://127.0.0.1:{port}");
     let _server = Child(
         aptix()
-            .args([
-                "serve",
-                "--worker",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
+            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
             .env("APTIX_API_TOKENS", "tok-cli=tenant-cli")
             .stderr(std::process::Stdio::null())
             .spawn()

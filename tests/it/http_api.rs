@@ -951,3 +951,58 @@ async fn indexed_documents_reach_the_model_through_the_scope() {
         "no [CONTEXT] for tenant b: {user}"
     );
 }
+
+#[tokio::test]
+async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
+    use aptix_worker::queue::{RabbitBroker, Topology};
+    use aptix_worker::store::MemoryStore;
+    // Nothing listens on port 1: every publish and readiness check fails.
+    let broker = Arc::new(RabbitBroker::new(
+        "amqp://guest:guest@127.0.0.1:1/%2f",
+        Topology::new("aptix-test-down"),
+        "aptix-test-down",
+    ));
+    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
+    let state = HttpState {
+        door: FrontDoor::new(store.clone(), broker.clone(), RequestLimits::default()),
+        store: store.clone(),
+        broker,
+        catalog: Arc::new(ModeCatalog::builtin()),
+        tokens: ApiTokens::default(),
+        limits: RequestLimits::default(),
+        batch_limits: BatchLimits::default(),
+        metrics: Arc::new(Metrics::new()),
+        index: Arc::new(aptix_worker::rag::MemoryIndex::new()),
+        chunk_options: ChunkOptions::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let s = stop.clone();
+        async move { serve(listener, router(state), s).await }
+    });
+    let http = reqwest::Client::new();
+    let resp = http
+        .post(format!("{base}/v1/turns"))
+        .body(json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(code(&body), "SERVICE_UNAVAILABLE");
+    let resp = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("message broker:"),
+        "{body}"
+    );
+    let resp = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "alive even when not ready");
+    stop.cancel();
+}
