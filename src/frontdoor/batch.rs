@@ -182,18 +182,8 @@ impl FrontDoor {
                 }
             })
             .collect();
-        let outcomes: Vec<LineOutcome> = futures_util::stream::iter(prepared)
-            .map(|p| async move {
-                match p {
-                    Err(rejected) => rejected,
-                    Ok((line, custom_id, request)) => {
-                        self.enqueue_line(tenant, line, custom_id, request).await
-                    }
-                }
-            })
-            .buffered(SUBMIT_CONCURRENCY)
-            .collect()
-            .await;
+        // The batch is stored before anything is enqueued, so a turn is never running for a
+        // batch nobody can read back; lines that then fail to enqueue are moved to `rejected`.
         let mut record = BatchRecord {
             batch_id: format!("batch-{}", uuid::Uuid::new_v4().simple()),
             tenant: tenant.to_string(),
@@ -202,13 +192,46 @@ impl FrontDoor {
             items: Vec::new(),
             rejected: Vec::new(),
         };
-        for o in outcomes {
-            match o {
-                LineOutcome::Accepted(item) => record.items.push(item),
-                LineOutcome::Rejected(e) => record.rejected.push(e),
+        let mut valid = Vec::new();
+        for p in prepared {
+            match p {
+                Ok((line, custom_id, request)) => {
+                    record.items.push(BatchItem {
+                        line,
+                        custom_id: custom_id.clone(),
+                        session_id: request.request.session_id().clone(),
+                        turn_id: request.request.turn_id().clone(),
+                    });
+                    valid.push((line, custom_id, request));
+                }
+                Err(LineOutcome::Rejected(e)) => record.rejected.push(e),
+                Err(LineOutcome::Accepted(item)) => record.items.push(item),
             }
         }
         self.store.put_batch(&record).await?;
+        let outcomes: Vec<LineOutcome> = futures_util::stream::iter(valid)
+            .map(|(line, custom_id, request)| self.enqueue_line(tenant, line, custom_id, request))
+            .buffered(SUBMIT_CONCURRENCY)
+            .collect()
+            .await;
+        let failed: Vec<BatchLineError> = outcomes
+            .into_iter()
+            .filter_map(|o| match o {
+                LineOutcome::Rejected(e) => Some(e),
+                LineOutcome::Accepted(_) => None,
+            })
+            .collect();
+        if !failed.is_empty() {
+            let lines: std::collections::HashSet<usize> = failed.iter().map(|e| e.line).collect();
+            record.items.retain(|i| !lines.contains(&i.line));
+            record.rejected.extend(failed);
+            record.rejected.sort_by_key(|e| e.line);
+            if let Err(e) = self.store.put_batch(&record).await {
+                // The answer below is still exact; only a later GET of the batch would show
+                // the lines that failed to enqueue as expired instead of rejected.
+                tracing::error!(batch_id = %record.batch_id, error = %e, "could not record the lines that failed to enqueue");
+            }
+        }
         tracing::info!(
             batch_id = %record.batch_id,
             total = record.total,

@@ -1002,6 +1002,43 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
             .starts_with("message broker:"),
         "{body}"
     );
+    // A batch: each line says it was not enqueued, and the stored batch agrees.
+    let lines = [
+        json!({"customId": "a", "request": {"instruction": "x"}}).to_string(),
+        json!({"customId": "b", "request": {"instruction": "y"}}).to_string(),
+    ];
+    let resp = http
+        .post(format!("{base}/v1/batches"))
+        .body(lines.join("\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["result"]["accepted"], 0, "{body}");
+    let errors = body["result"]["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2);
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["errors"][0]["errorCode"] == "SERVICE_UNAVAILABLE")
+    );
+    let id = body["result"]["batchId"].as_str().unwrap();
+    let progress: Value = http
+        .get(format!("{base}/v1/batches/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            progress["result"]["rejected"].as_u64(),
+            progress["result"]["queued"].as_u64()
+        ),
+        (Some(2), Some(0))
+    );
     let resp = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200, "alive even when not ready");
     stop.cancel();
