@@ -13,8 +13,8 @@ use serde_json::{Map, Value};
 use super::{FrontDoor, SubmitError};
 use crate::config::BatchLimits;
 use crate::contract::{
-    AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
-    ParsedRequest, SessionId, TurnId, parse_request,
+    AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, ParsedRequest, SessionId, TurnId,
+    parse_request,
 };
 use crate::store::{BatchItem, BatchLineError, BatchRecord, StoreError, TurnStatus, now_rfc3339};
 
@@ -370,23 +370,11 @@ impl FrontDoor {
                 vec![ErrorMessage::new(code, message)],
             )
         };
-        let owner = match &request {
-            AgentExecuteRequest::UserTurn(_) => {
-                self.store.claim_owner(&sid, tenant).await.map(Some)
-            }
-            AgentExecuteRequest::ToolContinuation(_) => self.store.owner(&sid).await,
+        let submitted = match self.authorize(tenant, &request).await {
+            Ok(()) => self.submit_parsed(&request).await,
+            Err(e) => Err(e),
         };
-        match owner {
-            Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
-            Ok(Some(o)) if o != tenant => {
-                return fail(
-                    ErrorCode::TurnNotFound,
-                    format!("turn {tid} does not exist in session {sid}"),
-                );
-            }
-            Ok(_) => {}
-        }
-        match self.submit_parsed(&request).await {
+        match submitted {
             Ok(_) => LineOutcome::Accepted(BatchItem {
                 line,
                 custom_id,

@@ -204,16 +204,9 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
-    let limit = state.limits.max_body_bytes;
-    let body: Bytes = match axum::body::to_bytes(request.into_body(), limit).await {
+    let body = match read_body(request, state.limits.max_body_bytes).await {
         Ok(b) => b,
-        Err(_) => {
-            return failure(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::PayloadTooLarge,
-                format!("$: the request body is larger than the limit of {limit} bytes"),
-            );
-        }
+        Err(too_large) => return too_large,
     };
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
@@ -226,17 +219,11 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
             return answer::<()>(status, rejected.into_invoke_result());
         }
     };
-    let sid = parsed.request.session_id().clone();
-    let owner = match &parsed.request {
-        AgentExecuteRequest::UserTurn(_) => state.store.claim_owner(&sid, &tenant).await.map(Some),
-        AgentExecuteRequest::ToolContinuation(_) => state.store.owner(&sid).await,
+    let submitted = match state.door.authorize(&tenant, &parsed.request).await {
+        Ok(()) => state.door.submit_parsed(&parsed.request).await,
+        Err(e) => Err(e),
     };
-    match owner {
-        Err(e) => return unavailable(e),
-        Ok(Some(o)) if o != tenant => return not_found_turn(&sid, parsed.request.turn_id()),
-        Ok(_) => {}
-    }
-    match state.door.submit_parsed(&parsed.request).await {
+    match submitted {
         Ok(view) => answer(
             StatusCode::ACCEPTED,
             InvokeResult::success(view).with_warnings(parsed.warnings),
@@ -252,6 +239,19 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
         }
         Err(SubmitError::Unavailable(m)) => unavailable(m),
     }
+}
+
+/// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`.
+async fn read_body(request: Request, limit: usize) -> Result<Bytes, Response> {
+    axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| {
+            failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("$: the request body is larger than the limit of {limit} bytes"),
+            )
+        })
 }
 
 fn not_found_turn(sid: &SessionId, tid: &TurnId) -> Response {
@@ -491,13 +491,9 @@ async fn execute_sync(State(state): State<HttpState>, request: Request) -> Respo
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
-    let limit = state.limits.max_body_bytes;
-    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
-        return failure(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("$: the request body is larger than the limit of {limit} bytes"),
-        );
+    let body = match read_body(request, state.limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
@@ -529,19 +525,13 @@ async fn run_sync(
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
     let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
-    let owner = match request {
-        AgentExecuteRequest::UserTurn(_) => state.store.claim_owner(sid, tenant).await.map(Some),
-        AgentExecuteRequest::ToolContinuation(_) => state.store.owner(sid).await,
-    };
-    match owner {
-        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
-        Ok(Some(o)) if o != tenant => {
-            return fail(
-                ErrorCode::TurnNotFound,
-                format!("turn {tid} does not exist in session {sid}"),
-            );
-        }
-        Ok(_) => {}
+    match state.door.authorize(tenant, request).await {
+        Ok(()) => {}
+        Err(SubmitError::Unavailable(m)) => return fail(ErrorCode::ServiceUnavailable, m),
+        Err(
+            SubmitError::NotFound(m) | SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m),
+        ) => return InvokeResult::failure(m),
+        Err(SubmitError::Invalid(r)) => return r.into_invoke_result(),
     }
     // Subscribe before enqueueing so the result cannot slip past.
     let mut events = match state.broker.subscribe_events(sid).await {
@@ -649,13 +639,9 @@ async fn post_batch(State(state): State<HttpState>, request: Request) -> Respons
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
-    let limit = state.batch_limits.max_bytes;
-    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
-        return failure(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("$: the batch is larger than the limit of {limit} bytes"),
-        );
+    let body = match read_body(request, state.batch_limits.max_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
     use super::batch::BatchError;
     match state
@@ -811,13 +797,9 @@ async fn post_index(State(state): State<HttpState>, request: Request) -> Respons
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
-    let limit = state.batch_limits.max_bytes;
-    let Ok(body) = axum::body::to_bytes(request.into_body(), limit).await else {
-        return failure(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            format!("$: the body is larger than the limit of {limit} bytes"),
-        );
+    let body = match read_body(request, state.batch_limits.max_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
     };
     let req: IndexRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,

@@ -85,6 +85,28 @@ impl FrontDoor {
         &self.metrics
     }
 
+    /// Checks that `tenant` may submit `request`: a user turn claims its session for the tenant
+    /// unless another tenant owns it; a continuation needs the tenant to own the session. Another
+    /// tenant's session is reported exactly like a missing turn.
+    pub async fn authorize(
+        &self,
+        tenant: &str,
+        request: &AgentExecuteRequest,
+    ) -> Result<(), SubmitError> {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let owner = match request {
+            AgentExecuteRequest::UserTurn(_) => self.store.claim_owner(sid, tenant).await.map(Some),
+            AgentExecuteRequest::ToolContinuation(_) => self.store.owner(sid).await,
+        }?;
+        match owner {
+            Some(o) if o != tenant => Err(SubmitError::NotFound(ErrorMessage::new(
+                ErrorCode::TurnNotFound,
+                format!("turn {tid} does not exist in session {sid}"),
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// Validates and enqueues a request body; returns the turn's status once the job is
     /// confirmed (or the existing status when the same turn was already accepted).
     pub async fn submit(&self, body: &[u8]) -> Result<TurnStatusView, SubmitError> {
