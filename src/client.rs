@@ -309,6 +309,7 @@ pub fn result_file(out: &Path, custom_id: &str) -> PathBuf {
         })
         .collect();
     let safe = safe.trim_start_matches('.');
+    let safe = if safe.is_empty() { "_" } else { safe };
     out.join(format!("{safe}.json"))
 }
 
@@ -442,7 +443,10 @@ impl ProgressBar {
         let secs = self.started.elapsed().as_secs_f64().max(0.001);
         let rate = done as f64 / secs;
         let width = 30usize;
-        let filled = (done * width).checked_div(total).unwrap_or(width);
+        let filled = (done * width)
+            .checked_div(total)
+            .unwrap_or(width)
+            .min(width);
         let bar = format!("{}{}", "#".repeat(filled), ".".repeat(width - filled));
         let text = format!(
             "[{bar}] {done}/{total} done, {failed} failed, {running} running, {rate:.1}/s, {secs:.0}s"
@@ -476,10 +480,16 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
         total: items.len(),
         ..BatchOutcome::default()
     };
-    let mut seen = std::collections::HashSet::new();
+    // Every input needs a result file of its own.
+    let mut seen = std::collections::HashMap::new();
     for item in &items {
-        if !seen.insert(item.custom_id.clone()) {
-            bail!("customId {:?} appears twice in the input", item.custom_id);
+        let file = result_file(&job.out, &item.custom_id);
+        if let Some(other) = seen.insert(file.clone(), item.custom_id.clone()) {
+            bail!(
+                "customIds {other:?} and {:?} would share the result file {}; make them differ in letters or digits",
+                item.custom_id,
+                file.display()
+            );
         }
     }
     // Resume: an input with a completed result is done; one that failed gets a new attempt.
@@ -665,6 +675,7 @@ mod tests {
         assert_eq!(result_file(out, "ddr-1.md"), out.join("ddr-1.md.json"));
         assert_eq!(result_file(out, "../x/y"), out.join("_x_y.json"));
         assert_eq!(result_file(out, "a b"), out.join("a_b.json"));
+        assert_eq!(result_file(out, "..."), out.join("_.json"));
     }
 
     #[test]
