@@ -316,6 +316,9 @@ async fn get_turn(
         .map(|w| Duration::from_secs_f64(w).min(MAX_WAIT))
         .unwrap_or(Duration::ZERO);
     let deadline = tokio::time::Instant::now() + wait;
+    // Polls the store, quickly at first and then at most once a second, so a waiting client
+    // costs Redis about one read per second however long it waits.
+    let mut pause = Duration::from_millis(50);
     loop {
         let record = match state.store.get_turn(&sid, &tid).await {
             Err(e) => return unavailable(e),
@@ -329,7 +332,8 @@ async fn get_turn(
                 InvokeResult::success(crate::store::TurnStatusView::from(&record)),
             );
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
+        pause = (pause * 3 / 2).min(Duration::from_secs(1));
     }
 }
 

@@ -1043,3 +1043,39 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
     assert_eq!(resp.status().as_u16(), 200, "alive even when not ready");
     stop.cancel();
 }
+
+#[tokio::test]
+async fn a_long_poll_ends_when_its_wait_does() {
+    let app = spawn_app(RequestLimits::default()).await;
+    app.fake.push([Reply::Delay(
+        Duration::from_secs(2),
+        Box::new(Reply::Text("slow".into())),
+    )]);
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "s", "turnId": "t", "instruction": "slow"}).to_string(),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let (status, body) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=0.5")
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(status, 200);
+    assert!(
+        matches!(
+            body["result"]["status"].as_str(),
+            Some("queued" | "running")
+        ),
+        "{body}"
+    );
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_millis(1500),
+        "{waited:?}"
+    );
+    assert!(body["result"].get("result").is_none(), "no result yet");
+    let (_, body) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=10")
+        .await;
+    assert_eq!(body["result"]["status"], "completed");
+}
