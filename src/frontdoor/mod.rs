@@ -144,7 +144,14 @@ impl FrontDoor {
                         return Ok(TurnStatusView::from(&existing));
                     }
                 }
-                self.broker.publish_job(&job).await?;
+                if let Err(e) = self.broker.publish_job(&job).await {
+                    // Not accepted: take back the record so no turn waits for a job that does
+                    // not exist (unless a concurrent resubmission already moved it on).
+                    if let Err(d) = self.store.discard_turn(&fresh).await {
+                        tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not discard the record of a turn whose job was not accepted; a resubmission enqueues it");
+                    }
+                    return Err(e.into());
+                }
                 self.metrics.turn_accepted();
                 Ok(TurnStatusView::from(&fresh))
             }

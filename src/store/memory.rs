@@ -91,6 +91,19 @@ impl SessionStore for MemoryStore {
         Ok(None)
     }
 
+    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let key = (turn.session_id.clone(), turn.turn_id.clone());
+        if inner.turns.get(&key) != Some(turn) {
+            return Ok(false);
+        }
+        inner.turns.remove(&key);
+        if let Some(order) = inner.order.get_mut(&turn.session_id) {
+            order.retain(|t| t != &turn.turn_id);
+        }
+        Ok(true)
+    }
+
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
         Ok(self.lock()?.owners.get(session).cloned())
     }

@@ -319,6 +319,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
     async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError>;
+    /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
+    /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
+    /// gone. Not fenced, like `create_turn`.
+    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError>;
     /// The tenant that owns the session, if any.
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
     /// Makes `tenant` the session's owner unless it has one; returns the owner.

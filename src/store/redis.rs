@@ -72,6 +72,14 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return false
 ";
 
+/// KEYS: turn, turns list. ARGV: the record as created, turn id.
+const DISCARD_TURN: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return 1
+";
+
 /// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
 const RECORD_OUTPUT: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -106,6 +114,7 @@ struct Scripts {
     record_output: Script,
     create_turn: Script,
     set_session: Script,
+    discard_turn: Script,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -141,6 +150,7 @@ impl RedisStore {
                 record_output: Script::new(RECORD_OUTPUT),
                 create_turn: Script::new(CREATE_TURN),
                 set_session: Script::new(SET_SESSION),
+                discard_turn: Script::new(DISCARD_TURN),
             }),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
@@ -279,6 +289,20 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         decode(&key, existing)
+    }
+
+    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {
+        let discarded: i64 = self
+            .scripts
+            .discard_turn
+            .key(self.turn_key("turn", &turn.session_id, &turn.turn_id))
+            .key(self.key("turns", &turn.session_id))
+            .arg(encode(turn)?)
+            .arg(turn.turn_id.as_str())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(discarded == 1)
     }
 
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {

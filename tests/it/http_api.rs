@@ -992,6 +992,14 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
     assert_eq!(resp.status().as_u16(), 503);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(code(&body), "SERVICE_UNAVAILABLE");
+    // Nothing was accepted, so nothing is left behind waiting for a job.
+    assert!(
+        store
+            .list_turns(&aptix_worker::contract::SessionId::parse("s").unwrap())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let resp = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 503);
     let body: Value = resp.json().await.unwrap();

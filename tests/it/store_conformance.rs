@@ -401,6 +401,49 @@ async fn create_turn_creates_once(s: Subject) {
     assert_eq!(st.list_turns(&sid("s")).await.unwrap().len(), 1);
 }
 
+async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
+    let st = &s.store;
+    let created = turn("s", "t");
+    st.create_turn(&created).await.unwrap();
+    st.create_turn(&turn("s", "keep")).await.unwrap();
+    assert!(st.discard_turn(&created).await.unwrap());
+    assert!(
+        st.get_turn(&sid("s"), &created.turn_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let left: Vec<String> = st
+        .list_turns(&sid("s"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(left, vec!["keep"]);
+    assert!(!st.discard_turn(&created).await.unwrap(), "already gone");
+    // A turn a worker already moved on is not taken back.
+    st.create_turn(&created).await.unwrap();
+    let lease = st
+        .acquire_lease(&sid("s"), "w", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut moved_on = created.clone();
+    moved_on.status = TurnStatus::Completed;
+    moved_on.attempts += 1;
+    st.save(None, &moved_on, &lease, true).await.unwrap();
+    assert!(!st.discard_turn(&created).await.unwrap());
+    assert_eq!(
+        st.get_turn(&sid("s"), &created.turn_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        TurnStatus::Completed
+    );
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -422,4 +465,5 @@ conformance!(
     racing_holders_take_turns_and_none_is_lost,
     the_first_tenant_owns_a_session,
     create_turn_creates_once,
+    discard_takes_back_only_an_untouched_turn,
 );
