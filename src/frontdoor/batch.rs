@@ -163,22 +163,31 @@ impl FrontDoor {
                 limits.max_lines
             )));
         }
-        // customIds must be unique within the batch: results are keyed by them.
+        // customIds must be unique within the batch (results are keyed by them), whether or not
+        // the line that used one first was valid.
         let mut seen = std::collections::HashSet::new();
         let prepared: Vec<_> = lines
             .iter()
             .map(|&(line, raw)| {
                 let prepared = self.prepare_line(line, raw);
+                let custom_id = match &prepared {
+                    Ok((_, id, _)) => Some(id.clone()),
+                    Err(LineOutcome::Rejected(e)) => e.custom_id.clone(),
+                    Err(LineOutcome::Accepted(_)) => None,
+                };
+                let Some(id) = custom_id.filter(|id| !seen.insert(id.clone())) else {
+                    return prepared;
+                };
+                let duplicate = ErrorMessage::new(
+                    ErrorCode::DuplicateCustomId,
+                    format!("customId: {id:?} is used by an earlier line"),
+                );
                 match prepared {
-                    Ok((_, custom_id, _)) if !seen.insert(custom_id.clone()) => Err(line_error(
-                        line,
-                        Some(custom_id.clone()),
-                        vec![ErrorMessage::new(
-                            ErrorCode::DuplicateCustomId,
-                            format!("customId: {custom_id:?} is used by an earlier line"),
-                        )],
-                    )),
-                    other => other,
+                    Err(LineOutcome::Rejected(mut e)) => {
+                        e.errors.push(duplicate);
+                        Err(LineOutcome::Rejected(e))
+                    }
+                    _ => Err(line_error(line, Some(id), vec![duplicate])),
                 }
             })
             .collect();

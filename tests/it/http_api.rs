@@ -555,6 +555,8 @@ async fn a_batch_with_good_and_bad_lines() {
         json!({"customId": "bad", "request": {"instruction": "x", "mode": "general", "sessionId": "bad id"}}).to_string(),
         json!({"customId": "fresh", "request": {"instruction": "repeat"}}).to_string(),
         json!({"customId": "hijack", "request": {"sessionId": "theirs", "turnId": "t2", "instruction": "x"}}).to_string(),
+        // A valid line reusing the customId of an invalid one is still a duplicate.
+        json!({"customId": "bad", "request": {"instruction": "valid now"}}).to_string(),
     ];
     let (status, body) = app
         .post_to(Some("tok-a"), "/v1/batches", lines.join("\n"))
@@ -563,7 +565,7 @@ async fn a_batch_with_good_and_bad_lines() {
     let r = &body["result"];
     assert_eq!(
         (r["total"].as_u64(), r["accepted"].as_u64()),
-        (Some(7), Some(2))
+        (Some(8), Some(2))
     );
     let errors = r["errors"].as_array().unwrap();
     let by_line: Vec<(u64, Option<&str>, &str)> = errors
@@ -584,6 +586,7 @@ async fn a_batch_with_good_and_bad_lines() {
             (6, Some("bad"), "FORBIDDEN_FIELD"),
             (7, Some("fresh"), "DUPLICATE_CUSTOM_ID"),
             (8, Some("hijack"), "TURN_NOT_FOUND"),
+            (9, Some("bad"), "DUPLICATE_CUSTOM_ID"),
         ]
     );
     // Every violation of a line is listed, with the field path under `request`.
@@ -613,7 +616,7 @@ async fn a_batch_with_good_and_bad_lines() {
     }
     assert_eq!(
         progress,
-        json!({"batchId": id, "total": 7, "rejected": 5, "queued": 0, "running": 0,
+        json!({"batchId": id, "total": 8, "rejected": 6, "queued": 0, "running": 0,
                "awaitingClientTools": 0, "completed": 2, "failed": 0, "expired": 0})
     );
 
@@ -628,7 +631,7 @@ async fn a_batch_with_good_and_bad_lines() {
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let results = ndjson(&resp.text().await.unwrap());
-    assert_eq!(results.len(), 7);
+    assert_eq!(results.len(), 8);
     let fresh = &results[0];
     assert_eq!(fresh["customId"], "fresh");
     assert_eq!(fresh["status"], "completed");
@@ -669,7 +672,8 @@ async fn a_batch_with_good_and_bad_lines() {
             (5, "rejected"),
             (6, "rejected"),
             (7, "rejected"),
-            (8, "rejected")
+            (8, "rejected"),
+            (9, "rejected")
         ]
     );
     assert_eq!(results[2]["result"]["successful"], false);
