@@ -97,17 +97,12 @@ pub enum BatchError {
     Store(#[from] StoreError),
 }
 
-enum LineOutcome {
-    Accepted(BatchItem),
-    Rejected(BatchLineError),
-}
-
-fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> LineOutcome {
-    LineOutcome::Rejected(BatchLineError {
+fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> BatchLineError {
+    BatchLineError {
         line,
         custom_id,
         errors,
-    })
+    }
 }
 
 /// Gives a request object fresh ids where it has none (in either spelling, or null).
@@ -172,8 +167,7 @@ impl FrontDoor {
                 let prepared = self.prepare_line(line, raw);
                 let custom_id = match &prepared {
                     Ok((_, id, _)) => Some(id.clone()),
-                    Err(LineOutcome::Rejected(e)) => e.custom_id.clone(),
-                    Err(LineOutcome::Accepted(_)) => None,
+                    Err(e) => e.custom_id.clone(),
                 };
                 let Some(id) = custom_id.filter(|id| !seen.insert(id.clone())) else {
                     return prepared;
@@ -183,11 +177,11 @@ impl FrontDoor {
                     format!("customId: {id:?} is used by an earlier line"),
                 );
                 match prepared {
-                    Err(LineOutcome::Rejected(mut e)) => {
+                    Err(mut e) => {
                         e.errors.push(duplicate);
-                        Err(LineOutcome::Rejected(e))
+                        Err(e)
                     }
-                    _ => Err(line_error(line, Some(id), vec![duplicate])),
+                    Ok(_) => Err(line_error(line, Some(id), vec![duplicate])),
                 }
             })
             .collect();
@@ -213,23 +207,16 @@ impl FrontDoor {
                     });
                     valid.push((line, custom_id, request));
                 }
-                Err(LineOutcome::Rejected(e)) => record.rejected.push(e),
-                Err(LineOutcome::Accepted(item)) => record.items.push(item),
+                Err(e) => record.rejected.push(e),
             }
         }
         self.store.put_batch(&record).await?;
-        let outcomes: Vec<LineOutcome> = futures_util::stream::iter(valid)
+        let outcomes: Vec<Result<(), BatchLineError>> = futures_util::stream::iter(valid)
             .map(|(line, custom_id, request)| self.enqueue_line(tenant, line, custom_id, request))
             .buffered(SUBMIT_CONCURRENCY)
             .collect()
             .await;
-        let failed: Vec<BatchLineError> = outcomes
-            .into_iter()
-            .filter_map(|o| match o {
-                LineOutcome::Rejected(e) => Some(e),
-                LineOutcome::Accepted(_) => None,
-            })
-            .collect();
+        let failed: Vec<BatchLineError> = outcomes.into_iter().filter_map(Result::err).collect();
         if !failed.is_empty() {
             let lines: std::collections::HashSet<usize> = failed.iter().map(|e| e.line).collect();
             record.items.retain(|i| !lines.contains(&i.line));
@@ -261,7 +248,7 @@ impl FrontDoor {
         &self,
         line: usize,
         raw: &str,
-    ) -> Result<(usize, String, ParsedRequest), LineOutcome> {
+    ) -> Result<(usize, String, ParsedRequest), BatchLineError> {
         let value: Value = serde_json::from_str(raw).map_err(|e| {
             line_error(
                 line,
@@ -363,41 +350,36 @@ impl FrontDoor {
         }
     }
 
+    /// Enqueues one valid line for `tenant`; the error names why it was not accepted.
     async fn enqueue_line(
         &self,
         tenant: &str,
         line: usize,
         custom_id: String,
         parsed: ParsedRequest,
-    ) -> LineOutcome {
+    ) -> Result<(), BatchLineError> {
         let request = parsed.request;
-        let (sid, tid) = (request.session_id().clone(), request.turn_id().clone());
-        let fail = |code: ErrorCode, message: String| {
-            line_error(
-                line,
-                Some(custom_id.clone()),
-                vec![ErrorMessage::new(code, message)],
-            )
-        };
         let submitted = match self.authorize(tenant, &request).await {
             Ok(()) => self.submit_parsed(&request).await,
             Err(e) => Err(e),
         };
-        match submitted {
-            Ok(_) => LineOutcome::Accepted(BatchItem {
-                line,
-                custom_id,
-                session_id: sid,
-                turn_id: tid,
-            }),
-            Err(SubmitError::Invalid(r)) => line_error(line, Some(custom_id), r.errors),
+        let errors = match submitted {
+            Ok(_) => return Ok(()),
+            Err(SubmitError::Invalid(r)) => r.errors,
             Err(
                 SubmitError::Conflict(m)
                 | SubmitError::NotFound(m)
                 | SubmitError::NotAwaitingTools(m),
-            ) => line_error(line, Some(custom_id), vec![m]),
-            Err(SubmitError::Unavailable(m)) => fail(ErrorCode::ServiceUnavailable, m),
-        }
+            ) => vec![m],
+            Err(SubmitError::Unavailable(m)) => {
+                tracing::warn!(line, error = %m, "a batch line could not be enqueued");
+                vec![ErrorMessage::new(
+                    ErrorCode::ServiceUnavailable,
+                    "the service is temporarily unavailable; this line was not enqueued, submit it again",
+                )]
+            }
+        };
+        Err(line_error(line, Some(custom_id), errors))
     }
 }
 
