@@ -70,7 +70,7 @@ impl Metrics {
         let queue_wait = Histogram::new(seconds_buckets());
         registry.register(
             "turn_queue_wait_seconds",
-            "Time from a turn's acceptance to the start of the run that produced its result",
+            "Time from a user turn's acceptance to the start of the run that produced its result (retry delays included)",
             queue_wait.clone(),
         );
         let turn_duration = Histogram::new(seconds_buckets());

@@ -412,8 +412,12 @@ impl Worker {
                 self.metrics.turn_finished(status.as_str());
                 if let Some(started) = started {
                     self.metrics.observe_turn_duration(started.at.elapsed());
+                    // A continuation's record dates from the user turn, before the client ran
+                    // its tools; only a user turn's wait is time spent queued.
+                    let user_turn = matches!(request, AgentExecuteRequest::UserTurn(_));
                     if let Some(wait) = record
                         .as_ref()
+                        .filter(|_| user_turn)
                         .and_then(|r| started.since_rfc3339(&r.submitted_at))
                     {
                         self.metrics.observe_queue_wait(wait);
