@@ -417,8 +417,16 @@ fn assign_ids(item: &mut Item, salt: &str, attempt: u64) {
     let sid = format!("batch-{}", short_hash(&[salt, &item.custom_id]));
     let tid = format!("t{attempt}-{}", short_hash(&[salt, &item.custom_id, &body]));
     if let Some(obj) = item.request.as_object_mut() {
-        obj.entry("sessionId").or_insert(Value::String(sid));
-        obj.entry("turnId").or_insert(Value::String(tid));
+        // Ids the input already has (in either spelling) are kept.
+        for (camel, pascal, id) in [("sessionId", "SessionId", sid), ("turnId", "TurnId", tid)] {
+            let present = [camel, pascal]
+                .iter()
+                .any(|k| obj.get(*k).is_some_and(|v| !v.is_null()));
+            if !present {
+                obj.remove(pascal);
+                obj.insert(camel.into(), Value::String(id));
+            }
+        }
     }
 }
 
@@ -693,5 +701,14 @@ mod tests {
         assert_eq!(a.request["sessionId"], c.request["sessionId"]);
         assert_ne!(a.request["turnId"], c.request["turnId"]);
         assert_ne!(a.request["sessionId"], d.request["sessionId"]);
+        // Ids given in the input are kept, whichever spelling they use.
+        let mut given = Item {
+            custom_id: "b.md".into(),
+            request: json!({"SessionId": "mine", "instruction": "x"}),
+        };
+        assign_ids(&mut given, "s1", 0);
+        assert_eq!(given.request["SessionId"], "mine");
+        assert!(given.request.get("sessionId").is_none());
+        assert!(given.request["turnId"].as_str().unwrap().starts_with("t0-"));
     }
 }
