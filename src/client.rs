@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use crate::catalog::READ_FILE_TOOL;
-use crate::contract::request::RelativePath;
+use crate::contract::request::{RelativePath, default_id};
 
 /// A small client of the HTTP API.
 #[derive(Debug, Clone)]
@@ -416,17 +416,10 @@ fn assign_ids(item: &mut Item, salt: &str, attempt: u64) {
     let body = item.request.to_string();
     let sid = format!("batch-{}", short_hash(&[salt, &item.custom_id]));
     let tid = format!("t{attempt}-{}", short_hash(&[salt, &item.custom_id, &body]));
+    // Ids the input already has (in either spelling) are kept.
     if let Some(obj) = item.request.as_object_mut() {
-        // Ids the input already has (in either spelling) are kept.
-        for (camel, pascal, id) in [("sessionId", "SessionId", sid), ("turnId", "TurnId", tid)] {
-            let present = [camel, pascal]
-                .iter()
-                .any(|k| obj.get(*k).is_some_and(|v| !v.is_null()));
-            if !present {
-                obj.remove(pascal);
-                obj.insert(camel.into(), Value::String(id));
-            }
-        }
+        default_id(obj, "sessionId", "SessionId", || sid);
+        default_id(obj, "turnId", "TurnId", || tid);
     }
 }
 

@@ -405,6 +405,23 @@ impl RagOperator {
     }
 }
 
+/// Gives a request object the id field `camel` (e.g. `sessionId`) from `id` unless it already
+/// has one in either spelling (`camel` or `pascal`); a `null` counts as absent.
+pub fn default_id(
+    request: &mut Map<String, Value>,
+    camel: &str,
+    pascal: &str,
+    id: impl FnOnce() -> String,
+) {
+    let present = [camel, pascal]
+        .iter()
+        .any(|k| request.get(*k).is_some_and(|v| !v.is_null()));
+    if !present {
+        request.remove(pascal);
+        request.insert(camel.to_string(), Value::String(id()));
+    }
+}
+
 /// The chunk metadata keys a `ragScope` condition can name (DESIGN.md §7).
 pub const RAG_KEYS: &[&str] = &["path", "language", "repo", "tags", "docId"];
 

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use super::{FrontDoor, SubmitError};
 use crate::config::BatchLimits;
+use crate::contract::request::default_id;
 use crate::contract::{
     AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, ParsedRequest, SessionId, TurnId,
     parse_request,
@@ -105,20 +106,14 @@ fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>)
     }
 }
 
-/// Gives a request object fresh ids where it has none (in either spelling, or null).
+/// Gives a request object fresh ids where it has none.
 fn fill_ids(request: &mut Map<String, Value>) {
-    for (camel, pascal, fresh) in [
-        ("sessionId", "SessionId", SessionId::generate().to_string()),
-        ("turnId", "TurnId", TurnId::generate().to_string()),
-    ] {
-        let present = [camel, pascal]
-            .iter()
-            .any(|k| request.get(*k).is_some_and(|v| !v.is_null()));
-        if !present {
-            request.remove(pascal);
-            request.insert(camel.to_string(), Value::String(fresh));
-        }
-    }
+    default_id(request, "sessionId", "SessionId", || {
+        SessionId::generate().to_string()
+    });
+    default_id(request, "turnId", "TurnId", || {
+        TurnId::generate().to_string()
+    });
 }
 
 impl FrontDoor {
