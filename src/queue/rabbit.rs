@@ -458,8 +458,15 @@ impl Broker for RabbitBroker {
             .map_err(unavailable)?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
-            let _channel = ch;
-            while let Some(Ok(d)) = consumer.next().await {
+            loop {
+                let d = tokio::select! {
+                    // The subscriber went away while nothing arrived: do not keep the channel.
+                    _ = tx.closed() => break,
+                    next = consumer.next() => match next {
+                        Some(Ok(d)) => d,
+                        _ => break,
+                    },
+                };
                 if tx.send(d.data).await.is_err() {
                     let _ = d
                         .acker
@@ -468,10 +475,11 @@ impl Broker for RabbitBroker {
                             ..Default::default()
                         })
                         .await;
-                    return;
+                    break;
                 }
                 let _ = d.acker.ack(BasicAckOptions::default()).await;
             }
+            let _ = ch.close(200, "watcher gone").await;
         });
         Ok(rx)
     }
@@ -504,7 +512,7 @@ impl Broker for RabbitBroker {
         let mut consumer = ch
             .basic_consume(
                 &name,
-                &format!("events-{}", uuid::Uuid::new_v4().simple()),
+                &format!("events-{session}-{}", uuid::Uuid::new_v4().simple()),
                 BasicConsumeOptions {
                     no_ack: true,
                     ..Default::default()
@@ -515,9 +523,19 @@ impl Broker for RabbitBroker {
             .map_err(unavailable)?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
-            while let Some(Ok(d)) = consumer.next().await {
-                if tx.send(d.data).await.is_err() {
-                    break;
+            loop {
+                tokio::select! {
+                    // A subscriber that disconnects while its session is quiet releases its
+                    // channel (and with it the exclusive queue) at once.
+                    _ = tx.closed() => break,
+                    next = consumer.next() => match next {
+                        Some(Ok(d)) => {
+                            if tx.send(d.data).await.is_err() {
+                                break;
+                            }
+                        }
+                        _ => break,
+                    },
                 }
             }
             let _ = ch.close(200, "subscriber gone").await;

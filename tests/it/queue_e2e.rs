@@ -472,3 +472,33 @@ async fn an_unroutable_publish_is_an_error_not_silence() {
         "{err:?}"
     );
 }
+
+/// Consumer tags of the broker that mention `needle`.
+fn consumers_with(needle: &str) -> usize {
+    let out = Command::new("rabbitmqctl")
+        .args(["-q", "list_consumers", "--no-table-headers", "consumer_tag"])
+        .output()
+        .expect("rabbitmqctl runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(needle))
+        .count()
+}
+
+#[tokio::test]
+async fn a_subscriber_that_goes_away_releases_its_channel_while_the_session_is_quiet() {
+    let guard = rabbit().await;
+    let session = format!("quiet-{}", uuid::Uuid::new_v4().simple());
+    let sid = SessionId::parse(session.as_str()).unwrap();
+    let events = guard.broker.subscribe_events(&sid).await.unwrap();
+    assert_eq!(consumers_with(&session), 1);
+    drop(events);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while consumers_with(&session) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the consumer of a dropped subscription is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
