@@ -11,9 +11,15 @@
 //!
 //! Every publish uses publisher confirms and the mandatory flag; a nack or a returned message is
 //! an error for the caller. Messages are persistent. Deliveries are acknowledged manually.
+//!
+//! Event subscribers (SSE, the synchronous endpoint) share one consumer per process: an
+//! exclusive, server-named queue bound to the reply exchange once per watched session, with the
+//! messages fanned out in process. A session's binding is removed once its last subscriber is
+//! gone; a subscriber that falls more than 256 events behind is dropped (its stream ends and it
+//! re-reads state over HTTP).
 
-use std::collections::HashSet;
-use std::sync::Mutex as StdMutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -42,6 +48,22 @@ struct Live {
     publisher: Channel,
 }
 
+/// Session id → the senders of its event subscribers.
+type Subscribers = Arc<StdMutex<HashMap<String, Vec<mpsc::Sender<Vec<u8>>>>>>;
+
+/// The process's one consumer of session events.
+struct EventHub {
+    channel: Channel,
+    queue: String,
+    subscribers: Subscribers,
+}
+
+/// Events a subscriber may fall behind by before it is dropped.
+const SUBSCRIBER_BUFFER: usize = 256;
+
+/// How often bindings of sessions nobody watches any more are removed.
+const PRUNE_EVERY: Duration = Duration::from_secs(2);
+
 /// Turn jobs and replies on RabbitMQ.
 pub struct RabbitBroker {
     url: String,
@@ -49,6 +71,7 @@ pub struct RabbitBroker {
     connection_name: String,
     live: Mutex<Option<Live>>,
     reply_queues: StdMutex<HashSet<SessionId>>,
+    events: Arc<Mutex<Option<EventHub>>>,
 }
 
 fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
@@ -87,6 +110,7 @@ impl RabbitBroker {
             connection_name: connection_name.to_string(),
             live: Mutex::new(None),
             reply_queues: StdMutex::new(HashSet::new()),
+            events: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -124,6 +148,98 @@ impl RabbitBroker {
     /// The name this broker's connection shows in RabbitMQ (`user_provided_name`).
     pub fn connection_name(&self) -> &str {
         &self.connection_name
+    }
+
+    /// Declares this process's event queue, starts its consumer (fan-out by routing key) and
+    /// the task that unbinds sessions nobody watches any more.
+    async fn open_event_hub(&self) -> Result<EventHub, QueueError> {
+        let ch = self.consumer_channel().await?;
+        let queue = ch
+            .queue_declare(
+                "",
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?
+            .name()
+            .to_string();
+        let mut consumer = ch
+            .basic_consume(
+                &queue,
+                &format!("events-{}", self.connection_name),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        let subscribers: Subscribers = Arc::default();
+        let fan_out = subscribers.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(d)) = consumer.next().await {
+                let Ok(mut subs) = fan_out.lock() else { break };
+                if let Some(list) = subs.get_mut(d.routing_key.as_str()) {
+                    // A subscriber that is gone or too far behind is dropped; its stream ends.
+                    list.retain(|s| s.try_send(d.data.clone()).is_ok());
+                }
+            }
+            // The connection or channel is gone: end every stream (subscribers re-subscribe).
+            if let Ok(mut subs) = fan_out.lock() {
+                subs.clear();
+            }
+        });
+        let hub_slot = Arc::downgrade(&self.events);
+        let (prune_channel, prune_queue) = (ch.clone(), queue.clone());
+        let watched = subscribers.clone();
+        let exchange = self.topology.replies();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(PRUNE_EVERY).await;
+                let Some(slot) = hub_slot.upgrade() else {
+                    return; // the broker is gone
+                };
+                // Under the hub lock, so no subscription re-binds a session while it is unbound.
+                let slot = slot.lock().await;
+                if slot.as_ref().is_none_or(|h| h.queue != prune_queue) {
+                    return; // a newer hub replaced this one
+                }
+                let idle: Vec<String> = {
+                    let Ok(mut subs) = watched.lock() else { return };
+                    let idle: Vec<String> = subs
+                        .iter_mut()
+                        .filter_map(|(sid, list)| {
+                            list.retain(|s| !s.is_closed());
+                            list.is_empty().then(|| sid.clone())
+                        })
+                        .collect();
+                    for sid in &idle {
+                        subs.remove(sid);
+                    }
+                    idle
+                };
+                for sid in idle {
+                    if let Err(e) = prune_channel
+                        .queue_unbind(&prune_queue, &exchange, &sid, FieldTable::default())
+                        .await
+                    {
+                        tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
+                    }
+                }
+                drop(slot);
+            }
+        });
+        Ok(EventHub {
+            channel: ch,
+            queue,
+            subscribers,
+        })
     }
 
     /// Connects now (and declares the topology); errors if the broker is unreachable.
@@ -485,61 +601,46 @@ impl Broker for RabbitBroker {
     }
 
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        // A private, server-named queue bound to the reply exchange: deleted with its channel.
-        let ch = self.consumer_channel().await?;
-        let queue = ch
-            .queue_declare(
-                "",
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        let name = queue.name().to_string();
-        ch.queue_bind(
-            &name,
-            &self.topology.replies(),
-            session.as_str(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(unavailable)?;
-        let mut consumer = ch
-            .basic_consume(
-                &name,
-                &format!("events-{session}-{}", uuid::Uuid::new_v4().simple()),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    // A subscriber that disconnects while its session is quiet releases its
-                    // channel (and with it the exclusive queue) at once.
-                    _ = tx.closed() => break,
-                    next = consumer.next() => match next {
-                        Some(Ok(d)) => {
-                            if tx.send(d.data).await.is_err() {
-                                break;
-                            }
-                        }
-                        _ => break,
-                    },
-                }
+        let mut slot = self.events.lock().await;
+        if !slot
+            .as_ref()
+            .is_some_and(|h| h.channel.status().connected())
+        {
+            *slot = Some(self.open_event_hub().await?);
+        }
+        let Some(hub) = slot.as_ref() else {
+            return Err(QueueError::Unavailable("no event consumer".into()));
+        };
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let first = {
+            let mut subs = hub
+                .subscribers
+                .lock()
+                .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
+            let list = subs.entry(session.to_string()).or_default();
+            list.retain(|s| !s.is_closed());
+            list.push(tx);
+            list.len() == 1
+        };
+        // Bound before returning (under the hub lock), so nothing published afterwards is
+        // missed; the binding already exists when the session has other subscribers.
+        if first
+            && let Err(e) = hub
+                .channel
+                .queue_bind(
+                    &hub.queue,
+                    &self.topology.replies(),
+                    session.as_str(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+        {
+            if let Ok(mut subs) = hub.subscribers.lock() {
+                subs.remove(session.as_str());
             }
-            let _ = ch.close(200, "subscriber gone").await;
-        });
+            return Err(unavailable(e));
+        }
         Ok(rx)
     }
 

@@ -473,32 +473,104 @@ async fn an_unroutable_publish_is_an_error_not_silence() {
     );
 }
 
-/// Consumer tags of the broker that mention `needle`.
-fn consumers_with(needle: &str) -> usize {
+/// Consumers whose tag is `tag`.
+fn consumers_tagged(tag: &str) -> usize {
+    rabbitmqctl_lines(&["list_consumers", "consumer_tag"])
+        .iter()
+        .filter(|l| l.as_str() == tag)
+        .count()
+}
+
+/// The routing keys of every binding on the broker.
+fn binding_keys() -> Vec<String> {
+    rabbitmqctl_lines(&["list_bindings", "routing_key"])
+}
+
+fn count(keys: &[String], key: &str) -> usize {
+    keys.iter().filter(|k| k.as_str() == key).count()
+}
+
+fn rabbitmqctl_lines(args: &[&str]) -> Vec<String> {
     let out = Command::new("rabbitmqctl")
-        .args(["-q", "list_consumers", "--no-table-headers", "consumer_tag"])
+        .args(["-q", "--no-table-headers"])
+        .args(args)
         .output()
         .expect("rabbitmqctl runs");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains(needle))
-        .count()
+        .map(|l| l.trim().to_string())
+        .collect()
 }
 
 #[tokio::test]
-async fn a_subscriber_that_goes_away_releases_its_channel_while_the_session_is_quiet() {
+async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound() {
     let guard = rabbit().await;
-    let session = format!("quiet-{}", uuid::Uuid::new_v4().simple());
-    let sid = SessionId::parse(session.as_str()).unwrap();
-    let events = guard.broker.subscribe_events(&sid).await.unwrap();
-    assert_eq!(consumers_with(&session), 1);
-    drop(events);
+    let tag = format!("events-{}", guard.broker.connection_name());
+    let prefix = format!("hub-{}", uuid::Uuid::new_v4().simple());
+    let key = |i: usize| format!("{prefix}-{i}");
+    let mut streams = Vec::new();
+    for i in 0..20 {
+        let sid = SessionId::parse(key(i)).unwrap();
+        streams.push(guard.broker.subscribe_events(&sid).await.unwrap());
+    }
+    // A second subscriber of the same session shares the binding.
+    let sid0 = SessionId::parse(key(0)).unwrap();
+    let mut twin = guard.broker.subscribe_events(&sid0).await.unwrap();
+    assert_eq!(
+        consumers_tagged(&tag),
+        1,
+        "one consumer for every subscriber"
+    );
+    let keys = binding_keys();
+    assert!(
+        (0..20).all(|i| count(&keys, &key(i)) == 1),
+        "one binding per session"
+    );
+
+    // Both subscribers of session 0 get its event; nobody else does.
+    let body = br#"{"turnId":"t"}"#;
+    guard.broker.publish_reply(&sid0, "t", body).await.unwrap();
+    for rx in [&mut streams[0], &mut twin] {
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some(&body[..]));
+    }
+    assert!(streams[1].try_recv().is_err());
+
+    // Subscribers that go away while their sessions are quiet: their bindings are removed.
+    streams.truncate(1);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while consumers_with(&session) > 0 {
+    while {
+        let keys = binding_keys();
+        (1..20).any(|i| count(&keys, &key(i)) > 0)
+    } {
         assert!(
             std::time::Instant::now() < deadline,
-            "the consumer of a dropped subscription is still there"
+            "unwatched sessions are still bound"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Session 0 is still watched: its event binding stays (next to its durable reply queue's).
+    assert_eq!(count(&binding_keys(), &key(0)), 2);
+    drop(twin);
+}
+
+#[tokio::test]
+async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
+    let guard = rabbit().await;
+    let sid = SessionId::parse(format!("drop-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    let mut before = guard.broker.subscribe_events(&sid).await.unwrap();
+    close_connection(guard.broker.connection_name());
+    let ended = tokio::time::timeout(Duration::from_secs(10), before.recv())
+        .await
+        .expect("the stream ends instead of hanging");
+    assert_eq!(ended, None);
+    // The next subscription opens a fresh consumer on a fresh connection.
+    let mut after = guard.broker.subscribe_events(&sid).await.unwrap();
+    guard.broker.publish_reply(&sid, "t", b"{}").await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(&b"{}"[..]));
 }
