@@ -220,11 +220,7 @@ async fn dlq_lists_and_requeues_dead_jobs() {
 async fn a_worker_process_drains_and_exits_0_on_sigterm() {
     use std::io::{BufRead as _, BufReader};
     let guard = crate::support::rabbit().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = aptix()
         .args(["worker", "--listen", &format!("127.0.0.1:{port}")])
         .env("APTIX_AMQP_URL", crate::support::amqp_url())
@@ -256,18 +252,7 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
         );
     }
     // The worker serves its health and metrics.
-    let get = |path: &str| {
-        use std::io::{Read as _, Write as _};
-        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(
-            conn,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut answer = String::new();
-        conn.read_to_string(&mut answer).unwrap();
-        answer
-    };
+    let get = |path: &str| http_get(port, path);
     assert!(get("/healthz").starts_with("HTTP/1.1 200"));
     assert!(get("/readyz").starts_with("HTTP/1.1 200"));
     let metrics = get("/metrics");
@@ -319,11 +304,7 @@ impl Drop for Child {
 
 #[test]
 fn submit_status_and_watch_talk_to_aptix_run_over_http() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let _server = Child(
         aptix()
@@ -333,14 +314,7 @@ fn submit_status_and_watch_talk_to_aptix_run_over_http() {
             .spawn()
             .expect("serve starts"),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_for_port(port);
     let out = aptix()
         .args(["submit", "examples/requests/user-turn.json", "--url", &url])
         .env("APTIX_TOKEN", "tok-cli")
@@ -611,5 +585,141 @@ async fn index_writes_to_redis_and_reindexes_incrementally() {
     let out = aptix().arg("index").arg(&root).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("APTIX_REDIS_URL"));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[test]
+fn a_batch_killed_mid_run_resumes_without_running_any_turn_twice() {
+    use std::io::{BufRead as _, BufReader};
+    // A slow model, and a server the batch talks to over HTTP (so it outlives the batch CLI).
+    let llm_port = free_port();
+    let _llm = Child(
+        aptix()
+            .args([
+                "fake-llm",
+                "--listen",
+                &format!("127.0.0.1:{llm_port}"),
+                "--latency-ms",
+                "1500",
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let api_port = free_port();
+    let _server = Child(
+        aptix()
+            .args(["run", "--listen", &format!("127.0.0.1:{api_port}")])
+            .env(
+                "APTIX_LLM_BASE_URL",
+                format!("http://127.0.0.1:{llm_port}/v1"),
+            )
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_port(llm_port);
+    wait_for_port(api_port);
+    let root = std::env::temp_dir().join(format!("aptix-crash-{}", uuid::Uuid::new_v4().simple()));
+    let (input, out) = (root.join("in"), root.join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    for i in 0..4 {
+        write(
+            &input,
+            &format!("doc-{i}.md"),
+            &format!("# Doc {i}\n\nText {i}.\n"),
+        );
+    }
+    let batch = || {
+        let mut c = aptix();
+        c.arg("batch")
+            .arg(&input)
+            .args(["--instruction", "Summarise", "--poll-ms", "50", "--url"])
+            .arg(format!("http://127.0.0.1:{api_port}"))
+            .arg("--out")
+            .arg(&out);
+        c
+    };
+    // First run: killed as soon as the batch was accepted, long before the model answers.
+    let mut first = batch()
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = first.stderr.take().unwrap();
+    for line in BufReader::new(stderr).lines() {
+        if line.unwrap().contains("4 accepted") {
+            break;
+        }
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        !out.join("doc-0.md.json").exists(),
+        "killed before any result"
+    );
+
+    // Second run: the same inputs map to the same turns, which finish once.
+    let second = batch().output().unwrap();
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert!(
+        second.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(stdout.contains("4 input(s): 4 completed now"), "{stdout}");
+    // Four model calls in all: the re-run found the turns the killed run had submitted
+    // (a job re-sent for a turn still queued is harmless; it never calls the model again).
+    let metrics = http_get(api_port, "/metrics");
+    assert_eq!(
+        metric(&metrics, "aptix_model_request_duration_seconds_count"),
+        4.0,
+        "{metrics}"
+    );
+    for i in 0..4 {
+        let r: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(format!("doc-{i}.md.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["attempt"], 0, "the first attempt's turn, not a new one");
+    }
     let _ = std::fs::remove_dir_all(&root);
 }
