@@ -170,9 +170,14 @@ impl App {
     fn conforms(&self, method: &str, path: &str, status: u16, body: &Value) {
         let schema = response_schema(&self.api, method, path, status)
             .unwrap_or_else(|| panic!("/openapi.json documents no {status} for {method} {path}"));
+        self.matches_schema(&schema["$ref"], &format!("{method} {path} {status}"), body);
+    }
+
+    /// `body` must match the documented schema `reference` (`#/components/schemas/...`).
+    fn matches_schema(&self, reference: &Value, what: &str, body: &Value) {
         let root = json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$ref": schema["$ref"],
+            "$ref": reference,
             "components": self.api["components"],
         });
         let validator = jsonschema::validator_for(&root).unwrap();
@@ -182,7 +187,7 @@ impl App {
             .collect();
         assert!(
             errors.is_empty(),
-            "{method} {path} {status} does not match its documented schema: {errors:?}\n{body}"
+            "{what} does not match its documented schema: {errors:?}\n{body}"
         );
     }
 }
@@ -444,6 +449,8 @@ async fn the_synchronous_endpoint_answers_like_the_original() {
     assert_eq!(body["successful"], true, "{body}");
     assert_eq!(body["result"]["kind"], "final");
     assert_eq!(body["result"]["primaryOutputText"], "sync answer");
+    let execute_result = json!("#/components/schemas/ExecuteResult");
+    app.matches_schema(&execute_result, "the synchronous answer", &body);
     // invalid: still 200, a failed InvokeResult
     let resp = app
         .http
@@ -457,6 +464,7 @@ async fn the_synchronous_endpoint_answers_like_the_original() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["successful"], false);
     assert!(body.get("result").is_none());
+    app.matches_schema(&execute_result, "a failed synchronous answer", &body);
     // no token: 401
     let resp = app.http.post(&url).body("{}").send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 401);
@@ -466,6 +474,11 @@ async fn the_synchronous_endpoint_answers_like_the_original() {
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let text = resp.text().await.unwrap();
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    app.matches_schema(
+        &json!("#/components/schemas/StreamFinalLine"),
+        "the streaming final line",
+        &last,
+    );
     assert_eq!(
         (last["kind"].as_str(), last["index"].as_u64()),
         (Some("final"), Some(99999))
@@ -527,6 +540,11 @@ async fn every_sse_subscriber_gets_every_event() {
         let data = seen.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
         let view: Value = serde_json::from_str(data).unwrap();
         assert_eq!(view["status"], "completed");
+        app.matches_schema(
+            &json!("#/components/schemas/TurnStatusView"),
+            "an SSE event",
+            &view,
+        );
     }
 }
 
@@ -632,6 +650,13 @@ async fn a_batch_with_good_and_bad_lines() {
     assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
     let results = ndjson(&resp.text().await.unwrap());
     assert_eq!(results.len(), 8);
+    for line in &results {
+        app.matches_schema(
+            &json!("#/components/schemas/BatchResultLine"),
+            "a batch result line",
+            line,
+        );
+    }
     let fresh = &results[0];
     assert_eq!(fresh["customId"], "fresh");
     assert_eq!(fresh["status"], "completed");
