@@ -169,6 +169,31 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// One report line: index time and query latency percentiles.
+fn row(label: &str, index: Duration, queries: &[Duration]) {
+    println!(
+        "  {label:<30}{:>10.1} ms {:>8.2} ms {:>8.2} ms",
+        ms(index),
+        ms(pct(queries, 0.5)),
+        ms(pct(queries, 0.99))
+    );
+}
+
+/// One ratio line: `measured` over `baseline`, index and query percentiles.
+fn ratio_row(
+    label: &str,
+    (index, queries): (Duration, &[Duration]),
+    (base_index, base_queries): (Duration, &[Duration]),
+) {
+    let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    println!(
+        "  {label:<30}{:>10.2}x {:>9.2}x {:>9.2}x",
+        r(index, base_index),
+        r(pct(queries, 0.5), pct(base_queries, 0.5)),
+        r(pct(queries, 0.99), pct(base_queries, 0.99))
+    );
+}
+
 /// Runs the benchmark (Redis part only with `redis_url`) and prints the report.
 pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), RagError> {
     let files = corpus(opts);
@@ -221,23 +246,12 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     let mem_q = time_queries(memory, &qs).await?;
 
     println!("                                   index total   query p50   query p99");
-    println!(
-        "  baseline: chunk only / scan   {:>10.1} ms {:>8.2} ms {:>8.2} ms",
-        ms(chunk_time),
-        ms(pct(&scan_times, 0.5)),
-        ms(pct(&scan_times, 0.99))
-    );
-    println!(
-        "  memory index (BM25)           {:>10.1} ms {:>8.2} ms {:>8.2} ms",
-        ms(mem_index),
-        ms(pct(&mem_q, 0.5)),
-        ms(pct(&mem_q, 0.99))
-    );
-    println!(
-        "  ratio memory / baseline       {:>10.2}x {:>9.2}x {:>9.2}x",
-        mem_index.as_secs_f64() / chunk_time.as_secs_f64().max(1e-9),
-        pct(&mem_q, 0.5).as_secs_f64() / pct(&scan_times, 0.5).as_secs_f64().max(1e-9),
-        pct(&mem_q, 0.99).as_secs_f64() / pct(&scan_times, 0.99).as_secs_f64().max(1e-9)
+    row("baseline: chunk only / scan", chunk_time, &scan_times);
+    row("memory index (BM25)", mem_index, &mem_q);
+    ratio_row(
+        "ratio memory / baseline",
+        (mem_index, &mem_q),
+        (chunk_time, &scan_times),
     );
 
     let Some(url) = redis_url else {
@@ -279,27 +293,23 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     .await?;
     let redis_index = t.elapsed();
     let redis_q = time_queries(redis, &qs).await?;
-    // Clean up the bench keys.
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{ns}:*"))
-        .query_async(&mut conn)
+    // Clean up the bench keys (SCAN, not KEYS: the Redis may be shared).
+    let cleanup = crate::store::RedisStore::connect(url, &ns, crate::store::Retention::default())
         .await
-        .unwrap_or_default();
-    for part in keys.chunks(1000) {
-        let _: Result<(), _> = redis::cmd("DEL").arg(part).query_async(&mut conn).await;
+        .map_err(|e| RagError::Unavailable(e.to_string()))?;
+    if let Err(e) = cleanup.delete_namespace().await {
+        tracing::warn!(namespace = %ns, error = %e, "could not delete the benchmark's keys");
     }
-    println!("  baseline: HSET of chunk text  {:>10.1} ms", ms(hset_time));
     println!(
-        "  Redis index (BM25)            {:>10.1} ms {:>8.2} ms {:>8.2} ms",
-        ms(redis_index),
-        ms(pct(&redis_q, 0.5)),
-        ms(pct(&redis_q, 0.99))
+        "  {:<30}{:>10.1} ms",
+        "baseline: HSET of chunk text",
+        ms(hset_time)
     );
-    println!(
-        "  ratio Redis / baseline        {:>10.2}x {:>9.2}x {:>9.2}x",
-        redis_index.as_secs_f64() / hset_time.as_secs_f64().max(1e-9),
-        pct(&redis_q, 0.5).as_secs_f64() / pct(&scan_times, 0.5).as_secs_f64().max(1e-9),
-        pct(&redis_q, 0.99).as_secs_f64() / pct(&scan_times, 0.99).as_secs_f64().max(1e-9)
+    row("Redis index (BM25)", redis_index, &redis_q);
+    ratio_row(
+        "ratio Redis / baseline",
+        (redis_index, &redis_q),
+        (hset_time, &scan_times),
     );
     Ok(())
 }

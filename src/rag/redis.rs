@@ -11,7 +11,9 @@
 //! | `<ns>:rag:{<tenant>}:term:<term>` | hash | chunk id → `<count of the term>:<chunk length>` |
 //! | `<ns>:rag:{<tenant>}:stats` | hash | `chunks`, `tokens` |
 //!
-//! Index keys do not expire: an index lives until its files are removed from it.
+//! Index keys do not expire: an index lives until its files are removed from it. The script
+//! that replaces a file builds the `term:` key names itself; they share the tenant's hash tag,
+//! so they are in the same Cluster slot as the keys it declares.
 
 use std::collections::{BTreeMap, HashMap};
 
