@@ -5,7 +5,8 @@
 //!
 //! - [`contract`] — the wire format: `AgentExecuteRequest` parsed into a valid `UserTurn` or
 //!   `ToolContinuation`, `AgentExecuteResponse`, `InvokeResult`, error codes.
-//! - [`config`] — configuration from `APTIX_*` environment variables.
+//! - [`config`] — configuration from `APTIX_*` environment variables; [`contexts`] — the
+//!   agent and conversation contexts a request may name.
 //!
 //! - [`frontdoor`] — validation, idempotency and enqueueing; the HTTP API and batches.
 //! - [`queue`] — the job path: RabbitMQ (or the embedded in-memory broker).
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod catalog;
 pub mod client;
 pub mod config;
+pub mod contexts;
 pub mod contract;
 pub mod fake_llm;
 pub mod frontdoor;

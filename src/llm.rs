@@ -447,7 +447,7 @@ mod tests {
 
     fn fixture(name: &str) -> Value {
         let path = format!(
-            "{}/../shared/fixtures/openai/examples/{name}",
+            "{}/tests/fixtures/openai/examples/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
         serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("json")

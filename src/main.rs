@@ -835,6 +835,7 @@ impl App {
 
     fn front_door(&self, config: &Config) -> FrontDoor {
         FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
+            .with_contexts(self.pipeline.known_contexts())
             .with_metrics(self.metrics.clone())
     }
 

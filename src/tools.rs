@@ -251,6 +251,7 @@ mod tests {
             result: None,
             answered: vec![],
             checkpoint: None,
+            continuation: None,
         };
         let lease = store
             .acquire_lease(&sid, "test", std::time::Duration::from_secs(60))

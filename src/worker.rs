@@ -30,7 +30,7 @@ use crate::contract::{
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::queue::{Broker, Delivery, QueueError, Topology};
-use crate::store::{TurnStatus, TurnStatusView, now_rfc3339};
+use crate::store::{TurnRecord, TurnStatus, TurnStatusView};
 
 /// Worker settings.
 #[derive(Debug, Clone)]
@@ -333,10 +333,16 @@ impl Worker {
         );
         error!(%reason, "retry limit reached; failing the turn and dead-lettering the job");
         let final_error = ErrorMessage::new(failure.error_code, reason.clone());
-        let result = match self.pipeline.give_up(request, final_error.clone()).await {
+        let result = match self.pipeline.give_up(request, final_error).await {
             Ok(r) => r,
-            // The store is down too: the client still gets a failed result.
-            Err(_) => InvokeResult::failure(final_error),
+            // The failure cannot be stored, and nothing is published that is not stored: try
+            // again later, at the same attempt, until the store answers.
+            Err(e) => {
+                warn!(code = %e.error.error_code, message = %e.error.message, "could not store the turn's failure; trying again later");
+                return self
+                    .republish(delivery, delivery.attempt, self.topology.delay_for(next))
+                    .await;
+            }
         };
         if let Err(e) = self
             .broker
@@ -365,7 +371,8 @@ impl Worker {
         }
     }
 
-    /// Publishes the turn's status to the session's replies.
+    /// Publishes the turn's status, as stored, to the session's replies. Only a result the
+    /// store holds is published: a client told of a result can always read it back.
     async fn reply(
         &self,
         request: &AgentExecuteRequest,
@@ -373,32 +380,28 @@ impl Worker {
         started: Option<Started>,
     ) -> Disposition {
         let (sid, tid) = (request.session_id(), request.turn_id());
-        let record = self
-            .pipeline
-            .store()
-            .get_turn(sid, tid)
-            .await
-            .ok()
-            .flatten();
-        let status = match result.result() {
-            Some(AgentExecuteResponse::Final(_)) => TurnStatus::Completed,
-            Some(AgentExecuteResponse::ClientToolContinuation(_)) => {
-                TurnStatus::AwaitingClientTools
+        let record = match self.pipeline.store().get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "cannot read the turn back before publishing its result; the job will run again");
+                return Disposition::Requeue;
             }
-            None => TurnStatus::Failed,
         };
-        let view = TurnStatusView {
-            session_id: sid.clone(),
-            turn_id: tid.clone(),
-            status,
-            attempts: record.as_ref().map(|r| r.attempts).unwrap_or(0),
-            submitted_at: record
-                .as_ref()
-                .map(|r| r.submitted_at.clone())
-                .unwrap_or_else(now_rfc3339),
-            completed_at: record.as_ref().and_then(|r| r.completed_at.clone()),
-            result: Some(result),
+        let settled = |r: &TurnRecord| {
+            matches!(
+                r.status,
+                TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
+            )
         };
+        let Some(record) = record.filter(|r| settled(r) && r.result.as_ref() == Some(&result))
+        else {
+            // A duplicate job whose turn has moved on since (a continuation was accepted, or
+            // it expired): the run that settles the turn publishes its result.
+            warn!("the turn no longer holds this result; not publishing it");
+            return Disposition::Ack;
+        };
+        let status = record.status;
+        let view = TurnStatusView::from(&record);
         let body = match serde_json::to_vec(&view) {
             Ok(b) => b,
             Err(e) => {
@@ -415,8 +418,7 @@ impl Worker {
                     // A continuation's record dates from the user turn, before the client ran
                     // its tools; only a user turn's wait is time spent queued.
                     let user_turn = matches!(request, AgentExecuteRequest::UserTurn(_));
-                    if let Some(wait) = record
-                        .as_ref()
+                    if let Some(wait) = Some(&record)
                         .filter(|_| user_turn)
                         .and_then(|r| started.since_rfc3339(&r.submitted_at))
                     {

@@ -325,7 +325,9 @@ impl FrontDoor {
             return Err(line_error(line, custom_id, errors));
         };
         let body = serde_json::to_vec(&Value::Object(request)).unwrap_or_default();
-        match parse_request(&body, &self.limits) {
+        let checked = parse_request(&body, &self.limits)
+            .and_then(|parsed| self.check_configured(&parsed.request).map(|()| parsed));
+        match checked {
             Ok(parsed) => Ok((line, custom_id, parsed)),
             Err(rejected) => Err(line_error(
                 line,

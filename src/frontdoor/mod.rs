@@ -6,11 +6,13 @@
 
 use std::sync::Arc;
 
+use crate::contexts::KnownContexts;
 use crate::contract::{
-    AgentExecuteRequest, ErrorCode, ErrorMessage, RequestLimits, RequestRejected, parse_request,
+    AgentExecuteRequest, ErrorCode, ErrorMessage, RequestLimits, RequestRejected, ToolContinuation,
+    parse_request,
 };
 use crate::metrics::Metrics;
-use crate::pipeline::fingerprint;
+use crate::pipeline::{continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, QueueError};
 pub mod batch;
 pub mod http;
@@ -56,6 +58,7 @@ pub struct FrontDoor {
     store: Arc<dyn SessionStore>,
     broker: Arc<dyn Broker>,
     limits: RequestLimits,
+    contexts: KnownContexts,
     metrics: Arc<Metrics>,
 }
 
@@ -70,7 +73,28 @@ impl FrontDoor {
             store,
             broker,
             limits,
+            contexts: KnownContexts::default(),
             metrics: Arc::default(),
+        }
+    }
+
+    /// Refuses user turns that name other contexts than these (default: only `default`).
+    pub fn with_contexts(mut self, contexts: KnownContexts) -> Self {
+        self.contexts = contexts;
+        self
+    }
+
+    /// Checks what the request names against the configuration (today: its contexts); the
+    /// errors are `UNKNOWN_CONTEXT`, with nothing enqueued.
+    pub fn check_configured(&self, request: &AgentExecuteRequest) -> Result<(), RequestRejected> {
+        match request {
+            AgentExecuteRequest::UserTurn(turn) => {
+                self.contexts.check(turn).map_err(|errors| RequestRejected {
+                    errors,
+                    warnings: Vec::new(),
+                })
+            }
+            AgentExecuteRequest::ToolContinuation(_) => Ok(()),
         }
     }
 
@@ -119,6 +143,8 @@ impl FrontDoor {
         &self,
         request: &AgentExecuteRequest,
     ) -> Result<TurnStatusView, SubmitError> {
+        self.check_configured(request)
+            .map_err(SubmitError::Invalid)?;
         let (sid, tid) = (request.session_id(), request.turn_id());
         let job = serde_json::to_vec(request)
             .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
@@ -155,26 +181,112 @@ impl FrontDoor {
                 self.metrics.turn_accepted();
                 Ok(TurnStatusView::from(&fresh))
             }
-            AgentExecuteRequest::ToolContinuation(_) => {
-                let Some(record) = self.store.get_turn(sid, tid).await? else {
-                    return Err(SubmitError::NotFound(ErrorMessage::new(
-                        ErrorCode::TurnNotFound,
-                        format!("turn {tid} does not exist in session {sid}"),
-                    )));
-                };
-                if record.status != TurnStatus::AwaitingClientTools {
-                    return Err(SubmitError::NotAwaitingTools(ErrorMessage::new(
-                        ErrorCode::TurnNotAwaitingTools,
-                        format!(
-                            "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
-                            record.status.as_str()
-                        ),
-                    )));
+            AgentExecuteRequest::ToolContinuation(cont) => {
+                let fp = continuation_fingerprint(cont);
+                match self.accept_continuation(cont, &fp).await? {
+                    Acceptance::Moved { before, after } => {
+                        if let Err(e) = self.broker.publish_job(&job).await {
+                            // Not accepted: put the turn back to waiting for its tools, unless
+                            // something moved it on meanwhile.
+                            match self.store.replace_turn(&after, &before).await {
+                                Ok(true) => {}
+                                Ok(false) => {
+                                    tracing::warn!(session_id = %sid, turn_id = %tid, "a continuation whose job was not accepted could not be taken back: the turn moved on")
+                                }
+                                Err(d) => {
+                                    tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a continuation whose job was not accepted; sending it again enqueues it")
+                                }
+                            }
+                            return Err(e.into());
+                        }
+                        self.metrics.turn_accepted();
+                        Ok(TurnStatusView::from(&after))
+                    }
+                    Acceptance::Again(record) => {
+                        // Accepted before and still queued: its job may not have been
+                        // confirmed, so enqueue again (the worker runs it once).
+                        if record.status == TurnStatus::Queued {
+                            self.broker.publish_job(&job).await?;
+                        }
+                        self.metrics.duplicate_suppressed("frontdoor");
+                        Ok(TurnStatusView::from(&record))
+                    }
                 }
-                self.broker.publish_job(&job).await?;
-                self.metrics.turn_accepted();
-                Ok(TurnStatusView::from(&record))
             }
         }
+    }
+}
+
+/// What accepting a continuation did to its turn.
+enum Acceptance {
+    /// The turn moved from `awaiting_client_tools` to `queued` for this continuation.
+    Moved {
+        before: TurnRecord,
+        after: TurnRecord,
+    },
+    /// This continuation was accepted before; the turn as it is now.
+    Again(TurnRecord),
+}
+
+/// How often a continuation is re-decided when its compare-and-set loses to another writer.
+const ACCEPT_ATTEMPTS: usize = 8;
+
+impl FrontDoor {
+    /// Moves a turn that waits for client tools to `queued` for this continuation, in one
+    /// compare-and-set on the stored record, so that of two different continuations sent at
+    /// once exactly one is accepted; the same continuation sent again is recognised.
+    async fn accept_continuation(
+        &self,
+        cont: &ToolContinuation,
+        fp: &str,
+    ) -> Result<Acceptance, SubmitError> {
+        let (sid, tid) = (cont.session_id(), cont.turn_id());
+        let submitted: Vec<&str> = cont
+            .tool_results()
+            .iter()
+            .map(|r| r.tool_call_id.as_str())
+            .collect();
+        for _ in 0..ACCEPT_ATTEMPTS {
+            let Some(before) = self.store.get_turn(sid, tid).await? else {
+                return Err(SubmitError::NotFound(ErrorMessage::new(
+                    ErrorCode::TurnNotFound,
+                    format!("turn {tid} does not exist in session {sid}"),
+                )));
+            };
+            let same = before.continuation.as_deref() == Some(fp);
+            let applied = !submitted.is_empty()
+                && submitted
+                    .iter()
+                    .all(|id| before.answered.iter().any(|a| a == id));
+            if same || applied {
+                return Ok(Acceptance::Again(before));
+            }
+            if before.status != TurnStatus::AwaitingClientTools || before.pending.is_none() {
+                let taken = if before.continuation.is_some()
+                    && matches!(before.status, TurnStatus::Queued | TurnStatus::Running)
+                {
+                    "; other tool results were accepted for its calls"
+                } else {
+                    ""
+                };
+                return Err(SubmitError::NotAwaitingTools(ErrorMessage::new(
+                    ErrorCode::TurnNotAwaitingTools,
+                    format!(
+                        "turn {tid} is {}, not awaiting_client_tools{taken}; tool results are not accepted",
+                        before.status.as_str()
+                    ),
+                )));
+            }
+            let mut after = before.clone();
+            after.status = TurnStatus::Queued;
+            after.continuation = Some(fp.to_string());
+            if self.store.replace_turn(&before, &after).await? {
+                return Ok(Acceptance::Moved { before, after });
+            }
+            // Another writer changed the record between our read and write: decide again.
+        }
+        Err(SubmitError::Unavailable(format!(
+            "turn {tid} of session {sid} kept changing while its tool results were accepted"
+        )))
     }
 }

@@ -17,6 +17,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::catalog::{ModeCatalog, ToolDef, ToolLocation};
 use crate::config::LOCAL_TENANT;
+use crate::contexts::{DEFAULT_CONTEXT, KnownContexts};
 use crate::contract::request::JsonText;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
@@ -64,6 +65,14 @@ pub struct PipelineSettings {
 }
 
 impl PipelineSettings {
+    /// The context ids these settings know.
+    pub fn known_contexts(&self) -> KnownContexts {
+        KnownContexts::new(
+            self.agent_contexts.iter().cloned(),
+            self.conversation_contexts.keys().cloned(),
+        )
+    }
+
     /// Defaults for a model name.
     pub fn new(model: impl Into<String>) -> Self {
         Self {
@@ -71,10 +80,10 @@ impl PipelineSettings {
             max_iterations: 8,
             replay: false,
             conversation_contexts: HashMap::from([(
-                "default".to_string(),
+                DEFAULT_CONTEXT.to_string(),
                 DEFAULT_BOOT_PROMPT.to_string(),
             )]),
-            agent_contexts: vec!["default".to_string()],
+            agent_contexts: vec![DEFAULT_CONTEXT.to_string()],
             lease_ttl: std::time::Duration::from_secs(30),
             worker_id: format!("worker-{}", uuid::Uuid::new_v4().simple()),
         }
@@ -139,9 +148,22 @@ impl Run {
 
 /// The request fingerprint: the same ids with another payload is a conflict.
 pub fn fingerprint(turn: &UserTurn) -> String {
-    let bytes = serde_json::to_vec(turn).unwrap_or_default();
-    let digest = Sha256::digest(&bytes);
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    sha256_hex(&serde_json::to_vec(turn).unwrap_or_default())
+}
+
+/// The fingerprint of a continuation's tool results: the front door accepts one continuation
+/// per wait for client tools, and recognises the same one sent again.
+pub fn continuation_fingerprint(cont: &ToolContinuation) -> String {
+    sha256_hex(&serde_json::to_vec(cont.tool_results()).unwrap_or_default())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let digest = Sha256::digest(bytes);
+    digest.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 impl Pipeline {
@@ -242,6 +264,11 @@ impl Pipeline {
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// The context ids this pipeline can run (the front door refuses others).
+    pub fn known_contexts(&self) -> KnownContexts {
+        self.settings.known_contexts()
     }
 
     /// The store (for callers that read turn status).
@@ -391,29 +418,6 @@ impl Pipeline {
         if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
             return Ok(done);
         }
-        // Unknown context ids are validation errors (the turn fails, nothing is created).
-        let boot = match turn.conversation_context_id() {
-            None => self.settings.conversation_contexts.get("default").cloned(),
-            Some(id) => self.settings.conversation_contexts.get(id).cloned(),
-        };
-        let Some(boot) = boot else {
-            return Ok(InvokeResult::failure(permanent(
-                ErrorCode::UnknownContext,
-                format!(
-                    "conversationContextId: no conversation context {:?} is configured",
-                    turn.conversation_context_id().unwrap_or_default()
-                ),
-            )));
-        };
-        if let Some(id) = turn.agent_context_id()
-            && !self.settings.agent_contexts.iter().any(|a| a == id)
-        {
-            return Ok(InvokeResult::failure(permanent(
-                ErrorCode::UnknownContext,
-                format!("agentContextId: no agent context {id:?} is configured"),
-            )));
-        }
-
         let held = self.lease(sid, tid).await?;
         // Another worker may have finished the turn while we waited for the lease.
         let existing = match self.store.get_turn(sid, tid).await {
@@ -429,6 +433,28 @@ impl Pipeline {
             let _ = self.store.release_lease(sid, &held.lease).await;
             return Ok(done);
         }
+        // The front door refuses unknown context ids; a job that names one anyway (a worker
+        // configured differently from the front door) fails its turn, stored like any result.
+        if let Err(errors) = self.settings.known_contexts().check(turn) {
+            let mut record = existing
+                .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()));
+            record.attempts += 1;
+            let run = Run {
+                session: self.new_session(sid),
+                record,
+                held,
+            };
+            let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
+                InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
+            });
+            return self.fail_turn(run, failed).await;
+        }
+        let boot = turn
+            .conversation_context_id()
+            .and_then(|id| self.settings.conversation_contexts.get(id))
+            .or_else(|| self.settings.conversation_contexts.get(DEFAULT_CONTEXT))
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_BOOT_PROMPT.to_string());
 
         let now = now_rfc3339();
         let loaded = match self.store.get_session(sid).await {
@@ -538,6 +564,7 @@ impl Pipeline {
         cont: &ToolContinuation,
     ) -> Result<TurnResult, RetryableFailure> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
+        let fp = continuation_fingerprint(cont);
         let submitted: Vec<String> = cont
             .tool_results()
             .iter()
@@ -558,12 +585,17 @@ impl Pipeline {
                 self.metrics.duplicate_suppressed("worker");
                 return Err(Box::new(result.clone()));
             }
-            // Awaiting client tools, or running with the pending calls still recorded (a run
-            // of this continuation that crashed): both accept the results.
+            // Awaiting client tools (a continuation run directly), queued for the continuation
+            // the front door accepted, or running with the pending calls still recorded (a run
+            // of this continuation that crashed): these accept the results. A queued turn
+            // accepted another continuation than this one: this job is not the turn's.
+            let accepted_other = record.status == TurnStatus::Queued
+                && record.continuation.as_deref() != Some(fp.as_str());
             if record.pending.is_none()
+                || accepted_other
                 || !matches!(
                     record.status,
-                    TurnStatus::AwaitingClientTools | TurnStatus::Running
+                    TurnStatus::AwaitingClientTools | TurnStatus::Queued | TurnStatus::Running
                 )
             {
                 return Err(Box::new(InvokeResult::failure(permanent(

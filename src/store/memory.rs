@@ -104,6 +104,22 @@ impl SessionStore for MemoryStore {
         Ok(true)
     }
 
+    async fn replace_turn(
+        &self,
+        current: &TurnRecord,
+        new: &TurnRecord,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let key = (current.session_id.clone(), current.turn_id.clone());
+        match inner.turns.get_mut(&key) {
+            Some(stored) if stored == current => {
+                *stored = new.clone();
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
         Ok(self.lock()?.owners.get(session).cloned())
     }

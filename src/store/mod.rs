@@ -208,6 +208,10 @@ pub struct TurnRecord {
     /// recorded in the ledger are not run twice.
     #[serde(default)]
     pub checkpoint: Option<Checkpoint>,
+    /// Fingerprint of the continuation (tool results) the front door accepted for the calls
+    /// in `pending`: the same continuation sent again is recognised, a different one refused.
+    #[serde(default)]
+    pub continuation: Option<String>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -271,6 +275,7 @@ impl TurnRecord {
             completed_at: None,
             result: None,
             checkpoint: None,
+            continuation: None,
         }
     }
 }
@@ -323,6 +328,15 @@ pub trait SessionStore: Send + Sync + 'static {
     /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
     /// gone. Not fenced, like `create_turn`.
     async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError>;
+    /// Replaces a turn record only if it is still exactly `current` (compare-and-set); `false`
+    /// when it changed or is gone, and nothing was written. Not fenced: the front door uses it
+    /// to move a turn that waits for client tools back to `queued` when it accepts their
+    /// results, and to undo that when the job was not accepted.
+    async fn replace_turn(
+        &self,
+        current: &TurnRecord,
+        new: &TurnRecord,
+    ) -> Result<bool, StoreError>;
     /// The tenant that owns the session, if any.
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
     /// Makes `tenant` the session's owner unless it has one; returns the owner.

@@ -80,6 +80,13 @@ redis.call('LREM', KEYS[2], 1, ARGV[2])
 return 1
 ";
 
+/// KEYS: turn. ARGV: the record as read, the new record, turn TTL ms.
+const REPLACE_TURN: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+";
+
 /// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
 const RECORD_OUTPUT: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -115,6 +122,7 @@ struct Scripts {
     create_turn: Script,
     set_session: Script,
     discard_turn: Script,
+    replace_turn: Script,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -151,6 +159,7 @@ impl RedisStore {
                 create_turn: Script::new(CREATE_TURN),
                 set_session: Script::new(SET_SESSION),
                 discard_turn: Script::new(DISCARD_TURN),
+                replace_turn: Script::new(REPLACE_TURN),
             }),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
@@ -303,6 +312,24 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(discarded == 1)
+    }
+
+    async fn replace_turn(
+        &self,
+        current: &TurnRecord,
+        new: &TurnRecord,
+    ) -> Result<bool, StoreError> {
+        let replaced: i64 = self
+            .scripts
+            .replace_turn
+            .key(self.turn_key("turn", &current.session_id, &current.turn_id))
+            .arg(encode(current)?)
+            .arg(encode(new)?)
+            .arg(ms(self.retention.turns))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(replaced == 1)
     }
 
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {

@@ -778,6 +778,23 @@ async fn unknown_contexts_are_validation_errors() {
         .unwrap();
     assert_eq!(only_error(&r).0, ErrorCode::UnknownContext);
     assert!(h.fake.requests().is_empty());
+    // The failure is committed before anyone is told of it: pollers see the turn settle.
+    for tid in ["t", "t2"] {
+        let stored = h
+            .store
+            .get_turn(
+                &SessionId::parse("s").unwrap(),
+                &TurnId::parse(tid).unwrap(),
+            )
+            .await
+            .unwrap()
+            .expect("the failed turn is stored");
+        assert_eq!(stored.status, TurnStatus::Failed, "{tid}");
+        assert_eq!(
+            stored.result.as_ref().map(|r| r.errors()[0].error_code),
+            Some(ErrorCode::UnknownContext)
+        );
+    }
 }
 
 #[tokio::test]

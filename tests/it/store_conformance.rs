@@ -70,6 +70,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         completed_at: None,
         result: None,
         checkpoint: None,
+        continuation: None,
     }
 }
 
@@ -444,6 +445,52 @@ async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
     );
 }
 
+async fn replace_is_a_compare_and_set(s: Subject) {
+    let st = &s.store;
+    let mut waiting = turn("s", "t");
+    waiting.status = TurnStatus::AwaitingClientTools;
+    assert!(
+        !st.replace_turn(&waiting, &waiting).await.unwrap(),
+        "a missing turn is not created"
+    );
+    assert!(
+        st.get_turn(&sid("s"), &waiting.turn_id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    st.create_turn(&waiting).await.unwrap();
+    let mut first = waiting.clone();
+    first.status = TurnStatus::Queued;
+    first.continuation = Some("one".into());
+    let mut second = first.clone();
+    second.continuation = Some("two".into());
+    // Both writers read `waiting`; only the first to write wins.
+    assert!(st.replace_turn(&waiting, &first).await.unwrap());
+    assert!(!st.replace_turn(&waiting, &second).await.unwrap());
+    let stored = st.get_turn(&sid("s"), &waiting.turn_id).await.unwrap();
+    assert_eq!(stored.as_ref(), Some(&first));
+    // Undo works from the record as written.
+    assert!(st.replace_turn(&first, &waiting).await.unwrap());
+    assert_eq!(
+        st.get_turn(&sid("s"), &waiting.turn_id).await.unwrap(),
+        Some(waiting.clone())
+    );
+    // Many concurrent writers from the same read: exactly one succeeds.
+    let attempts = (0..8).map(|i| {
+        let mut next = waiting.clone();
+        next.status = TurnStatus::Queued;
+        next.continuation = Some(format!("c{i}"));
+        let (st, waiting) = (st.clone(), waiting.clone());
+        tokio::spawn(async move { st.replace_turn(&waiting, &next).await.unwrap() })
+    });
+    let mut won = 0;
+    for a in attempts {
+        won += usize::from(a.await.unwrap());
+    }
+    assert_eq!(won, 1);
+}
+
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -466,4 +513,5 @@ conformance!(
     the_first_tenant_owns_a_session,
     create_turn_creates_once,
     discard_takes_back_only_an_untouched_turn,
+    replace_is_a_compare_and_set,
 );

@@ -19,7 +19,7 @@ pub fn schema() -> Arc<jsonschema::Validator> {
         .get_or_init(|| {
             let path = concat!(
                 env!("CARGO_MANIFEST_DIR"),
-                "/../shared/fixtures/openai/openapi.json"
+                "/tests/fixtures/openai/openapi.json"
             );
             Arc::new(
                 create_response_validator(std::path::Path::new(path))

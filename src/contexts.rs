@@ -1,0 +1,78 @@
+//! Which agent contexts (model backend and credentials) and conversation contexts (boot prompt)
+//! a deployment has (AGN-003 §2). A request may name one of each; a name that is not configured
+//! is refused where the request enters (front door), and again by the worker, which fails the
+//! turn in the store rather than running it against the wrong backend.
+//!
+//! Owns: the set of known ids and the check of a user turn against it. Must not: hold secrets
+//! or build prompts.
+
+use std::collections::BTreeSet;
+
+use crate::contract::{ErrorCode, ErrorMessage, UserTurn};
+
+/// The id a request gets when it names no context.
+pub const DEFAULT_CONTEXT: &str = "default";
+
+/// The configured context ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownContexts {
+    agent: BTreeSet<String>,
+    conversation: BTreeSet<String>,
+}
+
+impl Default for KnownContexts {
+    /// Only the built-in `default` of each kind.
+    fn default() -> Self {
+        Self::new([DEFAULT_CONTEXT.to_string()], [DEFAULT_CONTEXT.to_string()])
+    }
+}
+
+impl KnownContexts {
+    /// The given agent and conversation context ids.
+    pub fn new(
+        agent: impl IntoIterator<Item = String>,
+        conversation: impl IntoIterator<Item = String>,
+    ) -> Self {
+        Self {
+            agent: agent.into_iter().collect(),
+            conversation: conversation.into_iter().collect(),
+        }
+    }
+
+    /// Every context id the turn names that is not configured, as `UNKNOWN_CONTEXT` errors
+    /// whose messages start with the field and list what is configured.
+    pub fn check(&self, turn: &UserTurn) -> Result<(), Vec<ErrorMessage>> {
+        let mut errors = Vec::new();
+        let mut unknown = |field: &str, id: Option<&str>, known: &BTreeSet<String>, kind: &str| {
+            if let Some(id) = id
+                && !known.contains(id)
+            {
+                let list: Vec<&str> = known.iter().map(String::as_str).collect();
+                errors.push(ErrorMessage::new(
+                    ErrorCode::UnknownContext,
+                    format!(
+                        "{field}: no {kind} context {id:?} is configured (configured: {})",
+                        list.join(", ")
+                    ),
+                ));
+            }
+        };
+        unknown(
+            "agentContextId",
+            turn.agent_context_id(),
+            &self.agent,
+            "agent",
+        );
+        unknown(
+            "conversationContextId",
+            turn.conversation_context_id(),
+            &self.conversation,
+            "conversation",
+        );
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
