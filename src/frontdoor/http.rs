@@ -315,9 +315,20 @@ async fn get_turn(
         .filter(|w| w.is_finite() && *w > 0.0)
         .map(|w| Duration::from_secs_f64(w).min(MAX_WAIT))
         .unwrap_or(Duration::ZERO);
+    // Subscribe before the first read, so a result published in between is not missed. The
+    // store stays the source of truth: it is read before waiting and after each wake-up.
+    let mut events = if wait.is_zero() {
+        None
+    } else {
+        match state.broker.subscribe_events(&sid).await {
+            Ok(events) => Some(events),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
+                None
+            }
+        }
+    };
     let deadline = tokio::time::Instant::now() + wait;
-    // Polls the store, quickly at first and then at most once a second, so a waiting client
-    // costs Redis about one read per second however long it waits.
     let mut pause = Duration::from_millis(50);
     loop {
         let record = match state.store.get_turn(&sid, &tid).await {
@@ -325,15 +336,54 @@ async fn get_turn(
             Ok(None) => return not_found_turn(&sid, &tid),
             Ok(Some(r)) => r,
         };
-        let settled = !matches!(record.status, TurnStatus::Queued | TurnStatus::Running);
-        if settled || tokio::time::Instant::now() >= deadline {
+        if settled(record.status) || tokio::time::Instant::now() >= deadline {
             return answer(
                 StatusCode::OK,
-                InvokeResult::success(crate::store::TurnStatusView::from(&record)),
+                InvokeResult::success(TurnStatusView::from(&record)),
             );
         }
-        tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
-        pause = (pause * 3 / 2).min(Duration::from_secs(1));
+        match events.as_mut() {
+            Some(subscription) => {
+                if !settled_event(subscription, &tid, deadline).await {
+                    // The subscription ended (the broker connection was lost): read the
+                    // store until the deadline instead.
+                    events = None;
+                }
+            }
+            None => {
+                // One store read a second at most, however long the client waits.
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
+                pause = (pause * 3 / 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Whether a turn has left `queued`/`running` (its long-poll is over).
+fn settled(status: TurnStatus) -> bool {
+    !matches!(status, TurnStatus::Queued | TurnStatus::Running)
+}
+
+/// Waits until a settled status of `turn` is published or `deadline` passes; `false` when the
+/// subscription ended first.
+async fn settled_event(
+    events: &mut crate::queue::Replies,
+    turn: &TurnId,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_elapsed) => return true,
+            Ok(None) => return false,
+            Ok(Some(body)) => {
+                let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body) else {
+                    continue;
+                };
+                if &view.turn_id == turn && settled(view.status) {
+                    return true;
+                }
+            }
+        }
     }
 }
 

@@ -253,18 +253,23 @@ impl FrontDoor {
                     format!("turn {tid} does not exist in session {sid}"),
                 )));
             };
-            let same = before.continuation.as_deref() == Some(fp);
-            let applied = !submitted.is_empty()
+            if before.continuation.as_deref() == Some(fp) {
+                return Ok(Acceptance::Again(before));
+            }
+            // Other results for calls that were answered already (an earlier round, or the
+            // continuation that won) are not accepted: the turn has moved past them.
+            let answered = !submitted.is_empty()
                 && submitted
                     .iter()
                     .all(|id| before.answered.iter().any(|a| a == id));
-            if same || applied {
-                return Ok(Acceptance::Again(before));
-            }
-            if before.status != TurnStatus::AwaitingClientTools || before.pending.is_none() {
-                let taken = if before.continuation.is_some()
-                    && matches!(before.status, TurnStatus::Queued | TurnStatus::Running)
-                {
+            let taken = before.continuation.is_some()
+                && matches!(before.status, TurnStatus::Queued | TurnStatus::Running);
+            if answered
+                || taken
+                || before.status != TurnStatus::AwaitingClientTools
+                || before.pending.is_none()
+            {
+                let why = if answered || taken {
                     "; other tool results were accepted for its calls"
                 } else {
                     ""
@@ -272,7 +277,7 @@ impl FrontDoor {
                 return Err(SubmitError::NotAwaitingTools(ErrorMessage::new(
                     ErrorCode::TurnNotAwaitingTools,
                     format!(
-                        "turn {tid} is {}, not awaiting_client_tools{taken}; tool results are not accepted",
+                        "turn {tid} is {}, not awaiting_client_tools{why}; tool results are not accepted",
                         before.status.as_str()
                     ),
                 )));

@@ -1,5 +1,6 @@
 //! All integration tests compile into this one binary (faster builds, shared helpers).
 
+mod app;
 mod support;
 
 mod cli;
@@ -8,6 +9,7 @@ mod contract_props;
 mod contract_request;
 mod contract_response;
 mod http_api;
+mod lifecycle;
 mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;

@@ -1,0 +1,290 @@
+//! One way to start the product for HTTP tests: the front door on port 0 with an in-process
+//! worker, over real RabbitMQ and Redis (fresh names, removed afterwards) or over the embedded
+//! in-memory broker and store, and a client that checks every JSON answer against the served
+//! `/openapi.json`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aptix_worker::catalog::ModeCatalog;
+use aptix_worker::config::{ApiTokens, BatchLimits};
+use aptix_worker::contract::RequestLimits;
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
+use aptix_worker::frontdoor::FrontDoor;
+use aptix_worker::frontdoor::http::{HttpState, router, serve};
+use aptix_worker::llm::LlmClient;
+use aptix_worker::metrics::Metrics;
+use aptix_worker::pipeline::{Pipeline, PipelineSettings};
+use aptix_worker::queue::{Broker, MemoryBroker, Topology};
+use aptix_worker::rag::{
+    Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RedisIndex,
+};
+use aptix_worker::store::{MemoryStore, SessionStore};
+use aptix_worker::worker::{Worker, WorkerSettings};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{RabbitGuard, RedisGuard, rabbit_broker, redis_store, schema, test_topology};
+
+pub struct App {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub fake: FakeLlm,
+    pub store: Arc<dyn SessionStore>,
+    pub broker: Arc<dyn Broker>,
+    pub topology: Topology,
+    pub stop: CancellationToken,
+    pub api: Value,
+    pub _rabbit: Option<RabbitGuard>,
+    pub _redis: Option<RedisGuard>,
+}
+
+/// Which broker and store an app runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The local RabbitMQ and Redis.
+    Services,
+    /// The in-memory broker and store.
+    Embedded,
+}
+
+/// How to start an app.
+pub struct AppOptions {
+    pub backend: Backend,
+    pub limits: RequestLimits,
+    pub batch_limits: BatchLimits,
+    /// Overrides the test topology's reply queue expiry.
+    pub reply_queue_ttl: Option<Duration>,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Services,
+            limits: RequestLimits::default(),
+            batch_limits: BatchLimits::default(),
+            reply_queue_ttl: None,
+        }
+    }
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub async fn spawn_app(limits: RequestLimits) -> App {
+    spawn_app_with(limits, BatchLimits::default()).await
+}
+
+pub async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) -> App {
+    spawn(AppOptions {
+        limits,
+        batch_limits,
+        ..AppOptions::default()
+    })
+    .await
+}
+
+/// Starts an app with `options`.
+pub async fn spawn(options: AppOptions) -> App {
+    let AppOptions {
+        backend,
+        limits,
+        batch_limits,
+        reply_queue_ttl,
+    } = options;
+    let metrics = Arc::new(Metrics::new());
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions::default(),
+        Some(schema()),
+    )
+    .await
+    .unwrap();
+    let mut topology = test_topology();
+    if let Some(ttl) = reply_queue_ttl {
+        topology.reply_queue_ttl = ttl;
+    }
+    let (store, index, redis): (Arc<dyn SessionStore>, Arc<dyn ChunkIndex>, _) = match backend {
+        Backend::Services => {
+            let redis = redis_store().await;
+            let index = RedisIndex::connect(&crate::support::redis_url(), redis.store.namespace())
+                .await
+                .unwrap();
+            (redis.store.clone(), Arc::new(index), Some(redis))
+        }
+        Backend::Embedded => (
+            Arc::new(MemoryStore::new()),
+            Arc::new(MemoryIndex::new()),
+            None,
+        ),
+    };
+    let (broker, rabbit): (Arc<dyn Broker>, _) = match backend {
+        Backend::Services => {
+            let broker = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
+            let guard = RabbitGuard {
+                broker: broker.clone(),
+                topology: topology.clone(),
+            };
+            (broker, Some(guard))
+        }
+        Backend::Embedded => (Arc::new(MemoryBroker::new()), None),
+    };
+    let catalog = Arc::new(ModeCatalog::builtin());
+    let llm = LlmClient::new(
+        &fake.base_url(),
+        None,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+        0,
+    )
+    .unwrap()
+    .with_metrics(metrics.clone());
+    let pipeline = Pipeline::new(
+        store.clone(),
+        catalog.clone(),
+        llm,
+        PipelineSettings::new("m"),
+    )
+    .unwrap()
+    .with_metrics(metrics.clone())
+    .with_rag(
+        Arc::new(Bm25Retriever::new(index.clone())),
+        RagBudget::default(),
+    );
+    let stop = CancellationToken::new();
+    let worker = Worker::new(
+        broker.clone(),
+        pipeline,
+        topology.clone(),
+        WorkerSettings::default(),
+    )
+    .with_metrics(metrics.clone());
+    worker.spawn(stop.clone());
+    let state = HttpState {
+        door: FrontDoor::new(store.clone(), broker.clone(), limits).with_metrics(metrics.clone()),
+        store: store.clone(),
+        broker: broker.clone(),
+        catalog,
+        tokens: ApiTokens::new([
+            ("tok-a".to_string(), "tenant-a".to_string()),
+            ("tok-b".to_string(), "tenant-b".to_string()),
+        ]),
+        limits,
+        batch_limits,
+        metrics,
+        index,
+        chunk_options: ChunkOptions::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn({
+        let s = stop.clone();
+        async move { serve(listener, router(state), s).await }
+    });
+    let http = reqwest::Client::new();
+    let api: Value = http
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    App {
+        base,
+        http,
+        fake,
+        store,
+        broker,
+        topology,
+        stop,
+        api,
+        _rabbit: rabbit,
+        _redis: redis,
+    }
+}
+
+impl App {
+    pub async fn post(&self, token: Option<&str>, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        self.post_to(token, "/v1/turns", body).await
+    }
+
+    pub async fn post_to(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Value) {
+        let mut req = self.http.post(format!("{}{path}", self.base)).body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        self.conforms("post", path, status, &body);
+        (status, body)
+    }
+
+    pub async fn get(&self, token: Option<&str>, path: &str) -> (u16, Value) {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().await.unwrap();
+        self.conforms("get", path, status, &body);
+        (status, body)
+    }
+
+    /// Every JSON answer must match what /openapi.json says this route answers with this status.
+    pub fn conforms(&self, method: &str, path: &str, status: u16, body: &Value) {
+        let schema = response_schema(&self.api, method, path, status)
+            .unwrap_or_else(|| panic!("/openapi.json documents no {status} for {method} {path}"));
+        self.matches_schema(&schema["$ref"], &format!("{method} {path} {status}"), body);
+    }
+
+    /// `body` must match the documented schema `reference` (`#/components/schemas/...`).
+    pub fn matches_schema(&self, reference: &Value, what: &str, body: &Value) {
+        let root = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": reference,
+            "components": self.api["components"],
+        });
+        let validator = jsonschema::validator_for(&root).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(body)
+            .map(|e| format!("{} at {}", e, e.instance_path))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{what} does not match its documented schema: {errors:?}\n{body}"
+        );
+    }
+}
+
+/// The documented JSON schema of a route's answer, matching the path against the templates.
+pub fn response_schema(api: &Value, method: &str, path: &str, status: u16) -> Option<Value> {
+    let path = path.split('?').next().unwrap_or(path);
+    let segments: Vec<&str> = path.split('/').collect();
+    let (_, ops) = api["paths"].as_object()?.iter().find(|(template, _)| {
+        let t: Vec<&str> = template.split('/').collect();
+        t.len() == segments.len()
+            && t.iter()
+                .zip(&segments)
+                .all(|(a, b)| a.starts_with('{') || a == b)
+    })?;
+    let content = &ops[method]["responses"][status.to_string()]["content"];
+    content["application/json"]["schema"]
+        .as_object()
+        .map(|o| Value::Object(o.clone()))
+}
+
+/// The first error code of an answer.
+pub fn code(v: &Value) -> &str {
+    v["errors"][0]["errorCode"].as_str().unwrap_or("")
+}
