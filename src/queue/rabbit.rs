@@ -18,9 +18,9 @@
 //! gone; a subscriber that falls more than 256 events behind is dropped (its stream ends and it
 //! re-reads state over HTTP).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use lapin::options::{
@@ -64,13 +64,97 @@ const SUBSCRIBER_BUFFER: usize = 256;
 /// How often bindings of sessions nobody watches any more are removed.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
+/// Reply queues a process remembers having declared, at most this many (the oldest are
+/// forgotten first and simply declared again when used).
+const DECLARED_QUEUES_CAP: usize = 100_000;
+
+/// The reply queues this process declared recently. A reply queue expires when unused for the
+/// topology's `reply_queue_ttl`, and publishing to it does not count as use; declaring it does.
+/// So a queue is remembered for half that time only: past it, the next reply declares the queue
+/// again, which re-creates an expired queue or restarts the expiry of a live one. Memory is
+/// bounded by the cap and by that age, whatever the number of sessions served.
+#[derive(Debug)]
+struct DeclaredQueues {
+    max_age: Duration,
+    cap: usize,
+    declared: HashMap<SessionId, Instant>,
+    /// Declarations oldest first; entries superseded by a later declaration are skipped.
+    order: VecDeque<(SessionId, Instant)>,
+}
+
+impl DeclaredQueues {
+    fn new(max_age: Duration, cap: usize) -> Self {
+        Self {
+            max_age,
+            cap: cap.max(1),
+            declared: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Whether the session's queue was declared less than `max_age` ago.
+    fn fresh(&mut self, session: &SessionId, now: Instant) -> bool {
+        self.forget_older_than(now);
+        self.declared
+            .get(session)
+            .is_some_and(|at| now.saturating_duration_since(*at) < self.max_age)
+    }
+
+    /// Remembers a declaration made at `now`.
+    fn insert(&mut self, session: SessionId, now: Instant) {
+        self.declared.insert(session.clone(), now);
+        self.order.push_back((session, now));
+        self.forget_older_than(now);
+        while self.declared.len() > self.cap || self.order.len() > 2 * self.cap {
+            let Some((oldest, at)) = self.order.pop_front() else {
+                break;
+            };
+            if self.declared.get(&oldest) == Some(&at) {
+                self.declared.remove(&oldest);
+            }
+        }
+    }
+
+    /// Forgets everything (after a reconnect nothing is known to exist).
+    fn clear(&mut self) {
+        self.declared.clear();
+        self.order.clear();
+    }
+
+    fn forget_older_than(&mut self, now: Instant) {
+        while let Some((session, at)) = self.order.front() {
+            if now.saturating_duration_since(*at) < self.max_age {
+                break;
+            }
+            if self.declared.get(session) == Some(at) {
+                self.declared.remove(session);
+            }
+            self.order.pop_front();
+        }
+    }
+
+    /// Forgets one session's queue (it turned out not to exist).
+    fn forget(&mut self, session: &SessionId) {
+        self.declared.remove(session);
+    }
+
+    fn sessions(&self) -> impl Iterator<Item = &SessionId> {
+        self.declared.keys()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.declared.len()
+    }
+}
+
 /// Turn jobs and replies on RabbitMQ.
 pub struct RabbitBroker {
     url: String,
     topology: Topology,
     connection_name: String,
     live: Mutex<Option<Live>>,
-    reply_queues: StdMutex<HashSet<SessionId>>,
+    reply_queues: StdMutex<DeclaredQueues>,
     events: Arc<Mutex<Option<EventHub>>>,
 }
 
@@ -106,10 +190,13 @@ impl RabbitBroker {
     pub fn new(url: &str, topology: Topology, connection_name: &str) -> Self {
         Self {
             url: url.to_string(),
+            reply_queues: StdMutex::new(DeclaredQueues::new(
+                topology.reply_queue_ttl / 2,
+                DECLARED_QUEUES_CAP,
+            )),
             topology,
             connection_name: connection_name.to_string(),
             live: Mutex::new(None),
-            reply_queues: StdMutex::new(HashSet::new()),
             events: Arc::new(Mutex::new(None)),
         }
     }
@@ -128,7 +215,7 @@ impl RabbitBroker {
         let mut queues = vec![t.jobs(), t.dead()];
         queues.extend(t.retry_delays.iter().map(|d| t.retry(*d)));
         if let Ok(known) = self.reply_queues.lock() {
-            queues.extend(known.iter().map(|s| t.reply_queue(s)));
+            queues.extend(known.sessions().map(|s| t.reply_queue(s)));
         }
         for q in queues {
             ch.queue_delete(&q, lapin::options::QueueDeleteOptions::default())
@@ -382,7 +469,7 @@ impl RabbitBroker {
         let known = self
             .reply_queues
             .lock()
-            .map(|q| q.contains(session))
+            .map(|mut q| q.fresh(session, Instant::now()))
             .unwrap_or(false);
         if !known {
             let ch = self.publisher().await?;
@@ -409,7 +496,7 @@ impl RabbitBroker {
             .await
             .map_err(unavailable)?;
             if let Ok(mut q) = self.reply_queues.lock() {
-                q.insert(session.clone());
+                q.insert(session.clone(), Instant::now());
             }
         }
         Ok(name)
@@ -504,7 +591,7 @@ impl Broker for RabbitBroker {
             // The reply queue expired since we declared it: declare it again, once.
             Err(QueueError::Rejected(_)) => {
                 if let Ok(mut q) = self.reply_queues.lock() {
-                    q.remove(session);
+                    q.forget(session);
                 }
                 self.ensure_reply_queue(session).await?;
                 self.publish(&exchange, session.as_str(), body, props())
@@ -679,5 +766,44 @@ impl Broker for RabbitBroker {
         }
         let _ = ch.close(200, "done").await;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sid(s: &str) -> SessionId {
+        SessionId::parse(s).expect("valid id")
+    }
+
+    #[test]
+    fn a_declared_queue_is_remembered_for_half_its_expiry_only() {
+        let t0 = Instant::now();
+        let mut q = DeclaredQueues::new(Duration::from_secs(30), 10);
+        assert!(!q.fresh(&sid("a"), t0));
+        q.insert(sid("a"), t0);
+        assert!(q.fresh(&sid("a"), t0 + Duration::from_secs(29)));
+        assert!(!q.fresh(&sid("a"), t0 + Duration::from_secs(30)));
+        assert_eq!(q.len(), 0, "forgotten, not just hidden");
+        // Declared again: remembered from the new declaration on.
+        q.insert(sid("a"), t0 + Duration::from_secs(31));
+        assert!(q.fresh(&sid("a"), t0 + Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn memory_is_bounded_by_the_cap_whatever_the_sessions() {
+        let t0 = Instant::now();
+        let mut q = DeclaredQueues::new(Duration::from_secs(3600), 100);
+        for i in 0..10_000 {
+            q.insert(sid(&format!("s{i}")), t0 + Duration::from_millis(i));
+            // The same session declared again does not grow the queue of declarations
+            // without bound either.
+            q.insert(sid("hot"), t0 + Duration::from_millis(i));
+        }
+        assert!(q.len() <= 100);
+        assert!(q.order.len() <= 200);
+        assert!(q.fresh(&sid("s9999"), t0 + Duration::from_secs(10)));
+        assert!(!q.fresh(&sid("s0"), t0 + Duration::from_secs(10)));
     }
 }

@@ -282,6 +282,94 @@ async fn a_long_poll_answers_as_soon_as_the_result_is_published(backend: Backend
     );
 }
 
+/// Reply queues expire when unused; publishing to one does not keep it alive. A session that
+/// comes back after its queue expired must find its results in the queue again, whether the
+/// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
+/// or not (plain polling). RabbitMQ only: the embedded broker's queues do not expire.
+#[tokio::test]
+async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
+    let ttl = Duration::from_millis(1500);
+    let app = spawn(AppOptions {
+        reply_queue_ttl: Some(ttl),
+        ..AppOptions::default()
+    })
+    .await;
+    let peek = crate::support::amqp_peek().await;
+    let queue = app.topology.reply_queue(&SessionId::parse("s").unwrap());
+    let until_expired = || async {
+        for _ in 0..30 {
+            if !crate::support::queue_exists(&queue).await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("the reply queue {queue} did not expire");
+    };
+    let turn_ids_in_queue = || async {
+        crate::support::take_all(&peek, &queue)
+            .await
+            .iter()
+            .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
+            .filter_map(|v| v["turnId"].as_str().map(str::to_string))
+            .collect::<Vec<_>>()
+    };
+    // First turn: the queue is created and gets the result.
+    app.fake.push([Reply::Text("one".into())]);
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "s", "turnId": "t1", "instruction": "x"}).to_string(),
+    )
+    .await;
+    let (_, body) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t1?wait=10")
+        .await;
+    assert_eq!(body["result"]["status"], "completed");
+    assert_eq!(turn_ids_in_queue().await, ["t1"]);
+    until_expired().await;
+    // Second turn through the synchronous endpoint: the front door's event queue is bound for
+    // the session, so a publish would not be returned even with the reply queue gone.
+    app.fake.push([Reply::Text("two".into())]);
+    let resp = app
+        .http
+        .post(format!("{}/api/ai/agent/execute", app.base))
+        .bearer_auth("tok-a")
+        .body(json!({"sessionId": "s", "turnId": "t2", "instruction": "x"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["result"]["primaryOutputText"], "two", "{body}");
+    assert_eq!(turn_ids_in_queue().await, ["t2"]);
+    until_expired().await;
+    // Third turn, polled without waiting (no event consumer bound).
+    app.fake.push([Reply::Text("three".into())]);
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "s", "turnId": "t3", "instruction": "x"}).to_string(),
+    )
+    .await;
+    let mut status = String::new();
+    for _ in 0..100 {
+        let (_, body) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t3").await;
+        status = body["result"]["status"].as_str().unwrap_or_default().into();
+        if status == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "completed");
+    // The reply is published after the result is stored: give it a moment to land.
+    let mut found = Vec::new();
+    for _ in 0..20 {
+        found.extend(turn_ids_in_queue().await);
+        if !found.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(found, ["t3"]);
+}
+
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
         mod services {

@@ -262,3 +262,44 @@ pub async fn rabbit() -> RabbitGuard {
     let broker = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
     RabbitGuard { broker, topology }
 }
+
+/// A plain AMQP connection for looking at queues from outside the product.
+pub async fn amqp_peek() -> lapin::Connection {
+    let props = lapin::ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    lapin::Connection::connect(&amqp_url(), props)
+        .await
+        .unwrap_or_else(|e| panic!("RabbitMQ must be running at {}: {e}", amqp_url()))
+}
+
+/// Whether a queue exists, asked of `rabbitmqctl` so that asking does not count as using the
+/// queue (a declare, even a passive one, or a get would restart its expiry).
+pub async fn queue_exists(queue: &str) -> bool {
+    let queue = queue.to_string();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["list_queues", "-q", "--no-table-headers", "name"])
+            .output()
+            .expect("rabbitmqctl runs");
+        assert!(out.status.success(), "rabbitmqctl list_queues failed");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim() == queue)
+    })
+    .await
+    .expect("rabbitmqctl task")
+}
+
+/// Takes every message waiting in a queue (a get: it restarts the queue's expiry).
+pub async fn take_all(conn: &lapin::Connection, queue: &str) -> Vec<Vec<u8>> {
+    let ch = conn.create_channel().await.expect("channel");
+    let mut out = Vec::new();
+    while let Ok(Some(m)) = ch
+        .basic_get(queue, lapin::options::BasicGetOptions { no_ack: true })
+        .await
+    {
+        out.push(m.delivery.data);
+    }
+    out
+}
