@@ -97,6 +97,12 @@ error_codes! {
     DuplicateCustomId = "DUPLICATE_CUSTOM_ID",
     /// No such batch (or it belongs to another tenant, which looks the same).
     BatchNotFound = "BATCH_NOT_FOUND",
+    /// A query-string or path parameter cannot be read; the message names it.
+    InvalidParameter = "INVALID_PARAMETER",
+    /// No route has this path.
+    RouteNotFound = "ROUTE_NOT_FOUND",
+    /// The route exists but not with this HTTP method.
+    MethodNotAllowed = "METHOD_NOT_ALLOWED",
     /// The queue or the store is unavailable; nothing was accepted. Retry later.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.

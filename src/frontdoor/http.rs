@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -126,6 +126,8 @@ pub fn router(state: HttpState) -> Router {
     let (router, api) = parts();
     let api = Arc::new(api.to_json().unwrap_or_else(|_| "{}".to_string()));
     router
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         // Bodies are read (and limited) by the handler, so an oversized body still gets an
         // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
         .layer(DefaultBodyLimit::disable())
@@ -136,12 +138,35 @@ pub fn router(state: HttpState) -> Router {
 #[derive(Clone)]
 struct OpenApiJson(Arc<String>);
 
+/// Any path no route has: a 404 `InvokeResult`, like every other answer.
+async fn no_route(uri: axum::http::Uri) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::RouteNotFound,
+        format!("no route has the path {:?}; see /openapi.json", uri.path()),
+    )
+}
+
+/// A known path with a method it does not have.
+async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    failure(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::MethodNotAllowed,
+        format!(
+            "{method} is not allowed on {:?}; see /openapi.json",
+            uri.path()
+        ),
+    )
+}
+
 /// Only `/healthz`, `/readyz` and `/metrics`: what a standalone worker serves.
 pub fn ops_router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .with_state(state)
 }
 
@@ -271,9 +296,87 @@ fn ids(session: &str, turn: Option<&str>) -> Option<(SessionId, Option<TurnId>)>
     }
 }
 
-#[derive(Deserialize)]
-struct WaitQuery {
-    wait: Option<f64>,
+/// A path parameter that could not be read (not UTF-8 once percent-decoded) is a 400 with an
+/// `InvokeResult`, never the framework's plain-text answer.
+struct ApiPath<T>(T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!("path: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// The query string's parameters, in order; one that cannot be read is a 400 `InvokeResult`.
+struct QueryParams(Vec<(String, String)>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryParams {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let raw = parts.uri.query().unwrap_or_default();
+        serde_urlencoded::from_str(raw).map(Self).map_err(|e| {
+            failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!("query: the query string cannot be read ({e})"),
+            )
+        })
+    }
+}
+
+impl QueryParams {
+    /// The one value of `name`, if given; given twice is an error.
+    fn single(&self, name: &str) -> Result<Option<&str>, Response> {
+        let mut values = self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| v);
+        let first = values.next();
+        if values.next().is_some() {
+            return Err(failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!("{name}: given more than once"),
+            ));
+        }
+        Ok(first.map(String::as_str))
+    }
+
+    /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.
+    fn wait(&self) -> Result<Duration, Response> {
+        let Some(raw) = self.single("wait")? else {
+            return Ok(Duration::ZERO);
+        };
+        match raw.trim().parse::<f64>() {
+            Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+                Ok(Duration::from_secs_f64(secs.min(MAX_WAIT.as_secs_f64())))
+            }
+            _ => Err(failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!(
+                    "wait: must be a number of seconds from 0 (at most {} are waited), not {raw:?}",
+                    MAX_WAIT.as_secs()
+                ),
+            )),
+        }
+    }
 }
 
 /// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
@@ -281,10 +384,11 @@ struct WaitQuery {
     params(
         ("sessionId" = String, Path, description = "The session"),
         ("turnId" = String, Path, description = "The turn"),
-        ("wait" = Option<f64>, Query, description = "Seconds to wait for the turn to settle (at most 60)"),
+        ("wait" = Option<f64>, Query, minimum = 0, description = "Seconds to wait for the turn to leave queued/running (longer waits are cut to 60)"),
     ),
     responses(
         (status = 200, description = "The turn's status", body = api_doc::InvokeResult<TurnStatusView>),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure),
@@ -292,11 +396,15 @@ struct WaitQuery {
 async fn get_turn(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    Path((session_id, turn_id)): Path<(String, String)>,
-    Query(query): Query<WaitQuery>,
+    ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
+    query: QueryParams,
 ) -> Response {
     let Some(tenant) = tenant(&state, &headers) else {
         return unauthorized();
+    };
+    let wait = match query.wait() {
+        Ok(w) => w,
+        Err(bad) => return bad,
     };
     let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
         return failure(
@@ -310,11 +418,6 @@ async fn get_turn(
         Ok(Some(o)) if o == tenant => {}
         Ok(_) => return not_found_turn(&sid, &tid),
     }
-    let wait = query
-        .wait
-        .filter(|w| w.is_finite() && *w > 0.0)
-        .map(|w| Duration::from_secs_f64(w).min(MAX_WAIT))
-        .unwrap_or(Duration::ZERO);
     // Subscribe before the first read, so a result published in between is not missed. The
     // store stays the source of truth: it is read before waiting and after each wake-up.
     let mut events = if wait.is_zero() {
@@ -408,6 +511,7 @@ struct TurnSummary {
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}", tag = "sessions",
     params(("sessionId" = String, Path, description = "The session")),
     responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such session (or another tenant's)", body = Failure),
@@ -416,7 +520,7 @@ struct TurnSummary {
 async fn get_session(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    Path(session_id): Path<String>,
+    ApiPath(session_id): ApiPath<String>,
 ) -> Response {
     let Some(tenant) = tenant(&state, &headers) else {
         return unauthorized();
@@ -474,6 +578,7 @@ async fn get_session(
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
     params(("sessionId" = String, Path, description = "The session (may not exist yet)")),
     responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Another tenant's session", body = Failure),
@@ -482,7 +587,7 @@ async fn get_session(
 async fn session_events(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    Path(session_id): Path<String>,
+    ApiPath(session_id): ApiPath<String>,
 ) -> Response {
     let Some(tenant) = tenant(&state, &headers) else {
         return unauthorized();
@@ -748,6 +853,7 @@ async fn caller_batch(
 #[utoipa::path(get, path = "/v1/batches/{batchId}", tag = "batches",
     params(("batchId" = String, Path, description = "The batch")),
     responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 200, description = "Counts by status", body = api_doc::InvokeResult<BatchProgress>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
@@ -756,7 +862,7 @@ async fn caller_batch(
 async fn get_batch(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    Path(batch_id): Path<String>,
+    ApiPath(batch_id): ApiPath<String>,
 ) -> Response {
     let batch = match caller_batch(&state, &headers, &batch_id).await {
         Ok(b) => b,
@@ -773,6 +879,7 @@ async fn get_batch(
 #[utoipa::path(get, path = "/v1/batches/{batchId}/results", tag = "batches",
     params(("batchId" = String, Path, description = "The batch")),
     responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 200, description = "One BatchResultLine per line", content_type = "application/x-ndjson", body = BatchResultLine),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
@@ -780,7 +887,7 @@ async fn get_batch(
 async fn get_batch_results(
     State(state): State<HttpState>,
     headers: HeaderMap,
-    Path(batch_id): Path<String>,
+    ApiPath(batch_id): ApiPath<String>,
 ) -> Response {
     use futures_util::StreamExt as _;
     let batch = match caller_batch(&state, &headers, &batch_id).await {

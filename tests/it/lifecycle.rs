@@ -282,6 +282,62 @@ async fn a_long_poll_answers_as_soon_as_the_result_is_published(backend: Backend
     );
 }
 
+async fn every_error_is_an_invoke_result_naming_the_parameter(backend: Backend) {
+    let app = app_on(backend).await;
+    app.fake.push([Reply::Text("ok".into())]);
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "s", "turnId": "t", "instruction": "x"}).to_string(),
+    )
+    .await;
+    for (query, named) in [
+        ("wait=abc", "wait: "),
+        ("wait=-1", "wait: "),
+        ("wait=NaN", "wait: "),
+        ("wait=1&wait=2", "wait: "),
+    ] {
+        // `get` also checks the answer against the 400 that /openapi.json documents.
+        let (status, body) = app
+            .get(Some("tok-a"), &format!("/v1/sessions/s/turns/t?{query}"))
+            .await;
+        assert_eq!(
+            (status, code(&body)),
+            (400, "INVALID_PARAMETER"),
+            "{query}: {body}"
+        );
+        let message = body["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(named), "{query}: {message}");
+    }
+    let (status, body) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=0.1&other=1")
+        .await;
+    assert_eq!(status, 200, "unknown parameters are ignored: {body}");
+    // A path that is not UTF-8 once decoded, a path no route has, a method a route lacks:
+    // JSON `InvokeResult`s too, never the framework's plain text or an empty body.
+    for (method, path, status, expected) in [
+        ("GET", "/v1/sessions/%FF%FE", 400, "INVALID_PARAMETER"),
+        ("GET", "/v1/nothing-here", 404, "ROUTE_NOT_FOUND"),
+        ("DELETE", "/v1/turns", 405, "METHOD_NOT_ALLOWED"),
+    ] {
+        let resp = app
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", app.base))
+            .bearer_auth("tok-a")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{method} {path}");
+        assert_eq!(resp.headers()["content-type"], "application/json");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(code(&body), expected, "{method} {path}: {body}");
+        app.matches_schema(
+            &json!("#/components/schemas/Failure"),
+            &format!("{method} {path}"),
+            &body,
+        );
+    }
+}
+
 /// Reply queues expire when unused; publishing to one does not keep it alive. A session that
 /// comes back after its queue expired must find its results in the queue again, whether the
 /// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
@@ -387,4 +443,5 @@ on_both_backends!(
     unknown_contexts_are_refused_at_the_front_door,
     a_job_the_worker_refuses_before_running_still_settles,
     a_long_poll_answers_as_soon_as_the_result_is_published,
+    every_error_is_an_invoke_result_naming_the_parameter,
 );
