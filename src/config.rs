@@ -240,6 +240,11 @@ impl ApiTokens {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// The tenants the tokens stand for, sorted, each once.
+    pub fn tenants(&self) -> Vec<&str> {
+        let set: std::collections::BTreeSet<&str> = self.0.values().map(String::as_str).collect();
+        set.into_iter().collect()
+    }
 }
 
 impl std::fmt::Debug for ApiTokens {

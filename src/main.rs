@@ -14,7 +14,7 @@ use serde_json::json;
 
 use aptix_worker::catalog::ModeCatalog;
 use aptix_worker::client::{ApiClient, BatchJob, client_tool, repo_name, run_batch, upload_index};
-use aptix_worker::config::Config;
+use aptix_worker::config::{ApiTokens, Config, LOCAL_TENANT};
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
 use aptix_worker::frontdoor::http::{
@@ -135,9 +135,10 @@ enum Command {
         /// Bearer token.
         #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
         token: Option<String>,
-        /// The tenant whose index to write when writing straight to Redis.
-        #[arg(long, default_value = "local")]
-        tenant: String,
+        /// The tenant whose index to write when writing straight to Redis (required when
+        /// APTIX_API_TOKENS is set; otherwise `local`, the tenant of an API without tokens).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Enqueue request files through the front door (prints each accepted turn's status).
     Enqueue {
@@ -416,6 +417,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             "nothing to index into: pass --url of a running server (the embedded in-memory index lives inside it) or set APTIX_REDIS_URL"
                         );
                     };
+                    let tenant = index_tenant(tenant, &config.api_tokens)?;
                     let index = RedisIndex::connect(redis.expose(), &config.namespace).await?;
                     let opts = ChunkOptions {
                         max_lines: config.chunk_lines,
@@ -854,6 +856,27 @@ impl App {
                 max_lines: config.chunk_lines,
             },
         }
+    }
+}
+
+/// The tenant `aptix index` writes to when it writes straight to Redis: one an authenticated
+/// caller can read. With tokens configured, `local` (what an API without tokens uses) would be
+/// an index nobody can see, so the tenant must be named, and be one of the configured ones.
+fn index_tenant(asked: Option<String>, tokens: &ApiTokens) -> anyhow::Result<String> {
+    if tokens.is_empty() {
+        return Ok(asked.unwrap_or_else(|| LOCAL_TENANT.to_string()));
+    }
+    let tenants = tokens.tenants();
+    match asked {
+        Some(t) if tenants.contains(&t.as_str()) => Ok(t),
+        Some(t) => anyhow::bail!(
+            "--tenant {t:?} is not a tenant of APTIX_API_TOKENS, so no caller could read its index; configured tenants: {}",
+            tenants.join(", ")
+        ),
+        None => anyhow::bail!(
+            "APTIX_API_TOKENS is set, so the index must belong to one of its tenants: pass --tenant <name> (configured tenants: {})",
+            tenants.join(", ")
+        ),
     }
 }
 

@@ -588,6 +588,47 @@ async fn index_writes_to_redis_and_reindexes_incrementally() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+#[tokio::test]
+async fn index_refuses_a_tenant_no_caller_could_read() {
+    let guard = crate::support::redis_store().await;
+    let root = std::env::temp_dir().join(format!("aptix-index-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&root).unwrap();
+    write(&root, "DDR-1.md", "# DDR-1\n\nText.\n");
+    let index = |tenant: Option<&str>| {
+        let mut cmd = aptix();
+        cmd.arg("index")
+            .arg(&root)
+            .args(["--repo", "demo"])
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", guard.store.namespace())
+            .env("APTIX_API_TOKENS", "tok-a=acme,tok-b=globex");
+        if let Some(t) = tenant {
+            cmd.args(["--tenant", t]);
+        }
+        cmd.output().unwrap()
+    };
+    let idx = aptix_worker::rag::RedisIndex::connect(
+        &crate::support::redis_url(),
+        guard.store.namespace(),
+    )
+    .await
+    .unwrap();
+    use aptix_worker::rag::ChunkIndex as _;
+    for tenant in [None, Some("local"), Some("nobody")] {
+        let out = index(tenant);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{tenant:?}: {stderr}");
+        assert!(stderr.contains("--tenant"), "{tenant:?}: {stderr}");
+        assert!(stderr.contains("acme, globex"), "{tenant:?}: {stderr}");
+        assert!(idx.files("local", "demo").await.unwrap().is_empty());
+    }
+    let out = index(Some("acme"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let files = idx.files("acme", "demo").await.unwrap();
+    assert_eq!(files.keys().collect::<Vec<_>>(), vec!["DDR-1.md"]);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
