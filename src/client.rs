@@ -101,24 +101,12 @@ impl ApiClient {
         }
         on_subscribed();
         let mut stream = resp.bytes_stream();
-        let mut buf = String::new();
-        let mut data = String::new();
+        let mut decoder = SseDecoder::default();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.context("the event stream broke")?;
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find('\n') {
-                let line = buf[..end].trim_end_matches('\r').to_string();
-                buf.drain(..=end);
-                if line.is_empty() {
-                    if !data.is_empty() && !on_event(&data) {
-                        return Ok(());
-                    }
-                    data.clear();
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    if !data.is_empty() {
-                        data.push('\n');
-                    }
-                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
+            for data in decoder.push(&chunk) {
+                if !on_event(&data) {
+                    return Ok(());
                 }
             }
         }
@@ -703,5 +691,77 @@ mod tests {
         assert_eq!(given.request["SessionId"], "mine");
         assert!(given.request.get("sessionId").is_none());
         assert!(given.request["turnId"].as_str().unwrap().starts_with("t0-"));
+    }
+}
+
+/// Reads Server-Sent Events from a byte stream that the network cuts anywhere, even inside a
+/// multi-byte character: bytes are kept until a line is complete, and only whole lines are
+/// decoded. Yields each event's data (its `data:` lines joined by newlines); other fields and
+/// comments (keep-alives) are skipped.
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    pending: Vec<u8>,
+    data: Option<String>,
+}
+
+impl SseDecoder {
+    /// Feeds bytes as they arrived; returns the data of every event they completed.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let mut line: Vec<u8> = self.pending.drain(..=end).collect();
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            // A line is whole, so it splits no character; invalid UTF-8 is the server's fault.
+            let line = String::from_utf8_lossy(&line);
+            if line.is_empty() {
+                if let Some(data) = self.data.take() {
+                    events.push(data);
+                }
+            } else if let Some(value) = line.strip_prefix("data:") {
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                match &mut self.data {
+                    Some(data) => {
+                        data.push('\n');
+                        data.push_str(value);
+                    }
+                    None => self.data = Some(value.to_string()),
+                }
+            }
+        }
+        events
+    }
+}
+
+#[cfg(test)]
+mod sse_tests {
+    use super::SseDecoder;
+
+    #[test]
+    fn characters_split_across_chunks_arrive_whole() {
+        let stream = "event: turn\nid: t1\ndata: {\"instruction\":\"Grüße, 你好 🚀\"}\n\n: keep-alive\n\ndata: a\ndata: b\r\n\r\n";
+        let mut decoder = SseDecoder::default();
+        let mut events = Vec::new();
+        for byte in stream.as_bytes() {
+            events.extend(decoder.push(std::slice::from_ref(byte)));
+        }
+        assert_eq!(
+            events,
+            vec![
+                "{\"instruction\":\"Grüße, 你好 🚀\"}".to_string(),
+                "a\nb".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unfinished_event_is_not_yielded() {
+        let mut decoder = SseDecoder::default();
+        assert!(decoder.push(b"data: half").is_empty());
+        assert!(decoder.push(b"\n").is_empty());
+        assert_eq!(decoder.push(b"\n"), vec!["half".to_string()]);
     }
 }

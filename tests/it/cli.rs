@@ -623,7 +623,11 @@ async fn index_refuses_a_tenant_no_caller_could_read() {
         assert!(idx.files("local", "demo").await.unwrap().is_empty());
     }
     let out = index(Some("acme"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let files = idx.files("acme", "demo").await.unwrap();
     assert_eq!(files.keys().collect::<Vec<_>>(), vec!["DDR-1.md"]);
     let _ = std::fs::remove_dir_all(&root);
@@ -763,4 +767,52 @@ fn a_batch_killed_mid_run_resumes_without_running_any_turn_twice() {
         assert_eq!(r["attempt"], 0, "the first attempt's turn, not a new one");
     }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// `aptix watch` against a server that writes its event stream one byte at a time, so every
+/// multi-byte character is split across network reads: the characters must print whole.
+#[test]
+fn watch_prints_characters_split_across_network_reads_whole() {
+    use std::io::{Read as _, Write as _};
+    let instruction = "Prüfe die Lease-Regeln — 检查租约 🔒";
+    let view = serde_json::json!({"sessionId": "s", "turnId": "t", "status": "completed",
+        "attempts": 1, "submittedAt": "2026-01-01T00:00:00Z",
+        "result": {"successful": true, "result": {"kind": "final", "sessionId": "s", "turnId": "t",
+            "modeDisplayName": "General", "primaryOutputText": instruction}, "errors": [],
+            "warnings": [], "resultId": "R"}});
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_nodelay(true).unwrap();
+        let mut request = [0u8; 4096];
+        let _ = conn.read(&mut request).unwrap();
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        conn.write_all(head.as_bytes()).unwrap();
+        let body = format!(": keep-alive\n\nevent: turn\nid: t\ndata: {view}\n\n");
+        for byte in body.as_bytes() {
+            conn.write_all(std::slice::from_ref(byte)).unwrap();
+            conn.flush().unwrap();
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    });
+    let out = aptix()
+        .args(["watch", "s", "--count", "1", "--url"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    server.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("aptix watch prints UTF-8");
+    assert!(!stdout.contains('\u{FFFD}'), "{stdout}");
+    let printed: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        printed["result"]["result"]["primaryOutputText"].as_str(),
+        Some(instruction)
+    );
 }
