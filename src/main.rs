@@ -444,7 +444,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Openapi => {
-            println!("{}", openapi().to_pretty_json()?);
+            println!("{}", serde_json::to_string_pretty(&openapi())?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit {

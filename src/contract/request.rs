@@ -961,7 +961,12 @@ fn parse_tool_result(
             );
             None
         }
-        Some(Value::Number(n)) => match n.as_u64() {
+        // A whole number written with a fraction (`12.0`) is still a whole number.
+        Some(Value::Number(n)) => match n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+                .map(|f| f as u64)
+        }) {
             Some(ms) => Some(ms),
             None => {
                 report.error(

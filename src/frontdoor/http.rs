@@ -78,7 +78,7 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
         title = "aptix-worker",
         description = "Queue-driven execution of LLM agent turns: submit turns and batches, poll or subscribe for results."
     ),
-    components(schemas(api_doc::AgentExecuteRequest, api_doc::AgentExecuteResponse, api_doc::BatchLine, api_doc::StreamFinalLine, ExecuteResult, Failure)),
+    components(schemas(api_doc::AgentExecuteRequest, api_doc::AgentExecuteResponse, api_doc::BatchLine, api_doc::BatchRequest, api_doc::StreamFinalLine, ExecuteResult, Failure)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -117,14 +117,29 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
 }
 
 /// The OpenAPI document of the API, as served at `/openapi.json`.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    parts().1
+pub fn openapi() -> serde_json::Value {
+    document(parts().1)
+}
+
+/// The generated document with the request schemas that the typed model cannot hold
+/// (`oneOf`/`anyOf` beside properties) put in as written.
+fn document(api: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut doc = serde_json::to_value(api).unwrap_or_default();
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for (name, schema) in api_doc::raw_schemas() {
+            schemas.insert(name.to_string(), schema);
+        }
+    }
+    doc
 }
 
 /// The router with every route.
 pub fn router(state: HttpState) -> Router {
     let (router, api) = parts();
-    let api = Arc::new(api.to_json().unwrap_or_else(|_| "{}".to_string()));
+    let api = Arc::new(serde_json::to_string(&document(api)).unwrap_or_else(|_| "{}".to_string()));
     router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -917,30 +932,65 @@ async fn get_batch_results(
 }
 
 /// A file to index.
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct IndexFile {
+pub struct IndexFile {
     /// Path relative to the repository root (`/`-separated, no `..`).
-    path: String,
+    pub path: String,
     /// The file's text.
-    contents: String,
+    pub contents: String,
 }
 
 /// `POST /v1/index`: files to (re)index for the caller's tenant.
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct IndexRequest {
+pub struct IndexRequest {
     /// The repository the files belong to (chunk metadata `repo`).
-    repo: String,
+    pub repo: String,
     /// Tags added to every chunk of these files.
     #[serde(default)]
-    tags: Vec<String>,
+    pub tags: Vec<String>,
     /// Files to index; unchanged ones are skipped.
     #[serde(default)]
-    files: Vec<IndexFile>,
+    pub files: Vec<IndexFile>,
     /// The repository's complete file listing: indexed files not in it are removed.
     #[serde(default)]
-    keep: Option<Vec<String>>,
+    pub keep: Option<Vec<String>>,
+}
+
+impl IndexRequest {
+    /// Reads and checks a body: JSON of this shape, `repo` an id, every path relative. The
+    /// errors are what a 400 answer lists.
+    pub fn parse(body: &[u8]) -> Result<Self, Vec<ErrorMessage>> {
+        let req: Self = serde_json::from_slice(body).map_err(|e| {
+            vec![ErrorMessage::new(
+                ErrorCode::MalformedJson,
+                format!("$: not an index request ({e})"),
+            )]
+        })?;
+        let mut errors = Vec::new();
+        if let Err(e) = crate::contract::ids::check_id(&req.repo) {
+            errors.push(ErrorMessage::new(
+                ErrorCode::InvalidId,
+                format!("repo: {e}"),
+            ));
+        }
+        let listed = req.files.iter().map(|f| f.path.as_str());
+        let kept = req.keep.iter().flatten().map(String::as_str);
+        for (i, path) in listed.chain(kept).enumerate() {
+            if let Err(why) = crate::contract::request::RelativePath::parse(path) {
+                errors.push(ErrorMessage::new(
+                    ErrorCode::InvalidPath,
+                    format!("path #{}: {path:?} {why}", i + 1),
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(req)
+        } else {
+            Err(errors)
+        }
+    }
 }
 
 /// Index files for retrieval: Markdown is chunked by heading, code by a bounded number of lines;
@@ -962,36 +1012,19 @@ async fn post_index(State(state): State<HttpState>, request: Request) -> Respons
         Ok(b) => b,
         Err(too_large) => return too_large,
     };
-    let req: IndexRequest = match serde_json::from_slice(&body) {
+    let req = match IndexRequest::parse(&body) {
         Ok(r) => r,
-        Err(e) => {
-            return failure(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::MalformedJson,
-                format!("$: not an index request ({e})"),
-            );
-        }
+        Err(errors) => match InvokeResult::<()>::failures(errors) {
+            Some(failed) => return answer(StatusCode::BAD_REQUEST, failed),
+            None => {
+                return failure(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::MalformedJson,
+                    "$: not an index request",
+                );
+            }
+        },
     };
-    let mut errors = Vec::new();
-    if let Err(e) = crate::contract::ids::check_id(&req.repo) {
-        errors.push(ErrorMessage::new(
-            ErrorCode::InvalidId,
-            format!("repo: {e}"),
-        ));
-    }
-    let listed = req.files.iter().map(|f| f.path.as_str());
-    let kept = req.keep.iter().flatten().map(String::as_str);
-    for (i, path) in listed.chain(kept).enumerate() {
-        if let Err(why) = crate::contract::request::RelativePath::parse(path) {
-            errors.push(ErrorMessage::new(
-                ErrorCode::InvalidPath,
-                format!("path #{}: {path:?} {why}", i + 1),
-            ));
-        }
-    }
-    if let Some(failed) = InvokeResult::<()>::failures(errors) {
-        return answer(StatusCode::BAD_REQUEST, failed);
-    }
     let files: Vec<(String, String)> = req
         .files
         .into_iter()

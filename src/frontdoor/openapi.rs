@@ -100,71 +100,246 @@ fn id_schema() -> serde_json::Value {
     json!({"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"})
 }
 
-named_schema!(
-    /// `AgentExecuteRequest` (DESIGN.md §2): a user turn, or a tool continuation (`toolResults`
-    /// set). camelCase or PascalCase names; server-owned fields are rejected.
-    AgentExecuteRequest,
+/// A string the parser treats as absent when `null` (every optional field).
+fn nullable(schema: serde_json::Value) -> serde_json::Value {
+    json!({"anyOf": [schema, {"type": "null"}]})
+}
+
+/// A field that may only be absent or `null` in this shape.
+fn absent(why: &str) -> serde_json::Value {
+    json!({"type": "null", "description": why})
+}
+
+/// A safe relative path: not empty, no NUL, no leading separator or drive letter, no `..`
+/// segment (the rules of `RelativePath::parse`).
+pub fn relative_path_schema() -> serde_json::Value {
+    json!({
+        "type": "string",
+        "pattern": r"^(?![/\\])(?![A-Za-z]:)(?![\s\S]*(?:^|[/\\])\.\.(?:[/\\]|$))[^\x00]+$",
+        "description": "Relative, '/'- or '\\'-separated, no '..' segment"
+    })
+}
+
+/// The user-turn fields, which a continuation must not carry.
+const USER_TURN_FIELDS: [&str; 11] = [
+    "instruction",
+    "inputArtifacts",
+    "clipboardImages",
+    "ragScope",
+    "solutionContextText",
+    "workspaceId",
+    "repo",
+    "language",
+    "streaming",
+    "agentContextId",
+    "conversationContextId",
+];
+
+/// Server-owned fields no request may carry (other than as `null`).
+const SERVER_OWNED_FIELDS: [&str; 10] = [
+    "mode",
+    "modeId",
+    "modeKey",
+    "responseContinuationId",
+    "previousResponseId",
+    "continuationId",
+    "tools",
+    "toolsJson",
+    "toolChoice",
+    "toolChoiceName",
+];
+
+/// The request schema with the parser's rules: a user turn or a tool continuation (`oneOf`),
+/// ids by pattern, non-empty inputs, `executionMs >= 0`, exactly one of `resultJson` /
+/// `errorMessage`. `ids_required` is false for batch lines, which may leave the ids out.
+fn execute_request_schema(ids_required: bool) -> serde_json::Value {
+    let artifact = json!({
+        "type": "object",
+        "required": ["relativePath", "fileName", "contents", "origin"],
+        "properties": {
+            "relativePath": relative_path_schema(),
+            "fileName": {"type": "string"},
+            "contents": {"type": "string", "description": "Text, or base64 when encoding is base64; at most APTIX_MAX_ARTIFACT_BYTES bytes"},
+            "origin": {"type": "string", "enum": ["ide", "user"]},
+            "mimeType": nullable(json!({"type": "string"})),
+            "language": nullable(json!({"type": "string"})),
+            "encoding": nullable(json!({"type": "string", "enum": ["utf8", "base64"]}))
+        }
+    });
+    let image = json!({
+        "type": "object",
+        "required": ["id", "mimeType", "dataBase64"],
+        "properties": {
+            "id": {"type": "string", "pattern": r"\S"},
+            "mimeType": {"type": "string", "pattern": r"^image/\S+$"},
+            "dataBase64": {"type": "string", "minLength": 4, "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$",
+                "description": "Standard base64 with padding, not empty; decoded at most APTIX_MAX_IMAGE_BYTES bytes"}
+        }
+    });
+    let condition = json!({
+        "type": "object",
+        "required": ["key", "operator", "values"],
+        "properties": {
+            "key": {"type": "string", "pattern": r"\S", "description": "path, language, repo, tags or docId (other keys: ignored with an UNKNOWN_RAG_KEY warning)"},
+            "operator": {"type": "string", "enum": ["==", "!=", "contains", "does_not_contain"]},
+            "values": {"type": "array", "minItems": 1, "items": {"type": "string"}}
+        }
+    });
+    let tool_result = json!({
+        "type": "object",
+        "required": ["toolCallId", "executionMs"],
+        "properties": {
+            "toolCallId": id_schema(),
+            "executionMs": {"type": "integer", "minimum": 0},
+            "resultJson": nullable(json!({"type": "string", "description": "A JSON text"})),
+            "errorMessage": nullable(json!({"type": "string"}))
+        },
+        "oneOf": [
+            {"required": ["resultJson"], "properties": {"resultJson": {"type": "string"}}},
+            {"required": ["errorMessage"], "properties": {"errorMessage": {"type": "string"}}}
+        ]
+    });
+    let context_id = nullable(json!({"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}));
+    let mut user = serde_json::Map::new();
+    user.insert(
+        "instruction".into(),
+        nullable(
+            json!({"type": "string", "description": "At most APTIX_MAX_INSTRUCTION_BYTES bytes"}),
+        ),
+    );
+    user.insert(
+        "inputArtifacts".into(),
+        nullable(json!({"type": "array", "items": artifact})),
+    );
+    user.insert(
+        "clipboardImages".into(),
+        nullable(json!({"type": "array", "items": image})),
+    );
+    user.insert(
+        "ragScope".into(),
+        nullable(
+            json!({"type": "object", "required": ["conditions"], "properties": {
+                "conditions": {"type": "array", "items": condition}
+            }}),
+        ),
+    );
+    for field in ["solutionContextText", "workspaceId", "repo", "language"] {
+        user.insert(field.into(), nullable(json!({"type": "string"})));
+    }
+    user.insert("streaming".into(), nullable(json!({"type": "boolean"})));
+    user.insert("agentContextId".into(), context_id.clone());
+    user.insert("conversationContextId".into(), context_id);
+    user.insert("toolResults".into(), absent("Only in a tool continuation"));
+
+    let mut continuation = serde_json::Map::new();
+    for field in USER_TURN_FIELDS {
+        continuation.insert(field.into(), absent("Not allowed in a tool continuation"));
+    }
+    continuation.insert(
+        "toolResults".into(),
+        json!({"type": "array", "minItems": 1, "items": tool_result}),
+    );
+
+    let mut common = serde_json::Map::new();
+    common.insert("sessionId".into(), id_schema());
+    common.insert("turnId".into(), id_schema());
+    for field in SERVER_OWNED_FIELDS {
+        common.insert(
+            field.into(),
+            absent("Server-owned: rejected with FORBIDDEN_FIELD"),
+        );
+    }
+    let required = if ids_required {
+        json!(["sessionId", "turnId"])
+    } else {
+        json!([])
+    };
+    let nonblank_instruction = json!({"required": ["instruction"], "properties": {"instruction": {"type": "string", "pattern": r"\S"}}});
     json!({
         "type": "object",
-        "description": "A user turn (instruction and/or inputArtifacts/clipboardImages) or a tool continuation (toolResults). Field names may also be PascalCase. Server-owned fields (mode, tools, continuation ids) are rejected with FORBIDDEN_FIELD; unknown fields are ignored with an UNKNOWN_FIELD warning.",
-        "required": ["sessionId", "turnId"],
+        "description": "A user turn (at least one of a non-blank instruction, inputArtifacts or clipboardImages) or a tool continuation (toolResults, and none of the user-turn fields). Field names may also be PascalCase (not listed here). Server-owned fields (mode, tools, continuation ids) are rejected with FORBIDDEN_FIELD; unknown fields are ignored with an UNKNOWN_FIELD warning; null is the same as absent. Rules the schema cannot state: resultJson must hold valid JSON, base64 must decode, and the APTIX_MAX_* size limits.",
+        "required": required,
+        "properties": common,
+        "oneOf": [
+            {
+                "title": "UserTurn",
+                "properties": user,
+                "anyOf": [
+                    nonblank_instruction,
+                    {"required": ["inputArtifacts"], "properties": {"inputArtifacts": {"type": "array", "minItems": 1}}},
+                    {"required": ["clipboardImages"], "properties": {"clipboardImages": {"type": "array", "minItems": 1}}}
+                ]
+            },
+            {
+                "title": "ToolContinuation",
+                "required": ["toolResults"],
+                "properties": continuation
+            }
+        ],
+        "examples": [
+            {"sessionId": "s-1", "turnId": "t-1", "instruction": "Summarise DDR-101."},
+            {"sessionId": "s-1", "turnId": "t-2", "instruction": "Review this file", "inputArtifacts": [{"relativePath": "docs/DDR-101.md", "fileName": "DDR-101.md", "contents": "# DDR-101", "origin": "ide"}], "ragScope": {"conditions": [{"key": "repo", "operator": "==", "values": ["platform"]}]}, "streaming": false},
+            {"sessionId": "s-1", "turnId": "t-2", "toolResults": [{"toolCallId": "call_1", "executionMs": 12, "resultJson": "{\"contents\":\"# A\"}"}, {"toolCallId": "call_2", "executionMs": 0, "errorMessage": "file not found"}]}
+        ]
+    })
+}
+
+named_schema!(
+    /// `AgentExecuteRequest` (DESIGN.md §2): a user turn, or a tool continuation (`toolResults`
+    /// set). A placeholder in the typed document; [`raw_schemas`] puts the real one in.
+    AgentExecuteRequest,
+    json!({"type": "object"})
+);
+
+named_schema!(
+    /// The request of a batch line: an `AgentExecuteRequest` whose ids may be left out. A
+    /// placeholder in the typed document; [`raw_schemas`] puts the real one in.
+    BatchRequest,
+    json!({"type": "object"})
+);
+
+/// The request schemas with the parser's rules, as JSON: the typed OpenAPI model cannot hold
+/// `oneOf`/`anyOf` beside `properties`, so the served document gets these in place of the
+/// placeholders.
+pub fn raw_schemas() -> [(&'static str, serde_json::Value); 4] {
+    [
+        ("AgentExecuteRequest", execute_request_schema(true)),
+        ("BatchRequest", execute_request_schema(false)),
+        ("IndexRequest", index_request_schema()),
+        ("IndexFile", index_file_schema()),
+    ]
+}
+
+/// `POST /v1/index` (the derived schema cannot say that `repo` is an id or that paths are
+/// relative).
+fn index_request_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "description": "Files to (re)index for the caller's tenant.",
+        "required": ["repo"],
+        "additionalProperties": false,
         "properties": {
-            "sessionId": id_schema(),
-            "turnId": id_schema(),
-            "instruction": {"type": "string"},
-            "inputArtifacts": {"type": "array", "items": {
-                "type": "object",
-                "required": ["relativePath", "fileName", "contents", "origin"],
-                "properties": {
-                    "relativePath": {"type": "string", "description": "Relative, no .. segments"},
-                    "fileName": {"type": "string"},
-                    "contents": {"type": "string"},
-                    "origin": {"type": "string", "enum": ["ide", "user"]},
-                    "mimeType": {"type": "string"},
-                    "language": {"type": "string"},
-                    "encoding": {"type": "string", "enum": ["utf8", "base64"]}
-                }
-            }},
-            "clipboardImages": {"type": "array", "items": {
-                "type": "object",
-                "required": ["id", "mimeType", "dataBase64"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "mimeType": {"type": "string"},
-                    "dataBase64": {"type": "string"}
-                }
-            }},
-            "ragScope": {"type": "object", "properties": {
-                "conditions": {"type": "array", "items": {
-                    "type": "object",
-                    "required": ["key", "operator", "values"],
-                    "properties": {
-                        "key": {"type": "string"},
-                        "operator": {"type": "string", "enum": ["==", "!=", "contains", "does_not_contain"]},
-                        "values": {"type": "array", "items": {"type": "string"}}
-                    }
-                }}
-            }},
-            "solutionContextText": {"type": "string"},
-            "workspaceId": {"type": "string"},
-            "repo": {"type": "string"},
-            "language": {"type": "string"},
-            "streaming": {"type": "boolean"},
-            "agentContextId": {"type": "string"},
-            "conversationContextId": {"type": "string"},
-            "toolResults": {"type": "array", "items": {
-                "type": "object",
-                "required": ["toolCallId", "executionMs"],
-                "properties": {
-                    "toolCallId": {"type": "string"},
-                    "executionMs": {"type": "integer", "minimum": 0},
-                    "resultJson": {"type": "string"},
-                    "errorMessage": {"type": "string"}
-                }
-            }}
+            "repo": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$", "description": "The repository the files belong to (chunk metadata `repo`)."},
+            "tags": {"type": "array", "items": {"type": "string"}, "description": "Tags added to every chunk of these files."},
+            "files": {"type": "array", "items": {"$ref": "#/components/schemas/IndexFile"}, "description": "Files to index; unchanged ones are skipped."},
+            "keep": {"anyOf": [{"type": "array", "items": relative_path_schema()}, {"type": "null"}], "description": "The repository's complete file listing: indexed files not in it are removed."}
+        },
+        "examples": [{"repo": "platform", "tags": ["ddr"], "files": [{"path": "docs/DDR-101.md", "contents": "# DDR-101"}], "keep": ["docs/DDR-101.md"]}]
+    })
+}
+
+fn index_file_schema() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "description": "A file to index.",
+        "required": ["path", "contents"],
+        "additionalProperties": false,
+        "properties": {
+            "path": relative_path_schema(),
+            "contents": {"type": "string", "description": "The file's text."}
         }
     })
-);
+}
 
 named_schema!(
     /// `AgentExecuteResponse` (DESIGN.md §2): `kind` is `final` or `client_tool_continuation`.
@@ -208,7 +383,7 @@ named_schema!(
         "required": ["customId", "request"],
         "properties": {
             "customId": {"type": "string", "minLength": 1, "maxLength": 256},
-            "request": {"$ref": "#/components/schemas/AgentExecuteRequest"}
+            "request": {"$ref": "#/components/schemas/BatchRequest"}
         },
         "description": "`request` may leave out sessionId and turnId; fresh ones are assigned."
     })
@@ -235,7 +410,6 @@ mod tests {
     #[test]
     fn handwritten_schemas_parse() {
         for s in [
-            AgentExecuteRequest::schema(),
             AgentExecuteResponse::schema(),
             BatchLine::schema(),
             StreamFinalLine::schema(),
@@ -248,5 +422,14 @@ mod tests {
                 serde_json::to_value(Schema::default()).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn the_served_document_carries_the_raw_request_schemas() {
+        let doc = crate::frontdoor::http::openapi();
+        for (name, schema) in raw_schemas() {
+            assert_eq!(doc["components"]["schemas"][name], schema, "{name}");
+        }
+        assert!(doc["components"]["schemas"]["AgentExecuteRequest"]["oneOf"].is_array());
     }
 }

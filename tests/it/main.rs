@@ -10,6 +10,7 @@ mod contract_request;
 mod contract_response;
 mod http_api;
 mod lifecycle;
+mod openapi_agreement;
 mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;
