@@ -39,6 +39,16 @@ impl KnownContexts {
         }
     }
 
+    /// The agent context ids, sorted.
+    pub fn agent_ids(&self) -> impl Iterator<Item = &str> {
+        self.agent.iter().map(String::as_str)
+    }
+
+    /// The conversation context ids, sorted.
+    pub fn conversation_ids(&self) -> impl Iterator<Item = &str> {
+        self.conversation.iter().map(String::as_str)
+    }
+
     /// Every context id the turn names that is not configured, as `UNKNOWN_CONTEXT` errors
     /// whose messages start with the field and list what is configured.
     pub fn check(&self, turn: &UserTurn) -> Result<(), Vec<ErrorMessage>> {

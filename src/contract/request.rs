@@ -1150,9 +1150,13 @@ fn parse_image(
         }
     });
     let mime_type = f.required_string("mimeType", report).and_then(|s| {
-        let valid = s
-            .strip_prefix("image/")
-            .is_some_and(|sub| !sub.is_empty() && !sub.contains(char::is_whitespace));
+        // `image/` and a subtype name as RFC 6838 restricts them.
+        let valid = s.strip_prefix("image/").is_some_and(|sub| {
+            let mut chars = sub.chars();
+            sub.len() <= 127
+                && chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+                && chars.all(|c| c.is_ascii_alphanumeric() || "!#$&^_.+-".contains(c))
+        });
         if valid {
             Some(s.to_string())
         } else {

@@ -31,6 +31,7 @@ use super::openapi::{self as api_doc, ExecuteResult, Failure};
 use super::{FrontDoor, SubmitError};
 use crate::catalog::ModeCatalog;
 use crate::config::{ApiTokens, BatchLimits};
+use crate::contexts::KnownContexts;
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, SessionId, TurnId,
     parse_request,
@@ -116,20 +117,26 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .split_for_parts()
 }
 
-/// The OpenAPI document of the API, as served at `/openapi.json`.
+/// The OpenAPI document of the API with only the built-in `default` contexts.
 pub fn openapi() -> serde_json::Value {
-    document(parts().1)
+    openapi_for(&KnownContexts::default())
+}
+
+/// The OpenAPI document of the API as a deployment with these contexts serves it at
+/// `/openapi.json` (the request schemas list the configured context ids).
+pub fn openapi_for(contexts: &KnownContexts) -> serde_json::Value {
+    document(parts().1, contexts)
 }
 
 /// The generated document with the request schemas that the typed model cannot hold
 /// (`oneOf`/`anyOf` beside properties) put in as written.
-fn document(api: utoipa::openapi::OpenApi) -> serde_json::Value {
+fn document(api: utoipa::openapi::OpenApi, contexts: &KnownContexts) -> serde_json::Value {
     let mut doc = serde_json::to_value(api).unwrap_or_default();
     if let Some(schemas) = doc
         .pointer_mut("/components/schemas")
         .and_then(serde_json::Value::as_object_mut)
     {
-        for (name, schema) in api_doc::raw_schemas() {
+        for (name, schema) in api_doc::raw_schemas(contexts) {
             schemas.insert(name.to_string(), schema);
         }
     }
@@ -139,7 +146,8 @@ fn document(api: utoipa::openapi::OpenApi) -> serde_json::Value {
 /// The router with every route.
 pub fn router(state: HttpState) -> Router {
     let (router, api) = parts();
-    let api = Arc::new(serde_json::to_string(&document(api)).unwrap_or_else(|_| "{}".to_string()));
+    let doc = document(api, state.door.contexts());
+    let api = Arc::new(serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string()));
     router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
@@ -657,7 +665,8 @@ const SYNC_WAIT: Duration = Duration::from_secs(600);
 #[utoipa::path(post, path = "/api/ai/agent/execute", tag = "compatibility",
     request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream whose last line is StreamFinalLine", body = ExecuteResult),
+        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream whose last line is StreamFinalLine",
+            content((ExecuteResult = "application/json"), (api_doc::StreamFinalLine = "application/x-ndjson"))),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
     ))]

@@ -84,6 +84,11 @@ impl FrontDoor {
         self
     }
 
+    /// The contexts requests may name.
+    pub fn contexts(&self) -> &KnownContexts {
+        &self.contexts
+    }
+
     /// Checks what the request names against the configuration (today: its contexts); the
     /// errors are `UNKNOWN_CONTEXT`, with nothing enqueued.
     pub fn check_configured(&self, request: &AgentExecuteRequest) -> Result<(), RequestRejected> {

@@ -11,6 +11,7 @@ use serde_json::json;
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{PartialSchema, ToSchema};
 
+use crate::contexts::KnownContexts;
 use crate::contract::ErrorMessage;
 
 /// The envelope of every JSON answer: `{successful, result?, errors, warnings, resultId}`. A
@@ -120,6 +121,10 @@ pub fn relative_path_schema() -> serde_json::Value {
     })
 }
 
+/// Standard base64 with padding and canonical final bits (what the parser decodes), or empty.
+const BASE64_OR_EMPTY: &str =
+    r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
 /// The user-turn fields, which a continuation must not carry.
 const USER_TURN_FIELDS: [&str; 11] = [
     "instruction",
@@ -152,10 +157,12 @@ const SERVER_OWNED_FIELDS: [&str; 10] = [
 /// The request schema with the parser's rules: a user turn or a tool continuation (`oneOf`),
 /// ids by pattern, non-empty inputs, `executionMs >= 0`, exactly one of `resultJson` /
 /// `errorMessage`. `ids_required` is false for batch lines, which may leave the ids out.
-fn execute_request_schema(ids_required: bool) -> serde_json::Value {
+fn execute_request_schema(ids_required: bool, contexts: &KnownContexts) -> serde_json::Value {
     let artifact = json!({
         "type": "object",
         "required": ["relativePath", "fileName", "contents", "origin"],
+        "if": {"required": ["encoding"], "properties": {"encoding": {"const": "base64"}}},
+        "then": {"properties": {"contents": {"type": "string", "pattern": BASE64_OR_EMPTY}}},
         "properties": {
             "relativePath": relative_path_schema(),
             "fileName": {"type": "string"},
@@ -171,8 +178,8 @@ fn execute_request_schema(ids_required: bool) -> serde_json::Value {
         "required": ["id", "mimeType", "dataBase64"],
         "properties": {
             "id": {"type": "string", "pattern": r"\S"},
-            "mimeType": {"type": "string", "pattern": r"^image/\S+$"},
-            "dataBase64": {"type": "string", "minLength": 4, "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=|[A-Za-z0-9+/]{4})$",
+            "mimeType": {"type": "string", "pattern": r"^image/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}$"},
+            "dataBase64": {"type": "string", "minLength": 4, "pattern": BASE64_OR_EMPTY,
                 "description": "Standard base64 with padding, not empty; decoded at most APTIX_MAX_IMAGE_BYTES bytes"}
         }
     });
@@ -190,7 +197,7 @@ fn execute_request_schema(ids_required: bool) -> serde_json::Value {
         "required": ["toolCallId", "executionMs"],
         "properties": {
             "toolCallId": id_schema(),
-            "executionMs": {"type": "integer", "minimum": 0},
+            "executionMs": {"type": "integer", "minimum": 0, "maximum": 9_007_199_254_740_991_u64},
             "resultJson": nullable(json!({"type": "string", "description": "A JSON text"})),
             "errorMessage": nullable(json!({"type": "string"}))
         },
@@ -199,7 +206,12 @@ fn execute_request_schema(ids_required: bool) -> serde_json::Value {
             {"required": ["errorMessage"], "properties": {"errorMessage": {"type": "string"}}}
         ]
     });
-    let context_id = nullable(json!({"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"}));
+    // The ids this deployment has configured: anything else is UNKNOWN_CONTEXT.
+    let context_id = |ids: Vec<&str>| {
+        nullable(
+            json!({"type": "string", "enum": ids, "description": "A configured context id (absent: default)"}),
+        )
+    };
     let mut user = serde_json::Map::new();
     user.insert(
         "instruction".into(),
@@ -227,8 +239,14 @@ fn execute_request_schema(ids_required: bool) -> serde_json::Value {
         user.insert(field.into(), nullable(json!({"type": "string"})));
     }
     user.insert("streaming".into(), nullable(json!({"type": "boolean"})));
-    user.insert("agentContextId".into(), context_id.clone());
-    user.insert("conversationContextId".into(), context_id);
+    user.insert(
+        "agentContextId".into(),
+        context_id(contexts.agent_ids().collect()),
+    );
+    user.insert(
+        "conversationContextId".into(),
+        context_id(contexts.conversation_ids().collect()),
+    );
     user.insert("toolResults".into(), absent("Only in a tool continuation"));
 
     let mut continuation = serde_json::Map::new();
@@ -301,10 +319,13 @@ named_schema!(
 /// The request schemas with the parser's rules, as JSON: the typed OpenAPI model cannot hold
 /// `oneOf`/`anyOf` beside `properties`, so the served document gets these in place of the
 /// placeholders.
-pub fn raw_schemas() -> [(&'static str, serde_json::Value); 4] {
+pub fn raw_schemas(contexts: &KnownContexts) -> [(&'static str, serde_json::Value); 4] {
     [
-        ("AgentExecuteRequest", execute_request_schema(true)),
-        ("BatchRequest", execute_request_schema(false)),
+        (
+            "AgentExecuteRequest",
+            execute_request_schema(true, contexts),
+        ),
+        ("BatchRequest", execute_request_schema(false, contexts)),
         ("IndexRequest", index_request_schema()),
         ("IndexFile", index_file_schema()),
     ]
@@ -427,7 +448,7 @@ mod tests {
     #[test]
     fn the_served_document_carries_the_raw_request_schemas() {
         let doc = crate::frontdoor::http::openapi();
-        for (name, schema) in raw_schemas() {
+        for (name, schema) in raw_schemas(&KnownContexts::default()) {
             assert_eq!(doc["components"]["schemas"][name], schema, "{name}");
         }
         assert!(doc["components"]["schemas"]["AgentExecuteRequest"]["oneOf"].is_array());

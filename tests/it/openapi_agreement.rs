@@ -2,7 +2,8 @@
 //! hand-picked counter-examples go through both, and both must agree. A fuzzer reading the
 //! document (schemathesis in CI) then only sends requests the API really accepts as valid.
 
-use aptix_worker::contract::{RequestLimits, parse_request};
+use aptix_worker::contexts::KnownContexts;
+use aptix_worker::contract::{AgentExecuteRequest, RequestLimits, parse_request};
 use aptix_worker::frontdoor::http::{IndexRequest, openapi};
 use serde_json::{Value, json};
 
@@ -31,7 +32,7 @@ fn valid_requests() -> Vec<Value> {
             {"relativePath": "src/main.rs", "fileName": "main.rs", "contents": "", "origin": "user", "encoding": "base64"}
         ]}),
         json!({"sessionId": "s", "turnId": "t", "clipboardImages": [
-            {"id": "img1", "mimeType": "image/png", "dataBase64": "iVBORw0KGgo="}
+            {"id": "img1", "mimeType": "image/svg+xml", "dataBase64": "iVBORw0KGgo="}
         ]}),
         json!({"sessionId": "s", "turnId": "t", "instruction": "x", "mode": null, "streaming": null,
             "repo": "", "agentContextId": "default", "ragScope": {"conditions": []}}),
@@ -84,6 +85,14 @@ fn invalid_requests() -> Vec<(Value, &'static str)> {
         (
             json!({"sessionId": "s", "turnId": "t", "instruction": "x", "streaming": "yes"}),
             "INVALID_FIELD_TYPE",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "instruction": "x", "agentContextId": "nope"}),
+            "UNKNOWN_CONTEXT",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "instruction": "x", "conversationContextId": "x"}),
+            "UNKNOWN_CONTEXT",
         ),
         (
             json!({"sessionId": "s", "turnId": "t", "instruction": "x", "mode": "general"}),
@@ -162,6 +171,30 @@ fn invalid_requests() -> Vec<(Value, &'static str)> {
                 {"id": "i", "mimeType": "image/png", "dataBase64": "not base64!"}
             ]}),
             "INVALID_IMAGE",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "clipboardImages": [
+                {"id": "i", "mimeType": "image/png", "dataBase64": "00=="}
+            ]}),
+            "INVALID_IMAGE",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "clipboardImages": [
+                {"id": "i", "mimeType": "image/\u{85}png", "dataBase64": "iVBORw0KGgo="}
+            ]}),
+            "INVALID_IMAGE",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "clipboardImages": [
+                {"id": "i", "mimeType": "image/", "dataBase64": "iVBORw0KGgo="}
+            ]}),
+            "INVALID_IMAGE",
+        ),
+        (
+            json!({"sessionId": "s", "turnId": "t", "instruction": "x", "inputArtifacts": [
+                {"relativePath": "a", "fileName": "a", "contents": "***", "origin": "ide", "encoding": "base64"}
+            ]}),
+            "INVALID_ARTIFACT",
         ),
         (
             json!({"sessionId": "s", "turnId": "t", "instruction": "x", "ragScope": {}}),
@@ -250,26 +283,28 @@ fn invalid_requests() -> Vec<(Value, &'static str)> {
 /// What the schema cannot state (it says so in its description): the parser alone refuses
 /// these, and a fuzzer may send them expecting success.
 fn parser_only_rules() -> Vec<(Value, &'static str)> {
-    vec![
-        (
-            json!({"sessionId": "s", "turnId": "t", "toolResults": [
-                {"toolCallId": "c", "executionMs": 1, "resultJson": "{not json"}
-            ]}),
-            "INVALID_RESULT_JSON",
-        ),
-        (
-            json!({"sessionId": "s", "turnId": "t", "instruction": "x", "inputArtifacts": [
-                {"relativePath": "a", "fileName": "a", "contents": "***", "origin": "ide", "encoding": "base64"}
-            ]}),
-            "INVALID_ARTIFACT",
-        ),
-    ]
+    vec![(
+        json!({"sessionId": "s", "turnId": "t", "toolResults": [
+            {"toolCallId": "c", "executionMs": 1, "resultJson": "{not json"}
+        ]}),
+        "INVALID_RESULT_JSON",
+    )]
 }
 
+/// What the front door says: the parser, then the configured contexts (the built-in ones,
+/// which is what `openapi()` documents).
 fn parser_verdict(body: &Value) -> Result<(), Vec<String>> {
-    parse_request(body.to_string().as_bytes(), &RequestLimits::default())
-        .map(|_| ())
-        .map_err(|r| r.errors.iter().map(|e| e.error_code.to_string()).collect())
+    let codes = |errors: &[aptix_worker::contract::ErrorMessage]| {
+        errors.iter().map(|e| e.error_code.to_string()).collect()
+    };
+    let parsed = parse_request(body.to_string().as_bytes(), &RequestLimits::default())
+        .map_err(|r| codes(&r.errors))?;
+    match &parsed.request {
+        AgentExecuteRequest::UserTurn(turn) => {
+            KnownContexts::default().check(turn).map_err(|e| codes(&e))
+        }
+        AgentExecuteRequest::ToolContinuation(_) => Ok(()),
+    }
 }
 
 #[test]

@@ -1,0 +1,81 @@
+"""Schemathesis hooks for aptix-worker's CI run.
+
+- Batches are NDJSON (one BatchLine per line): teach the fuzzer to send them.
+- Two request rules cannot be said in JSON Schema (the schema's description names them):
+  `resultJson` holds a JSON text, and base64 artifacts must decode. Generated bodies
+  (every phase) are mended to respect them, so the "schema-valid request rejected" check only
+  fires for rules the document could have stated.
+"""
+import base64
+import json
+
+import schemathesis
+
+
+@schemathesis.serializer("application/x-ndjson")
+def ndjson(ctx, value):
+    lines = value if isinstance(value, list) else [value]
+    return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+def _reject_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _strings_are_unicode(value):
+    """Lone surrogates are accepted by Python's parser but are not Unicode text."""
+    if isinstance(value, str):
+        value.encode("utf-8")
+    elif isinstance(value, list):
+        for item in value:
+            _strings_are_unicode(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _strings_are_unicode(key)
+            _strings_are_unicode(item)
+
+
+def _is_json(text):
+    """Strict JSON (RFC 8259), as the server's parser reads it."""
+    try:
+        _strings_are_unicode(json.loads(text, parse_constant=_reject_constant))
+        return True
+    except (ValueError, UnicodeEncodeError):
+        return False
+
+
+def _decodes(text):
+    try:
+        base64.b64decode(text, validate=True)
+        return True
+    except ValueError:
+        return False
+
+
+def _mend(request):
+    if not isinstance(request, dict):
+        return
+    results = request.get("toolResults")
+    for result in results if isinstance(results, list) else []:
+        if isinstance(result, dict) and isinstance(result.get("resultJson"), str):
+            if not _is_json(result["resultJson"]):
+                result["resultJson"] = "{}"
+    artifacts = request.get("inputArtifacts")
+    for artifact in artifacts if isinstance(artifacts, list) else []:
+        if (
+            isinstance(artifact, dict)
+            and artifact.get("encoding") == "base64"
+            and isinstance(artifact.get("contents"), str)
+            and not _decodes(artifact["contents"])
+        ):
+            artifact["contents"] = base64.b64encode(artifact["contents"].encode()).decode()
+
+
+@schemathesis.hook
+def map_case(context, case):
+    body = getattr(case, "body", None)
+    for item in body if isinstance(body, list) else [body]:
+        _mend(item)
+        if isinstance(item, dict):
+            _mend(item.get("request"))
+    return case
