@@ -366,23 +366,32 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryParams {
     }
 }
 
+/// A query parameter that cannot be read; the message names it.
+struct BadParameter(String);
+
+impl From<BadParameter> for Response {
+    fn from(BadParameter(message): BadParameter) -> Self {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidParameter,
+            message,
+        )
+    }
+}
+
 impl QueryParams {
     /// The one value of `name`, if given; given twice is an error.
-    fn single(&self, name: &str) -> Result<Option<&str>, Response> {
+    fn single(&self, name: &str) -> Result<Option<&str>, BadParameter> {
         let mut values = self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| v);
         let first = values.next();
         if values.next().is_some() {
-            return Err(failure(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidParameter,
-                format!("{name}: given more than once"),
-            ));
+            return Err(BadParameter(format!("{name}: given more than once")));
         }
         Ok(first.map(String::as_str))
     }
 
     /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.
-    fn wait(&self) -> Result<Duration, Response> {
+    fn wait(&self) -> Result<Duration, BadParameter> {
         let Some(raw) = self.single("wait")? else {
             return Ok(Duration::ZERO);
         };
@@ -390,14 +399,10 @@ impl QueryParams {
             Ok(secs) if secs.is_finite() && secs >= 0.0 => {
                 Ok(Duration::from_secs_f64(secs.min(MAX_WAIT.as_secs_f64())))
             }
-            _ => Err(failure(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidParameter,
-                format!(
-                    "wait: must be a number of seconds from 0 (at most {} are waited), not {raw:?}",
-                    MAX_WAIT.as_secs()
-                ),
-            )),
+            _ => Err(BadParameter(format!(
+                "wait: must be a number of seconds from 0 (at most {} are waited), not {raw:?}",
+                MAX_WAIT.as_secs()
+            ))),
         }
     }
 }
@@ -427,7 +432,7 @@ async fn get_turn(
     };
     let wait = match query.wait() {
         Ok(w) => w,
-        Err(bad) => return bad,
+        Err(bad) => return bad.into(),
     };
     let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
         return failure(

@@ -205,7 +205,7 @@ impl FrontDoor {
                             return Err(e.into());
                         }
                         self.metrics.turn_accepted();
-                        Ok(TurnStatusView::from(&after))
+                        Ok(TurnStatusView::from(after.as_ref()))
                     }
                     Acceptance::Again(record) => {
                         // Accepted before and still queued: its job may not have been
@@ -214,7 +214,7 @@ impl FrontDoor {
                             self.broker.publish_job(&job).await?;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");
-                        Ok(TurnStatusView::from(&record))
+                        Ok(TurnStatusView::from(record.as_ref()))
                     }
                 }
             }
@@ -226,11 +226,11 @@ impl FrontDoor {
 enum Acceptance {
     /// The turn moved from `awaiting_client_tools` to `queued` for this continuation.
     Moved {
-        before: TurnRecord,
-        after: TurnRecord,
+        before: Box<TurnRecord>,
+        after: Box<TurnRecord>,
     },
     /// This continuation was accepted before; the turn as it is now.
-    Again(TurnRecord),
+    Again(Box<TurnRecord>),
 }
 
 /// How often a continuation is re-decided when its compare-and-set loses to another writer.
@@ -259,7 +259,7 @@ impl FrontDoor {
                 )));
             };
             if before.continuation.as_deref() == Some(fp) {
-                return Ok(Acceptance::Again(before));
+                return Ok(Acceptance::Again(Box::new(before)));
             }
             // Other results for calls that were answered already (an earlier round, or the
             // continuation that won) are not accepted: the turn has moved past them.
@@ -291,7 +291,10 @@ impl FrontDoor {
             after.status = TurnStatus::Queued;
             after.continuation = Some(fp.to_string());
             if self.store.replace_turn(&before, &after).await? {
-                return Ok(Acceptance::Moved { before, after });
+                return Ok(Acceptance::Moved {
+                    before: Box::new(before),
+                    after: Box::new(after),
+                });
             }
             // Another writer changed the record between our read and write: decide again.
         }
