@@ -15,7 +15,7 @@
 //! - [`llm`] — the Responses API client; [`fake_llm`] — a faithful fake of it for tests.
 //! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
 //! - [`rag`] — the chunk index, BM25 retrieval and `ragScope` filtering for `[CONTEXT]`.
-//! - [`metrics`] — Prometheus metrics.
+//! - [`metrics`] — Prometheus metrics; [`telemetry`] — log format and output.
 
 pub mod bench;
 pub mod catalog;
@@ -31,5 +31,6 @@ pub mod pipeline;
 pub mod queue;
 pub mod rag;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
 pub mod worker;

@@ -27,6 +27,7 @@ use aptix_worker::pipeline::{Pipeline, PipelineSettings};
 use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use aptix_worker::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisIndex};
 use aptix_worker::store::{MemoryStore, RedisStore, SessionStore, TurnStatusView};
+use aptix_worker::telemetry::{self, LogFormat};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
@@ -274,13 +275,14 @@ fn main() -> ExitCode {
         | Command::Validate { .. } => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let format = match LogFormat::parse(std::env::var("APTIX_LOG_FORMAT").ok().as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

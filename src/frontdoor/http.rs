@@ -148,14 +148,66 @@ pub fn router(state: HttpState) -> Router {
     let (router, api) = parts();
     let doc = document(api, state.door.contexts());
     let api = Arc::new(serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string()));
-    router
+    let router = router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         // Bodies are read (and limited) by the handler, so an oversized body still gets an
         // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::Extension(OpenApiJson(api)))
-        .with_state(state)
+        .with_state(state);
+    with_http_layers(router)
+}
+
+/// The header that carries a request's id, in and out.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// What every router gets, outermost first: a request id (the client's `x-request-id`, else a
+/// fresh UUID) set on the request and echoed on the answer; a span per request carrying the
+/// method, the route and the id, closed by one access-log line with status and latency; and a
+/// panic in a handler turned into a `500` `InvokeResult` with `INTERNAL`.
+pub fn with_http_layers(router: Router) -> Router {
+    use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+    let header = axum::http::HeaderName::from_static(REQUEST_ID);
+    let trace = tower_http::trace::TraceLayer::new_for_http()
+        .make_span_with(|request: &axum::http::Request<_>| {
+            let route = request
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .map_or("(no route)", |p| p.as_str());
+            let id = request
+                .headers()
+                .get(REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            tracing::info_span!("http", method = %request.method(), route, request_id = id)
+        })
+        .on_request(())
+        .on_response(
+            |response: &Response, latency: Duration, _span: &tracing::Span| {
+                tracing::info!(
+                    status = response.status().as_u16(),
+                    latency_ms = latency.as_secs_f64() * 1000.0,
+                    "request"
+                );
+            },
+        )
+        .on_failure(());
+    router
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
+        .layer(trace)
+        .layer(PropagateRequestIdLayer::new(header.clone()))
+        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+}
+
+/// The answer when a handler panicked: the details go to the log, not to the client.
+fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked; answered 500");
+    failure(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::Internal,
+        "an unexpected internal failure; it is logged under this request's x-request-id",
+    )
 }
 
 #[derive(Clone)]
@@ -184,13 +236,15 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Respo
 
 /// Only `/healthz`, `/readyz` and `/metrics`: what a standalone worker serves.
 pub fn ops_router(state: HttpState) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .fallback(no_route)
-        .method_not_allowed_fallback(wrong_method)
-        .with_state(state)
+    with_http_layers(
+        Router::new()
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .fallback(no_route)
+            .method_not_allowed_fallback(wrong_method)
+            .with_state(state),
+    )
 }
 
 fn answer<T: Serialize>(status: StatusCode, result: InvokeResult<T>) -> Response {

@@ -816,3 +816,111 @@ fn watch_prints_characters_split_across_network_reads_whole() {
         Some(instruction)
     );
 }
+
+/// `APTIX_LOG_FORMAT=json`: every stderr line is a JSON object with timestamp, level, target and
+/// message; each HTTP request leaves one access-log line with its method, route, status,
+/// latency and request id (the client's, echoed on the answer); a turn's lines carry its
+/// session and turn ids. Text logs sent to a pipe carry no colour codes.
+#[tokio::test]
+async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
+    use std::io::Read as _;
+    let port = free_port();
+    let mut server = aptix()
+        .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+        .env("APTIX_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("aptix run starts");
+    wait_for_port(port);
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
+        .header("x-request-id", "req-from-client-1")
+        .body(r#"{"sessionId": "log-s", "turnId": "log-t", "instruction": "hello"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.headers()["x-request-id"], "req-from-client-1");
+    let resp = client
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    let generated = resp.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(
+        uuid::Uuid::parse_str(&generated).map(|_| ()),
+        Ok(()),
+        "{generated}"
+    );
+    // SIGTERM: the server drains and exits, closing its stderr.
+    unsafe_sigterm(server.id());
+    let mut stderr = String::new();
+    server
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let _ = server.wait();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        for key in ["timestamp", "level", "target", "message"] {
+            assert!(line.get(key).is_some(), "{key} missing: {line}");
+        }
+    }
+    let access = lines
+        .iter()
+        .find(|l| l["message"] == "request" && l["span"]["request_id"] == "req-from-client-1")
+        .unwrap_or_else(|| panic!("no access line for the request:\n{stderr}"));
+    assert_eq!(access["span"]["method"], "POST");
+    assert_eq!(access["span"]["route"], "/api/ai/agent/execute");
+    assert_eq!(access["status"], 200);
+    assert!(access["latency_ms"].as_f64().is_some());
+    assert!(
+        lines.iter().any(|l| l["message"] == "request"
+            && l["span"]["route"] == "/healthz"
+            && l["span"]["request_id"] == generated.as_str()),
+        "{stderr}"
+    );
+    let turn_line = lines
+        .iter()
+        .find(|l| l["message"] == "turn completed")
+        .unwrap_or_else(|| panic!("no turn line:\n{stderr}"));
+    let spans = turn_line["spans"].to_string();
+    assert!(
+        spans.contains("log-s") && spans.contains("log-t"),
+        "{turn_line}"
+    );
+
+    // Text logs into a pipe: no ANSI escape codes.
+    let out = aptix()
+        .args(["run", "examples/requests/user-turn.json"])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("INFO"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a pipe: {text:?}");
+    // A format that does not exist is refused, naming the variable.
+    let out = aptix()
+        .args(["modes"])
+        .env("APTIX_LOG_FORMAT", "xml")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("APTIX_LOG_FORMAT"));
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}

@@ -560,20 +560,29 @@ async fn metrics_count_what_happened() {
     app.get(Some("tok-a"), "/v1/sessions/s/turns/t?wait=10")
         .await;
     app.post(Some("tok-a"), turn).await; // a repeat: answered from the store
-    let resp = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "no token needed");
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain")
-    );
-    let text = resp.text().await.unwrap();
+    // The worker counts a result once its publish is confirmed, which can be a moment after a
+    // long-poll woken by that publish has answered.
+    let mut text = String::new();
+    for _ in 0..50 {
+        let resp = app
+            .http
+            .get(format!("{}/metrics", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "no token needed");
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        text = resp.text().await.unwrap();
+        if metric(&text, "aptix_turn_duration_seconds_count") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(metric(&text, "aptix_turns_accepted_total"), 1.0);
     assert_eq!(
         metric(&text, "aptix_turns_total{status=\"completed\"}"),

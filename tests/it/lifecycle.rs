@@ -338,6 +338,73 @@ async fn every_error_is_an_invoke_result_naming_the_parameter(backend: Backend) 
     }
 }
 
+async fn every_answer_carries_a_request_id(backend: Backend) {
+    let app = app_on(backend).await;
+    for (method, path) in [
+        ("GET", "/healthz"),
+        ("GET", "/v1/nowhere"),
+        ("POST", "/v1/turns"),
+    ] {
+        let resp = app
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", app.base))
+            .bearer_auth("tok-a")
+            .send()
+            .await
+            .unwrap();
+        let id = resp.headers()["x-request-id"].to_str().unwrap();
+        assert!(uuid::Uuid::parse_str(id).is_ok(), "{method} {path}: {id}");
+        let resp = app
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", app.base))
+            .bearer_auth("tok-a")
+            .header("x-request-id", "client-chosen-7")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.headers()["x-request-id"],
+            "client-chosen-7",
+            "{method} {path}"
+        );
+    }
+}
+
+async fn boom() -> &'static str {
+    panic!("a handler bug")
+}
+
+/// A handler that panics is answered with a JSON `InvokeResult` (`INTERNAL`, 500) that names
+/// the request id, and the server goes on serving.
+#[tokio::test]
+async fn a_panicking_handler_gets_an_internal_invoke_result() {
+    use aptix_worker::frontdoor::http::{serve, with_http_layers};
+    let router = with_http_layers(
+        axum::Router::new()
+            .route("/boom", axum::routing::get(boom))
+            .route("/fine", axum::routing::get(|| async { "fine" })),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(serve(listener, router, stop.clone()));
+    let http = reqwest::Client::new();
+    let resp = http.get(format!("{base}/boom")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 500);
+    assert!(resp.headers().contains_key("x-request-id"));
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(code(&body), "INTERNAL");
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("x-request-id")
+    );
+    let resp = http.get(format!("{base}/fine")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    stop.cancel();
+}
+
 /// Reply queues expire when unused; publishing to one does not keep it alive. A session that
 /// comes back after its queue expired must find its results in the queue again, whether the
 /// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
@@ -444,4 +511,5 @@ on_both_backends!(
     a_job_the_worker_refuses_before_running_still_settles,
     a_long_poll_answers_as_soon_as_the_result_is_published,
     every_error_is_an_invoke_result_naming_the_parameter,
+    every_answer_carries_a_request_id,
 );
