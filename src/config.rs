@@ -86,6 +86,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// `APTIX_DEPENDENCY_TIMEOUT_MS`: the longest one Redis command or RabbitMQ operation
+    /// (connect, declare, publish and its confirm) may take before it counts as failed.
+    pub dependency_timeout: Duration,
     /// `APTIX_API_TOKENS`: bearer token → tenant (`token=tenant,token=tenant`).
     pub api_tokens: ApiTokens,
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
@@ -163,6 +166,11 @@ impl Config {
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
             shutdown_grace: Duration::from_secs(number(&get, "APTIX_SHUTDOWN_GRACE_SECS", 30)?),
+            dependency_timeout: Duration::from_millis(positive(
+                &get,
+                "APTIX_DEPENDENCY_TIMEOUT_MS",
+                3000,
+            )?),
             reply_queue_ttl: Duration::from_secs(positive(
                 &get,
                 "APTIX_REPLY_QUEUE_TTL_SECS",

@@ -226,13 +226,13 @@ fn reject(message: impl Into<String>, param: &str) -> Rejection {
 
 /// The checks the real API applies that matter to us; plus the full schema when loaded.
 fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
-    if let Some(v) = &inner.schema {
-        if let Some(err) = v.iter_errors(req).next() {
-            return Err(reject(
-                format!("Invalid request: {err} at '{}'", err.instance_path),
-                &err.instance_path.to_string(),
-            ));
-        }
+    if let Some(v) = &inner.schema
+        && let Some(err) = v.iter_errors(req).next()
+    {
+        return Err(reject(
+            format!("Invalid request: {err} at '{}'", err.instance_path),
+            &err.instance_path.to_string(),
+        ));
     }
     if req.get("model").and_then(Value::as_str).is_none() {
         return Err(reject("Missing required parameter: 'model'.", "model"));
@@ -359,15 +359,15 @@ fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
                     &at,
                 ));
             }
-            if t.get("strict").and_then(Value::as_bool) == Some(true) {
-                if let Some(params) = t.get("parameters") {
-                    strict_ok(params).map_err(|m| {
-                        reject(
-                            format!("Invalid schema for function '{name}': {m}"),
-                            &format!("{at}.parameters"),
-                        )
-                    })?;
-                }
+            if t.get("strict").and_then(Value::as_bool) == Some(true)
+                && let Some(params) = t.get("parameters")
+            {
+                strict_ok(params).map_err(|m| {
+                    reject(
+                        format!("Invalid schema for function '{name}': {m}"),
+                        &format!("{at}.parameters"),
+                    )
+                })?;
             }
             tool_names.push(name.to_string());
         }

@@ -775,7 +775,13 @@ impl App {
             Some(url) => {
                 tracing::info!(namespace = %config.namespace, "using the Redis session store");
                 Arc::new(
-                    RedisStore::connect(url.expose(), &config.namespace, config.retention).await?,
+                    RedisStore::connect_with_timeout(
+                        url.expose(),
+                        &config.namespace,
+                        config.retention,
+                        config.dependency_timeout,
+                    )
+                    .await?,
                 )
             }
             None => Arc::new(MemoryStore::new()),
@@ -785,7 +791,8 @@ impl App {
         let broker: Arc<dyn Broker> = match &config.amqp_url {
             Some(url) => {
                 let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());
-                let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name);
+                let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name)
+                    .with_timeout(config.dependency_timeout);
                 rabbit.connect().await?;
                 tracing::info!(namespace = %config.namespace, "using RabbitMQ");
                 Arc::new(rabbit)
@@ -793,7 +800,14 @@ impl App {
             None => Arc::new(MemoryBroker::new()),
         };
         let index: Arc<dyn ChunkIndex> = match &config.redis_url {
-            Some(url) => Arc::new(RedisIndex::connect(url.expose(), &config.namespace).await?),
+            Some(url) => Arc::new(
+                RedisIndex::connect_with_timeout(
+                    url.expose(),
+                    &config.namespace,
+                    config.dependency_timeout,
+                )
+                .await?,
+            ),
             None => Arc::new(MemoryIndex::new()),
         };
         let mut settings = PipelineSettings::new(config.model.clone());

@@ -841,28 +841,47 @@ async fn healthz() -> Response {
         (status = 503, description = "A dependency is unreachable (each one named)", body = Failure),
     ))]
 async fn readyz(State(state): State<HttpState>) -> Response {
-    let mut errors = Vec::new();
+    // Both probes at once, each bounded, so the answer comes within a second whatever hangs.
     let probe = SessionId::parse("readyz-probe").ok();
-    if let Some(probe) = probe
-        && let Err(e) = state.store.get_session(&probe).await
-    {
-        errors.push(ErrorMessage::new(
-            ErrorCode::ServiceUnavailable,
-            format!("session store: {e}"),
-        ));
-    }
-    if let Err(e) = state.broker.check().await {
-        errors.push(ErrorMessage::new(
-            ErrorCode::ServiceUnavailable,
-            format!("message broker: {e}"),
-        ));
-    }
+    let store = async {
+        match probe {
+            Some(probe) => bounded_probe(state.store.get_session(&probe)).await,
+            None => Ok(()),
+        }
+    };
+    let broker = bounded_probe(state.broker.check());
+    let (store, broker) = tokio::join!(store, broker);
+    let errors: Vec<ErrorMessage> = [("session store", store), ("message broker", broker)]
+        .into_iter()
+        .filter_map(|(what, probe)| {
+            probe
+                .err()
+                .map(|e| ErrorMessage::new(ErrorCode::ServiceUnavailable, format!("{what}: {e}")))
+        })
+        .collect();
     match InvokeResult::<()>::failures(errors) {
         Some(failed) => answer(StatusCode::SERVICE_UNAVAILABLE, failed),
         None => answer(
             StatusCode::OK,
             InvokeResult::success(serde_json::json!({"status": "ready"})),
         ),
+    }
+}
+
+/// How long a readiness probe may take before the dependency counts as stuck.
+const READY_PROBE: Duration = Duration::from_millis(800);
+
+/// A readiness probe with its error as text, or "did not answer" past [`READY_PROBE`].
+async fn bounded_probe<T, E: std::fmt::Display>(
+    probe: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(READY_PROBE, probe).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "did not answer within {} ms (stalled?)",
+            READY_PROBE.as_millis()
+        )),
     }
 }
 

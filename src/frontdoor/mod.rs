@@ -157,7 +157,19 @@ impl FrontDoor {
             AgentExecuteRequest::UserTurn(turn) => {
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new());
-                match self.store.create_turn(&fresh).await? {
+                let created = match self.store.create_turn(&fresh).await {
+                    Ok(existing) => existing,
+                    Err(e) => {
+                        // A write that timed out may still be applied later (a stalled link
+                        // delivers it when it recovers): take it back the same way, so no turn
+                        // is left recorded as queued without a job.
+                        if let Err(d) = self.store.discard_turn(&fresh).await {
+                            tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a turn record whose write failed");
+                        }
+                        return Err(e.into());
+                    }
+                };
+                match created {
                     None => {}
                     Some(existing) if existing.fingerprint != fp => {
                         return Err(SubmitError::Conflict(ErrorMessage::new(
@@ -290,7 +302,17 @@ impl FrontDoor {
             let mut after = before.clone();
             after.status = TurnStatus::Queued;
             after.continuation = Some(fp.to_string());
-            if self.store.replace_turn(&before, &after).await? {
+            let replaced = match self.store.replace_turn(&before, &after).await {
+                Ok(replaced) => replaced,
+                Err(e) => {
+                    // The write may still be applied later: undo it the same way.
+                    if let Err(d) = self.store.replace_turn(&after, &before).await {
+                        tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a continuation whose write failed");
+                    }
+                    return Err(e.into());
+                }
+            };
+            if replaced {
                 return Ok(Acceptance::Moved {
                     before: Box::new(before),
                     after: Box::new(after),

@@ -64,6 +64,22 @@ const SUBSCRIBER_BUFFER: usize = 256;
 /// How often bindings of sessions nobody watches any more are removed.
 const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
+/// How long one broker operation may take unless configured otherwise.
+pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Heartbeat interval asked of the broker unless the URL names one: a connection that goes
+/// silent (a network partition) is detected within about two intervals.
+const DEFAULT_HEARTBEAT_SECS: u16 = 10;
+
+/// The URL with a `heartbeat` query parameter, unless it already has one.
+fn with_heartbeat(url: &str) -> String {
+    if url.contains("heartbeat=") {
+        return url.to_string();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
+}
+
 /// Reply queues a process remembers having declared, at most this many (the oldest are
 /// forgotten first and simply declared again when used).
 const DECLARED_QUEUES_CAP: usize = 100_000;
@@ -155,6 +171,7 @@ pub struct RabbitBroker {
     connection_name: String,
     live: Mutex<Option<Live>>,
     reply_queues: StdMutex<DeclaredQueues>,
+    timeout: Duration,
     events: Arc<Mutex<Option<EventHub>>>,
 }
 
@@ -197,7 +214,31 @@ impl RabbitBroker {
             topology,
             connection_name: connection_name.to_string(),
             live: Mutex::new(None),
+            timeout: DEFAULT_AMQP_TIMEOUT,
             events: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Bounds every broker operation (connecting, opening a channel, declaring, a publish and
+    /// its confirm) by `timeout`: a stalled connection or a broker that blocks publishers (a
+    /// resource alarm) is an `Unavailable` error after that long, never a wait without end.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs one broker operation within the timeout.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        op: impl std::future::Future<Output = Result<T, QueueError>>,
+    ) -> Result<T, QueueError> {
+        match tokio::time::timeout(self.timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(QueueError::Unavailable(format!(
+                "RabbitMQ did not answer {what} within {} ms (connection stalled, or publishers blocked by a resource alarm)",
+                self.timeout.as_millis()
+            ))),
         }
     }
 
@@ -339,7 +380,7 @@ impl RabbitBroker {
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio::current())
             .with_connection_name(LongString::from(self.connection_name.as_str()));
-        let connection = Connection::connect(&self.url, props)
+        let connection = Connection::connect(&with_heartbeat(&self.url), props)
             .await
             .map_err(unavailable)?;
         let publisher = connection.create_channel().await.map_err(unavailable)?;
@@ -433,6 +474,20 @@ impl RabbitBroker {
         body: &[u8],
         props: BasicProperties,
     ) -> Result<(), QueueError> {
+        self.bounded(
+            "a publish",
+            self.publish_confirmed(exchange, routing_key, body, props),
+        )
+        .await
+    }
+
+    async fn publish_confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
         let ch = self.publisher().await?;
         let confirm = ch
             .basic_publish(
@@ -464,7 +519,57 @@ impl RabbitBroker {
         }
     }
 
+    /// Subscribes to a session's events through the process's one event consumer.
+    async fn subscribe_events_now(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        let mut slot = self.events.lock().await;
+        if !slot
+            .as_ref()
+            .is_some_and(|h| h.channel.status().connected())
+        {
+            *slot = Some(self.open_event_hub().await?);
+        }
+        let Some(hub) = slot.as_ref() else {
+            return Err(QueueError::Unavailable("no event consumer".into()));
+        };
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        let first = {
+            let mut subs = hub
+                .subscribers
+                .lock()
+                .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
+            let list = subs.entry(session.to_string()).or_default();
+            list.retain(|s| !s.is_closed());
+            list.push(tx);
+            list.len() == 1
+        };
+        // Bound before returning (under the hub lock), so nothing published afterwards is
+        // missed; the binding already exists when the session has other subscribers.
+        if first
+            && let Err(e) = hub
+                .channel
+                .queue_bind(
+                    &hub.queue,
+                    &self.topology.replies(),
+                    session.as_str(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+        {
+            if let Ok(mut subs) = hub.subscribers.lock() {
+                subs.remove(session.as_str());
+            }
+            return Err(unavailable(e));
+        }
+        Ok(rx)
+    }
+
     async fn ensure_reply_queue(&self, session: &SessionId) -> Result<String, QueueError> {
+        self.bounded("declaring a reply queue", self.declare_reply_queue(session))
+            .await
+    }
+
+    async fn declare_reply_queue(&self, session: &SessionId) -> Result<String, QueueError> {
         let name = self.topology.reply_queue(session);
         let known = self
             .reply_queues
@@ -602,19 +707,23 @@ impl Broker for RabbitBroker {
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        let ch = self.consumer_channel().await?;
-        ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
-            .await
-            .map_err(unavailable)?;
-        let mut consumer = ch
-            .basic_consume(
-                &self.topology.jobs(),
-                &(format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple())),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
+        let start = async {
+            let ch = self.consumer_channel().await?;
+            ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
+                .await
+                .map_err(unavailable)?;
+            let consumer = ch
+                .basic_consume(
+                    &self.topology.jobs(),
+                    &(format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple())),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(unavailable)?;
+            Ok((ch, consumer))
+        };
+        let (ch, mut consumer) = self.bounded("starting a consumer", start).await?;
         let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
         tokio::spawn(async move {
             // Keeps the channel alive as long as the stream is read.
@@ -688,51 +797,31 @@ impl Broker for RabbitBroker {
     }
 
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        let mut slot = self.events.lock().await;
-        if !slot
-            .as_ref()
-            .is_some_and(|h| h.channel.status().connected())
-        {
-            *slot = Some(self.open_event_hub().await?);
-        }
-        let Some(hub) = slot.as_ref() else {
-            return Err(QueueError::Unavailable("no event consumer".into()));
-        };
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
-        let first = {
-            let mut subs = hub
-                .subscribers
-                .lock()
-                .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
-            let list = subs.entry(session.to_string()).or_default();
-            list.retain(|s| !s.is_closed());
-            list.push(tx);
-            list.len() == 1
-        };
-        // Bound before returning (under the hub lock), so nothing published afterwards is
-        // missed; the binding already exists when the session has other subscribers.
-        if first
-            && let Err(e) = hub
-                .channel
-                .queue_bind(
-                    &hub.queue,
-                    &self.topology.replies(),
-                    session.as_str(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-        {
-            if let Ok(mut subs) = hub.subscribers.lock() {
-                subs.remove(session.as_str());
-            }
-            return Err(unavailable(e));
-        }
-        Ok(rx)
+        self.bounded(
+            "subscribing to a session",
+            self.subscribe_events_now(session),
+        )
+        .await
     }
 
     async fn check(&self) -> Result<(), QueueError> {
-        self.publisher().await.map(|_| ())
+        // A round trip, not just a look at the connection's state: a stalled link or broker
+        // has to answer to count as ready.
+        let probe = async {
+            let ch = self.publisher().await?;
+            ch.queue_declare(
+                &self.topology.jobs(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map(|_| ())
+            .map_err(unavailable)
+        };
+        self.bounded("a readiness check", probe).await
     }
 
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {

@@ -102,8 +102,18 @@ const BATCH: usize = 500;
 impl RedisIndex {
     /// Connects (the connection manager reconnects by itself after failures).
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, RagError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
-        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        Self::connect_with_timeout(url, namespace, crate::store::redis::DEFAULT_REDIS_TIMEOUT).await
+    }
+
+    /// Connects with each connection attempt and each command's answer bounded by `timeout`.
+    pub async fn connect_with_timeout(
+        url: &str,
+        namespace: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Self, RagError> {
+        let conn = crate::store::redis::connection(url, timeout)
+            .await
+            .map_err(unavailable)?;
         Ok(Self {
             conn,
             namespace: namespace.to_string(),

@@ -125,6 +125,19 @@ struct Scripts {
     replace_turn: Script,
 }
 
+/// How long a Redis command or connection attempt may take unless configured otherwise.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A self-reconnecting connection whose connection attempts and answers are bounded by
+/// `timeout` (redis-rs sets no bound by default).
+pub async fn connection(url: &str, timeout: Duration) -> redis::RedisResult<ConnectionManager> {
+    let client = redis::Client::open(url)?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    ConnectionManager::new_with_config(client, config).await
+}
+
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
@@ -144,8 +157,18 @@ impl RedisStore {
         namespace: &str,
         retention: Retention,
     ) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
-        let conn = ConnectionManager::new(client).await.map_err(unavailable)?;
+        Self::connect_with_timeout(url, namespace, retention, DEFAULT_REDIS_TIMEOUT).await
+    }
+
+    /// Connects with `timeout` bounding each connection attempt and each command's answer: a
+    /// stalled Redis is an `Unavailable` error after that long, never a wait without end.
+    pub async fn connect_with_timeout(
+        url: &str,
+        namespace: &str,
+        retention: Retention,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let conn = connection(url, timeout).await.map_err(unavailable)?;
         Ok(Self {
             conn,
             namespace: namespace.to_string(),

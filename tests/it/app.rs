@@ -15,11 +15,11 @@ use aptix_worker::frontdoor::http::{HttpState, router, serve};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::metrics::Metrics;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::queue::{Broker, MemoryBroker, Topology};
+use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use aptix_worker::rag::{
     Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RedisIndex,
 };
-use aptix_worker::store::{MemoryStore, SessionStore};
+use aptix_worker::store::{MemoryStore, RedisStore, Retention, SessionStore};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -55,6 +55,12 @@ pub struct AppOptions {
     pub batch_limits: BatchLimits,
     /// Overrides the test topology's reply queue expiry.
     pub reply_queue_ttl: Option<Duration>,
+    /// Reach Redis at this URL instead (a proxy in front of the local one).
+    pub redis_url: Option<String>,
+    /// Reach RabbitMQ at this URL instead.
+    pub amqp_url: Option<String>,
+    /// Bound on each Redis command and broker operation (default: the product's).
+    pub dependency_timeout: Option<Duration>,
 }
 
 impl Default for AppOptions {
@@ -64,6 +70,9 @@ impl Default for AppOptions {
             limits: RequestLimits::default(),
             batch_limits: BatchLimits::default(),
             reply_queue_ttl: None,
+            redis_url: None,
+            amqp_url: None,
+            dependency_timeout: None,
         }
     }
 }
@@ -94,7 +103,11 @@ pub async fn spawn(options: AppOptions) -> App {
         limits,
         batch_limits,
         reply_queue_ttl,
+        redis_url,
+        amqp_url,
+        dependency_timeout,
     } = options;
+    let timeout = dependency_timeout.unwrap_or(aptix_worker::store::redis::DEFAULT_REDIS_TIMEOUT);
     let metrics = Arc::new(Metrics::new());
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -110,10 +123,23 @@ pub async fn spawn(options: AppOptions) -> App {
     let (store, index, redis): (Arc<dyn SessionStore>, Arc<dyn ChunkIndex>, _) = match backend {
         Backend::Services => {
             let redis = redis_store().await;
-            let index = RedisIndex::connect(&crate::support::redis_url(), redis.store.namespace())
+            let url = redis_url.unwrap_or_else(crate::support::redis_url);
+            let store = RedisStore::connect_with_timeout(
+                &url,
+                redis.store.namespace(),
+                Retention::default(),
+                timeout,
+            )
+            .await
+            .unwrap();
+            let index = RedisIndex::connect_with_timeout(&url, redis.store.namespace(), timeout)
                 .await
                 .unwrap();
-            (redis.store.clone(), Arc::new(index), Some(redis))
+            (
+                Arc::new(store) as Arc<dyn SessionStore>,
+                Arc::new(index) as Arc<dyn ChunkIndex>,
+                Some(redis),
+            )
         }
         Backend::Embedded => (
             Arc::new(MemoryStore::new()),
@@ -123,10 +149,19 @@ pub async fn spawn(options: AppOptions) -> App {
     };
     let (broker, rabbit): (Arc<dyn Broker>, _) = match backend {
         Backend::Services => {
-            let broker = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
+            let direct = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
             let guard = RabbitGuard {
-                broker: broker.clone(),
+                broker: direct.clone(),
                 topology: topology.clone(),
+            };
+            let broker: Arc<dyn Broker> = match amqp_url {
+                Some(url) => {
+                    let b = RabbitBroker::new(&url, topology.clone(), "aptix-test-proxied")
+                        .with_timeout(timeout);
+                    b.connect().await.unwrap();
+                    Arc::new(b)
+                }
+                None => direct,
             };
             (broker, Some(guard))
         }

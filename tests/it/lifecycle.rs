@@ -513,3 +513,130 @@ on_both_backends!(
     every_error_is_an_invoke_result_naming_the_parameter,
     every_answer_carries_a_request_id,
 );
+
+/// Redis stops answering (a proxy in front of it holds every byte, connections stay open):
+/// `POST /v1/turns` answers 503 within a bound instead of hanging, `/readyz` answers within a
+/// second naming the store, nothing is left half-accepted, and all recovers when Redis does.
+#[tokio::test]
+async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
+    let proxy = crate::support::StallProxy::start("127.0.0.1:6379").await;
+    let app = spawn(AppOptions {
+        redis_url: Some(format!("redis://{}/", proxy.addr)),
+        dependency_timeout: Some(Duration::from_millis(700)),
+        ..AppOptions::default()
+    })
+    .await;
+    app.fake.push([Reply::Text("before".into())]);
+    let turn = |tid: &str| json!({"sessionId": "s", "turnId": tid, "instruction": "x"}).to_string();
+    let (status, _) = app.post(Some("tok-a"), turn("t1")).await;
+    assert_eq!(status, 202);
+    let (_, done) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t1?wait=10")
+        .await;
+    assert_eq!(done["result"]["status"], "completed");
+
+    proxy.stall(true);
+    let started = std::time::Instant::now();
+    let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
+    assert_eq!(
+        (status, code(&body)),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = std::time::Instant::now();
+    let (status, body) = app.get(None, "/readyz").await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(status, 503);
+    let named = body["errors"].as_array().unwrap().iter().any(|e| {
+        e["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("session store:")
+    });
+    assert!(named, "{body}");
+
+    proxy.stall(false);
+    // The writes held by the stall arrive now, in order: the turn's record and then its
+    // removal. What is left is what was accepted.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sid = SessionId::parse("s").unwrap();
+    let turns: Vec<String> = app
+        .store
+        .list_turns(&sid)
+        .await
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(turns, ["t1"], "the refused turn left nothing behind");
+    app.fake.push([Reply::Text("after".into())]);
+    let (status, body) = app.post(Some("tok-a"), turn("t3")).await;
+    assert_eq!(status, 202, "{body}");
+    let (_, done) = app
+        .get(Some("tok-a"), "/v1/sessions/s/turns/t3?wait=10")
+        .await;
+    assert_eq!(done["result"]["status"], "completed");
+    let (status, _) = app.get(None, "/readyz").await;
+    assert_eq!(status, 200);
+}
+
+/// RabbitMQ stops answering: the front door does not wait for a confirm without end; the turn
+/// is refused with 503 and taken back, `/readyz` names the broker within a second.
+#[tokio::test]
+async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
+    let proxy = crate::support::StallProxy::start("127.0.0.1:5672").await;
+    let app = spawn(AppOptions {
+        amqp_url: Some(format!("amqp://guest:guest@{}/%2f", proxy.addr)),
+        dependency_timeout: Some(Duration::from_millis(700)),
+        ..AppOptions::default()
+    })
+    .await;
+    let turn = |tid: &str| json!({"sessionId": "s", "turnId": tid, "instruction": "x"}).to_string();
+    app.fake.push([Reply::Text("before".into())]);
+    let (status, _) = app.post(Some("tok-a"), turn("t1")).await;
+    assert_eq!(status, 202);
+    proxy.stall(true);
+    let started = std::time::Instant::now();
+    let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
+    assert_eq!(
+        (status, code(&body)),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let sid = SessionId::parse("s").unwrap();
+    let t2 = TurnId::parse("t2").unwrap();
+    assert!(
+        app.store.get_turn(&sid, &t2).await.unwrap().is_none(),
+        "a turn whose job was not confirmed is not left queued"
+    );
+    let started = std::time::Instant::now();
+    let (status, body) = app.get(None, "/readyz").await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(status, 503);
+    let named = body["errors"].as_array().unwrap().iter().any(|e| {
+        e["message"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("message broker:")
+    });
+    assert!(named, "{body}");
+    proxy.stall(false);
+}
