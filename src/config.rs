@@ -86,6 +86,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// `APTIX_TLS_CA_FILE`: a PEM bundle trusted in addition to the system's roots for
+    /// RabbitMQ (`amqps://`), Redis (`rediss://`) and the model endpoint.
+    pub tls_ca: Option<crate::tls::ExtraCa>,
     /// `APTIX_DEPENDENCY_TIMEOUT_MS`: the longest one Redis command or RabbitMQ operation
     /// (connect, declare, publish and its confirm) may take before it counts as failed.
     pub dependency_timeout: Duration,
@@ -160,6 +163,17 @@ impl Config {
             max_iterations: positive(&get, "APTIX_MAX_ITERATIONS", 8)?,
             concurrency: positive(&get, "APTIX_CONCURRENCY", 16)?,
             modes_file: get("APTIX_MODES_FILE"),
+            tls_ca: match get("APTIX_TLS_CA_FILE").filter(|p| !p.trim().is_empty()) {
+                None => None,
+                Some(path) => Some(
+                    crate::tls::ExtraCa::load(std::path::Path::new(path.trim())).map_err(
+                        |problem| ConfigError {
+                            var: "APTIX_TLS_CA_FILE",
+                            problem,
+                        },
+                    )?,
+                ),
+            },
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
             api_tokens: tokens(&get)?,

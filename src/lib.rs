@@ -15,7 +15,8 @@
 //! - [`llm`] — the Responses API client; [`fake_llm`] — a faithful fake of it for tests.
 //! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
 //! - [`rag`] — the chunk index, BM25 retrieval and `ragScope` filtering for `[CONTEXT]`.
-//! - [`metrics`] — Prometheus metrics; [`telemetry`] — log format and output.
+//! - [`metrics`] — Prometheus metrics; [`telemetry`] — log format and output; [`tls`] — the
+//!   crypto provider and the extra CA bundle for `amqps://`, `rediss://` and the model.
 
 pub mod bench;
 pub mod catalog;
@@ -32,5 +33,6 @@ pub mod queue;
 pub mod rag;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod tools;
 pub mod worker;

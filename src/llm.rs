@@ -121,10 +121,34 @@ impl LlmClient {
         timeout: Duration,
         max_retries: usize,
     ) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        Self::with_ca(
+            base_url,
+            api_key,
+            connect_timeout,
+            timeout,
+            max_retries,
+            None,
+        )
+    }
+
+    /// Like [`LlmClient::new`], trusting `ca` in addition to the system's roots.
+    pub fn with_ca(
+        base_url: &str,
+        api_key: Option<Secret>,
+        connect_timeout: Duration,
+        timeout: Duration,
+        max_retries: usize,
+        ca: Option<&crate::tls::ExtraCa>,
+    ) -> Result<Self, reqwest::Error> {
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
-            .timeout(timeout)
-            .build()?;
+            .timeout(timeout);
+        if let Some(ca) = ca {
+            for cert in reqwest::Certificate::from_pem_bundle(ca.pem().as_bytes())? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build()?;
         Ok(Self {
             http,
             base_url: base_url.trim_end_matches('/').to_string(),
@@ -137,12 +161,13 @@ impl LlmClient {
 
     /// A client configured from [`Config`] for `base_url`.
     pub fn from_config(config: &Config, base_url: &str) -> Result<Self, reqwest::Error> {
-        Self::new(
+        Self::with_ca(
             base_url,
             config.api_key.clone(),
             config.llm_connect_timeout,
             config.llm_timeout,
             config.llm_max_retries,
+            config.tls_ca.as_ref(),
         )
     }
 

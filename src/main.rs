@@ -265,6 +265,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    aptix_worker::tls::install_crypto_provider();
     let cli = Cli::parse();
     // Client commands keep stderr for their own progress unless RUST_LOG asks for more.
     let default_level = match cli.command {
@@ -420,7 +421,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         );
                     };
                     let tenant = index_tenant(tenant, &config.api_tokens)?;
-                    let index = RedisIndex::connect(redis.expose(), &config.namespace).await?;
+                    let index = RedisIndex::connect_with(
+                        redis.expose(),
+                        &config.namespace,
+                        &redis_options(&config),
+                    )
+                    .await?;
                     let opts = ChunkOptions {
                         max_lines: config.chunk_lines,
                     };
@@ -519,7 +525,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let mut topology = Topology::new(&config.namespace);
             topology.reply_queue_ttl = config.reply_queue_ttl;
-            let broker = RabbitBroker::new(url.expose(), topology, "aptix-dlq");
+            let broker = RabbitBroker::new(url.expose(), topology, "aptix-dlq")
+                .with_timeout(config.dependency_timeout)
+                .with_tls_ca(config.tls_ca.clone());
             broker.connect().await?;
             match action {
                 DlqAction::List { max } => {
@@ -775,11 +783,11 @@ impl App {
             Some(url) => {
                 tracing::info!(namespace = %config.namespace, "using the Redis session store");
                 Arc::new(
-                    RedisStore::connect_with_timeout(
+                    RedisStore::connect_with(
                         url.expose(),
                         &config.namespace,
                         config.retention,
-                        config.dependency_timeout,
+                        &redis_options(config),
                     )
                     .await?,
                 )
@@ -792,7 +800,8 @@ impl App {
             Some(url) => {
                 let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());
                 let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name)
-                    .with_timeout(config.dependency_timeout);
+                    .with_timeout(config.dependency_timeout)
+                    .with_tls_ca(config.tls_ca.clone());
                 rabbit.connect().await?;
                 tracing::info!(namespace = %config.namespace, "using RabbitMQ");
                 Arc::new(rabbit)
@@ -801,12 +810,8 @@ impl App {
         };
         let index: Arc<dyn ChunkIndex> = match &config.redis_url {
             Some(url) => Arc::new(
-                RedisIndex::connect_with_timeout(
-                    url.expose(),
-                    &config.namespace,
-                    config.dependency_timeout,
-                )
-                .await?,
+                RedisIndex::connect_with(url.expose(), &config.namespace, &redis_options(config))
+                    .await?,
             ),
             None => Arc::new(MemoryIndex::new()),
         };
@@ -872,6 +877,14 @@ impl App {
                 max_lines: config.chunk_lines,
             },
         }
+    }
+}
+
+/// How this process connects to Redis.
+fn redis_options(config: &Config) -> aptix_worker::store::redis::RedisOptions {
+    aptix_worker::store::redis::RedisOptions {
+        timeout: config.dependency_timeout,
+        ca: config.tls_ca.clone(),
     }
 }
 

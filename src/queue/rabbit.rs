@@ -172,6 +172,7 @@ pub struct RabbitBroker {
     live: Mutex<Option<Live>>,
     reply_queues: StdMutex<DeclaredQueues>,
     timeout: Duration,
+    ca: Option<crate::tls::ExtraCa>,
     events: Arc<Mutex<Option<EventHub>>>,
 }
 
@@ -215,6 +216,7 @@ impl RabbitBroker {
             connection_name: connection_name.to_string(),
             live: Mutex::new(None),
             timeout: DEFAULT_AMQP_TIMEOUT,
+            ca: None,
             events: Arc::new(Mutex::new(None)),
         }
     }
@@ -224,6 +226,12 @@ impl RabbitBroker {
     /// resource alarm) is an `Unavailable` error after that long, never a wait without end.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Trusts `ca` in addition to the system's roots for `amqps://` URLs.
+    pub fn with_tls_ca(mut self, ca: Option<crate::tls::ExtraCa>) -> Self {
+        self.ca = ca;
         self
     }
 
@@ -372,7 +380,8 @@ impl RabbitBroker {
 
     /// Connects now (and declares the topology); errors if the broker is unreachable.
     pub async fn connect(&self) -> Result<(), QueueError> {
-        self.publisher().await.map(|_| ())
+        self.bounded("connecting", async { self.publisher().await.map(|_| ()) })
+            .await
     }
 
     async fn open(&self) -> Result<Live, QueueError> {
@@ -380,7 +389,11 @@ impl RabbitBroker {
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio::current())
             .with_connection_name(LongString::from(self.connection_name.as_str()));
-        let connection = Connection::connect(&with_heartbeat(&self.url), props)
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: self.ca.as_ref().map(|ca| ca.pem().to_string()),
+        };
+        let connection = Connection::connect_with_config(&with_heartbeat(&self.url), props, tls)
             .await
             .map_err(unavailable)?;
         let publisher = connection.create_channel().await.map_err(unavailable)?;

@@ -102,16 +102,21 @@ const BATCH: usize = 500;
 impl RedisIndex {
     /// Connects (the connection manager reconnects by itself after failures).
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, RagError> {
-        Self::connect_with_timeout(url, namespace, crate::store::redis::DEFAULT_REDIS_TIMEOUT).await
+        Self::connect_with(
+            url,
+            namespace,
+            &crate::store::redis::RedisOptions::default(),
+        )
+        .await
     }
 
-    /// Connects with each connection attempt and each command's answer bounded by `timeout`.
-    pub async fn connect_with_timeout(
+    /// Connects with `options` (timeouts, the extra CA for `rediss://`).
+    pub async fn connect_with(
         url: &str,
         namespace: &str,
-        timeout: std::time::Duration,
+        options: &crate::store::redis::RedisOptions,
     ) -> Result<Self, RagError> {
-        let conn = crate::store::redis::connection(url, timeout)
+        let conn = crate::store::redis::connection(url, options)
             .await
             .map_err(unavailable)?;
         Ok(Self {

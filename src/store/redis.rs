@@ -128,14 +128,74 @@ struct Scripts {
 /// How long a Redis command or connection attempt may take unless configured otherwise.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// A self-reconnecting connection whose connection attempts and answers are bounded by
-/// `timeout` (redis-rs sets no bound by default).
-pub async fn connection(url: &str, timeout: Duration) -> redis::RedisResult<ConnectionManager> {
-    let client = redis::Client::open(url)?;
+/// How a Redis connection is made.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Bounds each connection attempt and each command's answer.
+    pub timeout: Duration,
+    /// Trusted in addition to the system's roots for `rediss://` URLs.
+    pub ca: Option<crate::tls::ExtraCa>,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            ca: None,
+        }
+    }
+}
+
+/// A self-reconnecting connection whose connection attempts and answers are bounded (redis-rs
+/// sets no bound by default); `rediss://` URLs use TLS, trusting the system's roots and the
+/// extra CA.
+pub async fn connection(
+    url: &str,
+    options: &RedisOptions,
+) -> redis::RedisResult<ConnectionManager> {
+    let client = match &options.ca {
+        Some(ca) if url.starts_with("rediss://") => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.with_system_roots().into_bytes()),
+            },
+        )?,
+        _ => redis::Client::open(url)?,
+    };
+    // One plain connection first: it fails fast with the real cause (refused, a certificate
+    // that is not trusted, a wrong password), where the manager would keep retrying.
+    let probe = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(options.timeout)
+        .set_response_timeout(options.timeout);
+    let mut first = tokio::time::timeout(
+        options.timeout,
+        client.get_multiplexed_async_connection_with_config(&probe),
+    )
+    .await
+    .map_err(|_| timed_out(options.timeout))??;
+    tokio::time::timeout(
+        options.timeout,
+        redis::cmd("PING").query_async::<()>(&mut first),
+    )
+    .await
+    .map_err(|_| timed_out(options.timeout))??;
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(timeout)
-        .set_response_timeout(timeout);
-    ConnectionManager::new_with_config(client, config).await
+        .set_connection_timeout(options.timeout)
+        .set_response_timeout(options.timeout);
+    tokio::time::timeout(
+        options.timeout,
+        ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| timed_out(options.timeout))?
+}
+
+fn timed_out(after: Duration) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("Redis did not answer within {} ms", after.as_millis()),
+    ))
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -157,18 +217,19 @@ impl RedisStore {
         namespace: &str,
         retention: Retention,
     ) -> Result<Self, StoreError> {
-        Self::connect_with_timeout(url, namespace, retention, DEFAULT_REDIS_TIMEOUT).await
+        Self::connect_with(url, namespace, retention, &RedisOptions::default()).await
     }
 
-    /// Connects with `timeout` bounding each connection attempt and each command's answer: a
-    /// stalled Redis is an `Unavailable` error after that long, never a wait without end.
-    pub async fn connect_with_timeout(
+    /// Connects with `options`: each connection attempt and each command's answer bounded by
+    /// the timeout (a stalled Redis is an `Unavailable` error after that long, never a wait
+    /// without end), and for `rediss://` the extra CA trusted.
+    pub async fn connect_with(
         url: &str,
         namespace: &str,
         retention: Retention,
-        timeout: Duration,
+        options: &RedisOptions,
     ) -> Result<Self, StoreError> {
-        let conn = connection(url, timeout).await.map_err(unavailable)?;
+        let conn = connection(url, options).await.map_err(unavailable)?;
         Ok(Self {
             conn,
             namespace: namespace.to_string(),

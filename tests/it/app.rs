@@ -19,6 +19,7 @@ use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use aptix_worker::rag::{
     Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RedisIndex,
 };
+use aptix_worker::store::redis::RedisOptions;
 use aptix_worker::store::{MemoryStore, RedisStore, Retention, SessionStore};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::{Value, json};
@@ -124,15 +125,16 @@ pub async fn spawn(options: AppOptions) -> App {
         Backend::Services => {
             let redis = redis_store().await;
             let url = redis_url.unwrap_or_else(crate::support::redis_url);
-            let store = RedisStore::connect_with_timeout(
+            let options = RedisOptions { timeout, ca: None };
+            let store = RedisStore::connect_with(
                 &url,
                 redis.store.namespace(),
                 Retention::default(),
-                timeout,
+                &options,
             )
             .await
             .unwrap();
-            let index = RedisIndex::connect_with_timeout(&url, redis.store.namespace(), timeout)
+            let index = RedisIndex::connect_with(&url, redis.store.namespace(), &options)
                 .await
                 .unwrap();
             (

@@ -17,4 +17,5 @@ mod queue_conformance;
 mod queue_e2e;
 mod rag;
 mod store_conformance;
+mod tls;
 mod worker_embedded;

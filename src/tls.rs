@@ -1,0 +1,92 @@
+//! TLS for RabbitMQ (`amqps://`), Redis (`rediss://`) and the model endpoint: one crypto
+//! provider (ring), installed explicitly at start-up, and an optional extra CA bundle
+//! (`APTIX_TLS_CA_FILE`) trusted in addition to the system's roots.
+//!
+//! Owns: loading and checking the CA bundle, the provider. Must not: open connections.
+
+use std::path::Path;
+
+use base64::Engine as _;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
+
+/// Installs the process's one rustls crypto provider. Idempotent; call before any TLS
+/// connection is made (the binary does it first thing).
+pub fn install_crypto_provider() {
+    // Err means one is installed already, which is what we want.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Extra trusted CA certificates, as PEM text (checked to hold at least one certificate).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExtraCa {
+    pem: String,
+    count: usize,
+}
+
+impl std::fmt::Debug for ExtraCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExtraCa({} certificate(s))", self.count)
+    }
+}
+
+impl ExtraCa {
+    /// Reads a PEM bundle; an unreadable file, or one with no certificate, is an error that
+    /// names the file.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let pem = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
+        Self::from_pem(&pem).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A bundle from PEM text.
+    pub fn from_pem(pem: &str) -> Result<Self, String> {
+        let mut count = 0;
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            cert.map_err(|e| format!("not a PEM certificate bundle ({e:?})"))?;
+            count += 1;
+        }
+        if count == 0 {
+            return Err("holds no PEM certificate".into());
+        }
+        Ok(Self {
+            pem: pem.to_string(),
+            count,
+        })
+    }
+
+    /// The bundle as PEM text.
+    pub fn pem(&self) -> &str {
+        &self.pem
+    }
+
+    /// The system's trusted roots followed by this bundle, as PEM: for clients that take one
+    /// root list instead of adding to the system's (redis-rs).
+    pub fn with_system_roots(&self) -> String {
+        let mut out = String::new();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            out.push_str("-----BEGIN CERTIFICATE-----\n");
+            let b64 = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+            for line in b64.as_bytes().chunks(64) {
+                out.push_str(&String::from_utf8_lossy(line));
+                out.push('\n');
+            }
+            out.push_str("-----END CERTIFICATE-----\n");
+        }
+        out.push_str(&self.pem);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ExtraCa;
+
+    #[test]
+    fn a_bundle_without_certificates_is_refused() {
+        assert!(ExtraCa::from_pem("").is_err());
+        assert!(ExtraCa::from_pem("not pem at all").is_err());
+        let err = ExtraCa::load(std::path::Path::new("/nonexistent/ca.pem")).unwrap_err();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+}
