@@ -57,6 +57,12 @@ def _mend(request):
         return
     results = request.get("toolResults")
     for result in results if isinstance(results, list) else []:
+        # The generator sometimes draws a non-integral float for a wide integer range
+        # (executionMs is an integer in the schema); send the integer it meant.
+        if isinstance(result, dict):
+            ms = result.get("executionMs")
+            if isinstance(ms, float) and ms >= 0 and not ms.is_integer():
+                result["executionMs"] = int(ms)
         if isinstance(result, dict) and isinstance(result.get("resultJson"), str):
             if not _is_json(result["resultJson"]):
                 result["resultJson"] = "{}"

@@ -74,8 +74,13 @@ struct Inner {
     requests: Mutex<Vec<Value>>,
     stored: Mutex<HashMap<String, Stored>>,
     counter: AtomicU64,
-    schema: Option<Arc<jsonschema::Validator>>,
+    schema: Option<RequestCheck>,
 }
+
+/// A full check of a request body against the API's schema: `Err((message, path))` names the
+/// first violation. Built by [`create_response_validator`] (feature `schema-check`, on in
+/// tests), so the production binary does not carry a JSON Schema engine.
+pub type RequestCheck = Arc<dyn Fn(&Value) -> Result<(), (String, String)> + Send + Sync>;
 
 /// A handle to a running fake server.
 #[derive(Clone)]
@@ -84,8 +89,9 @@ pub struct FakeLlm {
     addr: SocketAddr,
 }
 
-/// The schema validator for `CreateResponse` from the official OpenAPI document.
-pub fn create_response_validator(openapi_json: &Path) -> Result<jsonschema::Validator, String> {
+/// The schema check for `CreateResponse` from the official OpenAPI document.
+#[cfg(feature = "schema-check")]
+pub fn create_response_validator(openapi_json: &Path) -> Result<RequestCheck, String> {
     let text = std::fs::read_to_string(openapi_json)
         .map_err(|e| format!("cannot read {}: {e}", openapi_json.display()))?;
     let mut doc: Value =
@@ -98,13 +104,27 @@ pub fn create_response_validator(openapi_json: &Path) -> Result<jsonschema::Vali
         "$ref": "#/components/schemas/CreateResponse",
         "components": doc.get("components").cloned().unwrap_or(Value::Null),
     });
-    jsonschema::validator_for(&schema).map_err(|e| format!("cannot compile CreateResponse: {e}"))
+    let validator = jsonschema::validator_for(&schema)
+        .map_err(|e| format!("cannot compile CreateResponse: {e}"))?;
+    Ok(Arc::new(move |body: &Value| {
+        match validator.iter_errors(body).next() {
+            None => Ok(()),
+            Some(err) => Err((err.to_string(), err.instance_path.to_string())),
+        }
+    }))
+}
+
+/// Without the `schema-check` feature there is no JSON Schema engine in the build.
+#[cfg(not(feature = "schema-check"))]
+pub fn create_response_validator(_openapi_json: &Path) -> Result<RequestCheck, String> {
+    Err("this build has no JSON Schema engine: build with `--features schema-check` to check requests against the OpenAPI document".into())
 }
 
 /// OpenAPI resolves a `oneOf` that has a `discriminator` by the discriminator property; plain
 /// JSON Schema does not, and the spec's input item alternatives overlap (a `user` message
 /// matches both `EasyInputMessage` and `InputMessage`), so a literal `oneOf` rejects every
 /// message. Reading those as `anyOf` keeps every real constraint of each alternative.
+#[cfg_attr(not(feature = "schema-check"), allow(dead_code))]
 fn discriminated_one_of_to_any_of(v: &mut Value) {
     match v {
         Value::Object(map) => {
@@ -125,7 +145,7 @@ impl FakeLlm {
     pub async fn start(
         addr: SocketAddr,
         options: FakeOptions,
-        schema: Option<Arc<jsonschema::Validator>>,
+        schema: Option<RequestCheck>,
     ) -> std::io::Result<Self> {
         let inner = Arc::new(Inner {
             options,
@@ -226,13 +246,10 @@ fn reject(message: impl Into<String>, param: &str) -> Rejection {
 
 /// The checks the real API applies that matter to us; plus the full schema when loaded.
 fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
-    if let Some(v) = &inner.schema
-        && let Some(err) = v.iter_errors(req).next()
+    if let Some(check) = &inner.schema
+        && let Err((err, path)) = check(req)
     {
-        return Err(reject(
-            format!("Invalid request: {err} at '{}'", err.instance_path),
-            &err.instance_path.to_string(),
-        ));
+        return Err(reject(format!("Invalid request: {err} at '{path}'"), &path));
     }
     if req.get("model").and_then(Value::as_str).is_none() {
         return Err(reject("Missing required parameter: 'model'.", "model"));

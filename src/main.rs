@@ -640,9 +640,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             openapi,
         } => {
             let schema = match openapi {
-                Some(p) => Some(Arc::new(
-                    create_response_validator(&p).map_err(anyhow::Error::msg)?,
-                )),
+                Some(p) => Some(create_response_validator(&p).map_err(anyhow::Error::msg)?),
                 None => None,
             };
             let options = FakeOptions {

@@ -242,9 +242,6 @@ fn the_sketches_of_agn003_are_rejected_by_the_schema() {
         json!({"model": "m", "input": "x", "tools": [{"type": "function", "function": {"name": "a"}}]}),
         json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:x"}]}]}),
     ] {
-        assert!(
-            schema.iter_errors(&bad).next().is_some(),
-            "should be invalid: {bad}"
-        );
+        assert!(schema(&bad).is_err(), "should be invalid: {bad}");
     }
 }

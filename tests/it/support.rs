@@ -6,25 +6,23 @@ use std::time::Duration;
 
 use aptix_worker::catalog::ModeCatalog;
 use aptix_worker::contract::{AgentExecuteRequest, RequestLimits, parse_request};
-use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions, RequestCheck, create_response_validator};
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
 use aptix_worker::store::{MemoryStore, RedisStore, Retention, SessionStore};
 use serde_json::Value;
 
-/// The `CreateResponse` validator, compiled once per test binary.
-pub fn schema() -> Arc<jsonschema::Validator> {
-    static SCHEMA: OnceLock<Arc<jsonschema::Validator>> = OnceLock::new();
+/// The `CreateResponse` check, compiled once per test binary.
+pub fn schema() -> RequestCheck {
+    static SCHEMA: OnceLock<RequestCheck> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
             let path = concat!(
                 env!("CARGO_MANIFEST_DIR"),
                 "/tests/fixtures/openai/openapi.json"
             );
-            Arc::new(
-                create_response_validator(std::path::Path::new(path))
-                    .expect("the official OpenAPI document loads"),
-            )
+            create_response_validator(std::path::Path::new(path))
+                .expect("the official OpenAPI document loads")
         })
         .clone()
 }
@@ -32,14 +30,9 @@ pub fn schema() -> Arc<jsonschema::Validator> {
 /// Asserts that a request body is a valid `CreateResponse`.
 #[track_caller]
 pub fn assert_valid_create_response(body: &Value) {
-    let errors: Vec<String> = schema()
-        .iter_errors(body)
-        .map(|e| format!("{e} at {}", e.instance_path))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "not a valid CreateResponse: {errors:?}\n{body:#}"
-    );
+    if let Err((error, path)) = schema()(body) {
+        panic!("not a valid CreateResponse: {error} at {path}\n{body:#}");
+    }
 }
 
 /// The Redis the integration tests use (they fail, not skip, when it is not there).
