@@ -72,6 +72,7 @@ struct Inner {
     options: FakeOptions,
     script: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Value>>,
+    traceparents: Mutex<Vec<Option<String>>>,
     stored: Mutex<HashMap<String, Stored>>,
     counter: AtomicU64,
     schema: Option<RequestCheck>,
@@ -151,6 +152,7 @@ impl FakeLlm {
             options,
             script: Mutex::new(VecDeque::new()),
             requests: Mutex::new(Vec::new()),
+            traceparents: Mutex::new(Vec::new()),
             stored: Mutex::new(HashMap::new()),
             counter: AtomicU64::new(1),
             schema,
@@ -185,6 +187,15 @@ impl FakeLlm {
         }
     }
 
+    /// The `traceparent` header of every request received, in order.
+    pub fn traceparents(&self) -> Vec<Option<String>> {
+        self.inner
+            .traceparents
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
     /// Every request body received so far (valid or not).
     pub fn requests(&self) -> Vec<Value> {
         self.inner
@@ -207,7 +218,19 @@ fn error_response(
     (status, Json(body)).into_response()
 }
 
-async fn create_response(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
+async fn create_response(
+    State(inner): State<Arc<Inner>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Ok(mut t) = inner.traceparents.lock() {
+        t.push(
+            headers
+                .get(crate::trace::TRACEPARENT)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+        );
+    }
     let request: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(_) => {

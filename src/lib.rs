@@ -16,7 +16,8 @@
 //! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
 //! - [`rag`] — the chunk index, BM25 retrieval and `ragScope` filtering for `[CONTEXT]`.
 //! - [`metrics`] — Prometheus metrics; [`telemetry`] — log format and output; [`tls`] — the
-//!   crypto provider and the extra CA bundle for `amqps://`, `rediss://` and the model.
+//!   crypto provider and the extra CA bundle for `amqps://`, `rediss://` and the model;
+//!   [`trace`] — W3C trace context from the front door across the queue to the model.
 
 pub mod bench;
 pub mod catalog;
@@ -35,4 +36,5 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod tools;
+pub mod trace;
 pub mod worker;

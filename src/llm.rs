@@ -232,6 +232,10 @@ impl LlmClient {
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key.expose());
         }
+        // The turn's trace goes on to the model server: same trace id, a span of its own.
+        if let Some(trace) = crate::trace::TraceContext::current() {
+            req = req.header(crate::trace::TRACEPARENT, trace.child().header());
+        }
         let resp = req.send().await.map_err(|e| {
             unavailable(if e.is_timeout() {
                 "the model call timed out".to_string()

@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::store::{TurnRecord, TurnStatus, TurnStatusView};
+use crate::trace::TraceContext;
 
 /// Worker settings.
 #[derive(Debug, Clone)]
@@ -254,15 +255,19 @@ impl Worker {
                 }
             }
             Ok(parsed) => {
+                // The trace the front door started (or joined) goes on here; a job published
+                // without one starts its own.
+                let trace = TraceContext::from_header(delivery.traceparent.as_deref()).child();
                 let span = info_span!(
                     "job",
                     session_id = %parsed.request.session_id(),
                     turn_id = %parsed.request.turn_id(),
                     attempt = delivery.attempt + 1,
                     redelivered = delivery.redelivered,
+                    trace_id = %trace.trace_id(),
                 );
-                self.run_job(&parsed.request, &delivery)
-                    .instrument(span)
+                trace
+                    .scope(self.run_job(&parsed.request, &delivery).instrument(span))
                     .await
             }
         };
@@ -360,7 +365,12 @@ impl Worker {
     async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
         match self
             .broker
-            .publish_retry(&delivery.body, attempt, delay)
+            .publish_retry(
+                &delivery.body,
+                attempt,
+                delay,
+                delivery.traceparent.as_deref(),
+            )
             .await
         {
             Ok(()) => Disposition::Ack,

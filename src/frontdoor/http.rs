@@ -42,6 +42,7 @@ use crate::rag::indexer::IndexReport;
 use crate::rag::{ChunkIndex, ChunkOptions};
 use crate::store::TurnStatusView;
 use crate::store::{ModeChange, SessionStore, TurnStatus};
+use crate::trace::TraceContext;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -180,7 +181,13 @@ pub fn with_http_layers(router: Router) -> Router {
                 .get(REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            tracing::info_span!("http", method = %request.method(), route, request_id = id)
+            tracing::info_span!(
+                "http",
+                method = %request.method(),
+                route,
+                request_id = id,
+                trace_id = tracing::field::Empty
+            )
         })
         .on_request(())
         .on_response(
@@ -306,6 +313,7 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
+    let trace = trace_of(request.headers());
     let body = match read_body(request, state.limits.max_body_bytes).await {
         Ok(b) => b,
         Err(too_large) => return too_large,
@@ -322,7 +330,7 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
         }
     };
     let submitted = match state.door.authorize(&tenant, &parsed.request).await {
-        Ok(()) => state.door.submit_parsed(&parsed.request).await,
+        Ok(()) => state.door.submit_traced(&parsed.request, &trace).await,
         Err(e) => Err(e),
     };
     match submitted {
@@ -341,6 +349,17 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
         }
         Err(SubmitError::Unavailable(m)) => unavailable(m),
     }
+}
+
+/// The caller's W3C trace context, or a new trace; its id is logged with the request.
+fn trace_of(headers: &HeaderMap) -> TraceContext {
+    let trace = TraceContext::from_header(
+        headers
+            .get(crate::trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    tracing::Span::current().record("trace_id", trace.trace_id());
+    trace
 }
 
 /// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`.
@@ -733,6 +752,7 @@ async fn execute_sync(State(state): State<HttpState>, request: Request) -> Respo
     let Some(tenant) = tenant(&state, request.headers()) else {
         return unauthorized();
     };
+    let trace = trace_of(request.headers());
     let body = match read_body(request, state.limits.max_body_bytes).await {
         Ok(b) => b,
         Err(too_large) => return too_large,
@@ -745,7 +765,7 @@ async fn execute_sync(State(state): State<HttpState>, request: Request) -> Respo
         Err(rejected) => return answer::<()>(StatusCode::OK, rejected.into_invoke_result()),
     };
     let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
-    let result = run_sync(&state, &tenant, &parsed.request)
+    let result = run_sync(&state, &tenant, &parsed.request, &trace)
         .await
         .with_warnings(parsed.warnings);
     if streaming {
@@ -764,6 +784,7 @@ async fn run_sync(
     state: &HttpState,
     tenant: &str,
     request: &AgentExecuteRequest,
+    trace: &TraceContext,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
     let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
@@ -780,7 +801,7 @@ async fn run_sync(
         Ok(e) => e,
         Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
     };
-    let accepted = match state.door.submit_parsed(request).await {
+    let accepted = match state.door.submit_traced(request, trace).await {
         Ok(view) => view,
         Err(SubmitError::Invalid(r)) => return r.into_invoke_result(),
         Err(

@@ -14,6 +14,7 @@ use crate::contract::{
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, QueueError};
+use crate::trace::TraceContext;
 pub mod batch;
 pub mod http;
 pub mod openapi;
@@ -143,11 +144,22 @@ impl FrontDoor {
         self.submit_parsed(&parsed.request).await
     }
 
-    /// Enqueues an already parsed request.
+    /// Enqueues an already parsed request (a new trace).
     pub async fn submit_parsed(
         &self,
         request: &AgentExecuteRequest,
     ) -> Result<TurnStatusView, SubmitError> {
+        self.submit_traced(request, &TraceContext::new_root()).await
+    }
+
+    /// Enqueues an already parsed request as part of `trace`: the job carries it to the worker.
+    pub async fn submit_traced(
+        &self,
+        request: &AgentExecuteRequest,
+        trace: &TraceContext,
+    ) -> Result<TurnStatusView, SubmitError> {
+        let traceparent = trace.child().header();
+        let traceparent = Some(traceparent.as_str());
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;
         let (sid, tid) = (request.session_id(), request.turn_id());
@@ -187,7 +199,7 @@ impl FrontDoor {
                         return Ok(TurnStatusView::from(&existing));
                     }
                 }
-                if let Err(e) = self.broker.publish_job(&job).await {
+                if let Err(e) = self.broker.publish_traced_job(&job, traceparent).await {
                     // Not accepted: take back the record so no turn waits for a job that does
                     // not exist (unless a concurrent resubmission already moved it on).
                     if let Err(d) = self.store.discard_turn(&fresh).await {
@@ -202,7 +214,7 @@ impl FrontDoor {
                 let fp = continuation_fingerprint(cont);
                 match self.accept_continuation(cont, &fp).await? {
                     Acceptance::Moved { before, after } => {
-                        if let Err(e) = self.broker.publish_job(&job).await {
+                        if let Err(e) = self.broker.publish_traced_job(&job, traceparent).await {
                             // Not accepted: put the turn back to waiting for its tools, unless
                             // something moved it on meanwhile.
                             match self.store.replace_turn(&after, &before).await {
@@ -223,7 +235,7 @@ impl FrontDoor {
                         // Accepted before and still queued: its job may not have been
                         // confirmed, so enqueue again (the worker runs it once).
                         if record.status == TurnStatus::Queued {
-                            self.broker.publish_job(&job).await?;
+                            self.broker.publish_traced_job(&job, traceparent).await?;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");
                         Ok(TurnStatusView::from(record.as_ref()))

@@ -11,9 +11,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use super::{Acker, Broker, Deliveries, Delivery, QueueError, Replies};
 use crate::contract::SessionId;
 
+/// A waiting job: body, attempt, redelivered, traceparent.
+type Job = (Vec<u8>, u32, bool, Option<String>);
+
 #[derive(Default)]
 struct State {
-    ready: VecDeque<(Vec<u8>, u32, bool)>,
+    ready: VecDeque<Job>,
     dead: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, VecDeque<Vec<u8>>>,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
@@ -39,8 +42,8 @@ impl MemoryBroker {
             .map_err(|_| QueueError::Unavailable("in-memory broker lock poisoned".into()))
     }
 
-    fn push(&self, body: Vec<u8>, attempt: u32, redelivered: bool) -> Result<(), QueueError> {
-        self.lock()?.ready.push_back((body, attempt, redelivered));
+    fn push(&self, job: Job) -> Result<(), QueueError> {
+        self.lock()?.ready.push_back(job);
         self.notify.notify_one();
         Ok(())
     }
@@ -55,14 +58,14 @@ struct MemoryAcker {
     broker: MemoryBroker,
     /// `Some` until the delivery is acked or requeued; a delivery dropped without either is
     /// requeued, as a broker does with the unacked deliveries of a closed channel.
-    pending: Option<(Vec<u8>, u32)>,
+    pending: Option<(Vec<u8>, u32, Option<String>)>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Drop for MemoryAcker {
     fn drop(&mut self) {
-        if let Some((body, attempt)) = self.pending.take()
-            && let Err(e) = self.broker.push(body, attempt, true)
+        if let Some((body, attempt, trace)) = self.pending.take()
+            && let Err(e) = self.broker.push((body, attempt, true, trace))
         {
             tracing::error!(error = %e, "in-memory broker lost an unacknowledged delivery");
         }
@@ -84,8 +87,12 @@ impl Acker for MemoryAcker {
 
 #[async_trait::async_trait]
 impl Broker for MemoryBroker {
-    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError> {
-        self.push(body.to_vec(), 0, false)
+    async fn publish_traced_job(
+        &self,
+        body: &[u8],
+        traceparent: Option<&str>,
+    ) -> Result<(), QueueError> {
+        self.push((body.to_vec(), 0, false, traceparent.map(str::to_string)))
     }
 
     async fn publish_retry(
@@ -93,11 +100,13 @@ impl Broker for MemoryBroker {
         body: &[u8],
         attempt: u32,
         delay: Duration,
+        traceparent: Option<&str>,
     ) -> Result<(), QueueError> {
         let (broker, body) = (self.clone(), body.to_vec());
+        let trace = traceparent.map(str::to_string);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(e) = broker.push(body, attempt, false) {
+            if let Err(e) = broker.push((body, attempt, false, trace)) {
                 tracing::error!(error = %e, "in-memory broker lost a delayed retry");
             }
         });
@@ -158,13 +167,14 @@ impl Broker for MemoryBroker {
                         Err(_) => return,
                     }
                 };
-                let (body, attempt, redelivered) = job;
+                let (body, attempt, redelivered, trace) = job;
                 let acker = MemoryAcker {
                     broker: broker.clone(),
-                    pending: Some((body.clone(), attempt)),
+                    pending: Some((body.clone(), attempt, trace.clone())),
                     _permit: permit,
                 };
-                let delivery = Delivery::new(body, attempt, redelivered, Box::new(acker));
+                let delivery = Delivery::new(body, attempt, redelivered, Box::new(acker))
+                    .with_traceparent(trace);
                 if let Err(unsent) = tx.send(delivery).await {
                     // The consumer is gone: the job goes back, as an unacked delivery would.
                     let _ = unsent.0.requeue().await;

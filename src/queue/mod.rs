@@ -87,6 +87,8 @@ pub struct Delivery {
     pub attempt: u32,
     /// Whether the broker delivered it before (a previous consumer died or nacked).
     pub redelivered: bool,
+    /// The W3C `traceparent` the job was published with, if any.
+    pub traceparent: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -107,8 +109,15 @@ impl Delivery {
             body,
             attempt,
             redelivered,
+            traceparent: None,
             acker,
         }
+    }
+
+    /// The same delivery carrying the trace context it was published with.
+    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
+        self.traceparent = traceparent;
+        self
     }
 
     /// Done with it: the broker forgets it.
@@ -141,14 +150,25 @@ pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
 /// The broker behind the front door and the workers.
 #[async_trait::async_trait]
 pub trait Broker: Send + Sync + 'static {
-    /// Enqueues a turn job; returns only once the broker has confirmed it.
-    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError>;
-    /// Brings a job back to the job queue after `delay`, with its retry count (confirmed).
+    /// Enqueues a turn job carrying a W3C `traceparent` (a message header); returns only once
+    /// the broker has confirmed it.
+    async fn publish_traced_job(
+        &self,
+        body: &[u8],
+        traceparent: Option<&str>,
+    ) -> Result<(), QueueError>;
+    /// Enqueues a turn job without trace context.
+    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError> {
+        self.publish_traced_job(body, None).await
+    }
+    /// Brings a job back to the job queue after `delay`, with its retry count and trace
+    /// context (confirmed).
     async fn publish_retry(
         &self,
         body: &[u8],
         attempt: u32,
         delay: Duration,
+        traceparent: Option<&str>,
     ) -> Result<(), QueueError>;
     /// Moves a job to the dead-letter queue with the reason (confirmed).
     async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)

@@ -188,6 +188,28 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
+/// A job message's headers: its retry count and, when known, its trace context.
+fn job_headers(attempt: u32, traceparent: Option<&str>) -> FieldTable {
+    let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(attempt))];
+    if let Some(t) = traceparent {
+        headers.push((crate::trace::TRACEPARENT, text(t)));
+    }
+    table(headers)
+}
+
+/// The `traceparent` header of a delivered job, if it has one.
+fn traceparent_of(props: &BasicProperties) -> Option<String> {
+    match props
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(crate::trace::TRACEPARENT)?
+    {
+        AMQPValue::LongString(s) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
 fn attempt_of(props: &BasicProperties) -> u32 {
     props
         .headers()
@@ -646,10 +668,14 @@ impl Acker for RabbitAcker {
 
 #[async_trait::async_trait]
 impl Broker for RabbitBroker {
-    async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError> {
+    async fn publish_traced_job(
+        &self,
+        body: &[u8],
+        traceparent: Option<&str>,
+    ) -> Result<(), QueueError> {
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_headers(table(vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(0))]));
+            .with_headers(job_headers(0, traceparent));
         self.publish("", &self.topology.jobs(), body, props).await
     }
 
@@ -658,6 +684,7 @@ impl Broker for RabbitBroker {
         body: &[u8],
         attempt: u32,
         delay: Duration,
+        traceparent: Option<&str>,
     ) -> Result<(), QueueError> {
         // The retry queue with the nearest delay at or above the one asked for.
         let delays = &self.topology.retry_delays;
@@ -669,7 +696,7 @@ impl Broker for RabbitBroker {
             .ok_or_else(|| QueueError::Rejected("no retry queues are configured".into()))?;
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_headers(table(vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(attempt))]));
+            .with_headers(job_headers(attempt, traceparent));
         self.publish("", &self.topology.retry(chosen), body, props)
             .await
     }
@@ -745,12 +772,14 @@ impl Broker for RabbitBroker {
                 match next {
                     Ok(d) => {
                         let attempt = attempt_of(&d.properties);
+                        let trace = traceparent_of(&d.properties);
                         let delivery = Delivery::new(
                             d.data,
                             attempt,
                             d.redelivered,
                             Box::new(RabbitAcker(d.acker)),
-                        );
+                        )
+                        .with_traceparent(trace);
                         if let Err(unsent) = tx.send(delivery).await {
                             // The worker stopped consuming: give the message back and close
                             // the channel so nothing stays unacked on it.

@@ -855,7 +855,7 @@ async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
         "{generated}"
     );
     // SIGTERM: the server drains and exits, closing its stderr.
-    unsafe_sigterm(server.id());
+    sigterm(server.id());
     let mut stderr = String::new();
     server
         .stderr
@@ -917,10 +917,98 @@ async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("APTIX_LOG_FORMAT"));
 }
 
-fn unsafe_sigterm(pid: u32) {
+fn sigterm(pid: u32) {
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()
         .expect("kill runs");
     assert!(status.success());
+}
+
+/// Trace context across the queue, between two processes: a `traceparent` sent to `aptix serve`
+/// travels on the job message to `aptix worker`, whose log lines of the turn carry its trace id
+/// and whose model call sends it on (same trace id, a new span id).
+#[tokio::test]
+async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
+    use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions::default(),
+        Some(crate::support::schema()),
+    )
+    .await
+    .unwrap();
+    fake.push([Reply::Text("traced".into())]);
+    let guard = crate::support::rabbit().await;
+    let env = |cmd: &mut Command| {
+        cmd.env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", &guard.topology.namespace)
+            .env("APTIX_LLM_BASE_URL", fake.base_url())
+            .env("APTIX_REPLY_QUEUE_TTL_SECS", "30")
+            .env("APTIX_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info");
+    };
+    let port = free_port();
+    let mut serve = aptix();
+    serve.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    env(&mut serve);
+    let _serve = Child(serve.stderr(std::process::Stdio::null()).spawn().unwrap());
+    let mut worker = aptix();
+    worker.arg("worker");
+    env(&mut worker);
+    let mut worker = worker.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    wait_for_port(port);
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let answer: serde_json::Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
+        .header("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
+        .body(r#"{"sessionId": "trace-s", "turnId": "trace-t", "instruction": "follow me"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["result"]["primaryOutputText"], "traced", "{answer}");
+    // The model got the trace: same trace id, a span id of the worker's own.
+    let sent = fake.traceparents();
+    assert_eq!(sent.len(), 1);
+    let header = sent[0].clone().expect("the model call carries traceparent");
+    let parts: Vec<&str> = header.split('-').collect();
+    assert_eq!(
+        (parts[0], parts[1], parts[3]),
+        ("00", trace_id, "01"),
+        "{header}"
+    );
+    assert_ne!(parts[2], "b7ad6b7169203331", "a new span id");
+    // Every log line of the turn in the worker carries the trace id.
+    sigterm(worker.id());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut worker.stderr.take().unwrap(), &mut stderr).unwrap();
+    let _ = worker.wait();
+    let turn_lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["spans"].to_string().contains("trace-t"))
+        .collect();
+    assert!(turn_lines.len() >= 2, "{stderr}");
+    for line in &turn_lines {
+        assert!(line["spans"].to_string().contains(trace_id), "{line}");
+    }
+    let keys = aptix_worker::store::RedisStore::connect(
+        &crate::support::redis_url(),
+        &guard.topology.namespace,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    keys.delete_namespace().await.unwrap();
+    // The worker's default retry queues under this namespace.
+    let defaults = aptix_worker::queue::RabbitBroker::new(
+        &crate::support::amqp_url(),
+        aptix_worker::queue::Topology::new(&guard.topology.namespace),
+        "aptix-test-cleanup",
+    );
+    defaults.delete_topology().await.unwrap();
 }

@@ -87,7 +87,7 @@ async fn prefetch_bounds_unacked_deliveries(s: Subject) {
 async fn a_retry_arrives_after_its_delay_with_its_attempt(s: Subject) {
     let mut d = s.broker.consume(10).await.unwrap();
     s.broker
-        .publish_retry(b"later", 3, Duration::from_millis(200))
+        .publish_retry(b"later", 3, Duration::from_millis(200), None)
         .await
         .unwrap();
     nothing_within(&mut d, 100).await;

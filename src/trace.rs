@@ -1,0 +1,142 @@
+//! W3C trace context (`traceparent`) across the queue: the front door takes the caller's (or
+//! starts a trace), the job message carries it as an AMQP header, the worker restores it as the
+//! turn's context (its trace id is a field of the turn's span, so every log line of the turn
+//! has it), and each model call sends it on with the same trace id and a new span id.
+//!
+//! Owns: parsing and minting contexts, and the context of the running turn (a task-local).
+//! Must not: log or export anything itself.
+
+use std::fmt::Write as _;
+
+/// The header name, in HTTP and on job messages.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// One position in a trace: `00-<trace id>-<span id>-<flags>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: String,
+    span_id: String,
+    flags: String,
+}
+
+tokio::task_local! {
+    static CURRENT: TraceContext;
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut out = String::with_capacity(bytes * 2);
+    while out.len() < bytes * 2 {
+        for b in uuid::Uuid::new_v4().as_bytes() {
+            if out.len() < bytes * 2 {
+                let _ = write!(out, "{b:02x}");
+            }
+        }
+    }
+    out
+}
+
+fn lower_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl TraceContext {
+    /// A new trace (nobody sent one).
+    pub fn new_root() -> Self {
+        Self {
+            trace_id: random_hex(16),
+            span_id: random_hex(8),
+            flags: "01".into(),
+        }
+    }
+
+    /// Reads a `traceparent` value; `None` for anything the W3C format does not allow
+    /// (a caller's malformed header starts a new trace instead).
+    pub fn parse(header: &str) -> Option<Self> {
+        let mut parts = header.trim().split('-');
+        let (version, trace_id, span_id, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let valid = lower_hex(version, 2)
+            && version != "ff"
+            && lower_hex(trace_id, 32)
+            && trace_id.bytes().any(|b| b != b'0')
+            && lower_hex(span_id, 16)
+            && span_id.bytes().any(|b| b != b'0')
+            && lower_hex(flags, 2)
+            && (version != "00" || parts.next().is_none());
+        valid.then(|| Self {
+            trace_id: trace_id.into(),
+            span_id: span_id.into(),
+            flags: flags.into(),
+        })
+    }
+
+    /// The caller's context if it sent a valid one, else a new trace.
+    pub fn from_header(header: Option<&str>) -> Self {
+        header.and_then(Self::parse).unwrap_or_else(Self::new_root)
+    }
+
+    /// The same trace, one step further (a new span id).
+    pub fn child(&self) -> Self {
+        Self {
+            trace_id: self.trace_id.clone(),
+            span_id: random_hex(8),
+            flags: self.flags.clone(),
+        }
+    }
+
+    /// The trace id (32 hex digits).
+    pub fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    /// The span id (16 hex digits).
+    pub fn span_id(&self) -> &str {
+        &self.span_id
+    }
+
+    /// The `traceparent` header value.
+    pub fn header(&self) -> String {
+        format!("00-{}-{}-{}", self.trace_id, self.span_id, self.flags)
+    }
+
+    /// Runs `fut` as part of this trace: [`TraceContext::current`] returns it there.
+    pub async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
+    }
+
+    /// The context of the turn running on this task, if any.
+    pub fn current() -> Option<Self> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TraceContext;
+
+    #[test]
+    fn parses_the_w3c_format_and_refuses_the_rest() {
+        let h = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = TraceContext::parse(h).expect("valid");
+        assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(t.header(), h);
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(TraceContext::parse(bad).is_none(), "{bad:?}");
+        }
+        let child = t.child();
+        assert_eq!(child.trace_id(), t.trace_id());
+        assert_ne!(child.span_id(), t.span_id());
+        let root = TraceContext::new_root();
+        assert!(TraceContext::parse(&root.header()).is_some());
+    }
+}
