@@ -851,6 +851,13 @@ impl Broker for RabbitBroker {
         // has to answer to count as ready.
         let probe = async {
             let ch = self.publisher().await?;
+            if let Some(live) = self.live.lock().await.as_ref()
+                && live.connection.status().blocked()
+            {
+                return Err(QueueError::Unavailable(
+                    "RabbitMQ is blocking publishers (a memory or disk resource alarm)".into(),
+                ));
+            }
             ch.queue_declare(
                 &self.topology.jobs(),
                 QueueDeclareOptions {
