@@ -1199,15 +1199,69 @@ async fn openapi_json(axum::Extension(OpenApiJson(api)): axum::Extension<OpenApi
         .into_response()
 }
 
-/// Serves `router` on `listener` until `shutdown` fires.
+/// How long a client may take to send a request's headers, and how long an idle keep-alive
+/// connection waits for the next request, before the connection is closed. Bodies and answers
+/// are not bounded by it: a long-poll, an SSE stream or the synchronous endpoint may take as
+/// long as the route allows.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long a stopping server waits for open connections (an SSE stream never ends by itself).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `shutdown` fires, closing connections that do not send
+/// their headers within [`HEADER_READ_TIMEOUT`] (slow or idle clients).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await
+}
+
+/// [`serve`] with another header-read timeout.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: tokio_util::sync::CancellationToken,
+    header_read_timeout: Duration,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let (stream, _peer) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait a moment, keep serving.
+                    tracing::warn!(error = %e, "could not accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection closed with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
         .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; closing them");
+    }
+    Ok(())
 }
 
 /// Refuses to expose an unauthenticated API beyond this machine.

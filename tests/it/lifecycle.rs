@@ -640,3 +640,64 @@ async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
     assert!(named, "{body}");
     proxy.stall(false);
 }
+
+/// The server closes connections whose headers do not arrive in time (a slow client holding a
+/// connection open) and idle keep-alive connections, but never cuts a slow answer: long-polls,
+/// SSE streams and the synchronous endpoint take as long as their route allows.
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut_off_but_slow_answers_are_not() {
+    use aptix_worker::frontdoor::http::{serve_with, with_http_layers};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let router = with_http_layers(
+        axum::Router::new()
+            .route("/fine", axum::routing::get(|| async { "fine" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    "late"
+                }),
+            ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(serve_with(
+        listener,
+        router,
+        stop.clone(),
+        Duration::from_secs(1),
+    ));
+    // Closed within a bound: read until the server hangs up.
+    let hung_up_within = |mut conn: tokio::net::TcpStream, limit: Duration| async move {
+        let mut sink = Vec::new();
+        tokio::time::timeout(limit, conn.read_to_end(&mut sink))
+            .await
+            .is_ok()
+    };
+    // Headers that never finish.
+    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /fine HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    assert!(
+        hung_up_within(slow, Duration::from_secs(4)).await,
+        "a client that never finishes its headers keeps its connection"
+    );
+    // A finished request, then silence on the keep-alive connection.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /fine HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    assert!(
+        hung_up_within(idle, Duration::from_secs(4)).await,
+        "an idle keep-alive connection is kept forever"
+    );
+    // An answer slower than the header timeout still arrives.
+    let resp = reqwest::get(format!("http://{addr}/slow")).await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "late");
+    stop.cancel();
+}
