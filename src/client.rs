@@ -29,7 +29,10 @@ impl ApiClient {
     /// A client of the API at `base` (e.g. `http://127.0.0.1:8080`).
     pub fn new(base: &str, token: Option<String>) -> Self {
         Self {
-            http: reqwest::Client::new(),
+            http: {
+                crate::tls::install_crypto_provider();
+                reqwest::Client::new()
+            },
             base: base.trim_end_matches('/').to_string(),
             token,
         }

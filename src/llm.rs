@@ -140,6 +140,7 @@ impl LlmClient {
         max_retries: usize,
         ca: Option<&crate::tls::ExtraCa>,
     ) -> Result<Self, reqwest::Error> {
+        crate::tls::install_crypto_provider();
         let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .timeout(timeout);

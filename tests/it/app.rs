@@ -221,7 +221,7 @@ pub async fn spawn(options: AppOptions) -> App {
         let s = stop.clone();
         async move { serve(listener, router(state), s).await }
     });
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let api: Value = http
         .get(format!("{base}/openapi.json"))
         .send()

@@ -833,7 +833,7 @@ async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
         .spawn()
         .expect("aptix run starts");
     wait_for_port(port);
-    let client = reqwest::Client::new();
+    let client = crate::support::http_client();
     let resp = client
         .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
         .header("x-request-id", "req-from-client-1")
@@ -960,7 +960,7 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
     let mut worker = worker.stderr(std::process::Stdio::piped()).spawn().unwrap();
     wait_for_port(port);
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
-    let answer: serde_json::Value = reqwest::Client::new()
+    let answer: serde_json::Value = crate::support::http_client()
         .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
         .header("traceparent", format!("00-{trace_id}-b7ad6b7169203331-01"))
         .body(r#"{"sessionId": "trace-s", "turnId": "trace-t", "instruction": "follow me"}"#)

@@ -824,7 +824,7 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         let s = stop.clone();
         async move { serve(listener, router(state), s).await }
     });
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let resp = http
         .post(format!("{base}/v1/turns"))
         .body(json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}).to_string())

@@ -388,7 +388,7 @@ async fn a_panicking_handler_gets_an_internal_invoke_result() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(serve(listener, router, stop.clone()));
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let resp = http.get(format!("{base}/boom")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 500);
     assert!(resp.headers().contains_key("x-request-id"));
@@ -697,7 +697,11 @@ async fn slow_and_idle_clients_are_cut_off_but_slow_answers_are_not() {
         "an idle keep-alive connection is kept forever"
     );
     // An answer slower than the header timeout still arrives.
-    let resp = reqwest::get(format!("http://{addr}/slow")).await.unwrap();
+    let resp = crate::support::http_client()
+        .get(format!("http://{addr}/slow"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.text().await.unwrap(), "late");
     stop.cancel();
 }

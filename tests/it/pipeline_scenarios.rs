@@ -800,7 +800,7 @@ async fn unknown_contexts_are_validation_errors() {
 #[tokio::test]
 async fn the_fake_serves_many_concurrent_requests() {
     let h = harness(Setup::default()).await;
-    let client = reqwest::Client::new();
+    let client = crate::support::http_client();
     let url = format!("{}/responses", h.fake.base_url());
     let body = json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "[MODE: general]\n\n[INSTRUCTION]\nhi"}]}]});
     let mut tasks = tokio::task::JoinSet::new();

@@ -367,3 +367,10 @@ impl Drop for StallProxy {
         self.task.abort();
     }
 }
+
+/// An HTTP client for tests, with the process's crypto provider installed first (the product
+/// installs it at start-up; reqwest needs one to build a client).
+pub fn http_client() -> reqwest::Client {
+    aptix_worker::tls::install_crypto_provider();
+    reqwest::Client::new()
+}

@@ -274,7 +274,7 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
             .unwrap(),
     );
     wait_for_port(port);
-    let http = reqwest::Client::new();
+    let http = crate::support::http_client();
     let ready = http
         .get(format!("http://127.0.0.1:{port}/readyz"))
         .send()
