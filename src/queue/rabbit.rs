@@ -23,12 +23,12 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
+use lapin::Confirmation;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
     BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
 };
-use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
@@ -289,17 +289,17 @@ impl RabbitBroker {
             queues.extend(known.sessions().map(|s| t.reply_queue(s)));
         }
         for q in queues {
-            ch.queue_delete(&q, lapin::options::QueueDeleteOptions::default())
+            ch.queue_delete(q.into(), lapin::options::QueueDeleteOptions::default())
                 .await
                 .map_err(unavailable)?;
         }
         ch.exchange_delete(
-            &t.replies(),
+            t.replies().into(),
             lapin::options::ExchangeDeleteOptions::default(),
         )
         .await
         .map_err(unavailable)?;
-        let _ = ch.close(200, "done").await;
+        let _ = ch.close(200, "done".into()).await;
         Ok(())
     }
 
@@ -314,7 +314,7 @@ impl RabbitBroker {
         let ch = self.consumer_channel().await?;
         let queue = ch
             .queue_declare(
-                "",
+                "".into(),
                 QueueDeclareOptions {
                     exclusive: true,
                     auto_delete: true,
@@ -328,8 +328,8 @@ impl RabbitBroker {
             .to_string();
         let mut consumer = ch
             .basic_consume(
-                &queue,
-                &format!("events-{}", self.connection_name),
+                queue.as_str().into(),
+                format!("events-{}", self.connection_name).into(),
                 BasicConsumeOptions {
                     no_ack: true,
                     ..Default::default()
@@ -384,7 +384,12 @@ impl RabbitBroker {
                 };
                 for sid in idle {
                     if let Err(e) = prune_channel
-                        .queue_unbind(&prune_queue, &exchange, &sid, FieldTable::default())
+                        .queue_unbind(
+                            prune_queue.as_str().into(),
+                            exchange.as_str().into(),
+                            sid.as_str().into(),
+                            FieldTable::default(),
+                        )
                         .await
                     {
                         tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
@@ -408,16 +413,17 @@ impl RabbitBroker {
 
     async fn open(&self) -> Result<Live, QueueError> {
         let props = ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current())
             .with_connection_name(LongString::from(self.connection_name.as_str()));
         let tls = lapin::tcp::OwnedTLSConfig {
             identity: None,
             cert_chain: self.ca.as_ref().map(|ca| ca.pem().to_string()),
         };
-        let connection = Connection::connect_with_config(&with_heartbeat(&self.url), props, tls)
-            .await
-            .map_err(unavailable)?;
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|e| QueueError::Unavailable(format!("no async runtime for RabbitMQ: {e}")))?;
+        let connection =
+            Connection::connect_with_config(&with_heartbeat(&self.url), props, tls, runtime)
+                .await
+                .map_err(unavailable)?;
         let publisher = connection.create_channel().await.map_err(unavailable)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
@@ -441,10 +447,10 @@ impl RabbitBroker {
             ..Default::default()
         };
         let quorum = || vec![("x-queue-type", text("quorum"))];
-        ch.queue_declare(&t.jobs(), durable, table(quorum()))
+        ch.queue_declare(t.jobs().into(), durable, table(quorum()))
             .await
             .map_err(unavailable)?;
-        ch.queue_declare(&t.dead(), durable, table(quorum()))
+        ch.queue_declare(t.dead().into(), durable, table(quorum()))
             .await
             .map_err(unavailable)?;
         for delay in &t.retry_delays {
@@ -457,12 +463,12 @@ impl RabbitBroker {
             args.push(("x-dead-letter-routing-key", text(&t.jobs())));
             args.push(("x-dead-letter-strategy", text("at-least-once")));
             args.push(("x-overflow", text("reject-publish")));
-            ch.queue_declare(&(t.retry(*delay)), durable, table(args))
+            ch.queue_declare(t.retry(*delay).into(), durable, table(args))
                 .await
                 .map_err(unavailable)?;
         }
         ch.exchange_declare(
-            &t.replies(),
+            t.replies().into(),
             ExchangeKind::Direct,
             ExchangeDeclareOptions {
                 durable: true,
@@ -526,8 +532,8 @@ impl RabbitBroker {
         let ch = self.publisher().await?;
         let confirm = ch
             .basic_publish(
-                exchange,
-                routing_key,
+                exchange.into(),
+                routing_key.into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..Default::default()
@@ -583,9 +589,9 @@ impl RabbitBroker {
             && let Err(e) = hub
                 .channel
                 .queue_bind(
-                    &hub.queue,
-                    &self.topology.replies(),
-                    session.as_str(),
+                    hub.queue.as_str().into(),
+                    self.topology.replies().into(),
+                    session.as_str().into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
@@ -614,7 +620,7 @@ impl RabbitBroker {
         if !known {
             let ch = self.publisher().await?;
             ch.queue_declare(
-                name.as_str(),
+                name.as_str().into(),
                 QueueDeclareOptions {
                     durable: true,
                     ..Default::default()
@@ -627,9 +633,9 @@ impl RabbitBroker {
             .await
             .map_err(unavailable)?;
             ch.queue_bind(
-                name.as_str(),
-                &self.topology.replies(),
-                session.as_str(),
+                name.as_str().into(),
+                self.topology.replies().into(),
+                session.as_str().into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
@@ -643,7 +649,7 @@ impl RabbitBroker {
     }
 }
 
-struct RabbitAcker(lapin::acker::Acker);
+struct RabbitAcker(lapin::Acker);
 
 #[async_trait::async_trait]
 impl Acker for RabbitAcker {
@@ -754,8 +760,8 @@ impl Broker for RabbitBroker {
                 .map_err(unavailable)?;
             let consumer = ch
                 .basic_consume(
-                    &self.topology.jobs(),
-                    &(format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple())),
+                    self.topology.jobs().into(),
+                    format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple()).into(),
                     BasicConsumeOptions::default(),
                     FieldTable::default(),
                 )
@@ -784,7 +790,7 @@ impl Broker for RabbitBroker {
                             // The worker stopped consuming: give the message back and close
                             // the channel so nothing stays unacked on it.
                             let _ = unsent.0.requeue().await;
-                            let _ = _channel.close(200, "consumer stopped").await;
+                            let _ = _channel.close(200, "consumer stopped".into()).await;
                             return;
                         }
                     }
@@ -803,8 +809,8 @@ impl Broker for RabbitBroker {
         let ch = self.consumer_channel().await?;
         let mut consumer = ch
             .basic_consume(
-                queue.as_str(),
-                &(format!("watch-{}", uuid::Uuid::new_v4().simple())),
+                queue.as_str().into(),
+                format!("watch-{}", uuid::Uuid::new_v4().simple()).into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
             )
@@ -833,7 +839,7 @@ impl Broker for RabbitBroker {
                 }
                 let _ = d.acker.ack(BasicAckOptions::default()).await;
             }
-            let _ = ch.close(200, "watcher gone").await;
+            let _ = ch.close(200, "watcher gone".into()).await;
         });
         Ok(rx)
     }
@@ -859,7 +865,7 @@ impl Broker for RabbitBroker {
                 ));
             }
             ch.queue_declare(
-                &self.topology.jobs(),
+                self.topology.jobs().into(),
                 QueueDeclareOptions {
                     passive: true,
                     ..Default::default()
@@ -878,7 +884,7 @@ impl Broker for RabbitBroker {
         let mut out = Vec::new();
         while out.len() < max {
             let Some(msg) = ch
-                .basic_get(&self.topology.dead(), BasicGetOptions::default())
+                .basic_get(self.topology.dead().into(), BasicGetOptions::default())
                 .await
                 .map_err(unavailable)?
             else {
@@ -902,7 +908,7 @@ impl Broker for RabbitBroker {
                 .map_err(unavailable)?;
             out.push((msg.delivery.data, reason));
         }
-        let _ = ch.close(200, "done").await;
+        let _ = ch.close(200, "done".into()).await;
         Ok(out)
     }
 }

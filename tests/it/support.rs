@@ -258,9 +258,7 @@ pub async fn rabbit() -> RabbitGuard {
 
 /// A plain AMQP connection for looking at queues from outside the product.
 pub async fn amqp_peek() -> lapin::Connection {
-    let props = lapin::ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let props = lapin::ConnectionProperties::default();
     lapin::Connection::connect(&amqp_url(), props)
         .await
         .unwrap_or_else(|e| panic!("RabbitMQ must be running at {}: {e}", amqp_url()))
@@ -289,7 +287,10 @@ pub async fn take_all(conn: &lapin::Connection, queue: &str) -> Vec<Vec<u8>> {
     let ch = conn.create_channel().await.expect("channel");
     let mut out = Vec::new();
     while let Ok(Some(m)) = ch
-        .basic_get(queue, lapin::options::BasicGetOptions { no_ack: true })
+        .basic_get(
+            queue.into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
         .await
     {
         out.push(m.delivery.data);
