@@ -166,8 +166,8 @@ pub async fn connection(
     // One plain connection first: it fails fast with the real cause (refused, a certificate
     // that is not trusted, a wrong password), where the manager would keep retrying.
     let probe = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(options.timeout)
-        .set_response_timeout(options.timeout);
+        .set_connection_timeout(Some(options.timeout))
+        .set_response_timeout(Some(options.timeout));
     let mut first = tokio::time::timeout(
         options.timeout,
         client.get_multiplexed_async_connection_with_config(&probe),
@@ -181,8 +181,8 @@ pub async fn connection(
     .await
     .map_err(|_| timed_out(options.timeout))??;
     let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(options.timeout)
-        .set_response_timeout(options.timeout);
+        .set_connection_timeout(Some(options.timeout))
+        .set_response_timeout(Some(options.timeout));
     tokio::time::timeout(
         options.timeout,
         ConnectionManager::new_with_config(client, config),
