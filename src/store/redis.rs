@@ -146,9 +146,9 @@ impl Default for RedisOptions {
     }
 }
 
-/// A self-reconnecting connection whose connection attempts and answers are bounded (redis-rs
-/// sets no bound by default); `rediss://` URLs use TLS, trusting the system's roots and the
-/// extra CA.
+/// A self-reconnecting connection whose connection attempts and answers are bounded by our
+/// own setting, not left to the client library's defaults; `rediss://` URLs use TLS, trusting
+/// the system's roots and the extra CA.
 pub async fn connection(
     url: &str,
     options: &RedisOptions,
