@@ -393,7 +393,10 @@ impl Worker {
         let record = match self.pipeline.store().get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
+                // The store is down: hold the delivery a moment before giving it back, so an
+                // outage does not turn into a redelivery loop.
                 warn!(error = %e, "cannot read the turn back before publishing its result; the job will run again");
+                tokio::time::sleep(self.settings.busy_delay).await;
                 return Disposition::Requeue;
             }
         };
