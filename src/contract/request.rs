@@ -489,7 +489,7 @@ impl RequestRejected {
 }
 
 /// Fields the server owns; a client that sends one is told so, in either scenario.
-const SERVER_OWNED: &[&str] = &[
+pub const SERVER_OWNED: &[&str] = &[
     "mode",
     "modeId",
     "modeKey",
@@ -503,7 +503,7 @@ const SERVER_OWNED: &[&str] = &[
 ];
 
 /// Fields of a user turn that a tool continuation must not carry (AGN-034 §2.2).
-const USER_TURN_ONLY: &[&str] = &[
+pub const USER_TURN_ONLY: &[&str] = &[
     "instruction",
     "inputArtifacts",
     "clipboardImages",

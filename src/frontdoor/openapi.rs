@@ -13,6 +13,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::contexts::KnownContexts;
 use crate::contract::ErrorMessage;
+use crate::contract::request::{SERVER_OWNED, USER_TURN_ONLY};
 
 /// The envelope of every JSON answer: `{successful, result?, errors, warnings, resultId}`. A
 /// failed result has no `result` and at least one error.
@@ -125,35 +126,6 @@ pub fn relative_path_schema() -> serde_json::Value {
 const BASE64_OR_EMPTY: &str =
     r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
 
-/// The user-turn fields, which a continuation must not carry.
-const USER_TURN_FIELDS: [&str; 11] = [
-    "instruction",
-    "inputArtifacts",
-    "clipboardImages",
-    "ragScope",
-    "solutionContextText",
-    "workspaceId",
-    "repo",
-    "language",
-    "streaming",
-    "agentContextId",
-    "conversationContextId",
-];
-
-/// Server-owned fields no request may carry (other than as `null`).
-const SERVER_OWNED_FIELDS: [&str; 10] = [
-    "mode",
-    "modeId",
-    "modeKey",
-    "responseContinuationId",
-    "previousResponseId",
-    "continuationId",
-    "tools",
-    "toolsJson",
-    "toolChoice",
-    "toolChoiceName",
-];
-
 /// The request schema with the parser's rules: a user turn or a tool continuation (`oneOf`),
 /// ids by pattern, non-empty inputs, `executionMs >= 0`, exactly one of `resultJson` /
 /// `errorMessage`. `ids_required` is false for batch lines, which may leave the ids out.
@@ -250,8 +222,12 @@ fn execute_request_schema(ids_required: bool, contexts: &KnownContexts) -> serde
     user.insert("toolResults".into(), absent("Only in a tool continuation"));
 
     let mut continuation = serde_json::Map::new();
-    for field in USER_TURN_FIELDS {
-        continuation.insert(field.into(), absent("Not allowed in a tool continuation"));
+    // The parser's own lists, so schema and parser cannot drift apart.
+    for field in USER_TURN_ONLY {
+        continuation.insert(
+            (*field).into(),
+            absent("Not allowed in a tool continuation"),
+        );
     }
     continuation.insert(
         "toolResults".into(),
@@ -261,9 +237,9 @@ fn execute_request_schema(ids_required: bool, contexts: &KnownContexts) -> serde
     let mut common = serde_json::Map::new();
     common.insert("sessionId".into(), id_schema());
     common.insert("turnId".into(), id_schema());
-    for field in SERVER_OWNED_FIELDS {
+    for field in SERVER_OWNED {
         common.insert(
-            field.into(),
+            (*field).into(),
             absent("Server-owned: rejected with FORBIDDEN_FIELD"),
         );
     }

@@ -98,6 +98,8 @@ pub struct Pipeline {
     llm: LlmClient,
     tools: ToolRegistry,
     settings: Arc<PipelineSettings>,
+    /// The settings' context ids, computed once.
+    contexts: Arc<KnownContexts>,
     metrics: Arc<Metrics>,
     rag: Option<Rag>,
 }
@@ -181,6 +183,7 @@ impl Pipeline {
             catalog,
             llm,
             tools,
+            contexts: Arc::new(settings.known_contexts()),
             settings: Arc::new(settings),
             metrics: Arc::default(),
             rag: None,
@@ -268,7 +271,7 @@ impl Pipeline {
 
     /// The context ids this pipeline can run (the front door refuses others).
     pub fn known_contexts(&self) -> KnownContexts {
-        self.settings.known_contexts()
+        self.contexts.as_ref().clone()
     }
 
     /// The store (for callers that read turn status).
@@ -435,7 +438,7 @@ impl Pipeline {
         }
         // The front door refuses unknown context ids; a job that names one anyway (a worker
         // configured differently from the front door) fails its turn, stored like any result.
-        if let Err(errors) = self.settings.known_contexts().check(turn) {
+        if let Err(errors) = self.contexts.check(turn) {
             let mut record = existing
                 .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()));
             record.attempts += 1;

@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+use crate::support::{free_port, wait_for_port};
+
 fn aptix() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_aptix"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
@@ -631,25 +633,6 @@ async fn index_refuses_a_tenant_no_caller_could_read() {
     let files = idx.files("acme", "demo").await.unwrap();
     assert_eq!(files.keys().collect::<Vec<_>>(), vec!["DDR-1.md"]);
     let _ = std::fs::remove_dir_all(&root);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for_port(port: u16) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing listens on {port}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
 }
 
 fn http_get(port: u16, path: &str) -> String {

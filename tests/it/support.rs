@@ -375,3 +375,24 @@ pub fn http_client() -> reqwest::Client {
     aptix_worker::tls::install_crypto_provider();
     reqwest::Client::new()
 }
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits (up to 20 s) until something accepts connections on the port.
+pub fn wait_for_port(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
