@@ -140,16 +140,10 @@ impl LlmClient {
         max_retries: usize,
         ca: Option<&crate::tls::ExtraCa>,
     ) -> Result<Self, reqwest::Error> {
-        crate::tls::install_crypto_provider();
-        let mut builder = reqwest::Client::builder()
+        let http = crate::tls::http_client_builder(ca)?
             .connect_timeout(connect_timeout)
-            .timeout(timeout);
-        if let Some(ca) = ca {
-            for cert in reqwest::Certificate::from_pem_bundle(ca.pem().as_bytes())? {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        let http = builder.build()?;
+            .timeout(timeout)
+            .build()?;
         Ok(Self {
             http,
             base_url: base_url.trim_end_matches('/').to_string(),
@@ -217,7 +211,24 @@ impl LlmClient {
         })
     }
 
+    /// One call, in a `model_call` span of its own (exported as a child of the turn's `job`
+    /// span); the model server gets that span as its parent in `traceparent`.
     async fn attempt(&self, body: &Value) -> Result<ModelResponse, AttemptError> {
+        use tracing::Instrument as _;
+        let model = body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let span = tracing::info_span!("model_call", model);
+        let traceparent = crate::trace::TraceContext::current().map(|t| t.within(&span).header());
+        self.send_once(body, traceparent).instrument(span).await
+    }
+
+    async fn send_once(
+        &self,
+        body: &Value,
+        traceparent: Option<String>,
+    ) -> Result<ModelResponse, AttemptError> {
         let unavailable = |message: String| AttemptError {
             retryable: true,
             retry_after: None,
@@ -234,8 +245,8 @@ impl LlmClient {
             req = req.bearer_auth(key.expose());
         }
         // The turn's trace goes on to the model server: same trace id, a span of its own.
-        if let Some(trace) = crate::trace::TraceContext::current() {
-            req = req.header(crate::trace::TRACEPARENT, trace.child().header());
+        if let Some(traceparent) = traceparent {
+            req = req.header(crate::trace::TRACEPARENT, traceparent);
         }
         let resp = req.send().await.map_err(|e| {
             unavailable(if e.is_timeout() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use serde_json::json;
 
 use aptix_worker::catalog::ModeCatalog;
@@ -266,7 +266,12 @@ enum Command {
 
 fn main() -> ExitCode {
     aptix_worker::tls::install_crypto_provider();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let service = matches.subcommand_name().unwrap_or("cli").to_string();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // Client commands keep stderr for their own progress unless RUST_LOG asks for more.
     let default_level = match cli.command {
         Command::Batch { .. }
@@ -283,7 +288,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    telemetry::init(format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -291,7 +295,24 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    // Span export (when asked for) sends from the runtime, so it is set up inside it.
+    let telemetry = {
+        let _inside = runtime.enter();
+        match telemetry::init(format, default_level, &format!("aptix-{service}")) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    // Flush the spans still queued while the runtime that sends them is alive.
+    {
+        let _inside = runtime.enter();
+        telemetry.shutdown();
+    }
+    match code {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -17,6 +17,19 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+/// A reqwest client builder that trusts `ca` in addition to the system's roots (the model
+/// client and the span exporter start from it).
+pub fn http_client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilder, reqwest::Error> {
+    install_crypto_provider();
+    let mut builder = reqwest::Client::builder();
+    if let Some(ca) = ca {
+        for cert in reqwest::Certificate::from_pem_bundle(ca.pem().as_bytes())? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder)
+}
+
 /// Extra trusted CA certificates, as PEM text (checked to hold at least one certificate).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ExtraCa {

@@ -3,6 +3,11 @@
 //! turn's context (its trace id is a field of the turn's span, so every log line of the turn
 //! has it), and each model call sends it on with the same trace id and a new span id.
 //!
+//! When spans are exported (`OTEL_EXPORTER_OTLP_ENDPOINT`), the spans on that path — the front
+//! door's `http`, the worker's `job`, the `model_call` — join the same trace: each adopts the
+//! context it received as its parent ([`TraceContext::adopt`]) and passes its own span id on
+//! ([`TraceContext::within`]), so the collector shows one tree from the caller to the model.
+//!
 //! Owns: parsing and minting contexts, and the context of the running turn (a task-local).
 //! Must not: log or export anything itself.
 
@@ -109,6 +114,58 @@ impl TraceContext {
     /// The context of the turn running on this task, if any.
     pub fn current() -> Option<Self> {
         CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// Makes `span` a child of this context in the exported trace (call it before the span is
+    /// first entered). Without span export it does nothing.
+    pub fn adopt(&self, span: &tracing::Span) {
+        #[cfg(feature = "otel")]
+        {
+            use opentelemetry::trace::{
+                SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+            };
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            let (Ok(trace_id), Ok(span_id), Ok(flags)) = (
+                TraceId::from_hex(&self.trace_id),
+                SpanId::from_hex(&self.span_id),
+                u8::from_str_radix(&self.flags, 16),
+            ) else {
+                return;
+            };
+            let remote = SpanContext::new(
+                trace_id,
+                span_id,
+                TraceFlags::new(flags),
+                true,
+                TraceState::default(),
+            );
+            // Err when the span is disabled or export is off: nothing to join then.
+            let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+        }
+        #[cfg(not(feature = "otel"))]
+        let _ = span;
+    }
+
+    /// The context to pass on from inside `span`: the exported span's own ids when spans are
+    /// exported, else this context one step further ([`TraceContext::child`]).
+    pub fn within(&self, span: &tracing::Span) -> Self {
+        #[cfg(feature = "otel")]
+        {
+            use opentelemetry::trace::TraceContextExt as _;
+            use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+            let cx = span.context();
+            let own = cx.span().span_context().clone();
+            if own.is_valid() {
+                return Self {
+                    trace_id: format!("{:032x}", own.trace_id()),
+                    span_id: format!("{:016x}", own.span_id()),
+                    flags: format!("{:02x}", own.trace_flags().to_u8()),
+                };
+            }
+        }
+        #[cfg(not(feature = "otel"))]
+        let _ = span;
+        self.child()
     }
 }
 

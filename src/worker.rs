@@ -257,15 +257,17 @@ impl Worker {
             Ok(parsed) => {
                 // The trace the front door started (or joined) goes on here; a job published
                 // without one starts its own.
-                let trace = TraceContext::from_header(delivery.traceparent.as_deref()).child();
+                let parent = TraceContext::from_header(delivery.traceparent.as_deref());
                 let span = info_span!(
                     "job",
                     session_id = %parsed.request.session_id(),
                     turn_id = %parsed.request.turn_id(),
                     attempt = delivery.attempt + 1,
                     redelivered = delivery.redelivered,
-                    trace_id = %trace.trace_id(),
+                    trace_id = %parent.trace_id(),
                 );
+                parent.adopt(&span);
+                let trace = parent.within(&span);
                 trace
                     .scope(self.run_job(&parsed.request, &delivery).instrument(span))
                     .await

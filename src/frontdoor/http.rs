@@ -181,13 +181,23 @@ pub fn with_http_layers(router: Router) -> Router {
                 .get(REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            tracing::info_span!(
+            let span = tracing::info_span!(
                 "http",
                 method = %request.method(),
                 route,
                 request_id = id,
                 trace_id = tracing::field::Empty
-            )
+            );
+            // An exported request span joins the caller's trace; see `trace_of`.
+            if let Some(parent) = request
+                .headers()
+                .get(crate::trace::TRACEPARENT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(TraceContext::parse)
+            {
+                parent.adopt(&span);
+            }
+            span
         })
         .on_request(())
         .on_response(
@@ -352,12 +362,15 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
 }
 
 /// The caller's W3C trace context, or a new trace; its id is logged with the request.
+/// When spans are exported the job carries the request span's own id, so the worker's span
+/// hangs below it.
 fn trace_of(headers: &HeaderMap) -> TraceContext {
     let trace = TraceContext::from_header(
         headers
             .get(crate::trace::TRACEPARENT)
             .and_then(|v| v.to_str().ok()),
-    );
+    )
+    .within(&tracing::Span::current());
     tracing::Span::current().record("trace_id", trace.trace_id());
     trace
 }

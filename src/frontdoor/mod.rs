@@ -158,7 +158,8 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
     ) -> Result<TurnStatusView, SubmitError> {
-        let traceparent = trace.child().header();
+        // `trace` is the front door's own position in the trace (see `http::trace_of`).
+        let traceparent = trace.header();
         let traceparent = Some(traceparent.as_str());
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;

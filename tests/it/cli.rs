@@ -1,6 +1,8 @@
 //! The `aptix` binary as a user runs it.
 
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::support::{free_port, wait_for_port};
 
@@ -908,11 +910,70 @@ fn sigterm(pid: u32) {
     assert!(status.success());
 }
 
+/// One span as an OTLP collector received it.
+#[derive(Debug, Clone)]
+struct ExportedSpan {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+}
+
+/// A minimal OpenTelemetry collector: `POST /v1/traces` with an OTLP/HTTP protobuf body.
+async fn otlp_receiver() -> (String, Arc<Mutex<Vec<ExportedSpan>>>) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use prost::Message as _;
+    let spans: Arc<Mutex<Vec<ExportedSpan>>> = Arc::default();
+    let seen = spans.clone();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                    return axum::http::StatusCode::BAD_REQUEST;
+                };
+                for resource in request.resource_spans {
+                    let service = resource
+                        .resource
+                        .iter()
+                        .flat_map(|r| &r.attributes)
+                        .find(|kv| kv.key == "service.name")
+                        .and_then(|kv| kv.value.as_ref())
+                        .map(|v| format!("{:?}", v.value))
+                        .unwrap_or_default();
+                    for scope in resource.scope_spans {
+                        for span in scope.spans {
+                            seen.lock().unwrap().push(ExportedSpan {
+                                service: service.clone(),
+                                name: span.name,
+                                trace_id: hex(&span.trace_id),
+                                span_id: hex(&span.span_id),
+                                parent_span_id: hex(&span.parent_span_id),
+                            });
+                        }
+                    }
+                }
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, spans)
+}
+
 /// Trace context across the queue, between two processes: a `traceparent` sent to `aptix serve`
 /// travels on the job message to `aptix worker`, whose log lines of the turn carry its trace id
-/// and whose model call sends it on (same trace id, a new span id).
+/// and whose model call sends it on (same trace id, a new span id). With
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` set, both processes export their spans to the collector as one
+/// tree: caller → `http` (serve) → `job` (worker) → … → `model_call`, whose id the model got.
 #[tokio::test]
 async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
+    let (collector, exported) = otlp_receiver().await;
     use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -930,6 +991,8 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
             .env("APTIX_LLM_BASE_URL", fake.base_url())
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "30")
             .env("APTIX_LOG_FORMAT", "json")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .env("RUST_LOG", "info");
     };
     let port = free_port();
@@ -965,6 +1028,50 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
         "{header}"
     );
     assert_ne!(parts[2], "b7ad6b7169203331", "a new span id");
+    // The collector holds one tree of that trace, across both processes.
+    let find = |name: &str| {
+        exported
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.name == name && s.trace_id == trace_id)
+            .cloned()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while ["http", "job", "model_call"]
+        .iter()
+        .any(|n| find(n).is_none())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spans exported: {:#?}",
+            exported.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (http, job, call) = (
+        find("http").unwrap(),
+        find("job").unwrap(),
+        find("model_call").unwrap(),
+    );
+    assert!(http.service.contains("aptix-serve"), "{http:?}");
+    assert!(job.service.contains("aptix-worker"), "{job:?}");
+    assert_eq!(http.parent_span_id, "b7ad6b7169203331", "{http:?}");
+    assert_eq!(job.parent_span_id, http.span_id, "{job:?} under {http:?}");
+    assert_eq!(
+        parts[2], call.span_id,
+        "the model's parent is the exported call span"
+    );
+    // model_call hangs below job, through the pipeline's spans.
+    let all = exported.lock().unwrap().clone();
+    let mut at = call.clone();
+    while at.span_id != job.span_id {
+        at = all
+            .iter()
+            .find(|s| s.span_id == at.parent_span_id)
+            .unwrap_or_else(|| panic!("{at:?} has no exported parent in {all:#?}"))
+            .clone();
+    }
     // Every log line of the turn in the worker carries the trace id.
     sigterm(worker.id());
     let mut stderr = String::new();

@@ -1,0 +1,161 @@
+//! Logs an operator can ship: `APTIX_LOG_FORMAT=text` (default) or `json`, levels from
+//! `RUST_LOG`, always on stderr. JSON lines carry the timestamp, level, target, message, the
+//! event's fields and the fields of the spans around it (`session_id`, `turn_id`, `attempt`,
+//! `request_id`, …). Colour codes only when stderr is a terminal, never in a file or a pipe.
+//!
+//! With `OTEL_EXPORTER_OTLP_ENDPOINT` set (and the default `otel` feature), spans are also
+//! exported to an OpenTelemetry collector ([`otlp`]); the turn's spans join the caller's
+//! trace through [`crate::trace`].
+//!
+//! Owns: installing the process's one subscriber and exporter. Must not: be called by library
+//! code.
+
+#[cfg(feature = "otel")]
+pub mod otlp;
+
+use std::io::IsTerminal as _;
+
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// Reads `APTIX_LOG_FORMAT` (absent = text); anything else than `text` or `json` is an
+    /// error naming the variable.
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value.map(str::trim) {
+            None | Some("") | Some("text") => Ok(Self::Text),
+            Some("json") => Ok(Self::Json),
+            Some(other) => Err(format!(
+                "APTIX_LOG_FORMAT must be \"text\" or \"json\", not {other:?}"
+            )),
+        }
+    }
+}
+
+/// The process's telemetry, installed once by the binary. Dropping it (or
+/// [`Telemetry::shutdown`]) flushes the spans not yet exported; keep it alive until the runtime
+/// is about to stop.
+#[must_use = "dropping the guard stops span export"]
+pub struct Telemetry {
+    #[cfg(feature = "otel")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Whether spans are being exported to a collector.
+    pub fn exporting(&self) -> bool {
+        #[cfg(feature = "otel")]
+        return self.provider.is_some();
+        #[cfg(not(feature = "otel"))]
+        false
+    }
+
+    /// Flushes and stops span export (no-op without it).
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("warning: span export did not flush cleanly: {e}");
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Installs the log subscriber (`RUST_LOG` if set, else `default_level`) and, when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, span export for `service` (`OTEL_SERVICE_NAME`
+/// overrides it). Must run inside the tokio runtime when export is requested; an export set-up
+/// that cannot work (an unreadable CA bundle, say) is an error, not a silent no-op.
+pub fn init(format: LogFormat, default_level: &str, service: &str) -> Result<Telemetry, String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let text = (format == LogFormat::Text).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+    });
+    let json = (format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+    });
+    #[cfg(feature = "otel")]
+    {
+        let provider = if otlp::requested() {
+            Some(otlp::provider(service)?)
+        } else {
+            None
+        };
+        let spans = provider.as_ref().map(otlp::layer);
+        // Err only when a subscriber is installed already (a second call): keep that one.
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(text)
+            .with(json)
+            .with(spans)
+            .try_init();
+        Ok(Telemetry { provider })
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(text)
+            .with(json)
+            .try_init();
+        if [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+        {
+            tracing::warn!(
+                service,
+                "OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no span export (feature `otel`)"
+            );
+        }
+        Ok(Telemetry {})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogFormat;
+
+    #[test]
+    fn the_format_is_text_json_or_a_clear_error() {
+        assert_eq!(LogFormat::parse(None), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse(Some("json")), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::parse(Some(" text ")), Ok(LogFormat::Text));
+        let err = LogFormat::parse(Some("yaml")).unwrap_err();
+        assert!(
+            err.contains("APTIX_LOG_FORMAT") && err.contains("yaml"),
+            "{err}"
+        );
+    }
+}
