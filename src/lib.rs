@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod queue;
 pub mod rag;
+pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod tls;

@@ -14,52 +14,11 @@ use serde_json::Value;
 use crate::config::{Config, Secret};
 use crate::contract::Usage;
 use crate::metrics::Metrics;
+pub use crate::state::{ModelResponse, OutputItem};
 
 /// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
 
-/// One output item of a model answer.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputItem {
-    /// Assistant text (`output_text` parts of a `message`, joined).
-    Text(String),
-    /// The model declined (`refusal` part).
-    Refusal(String),
-    /// The model asks for a function call.
-    FunctionCall {
-        /// The id to answer with (`call_id`).
-        call_id: String,
-        /// The function name.
-        name: String,
-        /// The arguments as JSON text (as the model wrote them; not necessarily valid).
-        arguments: String,
-    },
-    /// Reasoning, ignored.
-    Reasoning,
-    /// An item type this client does not know; ignored with a warning.
-    Unknown {
-        /// The item's type.
-        item_type: String,
-    },
-}
-
-/// A normalised model answer.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ModelResponse {
-    /// The response id (`previous_response_id` for the next call).
-    pub id: String,
-    /// The parsed output items, in order.
-    pub items: Vec<OutputItem>,
-    /// The raw output items that can be replayed as input (messages and function calls).
-    pub replay_items: Vec<Value>,
-    /// Why the answer is incomplete (`max_output_tokens`, `content_filter`), if it is.
-    pub incomplete_reason: Option<String>,
-    /// Token usage of this call.
-    pub usage: Usage,
-}
-
-/// Why a model call failed, after retries.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LlmError {
     /// Transient failures (429, 5xx, timeouts, connection errors) outlasted the retries.

@@ -311,7 +311,7 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
 #[utoipa::path(post, path = "/v1/turns", tag = "turns",
     request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
     responses(
-        (status = 202, description = "Accepted: the job is confirmed by the broker", body = api_doc::InvokeResult<TurnStatusView>),
+        (status = 202, description = "Accepted: the job is confirmed by the broker", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
         (status = 400, description = "Invalid: every violation; nothing enqueued", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
@@ -501,7 +501,7 @@ impl QueryParams {
         ("wait" = Option<f64>, Query, minimum = 0, description = "Seconds to wait for the turn to leave queued/running (longer waits are cut to 60)"),
     ),
     responses(
-        (status = 200, description = "The turn's status", body = api_doc::InvokeResult<TurnStatusView>),
+        (status = 200, description = "The turn's status", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
         (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
@@ -693,7 +693,7 @@ async fn get_session(
     params(("sessionId" = String, Path, description = "The session (may not exist yet)")),
     responses(
         (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
-        (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = TurnStatusView),
+        (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Another tenant's session", body = Failure),
         (status = 503, description = "Broker unavailable", body = Failure),

@@ -33,6 +33,27 @@ pub struct InvokeResult<T: ToSchema> {
     result_id: String,
 }
 
+/// A turn's status as clients see it (the schema of [`crate::state::TurnStatusView`]).
+#[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // a schema, never built
+pub struct TurnStatusView {
+    /// The session.
+    session_id: crate::contract::SessionId,
+    /// The turn.
+    turn_id: crate::contract::TurnId,
+    /// Lifecycle status.
+    status: crate::state::TurnStatus,
+    /// Runs so far.
+    attempts: u32,
+    /// Accepted (RFC 3339).
+    submitted_at: String,
+    /// Finished (RFC 3339).
+    completed_at: Option<String>,
+    /// The latest result, once there is one.
+    result: Option<ExecuteResult>,
+}
+
 /// `InvokeResult<AgentExecuteResponse>`: a turn's result (final answer, client tool
 /// continuation, or failure).
 #[derive(ToSchema)]

@@ -10,23 +10,7 @@ use serde_json::{Value, json};
 use crate::catalog::ToolDef;
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
-
-/// One chunk of the `[CONTEXT]` block (AGN-002 §5).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ContextChunk {
-    /// Stable chunk id.
-    pub id: String,
-    /// Path relative to the workspace.
-    pub path: String,
-    /// First line (1-based).
-    pub line_start: usize,
-    /// Last line (inclusive).
-    pub line_end: usize,
-    /// Language tag for the fence.
-    pub language: String,
-    /// The text.
-    pub content: String,
-}
+pub use crate::rag::ContextChunk;
 
 /// How the call continues the conversation.
 #[derive(Debug, Clone, Copy)]

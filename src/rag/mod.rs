@@ -12,7 +12,6 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::request::{RagCondition, RagOperator};
-use crate::pipeline::compose::ContextChunk;
 
 pub mod bench;
 pub mod chunker;
@@ -24,6 +23,23 @@ pub use chunker::{ChunkOptions, chunk_file};
 pub use indexer::{IndexReport, index_files, index_folder};
 pub use memory::MemoryIndex;
 pub use redis::RedisIndex;
+
+/// One chunk of the `[CONTEXT]` block (AGN-002 §5).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextChunk {
+    /// Stable chunk id.
+    pub id: String,
+    /// Path relative to the workspace.
+    pub path: String,
+    /// First line (1-based).
+    pub line_start: usize,
+    /// Last line (inclusive).
+    pub line_end: usize,
+    /// Language tag for the fence.
+    pub language: String,
+    /// The text.
+    pub content: String,
+}
 
 /// One indexed chunk of a file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
