@@ -19,9 +19,9 @@
 //!   crypto provider and the extra CA bundle for `amqps://`, `rediss://` and the model;
 //!   [`trace`] — W3C trace context from the front door across the queue to the model.
 
+pub mod app;
 pub mod bench;
 pub mod catalog;
-pub mod client;
 pub mod config;
 pub mod contexts;
 pub mod contract;

@@ -348,16 +348,22 @@ async fn post_turn(State(state): State<HttpState>, request: Request) -> Response
             StatusCode::ACCEPTED,
             InvokeResult::success(view).with_warnings(parsed.warnings),
         ),
-        Err(SubmitError::Invalid(r)) => {
-            answer::<()>(StatusCode::BAD_REQUEST, r.into_invoke_result())
+        Err(refused) => refused.into_response(),
+    }
+}
+
+impl IntoResponse for SubmitError {
+    /// The status and `InvokeResult` of a refusal; a dependency failure is logged and answered
+    /// with a message that says nothing was accepted.
+    fn into_response(self) -> Response {
+        match self {
+            Self::Unavailable(m) => unavailable(m),
+            refused => {
+                let status = StatusCode::from_u16(refused.http_status())
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                answer::<()>(status, refused.into_invoke_result())
+            }
         }
-        Err(SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m)) => {
-            answer::<()>(StatusCode::CONFLICT, InvokeResult::failure(m))
-        }
-        Err(SubmitError::NotFound(m)) => {
-            answer::<()>(StatusCode::NOT_FOUND, InvokeResult::failure(m))
-        }
-        Err(SubmitError::Unavailable(m)) => unavailable(m),
     }
 }
 
@@ -801,13 +807,8 @@ async fn run_sync(
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
     let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
-    match state.door.authorize(tenant, request).await {
-        Ok(()) => {}
-        Err(SubmitError::Unavailable(m)) => return fail(ErrorCode::ServiceUnavailable, m),
-        Err(
-            SubmitError::NotFound(m) | SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m),
-        ) => return InvokeResult::failure(m),
-        Err(SubmitError::Invalid(r)) => return r.into_invoke_result(),
+    if let Err(refused) = state.door.authorize(tenant, request).await {
+        return refused.into_invoke_result();
     }
     // Subscribe before enqueueing so the result cannot slip past.
     let mut events = match state.broker.subscribe_events(sid).await {
@@ -816,11 +817,7 @@ async fn run_sync(
     };
     let accepted = match state.door.submit_traced(request, trace).await {
         Ok(view) => view,
-        Err(SubmitError::Invalid(r)) => return r.into_invoke_result(),
-        Err(
-            SubmitError::Conflict(m) | SubmitError::NotAwaitingTools(m) | SubmitError::NotFound(m),
-        ) => return InvokeResult::failure(m),
-        Err(SubmitError::Unavailable(m)) => return fail(ErrorCode::ServiceUnavailable, m),
+        Err(refused) => return refused.into_invoke_result(),
     };
     let settled = |s: TurnStatus| {
         matches!(

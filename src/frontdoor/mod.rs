@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::contexts::KnownContexts;
 use crate::contract::{
-    AgentExecuteRequest, ErrorCode, ErrorMessage, RequestLimits, RequestRejected, ToolContinuation,
-    parse_request,
+    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, RequestRejected,
+    ToolContinuation, parse_request,
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
@@ -39,6 +39,31 @@ pub enum SubmitError {
     /// The store or the broker is unavailable; nothing was accepted.
     #[error("{0}")]
     Unavailable(String),
+}
+
+impl SubmitError {
+    /// The HTTP status this refusal answers with.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::Invalid(_) => 400,
+            Self::NotFound(_) => 404,
+            Self::Conflict(_) | Self::NotAwaitingTools(_) => 409,
+            Self::Unavailable(_) => 503,
+        }
+    }
+
+    /// The failed `InvokeResult` a client gets for it (the CLI, the synchronous endpoint).
+    pub fn into_invoke_result<T>(self) -> InvokeResult<T> {
+        match self {
+            Self::Invalid(rejected) => rejected.into_invoke_result(),
+            Self::Conflict(m) | Self::NotFound(m) | Self::NotAwaitingTools(m) => {
+                InvokeResult::failure(m)
+            }
+            Self::Unavailable(m) => {
+                InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, m))
+            }
+        }
+    }
 }
 
 impl From<StoreError> for SubmitError {

@@ -1,256 +1,138 @@
-//! A client of the HTTP API, used by the CLI commands (`submit`, `status`, `watch`, `batch`).
+//! `aptix batch`: a folder of documents (or an NDJSON file of requests) run as one batch
+//! through the HTTP API — one new session per input, a progress bar, one result file per input
+//! plus `summary.json`, resumable: a re-run skips inputs that already have a result.
 //!
-//! Owns: talking to a running front door over HTTP, and the batch workflow on the client side
-//! (inputs → one batch → progress → one result file per input, resumable). Must not: reach
-//! RabbitMQ or Redis directly; everything goes through the API a remote user would use.
+//! Owns: the client side of a batch. Must not: reach RabbitMQ or Redis; without `--url` it
+//! starts an embedded server and still talks HTTP to it.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
 
-use crate::catalog::READ_FILE_TOOL;
-use crate::contract::request::{RelativePath, default_id};
+use aptix_worker::app::App;
+use aptix_worker::config::Config;
+use aptix_worker::contract::request::default_id;
 
-/// A small client of the HTTP API.
-#[derive(Debug, Clone)]
-pub struct ApiClient {
-    http: reqwest::Client,
-    base: String,
-    token: Option<String>,
+use super::client::ApiClient;
+use super::index::{repo_name, upload_index};
+use super::workspace::client_tool;
+
+/// Arguments of `aptix batch`.
+#[derive(Debug, clap::Args)]
+pub struct BatchArgs {
+    /// A folder of *.md files, or an .ndjson file.
+    pub input: PathBuf,
+    /// The instruction every document is sent with.
+    #[arg(long)]
+    pub instruction: Option<String>,
+    /// Where results go (default: aptix-results/<input name>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The API's base URL (default: an embedded server).
+    #[arg(long, env = "APTIX_URL")]
+    pub url: Option<String>,
+    /// Bearer token.
+    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// How often progress is polled, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub poll_ms: u64,
+    /// Index this folder first, so turns see related documents in their context.
+    #[arg(long)]
+    pub index: Option<PathBuf>,
 }
 
-impl ApiClient {
-    /// A client of the API at `base` (e.g. `http://127.0.0.1:8080`).
-    pub fn new(base: &str, token: Option<String>) -> Self {
-        Self {
-            http: {
-                crate::tls::install_crypto_provider();
-                reqwest::Client::new()
-            },
-            base: base.trim_end_matches('/').to_string(),
-            token,
-        }
-    }
-
-    /// The API's base URL.
-    pub fn base(&self) -> &str {
-        &self.base
-    }
-
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let req = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(t) => req.bearer_auth(t),
-            None => req,
-        }
-    }
-
-    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
-        let status = resp.status().as_u16();
-        let body = resp
-            .json()
-            .await
-            .context("the API answered with something that is not JSON")?;
-        Ok((status, body))
-    }
-
-    /// POSTs a JSON body; returns the HTTP status and the JSON answer.
-    pub async fn post(&self, path: &str, body: Vec<u8>) -> anyhow::Result<(u16, Value)> {
-        self.send(
-            self.request(reqwest::Method::POST, path)
-                .header("content-type", "application/json")
-                .body(body),
-        )
-        .await
-    }
-
-    /// GETs a JSON answer.
-    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, Value)> {
-        self.send(self.request(reqwest::Method::GET, path)).await
-    }
-
-    /// Follows a session's Server-Sent Events, calling `on_event` with each event's data until
-    /// the stream ends or `on_event` returns `false`. `on_subscribed` runs once the server has
-    /// subscribed (it answers only then), so nothing published afterwards is missed.
-    pub async fn watch(
-        &self,
-        session_id: &str,
-        on_subscribed: impl FnOnce(),
-        mut on_event: impl FnMut(&str) -> bool,
-    ) -> anyhow::Result<()> {
-        let resp = self
-            .request(
-                reqwest::Method::GET,
-                &format!("/v1/sessions/{session_id}/events"),
-            )
-            .header("accept", "text/event-stream")
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            bail!("the API refused the subscription ({status}): {body}");
-        }
-        on_subscribed();
-        let mut stream = resp.bytes_stream();
-        let mut decoder = SseDecoder::default();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.context("the event stream broke")?;
-            for data in decoder.push(&chunk) {
-                if !on_event(&data) {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// GETs an NDJSON answer as one JSON value per line.
-    pub async fn get_ndjson(&self, path: &str) -> anyhow::Result<Vec<Value>> {
-        let resp = self
-            .request(reqwest::Method::GET, path)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
-        let status = resp.status();
-        let text = resp.text().await.context("reading the answer")?;
-        if !status.is_success() {
-            bail!("GET {path} answered {status}: {text}");
-        }
-        text.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).context("an answer line is not JSON"))
-            .collect()
-    }
-}
-
-/// Runs one client tool call the way the IDE extension would: `workspace_read_file` reads from
-/// `workspace`; other tools are reported as not implemented by this client.
-pub fn client_tool(workspace: &Path, call: &Value) -> Value {
-    let id = call["toolCallId"].as_str().unwrap_or_default();
-    let name = call["name"].as_str().unwrap_or_default();
-    let fail = |msg: String| json!({"toolCallId": id, "executionMs": 0, "errorMessage": msg});
-    if name != READ_FILE_TOOL {
-        return fail(format!("this client does not implement {name}"));
-    }
-    let started = Instant::now();
-    let args: Value = call["argumentsJson"]
-        .as_str()
-        .and_then(|a| serde_json::from_str(a).ok())
-        .unwrap_or_default();
-    let Some(path) = args.get("path").and_then(Value::as_str) else {
-        return fail("missing 'path'".into());
+/// `aptix batch`.
+pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
+    let BatchArgs {
+        input,
+        instruction,
+        out,
+        url,
+        token,
+        poll_ms,
+        index,
+    } = args;
+    let out = out.unwrap_or_else(|| {
+        let name = input
+            .file_stem()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "batch".into());
+        PathBuf::from("aptix-results").join(name)
+    });
+    let job = BatchJob {
+        input,
+        instruction,
+        out,
+        poll: Duration::from_millis(poll_ms.max(10)),
+        max_tool_rounds: 4,
     };
-    let Ok(rel) = RelativePath::parse(path) else {
-        return fail(format!(
-            "{path:?} is not a relative path inside the workspace"
-        ));
+    // Without a URL, an embedded server on a free loopback port does the work.
+    let mut embedded = None;
+    let url = match url {
+        Some(u) => u,
+        None => {
+            let config = Config::from_env()?;
+            let app = App::build(&config).await?;
+            let shutdown = CancellationToken::new();
+            let worker_task = app.worker(&config).spawn(shutdown.clone());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let server = app.spawn_http(&config, listener, shutdown.clone());
+            eprintln!("no --url given: running an embedded server at http://{addr}");
+            embedded = Some((shutdown, worker_task, server, app));
+            format!("http://{addr}")
+        }
     };
-    match std::fs::read_to_string(workspace.join(rel.as_str())) {
-        Ok(text) => json!({
-            "toolCallId": id,
-            "executionMs": u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-            "resultJson": json!({"path": path, "contents": text}).to_string(),
-        }),
-        Err(e) => fail(format!("cannot read {path}: {e}")),
-    }
-}
-
-/// The repository name for a folder: `explicit`, else the folder's own name.
-pub fn repo_name(folder: &Path, explicit: Option<String>) -> String {
-    explicit.unwrap_or_else(|| {
-        std::fs::canonicalize(folder)
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "default".into())
-    })
-}
-
-/// Files sent per `POST /v1/index` request (and at most this many bytes).
-const INDEX_GROUP_FILES: usize = 200;
-const INDEX_GROUP_BYTES: usize = 8 * 1024 * 1024;
-
-/// Indexes a folder through the API: the files in groups (progress on stderr), then the
-/// complete listing so files gone from the folder leave the index.
-pub async fn upload_index(
-    client: &ApiClient,
-    folder: &Path,
-    repo: &str,
-    tags: &[String],
-) -> anyhow::Result<crate::rag::IndexReport> {
-    let (files, skipped) = crate::rag::indexer::read_folder(folder)
-        .with_context(|| format!("reading {}", folder.display()))?;
-    let mut total = crate::rag::IndexReport {
-        repo: repo.to_string(),
-        files: files.len(),
-        skipped,
-        ..Default::default()
+    let client = ApiClient::new(&url, token);
+    let indexed = match &index {
+        Some(folder) => upload_index(&client, folder, &repo_name(folder, None), &[])
+            .await
+            .map(|r| {
+                eprintln!(
+                    "indexed {}: {} file(s) ({} new or changed, {} chunk(s)), {} removed",
+                    folder.display(),
+                    r.files,
+                    r.indexed,
+                    r.chunks,
+                    r.removed
+                )
+            }),
+        None => Ok(()),
     };
-    let mut groups: Vec<Vec<&(String, String)>> = vec![Vec::new()];
-    let mut bytes = 0;
-    for f in &files {
-        let last = groups.last_mut().map(|g| g.len()).unwrap_or(0);
-        if last >= INDEX_GROUP_FILES || (last > 0 && bytes + f.1.len() > INDEX_GROUP_BYTES) {
-            groups.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += f.1.len();
-        if let Some(g) = groups.last_mut() {
-            g.push(f);
-        }
+    let outcome = match indexed {
+        Ok(()) => run_batch(&client, &job).await,
+        Err(e) => Err(e),
+    };
+    if let Some((shutdown, worker_task, server, _app)) = embedded {
+        shutdown.cancel();
+        let _ = worker_task.await;
+        let _ = server.await;
     }
-    let keep: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
-    let count = groups.len();
-    let mut done = 0;
-    for (i, group) in groups.into_iter().enumerate() {
-        let mut body = json!({
-            "repo": repo,
-            "tags": tags,
-            "files": group.iter().map(|(p, c)| json!({"path": p, "contents": c})).collect::<Vec<_>>(),
-        });
-        if i + 1 == count {
-            body["keep"] = json!(keep);
-        }
-        let (status, answer) = client.post("/v1/index", serde_json::to_vec(&body)?).await?;
-        if status != 200 {
-            bail!(
-                "the API refused to index ({status}): {}",
-                serde_json::to_string_pretty(&answer).unwrap_or_default()
-            );
-        }
-        let r = &answer["result"];
-        let n = |k: &str| usize::try_from(r[k].as_u64().unwrap_or(0)).unwrap_or(0);
-        total.indexed += n("indexed");
-        total.unchanged += n("unchanged");
-        total.chunks += n("chunks");
-        total.removed += n("removed");
-        for s in r["skipped"].as_array().into_iter().flatten() {
-            total.skipped.push(crate::rag::indexer::SkippedFile {
-                path: s["path"].as_str().unwrap_or_default().to_string(),
-                reason: s["reason"].as_str().unwrap_or_default().to_string(),
-            });
-        }
-        done += group.len();
-        if count > 1 || files.len() >= INDEX_GROUP_FILES {
-            eprintln!(
-                "indexing {}: {done}/{} file(s)",
-                folder.display(),
-                files.len()
-            );
-        }
+    let outcome = outcome?;
+    println!(
+        "{} input(s): {} completed now, {} already done, {} failed; results in {}",
+        outcome.total,
+        outcome.completed,
+        outcome.skipped,
+        outcome.failed.len(),
+        job.out.display()
+    );
+    if outcome.failed.is_empty() {
+        return Ok(ExitCode::SUCCESS);
     }
-    Ok(total)
+    println!("failed:");
+    for (id, why) in &outcome.failed {
+        println!("  {id}: {why}");
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 /// What `aptix batch` works on.
@@ -694,77 +576,5 @@ mod tests {
         assert_eq!(given.request["SessionId"], "mine");
         assert!(given.request.get("sessionId").is_none());
         assert!(given.request["turnId"].as_str().unwrap().starts_with("t0-"));
-    }
-}
-
-/// Reads Server-Sent Events from a byte stream that the network cuts anywhere, even inside a
-/// multi-byte character: bytes are kept until a line is complete, and only whole lines are
-/// decoded. Yields each event's data (its `data:` lines joined by newlines); other fields and
-/// comments (keep-alives) are skipped.
-#[derive(Debug, Default)]
-pub struct SseDecoder {
-    pending: Vec<u8>,
-    data: Option<String>,
-}
-
-impl SseDecoder {
-    /// Feeds bytes as they arrived; returns the data of every event they completed.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
-        self.pending.extend_from_slice(bytes);
-        let mut events = Vec::new();
-        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
-            let mut line: Vec<u8> = self.pending.drain(..=end).collect();
-            line.pop();
-            if line.last() == Some(&b'\r') {
-                line.pop();
-            }
-            // A line is whole, so it splits no character; invalid UTF-8 is the server's fault.
-            let line = String::from_utf8_lossy(&line);
-            if line.is_empty() {
-                if let Some(data) = self.data.take() {
-                    events.push(data);
-                }
-            } else if let Some(value) = line.strip_prefix("data:") {
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                match &mut self.data {
-                    Some(data) => {
-                        data.push('\n');
-                        data.push_str(value);
-                    }
-                    None => self.data = Some(value.to_string()),
-                }
-            }
-        }
-        events
-    }
-}
-
-#[cfg(test)]
-mod sse_tests {
-    use super::SseDecoder;
-
-    #[test]
-    fn characters_split_across_chunks_arrive_whole() {
-        let stream = "event: turn\nid: t1\ndata: {\"instruction\":\"Grüße, 你好 🚀\"}\n\n: keep-alive\n\ndata: a\ndata: b\r\n\r\n";
-        let mut decoder = SseDecoder::default();
-        let mut events = Vec::new();
-        for byte in stream.as_bytes() {
-            events.extend(decoder.push(std::slice::from_ref(byte)));
-        }
-        assert_eq!(
-            events,
-            vec![
-                "{\"instruction\":\"Grüße, 你好 🚀\"}".to_string(),
-                "a\nb".to_string()
-            ]
-        );
-    }
-
-    #[test]
-    fn an_unfinished_event_is_not_yielded() {
-        let mut decoder = SseDecoder::default();
-        assert!(decoder.push(b"data: half").is_empty());
-        assert!(decoder.push(b"\n").is_empty());
-        assert_eq!(decoder.push(b"\n"), vec!["half".to_string()]);
     }
 }

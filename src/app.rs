@@ -1,0 +1,211 @@
+//! The composition root: one place that turns a [`Config`] into the running parts — the mode
+//! catalog, the model client (or the built-in fake when no model is configured), the session
+//! store and chunk index (Redis, or memory), the broker (RabbitMQ, or the embedded one), the
+//! pipeline, and from them the worker, the front door and the HTTP state. The binary, the
+//! benchmarks and the tests all build through [`App::build`].
+//!
+//! Owns: wiring. Must not: hold behaviour of its own (no turn logic, no request handling).
+
+use std::sync::Arc;
+
+use crate::catalog::ModeCatalog;
+use crate::config::Config;
+use crate::fake_llm::{FakeLlm, FakeOptions};
+use crate::frontdoor::FrontDoor;
+use crate::frontdoor::http::{HttpState, router, serve};
+use crate::llm::LlmClient;
+use crate::metrics::Metrics;
+use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
+use crate::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisIndex};
+use crate::store::redis::RedisOptions;
+use crate::store::{MemoryStore, RedisStore, SessionStore};
+use crate::worker::{Worker, WorkerSettings};
+
+/// Why the parts could not be built: which part, and the cause (kept as the error's source).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up {part}")]
+pub struct BuildError {
+    part: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl BuildError {
+    /// The part that could not be set up (`the mode catalog`, `RabbitMQ`, …).
+    pub fn part(&self) -> &'static str {
+        self.part
+    }
+}
+
+/// Names the part a failure belongs to.
+trait Part<T> {
+    fn part(self, part: &'static str) -> Result<T, BuildError>;
+}
+
+impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Part<T> for Result<T, E> {
+    fn part(self, part: &'static str) -> Result<T, BuildError> {
+        self.map_err(|e| BuildError {
+            part,
+            source: e.into(),
+        })
+    }
+}
+
+/// Everything a process needs, built from the configuration: embedded in-memory parts when no
+/// URLs are set, RabbitMQ and Redis when they are.
+pub struct App {
+    pub catalog: Arc<ModeCatalog>,
+    pub store: Arc<dyn SessionStore>,
+    pub broker: Arc<dyn Broker>,
+    pub pipeline: Pipeline,
+    pub topology: Topology,
+    pub metrics: Arc<Metrics>,
+    pub index: Arc<dyn ChunkIndex>,
+    /// Keeps the built-in fake model alive when no model server is configured.
+    _fake: Option<FakeLlm>,
+}
+
+impl App {
+    pub async fn build(config: &Config) -> Result<Self, BuildError> {
+        let catalog =
+            Arc::new(ModeCatalog::load(config.modes_file.as_deref()).part("the mode catalog")?);
+        let (base_url, fake) = match config.model_base_url() {
+            Some(url) => (url, None),
+            None => {
+                let fake = FakeLlm::start(
+                    std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                    FakeOptions::default(),
+                    None,
+                )
+                .await
+                .part("the built-in fake model")?;
+                tracing::info!(base_url = %fake.base_url(), "no model configured; using the built-in fake model");
+                (fake.base_url(), Some(fake))
+            }
+        };
+        let metrics = Arc::new(Metrics::new());
+        let llm = LlmClient::from_config(config, &base_url)
+            .part("the model client")?
+            .with_metrics(metrics.clone());
+        let store: Arc<dyn SessionStore> = match &config.redis_url {
+            Some(url) => {
+                tracing::info!(namespace = %config.namespace, "using the Redis session store");
+                Arc::new(
+                    RedisStore::connect_with(
+                        url.expose(),
+                        &config.namespace,
+                        config.retention,
+                        &redis_options(config),
+                    )
+                    .await
+                    .part("the Redis session store")?,
+                )
+            }
+            None => Arc::new(MemoryStore::new()),
+        };
+        let mut topology = Topology::new(&config.namespace);
+        topology.reply_queue_ttl = config.reply_queue_ttl;
+        let broker: Arc<dyn Broker> = match &config.amqp_url {
+            Some(url) => {
+                let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());
+                let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name)
+                    .with_timeout(config.dependency_timeout)
+                    .with_tls_ca(config.tls_ca.clone());
+                rabbit.connect().await.part("RabbitMQ")?;
+                tracing::info!(namespace = %config.namespace, "using RabbitMQ");
+                Arc::new(rabbit)
+            }
+            None => Arc::new(MemoryBroker::new()),
+        };
+        let index: Arc<dyn ChunkIndex> = match &config.redis_url {
+            Some(url) => Arc::new(
+                RedisIndex::connect_with(url.expose(), &config.namespace, &redis_options(config))
+                    .await
+                    .part("the Redis chunk index")?,
+            ),
+            None => Arc::new(MemoryIndex::new()),
+        };
+        let mut settings = PipelineSettings::new(config.model.clone());
+        settings.max_iterations = config.max_iterations;
+        settings.replay = config.llm_replay;
+        settings.lease_ttl = config.lease;
+        let pipeline = Pipeline::new(store.clone(), catalog.clone(), llm, settings)
+            .part("the pipeline")?
+            .with_metrics(metrics.clone())
+            .with_rag(
+                Arc::new(Bm25Retriever::new(index.clone())),
+                config.rag_budget,
+            );
+        Ok(Self {
+            catalog,
+            store,
+            broker,
+            pipeline,
+            topology,
+            metrics,
+            index,
+            _fake: fake,
+        })
+    }
+
+    pub fn worker(&self, config: &Config) -> Worker {
+        let settings = WorkerSettings {
+            concurrency: u16::try_from(config.concurrency).unwrap_or(u16::MAX),
+            max_attempts: config.max_attempts,
+            turn_deadline: config.turn_deadline,
+            shutdown_grace: config.shutdown_grace,
+            limits: config.limits,
+            ..WorkerSettings::default()
+        };
+        Worker::new(
+            self.broker.clone(),
+            self.pipeline.clone(),
+            self.topology.clone(),
+            settings,
+        )
+        .with_metrics(self.metrics.clone())
+    }
+
+    pub fn front_door(&self, config: &Config) -> FrontDoor {
+        FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
+            .with_contexts(self.pipeline.known_contexts())
+            .with_metrics(self.metrics.clone())
+    }
+
+    pub fn http_state(&self, config: &Config) -> HttpState {
+        HttpState {
+            door: self.front_door(config),
+            store: self.store.clone(),
+            broker: self.broker.clone(),
+            catalog: self.catalog.clone(),
+            tokens: config.api_tokens.clone(),
+            limits: config.limits,
+            batch_limits: config.batch_limits,
+            metrics: self.metrics.clone(),
+            index: self.index.clone(),
+            chunk_options: ChunkOptions {
+                max_lines: config.chunk_lines,
+            },
+        }
+    }
+
+    /// Serves the HTTP API of these parts on `listener` until `shutdown` is cancelled (the
+    /// embedded server of `aptix run --listen`, `aptix batch` without `--url`, the tests).
+    pub fn spawn_http(
+        &self,
+        config: &Config,
+        listener: tokio::net::TcpListener,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<std::io::Result<()>> {
+        tokio::spawn(serve(listener, router(self.http_state(config)), shutdown))
+    }
+}
+
+/// How this process connects to Redis.
+pub fn redis_options(config: &Config) -> RedisOptions {
+    RedisOptions {
+        timeout: config.dependency_timeout,
+        ca: config.tls_ca.clone(),
+    }
+}

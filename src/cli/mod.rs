@@ -1,0 +1,129 @@
+//! The `aptix` commands, one file per group: the processes ([`serve`]: run, serve, worker),
+//! turns through the API ([`turns`]: submit, status, watch, enqueue, validate), [`batch`],
+//! [`index`], [`dlq`] and the [`tools`] (openapi, modes, error codes, the fake model, the
+//! benchmarks). [`client`] is the HTTP API client they share; [`workspace`] answers client
+//! tools when the CLI acts as a turn's client.
+//!
+//! Owns: argument parsing and what each command prints. Must not: hold product logic — that
+//! lives in the library, wired by `aptix_worker::app::App`. `anyhow` is used here (and in
+//! `main`) only.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod batch;
+pub mod client;
+pub mod dlq;
+pub mod index;
+pub mod serve;
+pub mod tools;
+pub mod turns;
+pub mod workspace;
+
+/// The command line.
+#[derive(Parser)]
+#[command(
+    name = "aptix",
+    version,
+    about = "Queue-driven execution backend for LLM agent turns"
+)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Front door and worker in one process (embedded in-memory queue and store unless
+    /// APTIX_AMQP_URL / APTIX_REDIS_URL are set; the built-in fake model unless
+    /// APTIX_LLM_BASE_URL or OPENAI_API_KEY is set). Serves the HTTP API until SIGTERM/Ctrl-C;
+    /// given request files, runs them in order instead and exits.
+    Run(serve::RunArgs),
+    /// Serve the HTTP API (front door). With --worker, also run a worker in this process
+    /// (required on the embedded in-memory queue; `aptix run` is the same).
+    Serve(serve::ServeArgs),
+    /// Run a worker: consume turn jobs from RabbitMQ (APTIX_AMQP_URL) until SIGTERM/Ctrl-C.
+    Worker(serve::WorkerArgs),
+    /// Run a folder of *.md documents (or an NDJSON file of {"customId","request"} lines) as a
+    /// batch through the HTTP API: one new session per input, a progress bar, one result file
+    /// per input plus summary.json. Re-running skips inputs that already completed. Without
+    /// --url (or APTIX_URL), runs an embedded server in this process.
+    Batch(batch::BatchArgs),
+    /// Print the OpenAPI document of the HTTP API.
+    Openapi,
+    /// Index a folder for retrieval (Markdown by heading, code by lines): through the HTTP API
+    /// with --url, else straight into Redis (APTIX_REDIS_URL). Unchanged files are skipped,
+    /// changed ones re-chunked, files gone from the folder removed.
+    Index(index::IndexArgs),
+    /// Enqueue request files through the front door (prints each accepted turn's status).
+    Enqueue(turns::EnqueueArgs),
+    /// Print a session's turn results as the HTTP API publishes them (Server-Sent Events;
+    /// Ctrl-C stops).
+    Watch(turns::WatchArgs),
+    /// Submit one request file to the HTTP API and print its result (or, with --no-wait, its
+    /// accepted status).
+    Submit(turns::SubmitArgs),
+    /// Print a turn's status from the HTTP API.
+    Status(turns::StatusArgs),
+    /// Inspect or replay the dead-letter queue (APTIX_AMQP_URL).
+    Dlq(dlq::DlqArgs),
+    /// Serve the fake Responses API (for tests, demos and benchmarks).
+    FakeLlm(tools::FakeLlmArgs),
+    /// Parse AgentExecuteRequest JSON files (or `-` for stdin) and print each InvokeResult.
+    Validate(turns::ValidateArgs),
+    /// Print the mode catalog in use (the file format of APTIX_MODES_FILE).
+    Modes,
+    /// Measure the session store's hot path (begin + commit of a turn) against a bare Redis
+    /// SET+GET baseline, on APTIX_REDIS_URL (default redis://127.0.0.1:6379/).
+    BenchStore(tools::BenchStoreArgs),
+    /// Print the table of error codes as Markdown.
+    ErrorCodes,
+    /// Measure indexing and BM25 queries on a synthetic corpus (memory, and Redis when
+    /// APTIX_REDIS_URL is set) against baselines measured in the same run.
+    BenchRag(tools::BenchRagArgs),
+    /// Push turns through the real job path against the fake model and compare with a bare
+    /// publish/consume baseline (RabbitMQ/Redis when their URLs are set, else in-memory).
+    Bench(tools::BenchArgs),
+}
+
+impl Command {
+    /// The log level when `RUST_LOG` is not set: client commands keep stderr for their own
+    /// progress.
+    pub fn default_log_level(&self) -> &'static str {
+        match self {
+            Self::Batch(_)
+            | Self::Submit(_)
+            | Self::Status(_)
+            | Self::Watch(_)
+            | Self::Validate(_) => "warn",
+            _ => "info",
+        }
+    }
+}
+
+/// Runs the command.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run(args) => serve::run(args).await,
+        Command::Serve(args) => serve::serve(args).await,
+        Command::Worker(args) => serve::worker(args).await,
+        Command::Batch(args) => batch::batch(args).await,
+        Command::Openapi => tools::openapi().await,
+        Command::Index(args) => index::index(args).await,
+        Command::Enqueue(args) => turns::enqueue(args).await,
+        Command::Watch(args) => turns::watch(args).await,
+        Command::Submit(args) => turns::submit(args).await,
+        Command::Status(args) => turns::status(args).await,
+        Command::Dlq(args) => dlq::dlq(args).await,
+        Command::FakeLlm(args) => tools::fake_llm(args).await,
+        Command::Validate(args) => turns::validate(args).await,
+        Command::Modes => tools::modes().await,
+        Command::BenchStore(args) => tools::bench_store(args).await,
+        Command::ErrorCodes => tools::error_codes().await,
+        Command::BenchRag(args) => tools::bench_rag(args).await,
+        Command::Bench(args) => tools::bench(args).await,
+    }
+}

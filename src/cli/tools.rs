@@ -1,0 +1,181 @@
+//! The tool commands: `openapi`, `modes`, `error-codes`, `fake-llm` and the benchmarks.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use aptix_worker::catalog::ModeCatalog;
+use aptix_worker::config::Config;
+use aptix_worker::contract;
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions, create_response_validator};
+use aptix_worker::frontdoor::http;
+
+/// Arguments of `aptix fake-llm`.
+#[derive(Debug, clap::Args)]
+pub struct FakeLlmArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    pub listen: SocketAddr,
+    /// Delay added to every answer, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub latency_ms: u64,
+    /// Store no responses (every previous_response_id is unknown).
+    #[arg(long)]
+    pub stateless: bool,
+    /// The official OpenAPI document (JSON) to validate requests against.
+    #[arg(long)]
+    pub openapi: Option<PathBuf>,
+}
+
+/// Arguments of `aptix bench-store`.
+#[derive(Debug, clap::Args)]
+pub struct BenchStoreArgs {
+    /// Turns to run.
+    #[arg(long, default_value_t = 2000)]
+    pub turns: usize,
+}
+
+/// Arguments of `aptix bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Turns to push.
+    #[arg(long, default_value_t = 2000)]
+    pub turns: usize,
+    /// Sessions they are spread over (default: one per turn).
+    #[arg(long)]
+    pub sessions: Option<usize>,
+    /// The fake model's latency in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub latency_ms: u64,
+    /// Worker concurrency.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: u16,
+    /// Submit at this many turns per second (default: as fast as possible).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Instead: hold this many turns in flight against a slow model and report memory.
+    #[arg(long)]
+    pub in_flight: Option<usize>,
+}
+
+/// Arguments of `aptix bench-rag`.
+#[derive(Debug, clap::Args)]
+pub struct BenchRagArgs {
+    /// Files in the corpus.
+    #[arg(long, default_value_t = 500)]
+    pub files: usize,
+    /// Sections (chunks) per file.
+    #[arg(long, default_value_t = 8)]
+    pub sections: usize,
+    /// Queries timed per index.
+    #[arg(long, default_value_t = 300)]
+    pub queries: usize,
+}
+
+/// `aptix openapi`.
+pub async fn openapi() -> anyhow::Result<ExitCode> {
+    println!("{}", serde_json::to_string_pretty(&http::openapi())?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix modes`.
+pub async fn modes() -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
+    let catalog = ModeCatalog::load(config.modes_file.as_deref())?;
+    println!("{}", serde_json::to_string_pretty(&catalog.to_json())?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix error-codes`.
+pub async fn error_codes() -> anyhow::Result<ExitCode> {
+    print!("{}", contract::codes::markdown_table());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix fake-llm`.
+pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
+    let FakeLlmArgs {
+        listen,
+        latency_ms,
+        stateless,
+        openapi,
+    } = args;
+    let schema = match openapi {
+        Some(p) => Some(create_response_validator(&p).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let options = FakeOptions {
+        latency: Duration::from_millis(latency_ms),
+        stateless,
+    };
+    let fake = FakeLlm::start(listen, options, schema)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(base_url = %fake.base_url(), "fake Responses API listening; Ctrl-C stops it");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix bench-store`.
+pub async fn bench_store(args: BenchStoreArgs) -> anyhow::Result<ExitCode> {
+    let BenchStoreArgs { turns } = args;
+    let config = Config::from_env()?;
+    let url = config
+        .redis_url
+        .map(|u| u.expose().to_string())
+        .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
+    aptix_worker::store::bench::run(&url, turns).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix bench`.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let BenchArgs {
+        turns,
+        sessions,
+        latency_ms,
+        concurrency,
+        rate,
+        in_flight,
+    } = args;
+    let config = Config::from_env()?;
+    match in_flight {
+        Some(k) => {
+            let latency = Duration::from_millis(if latency_ms == 50 { 2000 } else { latency_ms });
+            aptix_worker::bench::memory(&config, k, latency).await?
+        }
+        None => {
+            let opts = aptix_worker::bench::BenchOptions {
+                turns,
+                sessions: sessions.unwrap_or(turns),
+                latency: Duration::from_millis(latency_ms),
+                concurrency,
+                rate,
+            };
+            aptix_worker::bench::run(&config, &opts).await?
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix bench-rag`.
+pub async fn bench_rag(args: BenchRagArgs) -> anyhow::Result<ExitCode> {
+    let BenchRagArgs {
+        files,
+        sections,
+        queries,
+    } = args;
+    let config = Config::from_env()?;
+    let opts = aptix_worker::rag::bench::RagBenchOptions {
+        files,
+        sections,
+        queries,
+    };
+    aptix_worker::rag::bench::run(config.redis_url.as_ref().map(|u| u.expose()), opts).await?;
+    Ok(ExitCode::SUCCESS)
+}

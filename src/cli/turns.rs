@@ -1,0 +1,229 @@
+//! `aptix submit`, `status`, `watch` (through the HTTP API), `enqueue` (through the front door
+//! in this process) and `validate` (the contract parser alone).
+
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use aptix_worker::app::App;
+use aptix_worker::config::Config;
+use aptix_worker::contract::{self, InvokeResult};
+
+use super::client::ApiClient;
+use super::serve::stop_on_signal;
+
+/// Arguments of `aptix submit`.
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The AgentExecuteRequest JSON file.
+    pub file: PathBuf,
+    /// The API's base URL.
+    #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print the accepted status instead of waiting for the result.
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+/// Arguments of `aptix status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The session id.
+    pub session_id: String,
+    /// The turn id.
+    pub turn_id: String,
+    /// The API's base URL.
+    #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+/// Arguments of `aptix watch`.
+#[derive(Debug, clap::Args)]
+pub struct WatchArgs {
+    /// The session id.
+    pub session_id: String,
+    /// The API's base URL.
+    #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Stop after this many events.
+    #[arg(long)]
+    pub count: Option<usize>,
+}
+
+/// Arguments of `aptix enqueue`.
+#[derive(Debug, clap::Args)]
+pub struct EnqueueArgs {
+    /// AgentExecuteRequest JSON files.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+/// Arguments of `aptix validate`.
+#[derive(Debug, clap::Args)]
+pub struct ValidateArgs {
+    /// Request files to check.
+    #[arg(required = true)]
+    pub files: Vec<String>,
+}
+
+/// `aptix submit`.
+pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let SubmitArgs {
+        file,
+        url,
+        token,
+        no_wait,
+    } = args;
+    let body = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let client = ApiClient::new(&url, token);
+    let (status, accepted) = client.post("/v1/turns", body).await?;
+    if status != 202 || no_wait {
+        println!("{}", serde_json::to_string_pretty(&accepted)?);
+        return Ok(if status == 202 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let (sid, tid) = (
+        accepted["result"]["sessionId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        accepted["result"]["turnId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    );
+    loop {
+        let (status, view) = client
+            .get(&format!("/v1/sessions/{sid}/turns/{tid}?wait=30"))
+            .await?;
+        let state = view["result"]["status"].as_str().unwrap_or_default();
+        if status != 200 || !matches!(state, "queued" | "running") {
+            let result = &view["result"]["result"];
+            let shown = if result.is_null() { &view } else { result };
+            println!("{}", serde_json::to_string_pretty(shown)?);
+            let ok = status == 200 && state != "failed";
+            return Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+    }
+}
+
+/// `aptix status`.
+pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let StatusArgs {
+        session_id,
+        turn_id,
+        url,
+        token,
+    } = args;
+    let client = ApiClient::new(&url, token);
+    let (status, view) = client
+        .get(&format!("/v1/sessions/{session_id}/turns/{turn_id}"))
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(if status == 200 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `aptix watch`.
+pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let WatchArgs {
+        session_id,
+        url,
+        token,
+        count,
+    } = args;
+    let client = ApiClient::new(&url, token);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    let mut seen = 0usize;
+    let subscribed = || eprintln!("watching session {session_id}; Ctrl-C stops");
+    let watch = client.watch(&session_id, subscribed, |data| {
+        println!("{data}");
+        seen += 1;
+        count.is_none_or(|c| seen < c)
+    });
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        r = watch => r?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix enqueue`.
+pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    let EnqueueArgs { files } = args;
+    let config = Config::from_env()?;
+    let app = App::build(&config).await?;
+    let door = app.front_door(&config);
+    let mut all_ok = true;
+    for file in files {
+        let body = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+        match door.submit(&body).await {
+            Ok(view) => println!("{}: {}", file.display(), serde_json::to_string(&view)?),
+            Err(e) => {
+                all_ok = false;
+                println!(
+                    "{}: {}",
+                    file.display(),
+                    serde_json::to_string_pretty(&e.into_invoke_result::<()>())?
+                );
+            }
+        }
+    }
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `aptix validate`.
+pub async fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let ValidateArgs { files } = args;
+    let config = Config::from_env()?;
+    let mut all_valid = true;
+    for file in files {
+        let body = if file == "-" {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("reading stdin")?;
+            buf
+        } else {
+            std::fs::read(&file).with_context(|| format!("reading {file}"))?
+        };
+        let result = match contract::parse_request(&body, &config.limits) {
+            Ok(parsed) => InvokeResult::success(parsed.request).with_warnings(parsed.warnings),
+            Err(rejected) => rejected.into_invoke_result(),
+        };
+        all_valid &= result.is_successful();
+        println!("{file}: {}", serde_json::to_string_pretty(&result)?);
+    }
+    Ok(if all_valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
