@@ -18,6 +18,7 @@ use crate::trace::TraceContext;
 pub mod batch;
 pub mod http;
 pub mod openapi;
+pub mod routes;
 
 use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
 

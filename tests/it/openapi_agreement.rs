@@ -4,7 +4,8 @@
 
 use aptix_worker::contexts::KnownContexts;
 use aptix_worker::contract::{AgentExecuteRequest, RequestLimits, parse_request};
-use aptix_worker::frontdoor::http::{IndexRequest, openapi};
+use aptix_worker::frontdoor::http::openapi;
+use aptix_worker::frontdoor::routes::index::IndexRequest;
 use serde_json::{Value, json};
 
 fn validator(schema: &str) -> jsonschema::Validator {

@@ -1,0 +1,149 @@
+//! `POST /v1/batches` (NDJSON in), `GET /v1/batches/{batchId}` (progress) and `/results`
+//! (NDJSON out), each readable only by the tenant that submitted the batch.
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::contract::{ErrorCode, InvokeResult};
+use crate::frontdoor::batch::BatchAccepted;
+use crate::frontdoor::batch::BatchProgress;
+use crate::frontdoor::batch::BatchResultLine;
+use crate::frontdoor::http::{
+    ApiPath, HttpState, answer, failure, read_body, tenant, unauthorized, unavailable,
+};
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+
+/// Submit a batch: NDJSON, one `{"customId", "request"}` per line, each validated on its own.
+#[utoipa::path(post, path = "/v1/batches", tag = "batches",
+    request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
+        description = "One BatchLine per line; a request may leave out sessionId/turnId"),
+    responses(
+        (status = 202, description = "Good lines enqueued; bad lines listed by line number and customId", body = api_doc::InvokeResult<BatchAccepted>),
+        (status = 400, description = "No lines, or not UTF-8", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn post_batch(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let body = match read_body(request, state.batch_limits.max_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
+    };
+    use crate::frontdoor::batch::BatchError;
+    match state
+        .door
+        .submit_batch(&tenant, &body, state.batch_limits)
+        .await
+    {
+        Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
+        Err(BatchError::TooLarge(m)) => failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: {m}"),
+        ),
+        Err(BatchError::Invalid(m)) => failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::MalformedJson,
+            format!("$: {m}"),
+        ),
+        Err(BatchError::Store(e)) => unavailable(e),
+    }
+}
+
+/// Looks up the caller's batch, or answers 401/404/503.
+pub(crate) async fn caller_batch(
+    state: &HttpState,
+    headers: &HeaderMap,
+    batch_id: &str,
+) -> Result<crate::store::BatchRecord, Response> {
+    let Some(tenant) = tenant(state, headers) else {
+        return Err(unauthorized());
+    };
+    let missing = || {
+        failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::BatchNotFound,
+            format!("batch {batch_id:?} does not exist"),
+        )
+    };
+    if crate::contract::ids::check_id(batch_id).is_err() {
+        return Err(missing());
+    }
+    match state.door.batch(&tenant, batch_id).await {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(missing()),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// A batch's progress: its turns counted by status.
+#[utoipa::path(get, path = "/v1/batches/{batchId}", tag = "batches",
+    params(("batchId" = String, Path, description = "The batch")),
+    responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 200, description = "Counts by status", body = api_doc::InvokeResult<BatchProgress>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn get_batch(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    ApiPath(batch_id): ApiPath<String>,
+) -> Response {
+    let batch = match caller_batch(&state, &headers, &batch_id).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    match state.door.batch_progress(&batch).await {
+        Ok(p) => answer(StatusCode::OK, InvokeResult::success(p)),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// A batch's results: NDJSON, one line per submitted line (accepted lines in order, then
+/// rejected ones); `result` is present once the turn settled.
+#[utoipa::path(get, path = "/v1/batches/{batchId}/results", tag = "batches",
+    params(("batchId" = String, Path, description = "The batch")),
+    responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 200, description = "One BatchResultLine per line", content_type = "application/x-ndjson", body = BatchResultLine),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+    ))]
+pub(crate) async fn get_batch_results(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    ApiPath(batch_id): ApiPath<String>,
+) -> Response {
+    use futures_util::StreamExt as _;
+    let batch = match caller_batch(&state, &headers, &batch_id).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let lines = state.door.batch_results(batch).map(|chunk| {
+        let chunk = chunk.map_err(|e| {
+            // Headers are sent already: end the stream early; the client sees a short body.
+            tracing::warn!(error = %e, "batch results cut short");
+            std::io::Error::other(e.to_string())
+        })?;
+        let mut out = Vec::new();
+        for line in chunk {
+            if serde_json::to_writer(&mut out, &line).is_ok() {
+                out.push(b'\n');
+            }
+        }
+        Ok::<_, std::io::Error>(Bytes::from(out))
+    });
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
+}

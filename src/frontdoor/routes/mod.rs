@@ -1,0 +1,11 @@
+//! The HTTP API's handlers, one file per group of routes. Handlers stay thin: they
+//! authenticate, read the body within its limit, parse, call the front door (or the store, the
+//! broker, the index) and map the outcome to an `InvokeResult`; the shared extractors and
+//! answers are in [`super::http`].
+
+pub mod batches;
+pub mod index;
+pub mod ops;
+pub mod sessions;
+pub mod sync;
+pub mod turns;

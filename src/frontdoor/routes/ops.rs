@@ -1,0 +1,103 @@
+//! `/healthz`, `/readyz` (bounded probes of RabbitMQ and Redis), `/metrics` and
+//! `/openapi.json`: the routes an operator uses, none behind a token.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, SessionId};
+use crate::frontdoor::http::OpenApiJson;
+use crate::frontdoor::http::{HttpState, answer};
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+use std::time::Duration;
+
+/// Liveness: the process is up.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "Alive", body = api_doc::InvokeResult<api_doc::Health>)))]
+pub(crate) async fn healthz() -> Response {
+    answer(
+        StatusCode::OK,
+        InvokeResult::success(serde_json::json!({"status": "alive"})),
+    )
+}
+
+/// Readiness: RabbitMQ and Redis are reachable.
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
+    responses(
+        (status = 200, description = "Ready", body = api_doc::InvokeResult<api_doc::Health>),
+        (status = 503, description = "A dependency is unreachable (each one named)", body = Failure),
+    ))]
+pub(crate) async fn readyz(State(state): State<HttpState>) -> Response {
+    // Both probes at once, each bounded, so the answer comes within a second whatever hangs.
+    let probe = SessionId::parse("readyz-probe").ok();
+    let store = async {
+        match probe {
+            Some(probe) => bounded_probe(state.store.get_session(&probe)).await,
+            None => Ok(()),
+        }
+    };
+    let broker = bounded_probe(state.broker.check());
+    let (store, broker) = tokio::join!(store, broker);
+    let errors: Vec<ErrorMessage> = [("session store", store), ("message broker", broker)]
+        .into_iter()
+        .filter_map(|(what, probe)| {
+            probe
+                .err()
+                .map(|e| ErrorMessage::new(ErrorCode::ServiceUnavailable, format!("{what}: {e}")))
+        })
+        .collect();
+    match InvokeResult::<()>::failures(errors) {
+        Some(failed) => answer(StatusCode::SERVICE_UNAVAILABLE, failed),
+        None => answer(
+            StatusCode::OK,
+            InvokeResult::success(serde_json::json!({"status": "ready"})),
+        ),
+    }
+}
+
+/// How long a readiness probe may take before the dependency counts as stuck.
+pub(crate) const READY_PROBE: Duration = Duration::from_millis(800);
+
+/// A readiness probe with its error as text, or "did not answer" past [`READY_PROBE`].
+pub(crate) async fn bounded_probe<T, E: std::fmt::Display>(
+    probe: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(READY_PROBE, probe).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "did not answer within {} ms (stalled?)",
+            READY_PROBE.as_millis()
+        )),
+    }
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
+    responses((status = 200, description = "Metrics", content_type = "text/plain; version=0.0.4", body = String)))]
+pub(crate) async fn metrics(State(state): State<HttpState>) -> Response {
+    state.metrics.sync_fenced(state.store.fenced_rejections());
+    (
+        StatusCode::OK,
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
+pub(crate) async fn openapi_json(
+    axum::Extension(OpenApiJson(api)): axum::Extension<OpenApiJson>,
+) -> Response {
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        api.as_str().to_owned(),
+    )
+        .into_response()
+}

@@ -1,0 +1,157 @@
+//! `GET /v1/sessions/{sessionId}` (mode, mode history, turns) and its Server-Sent Events
+//! (`/events`: one event per turn result published for the session).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
+use crate::frontdoor::http::{
+    ApiPath, HttpState, answer, failure, ids, tenant, unauthorized, unavailable,
+};
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::store::ModeChange;
+use crate::store::TurnStatus;
+
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SessionView {
+    session_id: SessionId,
+    mode_key: String,
+    mode_display_name: String,
+    mode_history: Vec<ModeChange>,
+    turns: Vec<TurnSummary>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct TurnSummary {
+    turn_id: TurnId,
+    status: TurnStatus,
+}
+
+/// A session: its mode (keys, not ids), mode history and turns.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}", tag = "sessions",
+    params(("sessionId" = String, Path, description = "The session")),
+    responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such session (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn get_session(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    ApiPath(session_id): ApiPath<String>,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let missing = || {
+        failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::SessionNotFound,
+            format!("session {session_id:?} does not exist"),
+        )
+    };
+    let Some((sid, _)) = ids(&session_id, None) else {
+        return missing();
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o == tenant => {}
+        Ok(_) => return missing(),
+    }
+    let (session, turn_ids) = match (
+        state.store.get_session(&sid).await,
+        state.store.list_turns(&sid).await,
+    ) {
+        (Ok(s), Ok(t)) => (s, t),
+        (Err(e), _) | (_, Err(e)) => return unavailable(e),
+    };
+    let mut turns = Vec::with_capacity(turn_ids.len());
+    for tid in turn_ids {
+        match state.store.get_turn(&sid, &tid).await {
+            Ok(Some(r)) => turns.push(TurnSummary {
+                turn_id: tid,
+                status: r.status,
+            }),
+            Ok(None) => {} // expired
+            Err(e) => return unavailable(e),
+        }
+    }
+    // A session whose first turn has not started yet is in the default mode.
+    let mode = match &session {
+        Some(s) => state.catalog.by_id_or_default(&s.mode_id),
+        None => state.catalog.default_mode(),
+    };
+    let view = SessionView {
+        session_id: sid,
+        mode_key: mode.key.clone(),
+        mode_display_name: mode.display_name.clone(),
+        mode_history: session.map(|s| s.mode_history).unwrap_or_default(),
+        turns,
+    };
+    answer(StatusCode::OK, InvokeResult::success(view))
+}
+
+/// Server-Sent Events: one `event: turn` per result of the session as it is published, `id:` the
+/// turn id, `data:` the turn status JSON. Every subscriber gets every event.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
+    params(("sessionId" = String, Path, description = "The session (may not exist yet)")),
+    responses(
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = api_doc::TurnStatusView),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "Another tenant's session", body = Failure),
+        (status = 503, description = "Broker unavailable", body = Failure),
+    ))]
+pub(crate) async fn session_events(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    ApiPath(session_id): ApiPath<String>,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let Some((sid, _)) = ids(&session_id, None) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::SessionNotFound,
+            format!("session {session_id:?} does not exist"),
+        );
+    };
+    // Subscribing before the first turn is allowed, and makes the subscriber the owner.
+    match state.store.claim_owner(&sid, &tenant).await {
+        Err(e) => return unavailable(e),
+        Ok(owner) if owner != tenant => {
+            return failure(
+                StatusCode::NOT_FOUND,
+                ErrorCode::SessionNotFound,
+                format!("session {session_id:?} does not exist"),
+            );
+        }
+        Ok(_) => {}
+    }
+    let events = match state.broker.subscribe_events(&sid).await {
+        Ok(e) => e,
+        Err(e) => return unavailable(e),
+    };
+    let stream = futures_util::stream::unfold(events, |mut events| async move {
+        let body = events.recv().await?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let id = serde_json::from_slice::<crate::store::TurnStatusView>(&body)
+            .map(|v| v.turn_id.to_string())
+            .unwrap_or_default();
+        let event = axum::response::sse::Event::default()
+            .event("turn")
+            .id(id)
+            .data(text);
+        Some((Ok::<_, std::convert::Infallible>(event), events))
+    });
+    axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::default())
+        .into_response()
+}

@@ -1,0 +1,118 @@
+//! `POST /api/ai/agent/execute`: the original platform's synchronous endpoint — submit, then
+//! wait for the turn's settled status on the session's events.
+
+use crate::contract::{AgentExecuteRequest, parse_request};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
+use crate::frontdoor::http::{HttpState, answer, read_body, tenant, trace_of, unauthorized};
+use crate::frontdoor::openapi::ExecuteResult;
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::store::TurnStatus;
+use crate::trace::TraceContext;
+use std::time::Duration;
+
+/// The longest the synchronous endpoint waits for a result.
+pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
+
+/// The original platform's synchronous endpoint: enqueue, wait, answer `200` with the
+/// `InvokeResult<AgentExecuteResponse>` (failed for invalid requests and failed turns), or with
+/// `"streaming": true` an NDJSON stream whose last line is
+/// `{"kind":"final","index":99999,"final": <InvokeResult>}`. Only 401 and 413 are not 200.
+#[utoipa::path(post, path = "/api/ai/agent/execute", tag = "compatibility",
+    request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream whose last line is StreamFinalLine",
+            content((ExecuteResult = "application/json"), (api_doc::StreamFinalLine = "application/x-ndjson"))),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 413, description = "Body over the limit", body = Failure),
+    ))]
+pub(crate) async fn execute_sync(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let trace = trace_of(request.headers());
+    let body = match read_body(request, state.limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
+    };
+    let parsed = match parse_request(&body, &state.limits) {
+        Ok(p) => p,
+        Err(rejected) if rejected.is_body_too_large() => {
+            return answer::<()>(StatusCode::PAYLOAD_TOO_LARGE, rejected.into_invoke_result());
+        }
+        Err(rejected) => return answer::<()>(StatusCode::OK, rejected.into_invoke_result()),
+    };
+    let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
+    let result = run_sync(&state, &tenant, &parsed.request, &trace)
+        .await
+        .with_warnings(parsed.warnings);
+    if streaming {
+        let line = serde_json::json!({"kind": "final", "index": 99999, "final": result});
+        return (
+            StatusCode::OK,
+            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+            format!("{line}\n"),
+        )
+            .into_response();
+    }
+    answer(StatusCode::OK, result)
+}
+
+pub(crate) async fn run_sync(
+    state: &HttpState,
+    tenant: &str,
+    request: &AgentExecuteRequest,
+    trace: &TraceContext,
+) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    let (sid, tid) = (request.session_id(), request.turn_id());
+    let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
+    if let Err(refused) = state.door.authorize(tenant, request).await {
+        return refused.into_invoke_result();
+    }
+    // Subscribe before enqueueing so the result cannot slip past.
+    let mut events = match state.broker.subscribe_events(sid).await {
+        Ok(e) => e,
+        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+    };
+    let accepted = match state.door.submit_traced(request, trace).await {
+        Ok(view) => view,
+        Err(refused) => return refused.into_invoke_result(),
+    };
+    let settled = |s: TurnStatus| {
+        matches!(
+            s,
+            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
+        )
+    };
+    // A request for a turn that already ran gets its stored result at once.
+    if settled(accepted.status)
+        && matches!(request, AgentExecuteRequest::UserTurn(_))
+        && let Some(r) = accepted.result
+    {
+        return r;
+    }
+    let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    loop {
+        let next = tokio::time::timeout_at(deadline, events.recv()).await;
+        let Ok(Some(body)) = next else {
+            return fail(
+                ErrorCode::ServiceUnavailable,
+                format!(
+                    "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+                ),
+            );
+        };
+        let Ok(view) = serde_json::from_slice::<crate::store::TurnStatusView>(&body) else {
+            continue;
+        };
+        if &view.turn_id == tid
+            && settled(view.status)
+            && let Some(result) = view.result
+        {
+            return result;
+        }
+    }
+}

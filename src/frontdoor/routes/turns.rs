@@ -1,0 +1,190 @@
+//! `POST /v1/turns` (a user turn or a tool continuation, answered `202` once the broker
+//! confirmed the job) and `GET /v1/sessions/{sessionId}/turns/{turnId}` with `?wait=` long-polls.
+//! The only HTTP mapping of a refused submission ([`SubmitError`]) lives here.
+
+use crate::contract::parse_request;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::contract::{ErrorCode, InvokeResult, TurnId};
+use crate::frontdoor::SubmitError;
+use crate::frontdoor::http::{
+    ApiPath, HttpState, QueryParams, answer, failure, ids, not_found_turn, read_body, tenant,
+    trace_of, unauthorized, unavailable,
+};
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::store::TurnStatus;
+use crate::store::TurnStatusView;
+use std::time::Duration;
+
+/// Submit a turn (a user turn or a tool continuation).
+#[utoipa::path(post, path = "/v1/turns", tag = "turns",
+    request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Accepted: the job is confirmed by the broker", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
+        (status = 400, description = "Invalid: every violation; nothing enqueued", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
+        (status = 409, description = "Same ids, different payload; or the turn is not awaiting client tools", body = Failure),
+        (status = 413, description = "Body over the limit", body = Failure),
+        (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
+    ))]
+pub(crate) async fn post_turn(State(state): State<HttpState>, request: Request) -> Response {
+    let Some(tenant) = tenant(&state, request.headers()) else {
+        return unauthorized();
+    };
+    let trace = trace_of(request.headers());
+    let body = match read_body(request, state.limits.max_body_bytes).await {
+        Ok(b) => b,
+        Err(too_large) => return too_large,
+    };
+    let parsed = match parse_request(&body, &state.limits) {
+        Ok(p) => p,
+        Err(rejected) => {
+            let status = if rejected.is_body_too_large() {
+                StatusCode::PAYLOAD_TOO_LARGE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            return answer::<()>(status, rejected.into_invoke_result());
+        }
+    };
+    let submitted = match state.door.authorize(&tenant, &parsed.request).await {
+        Ok(()) => state.door.submit_traced(&parsed.request, &trace).await,
+        Err(e) => Err(e),
+    };
+    match submitted {
+        Ok(view) => answer(
+            StatusCode::ACCEPTED,
+            InvokeResult::success(view).with_warnings(parsed.warnings),
+        ),
+        Err(refused) => refused.into_response(),
+    }
+}
+
+impl IntoResponse for SubmitError {
+    /// The status and `InvokeResult` of a refusal; a dependency failure is logged and answered
+    /// with a message that says nothing was accepted.
+    fn into_response(self) -> Response {
+        match self {
+            Self::Unavailable(m) => unavailable(m),
+            refused => {
+                let status = StatusCode::from_u16(refused.http_status())
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                answer::<()>(status, refused.into_invoke_result())
+            }
+        }
+    }
+}
+
+/// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}", tag = "turns",
+    params(
+        ("sessionId" = String, Path, description = "The session"),
+        ("turnId" = String, Path, description = "The turn"),
+        ("wait" = Option<f64>, Query, minimum = 0, description = "Seconds to wait for the turn to leave queued/running (longer waits are cut to 60)"),
+    ),
+    responses(
+        (status = 200, description = "The turn's status", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn get_turn(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
+    query: QueryParams,
+) -> Response {
+    let Some(tenant) = tenant(&state, &headers) else {
+        return unauthorized();
+    };
+    let wait = match query.wait() {
+        Ok(w) => w,
+        Err(bad) => return bad.into(),
+    };
+    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::TurnNotFound,
+            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
+        );
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o == tenant => {}
+        Ok(_) => return not_found_turn(&sid, &tid),
+    }
+    // Subscribe before the first read, so a result published in between is not missed. The
+    // store stays the source of truth: it is read before waiting and after each wake-up.
+    let mut events = if wait.is_zero() {
+        None
+    } else {
+        match state.broker.subscribe_events(&sid).await {
+            Ok(events) => Some(events),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
+                None
+            }
+        }
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let record = match state.store.get_turn(&sid, &tid).await {
+            Err(e) => return unavailable(e),
+            Ok(None) => return not_found_turn(&sid, &tid),
+            Ok(Some(r)) => r,
+        };
+        if settled(record.status) || tokio::time::Instant::now() >= deadline {
+            return answer(
+                StatusCode::OK,
+                InvokeResult::success(TurnStatusView::from(&record)),
+            );
+        }
+        match events.as_mut() {
+            Some(subscription) => {
+                if !settled_event(subscription, &tid, deadline).await {
+                    // The subscription ended (the broker connection was lost): read the
+                    // store until the deadline instead.
+                    events = None;
+                }
+            }
+            None => {
+                // One store read a second at most, however long the client waits.
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
+                pause = (pause * 3 / 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Whether a turn has left `queued`/`running` (its long-poll is over).
+pub(crate) fn settled(status: TurnStatus) -> bool {
+    !matches!(status, TurnStatus::Queued | TurnStatus::Running)
+}
+
+/// Waits until a settled status of `turn` is published or `deadline` passes; `false` when the
+/// subscription ended first.
+pub(crate) async fn settled_event(
+    events: &mut crate::queue::Replies,
+    turn: &TurnId,
+    deadline: tokio::time::Instant,
+) -> bool {
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_elapsed) => return true,
+            Ok(None) => return false,
+            Ok(Some(body)) => {
+                let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body) else {
+                    continue;
+                };
+                if &view.turn_id == turn && settled(view.status) {
+                    return true;
+                }
+            }
+        }
+    }
+}
