@@ -1,0 +1,236 @@
+//! The turn lifecycle (AGN-027 layer F): taking the session's lease, the first shape of a
+//! session, and the writes that settle a turn — completed, awaiting client tools, failed — or
+//! hand it back to the queue for later.
+//!
+//! Owns: the turn's state transitions in the store. Must not: call the model or run tools.
+
+use tracing::{info, warn};
+
+use super::{HeldLease, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
+use crate::contract::{
+    AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
+    InvokeResult, SessionId, ToolCall, TurnId,
+};
+use crate::store::{PendingTools, SessionState, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
+
+impl Pipeline {
+    /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
+    pub(super) async fn lease(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+    ) -> Result<HeldLease, RetryableFailure> {
+        let holder = format!("{}/{tid}", self.settings.worker_id);
+        let ttl = self.settings.lease_ttl;
+        let Some(lease) = self
+            .store
+            .acquire_lease(sid, &holder, ttl)
+            .await
+            .map_err(store_failure)?
+        else {
+            info!("session is busy with another turn");
+            return Err(RetryableFailure {
+                error: permanent(
+                    ErrorCode::SessionBusy,
+                    format!("session {sid} is running another turn; this one will run after it"),
+                ),
+            });
+        };
+        let store = self.store.clone();
+        let (sid2, lease2) = (sid.clone(), lease.clone());
+        let renewer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                match store.renew_lease(&sid2, &lease2, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        warn!(session_id = %sid2, "session lease lost; further writes of this turn will be rejected");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(session_id = %sid2, error = %e, "could not renew the session lease")
+                    }
+                }
+            }
+        });
+        Ok(HeldLease { lease, renewer })
+    }
+
+    pub(super) fn new_session(&self, sid: &SessionId) -> SessionState {
+        let mode = self.catalog.default_mode();
+        let now = now_rfc3339();
+        SessionState {
+            session_id: sid.clone(),
+            mode_id: mode.id.clone(),
+            mode_key: mode.key.clone(),
+            mode_history: Vec::new(),
+            previous_response_id: None,
+            conversation: Vec::new(),
+            replay: false,
+            solution_context: None,
+            owner: None,
+            created_at: now.clone(),
+            updated_at: now,
+        }
+    }
+
+    /// Gives the lease back after a retryable failure so a retry can proceed at once.
+    pub(super) async fn retry_later(
+        &self,
+        run: Run,
+        failure: RetryableFailure,
+    ) -> Result<TurnResult, RetryableFailure> {
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
+            warn!(error = %e, "could not save the turn before retrying it later");
+            let _ = self
+                .store
+                .release_lease(&run.session.session_id, run.lease())
+                .await;
+        }
+        warn!(code = %failure.error.error_code, message = %failure.error.message, "turn will be retried later");
+        Err(failure)
+    }
+
+    /// The stored result of a user turn that already ran (or a conflict), if any.
+    pub(super) async fn stored_outcome(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        fp: &str,
+    ) -> Result<Option<TurnResult>, RetryableFailure> {
+        let existing = self.store.get_turn(sid, tid).await.map_err(store_failure)?;
+        Ok(existing.and_then(|rec| self.finished(&rec, fp)))
+    }
+
+    pub(super) fn finished(&self, rec: &TurnRecord, fp: &str) -> Option<TurnResult> {
+        if rec.fingerprint != fp {
+            return Some(InvokeResult::failure(permanent(
+                ErrorCode::TurnConflict,
+                format!(
+                    "turn {} already exists in session {} with a different payload",
+                    rec.turn_id, rec.session_id
+                ),
+            )));
+        }
+        let done = matches!(
+            rec.status,
+            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
+        ) || rec.pending.is_some();
+        match (&rec.result, done) {
+            (Some(result), true) => {
+                info!(
+                    status = rec.status.as_str(),
+                    "turn already ran; returning its stored result"
+                );
+                self.metrics.duplicate_suppressed("worker");
+                Some(result.clone())
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) async fn complete_turn(
+        &self,
+        mut run: Run,
+        progress: TurnProgress,
+        response_id: String,
+        mut text: String,
+        api_warnings: Vec<ErrorMessage>,
+    ) -> Result<TurnResult, RetryableFailure> {
+        if progress.mode_changes > 0
+            && let Some(welcome) = &self
+                .catalog
+                .by_id_or_default(&run.session.mode_id)
+                .welcome_message
+        {
+            text = format!("{welcome}\n\n{text}");
+        }
+        let iterations = progress.iterations;
+        let response = AgentExecuteResponse::Final(FinalResponse {
+            meta: self.meta(&run.session, &run.record.turn_id),
+            primary_output_text: text,
+            files: Vec::new(),
+            tool_results: progress.server_tool_results,
+            user_warnings: progress.user_warnings,
+            usage: Some(progress.usage),
+        });
+        let result = InvokeResult::success(response).with_warnings(api_warnings);
+        run.session.previous_response_id = Some(response_id);
+        run.session.conversation.extend(progress.turn_items);
+        run.session.updated_at = now_rfc3339();
+        run.record.status = TurnStatus::Completed;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), true)
+            .await
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        info!(iterations, "turn completed");
+        Ok(result)
+    }
+
+    pub(super) async fn await_client_tools(
+        &self,
+        mut run: Run,
+        progress: TurnProgress,
+        response_id: String,
+        client_calls: Vec<ToolCall>,
+        server_outputs: Vec<(String, String)>,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let meta = self.meta(&run.session, &run.record.turn_id);
+        let count = client_calls.len();
+        let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None)
+        else {
+            return Err(RetryableFailure {
+                error: permanent(ErrorCode::Internal, "no client tool calls to wait for"),
+            });
+        };
+        let result =
+            InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
+        run.record.status = TurnStatus::AwaitingClientTools;
+        run.record.pending = Some(PendingTools {
+            response_id,
+            client_calls,
+            server_outputs,
+            progress,
+        });
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        // The session's continuation id is *not* moved to this response: its calls are
+        // unanswered. The session is saved for what changed (replay flag, latched context).
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), true)
+            .await
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        info!(calls = count, "turn waits for client tools");
+        Ok(result)
+    }
+
+    pub(super) async fn fail_turn(
+        &self,
+        mut run: Run,
+        result: TurnResult,
+    ) -> Result<TurnResult, RetryableFailure> {
+        for e in result.errors() {
+            warn!(code = %e.error_code, message = %e.message, "turn failed");
+        }
+        run.record.status = TurnStatus::Failed;
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.result = Some(result.clone());
+        // The session's continuation state is left as it was before the turn.
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        Ok(result)
+    }
+}

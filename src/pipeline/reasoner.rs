@@ -1,0 +1,565 @@
+//! The reasoner (AGN-027 layer E): the only loop of a turn. It composes each model request,
+//! calls the model, runs server tools through [`super::server_tools`], applies mode changes
+//! and decides whether the turn is done, waits for client tools, or fails. User turns and
+//! tool continuations both enter here.
+//!
+//! Owns: the loop, iteration limits, replay of the conversation, mode changes. Must not: write
+//! the turn's final state itself (that is [`super::lifecycle`]).
+
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use super::compose::{self, CallSpec, Continuation};
+use super::{
+    Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint, fingerprint, permanent,
+    store_failure,
+};
+use crate::catalog::{ToolDef, ToolLocation};
+use crate::contexts::DEFAULT_CONTEXT;
+use crate::contract::request::JsonText;
+use crate::contract::{
+    ErrorCode, ErrorMessage, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
+    ToolOutcome, TurnId, UserTurn, check_tool_results,
+};
+use crate::llm::{LlmError, ModelResponse, OutputItem};
+use crate::pipeline::DEFAULT_BOOT_PROMPT;
+use crate::store::{
+    Checkpoint, SessionState, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339,
+};
+
+impl Pipeline {
+    pub(super) async fn run_user_turn(
+        &self,
+        turn: &UserTurn,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let (sid, tid) = (turn.session_id(), turn.turn_id());
+        let fp = fingerprint(turn);
+        if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
+            return Ok(done);
+        }
+        let held = self.lease(sid, tid).await?;
+        // Another worker may have finished the turn while we waited for the lease.
+        let existing = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        if let Some(rec) = &existing
+            && let Some(done) = self.finished(rec, &fp)
+        {
+            let _ = self.store.release_lease(sid, &held.lease).await;
+            return Ok(done);
+        }
+        // The front door refuses unknown context ids; a job that names one anyway (a worker
+        // configured differently from the front door) fails its turn, stored like any result.
+        if let Err(errors) = self.contexts.check(turn) {
+            let mut record = existing
+                .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()));
+            record.attempts += 1;
+            let run = Run {
+                session: self.new_session(sid),
+                record,
+                held,
+            };
+            let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
+                InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
+            });
+            return self.fail_turn(run, failed).await;
+        }
+        let boot = turn
+            .conversation_context_id()
+            .and_then(|id| self.settings.conversation_contexts.get(id))
+            .or_else(|| self.settings.conversation_contexts.get(DEFAULT_CONTEXT))
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_BOOT_PROMPT.to_string());
+
+        let now = now_rfc3339();
+        let loaded = match self.store.get_session(sid).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
+        // A session whose stored mode id is no longer in the catalog continues in the default.
+        let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
+        session.mode_key = mode.key.clone();
+        if let Some(ctx) = turn.solution_context_text() {
+            session.solution_context = Some(ctx.to_string());
+        }
+        session.updated_at = now.clone();
+
+        let mut record = existing
+            .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone()));
+        record.status = TurnStatus::Running;
+        record.mode_key = mode.key.clone();
+        record.attempts += 1;
+        let run = Run {
+            session,
+            record,
+            held,
+        };
+        // The session exists (and the turn is running) before any tool can touch it.
+        if let Err(e) = self
+            .store
+            .save(Some(&run.session), &run.record, run.lease(), false)
+            .await
+        {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
+
+        if run.record.checkpoint.is_some() {
+            // A crashed or retried run left a resume point: continue from it.
+            let previous = None;
+            return self
+                .reason(run, TurnProgress::default(), Vec::new(), previous)
+                .await;
+        }
+        let first_call =
+            run.session.previous_response_id.is_none() && run.session.conversation.is_empty();
+        let mut input = Vec::new();
+        if first_call {
+            input.push(compose::system_message(&boot));
+        }
+        let chunks = self.context_chunks(sid, turn).await;
+        input.push(compose::user_message(
+            &run.session.mode_key,
+            turn,
+            run.session.solution_context.as_deref(),
+            &chunks,
+        ));
+        let progress = TurnProgress {
+            tools_mode_key: mode.key.clone(),
+            ..Default::default()
+        };
+        let previous = run.session.previous_response_id.clone();
+        self.reason(run, progress, input, previous).await
+    }
+
+    pub(super) async fn run_continuation(
+        &self,
+        cont: &ToolContinuation,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let (sid, tid) = (cont.session_id(), cont.turn_id());
+        let fp = continuation_fingerprint(cont);
+        let submitted: Vec<String> = cont
+            .tool_results()
+            .iter()
+            .map(|r| r.tool_call_id.to_string())
+            .collect();
+        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Box<TurnResult>> {
+            let Some(record) = record else {
+                return Err(Box::new(InvokeResult::failure(permanent(
+                    ErrorCode::TurnNotFound,
+                    format!("turn {tid} does not exist in session {sid}"),
+                ))));
+            };
+            // A continuation that was already applied (a redelivery) gets the turn's result.
+            if submitted.iter().all(|id| record.answered.contains(id))
+                && let Some(result) = &record.result
+                && record.status != TurnStatus::Running
+            {
+                self.metrics.duplicate_suppressed("worker");
+                return Err(Box::new(result.clone()));
+            }
+            // Awaiting client tools (a continuation run directly), queued for the continuation
+            // the front door accepted, or running with the pending calls still recorded (a run
+            // of this continuation that crashed): these accept the results. A queued turn
+            // accepted another continuation than this one: this job is not the turn's.
+            let accepted_other = record.status == TurnStatus::Queued
+                && record.continuation.as_deref() != Some(fp.as_str());
+            if record.pending.is_none()
+                || accepted_other
+                || !matches!(
+                    record.status,
+                    TurnStatus::AwaitingClientTools | TurnStatus::Queued | TurnStatus::Running
+                )
+            {
+                return Err(Box::new(InvokeResult::failure(permanent(
+                    ErrorCode::TurnNotAwaitingTools,
+                    format!(
+                        "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
+                        record.status.as_str()
+                    ),
+                ))));
+            }
+            Ok(record)
+        };
+        if let Err(answer) = check(self.store.get_turn(sid, tid).await.map_err(store_failure)?) {
+            return Ok(*answer);
+        }
+        let held = self.lease(sid, tid).await?;
+        let reread = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(e));
+            }
+        };
+        let mut record = match check(reread) {
+            Ok(r) => r,
+            Err(answer) => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Ok(*answer);
+            }
+        };
+        let session = match self.store.get_session(sid).await {
+            Ok(Some(s)) => s,
+            other => {
+                let _ = self.store.release_lease(sid, &held.lease).await;
+                return Err(store_failure(match other {
+                    Err(e) => e,
+                    _ => StoreError::Corrupt(format!("session {sid} of a waiting turn is missing")),
+                }));
+            }
+        };
+        let Some(pending) = record.pending.clone() else {
+            let _ = self.store.release_lease(sid, &held.lease).await;
+            return Err(store_failure(StoreError::Corrupt(
+                "pending calls vanished".into(),
+            )));
+        };
+        let expected: Vec<ToolCallId> = pending
+            .client_calls
+            .iter()
+            .map(|c| c.tool_call_id.clone())
+            .collect();
+        record.status = TurnStatus::Running;
+        record.attempts += 1;
+        let mut run = Run {
+            session,
+            record,
+            held,
+        };
+        run.session.mode_key = self
+            .catalog
+            .by_id_or_default(&run.session.mode_id)
+            .key
+            .clone();
+        if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
+            warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
+            return self
+                .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
+                .await;
+        }
+        run.record.answered.extend(submitted);
+        if let Err(e) = self.store.save(None, &run.record, run.lease(), false).await {
+            return self.retry_later(run, store_failure(e)).await;
+        }
+        if run.record.checkpoint.is_some() {
+            return self
+                .reason(run, TurnProgress::default(), Vec::new(), None)
+                .await;
+        }
+        let mut input: Vec<Value> = pending
+            .server_outputs
+            .iter()
+            .map(|(id, out)| compose::tool_output(id, out))
+            .collect();
+        for r in cont.tool_results() {
+            let output = match &r.outcome {
+                ToolOutcome::Result(json) => json.as_str().to_string(),
+                ToolOutcome::Error(msg) => json!({"error": msg}).to_string(),
+            };
+            input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
+        }
+        let previous = Some(pending.response_id.clone());
+        self.reason(run, pending.progress, input, previous).await
+    }
+
+    /// Calls the model once (with the fallback to replay), accounting for the answer.
+    pub(super) async fn call_model(
+        &self,
+        run: &mut Run,
+        progress: &mut TurnProgress,
+        tools_mode: &crate::catalog::Mode,
+        tools: &[&ToolDef],
+        input: Vec<Value>,
+        previous: Option<&str>,
+    ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
+        progress.iterations += 1;
+        let instructions = self.catalog.system_prompt(&run.session.mode_key);
+        let history: Vec<Value> = run
+            .session
+            .conversation
+            .iter()
+            .chain(progress.turn_items.iter())
+            .cloned()
+            .collect();
+        let body_for = |replay: bool| {
+            compose::request_body(&CallSpec {
+                model: &self.settings.model,
+                instructions: &instructions,
+                tools,
+                tool_choice: tools_mode.tool_choice.as_deref(),
+                continuation: match (previous, replay) {
+                    (_, true) => Continuation::Replay(&history),
+                    (Some(id), false) => Continuation::Previous(id),
+                    (None, false) => Continuation::Fresh,
+                },
+                input: &input,
+            })
+        };
+        let replay = self.settings.replay || run.session.replay;
+        let body = body_for(replay);
+        run.record.requests.push(body.clone());
+        let started = std::time::Instant::now();
+        let mut outcome = self.llm.create_response(&body).await;
+        if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
+            && !replay
+        {
+            warn!(%msg, "model server does not store responses; switching this session to replay");
+            run.session.replay = true;
+            let body = body_for(true);
+            run.record.requests.push(body.clone());
+            outcome = self.llm.create_response(&body).await;
+        }
+        info!(
+            iteration = progress.iterations,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            ok = outcome.is_ok(),
+            "model call"
+        );
+        let response = match outcome {
+            Ok(r) => r,
+            Err(e) if e.is_retryable() => {
+                return Err(RetryableFailure {
+                    error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
+                });
+            }
+            Err(e) => {
+                let code = match e {
+                    LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound(_) => {
+                        ErrorCode::LlmRejected
+                    }
+                    _ => ErrorCode::LlmBadResponse,
+                };
+                return Ok(Err(InvokeResult::failure(permanent(code, e.to_string()))));
+            }
+        };
+        progress.usage.add(response.usage);
+        progress.turn_items.extend(input);
+        progress
+            .turn_items
+            .extend(response.replay_items.iter().cloned());
+        if let Some(reason) = &response.incomplete_reason {
+            progress.user_warnings.push(format!(
+                "The answer is incomplete: the model stopped early ({reason})."
+            ));
+        }
+        if response
+            .items
+            .iter()
+            .any(|i| matches!(i, OutputItem::Refusal(_)))
+        {
+            progress
+                .user_warnings
+                .push("The model declined part of this request.".into());
+        }
+        Ok(Ok(response))
+    }
+
+    /// The loop: call → run server tools → call again, until text or client tools.
+    pub(super) async fn reason(
+        &self,
+        mut run: Run,
+        mut progress: TurnProgress,
+        mut input: Vec<Value>,
+        mut previous: Option<String>,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let mut api_warnings: Vec<ErrorMessage> = Vec::new();
+        loop {
+            // Resume from a checkpoint (a re-run after a crash), or ask the model.
+            let response = match run.record.checkpoint.clone() {
+                Some(cp) if input.is_empty() => {
+                    info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
+                    progress = cp.progress;
+                    cp.response
+                }
+                _ => {
+                    if progress.iterations >= self.settings.max_iterations {
+                        let result = InvokeResult::failure(permanent(
+                            ErrorCode::IterationLimit,
+                            format!(
+                                "the turn reached the limit of {} model calls without a final answer",
+                                self.settings.max_iterations
+                            ),
+                        ));
+                        return self.fail_turn(run, result).await;
+                    }
+                    let tools_mode = self.tools_mode(&progress);
+                    let tools = self.catalog.tools_for(&tools_mode);
+                    let sent = std::mem::take(&mut input);
+                    match self
+                        .call_model(
+                            &mut run,
+                            &mut progress,
+                            &tools_mode,
+                            &tools,
+                            sent,
+                            previous.as_deref(),
+                        )
+                        .await
+                    {
+                        Err(retryable) => return self.retry_later(run, retryable).await,
+                        Ok(Err(failed)) => return self.fail_turn(run, failed).await,
+                        Ok(Ok(response)) => {
+                            // Saved before any tool runs: a re-run resumes here.
+                            run.record.checkpoint = Some(Checkpoint {
+                                response: response.clone(),
+                                progress: progress.clone(),
+                            });
+                            if let Err(e) =
+                                self.store.save(None, &run.record, run.lease(), false).await
+                            {
+                                return self.retry_later(run, store_failure(e)).await;
+                            }
+                            response
+                        }
+                    }
+                }
+            };
+            let tools_mode = self.tools_mode(&progress);
+            let tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
+
+            let mut texts = Vec::new();
+            let mut refusals = Vec::new();
+            let mut calls = Vec::new();
+            for item in &response.items {
+                match item {
+                    OutputItem::Text(t) => texts.push(t.clone()),
+                    OutputItem::Refusal(r) => refusals.push(r.clone()),
+                    OutputItem::FunctionCall {
+                        call_id,
+                        name,
+                        arguments,
+                    } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
+                    OutputItem::Reasoning => {}
+                    OutputItem::Unknown { item_type: kind } => {
+                        warn!(kind = %kind, "ignoring an unknown output item");
+                        api_warnings.push(ErrorMessage::new(
+                            ErrorCode::UnknownOutputItem,
+                            format!(
+                                "the model returned an output item of type {kind:?}; it was ignored"
+                            ),
+                        ));
+                    }
+                }
+            }
+
+            if calls.is_empty() {
+                let mut text = texts.join("\n\n");
+                if text.is_empty() {
+                    text = refusals.join("\n\n");
+                }
+                if text.is_empty() {
+                    let result = InvokeResult::failure(permanent(
+                        ErrorCode::LlmBadResponse,
+                        "the model answered with neither text nor tool calls",
+                    ));
+                    return self.fail_turn(run, result).await;
+                }
+                return self
+                    .complete_turn(run, progress, response.id, text, api_warnings)
+                    .await;
+            }
+
+            // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
+            // the one chosen before the loop.
+            let mut outputs: Vec<(String, String)> = Vec::new();
+            let mut client_calls: Vec<ToolCall> = Vec::new();
+            for (call_id, name, arguments) in calls {
+                let def = tools.iter().find(|t| t.name == name);
+                match def.map(|d| d.location) {
+                    None => {
+                        warn!(tool = %name, "model called a tool this mode does not offer");
+                        let out = json!({"error": format!("Tool '{name}' is not available in this mode.")}).to_string();
+                        outputs.push((call_id, out));
+                    }
+                    Some(ToolLocation::Client) => {
+                        match (ToolCallId::parse(&call_id), JsonText::parse(&arguments)) {
+                            (Ok(id), Ok(args)) => client_calls.push(ToolCall {
+                                tool_call_id: id,
+                                name,
+                                arguments_json: args,
+                            }),
+                            _ => {
+                                let out = json!({"error": format!("The call to '{name}' has invalid arguments JSON or call id; call it again with valid JSON.")}).to_string();
+                                outputs.push((call_id, out));
+                            }
+                        }
+                    }
+                    Some(ToolLocation::Server) => {
+                        match self
+                            .run_server_tool(&mut run, &mut progress, &call_id, &name, &arguments)
+                            .await
+                        {
+                            Ok(out) => outputs.push((call_id, out)),
+                            Err(retryable) => return self.retry_later(run, retryable).await,
+                        }
+                    }
+                }
+            }
+            if !client_calls.is_empty() {
+                return self
+                    .await_client_tools(run, progress, response.id, client_calls, outputs)
+                    .await;
+            }
+            input = outputs
+                .iter()
+                .map(|(id, out)| compose::tool_output(id, out))
+                .collect();
+            previous = Some(response.id);
+        }
+    }
+
+    pub(super) fn tools_mode(&self, progress: &TurnProgress) -> crate::catalog::Mode {
+        self.catalog
+            .by_key(&progress.tools_mode_key)
+            .unwrap_or_else(|| self.catalog.default_mode())
+            .clone()
+    }
+
+    /// After `agent_change_mode` persisted a change: the next calls of this turn carry the new
+    /// mode; the last change wins.
+    pub(super) async fn apply_mode_change(
+        &self,
+        run: &mut Run,
+        progress: &mut TurnProgress,
+    ) -> Result<(), RetryableFailure> {
+        let fresh = self
+            .store
+            .get_session(&run.session.session_id)
+            .await
+            .map_err(store_failure)?;
+        if let Some(fresh) = fresh {
+            run.session.mode_id = fresh.mode_id;
+            run.session.mode_key = fresh.mode_key;
+            run.session.mode_history = fresh.mode_history;
+        }
+        progress.mode_changes += 1;
+        if progress.mode_changes == 2 {
+            warn!("several mode changes in one turn; the last one wins");
+            progress.user_warnings.push(
+                "The mode was changed more than once in this turn; the last change applies.".into(),
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn meta(&self, session: &SessionState, turn_id: &TurnId) -> SessionMeta {
+        SessionMeta {
+            session_id: session.session_id.clone(),
+            turn_id: turn_id.clone(),
+            mode_display_name: self
+                .catalog
+                .by_id_or_default(&session.mode_id)
+                .display_name
+                .clone(),
+        }
+    }
+}
