@@ -1,23 +1,27 @@
 //! # aptix-worker
 //!
-//! A queue-driven execution backend for LLM agent turns. A turn flows through the modules in
-//! this order, and the tree mirrors it:
+//! A queue-driven execution backend for LLM agent turns. The path of one turn, and the module
+//! that owns each step:
 //!
-//! - [`contract`] — the wire format: `AgentExecuteRequest` parsed into a valid `UserTurn` or
-//!   `ToolContinuation`, `AgentExecuteResponse`, `InvokeResult`, error codes.
-//! - [`config`] — configuration from `APTIX_*` environment variables; [`contexts`] — the
-//!   agent and conversation contexts a request may name.
+//! front door → queue → worker → pipeline [compose, model, server tools, reasoner, lifecycle]
+//! → store → replies
 //!
-//! - [`frontdoor`] — validation, idempotency and enqueueing; the HTTP API and batches.
-//! - [`queue`] — the job path: RabbitMQ (or the embedded in-memory broker).
-//! - [`worker`] — consume → run → reply → ack.
-//! - [`pipeline`] — one turn: compose the model request, call the model, run server tools.
-//! - [`llm`] — the Responses API client; [`fake_llm`] — a faithful fake of it for tests.
-//! - [`store`] — session and turn state in Redis (or in memory), leases and fencing.
-//! - [`rag`] — the chunk index, BM25 retrieval and `ragScope` filtering for `[CONTEXT]`.
-//! - [`metrics`] — Prometheus metrics; [`telemetry`] — log format and output; [`tls`] — the
-//!   crypto provider and the extra CA bundle for `amqps://`, `rediss://` and the model;
-//!   [`trace`] — W3C trace context from the front door across the queue to the model.
+//! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
+//!   with a publisher confirm; the HTTP API (`http` and `routes`) and batches.
+//! - [`queue`] — the job queue and the reply path (per-session reply queues and the event
+//!   hub): RabbitMQ, or the embedded in-memory broker.
+//! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
+//! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
+//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F); retrieval for
+//!   the `[CONTEXT]` block from [`rag`].
+//! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
+//!   or memory, leases and fencing.
+//!
+//! Beside the path: [`contract`] (the wire format), [`config`] and [`contexts`] (what a
+//! process is configured with), [`app`] (the composition root that wires the parts from a
+//! configuration), [`metrics`], [`telemetry`] (logs and span export), [`trace`] (W3C trace
+//! context across the queue), [`tls`], [`fake_llm`] (a faithful fake of the Responses API, for
+//! tests and demos) and [`bench`] (`aptix bench`).
 
 pub mod app;
 pub mod bench;
