@@ -163,7 +163,7 @@ pub struct BatchOutcome {
     pub failed: Vec<(String, String)>,
 }
 
-/// One input of a batch: its customId and the request (ids filled in by [`prepare`]).
+/// One input of a batch: its customId and the request (ids filled in by [`assign_ids`]).
 struct Item {
     custom_id: String,
     request: Value,
