@@ -18,16 +18,14 @@
 //! gone; a subscriber that falls more than 256 events behind is dropped (its stream ends and it
 //! re-reads state over HTTP).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use lapin::Confirmation;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicPublishOptions,
-    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -35,6 +33,10 @@ use tokio::sync::{Mutex, mpsc};
 
 use super::{Acker, Broker, Deliveries, Delivery, QueueError, Replies, Topology};
 use crate::contract::SessionId;
+
+mod replies;
+
+use replies::{DECLARED_QUEUES_CAP, DeclaredQueues, EventHub};
 
 const ATTEMPT_HEADER: &str = "x-aptix-attempt";
 const REASON_HEADER: &str = "x-aptix-reason";
@@ -47,22 +49,6 @@ struct Live {
     connection: Connection,
     publisher: Channel,
 }
-
-/// Session id → the senders of its event subscribers.
-type Subscribers = Arc<StdMutex<HashMap<String, Vec<mpsc::Sender<Vec<u8>>>>>>;
-
-/// The process's one consumer of session events.
-struct EventHub {
-    channel: Channel,
-    queue: String,
-    subscribers: Subscribers,
-}
-
-/// Events a subscriber may fall behind by before it is dropped.
-const SUBSCRIBER_BUFFER: usize = 256;
-
-/// How often bindings of sessions nobody watches any more are removed.
-const PRUNE_EVERY: Duration = Duration::from_secs(2);
 
 /// How long one broker operation may take unless configured otherwise.
 pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -78,90 +64,6 @@ fn with_heartbeat(url: &str) -> String {
     }
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
-}
-
-/// Reply queues a process remembers having declared, at most this many (the oldest are
-/// forgotten first and simply declared again when used).
-const DECLARED_QUEUES_CAP: usize = 100_000;
-
-/// The reply queues this process declared recently. A reply queue expires when unused for the
-/// topology's `reply_queue_ttl`, and publishing to it does not count as use; declaring it does.
-/// So a queue is remembered for half that time only: past it, the next reply declares the queue
-/// again, which re-creates an expired queue or restarts the expiry of a live one. Memory is
-/// bounded by the cap and by that age, whatever the number of sessions served.
-#[derive(Debug)]
-struct DeclaredQueues {
-    max_age: Duration,
-    cap: usize,
-    declared: HashMap<SessionId, Instant>,
-    /// Declarations oldest first; entries superseded by a later declaration are skipped.
-    order: VecDeque<(SessionId, Instant)>,
-}
-
-impl DeclaredQueues {
-    fn new(max_age: Duration, cap: usize) -> Self {
-        Self {
-            max_age,
-            cap: cap.max(1),
-            declared: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    /// Whether the session's queue was declared less than `max_age` ago.
-    fn fresh(&mut self, session: &SessionId, now: Instant) -> bool {
-        self.forget_older_than(now);
-        self.declared
-            .get(session)
-            .is_some_and(|at| now.saturating_duration_since(*at) < self.max_age)
-    }
-
-    /// Remembers a declaration made at `now`.
-    fn insert(&mut self, session: SessionId, now: Instant) {
-        self.declared.insert(session.clone(), now);
-        self.order.push_back((session, now));
-        self.forget_older_than(now);
-        while self.declared.len() > self.cap || self.order.len() > 2 * self.cap {
-            let Some((oldest, at)) = self.order.pop_front() else {
-                break;
-            };
-            if self.declared.get(&oldest) == Some(&at) {
-                self.declared.remove(&oldest);
-            }
-        }
-    }
-
-    /// Forgets everything (after a reconnect nothing is known to exist).
-    fn clear(&mut self) {
-        self.declared.clear();
-        self.order.clear();
-    }
-
-    fn forget_older_than(&mut self, now: Instant) {
-        while let Some((session, at)) = self.order.front() {
-            if now.saturating_duration_since(*at) < self.max_age {
-                break;
-            }
-            if self.declared.get(session) == Some(at) {
-                self.declared.remove(session);
-            }
-            self.order.pop_front();
-        }
-    }
-
-    /// Forgets one session's queue (it turned out not to exist).
-    fn forget(&mut self, session: &SessionId) {
-        self.declared.remove(session);
-    }
-
-    fn sessions(&self) -> impl Iterator<Item = &SessionId> {
-        self.declared.keys()
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.declared.len()
-    }
 }
 
 /// Turn jobs and replies on RabbitMQ.
@@ -306,103 +208,6 @@ impl RabbitBroker {
     /// The name this broker's connection shows in RabbitMQ (`user_provided_name`).
     pub fn connection_name(&self) -> &str {
         &self.connection_name
-    }
-
-    /// Declares this process's event queue, starts its consumer (fan-out by routing key) and
-    /// the task that unbinds sessions nobody watches any more.
-    async fn open_event_hub(&self) -> Result<EventHub, QueueError> {
-        let ch = self.consumer_channel().await?;
-        let queue = ch
-            .queue_declare(
-                "".into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?
-            .name()
-            .to_string();
-        let mut consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                format!("events-{}", self.connection_name).into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        let subscribers: Subscribers = Arc::default();
-        let fan_out = subscribers.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(d)) = consumer.next().await {
-                let Ok(mut subs) = fan_out.lock() else { break };
-                if let Some(list) = subs.get_mut(d.routing_key.as_str()) {
-                    // A subscriber that is gone or too far behind is dropped; its stream ends.
-                    list.retain(|s| s.try_send(d.data.clone()).is_ok());
-                }
-            }
-            // The connection or channel is gone: end every stream (subscribers re-subscribe).
-            if let Ok(mut subs) = fan_out.lock() {
-                subs.clear();
-            }
-        });
-        let hub_slot = Arc::downgrade(&self.events);
-        let (prune_channel, prune_queue) = (ch.clone(), queue.clone());
-        let watched = subscribers.clone();
-        let exchange = self.topology.replies();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(PRUNE_EVERY).await;
-                let Some(slot) = hub_slot.upgrade() else {
-                    return; // the broker is gone
-                };
-                // Under the hub lock, so no subscription re-binds a session while it is unbound.
-                let slot = slot.lock().await;
-                if slot.as_ref().is_none_or(|h| h.queue != prune_queue) {
-                    return; // a newer hub replaced this one
-                }
-                let idle: Vec<String> = {
-                    let Ok(mut subs) = watched.lock() else { return };
-                    let idle: Vec<String> = subs
-                        .iter_mut()
-                        .filter_map(|(sid, list)| {
-                            list.retain(|s| !s.is_closed());
-                            list.is_empty().then(|| sid.clone())
-                        })
-                        .collect();
-                    for sid in &idle {
-                        subs.remove(sid);
-                    }
-                    idle
-                };
-                for sid in idle {
-                    if let Err(e) = prune_channel
-                        .queue_unbind(
-                            prune_queue.as_str().into(),
-                            exchange.as_str().into(),
-                            sid.as_str().into(),
-                            FieldTable::default(),
-                        )
-                        .await
-                    {
-                        tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
-                    }
-                }
-                drop(slot);
-            }
-        });
-        Ok(EventHub {
-            channel: ch,
-            queue,
-            subscribers,
-        })
     }
 
     /// Connects now (and declares the topology); errors if the broker is unreachable.
@@ -559,94 +364,6 @@ impl RabbitBroker {
             )),
         }
     }
-
-    /// Subscribes to a session's events through the process's one event consumer.
-    async fn subscribe_events_now(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        let mut slot = self.events.lock().await;
-        if !slot
-            .as_ref()
-            .is_some_and(|h| h.channel.status().connected())
-        {
-            *slot = Some(self.open_event_hub().await?);
-        }
-        let Some(hub) = slot.as_ref() else {
-            return Err(QueueError::Unavailable("no event consumer".into()));
-        };
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
-        let first = {
-            let mut subs = hub
-                .subscribers
-                .lock()
-                .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
-            let list = subs.entry(session.to_string()).or_default();
-            list.retain(|s| !s.is_closed());
-            list.push(tx);
-            list.len() == 1
-        };
-        // Bound before returning (under the hub lock), so nothing published afterwards is
-        // missed; the binding already exists when the session has other subscribers.
-        if first
-            && let Err(e) = hub
-                .channel
-                .queue_bind(
-                    hub.queue.as_str().into(),
-                    self.topology.replies().into(),
-                    session.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-        {
-            if let Ok(mut subs) = hub.subscribers.lock() {
-                subs.remove(session.as_str());
-            }
-            return Err(unavailable(e));
-        }
-        Ok(rx)
-    }
-
-    async fn ensure_reply_queue(&self, session: &SessionId) -> Result<String, QueueError> {
-        self.bounded("declaring a reply queue", self.declare_reply_queue(session))
-            .await
-    }
-
-    async fn declare_reply_queue(&self, session: &SessionId) -> Result<String, QueueError> {
-        let name = self.topology.reply_queue(session);
-        let known = self
-            .reply_queues
-            .lock()
-            .map(|mut q| q.fresh(session, Instant::now()))
-            .unwrap_or(false);
-        if !known {
-            let ch = self.publisher().await?;
-            ch.queue_declare(
-                name.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                table(vec![(
-                    "x-expires",
-                    AMQPValue::LongLongInt(self.topology.reply_queue_ttl.as_millis() as i64),
-                )]),
-            )
-            .await
-            .map_err(unavailable)?;
-            ch.queue_bind(
-                name.as_str().into(),
-                self.topology.replies().into(),
-                session.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-            if let Ok(mut q) = self.reply_queues.lock() {
-                q.insert(session.clone(), Instant::now());
-            }
-        }
-        Ok(name)
-    }
 }
 
 struct RabbitAcker(lapin::Acker);
@@ -728,28 +445,7 @@ impl Broker for RabbitBroker {
         correlation_id: &str,
         body: &[u8],
     ) -> Result<(), QueueError> {
-        let props = || {
-            BasicProperties::default()
-                .with_content_type(ShortString::from("application/json"))
-                .with_correlation_id(ShortString::from(correlation_id))
-        };
-        self.ensure_reply_queue(session).await?;
-        let exchange = self.topology.replies();
-        match self
-            .publish(&exchange, session.as_str(), body, props())
-            .await
-        {
-            // The reply queue expired since we declared it: declare it again, once.
-            Err(QueueError::Rejected(_)) => {
-                if let Ok(mut q) = self.reply_queues.lock() {
-                    q.forget(session);
-                }
-                self.ensure_reply_queue(session).await?;
-                self.publish(&exchange, session.as_str(), body, props())
-                    .await
-            }
-            other => other,
-        }
+        self.publish_reply_now(session, correlation_id, body).await
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
@@ -805,43 +501,7 @@ impl Broker for RabbitBroker {
     }
 
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        let queue = self.ensure_reply_queue(session).await?;
-        let ch = self.consumer_channel().await?;
-        let mut consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                format!("watch-{}", uuid::Uuid::new_v4().simple()).into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            loop {
-                let d = tokio::select! {
-                    // The subscriber went away while nothing arrived: do not keep the channel.
-                    _ = tx.closed() => break,
-                    next = consumer.next() => match next {
-                        Some(Ok(d)) => d,
-                        _ => break,
-                    },
-                };
-                if tx.send(d.data).await.is_err() {
-                    let _ = d
-                        .acker
-                        .nack(BasicNackOptions {
-                            requeue: true,
-                            ..Default::default()
-                        })
-                        .await;
-                    break;
-                }
-                let _ = d.acker.ack(BasicAckOptions::default()).await;
-            }
-            let _ = ch.close(200, "watcher gone".into()).await;
-        });
-        Ok(rx)
+        self.subscribe_replies_now(session).await
     }
 
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
@@ -910,44 +570,5 @@ impl Broker for RabbitBroker {
         }
         let _ = ch.close(200, "done".into()).await;
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sid(s: &str) -> SessionId {
-        SessionId::parse(s).expect("valid id")
-    }
-
-    #[test]
-    fn a_declared_queue_is_remembered_for_half_its_expiry_only() {
-        let t0 = Instant::now();
-        let mut q = DeclaredQueues::new(Duration::from_secs(30), 10);
-        assert!(!q.fresh(&sid("a"), t0));
-        q.insert(sid("a"), t0);
-        assert!(q.fresh(&sid("a"), t0 + Duration::from_secs(29)));
-        assert!(!q.fresh(&sid("a"), t0 + Duration::from_secs(30)));
-        assert_eq!(q.len(), 0, "forgotten, not just hidden");
-        // Declared again: remembered from the new declaration on.
-        q.insert(sid("a"), t0 + Duration::from_secs(31));
-        assert!(q.fresh(&sid("a"), t0 + Duration::from_secs(60)));
-    }
-
-    #[test]
-    fn memory_is_bounded_by_the_cap_whatever_the_sessions() {
-        let t0 = Instant::now();
-        let mut q = DeclaredQueues::new(Duration::from_secs(3600), 100);
-        for i in 0..10_000 {
-            q.insert(sid(&format!("s{i}")), t0 + Duration::from_millis(i));
-            // The same session declared again does not grow the queue of declarations
-            // without bound either.
-            q.insert(sid("hot"), t0 + Duration::from_millis(i));
-        }
-        assert!(q.len() <= 100);
-        assert!(q.order.len() <= 200);
-        assert!(q.fresh(&sid("s9999"), t0 + Duration::from_secs(10)));
-        assert!(!q.fresh(&sid("s0"), t0 + Duration::from_secs(10)));
     }
 }
