@@ -7,10 +7,34 @@
 
 use serde_json::{Value, json};
 
-use crate::catalog::ToolDef;
+use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog, ToolDef};
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 pub use crate::rag::ContextChunk;
+
+/// The boot prompt used when a turn names no conversation context.
+pub const DEFAULT_BOOT_PROMPT: &str = "You are the Aptix Reasoner, an assistant for software teams working with Aptix design records (DDRs), workflows and code. Answer in Markdown. Use only the material in [CONTEXT] as authoritative source content, cite chunks by Id or number, and say so when something you need is missing. Put machine-readable payloads in fenced code blocks with a language tag.";
+
+/// The AGN-014 §6 catalog block (sent as `instructions` on every call), naming the current
+/// mode (the catalog's default when the key is unknown).
+pub fn mode_block(catalog: &ModeCatalog, current_key: &str) -> String {
+    let current = catalog
+        .by_key(current_key)
+        .unwrap_or_else(|| catalog.default_mode());
+    let mut out = format!("Current Mode: {}\n\nAvailable Modes:\n", current.key);
+    for m in catalog.modes() {
+        out.push_str(&format!("- {}: {}\n", m.key, m.when_to_use));
+    }
+    out.push_str("\nMode Switching:\n");
+    out.push_str("- If the user’s request clearly matches another mode’s \"when to use\" description, you may recommend switching.\n");
+    out.push_str(&format!(
+        "- If the user expresses interest in switching, follow the instructions in the {CHANGE_MODE_TOOL} tool.\n"
+    ));
+    out.push_str(&format!(
+        "- If you need more detail about modes, call the {LIST_MODES_TOOL} tool."
+    ));
+    out
+}
 
 /// How the call continues the conversation.
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +234,16 @@ pub fn language_of(path: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mode_block_names_the_current_mode() {
+        let c = ModeCatalog::builtin();
+        let p = mode_block(&c, "ddr_authoring");
+        assert!(p.starts_with("Current Mode: ddr_authoring\n\nAvailable Modes:\n- general: Use this mode for everyday Q&A"));
+        assert!(p.contains("\n\nMode Switching:\n- If the user"));
+        assert!(p.ends_with("call the agent_list_modes tool."));
+        assert!(mode_block(&c, "unknown").starts_with("Current Mode: general\n"));
+    }
 
     #[test]
     fn context_block_has_the_agn002_layout() {

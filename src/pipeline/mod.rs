@@ -14,6 +14,8 @@ mod lifecycle;
 mod reasoner;
 mod server_tools;
 
+pub use compose::DEFAULT_BOOT_PROMPT;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -32,9 +34,6 @@ use crate::metrics::Metrics;
 use crate::rag::{RagBudget, RagQuery, Retriever};
 use crate::store::{Lease, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus};
 use crate::tools::ToolRegistry;
-
-/// The boot prompt used when a turn names no conversation context.
-pub const DEFAULT_BOOT_PROMPT: &str = "You are the Aptix Reasoner, an assistant for software teams working with Aptix design records (DDRs), workflows and code. Answer in Markdown. Use only the material in [CONTEXT] as authoritative source content, cite chunks by Id or number, and say so when something you need is missing. Put machine-readable payloads in fenced code blocks with a language tag.";
 
 /// A failure that may succeed if the turn is run again later (the queue retries it).
 #[derive(Debug, Clone, thiserror::Error)]

@@ -282,7 +282,7 @@ impl Pipeline {
         previous: Option<&str>,
     ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
         progress.iterations += 1;
-        let instructions = self.catalog.system_prompt(&run.session.mode_key);
+        let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
         let history: Vec<Value> = run
             .session
             .conversation

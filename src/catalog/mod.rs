@@ -1,11 +1,14 @@
 //! The mode catalog (AGN-013/AGN-014) and the tool declarations it refers to.
 //!
 //! Owns: which modes exist, which tools each mode offers (with their JSON schemas and whether
-//! they run on the server or the client), the AGN-014 §6 catalog block sent to the model, and
-//! start-up validation of every AGN-014 invariant. Must not: persist anything or call the model.
+//! they run on the server or the client), the built-in seed modes ([`builtin`]) and start-up
+//! validation of every AGN-014 invariant. Must not: persist anything, call the model, or write
+//! prompt text (the catalog block sent to the model is composed in `pipeline::compose`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+mod builtin;
 
 /// Name of the mode change tool (TUL-007); every mode offers it.
 pub const CHANGE_MODE_TOOL: &str = "agent_change_mode";
@@ -248,102 +251,6 @@ impl ModeCatalog {
         json!({"modes": self.modes, "tools": self.tools})
     }
 
-    /// The built-in catalog: the three AGN-014 seed modes with their fixed ids.
-    pub fn builtin() -> Self {
-        let shared = || vec![CHANGE_MODE_TOOL.to_string(), LIST_MODES_TOOL.to_string()];
-        let mode = |id: &str, key: &str, name: &str, desc: &str, when: &str, default: bool| Mode {
-            id: id.into(),
-            key: key.into(),
-            display_name: name.into(),
-            description: desc.into(),
-            when_to_use: when.into(),
-            is_default: default,
-            status: ModeStatus::Active,
-            tools: shared(),
-            tool_choice: None,
-            welcome_message: None,
-            human_role_hints: Vec::new(),
-            example_utterances: Vec::new(),
-        };
-        let mut general = mode(
-            "3F8E4F377F7A4C189C7F6A8B9F945C11",
-            "general",
-            "General",
-            "General-purpose help: questions, explanations and light assistance.",
-            "Use this mode for everyday Q&A, explanation, and lightweight assistance.",
-            true,
-        );
-        general.tools.push(READ_FILE_TOOL.into());
-        general.example_utterances = vec!["What does this function do?".into()];
-        let mut ddr = mode(
-            "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22",
-            "ddr_authoring",
-            "DDR Authoring",
-            "Writing, refining and checking Aptix DDR specifications (SYS-001).",
-            "Use this mode when the user wants to create, refine, or validate Aptix DDR specifications following SYS-001.",
-            false,
-        );
-        ddr.welcome_message = Some("You are now in DDR Authoring mode.".into());
-        ddr.example_utterances = vec!["Draft a DDR for the retry policy.".into()];
-        let workflow = mode(
-            "0FB81E6A8337444BA00A0CE28E3A1F78",
-            "workflow_authoring",
-            "Workflow Authoring",
-            "Creating, refining and checking Aptix agent workflows (TUL-006).",
-            "Use this mode when defining, editing, or validating Aptix workflows using TUL-006.",
-            false,
-        );
-        let tools = vec![
-            ToolDef {
-                name: CHANGE_MODE_TOOL.into(),
-                description: "Changes the mode of the current session. Call it only after the user has confirmed the switch; give a short reason, and set branch=true when the user wants the new work to start as a separate session.".into(),
-                parameters: json!({
-                    "type": "object",
-                    "properties": {
-                        "mode": {"type": "string", "description": "Key of the target mode."},
-                        "branch": {"type": "boolean", "description": "true to start the new work as a separate session."},
-                        "reason": {"type": "string", "description": "Why the new mode fits the request."}
-                    },
-                    "required": ["mode", "branch", "reason"],
-                    "additionalProperties": false
-                }),
-                strict: true,
-                location: ToolLocation::Server,
-            },
-            ToolDef {
-                name: LIST_MODES_TOOL.into(),
-                description: "Lists every mode with its purpose. Call it when the user asks which modes exist or needs help choosing one, or before proposing a mode change; not on every message.".into(),
-                parameters: json!({
-                    "type": "object",
-                    "properties": {
-                        "includeExamples": {"type": ["boolean", "null"], "description": "Include example requests for each mode."}
-                    },
-                    "required": ["includeExamples"],
-                    "additionalProperties": false
-                }),
-                strict: true,
-                location: ToolLocation::Server,
-            },
-            ToolDef {
-                name: READ_FILE_TOOL.into(),
-                description: "Reads a file from the user's workspace (runs in the client).".into(),
-                parameters: json!({
-                    "type": "object",
-                    "properties": {
-                        "path": {"type": "string", "description": "Path relative to the workspace root."}
-                    },
-                    "required": ["path"],
-                    "additionalProperties": false
-                }),
-                strict: true,
-                location: ToolLocation::Client,
-            },
-        ];
-        // The built-in catalog satisfies its own invariants (checked by a unit test).
-        Self::new(vec![general, ddr, workflow], tools)
-            .unwrap_or_else(|e| unreachable!("the built-in catalog is invalid: {e}"))
-    }
-
     /// All modes, in catalog order.
     pub fn modes(&self) -> &[Mode] {
         &self.modes
@@ -385,26 +292,6 @@ impl ModeCatalog {
     /// The tools a mode offers, in the mode's order.
     pub fn tools_for(&self, mode: &Mode) -> Vec<&ToolDef> {
         mode.tools.iter().filter_map(|n| self.tool(n)).collect()
-    }
-
-    /// The AGN-014 §6 block naming the current mode (the default when the key is unknown).
-    pub fn system_prompt(&self, current_key: &str) -> String {
-        let current = self
-            .by_key(current_key)
-            .unwrap_or_else(|| self.default_mode());
-        let mut out = format!("Current Mode: {}\n\nAvailable Modes:\n", current.key);
-        for m in &self.modes {
-            out.push_str(&format!("- {}: {}\n", m.key, m.when_to_use));
-        }
-        out.push_str("\nMode Switching:\n");
-        out.push_str("- If the user’s request clearly matches another mode’s \"when to use\" description, you may recommend switching.\n");
-        out.push_str(&format!(
-            "- If the user expresses interest in switching, follow the instructions in the {CHANGE_MODE_TOOL} tool.\n"
-        ));
-        out.push_str(&format!(
-            "- If you need more detail about modes, call the {LIST_MODES_TOOL} tool."
-        ));
-        out
     }
 }
 
@@ -551,19 +438,6 @@ mod tests {
         for s in ["active", "experimental", "deprecated"] {
             assert!(file_with(|v| v["modes"][0]["status"] = json!(s)).is_ok());
         }
-    }
-
-    #[test]
-    fn system_prompt_names_the_current_mode() {
-        let c = ModeCatalog::builtin();
-        let p = c.system_prompt("ddr_authoring");
-        assert!(p.starts_with("Current Mode: ddr_authoring\n\nAvailable Modes:\n- general: Use this mode for everyday Q&A"));
-        assert!(p.contains("\n\nMode Switching:\n- If the user"));
-        assert!(p.ends_with("call the agent_list_modes tool."));
-        assert!(
-            c.system_prompt("unknown")
-                .starts_with("Current Mode: general\n")
-        );
     }
 }
 
