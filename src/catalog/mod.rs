@@ -1,7 +1,7 @@
 //! The mode catalog (AGN-013/AGN-014) and the tool declarations it refers to.
 //!
 //! Owns: which modes exist, which tools each mode offers (with their JSON schemas and whether
-//! they run on the server or the client), the built-in seed modes ([`builtin`]) and start-up
+//! they run on the server or the client), the built-in seed modes (`builtin.rs`) and start-up
 //! validation of every AGN-014 invariant. Must not: persist anything, call the model, or write
 //! prompt text (the catalog block sent to the model is composed in `pipeline::compose`).
 

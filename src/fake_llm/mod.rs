@@ -9,7 +9,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +19,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
+
+mod check;
+
+use check::check_request;
+pub use check::create_response_validator;
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -88,57 +92,6 @@ pub type RequestCheck = Arc<dyn Fn(&Value) -> Result<(), (String, String)> + Sen
 pub struct FakeLlm {
     inner: Arc<Inner>,
     addr: SocketAddr,
-}
-
-/// The schema check for `CreateResponse` from the official OpenAPI document.
-#[cfg(feature = "schema-check")]
-pub fn create_response_validator(openapi_json: &Path) -> Result<RequestCheck, String> {
-    let text = std::fs::read_to_string(openapi_json)
-        .map_err(|e| format!("cannot read {}: {e}", openapi_json.display()))?;
-    let mut doc: Value =
-        serde_json::from_str(&text).map_err(|e| format!("invalid OpenAPI JSON: {e}"))?;
-    if let Some(components) = doc.get_mut("components") {
-        discriminated_one_of_to_any_of(components);
-    }
-    let schema = json!({
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$ref": "#/components/schemas/CreateResponse",
-        "components": doc.get("components").cloned().unwrap_or(Value::Null),
-    });
-    let validator = jsonschema::validator_for(&schema)
-        .map_err(|e| format!("cannot compile CreateResponse: {e}"))?;
-    Ok(Arc::new(move |body: &Value| {
-        match validator.iter_errors(body).next() {
-            None => Ok(()),
-            Some(err) => Err((err.to_string(), err.instance_path.to_string())),
-        }
-    }))
-}
-
-/// Without the `schema-check` feature there is no JSON Schema engine in the build.
-#[cfg(not(feature = "schema-check"))]
-pub fn create_response_validator(_openapi_json: &Path) -> Result<RequestCheck, String> {
-    Err("this build has no JSON Schema engine: build with `--features schema-check` to check requests against the OpenAPI document".into())
-}
-
-/// OpenAPI resolves a `oneOf` that has a `discriminator` by the discriminator property; plain
-/// JSON Schema does not, and the spec's input item alternatives overlap (a `user` message
-/// matches both `EasyInputMessage` and `InputMessage`), so a literal `oneOf` rejects every
-/// message. Reading those as `anyOf` keeps every real constraint of each alternative.
-#[cfg_attr(not(feature = "schema-check"), allow(dead_code))]
-fn discriminated_one_of_to_any_of(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            if map.contains_key("discriminator")
-                && let Some(alternatives) = map.remove("oneOf")
-            {
-                map.insert("anyOf".into(), alternatives);
-            }
-            map.values_mut().for_each(discriminated_one_of_to_any_of);
-        }
-        Value::Array(items) => items.iter_mut().for_each(discriminated_one_of_to_any_of),
-        _ => {}
-    }
 }
 
 impl FakeLlm {
@@ -259,232 +212,6 @@ async fn create_response(
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
     answer(&inner, &request, reply).await
-}
-
-type Rejection = (String, Option<String>, Option<String>);
-
-fn reject(message: impl Into<String>, param: &str) -> Rejection {
-    (message.into(), Some(param.to_string()), None)
-}
-
-/// The checks the real API applies that matter to us; plus the full schema when loaded.
-fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection> {
-    if let Some(check) = &inner.schema
-        && let Err((err, path)) = check(req)
-    {
-        return Err(reject(format!("Invalid request: {err} at '{path}'"), &path));
-    }
-    if req.get("model").and_then(Value::as_str).is_none() {
-        return Err(reject("Missing required parameter: 'model'.", "model"));
-    }
-    let items: Vec<Value> = match req.get("input") {
-        Some(Value::String(_)) | None => Vec::new(),
-        Some(Value::Array(a)) => a.clone(),
-        Some(_) => return Err(reject("Invalid type for 'input'.", "input")),
-    };
-    let mut outputs: Vec<String> = Vec::new();
-    let mut calls_in_input: Vec<String> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
-        match item.get("type").and_then(Value::as_str) {
-            Some("function_call_output") => {
-                let id = item
-                    .get("call_id")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| reject("Missing required parameter: 'call_id'.", &at))?;
-                if !item
-                    .get("output")
-                    .is_some_and(|o| o.is_string() || o.is_array())
-                {
-                    return Err(reject("Missing required parameter: 'output'.", &at));
-                }
-                outputs.push(id.to_string());
-            }
-            Some("function_call") => {
-                for k in ["call_id", "name", "arguments"] {
-                    if item.get(k).and_then(Value::as_str).is_none() {
-                        return Err(reject(
-                            format!("Missing required parameter: '{at}.{k}'."),
-                            &at,
-                        ));
-                    }
-                }
-                calls_in_input.push(item["call_id"].as_str().unwrap_or_default().to_string());
-            }
-            Some("message") | None => {
-                let role = item.get("role").and_then(Value::as_str).unwrap_or("");
-                if !matches!(role, "user" | "assistant" | "system" | "developer") {
-                    return Err(reject(
-                        format!("Invalid value for '{at}.role': {role:?}."),
-                        &at,
-                    ));
-                }
-                match item.get("content") {
-                    Some(Value::String(_)) => {}
-                    Some(Value::Array(parts)) => {
-                        for (j, p) in parts.iter().enumerate() {
-                            let pat = format!("{at}.content[{j}]");
-                            let allowed: &[&str] = if role == "assistant" {
-                                &["output_text", "refusal"]
-                            } else {
-                                &["input_text", "input_image", "input_file"]
-                            };
-                            let t = p.get("type").and_then(Value::as_str).unwrap_or("");
-                            if !allowed.contains(&t) {
-                                return Err(reject(
-                                    format!(
-                                        "Invalid value: '{t}'. Supported values are: {}.",
-                                        allowed.join(", ")
-                                    ),
-                                    &format!("{pat}.type"),
-                                ));
-                            }
-                            if t == "input_text" && p.get("text").and_then(Value::as_str).is_none()
-                            {
-                                return Err(reject("Missing required parameter: 'text'.", &pat));
-                            }
-                            if t == "input_image"
-                                && p.get("image_url").and_then(Value::as_str).is_none()
-                                && p.get("file_id").is_none()
-                            {
-                                return Err(reject(
-                                    "Missing required parameter: 'image_url'.",
-                                    &pat,
-                                ));
-                            }
-                        }
-                    }
-                    _ => return Err(reject("Missing required parameter: 'content'.", &at)),
-                }
-            }
-            Some(other) => {
-                return Err(reject(
-                    format!("Invalid value: '{other}'."),
-                    &format!("{at}.type"),
-                ));
-            }
-        }
-    }
-    let mut tool_names = Vec::new();
-    if let Some(tools) = req.get("tools") {
-        let tools = tools
-            .as_array()
-            .ok_or_else(|| reject("Invalid type for 'tools'.", "tools"))?;
-        for (i, t) in tools.iter().enumerate() {
-            let at = format!("tools[{i}]");
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(reject(
-                    "Only function tools are supported by this fake.",
-                    &format!("{at}.type"),
-                ));
-            }
-            if t.get("function").is_some() {
-                return Err(reject(
-                    "Unknown parameter: 'tools[].function'. Function tools are flat in the Responses API.",
-                    &at,
-                ));
-            }
-            let name = t
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| reject("Missing required parameter: 'tools[].name'.", &at))?;
-            if name.is_empty()
-                || name.len() > 64
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            {
-                return Err(reject(
-                    format!("Invalid 'tools[{i}].name': string does not match pattern."),
-                    &at,
-                ));
-            }
-            if t.get("strict").and_then(Value::as_bool) == Some(true)
-                && let Some(params) = t.get("parameters")
-            {
-                strict_ok(params).map_err(|m| {
-                    reject(
-                        format!("Invalid schema for function '{name}': {m}"),
-                        &format!("{at}.parameters"),
-                    )
-                })?;
-            }
-            tool_names.push(name.to_string());
-        }
-    }
-    match req.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if matches!(s.as_str(), "none" | "auto" | "required") => {}
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o.get("name").and_then(Value::as_str).unwrap_or("");
-            if !tool_names.iter().any(|t| t == name) {
-                return Err(reject(
-                    format!("Tool choice '{name}' not found in 'tools' parameter."),
-                    "tool_choice",
-                ));
-            }
-        }
-        Some(_) => return Err(reject("Invalid value for 'tool_choice'.", "tool_choice")),
-    }
-    // Function calls that must be answered: those of the previous response, or (replay) those
-    // that appear in the input itself.
-    let mut must_answer = calls_in_input;
-    if let Some(prev) = req.get("previous_response_id").and_then(Value::as_str) {
-        let stored = if inner.options.stateless {
-            None
-        } else {
-            inner.stored.lock().ok().and_then(|s| s.get(prev).cloned())
-        };
-        match stored {
-            Some(s) => must_answer.extend(s.pending_calls),
-            None => {
-                return Err((
-                    format!("Previous response with id '{prev}' not found."),
-                    Some("previous_response_id".into()),
-                    Some("previous_response_not_found".into()),
-                ));
-            }
-        }
-    }
-    for call in &must_answer {
-        if !outputs.contains(call) {
-            return Err(reject(
-                format!("No tool output found for function call {call}."),
-                "input",
-            ));
-        }
-    }
-    for out in &outputs {
-        if !must_answer.contains(out) {
-            return Err(reject(
-                format!("No tool call found for function call output with call_id {out}."),
-                "input",
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn strict_ok(schema: &Value) -> Result<(), String> {
-    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
-        let required: Vec<&str> = schema
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        if let Some(missing) = props.keys().find(|k| !required.contains(&k.as_str())) {
-            return Err(format!(
-                "'required' is required to be supplied and to be an array including every key in properties. Missing '{missing}'."
-            ));
-        }
-        if schema.get("additionalProperties") != Some(&Value::Bool(false)) {
-            return Err(
-                "'additionalProperties' is required to be supplied and to be false.".into(),
-            );
-        }
-        props.values().try_for_each(strict_ok)?;
-    }
-    Ok(())
 }
 
 /// The text of the last user message (for the default reply).
