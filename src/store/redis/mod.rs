@@ -21,86 +21,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use redis::AsyncCommands as _;
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands as _, Script};
 
 use super::{
     BatchRecord, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
-const ACQUIRE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
-return token
-";
+mod connection;
+mod scripts;
 
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-";
-
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 1
-";
-
-/// KEYS: lease, turn, turns index, session, ledger.
-/// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
-///       session TTL ms.
-const SAVE: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[7])
-if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7]) end
-if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
-if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return 1
-";
-
-/// KEYS: turn, turns index. ARGV: turn JSON, turn TTL ms, turn id, index TTL ms.
-const CREATE_TURN: &str = r"
-local existing = redis.call('GET', KEYS[1])
-if existing then return existing end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return false
-";
-
-/// KEYS: turn, turns list. ARGV: the record as created, turn id.
-const DISCARD_TURN: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('LREM', KEYS[2], 1, ARGV[2])
-return 1
-";
-
-/// KEYS: turn. ARGV: the record as read, the new record, turn TTL ms.
-const REPLACE_TURN: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return 1
-";
-
-/// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
-const RECORD_OUTPUT: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 1
-";
-
-/// KEYS: lease, session. ARGV: lease value, session JSON, TTL ms.
-const SET_SESSION: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-return 1
-";
+pub use connection::{DEFAULT_REDIS_TIMEOUT, RedisOptions, connection};
+use scripts::Scripts;
 
 /// Session state in Redis.
 #[derive(Clone)]
@@ -111,91 +44,6 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     fenced: std::sync::Arc<AtomicU64>,
     round_trips: std::sync::Arc<AtomicU64>,
-}
-
-struct Scripts {
-    acquire: Script,
-    renew: Script,
-    release: Script,
-    save: Script,
-    record_output: Script,
-    create_turn: Script,
-    set_session: Script,
-    discard_turn: Script,
-    replace_turn: Script,
-}
-
-/// How long a Redis command or connection attempt may take unless configured otherwise.
-pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How a Redis connection is made.
-#[derive(Debug, Clone)]
-pub struct RedisOptions {
-    /// Bounds each connection attempt and each command's answer.
-    pub timeout: Duration,
-    /// Trusted in addition to the system's roots for `rediss://` URLs.
-    pub ca: Option<crate::tls::ExtraCa>,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            timeout: DEFAULT_REDIS_TIMEOUT,
-            ca: None,
-        }
-    }
-}
-
-/// A self-reconnecting connection whose connection attempts and answers are bounded by our
-/// own setting, not left to the client library's defaults; `rediss://` URLs use TLS, trusting
-/// the system's roots and the extra CA.
-pub async fn connection(
-    url: &str,
-    options: &RedisOptions,
-) -> redis::RedisResult<ConnectionManager> {
-    let client = match &options.ca {
-        Some(ca) if url.starts_with("rediss://") => redis::Client::build_with_tls(
-            url,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(ca.with_system_roots().into_bytes()),
-            },
-        )?,
-        _ => redis::Client::open(url)?,
-    };
-    // One plain connection first: it fails fast with the real cause (refused, a certificate
-    // that is not trusted, a wrong password), where the manager would keep retrying.
-    let probe = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(options.timeout))
-        .set_response_timeout(Some(options.timeout));
-    let mut first = tokio::time::timeout(
-        options.timeout,
-        client.get_multiplexed_async_connection_with_config(&probe),
-    )
-    .await
-    .map_err(|_| timed_out(options.timeout))??;
-    tokio::time::timeout(
-        options.timeout,
-        redis::cmd("PING").query_async::<()>(&mut first),
-    )
-    .await
-    .map_err(|_| timed_out(options.timeout))??;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(options.timeout))
-        .set_response_timeout(Some(options.timeout));
-    tokio::time::timeout(
-        options.timeout,
-        ConnectionManager::new_with_config(client, config),
-    )
-    .await
-    .map_err(|_| timed_out(options.timeout))?
-}
-
-fn timed_out(after: Duration) -> redis::RedisError {
-    redis::RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("Redis did not answer within {} ms", after.as_millis()),
-    ))
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -234,17 +82,7 @@ impl RedisStore {
             conn,
             namespace: namespace.to_string(),
             retention,
-            scripts: std::sync::Arc::new(Scripts {
-                acquire: Script::new(ACQUIRE),
-                renew: Script::new(RENEW),
-                release: Script::new(RELEASE),
-                save: Script::new(SAVE),
-                record_output: Script::new(RECORD_OUTPUT),
-                create_turn: Script::new(CREATE_TURN),
-                set_session: Script::new(SET_SESSION),
-                discard_turn: Script::new(DISCARD_TURN),
-                replace_turn: Script::new(REPLACE_TURN),
-            }),
+            scripts: std::sync::Arc::new(Scripts::load()),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
         })

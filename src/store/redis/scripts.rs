@@ -1,0 +1,107 @@
+//! The store's Lua scripts. Each write a worker makes during a turn checks first that the lease
+//! key still holds the writer's `<token>:<holder>`, and answers `FENCED` without writing if not.
+
+use redis::Script;
+
+const ACQUIRE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+return token
+";
+
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+";
+
+/// KEYS: lease, turn, turns index, session, ledger.
+/// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
+///       session TTL ms.
+const SAVE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[3], ARGV[7])
+if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7]) end
+if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
+return 1
+";
+
+/// KEYS: turn, turns index. ARGV: turn JSON, turn TTL ms, turn id, index TTL ms.
+const CREATE_TURN: &str = r"
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return false
+";
+
+/// KEYS: turn, turns list. ARGV: the record as created, turn id.
+const DISCARD_TURN: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('LREM', KEYS[2], 1, ARGV[2])
+return 1
+";
+
+/// KEYS: turn. ARGV: the record as read, the new record, turn TTL ms.
+const REPLACE_TURN: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+";
+
+/// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
+const RECORD_OUTPUT: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+";
+
+/// KEYS: lease, session. ARGV: lease value, session JSON, TTL ms.
+const SET_SESSION: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+";
+
+/// The store's Lua scripts, loaded once per store.
+pub(super) struct Scripts {
+    pub(super) acquire: Script,
+    pub(super) renew: Script,
+    pub(super) release: Script,
+    pub(super) save: Script,
+    pub(super) record_output: Script,
+    pub(super) create_turn: Script,
+    pub(super) set_session: Script,
+    pub(super) discard_turn: Script,
+    pub(super) replace_turn: Script,
+}
+
+impl Scripts {
+    /// Every script, ready to be invoked (Redis caches them by hash on first use).
+    pub(super) fn load() -> Self {
+        Self {
+            acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+            save: Script::new(SAVE),
+            record_output: Script::new(RECORD_OUTPUT),
+            create_turn: Script::new(CREATE_TURN),
+            set_session: Script::new(SET_SESSION),
+            discard_turn: Script::new(DISCARD_TURN),
+            replace_turn: Script::new(REPLACE_TURN),
+        }
+    }
+}
