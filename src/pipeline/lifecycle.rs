@@ -4,14 +4,19 @@
 //!
 //! Owns: the turn's state transitions in the store. Must not: call the model or run tools.
 
+use std::sync::Arc;
+
 use tracing::{info, warn};
 
-use super::{HeldLease, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
+use super::{Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
     InvokeResult, SessionId, ToolCall, TurnId,
 };
-use crate::store::{PendingTools, SessionState, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
+use crate::store::{
+    Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord, TurnStatus,
+    now_rfc3339,
+};
 
 impl Pipeline {
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
@@ -53,7 +58,13 @@ impl Pipeline {
                 }
             }
         });
-        Ok(HeldLease { lease, renewer })
+        Ok(HeldLease {
+            lease,
+            session: sid.clone(),
+            store: self.store.clone(),
+            renewer,
+            given_back: false,
+        })
     }
 
     pub(super) fn new_session(&self, sid: &SessionId) -> SessionState {
@@ -77,15 +88,15 @@ impl Pipeline {
     /// Gives the lease back after a retryable failure so a retry can proceed at once.
     pub(super) async fn retry_later(
         &self,
-        run: Run,
+        mut run: Run,
         failure: RetryableFailure,
     ) -> Result<TurnResult, RetryableFailure> {
-        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
-            warn!(error = %e, "could not save the turn before retrying it later");
-            let _ = self
-                .store
-                .release_lease(&run.session.session_id, run.lease())
-                .await;
+        match self.store.save(None, &run.record, run.lease(), true).await {
+            Ok(()) => run.held.released_by_store(),
+            Err(e) => {
+                warn!(error = %e, "could not save the turn before retrying it later");
+                run.held.release().await;
+            }
         }
         warn!(code = %failure.error.error_code, message = %failure.error.message, "turn will be retried later");
         Err(failure)
@@ -170,6 +181,7 @@ impl Pipeline {
         {
             return self.retry_later(run, store_failure(e)).await;
         }
+        run.held.released_by_store();
         info!(iterations, "turn completed");
         Ok(result)
     }
@@ -210,6 +222,7 @@ impl Pipeline {
         {
             return self.retry_later(run, store_failure(e)).await;
         }
+        run.held.released_by_store();
         info!(calls = count, "turn waits for client tools");
         Ok(result)
     }
@@ -231,6 +244,51 @@ impl Pipeline {
         if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
             return self.retry_later(run, store_failure(e)).await;
         }
+        run.held.released_by_store();
         Ok(result)
+    }
+}
+
+/// The session's lease while a run holds it: renewed in the background until the run gives it
+/// back — explicitly ([`HeldLease::release`]) or in the store's write that settles the turn
+/// ([`HeldLease::released_by_store`]). A run that is abandoned without either (its task
+/// cancelled, its process gone) stops renewing and leaves the lease to expire after its TTL, as
+/// a crashed worker would: no write of the abandoned run can land after that (fencing).
+pub(super) struct HeldLease {
+    lease: Lease,
+    session: SessionId,
+    store: Arc<dyn SessionStore>,
+    renewer: tokio::task::JoinHandle<()>,
+    given_back: bool,
+}
+
+impl HeldLease {
+    /// The lease, for the writes made under it.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Gives the lease back now; a store that cannot be reached lets it expire instead.
+    pub(super) async fn release(mut self) {
+        self.given_back = true;
+        self.renewer.abort();
+        if let Err(e) = self.store.release_lease(&self.session, &self.lease).await {
+            warn!(session_id = %self.session, error = %e, "could not give the session lease back; it expires on its own");
+        }
+    }
+
+    /// The store released the lease in the write that settled the turn.
+    pub(super) fn released_by_store(&mut self) {
+        self.given_back = true;
+        self.renewer.abort();
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if !self.given_back {
+            tracing::debug!(session_id = %self.session, "run abandoned; its session lease expires on its own");
+        }
     }
 }

@@ -11,6 +11,8 @@
 
 pub mod compose;
 mod lifecycle;
+
+use lifecycle::HeldLease;
 mod reasoner;
 mod server_tools;
 
@@ -121,18 +123,6 @@ fn store_failure(e: StoreError) -> RetryableFailure {
     }
 }
 
-/// A held session lease, renewed in the background until dropped.
-struct HeldLease {
-    lease: Lease,
-    renewer: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for HeldLease {
-    fn drop(&mut self) {
-        self.renewer.abort();
-    }
-}
-
 /// Everything one run of a turn works on while it holds the session's lease.
 struct Run {
     session: SessionState,
@@ -142,7 +132,7 @@ struct Run {
 
 impl Run {
     fn lease(&self) -> &Lease {
-        &self.held.lease
+        self.held.lease()
     }
 }
 
@@ -306,7 +296,7 @@ impl Pipeline {
         let record = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(e));
             }
         };
@@ -321,13 +311,13 @@ impl Pipeline {
         if matches!(record.status, TurnStatus::Completed | TurnStatus::Failed)
             && let Some(result) = record.result.clone()
         {
-            let _ = self.store.release_lease(sid, &held.lease).await;
+            held.release().await;
             return Ok(result);
         }
         let session = match self.store.get_session(sid).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(e));
             }
         };

@@ -42,14 +42,14 @@ impl Pipeline {
         let existing = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(e));
             }
         };
         if let Some(rec) = &existing
             && let Some(done) = self.finished(rec, &fp)
         {
-            let _ = self.store.release_lease(sid, &held.lease).await;
+            held.release().await;
             return Ok(done);
         }
         // The front door refuses unknown context ids; a job that names one anyway (a worker
@@ -79,7 +79,7 @@ impl Pipeline {
         let loaded = match self.store.get_session(sid).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(e));
             }
         };
@@ -196,21 +196,21 @@ impl Pipeline {
         let reread = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(e));
             }
         };
         let mut record = match check(reread) {
             Ok(r) => r,
             Err(answer) => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Ok(*answer);
             }
         };
         let session = match self.store.get_session(sid).await {
             Ok(Some(s)) => s,
             other => {
-                let _ = self.store.release_lease(sid, &held.lease).await;
+                held.release().await;
                 return Err(store_failure(match other {
                     Err(e) => e,
                     _ => StoreError::Corrupt(format!("session {sid} of a waiting turn is missing")),
@@ -218,7 +218,7 @@ impl Pipeline {
             }
         };
         let Some(pending) = record.pending.clone() else {
-            let _ = self.store.release_lease(sid, &held.lease).await;
+            held.release().await;
             return Err(store_failure(StoreError::Corrupt(
                 "pending calls vanished".into(),
             )));
