@@ -24,11 +24,11 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument as _, error, info, info_span, warn};
 
 use crate::contract::{
-    AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult,
-    RequestLimits, parse_request,
+    AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
+    parse_request,
 };
 use crate::metrics::Metrics;
-use crate::pipeline::Pipeline;
+use crate::pipeline::{JobOutcome, Pipeline};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::store::{TurnRecord, TurnStatus, TurnStatusView};
 use crate::trace::TraceContext;
@@ -288,44 +288,29 @@ impl Worker {
         let started = Started::now();
         let outcome = {
             let _in_flight = self.metrics.run_started();
-            tokio::time::timeout(self.settings.turn_deadline, self.pipeline.run(request)).await
+            self.pipeline
+                .execute(request, self.settings.turn_deadline)
+                .await
         };
         let failure = match outcome {
-            // A request that names the wrong turn (a duplicate or a race the front door could
-            // not see) must not publish a "failed" status over the turn's real one: the run that
-            // produced the turn's result already published it.
-            Ok(Ok(result))
-                if result.errors().iter().any(|e| {
-                    matches!(
-                        e.error_code,
-                        ErrorCode::TurnConflict
-                            | ErrorCode::TurnNotAwaitingTools
-                            | ErrorCode::TurnNotFound
-                    )
-                }) =>
-            {
-                for e in result.errors() {
+            JobOutcome::Done(result) => return self.reply(request, result, Some(started)).await,
+            // A duplicate or a race the front door could not see must not publish a "failed"
+            // status over the turn's real one: the run that produced that status published it.
+            JobOutcome::NotTheTurns(reasons) => {
+                for e in &reasons {
                     warn!(code = %e.error_code, message = %e.message, "job does not apply to its turn; dropping it without a reply");
                 }
                 return Disposition::Ack;
             }
-            Ok(Ok(result)) => return self.reply(request, result, Some(started)).await,
-            Ok(Err(f)) => f.error,
-            Err(_) => ErrorMessage::new(
-                ErrorCode::LlmUnavailable,
-                format!(
-                    "the turn did not finish within its deadline of {} s",
-                    self.settings.turn_deadline.as_secs()
-                ),
-            ),
+            JobOutcome::Busy => {
+                self.stats.busy.fetch_add(1, Ordering::Relaxed);
+                self.metrics.job_retry("session_busy");
+                return self
+                    .republish(delivery, delivery.attempt, self.settings.busy_delay)
+                    .await;
+            }
+            JobOutcome::Retry(failure) => failure,
         };
-        if failure.error_code == ErrorCode::SessionBusy {
-            self.stats.busy.fetch_add(1, Ordering::Relaxed);
-            self.metrics.job_retry("session_busy");
-            return self
-                .republish(delivery, delivery.attempt, self.settings.busy_delay)
-                .await;
-        }
         let next = delivery.attempt + 1;
         if next < self.settings.max_attempts {
             let delay = self.topology.delay_for(next);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::{Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
+use super::{Interrupted, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
     InvokeResult, SessionId, ToolCall, TurnId,
@@ -24,7 +24,7 @@ impl Pipeline {
         &self,
         sid: &SessionId,
         tid: &TurnId,
-    ) -> Result<HeldLease, RetryableFailure> {
+    ) -> Result<HeldLease, Interrupted> {
         let holder = format!("{}/{tid}", self.settings.worker_id);
         let ttl = self.settings.lease_ttl;
         let Some(lease) = self
@@ -34,12 +34,12 @@ impl Pipeline {
             .map_err(store_failure)?
         else {
             info!("session is busy with another turn");
-            return Err(RetryableFailure {
+            return Err(Interrupted::Busy(RetryableFailure {
                 error: permanent(
                     ErrorCode::SessionBusy,
                     format!("session {sid} is running another turn; this one will run after it"),
                 ),
-            });
+            }));
         };
         let store = self.store.clone();
         let (sid2, lease2) = (sid.clone(), lease.clone());
@@ -102,26 +102,37 @@ impl Pipeline {
         Err(failure)
     }
 
-    /// The stored result of a user turn that already ran (or a conflict), if any.
+    /// The stored result of a user turn that already ran, if any; a turn recorded with another
+    /// payload is not this job's turn.
     pub(super) async fn stored_outcome(
         &self,
         sid: &SessionId,
         tid: &TurnId,
         fp: &str,
-    ) -> Result<Option<TurnResult>, RetryableFailure> {
+    ) -> Result<Option<TurnResult>, Interrupted> {
         let existing = self.store.get_turn(sid, tid).await.map_err(store_failure)?;
-        Ok(existing.and_then(|rec| self.finished(&rec, fp)))
+        match existing {
+            Some(rec) => self.finished(&rec, fp),
+            None => Ok(None),
+        }
     }
 
-    pub(super) fn finished(&self, rec: &TurnRecord, fp: &str) -> Option<TurnResult> {
+    /// The stored result of `rec` if it is finished; `Err` when `rec` is another payload's turn.
+    pub(super) fn finished(
+        &self,
+        rec: &TurnRecord,
+        fp: &str,
+    ) -> Result<Option<TurnResult>, Interrupted> {
         if rec.fingerprint != fp {
-            return Some(InvokeResult::failure(permanent(
-                ErrorCode::TurnConflict,
-                format!(
-                    "turn {} already exists in session {} with a different payload",
-                    rec.turn_id, rec.session_id
+            return Err(Interrupted::NotTheTurns(Box::new(InvokeResult::failure(
+                permanent(
+                    ErrorCode::TurnConflict,
+                    format!(
+                        "turn {} already exists in session {} with a different payload",
+                        rec.turn_id, rec.session_id
+                    ),
                 ),
-            )));
+            ))));
         }
         let done = matches!(
             rec.status,
@@ -134,9 +145,9 @@ impl Pipeline {
                     "turn already ran; returning its stored result"
                 );
                 self.metrics.duplicate_suppressed("worker");
-                Some(result.clone())
+                Ok(Some(result.clone()))
             }
-            _ => None,
+            _ => Ok(None),
         }
     }
 

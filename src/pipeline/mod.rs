@@ -20,6 +20,7 @@ pub use compose::DEFAULT_BOOT_PROMPT;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, info, info_span, warn};
@@ -43,6 +44,56 @@ use crate::tools::ToolRegistry;
 pub struct RetryableFailure {
     /// What went wrong, as the client would see it if retries run out.
     pub error: ErrorMessage,
+}
+
+/// What one run of a job came to. The worker acknowledges, retries or dead-letters a job by
+/// matching on it, never by reading error codes.
+#[derive(Debug)]
+pub enum JobOutcome {
+    /// The turn has a result, stored (a final answer, a wait for client tools, or a permanent
+    /// failure): publish it, then acknowledge the job.
+    Done(TurnResult),
+    /// The job is not its turn's — a payload that conflicts with the recorded one, a
+    /// continuation for an unknown turn or for a turn that does not take it. Drop it without a
+    /// reply: the turn's own run publishes the turn's status.
+    NotTheTurns(Vec<ErrorMessage>),
+    /// Another run holds the session's lease: run the job again shortly, at the same attempt.
+    Busy,
+    /// A failure that may pass (the model, the store, a server tool, the deadline): run the job
+    /// again after the next backoff delay, or give the turn up at the attempt limit.
+    Retry(ErrorMessage),
+}
+
+/// Why a run ended without a result of its own (inside the pipeline; see [`JobOutcome`]).
+#[derive(Debug)]
+enum Interrupted {
+    /// The job is not its turn's (see [`JobOutcome::NotTheTurns`]).
+    NotTheTurns(Box<TurnResult>),
+    /// Another run holds the session's lease.
+    Busy(RetryableFailure),
+    /// A failure that may pass on a later attempt.
+    Failed(RetryableFailure),
+}
+
+impl From<RetryableFailure> for Interrupted {
+    fn from(f: RetryableFailure) -> Self {
+        Self::Failed(f)
+    }
+}
+
+impl Interrupted {
+    /// The retryable failure, for callers that only retry (giving a turn up).
+    fn into_retryable(self) -> RetryableFailure {
+        match self {
+            Self::Busy(f) | Self::Failed(f) => f,
+            Self::NotTheTurns(result) => RetryableFailure {
+                error: result.errors().first().map_or_else(
+                    || ErrorMessage::new(ErrorCode::Internal, "the job is not its turn's"),
+                    |e| (*e).clone(),
+                ),
+            },
+        }
+    }
 }
 
 /// Settings of the pipeline.
@@ -271,6 +322,33 @@ impl Pipeline {
     /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later": the
     /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
+        match self.run_job(request).await {
+            Ok(result) => Ok(result),
+            Err(Interrupted::NotTheTurns(result)) => Ok(*result),
+            Err(Interrupted::Busy(f) | Interrupted::Failed(f)) => Err(f),
+        }
+    }
+
+    /// Runs a job's turn within `deadline` and says what the worker should do with the job.
+    pub async fn execute(&self, request: &AgentExecuteRequest, deadline: Duration) -> JobOutcome {
+        match tokio::time::timeout(deadline, self.run_job(request)).await {
+            Ok(Ok(result)) => JobOutcome::Done(result),
+            Ok(Err(Interrupted::NotTheTurns(result))) => {
+                JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())
+            }
+            Ok(Err(Interrupted::Busy(_))) => JobOutcome::Busy,
+            Ok(Err(Interrupted::Failed(f))) => JobOutcome::Retry(f.error),
+            Err(_elapsed) => JobOutcome::Retry(ErrorMessage::new(
+                ErrorCode::LlmUnavailable,
+                format!(
+                    "the turn did not finish within its deadline of {} s",
+                    deadline.as_secs()
+                ),
+            )),
+        }
+    }
+
+    async fn run_job(&self, request: &AgentExecuteRequest) -> Result<TurnResult, Interrupted> {
         let span =
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
         async {
@@ -292,7 +370,10 @@ impl Pipeline {
         error: ErrorMessage,
     ) -> Result<TurnResult, RetryableFailure> {
         let (sid, tid) = (request.session_id(), request.turn_id());
-        let held = self.lease(sid, tid).await?;
+        let held = self
+            .lease(sid, tid)
+            .await
+            .map_err(Interrupted::into_retryable)?;
         let record = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {

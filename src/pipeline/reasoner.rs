@@ -11,8 +11,8 @@ use tracing::{info, warn};
 
 use super::compose::{self, CallSpec, Continuation};
 use super::{
-    Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint, fingerprint, permanent,
-    store_failure,
+    Interrupted, Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint,
+    fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contexts::DEFAULT_CONTEXT;
@@ -28,10 +28,7 @@ use crate::store::{
 };
 
 impl Pipeline {
-    pub(super) async fn run_user_turn(
-        &self,
-        turn: &UserTurn,
-    ) -> Result<TurnResult, RetryableFailure> {
+    pub(super) async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
         if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
@@ -43,14 +40,21 @@ impl Pipeline {
             Ok(r) => r,
             Err(e) => {
                 held.release().await;
-                return Err(store_failure(e));
+                return Err(store_failure(e).into());
             }
         };
-        if let Some(rec) = &existing
-            && let Some(done) = self.finished(rec, &fp)
-        {
-            held.release().await;
-            return Ok(done);
+        if let Some(rec) = &existing {
+            match self.finished(rec, &fp) {
+                Ok(None) => {}
+                Ok(Some(done)) => {
+                    held.release().await;
+                    return Ok(done);
+                }
+                Err(not_the_turns) => {
+                    held.release().await;
+                    return Err(not_the_turns);
+                }
+            }
         }
         // The front door refuses unknown context ids; a job that names one anyway (a worker
         // configured differently from the front door) fails its turn, stored like any result.
@@ -66,7 +70,7 @@ impl Pipeline {
             let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
                 InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
             });
-            return self.fail_turn(run, failed).await;
+            return Ok(self.fail_turn(run, failed).await?);
         }
         let boot = turn
             .conversation_context_id()
@@ -80,7 +84,7 @@ impl Pipeline {
             Ok(s) => s,
             Err(e) => {
                 held.release().await;
-                return Err(store_failure(e));
+                return Err(store_failure(e).into());
             }
         };
         let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
@@ -108,16 +112,16 @@ impl Pipeline {
             .save(Some(&run.session), &run.record, run.lease(), false)
             .await
         {
-            return self.retry_later(run, store_failure(e)).await;
+            return Ok(self.retry_later(run, store_failure(e)).await?);
         }
         info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
 
         if run.record.checkpoint.is_some() {
             // A crashed or retried run left a resume point: continue from it.
             let previous = None;
-            return self
+            return Ok(self
                 .reason(run, TurnProgress::default(), Vec::new(), previous)
-                .await;
+                .await?);
         }
         let first_call =
             run.session.previous_response_id.is_none() && run.session.conversation.is_empty();
@@ -137,13 +141,13 @@ impl Pipeline {
             ..Default::default()
         };
         let previous = run.session.previous_response_id.clone();
-        self.reason(run, progress, input, previous).await
+        Ok(self.reason(run, progress, input, previous).await?)
     }
 
     pub(super) async fn run_continuation(
         &self,
         cont: &ToolContinuation,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
         let fp = continuation_fingerprint(cont);
         let submitted: Vec<String> = cont
@@ -151,12 +155,16 @@ impl Pipeline {
             .iter()
             .map(|r| r.tool_call_id.to_string())
             .collect();
-        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Box<TurnResult>> {
+        // Err: the job's answer without running — the turn's stored result (a redelivery), or not
+        // the turn's job at all.
+        type Answer = Box<Result<TurnResult, Interrupted>>;
+        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Answer> {
             let Some(record) = record else {
-                return Err(Box::new(InvokeResult::failure(permanent(
+                let unknown = InvokeResult::failure(permanent(
                     ErrorCode::TurnNotFound,
                     format!("turn {tid} does not exist in session {sid}"),
-                ))));
+                ));
+                return Err(Box::new(Err(Interrupted::NotTheTurns(Box::new(unknown)))));
             };
             // A continuation that was already applied (a redelivery) gets the turn's result.
             if submitted.iter().all(|id| record.answered.contains(id))
@@ -164,7 +172,7 @@ impl Pipeline {
                 && record.status != TurnStatus::Running
             {
                 self.metrics.duplicate_suppressed("worker");
-                return Err(Box::new(result.clone()));
+                return Err(Box::new(Ok(result.clone())));
             }
             // Awaiting client tools (a continuation run directly), queued for the continuation
             // the front door accepted, or running with the pending calls still recorded (a run
@@ -179,32 +187,35 @@ impl Pipeline {
                     TurnStatus::AwaitingClientTools | TurnStatus::Queued | TurnStatus::Running
                 )
             {
-                return Err(Box::new(InvokeResult::failure(permanent(
+                let not_waiting = InvokeResult::failure(permanent(
                     ErrorCode::TurnNotAwaitingTools,
                     format!(
                         "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
                         record.status.as_str()
                     ),
-                ))));
+                ));
+                return Err(Box::new(Err(Interrupted::NotTheTurns(Box::new(
+                    not_waiting,
+                )))));
             }
             Ok(record)
         };
         if let Err(answer) = check(self.store.get_turn(sid, tid).await.map_err(store_failure)?) {
-            return Ok(*answer);
+            return *answer;
         }
         let held = self.lease(sid, tid).await?;
         let reread = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
                 held.release().await;
-                return Err(store_failure(e));
+                return Err(store_failure(e).into());
             }
         };
         let mut record = match check(reread) {
             Ok(r) => r,
             Err(answer) => {
                 held.release().await;
-                return Ok(*answer);
+                return *answer;
             }
         };
         let session = match self.store.get_session(sid).await {
@@ -214,14 +225,13 @@ impl Pipeline {
                 return Err(store_failure(match other {
                     Err(e) => e,
                     _ => StoreError::Corrupt(format!("session {sid} of a waiting turn is missing")),
-                }));
+                })
+                .into());
             }
         };
         let Some(pending) = record.pending.clone() else {
             held.release().await;
-            return Err(store_failure(StoreError::Corrupt(
-                "pending calls vanished".into(),
-            )));
+            return Err(store_failure(StoreError::Corrupt("pending calls vanished".into())).into());
         };
         let expected: Vec<ToolCallId> = pending
             .client_calls
@@ -242,18 +252,18 @@ impl Pipeline {
             .clone();
         if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
             warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
-            return self
+            return Ok(self
                 .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
-                .await;
+                .await?);
         }
         run.record.answered.extend(submitted);
         if let Err(e) = self.store.save(None, &run.record, run.lease(), false).await {
-            return self.retry_later(run, store_failure(e)).await;
+            return Ok(self.retry_later(run, store_failure(e)).await?);
         }
         if run.record.checkpoint.is_some() {
-            return self
+            return Ok(self
                 .reason(run, TurnProgress::default(), Vec::new(), None)
-                .await;
+                .await?);
         }
         let mut input: Vec<Value> = pending
             .server_outputs
@@ -268,7 +278,7 @@ impl Pipeline {
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
         let previous = Some(pending.response_id.clone());
-        self.reason(run, pending.progress, input, previous).await
+        Ok(self.reason(run, pending.progress, input, previous).await?)
     }
 
     /// Calls the model once (with the fallback to replay), accounting for the answer.

@@ -823,3 +823,68 @@ async fn the_fake_serves_many_concurrent_requests() {
     }
     assert_eq!(ok, 1000);
 }
+
+/// What the worker is told to do with a job is a type, not an error code to interpret: a
+/// result to publish, a job that is not its turn's, a busy session, or a failure to retry.
+#[tokio::test]
+async fn a_job_outcome_tells_the_worker_what_to_do() {
+    use aptix_worker::pipeline::JobOutcome;
+    let h = harness(Setup::default()).await;
+    let deadline = Duration::from_secs(30);
+    h.fake.push([Reply::Text("done".into())]);
+    let done = h
+        .pipeline
+        .execute(&request(turn("s", "t", "x")), deadline)
+        .await;
+    assert!(
+        matches!(&done, JobOutcome::Done(r) if r.is_successful()),
+        "{done:?}"
+    );
+    // The same ids with another payload: not this turn's job, nothing to publish.
+    let conflict = h
+        .pipeline
+        .execute(&request(turn("s", "t", "another payload")), deadline)
+        .await;
+    let JobOutcome::NotTheTurns(reasons) = conflict else {
+        panic!("{conflict:?}")
+    };
+    assert_eq!(reasons[0].error_code, ErrorCode::TurnConflict);
+    let unknown = h
+        .pipeline
+        .execute(
+            &request(
+                json!({"sessionId": "s", "turnId": "nope", "toolResults": results_json(&["c"])}),
+            ),
+            deadline,
+        )
+        .await;
+    assert!(matches!(unknown, JobOutcome::NotTheTurns(_)), "{unknown:?}");
+    // Another holder has the session's lease: busy, to be run again at the same attempt.
+    let sid = SessionId::parse("s").unwrap();
+    let lease = h
+        .store
+        .acquire_lease(&sid, "someone else", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the session is free");
+    let busy = h
+        .pipeline
+        .execute(&request(turn("s", "t2", "y")), deadline)
+        .await;
+    assert!(matches!(busy, JobOutcome::Busy), "{busy:?}");
+    h.store.release_lease(&sid, &lease).await.unwrap();
+    // A model that does not answer within the deadline: a failure to retry.
+    h.fake.push([Reply::Delay(
+        Duration::from_secs(5),
+        Box::new(Reply::Text("late".into())),
+    )]);
+    let late = h
+        .pipeline
+        .execute(&request(turn("s", "t3", "z")), Duration::from_millis(200))
+        .await;
+    let JobOutcome::Retry(error) = late else {
+        panic!("{late:?}")
+    };
+    assert_eq!(error.error_code, ErrorCode::LlmUnavailable);
+    assert!(error.message.contains("deadline"), "{}", error.message);
+}
