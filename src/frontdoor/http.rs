@@ -274,7 +274,7 @@ pub(crate) fn failure(status: StatusCode, code: ErrorCode, message: impl Into<St
 }
 
 /// The caller's tenant, if the call is authenticated.
-pub(crate) fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
+fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
     if state.tokens.is_empty() {
         return Some(LOCAL_TENANT.to_string());
     }
@@ -286,6 +286,63 @@ pub(crate) fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
     token
         .and_then(|t| state.tokens.tenant(t))
         .map(str::to_string)
+}
+
+/// The caller's tenant: `Authorization: Bearer <token>` mapped through `APTIX_API_TOKENS`
+/// (`local` when no tokens are configured). Without a valid token the request is answered 401
+/// before anything else is read; as the last of a handler's header extractors it keeps that
+/// order.
+pub(crate) struct Tenant(pub(crate) String);
+
+impl axum::extract::FromRequestParts<HttpState> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        tenant(state, &parts.headers)
+            .map(Tenant)
+            .ok_or_else(unauthorized)
+    }
+}
+
+/// Which limit a route's body is read within.
+pub(crate) trait BodyLimit {
+    /// The limit, in bytes.
+    fn bytes(state: &HttpState) -> usize;
+}
+
+/// A single request: `APTIX_MAX_BODY_BYTES`.
+pub(crate) struct RequestSized;
+
+impl BodyLimit for RequestSized {
+    fn bytes(state: &HttpState) -> usize {
+        state.limits.max_body_bytes
+    }
+}
+
+/// A batch or an index upload: `APTIX_MAX_BATCH_BYTES`.
+pub(crate) struct BatchSized;
+
+impl BodyLimit for BatchSized {
+    fn bytes(state: &HttpState) -> usize {
+        state.batch_limits.max_bytes
+    }
+}
+
+/// The request body, read whole within the route's limit `L`; a longer one is answered 413
+/// `PAYLOAD_TOO_LARGE` without being read further.
+pub(crate) struct LimitedBody<L>(pub(crate) Bytes, pub(crate) std::marker::PhantomData<L>);
+
+impl<L: BodyLimit> axum::extract::FromRequest<HttpState> for LimitedBody<L> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &HttpState) -> Result<Self, Response> {
+        read_body(request, L::bytes(state))
+            .await
+            .map(|body| Self(body, std::marker::PhantomData))
+    }
 }
 
 pub(crate) fn unauthorized() -> Response {

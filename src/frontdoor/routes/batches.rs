@@ -2,8 +2,8 @@
 //! (NDJSON out), each readable only by the tenant that submitted the batch.
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, InvokeResult};
@@ -11,7 +11,7 @@ use crate::frontdoor::batch::BatchAccepted;
 use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::http::{
-    ApiPath, HttpState, answer, failure, read_body, tenant, unauthorized, unavailable,
+    ApiPath, BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
@@ -26,14 +26,11 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure),
     ))]
-pub(crate) async fn post_batch(State(state): State<HttpState>, request: Request) -> Response {
-    let Some(tenant) = tenant(&state, request.headers()) else {
-        return unauthorized();
-    };
-    let body = match read_body(request, state.batch_limits.max_bytes).await {
-        Ok(b) => b,
-        Err(too_large) => return too_large,
-    };
+pub(crate) async fn post_batch(
+    State(state): State<HttpState>,
+    Tenant(tenant): Tenant,
+    LimitedBody(body, _): LimitedBody<BatchSized>,
+) -> Response {
     use crate::frontdoor::batch::BatchError;
     match state
         .door
@@ -55,15 +52,12 @@ pub(crate) async fn post_batch(State(state): State<HttpState>, request: Request)
     }
 }
 
-/// Looks up the caller's batch, or answers 401/404/503.
+/// Looks up the caller's batch, or answers 404/503.
 pub(crate) async fn caller_batch(
     state: &HttpState,
-    headers: &HeaderMap,
+    tenant: &str,
     batch_id: &str,
 ) -> Result<crate::store::BatchRecord, Response> {
-    let Some(tenant) = tenant(state, headers) else {
-        return Err(unauthorized());
-    };
     let missing = || {
         failure(
             StatusCode::NOT_FOUND,
@@ -74,7 +68,7 @@ pub(crate) async fn caller_batch(
     if crate::contract::ids::check_id(batch_id).is_err() {
         return Err(missing());
     }
-    match state.door.batch(&tenant, batch_id).await {
+    match state.door.batch(tenant, batch_id).await {
         Ok(Some(b)) => Ok(b),
         Ok(None) => Err(missing()),
         Err(e) => Err(unavailable(e)),
@@ -93,10 +87,10 @@ pub(crate) async fn caller_batch(
     ))]
 pub(crate) async fn get_batch(
     State(state): State<HttpState>,
-    headers: HeaderMap,
     ApiPath(batch_id): ApiPath<String>,
+    Tenant(tenant): Tenant,
 ) -> Response {
-    let batch = match caller_batch(&state, &headers, &batch_id).await {
+    let batch = match caller_batch(&state, &tenant, &batch_id).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -118,11 +112,11 @@ pub(crate) async fn get_batch(
     ))]
 pub(crate) async fn get_batch_results(
     State(state): State<HttpState>,
-    headers: HeaderMap,
     ApiPath(batch_id): ApiPath<String>,
+    Tenant(tenant): Tenant,
 ) -> Response {
     use futures_util::StreamExt as _;
-    let batch = match caller_batch(&state, &headers, &batch_id).await {
+    let batch = match caller_batch(&state, &tenant, &batch_id).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -1,14 +1,14 @@
 //! `POST /v1/index`: files to (re)index for the caller's retrieval, checked before anything is
 //! written.
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
 use crate::frontdoor::http::{
-    HttpState, answer, failure, read_body, tenant, unauthorized, unavailable,
+    BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::rag::IndexReport;
@@ -86,14 +86,11 @@ impl IndexRequest {
         (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
         (status = 503, description = "Index unavailable", body = Failure),
     ))]
-pub(crate) async fn post_index(State(state): State<HttpState>, request: Request) -> Response {
-    let Some(tenant) = tenant(&state, request.headers()) else {
-        return unauthorized();
-    };
-    let body = match read_body(request, state.batch_limits.max_bytes).await {
-        Ok(b) => b,
-        Err(too_large) => return too_large,
-    };
+pub(crate) async fn post_index(
+    State(state): State<HttpState>,
+    Tenant(tenant): Tenant,
+    LimitedBody(body, _): LimitedBody<BatchSized>,
+) -> Response {
     let req = match IndexRequest::parse(&body) {
         Ok(r) => r,
         Err(errors) => match InvokeResult::<()>::failures(errors) {

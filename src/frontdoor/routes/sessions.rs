@@ -2,14 +2,12 @@
 //! (`/events`: one event per turn result published for the session).
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
-use crate::frontdoor::http::{
-    ApiPath, HttpState, answer, failure, ids, tenant, unauthorized, unavailable,
-};
+use crate::frontdoor::http::{ApiPath, HttpState, Tenant, answer, failure, ids, unavailable};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
@@ -43,12 +41,9 @@ pub(crate) struct TurnSummary {
     ))]
 pub(crate) async fn get_session(
     State(state): State<HttpState>,
-    headers: HeaderMap,
     ApiPath(session_id): ApiPath<String>,
+    Tenant(tenant): Tenant,
 ) -> Response {
-    let Some(tenant) = tenant(&state, &headers) else {
-        return unauthorized();
-    };
     let missing = || {
         failure(
             StatusCode::NOT_FOUND,
@@ -110,12 +105,9 @@ pub(crate) async fn get_session(
     ))]
 pub(crate) async fn session_events(
     State(state): State<HttpState>,
-    headers: HeaderMap,
     ApiPath(session_id): ApiPath<String>,
+    Tenant(tenant): Tenant,
 ) -> Response {
-    let Some(tenant) = tenant(&state, &headers) else {
-        return unauthorized();
-    };
     let Some((sid, _)) = ids(&session_id, None) else {
         return failure(
             StatusCode::NOT_FOUND,

@@ -2,12 +2,12 @@
 //! wait for the turn's settled status on the session's events.
 
 use crate::contract::{AgentExecuteRequest, parse_request};
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
-use crate::frontdoor::http::{HttpState, answer, read_body, tenant, trace_of, unauthorized};
+use crate::frontdoor::http::{HttpState, LimitedBody, RequestSized, Tenant, answer, trace_of};
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::TurnStatus;
@@ -29,15 +29,13 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
     ))]
-pub(crate) async fn execute_sync(State(state): State<HttpState>, request: Request) -> Response {
-    let Some(tenant) = tenant(&state, request.headers()) else {
-        return unauthorized();
-    };
-    let trace = trace_of(request.headers());
-    let body = match read_body(request, state.limits.max_body_bytes).await {
-        Ok(b) => b,
-        Err(too_large) => return too_large,
-    };
+pub(crate) async fn execute_sync(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Tenant(tenant): Tenant,
+    LimitedBody(body, _): LimitedBody<RequestSized>,
+) -> Response {
+    let trace = trace_of(&headers);
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
         Err(rejected) if rejected.is_body_too_large() => {

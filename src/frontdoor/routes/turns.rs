@@ -3,15 +3,15 @@
 //! The only HTTP mapping of a refused submission ([`SubmitError`]) lives here.
 
 use crate::contract::parse_request;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, InvokeResult, TurnId};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::http::{
-    ApiPath, HttpState, QueryParams, answer, failure, ids, not_found_turn, read_body, tenant,
-    trace_of, unauthorized, unavailable,
+    ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, answer, failure, ids,
+    not_found_turn, trace_of, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::TurnStatus;
@@ -30,15 +30,13 @@ use std::time::Duration;
         (status = 413, description = "Body over the limit", body = Failure),
         (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
     ))]
-pub(crate) async fn post_turn(State(state): State<HttpState>, request: Request) -> Response {
-    let Some(tenant) = tenant(&state, request.headers()) else {
-        return unauthorized();
-    };
-    let trace = trace_of(request.headers());
-    let body = match read_body(request, state.limits.max_body_bytes).await {
-        Ok(b) => b,
-        Err(too_large) => return too_large,
-    };
+pub(crate) async fn post_turn(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    Tenant(tenant): Tenant,
+    LimitedBody(body, _): LimitedBody<RequestSized>,
+) -> Response {
+    let trace = trace_of(&headers);
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
         Err(rejected) => {
@@ -94,13 +92,10 @@ impl IntoResponse for SubmitError {
     ))]
 pub(crate) async fn get_turn(
     State(state): State<HttpState>,
-    headers: HeaderMap,
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
     query: QueryParams,
+    Tenant(tenant): Tenant,
 ) -> Response {
-    let Some(tenant) = tenant(&state, &headers) else {
-        return unauthorized();
-    };
     let wait = match query.wait() {
         Ok(w) => w,
         Err(bad) => return bad.into(),
