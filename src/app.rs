@@ -104,8 +104,7 @@ impl App {
             }
             None => Arc::new(MemoryStore::new()),
         };
-        let mut topology = Topology::new(&config.namespace);
-        topology.reply_queue_ttl = config.reply_queue_ttl;
+        let topology = config.topology();
         let broker: Arc<dyn Broker> = match &config.amqp_url {
             Some(url) => {
                 let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());

@@ -86,6 +86,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// `APTIX_RETRY_DELAYS_MS`: the wait before each retry of a failed job, in order (the
+    /// last one repeats); one delay queue each.
+    pub retry_delays: Vec<Duration>,
     /// `APTIX_TLS_CA_FILE`: a PEM bundle trusted in addition to the system's roots for
     /// RabbitMQ (`amqps://`), Redis (`rediss://`) and the model endpoint.
     pub tls_ca: Option<crate::tls::ExtraCa>,
@@ -190,6 +193,7 @@ impl Config {
                 "APTIX_REPLY_QUEUE_TTL_SECS",
                 24 * 3600,
             )?),
+            retry_delays: retry_delays(&get)?,
             retention: crate::store::Retention {
                 turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
                 sessions: Duration::from_secs(positive(
@@ -312,6 +316,14 @@ fn flag(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<bool
 }
 
 impl Config {
+    /// The queue names and delays of this configuration.
+    pub fn topology(&self) -> crate::queue::Topology {
+        let mut topology = crate::queue::Topology::new(&self.namespace);
+        topology.reply_queue_ttl = self.reply_queue_ttl;
+        topology.retry_delays = self.retry_delays.clone();
+        topology
+    }
+
     /// The model server to use: `APTIX_LLM_BASE_URL`, else OpenAI when `OPENAI_API_KEY` is
     /// set, else `None` (the caller starts the embedded fake model).
     pub fn model_base_url(&self) -> Option<String> {
@@ -321,6 +333,31 @@ impl Config {
                 .map(|_| "https://api.openai.com/v1".to_string())
         })
     }
+}
+
+/// `APTIX_RETRY_DELAYS_MS`: comma-separated milliseconds, each above zero, at most 20.
+fn retry_delays(get: &impl Fn(&str) -> Option<String>) -> Result<Vec<Duration>, ConfigError> {
+    const VAR: &str = "APTIX_RETRY_DELAYS_MS";
+    let Some(text) = get(VAR).filter(|v| !v.trim().is_empty()) else {
+        return Ok(crate::queue::Topology::new("").retry_delays);
+    };
+    let delays = text
+        .split(',')
+        .map(|part| match part.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(ConfigError {
+                var: VAR,
+                problem: format!("{part:?} is not a positive number of milliseconds"),
+            }),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if delays.len() > 20 {
+        return Err(ConfigError {
+            var: VAR,
+            problem: "at most 20 delays (each is a queue)".to_string(),
+        });
+    }
+    Ok(delays)
 }
 
 fn number<T: std::str::FromStr>(
@@ -378,6 +415,23 @@ mod tests {
         assert_eq!(c.namespace, "aptix");
         assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
         assert_eq!(c.limits, RequestLimits::default());
+    }
+
+    #[test]
+    fn retry_delays_are_milliseconds_in_order() {
+        let c = cfg(&[("APTIX_RETRY_DELAYS_MS", "200, 400,1000")]).unwrap();
+        assert_eq!(
+            c.topology().retry_delays,
+            [200, 400, 1000].map(Duration::from_millis).to_vec()
+        );
+        assert_eq!(
+            cfg(&[]).unwrap().retry_delays,
+            crate::queue::Topology::new("x").retry_delays
+        );
+        for bad in ["0", "soon", "100,,200"] {
+            let e = cfg(&[("APTIX_RETRY_DELAYS_MS", bad)]).unwrap_err();
+            assert_eq!(e.var, "APTIX_RETRY_DELAYS_MS", "{bad}");
+        }
     }
 
     #[test]

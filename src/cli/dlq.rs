@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use aptix_worker::config::Config;
-use aptix_worker::queue::{Broker as _, RabbitBroker, Topology};
+use aptix_worker::queue::{Broker as _, RabbitBroker};
 
 /// What `aptix dlq` does.
 #[derive(Debug, clap::Subcommand)]
@@ -38,9 +38,7 @@ pub async fn dlq(args: DlqArgs) -> anyhow::Result<ExitCode> {
     let Some(url) = &config.amqp_url else {
         anyhow::bail!("APTIX_AMQP_URL is not set: the dead-letter queue lives in RabbitMQ");
     };
-    let mut topology = Topology::new(&config.namespace);
-    topology.reply_queue_ttl = config.reply_queue_ttl;
-    let broker = RabbitBroker::new(url.expose(), topology, "aptix-dlq")
+    let broker = RabbitBroker::new(url.expose(), config.topology(), "aptix-dlq")
         .with_timeout(config.dependency_timeout)
         .with_tls_ca(config.tls_ca.clone());
     broker.connect().await?;

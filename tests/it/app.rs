@@ -6,26 +6,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aptix_worker::catalog::ModeCatalog;
-use aptix_worker::config::{ApiTokens, BatchLimits};
+use aptix_worker::config::{BatchLimits, Config};
 use aptix_worker::contract::RequestLimits;
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
-use aptix_worker::frontdoor::FrontDoor;
-use aptix_worker::frontdoor::http::{HttpState, router, serve};
-use aptix_worker::llm::LlmClient;
-use aptix_worker::metrics::Metrics;
-use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
-use aptix_worker::rag::{
-    Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RedisIndex,
-};
-use aptix_worker::store::redis::RedisOptions;
-use aptix_worker::store::{MemoryStore, RedisStore, Retention, SessionStore};
-use aptix_worker::worker::{Worker, WorkerSettings};
+use aptix_worker::queue::{Broker, Topology};
+use aptix_worker::store::SessionStore;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{RabbitGuard, RedisGuard, rabbit_broker, redis_store, schema, test_topology};
+use crate::support::{
+    RabbitGuard, RedisGuard, rabbit_broker, redis_store_in, schema, test_topology,
+};
 
 pub struct App {
     pub base: String,
@@ -36,6 +27,7 @@ pub struct App {
     pub topology: Topology,
     pub stop: CancellationToken,
     pub api: Value,
+    pub _app: aptix_worker::app::App,
     pub _rabbit: Option<RabbitGuard>,
     pub _redis: Option<RedisGuard>,
 }
@@ -97,7 +89,8 @@ pub async fn spawn_app_with(limits: RequestLimits, batch_limits: BatchLimits) ->
     .await
 }
 
-/// Starts an app with `options`.
+/// Starts an app with `options`, built the way the binary builds one: a configuration, then
+/// [`aptix_worker::app::App::build`], a worker and the HTTP API on port 0.
 pub async fn spawn(options: AppOptions) -> App {
     let AppOptions {
         backend,
@@ -108,8 +101,6 @@ pub async fn spawn(options: AppOptions) -> App {
         amqp_url,
         dependency_timeout,
     } = options;
-    let timeout = dependency_timeout.unwrap_or(aptix_worker::store::redis::DEFAULT_REDIS_TIMEOUT);
-    let metrics = Arc::new(Metrics::new());
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
         FakeOptions::default(),
@@ -121,106 +112,56 @@ pub async fn spawn(options: AppOptions) -> App {
     if let Some(ttl) = reply_queue_ttl {
         topology.reply_queue_ttl = ttl;
     }
-    let (store, index, redis): (Arc<dyn SessionStore>, Arc<dyn ChunkIndex>, _) = match backend {
+    let ns = topology.namespace.clone();
+    let mut env = vec![
+        ("APTIX_NAMESPACE", ns.clone()),
+        ("APTIX_LLM_BASE_URL", fake.base_url()),
+        ("APTIX_MODEL", "m".to_string()),
+        ("APTIX_LLM_MAX_RETRIES", "0".to_string()),
+        ("APTIX_LLM_CONNECT_TIMEOUT_SECS", "2".to_string()),
+        ("APTIX_LLM_TIMEOUT_SECS", "30".to_string()),
+        ("APTIX_API_TOKENS", "tok-a=tenant-a,tok-b=tenant-b".to_string()),
+    ];
+    let (rabbit, redis) = match backend {
         Backend::Services => {
-            let redis = redis_store().await;
-            let url = redis_url.unwrap_or_else(crate::support::redis_url);
-            let options = RedisOptions { timeout, ca: None };
-            let store = RedisStore::connect_with(
-                &url,
-                redis.store.namespace(),
-                Retention::default(),
-                &options,
-            )
-            .await
-            .unwrap();
-            let index = RedisIndex::connect_with(&url, redis.store.namespace(), &options)
-                .await
-                .unwrap();
-            (
-                Arc::new(store) as Arc<dyn SessionStore>,
-                Arc::new(index) as Arc<dyn ChunkIndex>,
-                Some(redis),
-            )
-        }
-        Backend::Embedded => (
-            Arc::new(MemoryStore::new()),
-            Arc::new(MemoryIndex::new()),
-            None,
-        ),
-    };
-    let (broker, rabbit): (Arc<dyn Broker>, _) = match backend {
-        Backend::Services => {
-            let direct = rabbit_broker(&topology, &format!("{}-test", topology.namespace)).await;
-            let guard = RabbitGuard {
-                broker: direct.clone(),
+            // Direct connections that declare the topology first and remove everything under
+            // the test's namespace afterwards; the app itself may go through a proxy.
+            let rabbit = RabbitGuard {
+                broker: rabbit_broker(&topology, &format!("{ns}-test")).await,
                 topology: topology.clone(),
             };
-            let broker: Arc<dyn Broker> = match amqp_url {
-                Some(url) => {
-                    let b = RabbitBroker::new(&url, topology.clone(), "aptix-test-proxied")
-                        .with_timeout(timeout);
-                    b.connect().await.unwrap();
-                    Arc::new(b)
-                }
-                None => direct,
-            };
-            (broker, Some(guard))
+            let redis = redis_store_in(&ns).await;
+            env.push((
+                "APTIX_AMQP_URL",
+                amqp_url.unwrap_or_else(crate::support::amqp_url),
+            ));
+            env.push((
+                "APTIX_REDIS_URL",
+                redis_url.unwrap_or_else(crate::support::redis_url),
+            ));
+            (Some(rabbit), Some(redis))
         }
-        Backend::Embedded => (Arc::new(MemoryBroker::new()), None),
+        Backend::Embedded => (None, None),
     };
-    let catalog = Arc::new(ModeCatalog::builtin());
-    let llm = LlmClient::new(
-        &fake.base_url(),
-        None,
-        Duration::from_secs(2),
-        Duration::from_secs(30),
-        0,
-    )
-    .unwrap()
-    .with_metrics(metrics.clone());
-    let pipeline = Pipeline::new(
-        store.clone(),
-        catalog.clone(),
-        llm,
-        PipelineSettings::new("m"),
-    )
-    .unwrap()
-    .with_metrics(metrics.clone())
-    .with_rag(
-        Arc::new(Bm25Retriever::new(index.clone())),
-        RagBudget::default(),
-    );
+    let mut config = Config::from_lookup(|k| {
+        env.iter()
+            .find(|(name, _)| *name == k)
+            .map(|(_, v)| v.clone())
+    })
+    .unwrap();
+    config.limits = limits;
+    config.batch_limits = batch_limits;
+    config.reply_queue_ttl = topology.reply_queue_ttl;
+    config.retry_delays = topology.retry_delays.clone();
+    if let Some(timeout) = dependency_timeout {
+        config.dependency_timeout = timeout;
+    }
+    let app = aptix_worker::app::App::build(&config).await.unwrap();
     let stop = CancellationToken::new();
-    let worker = Worker::new(
-        broker.clone(),
-        pipeline,
-        topology.clone(),
-        WorkerSettings::default(),
-    )
-    .with_metrics(metrics.clone());
-    worker.spawn(stop.clone());
-    let state = HttpState {
-        door: FrontDoor::new(store.clone(), broker.clone(), limits).with_metrics(metrics.clone()),
-        store: store.clone(),
-        broker: broker.clone(),
-        catalog,
-        tokens: ApiTokens::new([
-            ("tok-a".to_string(), "tenant-a".to_string()),
-            ("tok-b".to_string(), "tenant-b".to_string()),
-        ]),
-        limits,
-        batch_limits,
-        metrics,
-        index,
-        chunk_options: ChunkOptions::default(),
-    };
+    app.worker(&config).spawn(stop.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn({
-        let s = stop.clone();
-        async move { serve(listener, router(state), s).await }
-    });
+    app.spawn_http(&config, listener, stop.clone());
     let http = crate::support::http_client();
     let api: Value = http
         .get(format!("{base}/openapi.json"))
@@ -234,11 +175,12 @@ pub async fn spawn(options: AppOptions) -> App {
         base,
         http,
         fake,
-        store,
-        broker,
-        topology,
+        store: app.store.clone(),
+        broker: app.broker.clone(),
+        topology: app.topology.clone(),
         stop,
         api,
+        _app: app,
         _rabbit: rabbit,
         _redis: redis,
     }

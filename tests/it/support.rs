@@ -84,7 +84,16 @@ pub async fn redis_store() -> RedisGuard {
 /// A Redis store with its own namespace and retention.
 pub async fn redis_store_with(retention: Retention) -> RedisGuard {
     let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
-    let store = RedisStore::connect(&redis_url(), &ns, retention)
+    redis_store_at(&ns, retention).await
+}
+
+/// A Redis store in the namespace `ns` (an app's), removed with the guard.
+pub async fn redis_store_in(ns: &str) -> RedisGuard {
+    redis_store_at(ns, Retention::default()).await
+}
+
+async fn redis_store_at(ns: &str, retention: Retention) -> RedisGuard {
+    let store = RedisStore::connect(&redis_url(), ns, retention)
         .await
         .unwrap_or_else(|e| {
             panic!(
