@@ -21,10 +21,9 @@
 //! process is configured with), [`app`] (the composition root that wires the parts from a
 //! configuration), [`metrics`], [`telemetry`] (logs and span export), [`trace`] (W3C trace
 //! context across the queue), [`tls`], [`fake_llm`] (a faithful fake of the Responses API, for
-//! tests and demos) and [`bench`](mod@bench) (`aptix bench`).
+//! tests and demos).
 
 pub mod app;
-pub mod bench;
 pub mod catalog;
 pub mod config;
 pub mod contexts;

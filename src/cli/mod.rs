@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod batch;
+pub mod bench;
 pub mod client;
 pub mod dlq;
 pub mod index;

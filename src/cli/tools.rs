@@ -147,17 +147,17 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match in_flight {
         Some(k) => {
             let latency = Duration::from_millis(if latency_ms == 50 { 2000 } else { latency_ms });
-            aptix_worker::bench::memory(&config, k, latency).await?
+            super::bench::memory(&config, k, latency).await?
         }
         None => {
-            let opts = aptix_worker::bench::BenchOptions {
+            let opts = super::bench::BenchOptions {
                 turns,
                 sessions: sessions.unwrap_or(turns),
                 latency: Duration::from_millis(latency_ms),
                 concurrency,
                 rate,
             };
-            aptix_worker::bench::run(&config, &opts).await?
+            super::bench::run(&config, &opts).await?
         }
     }
     Ok(ExitCode::SUCCESS)

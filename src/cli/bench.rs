@@ -13,16 +13,15 @@ use anyhow::Context as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::catalog::ModeCatalog;
-use crate::config::Config;
-use crate::contract::{SessionId, TurnId};
-use crate::fake_llm::{FakeLlm, FakeOptions};
-use crate::frontdoor::FrontDoor;
-use crate::llm::LlmClient;
-use crate::pipeline::{Pipeline, PipelineSettings};
-use crate::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
-use crate::store::{MemoryStore, RedisStore, SessionStore, TurnStatus, TurnStatusView};
-use crate::worker::{Worker, WorkerSettings};
+use aptix_worker::app::App;
+use aptix_worker::config::Config;
+use aptix_worker::contract::{SessionId, TurnId};
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
+use aptix_worker::frontdoor::FrontDoor;
+use aptix_worker::pipeline::Pipeline;
+use aptix_worker::queue::{Broker, RabbitBroker, Topology};
+use aptix_worker::store::{RedisStore, SessionStore, TurnStatus, TurnStatusView};
+use aptix_worker::worker::{Worker, WorkerSettings};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -43,13 +42,15 @@ pub struct BenchOptions {
 struct Parts {
     broker: Arc<dyn Broker>,
     store: Arc<dyn SessionStore>,
-    rabbit: Option<Arc<RabbitBroker>>,
-    redis: Option<Arc<RedisStore>>,
     topology: Topology,
-    _fake: FakeLlm,
     pipeline: Pipeline,
+    config: Config,
+    _app: App,
+    _fake: FakeLlm,
 }
 
+/// The parts of a real deployment, built by [`App::build`] under a namespace of the run's own,
+/// against a fake model with `latency`.
 async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse()?,
@@ -60,63 +61,41 @@ async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
         None,
     )
     .await?;
-    let ns = format!(
+    let mut config = config.clone();
+    config.namespace = format!(
         "{}-bench-{}",
         config.namespace,
         uuid::Uuid::new_v4().simple()
     );
-    let mut topology = Topology::new(&ns);
     // Left-over reply queues (if the run is interrupted) vanish soon.
-    topology.reply_queue_ttl = Duration::from_secs(60);
-    let (broker, rabbit): (Arc<dyn Broker>, _) = match &config.amqp_url {
-        Some(url) => {
-            let r = Arc::new(RabbitBroker::new(
-                url.expose(),
-                topology.clone(),
-                &format!("{ns}-bench"),
-            ));
-            r.connect().await?;
-            (r.clone(), Some(r))
-        }
-        None => (Arc::new(MemoryBroker::new()), None),
-    };
-    let (store, redis): (Arc<dyn SessionStore>, _) = match &config.redis_url {
-        Some(url) => {
-            let r = Arc::new(RedisStore::connect(url.expose(), &ns, config.retention).await?);
-            (r.clone(), Some(r))
-        }
-        None => (Arc::new(MemoryStore::new()), None),
-    };
-    let llm = LlmClient::new(
-        &fake.base_url(),
-        None,
-        Duration::from_secs(5),
-        Duration::from_secs(60),
-        2,
-    )?;
-    let pipeline = Pipeline::new(
-        store.clone(),
-        Arc::new(ModeCatalog::builtin()),
-        llm,
-        PipelineSettings::new("bench-model"),
-    )
-    .map_err(anyhow::Error::msg)?;
+    config.reply_queue_ttl = Duration::from_secs(60);
+    config.llm_base_url = Some(fake.base_url());
+    config.api_key = None;
+    config.model = "bench-model".into();
+    config.llm_connect_timeout = Duration::from_secs(5);
+    config.llm_timeout = Duration::from_secs(60);
+    let app = App::build(&config).await?;
     Ok(Parts {
-        broker,
-        store,
-        rabbit,
-        redis,
-        topology,
+        broker: app.broker.clone(),
+        store: app.store.clone(),
+        topology: app.topology.clone(),
+        pipeline: app.pipeline.clone(),
+        config,
+        _app: app,
         _fake: fake,
-        pipeline,
     })
 }
 
+/// Removes the run's queues and keys.
 async fn cleanup(p: &Parts) {
-    if let Some(r) = &p.rabbit {
+    if let Some(url) = &p.config.amqp_url {
+        let r = RabbitBroker::new(url.expose(), p.topology.clone(), "aptix-bench-cleanup");
         let _ = r.delete_topology().await;
     }
-    if let Some(r) = &p.redis {
+    if let Some(url) = &p.config.redis_url
+        && let Ok(r) =
+            RedisStore::connect(url.expose(), &p.config.namespace, p.config.retention).await
+    {
         let _ = r.delete_namespace().await;
     }
 }
@@ -253,7 +232,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         sessions.len(),
         opts.latency.as_millis(),
         opts.concurrency,
-        if p.rabbit.is_some() {
+        if p.config.amqp_url.is_some() {
             "RabbitMQ"
         } else {
             "in-memory broker"
@@ -268,7 +247,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
     );
     println!(
         "  store: {}",
-        if p.redis.is_some() {
+        if p.config.redis_url.is_some() {
             "Redis"
         } else {
             "in-memory"
