@@ -120,7 +120,10 @@ pub async fn spawn(options: AppOptions) -> App {
         ("APTIX_LLM_MAX_RETRIES", "0".to_string()),
         ("APTIX_LLM_CONNECT_TIMEOUT_SECS", "2".to_string()),
         ("APTIX_LLM_TIMEOUT_SECS", "30".to_string()),
-        ("APTIX_API_TOKENS", "tok-a=tenant-a,tok-b=tenant-b".to_string()),
+        (
+            "APTIX_API_TOKENS",
+            "tok-a=tenant-a,tok-b=tenant-b".to_string(),
+        ),
     ];
     let (rabbit, redis) = match backend {
         Backend::Services => {

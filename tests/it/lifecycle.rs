@@ -497,25 +497,17 @@ async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
     assert_eq!(turn_ids_in_queue().await, ["t3"]);
 }
 
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod services {
-            $( #[tokio::test] async fn $name() { super::$name(super::Backend::Services).await } )*
-        }
-        mod embedded {
-            $( #[tokio::test] async fn $name() { super::$name(super::Backend::Embedded).await } )*
-        }
-    };
-}
-
-on_both_backends!(
-    a_continuation_reads_queued_as_soon_as_it_is_accepted,
-    of_two_different_continuations_exactly_one_is_accepted,
-    unknown_contexts_are_refused_at_the_front_door,
-    a_job_the_worker_refuses_before_running_still_settles,
-    a_long_poll_answers_as_soon_as_the_result_is_published,
-    every_error_is_an_invoke_result_naming_the_parameter,
-    every_answer_carries_a_request_id,
+for_each_backend!(
+    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
+    tests: [
+        a_continuation_reads_queued_as_soon_as_it_is_accepted,
+        of_two_different_continuations_exactly_one_is_accepted,
+        unknown_contexts_are_refused_at_the_front_door,
+        a_job_the_worker_refuses_before_running_still_settles,
+        a_long_poll_answers_as_soon_as_the_result_is_published,
+        every_error_is_an_invoke_result_naming_the_parameter,
+        every_answer_carries_a_request_id,
+    ],
 );
 
 /// Redis stops answering (a proxy in front of it holds every byte, connections stay open):

@@ -1,5 +1,27 @@
 //! All integration tests compile into this one binary (faster builds, shared helpers).
 
+/// Runs each named test function once per backend, in a module per backend:
+///
+/// ```ignore
+/// for_each_backend!(
+///     backends: [memory => super::memory(), redis => super::redis().await],
+///     tests: [saves_and_reads_back, a_lease_is_exclusive],
+/// );
+/// ```
+///
+/// makes `memory::saves_and_reads_back` call `saves_and_reads_back(super::memory())`, and so on.
+/// The conformance suites (store, queue) and the lifecycle tests (services, embedded) use it.
+macro_rules! for_each_backend {
+    (backends: [$($backend:ident => $make:expr),+ $(,)?], tests: $tests:tt $(,)?) => {
+        $( for_each_backend!(@one $backend, $make, $tests); )+
+    };
+    (@one $backend:ident, $make:expr, [$($name:ident),* $(,)?]) => {
+        mod $backend {
+            $( #[tokio::test] async fn $name() { super::$name($make).await } )*
+        }
+    };
+}
+
 mod app;
 mod support;
 

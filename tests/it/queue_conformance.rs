@@ -146,23 +146,15 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
     }
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test] async fn $name() { super::$name(super::memory()).await } )*
-        }
-        mod rabbitmq {
-            $( #[tokio::test] async fn $name() { super::$name(super::rabbitmq().await).await } )*
-        }
-    };
-}
-
-conformance!(
-    publish_consume_ack_in_order,
-    a_requeued_delivery_comes_back_redelivered,
-    prefetch_bounds_unacked_deliveries,
-    a_retry_arrives_after_its_delay_with_its_attempt,
-    dead_letters_keep_their_reason,
-    replies_reach_the_session_subscriber_in_order,
-    every_event_subscriber_gets_every_result,
+for_each_backend!(
+    backends: [memory => super::memory(), rabbitmq => super::rabbitmq().await],
+    tests: [
+        publish_consume_ack_in_order,
+        a_requeued_delivery_comes_back_redelivered,
+        prefetch_bounds_unacked_deliveries,
+        a_retry_arrives_after_its_delay_with_its_attempt,
+        dead_letters_keep_their_reason,
+        replies_reach_the_session_subscriber_in_order,
+        every_event_subscriber_gets_every_result,
+    ],
 );

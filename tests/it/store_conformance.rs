@@ -491,27 +491,19 @@ async fn replace_is_a_compare_and_set(s: Subject) {
     assert_eq!(won, 1);
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $( #[tokio::test] async fn $name() { super::$name(super::memory()).await } )*
-        }
-        mod redis {
-            $( #[tokio::test] async fn $name() { super::$name(super::redis().await).await } )*
-        }
-    };
-}
-
-conformance!(
-    saves_and_reads_back_sessions_and_turns,
-    a_lease_is_exclusive_until_released_or_expired,
-    renewal_keeps_a_lease_and_fails_once_lost,
-    a_stale_holder_cannot_write,
-    the_ledger_is_never_lost_by_a_later_save,
-    change_mode_appends_history,
-    racing_holders_take_turns_and_none_is_lost,
-    the_first_tenant_owns_a_session,
-    create_turn_creates_once,
-    discard_takes_back_only_an_untouched_turn,
-    replace_is_a_compare_and_set,
+for_each_backend!(
+    backends: [memory => super::memory(), redis => super::redis().await],
+    tests: [
+        saves_and_reads_back_sessions_and_turns,
+        a_lease_is_exclusive_until_released_or_expired,
+        renewal_keeps_a_lease_and_fails_once_lost,
+        a_stale_holder_cannot_write,
+        the_ledger_is_never_lost_by_a_later_save,
+        change_mode_appends_history,
+        racing_holders_take_turns_and_none_is_lost,
+        the_first_tenant_owns_a_session,
+        create_turn_creates_once,
+        discard_takes_back_only_an_untouched_turn,
+        replace_is_a_compare_and_set,
+    ],
 );
