@@ -98,6 +98,11 @@ pub enum TurnStatus {
 }
 
 impl TurnStatus {
+    /// Whether the turn has left `queued`/`running`: it has a result a client can act on.
+    pub fn is_settled(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+
     /// The wire spelling.
     pub fn as_str(self) -> &'static str {
         match self {

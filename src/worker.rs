@@ -30,6 +30,7 @@ use crate::contract::{
 use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Pipeline};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
+use crate::replies;
 use crate::store::{TurnRecord, TurnStatus, TurnStatusView};
 use crate::trace::TraceContext;
 
@@ -402,14 +403,7 @@ impl Worker {
         };
         let status = record.status;
         let view = TurnStatusView::from(&record);
-        let body = match serde_json::to_vec(&view) {
-            Ok(b) => b,
-            Err(e) => {
-                error!(error = %e, "cannot encode a turn status");
-                return Disposition::Requeue;
-            }
-        };
-        match self.broker.publish_reply(sid, tid.as_str(), &body).await {
+        match replies::publish_status(self.broker.as_ref(), &view).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use aptix_worker::config::Config;
-use aptix_worker::queue::{Broker as _, RabbitBroker};
+use aptix_worker::queue::{JobQueue as _, RabbitBroker};
 
 /// What `aptix dlq` does.
 #[derive(Debug, clap::Subcommand)]

@@ -16,6 +16,7 @@ use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::http::{self, check_exposure, ops_router};
+use aptix_worker::replies::Waited;
 use aptix_worker::store::TurnStatusView;
 
 use super::workspace::client_tool;
@@ -260,19 +261,15 @@ async fn run_files(
     })
 }
 
-/// Waits for the next reply about `turn` that is not an intermediate state.
+/// Waits (up to 10 minutes) for the settled status of `turn` among the session's replies.
 async fn wait_for(
     replies: &mut aptix_worker::queue::Replies,
     turn: &contract::TurnId,
 ) -> anyhow::Result<TurnStatusView> {
-    loop {
-        let body = tokio::time::timeout(Duration::from_secs(600), replies.recv())
-            .await
-            .context("no result within 10 minutes")?
-            .context("the reply stream ended")?;
-        let view: TurnStatusView = serde_json::from_slice(&body).context("an unreadable reply")?;
-        if &view.turn_id == turn {
-            return Ok(view);
-        }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
+    match aptix_worker::replies::next_settled(replies, turn, deadline).await {
+        Waited::Settled(view) => Ok(*view),
+        Waited::TimedOut => anyhow::bail!("no result within 10 minutes"),
+        Waited::Closed => anyhow::bail!("the reply stream ended"),
     }
 }

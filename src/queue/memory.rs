@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Acker, Broker, Deliveries, Delivery, QueueError, Replies};
+use super::{Acker, Deliveries, Delivery, JobQueue, QueueError};
 use crate::contract::SessionId;
+use crate::replies::{Replies, ReplyBus};
 
 /// A waiting job: body, attempt, redelivered, traceparent.
 type Job = (Vec<u8>, u32, bool, Option<String>);
@@ -86,7 +87,7 @@ impl Acker for MemoryAcker {
 }
 
 #[async_trait::async_trait]
-impl Broker for MemoryBroker {
+impl JobQueue for MemoryBroker {
     async fn publish_traced_job(
         &self,
         body: &[u8],
@@ -125,31 +126,6 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn publish_reply(
-        &self,
-        session: &SessionId,
-        _correlation_id: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        let mut state = self.lock()?;
-        if let Some(listeners) = state.listeners.get_mut(session) {
-            // Closed or hopelessly slow listeners are dropped; the rest get every event.
-            listeners.retain(|tx| tx.try_send(body.to_vec()).is_ok());
-        }
-        if let Some(tx) = state.subscribers.get(session) {
-            if tx.try_send(body.to_vec()).is_ok() {
-                return Ok(());
-            }
-            state.subscribers.remove(session);
-        }
-        state
-            .replies
-            .entry(session.clone())
-            .or_default()
-            .push_back(body.to_vec());
-        Ok(())
-    }
-
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
         let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
         let permits = Arc::new(Semaphore::new(usize::from(prefetch.max(1))));
@@ -185,6 +161,43 @@ impl Broker for MemoryBroker {
         Ok(rx)
     }
 
+    async fn check(&self) -> Result<(), QueueError> {
+        self.lock().map(|_| ())
+    }
+
+    async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
+        let mut state = self.lock()?;
+        let n = max.min(state.dead.len());
+        Ok(state.dead.drain(..n).collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl ReplyBus for MemoryBroker {
+    async fn publish_reply(
+        &self,
+        session: &SessionId,
+        _correlation_id: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
+        let mut state = self.lock()?;
+        if let Some(listeners) = state.listeners.get_mut(session) {
+            // Closed or hopelessly slow listeners are dropped; the rest get every event.
+            listeners.retain(|tx| tx.try_send(body.to_vec()).is_ok());
+        }
+        if let Some(tx) = state.subscribers.get(session) {
+            if tx.try_send(body.to_vec()).is_ok() {
+                return Ok(());
+            }
+            state.subscribers.remove(session);
+        }
+        state
+            .replies
+            .entry(session.clone())
+            .or_default()
+            .push_back(body.to_vec());
+        Ok(())
+    }
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
         let mut state = self.lock()?;
@@ -194,7 +207,6 @@ impl Broker for MemoryBroker {
         state.subscribers.insert(session.clone(), tx);
         Ok(rx)
     }
-
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
         self.lock()?
@@ -203,15 +215,5 @@ impl Broker for MemoryBroker {
             .or_default()
             .push(tx);
         Ok(rx)
-    }
-
-    async fn check(&self) -> Result<(), QueueError> {
-        self.lock().map(|_| ())
-    }
-
-    async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
-        let mut state = self.lock()?;
-        let n = max.min(state.dead.len());
-        Ok(state.dead.drain(..n).collect())
     }
 }

@@ -1,7 +1,8 @@
-//! The job queue: turn jobs from the front door to the workers, delayed retries, the
-//! dead-letter queue, and per-session replies (DESIGN.md §5–§6).
+//! The job queue: turn jobs from the front door to the workers, delayed retries and the
+//! dead-letter queue (DESIGN.md §5–§6); with the reply bus ([`crate::replies`]) it makes the
+//! [`Broker`].
 //!
-//! Owns: the [`Broker`] trait and its two implementations — [`rabbit::RabbitBroker`] (RabbitMQ
+//! Owns: the [`JobQueue`] trait and the two brokers that implement it and the reply bus — [`rabbit::RabbitBroker`] (RabbitMQ
 //! via lapin: quorum queues, publisher confirms, mandatory publishes, manual acks) and
 //! [`memory::MemoryBroker`] (the embedded single-process mode, same semantics). Must not: run
 //! turns or touch session state.
@@ -12,6 +13,7 @@ pub mod rabbit;
 use std::time::Duration;
 
 use crate::contract::SessionId;
+pub use crate::replies::{Replies, ReplyBus};
 
 pub use memory::MemoryBroker;
 pub use rabbit::RabbitBroker;
@@ -144,12 +146,10 @@ pub trait Acker: Send + Sync {
 /// again).
 pub type Deliveries = tokio::sync::mpsc::Receiver<Delivery>;
 
-/// A stream of reply bodies (turn status JSON) of one session.
-pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
-
-/// The broker behind the front door and the workers.
+/// The job side of the broker: turn jobs from the front door to the workers, delayed retries
+/// and the dead-letter queue.
 #[async_trait::async_trait]
-pub trait Broker: Send + Sync + 'static {
+pub trait JobQueue: Send + Sync + 'static {
     /// Enqueues a turn job carrying a W3C `traceparent` (a message header); returns only once
     /// the broker has confirmed it.
     async fn publish_traced_job(
@@ -173,23 +173,16 @@ pub trait Broker: Send + Sync + 'static {
     /// Moves a job to the dead-letter queue with the reason (confirmed).
     async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)
     -> Result<(), QueueError>;
-    /// Publishes a turn status to the session's reply destination (confirmed).
-    async fn publish_reply(
-        &self,
-        session: &SessionId,
-        correlation_id: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError>;
     /// Starts consuming turn jobs with at most `prefetch` unacknowledged at once.
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
-    /// Consumes a session's reply queue (what `aptix watch` prints).
-    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
-    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
-    /// published from now on (SSE streams, the synchronous endpoint), without taking them from
-    /// the session's reply queue.
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
     /// Whether the broker is reachable (for readiness checks).
     async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
 }
+
+/// The broker behind the front door and the workers: the job queue and the reply bus
+/// ([`crate::replies::ReplyBus`]) of one RabbitMQ (or of the embedded broker).
+pub trait Broker: JobQueue + ReplyBus {}
+
+impl<T: JobQueue + ReplyBus> Broker for T {}

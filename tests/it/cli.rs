@@ -172,7 +172,7 @@ fn a_bad_modes_file_stops_start_up_naming_the_entry() {
 
 #[tokio::test]
 async fn dlq_lists_and_requeues_dead_jobs() {
-    use aptix_worker::queue::Broker as _;
+    use aptix_worker::queue::JobQueue as _;
     let guard = crate::support::rabbit().await;
     guard
         .broker

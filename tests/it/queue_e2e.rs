@@ -10,7 +10,7 @@ use aptix_worker::contract::{ErrorCode, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::queue::{Broker, RabbitBroker, Replies, Topology};
+use aptix_worker::queue::{JobQueue as _, RabbitBroker, Replies, ReplyBus as _, Topology};
 use aptix_worker::store::{SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::json;

@@ -10,7 +10,7 @@ use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::queue::{Broker, MemoryBroker, Topology};
+use aptix_worker::queue::{JobQueue as _, MemoryBroker, ReplyBus as _, Topology};
 use aptix_worker::store::{MemoryStore, SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;

@@ -10,7 +10,7 @@ use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
 use crate::frontdoor::http::{HttpState, LimitedBody, RequestSized, Tenant, answer, trace_of};
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::store::TurnStatus;
+use crate::replies::{Waited, next_settled};
 use crate::trace::TraceContext;
 use std::time::Duration;
 
@@ -79,14 +79,8 @@ pub(crate) async fn run_sync(
         Ok(view) => view,
         Err(refused) => return refused.into_invoke_result(),
     };
-    let settled = |s: TurnStatus| {
-        matches!(
-            s,
-            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
-        )
-    };
     // A request for a turn that already ran gets its stored result at once.
-    if settled(accepted.status)
+    if accepted.status.is_settled()
         && matches!(request, AgentExecuteRequest::UserTurn(_))
         && let Some(r) = accepted.result
     {
@@ -94,23 +88,20 @@ pub(crate) async fn run_sync(
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
     loop {
-        let next = tokio::time::timeout_at(deadline, events.recv()).await;
-        let Ok(Some(body)) = next else {
-            return fail(
-                ErrorCode::ServiceUnavailable,
-                format!(
-                    "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
-                ),
-            );
-        };
-        let Ok(view) = serde_json::from_slice::<crate::store::TurnStatusView>(&body) else {
-            continue;
-        };
-        if &view.turn_id == tid
-            && settled(view.status)
-            && let Some(result) = view.result
-        {
-            return result;
+        match next_settled(&mut events, tid, deadline).await {
+            Waited::Settled(view) => {
+                if let Some(result) = view.result {
+                    return result;
+                }
+            }
+            Waited::TimedOut | Waited::Closed => {
+                return fail(
+                    ErrorCode::ServiceUnavailable,
+                    format!(
+                        "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+                    ),
+                );
+            }
         }
     }
 }

@@ -7,14 +7,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::contract::{ErrorCode, InvokeResult, TurnId};
+use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::http::{
     ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, answer, failure, ids,
     not_found_turn, trace_of, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::store::TurnStatus;
+use crate::replies::{Waited, next_settled};
 use crate::store::TurnStatusView;
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ pub(crate) async fn get_turn(
             Ok(None) => return not_found_turn(&sid, &tid),
             Ok(Some(r)) => r,
         };
-        if settled(record.status) || tokio::time::Instant::now() >= deadline {
+        if record.status.is_settled() || tokio::time::Instant::now() >= deadline {
             return answer(
                 StatusCode::OK,
                 InvokeResult::success(TurnStatusView::from(&record)),
@@ -141,7 +141,8 @@ pub(crate) async fn get_turn(
         }
         match events.as_mut() {
             Some(subscription) => {
-                if !settled_event(subscription, &tid, deadline).await {
+                // Settled or timed out: the store is read again for the answer.
+                if let Waited::Closed = next_settled(subscription, &tid, deadline).await {
                     // The subscription ended (the broker connection was lost): read the
                     // store until the deadline instead.
                     events = None;
@@ -151,34 +152,6 @@ pub(crate) async fn get_turn(
                 // One store read a second at most, however long the client waits.
                 tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
                 pause = (pause * 3 / 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-/// Whether a turn has left `queued`/`running` (its long-poll is over).
-pub(crate) fn settled(status: TurnStatus) -> bool {
-    !matches!(status, TurnStatus::Queued | TurnStatus::Running)
-}
-
-/// Waits until a settled status of `turn` is published or `deadline` passes; `false` when the
-/// subscription ended first.
-pub(crate) async fn settled_event(
-    events: &mut crate::queue::Replies,
-    turn: &TurnId,
-    deadline: tokio::time::Instant,
-) -> bool {
-    loop {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Err(_elapsed) => return true,
-            Ok(None) => return false,
-            Ok(Some(body)) => {
-                let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body) else {
-                    continue;
-                };
-                if &view.turn_id == turn && settled(view.status) {
-                    return true;
-                }
             }
         }
     }

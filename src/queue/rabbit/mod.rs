@@ -31,8 +31,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
 
-use super::{Acker, Broker, Deliveries, Delivery, QueueError, Replies, Topology};
-use crate::contract::SessionId;
+use super::{Acker, Deliveries, Delivery, JobQueue, QueueError, Topology};
 
 mod replies;
 
@@ -390,7 +389,7 @@ impl Acker for RabbitAcker {
 }
 
 #[async_trait::async_trait]
-impl Broker for RabbitBroker {
+impl JobQueue for RabbitBroker {
     async fn publish_traced_job(
         &self,
         body: &[u8],
@@ -437,15 +436,6 @@ impl Broker for RabbitBroker {
                 (REASON_HEADER, text(reason)),
             ]));
         self.publish("", &self.topology.dead(), body, props).await
-    }
-
-    async fn publish_reply(
-        &self,
-        session: &SessionId,
-        correlation_id: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        self.publish_reply_now(session, correlation_id, body).await
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
@@ -498,18 +488,6 @@ impl Broker for RabbitBroker {
             }
         });
         Ok(rx)
-    }
-
-    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        self.subscribe_replies_now(session).await
-    }
-
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        self.bounded(
-            "subscribing to a session",
-            self.subscribe_events_now(session),
-        )
-        .await
     }
 
     async fn check(&self) -> Result<(), QueueError> {

@@ -20,7 +20,8 @@ use tokio::sync::mpsc;
 
 use super::{RabbitBroker, table, unavailable};
 use crate::contract::SessionId;
-use crate::queue::{QueueError, Replies};
+use crate::queue::QueueError;
+use crate::replies::{Replies, ReplyBus};
 
 /// Session id → the senders of its event subscribers.
 pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<mpsc::Sender<Vec<u8>>>>>>;
@@ -316,9 +317,12 @@ impl RabbitBroker {
         }
         Ok(name)
     }
+}
 
+#[async_trait::async_trait]
+impl ReplyBus for RabbitBroker {
     /// Publishes a reply to the session's reply queue, declaring it (again) when needed.
-    pub(super) async fn publish_reply_now(
+    async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
@@ -347,12 +351,8 @@ impl RabbitBroker {
             other => other,
         }
     }
-
     /// Consumes the session's reply queue, acknowledging what the subscriber took.
-    pub(super) async fn subscribe_replies_now(
-        &self,
-        session: &SessionId,
-    ) -> Result<Replies, QueueError> {
+    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let queue = self.ensure_reply_queue(session).await?;
         let ch = self.consumer_channel().await?;
         let mut consumer = ch
@@ -390,6 +390,13 @@ impl RabbitBroker {
             let _ = ch.close(200, "watcher gone".into()).await;
         });
         Ok(rx)
+    }
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        self.bounded(
+            "subscribing to a session",
+            self.subscribe_events_now(session),
+        )
+        .await
     }
 }
 

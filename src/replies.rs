@@ -1,0 +1,128 @@
+//! Replies: how a turn's settled status travels from the worker that produced it to whoever
+//! waits for it — the session's durable reply queue (polled by `aptix watch`, kept for clients
+//! that come back later) and the session's event broadcast (SSE streams, long-polls, the
+//! synchronous endpoint). The reply bus is one half of the broker; the job queue
+//! ([`crate::queue::JobQueue`]) is the other.
+//!
+//! Owns: the [`ReplyBus`] trait, publishing a status ([`publish_status`]) and waiting for one
+//! turn's settled status on a subscription ([`next_settled`]). Must not: read or write the
+//! store (a status is published only after it is stored; that order is the worker's).
+
+use tokio::time::Instant;
+
+use crate::contract::{SessionId, TurnId};
+use crate::queue::QueueError;
+use crate::state::TurnStatusView;
+
+/// A stream of reply bodies (turn status JSON) of one session.
+pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
+
+/// The reply side of the broker.
+#[async_trait::async_trait]
+pub trait ReplyBus: Send + Sync + 'static {
+    /// Publishes a turn status to the session's reply queue and its event subscribers
+    /// (confirmed).
+    async fn publish_reply(
+        &self,
+        session: &SessionId,
+        correlation_id: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError>;
+    /// Consumes a session's reply queue (what `aptix watch` prints).
+    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
+    /// published from now on, without taking them from the session's reply queue.
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
+}
+
+/// Publishes `view` as the session's latest news of its turn, correlated by the turn id.
+pub async fn publish_status(bus: &dyn ReplyBus, view: &TurnStatusView) -> Result<(), QueueError> {
+    let body = serde_json::to_vec(view)
+        .map_err(|e| QueueError::Rejected(format!("cannot encode a turn status: {e}")))?;
+    bus.publish_reply(&view.session_id, view.turn_id.as_str(), &body)
+        .await
+}
+
+/// What waiting on a subscription for one turn came to.
+#[derive(Debug)]
+pub enum Waited {
+    /// A settled status of the turn (completed, failed, or awaiting client tools).
+    Settled(Box<TurnStatusView>),
+    /// The deadline passed first.
+    TimedOut,
+    /// The subscription ended first (the broker connection went away).
+    Closed,
+}
+
+/// Waits on `replies` for the first settled status of `turn`, until `deadline`. Statuses of
+/// other turns of the session, and bodies that are not a status, are passed over.
+pub async fn next_settled(replies: &mut Replies, turn: &TurnId, deadline: Instant) -> Waited {
+    loop {
+        match tokio::time::timeout_at(deadline, replies.recv()).await {
+            Err(_elapsed) => return Waited::TimedOut,
+            Ok(None) => return Waited::Closed,
+            Ok(Some(body)) => {
+                let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body) else {
+                    continue;
+                };
+                if &view.turn_id == turn && view.status.is_settled() {
+                    return Waited::Settled(Box::new(view));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Waited, next_settled};
+    use crate::contract::{SessionId, TurnId};
+    use crate::state::{TurnStatus, TurnStatusView};
+
+    fn status(turn: &str, status: TurnStatus) -> Vec<u8> {
+        let view = TurnStatusView {
+            session_id: SessionId::parse("s").unwrap(),
+            turn_id: TurnId::parse(turn).unwrap(),
+            status,
+            attempts: 1,
+            submitted_at: "2026-11-22T00:00:00Z".into(),
+            completed_at: None,
+            result: None,
+        };
+        serde_json::to_vec(&view).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_for_the_settled_status_of_its_turn_only() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8);
+        let turn = TurnId::parse("t").unwrap();
+        tx.send(b"not a status".to_vec()).await.unwrap();
+        tx.send(status("other", TurnStatus::Completed))
+            .await
+            .unwrap();
+        tx.send(status("t", TurnStatus::Running)).await.unwrap();
+        tx.send(status("t", TurnStatus::AwaitingClientTools))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let Waited::Settled(view) = next_settled(&mut rx, &turn, deadline).await else {
+            panic!("the settled status of t is found");
+        };
+        assert_eq!(view.status, TurnStatus::AwaitingClientTools);
+        // Nothing more arrives: the deadline ends the wait (the clock is paused, so no real
+        // waiting), and a closed subscription says so.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        assert!(matches!(
+            next_settled(&mut rx, &turn, deadline).await,
+            Waited::TimedOut
+        ));
+        drop(tx);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        assert!(matches!(
+            next_settled(&mut rx, &turn, deadline).await,
+            Waited::Closed
+        ));
+    }
+}
