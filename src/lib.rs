@@ -8,16 +8,16 @@
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
 //!   with a publisher confirm; the HTTP API (`http` and `routes`) and batches.
-//! - [`queue`] — the job queue (jobs, delayed retries, dead letters) and the two brokers:
-//!   RabbitMQ, or the embedded in-memory one.
+//! - [`queue`] — the broker's two halves, the job queue (jobs, delayed retries, dead letters)
+//!   and the reply bus, and the two brokers: RabbitMQ, or the embedded in-memory one.
 //! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
 //! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
 //!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F); retrieval for
 //!   the `[CONTEXT]` block from [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing.
-//! - [`replies`] — the reply bus: a settled status published to the session's reply queue and
-//!   its event subscribers, and waiting for one turn's settled status.
+//! - [`replies`] — a settled status published to the session's reply queue and its event
+//!   subscribers, and waiting for one turn's settled status.
 //!
 //! Beside the path: [`contract`] (the wire format), [`config`] and [`contexts`] (what a
 //! process is configured with), [`app`] (the composition root that wires the parts from a

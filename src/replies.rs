@@ -1,39 +1,19 @@
 //! Replies: how a turn's settled status travels from the worker that produced it to whoever
 //! waits for it — the session's durable reply queue (polled by `aptix watch`, kept for clients
 //! that come back later) and the session's event broadcast (SSE streams, long-polls, the
-//! synchronous endpoint). The reply bus is one half of the broker; the job queue
-//! ([`crate::queue::JobQueue`]) is the other.
+//! synchronous endpoint). The transport is the broker's reply half ([`ReplyBus`], beside the job
+//! queue in [`crate::queue`]); what a reply means lives here.
 //!
-//! Owns: the [`ReplyBus`] trait, publishing a status ([`publish_status`]) and waiting for one
-//! turn's settled status on a subscription ([`next_settled`]). Must not: read or write the
-//! store (a status is published only after it is stored; that order is the worker's).
+//! Owns: publishing a status ([`publish_status`]) and waiting for one turn's settled status on
+//! a subscription ([`next_settled`]). Must not: read or write the store (a status is published
+//! only after it is stored; that order is the worker's).
 
 use tokio::time::Instant;
 
-use crate::contract::{SessionId, TurnId};
+use crate::contract::TurnId;
 use crate::queue::QueueError;
+pub use crate::queue::{Replies, ReplyBus};
 use crate::state::TurnStatusView;
-
-/// A stream of reply bodies (turn status JSON) of one session.
-pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
-
-/// The reply side of the broker.
-#[async_trait::async_trait]
-pub trait ReplyBus: Send + Sync + 'static {
-    /// Publishes a turn status to the session's reply queue and its event subscribers
-    /// (confirmed).
-    async fn publish_reply(
-        &self,
-        session: &SessionId,
-        correlation_id: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError>;
-    /// Consumes a session's reply queue (what `aptix watch` prints).
-    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
-    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
-    /// published from now on, without taking them from the session's reply queue.
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
-}
 
 /// Publishes `view` as the session's latest news of its turn, correlated by the turn id.
 pub async fn publish_status(bus: &dyn ReplyBus, view: &TurnStatusView) -> Result<(), QueueError> {

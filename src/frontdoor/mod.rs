@@ -16,6 +16,7 @@ use crate::pipeline::{continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, QueueError};
 use crate::trace::TraceContext;
 pub mod batch;
+pub mod extract;
 pub mod http;
 pub mod openapi;
 pub mod routes;

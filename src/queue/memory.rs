@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{Acker, Deliveries, Delivery, JobQueue, QueueError};
+use super::{Replies, ReplyBus};
 use crate::contract::SessionId;
-use crate::replies::{Replies, ReplyBus};
 
 /// A waiting job: body, attempt, redelivered, traceparent.
 type Job = (Vec<u8>, u32, bool, Option<String>);

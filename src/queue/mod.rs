@@ -1,8 +1,8 @@
 //! The job queue: turn jobs from the front door to the workers, delayed retries and the
-//! dead-letter queue (DESIGN.md §5–§6); with the reply bus ([`crate::replies`]) it makes the
-//! [`Broker`].
+//! dead-letter queue (DESIGN.md §5–§6), and the reply bus that carries turn statuses back; the
+//! two halves make the [`Broker`].
 //!
-//! Owns: the [`JobQueue`] trait and the two brokers that implement it and the reply bus — [`rabbit::RabbitBroker`] (RabbitMQ
+//! Owns: the [`JobQueue`] and [`ReplyBus`] traits and the two brokers that implement them — [`rabbit::RabbitBroker`] (RabbitMQ
 //! via lapin: quorum queues, publisher confirms, mandatory publishes, manual acks) and
 //! [`memory::MemoryBroker`] (the embedded single-process mode, same semantics). Must not: run
 //! turns or touch session state.
@@ -13,7 +13,6 @@ pub mod rabbit;
 use std::time::Duration;
 
 use crate::contract::SessionId;
-pub use crate::replies::{Replies, ReplyBus};
 
 pub use memory::MemoryBroker;
 pub use rabbit::RabbitBroker;
@@ -181,8 +180,29 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
 }
 
-/// The broker behind the front door and the workers: the job queue and the reply bus
-/// ([`crate::replies::ReplyBus`]) of one RabbitMQ (or of the embedded broker).
+/// A stream of reply bodies (turn status JSON) of one session.
+pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
+
+/// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
+/// means, and waiting for one, is [`crate::replies`]).
+#[async_trait::async_trait]
+pub trait ReplyBus: Send + Sync + 'static {
+    /// Publishes a turn status to the session's reply queue and its event subscribers
+    /// (confirmed).
+    async fn publish_reply(
+        &self,
+        session: &SessionId,
+        correlation_id: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError>;
+    /// Consumes a session's reply queue (what `aptix watch` prints).
+    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
+    /// published from now on, without taking them from the session's reply queue.
+    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
+}
+
+/// The broker behind the front door and the workers: the job queue and the reply bus of one RabbitMQ (or of the embedded broker).
 pub trait Broker: JobQueue + ReplyBus {}
 
 impl<T: JobQueue + ReplyBus> Broker for T {}

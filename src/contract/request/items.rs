@@ -5,7 +5,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::{Map, Value};
 
-use super::parse::{Fields, Report, kind_of, parse_list};
+use super::fields::{Fields, Report, kind_of, parse_list};
 use super::{
     ClipboardImage, Encoding, InputArtifact, JsonText, Origin, RAG_KEYS, RagCondition, RagOperator,
     RagScope, RelativePath, RequestLimits, ToolOutcome, ToolResult,

@@ -17,6 +17,7 @@ use super::codes::ErrorCode;
 use super::ids::{SessionId, ToolCallId, TurnId};
 use super::invoke::{ErrorMessage, InvokeResult};
 
+mod fields;
 mod items;
 mod parse;
 

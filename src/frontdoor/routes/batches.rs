@@ -10,7 +10,7 @@ use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::batch::BatchAccepted;
 use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
-use crate::frontdoor::http::{
+use crate::frontdoor::extract::{
     ApiPath, BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};

@@ -7,7 +7,7 @@ use axum::response::Response;
 use serde::Deserialize;
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
-use crate::frontdoor::http::{
+use crate::frontdoor::extract::{
     BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};

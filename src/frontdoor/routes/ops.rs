@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, SessionId};
-use crate::frontdoor::http::OpenApiJson;
-use crate::frontdoor::http::{HttpState, answer};
+use crate::frontdoor::extract::OpenApiJson;
+use crate::frontdoor::extract::{HttpState, answer};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
-use crate::frontdoor::http::{ApiPath, HttpState, Tenant, answer, failure, ids, unavailable};
+use crate::frontdoor::extract::{ApiPath, HttpState, Tenant, answer, failure, ids, unavailable};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;

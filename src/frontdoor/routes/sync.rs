@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
-use crate::frontdoor::http::{HttpState, LimitedBody, RequestSized, Tenant, answer, trace_of};
+use crate::frontdoor::extract::{HttpState, LimitedBody, RequestSized, Tenant, answer, trace_of};
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::replies::{Waited, next_settled};

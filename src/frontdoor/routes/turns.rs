@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::SubmitError;
-use crate::frontdoor::http::{
+use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, answer, failure, ids,
     not_found_turn, trace_of, unavailable,
 };

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use super::{RabbitBroker, table, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::replies::{Replies, ReplyBus};
+use crate::queue::{Replies, ReplyBus};
 
 /// Session id → the senders of its event subscribers.
 pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<mpsc::Sender<Vec<u8>>>>>>;

@@ -1,0 +1,290 @@
+//! What the HTTP handlers share: the state, the extractors that every route reads the same way
+//! (the caller's tenant, a body within its limit, path ids and query parameters that answer an
+//! `InvokeResult` when they cannot be read, the trace context) and the shapes of the answers.
+//!
+//! Owns: reading a request and writing an answer. Must not: route, or decide anything about
+//! turns.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Request};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::FrontDoor;
+use crate::catalog::ModeCatalog;
+use crate::config::{ApiTokens, BatchLimits, LOCAL_TENANT};
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, RequestLimits, SessionId, TurnId};
+use crate::metrics::Metrics;
+use crate::queue::Broker;
+use crate::rag::{ChunkIndex, ChunkOptions};
+use crate::store::SessionStore;
+use crate::trace::TraceContext;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Accepts requests.
+    pub door: FrontDoor,
+    /// Reads turn and session state.
+    pub store: Arc<dyn SessionStore>,
+    /// For readiness checks.
+    pub broker: Arc<dyn Broker>,
+    /// For mode display names.
+    pub catalog: Arc<ModeCatalog>,
+    /// Who may call.
+    pub tokens: ApiTokens,
+    /// Request size limits.
+    pub limits: RequestLimits,
+    /// Batch size limits.
+    pub batch_limits: BatchLimits,
+    /// The process's metrics (`GET /metrics`).
+    pub metrics: Arc<Metrics>,
+    /// The chunk index `POST /v1/index` writes to.
+    pub index: Arc<dyn ChunkIndex>,
+    /// How indexed files are cut.
+    pub chunk_options: ChunkOptions,
+}
+
+/// The longest long-poll wait accepted.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The served OpenAPI document, serialized once.
+#[derive(Clone)]
+pub(crate) struct OpenApiJson(pub(crate) Arc<String>);
+
+pub(crate) fn answer<T: Serialize>(status: StatusCode, result: InvokeResult<T>) -> Response {
+    (status, Json(result)).into_response()
+}
+
+pub(crate) fn failure(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
+    answer::<()>(
+        status,
+        InvokeResult::failure(ErrorMessage::new(code, message)),
+    )
+}
+
+/// The caller's tenant, if the call is authenticated.
+fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
+    if state.tokens.is_empty() {
+        return Some(LOCAL_TENANT.to_string());
+    }
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    token
+        .and_then(|t| state.tokens.tenant(t))
+        .map(str::to_string)
+}
+
+/// The caller's tenant: `Authorization: Bearer <token>` mapped through `APTIX_API_TOKENS`
+/// (`local` when no tokens are configured). Without a valid token the request is answered 401
+/// before anything else is read; as the last of a handler's header extractors it keeps that
+/// order.
+pub(crate) struct Tenant(pub(crate) String);
+
+impl axum::extract::FromRequestParts<HttpState> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        tenant(state, &parts.headers)
+            .map(Tenant)
+            .ok_or_else(unauthorized)
+    }
+}
+
+/// Which limit a route's body is read within.
+pub(crate) trait BodyLimit {
+    /// The limit, in bytes.
+    fn bytes(state: &HttpState) -> usize;
+}
+
+/// A single request: `APTIX_MAX_BODY_BYTES`.
+pub(crate) struct RequestSized;
+
+impl BodyLimit for RequestSized {
+    fn bytes(state: &HttpState) -> usize {
+        state.limits.max_body_bytes
+    }
+}
+
+/// A batch or an index upload: `APTIX_MAX_BATCH_BYTES`.
+pub(crate) struct BatchSized;
+
+impl BodyLimit for BatchSized {
+    fn bytes(state: &HttpState) -> usize {
+        state.batch_limits.max_bytes
+    }
+}
+
+/// The request body, read whole within the route's limit `L`; a longer one is answered 413
+/// `PAYLOAD_TOO_LARGE` without being read further.
+pub(crate) struct LimitedBody<L>(pub(crate) Bytes, pub(crate) std::marker::PhantomData<L>);
+
+impl<L: BodyLimit> axum::extract::FromRequest<HttpState> for LimitedBody<L> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &HttpState) -> Result<Self, Response> {
+        read_body(request, L::bytes(state))
+            .await
+            .map(|body| Self(body, std::marker::PhantomData))
+    }
+}
+
+pub(crate) fn unauthorized() -> Response {
+    failure(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        "a valid Authorization: Bearer <token> header is required",
+    )
+}
+
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "dependency unavailable");
+    failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::ServiceUnavailable,
+        "the service is temporarily unavailable; nothing was accepted, try again",
+    )
+}
+
+/// The caller's W3C trace context, or a new trace; its id is logged with the request.
+/// When spans are exported the job carries the request span's own id, so the worker's span
+/// hangs below it.
+pub(crate) fn trace_of(headers: &HeaderMap) -> TraceContext {
+    let trace = TraceContext::from_header(
+        headers
+            .get(crate::trace::TRACEPARENT)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .within(&tracing::Span::current());
+    tracing::Span::current().record("trace_id", trace.trace_id());
+    trace
+}
+
+/// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`.
+pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, Response> {
+    axum::body::to_bytes(request.into_body(), limit)
+        .await
+        .map_err(|_| {
+            failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("$: the request body is larger than the limit of {limit} bytes"),
+            )
+        })
+}
+
+pub(crate) fn not_found_turn(sid: &SessionId, tid: &TurnId) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::TurnNotFound,
+        format!("turn {tid} does not exist in session {sid}"),
+    )
+}
+
+/// Parses path ids; a malformed id cannot exist, so it is a 404 like any absent one.
+pub(crate) fn ids(session: &str, turn: Option<&str>) -> Option<(SessionId, Option<TurnId>)> {
+    let sid = SessionId::parse(session).ok()?;
+    match turn {
+        None => Some((sid, None)),
+        Some(t) => Some((sid, Some(TurnId::parse(t).ok()?))),
+    }
+}
+
+/// A path parameter that could not be read (not UTF-8 once percent-decoded) is a 400 with an
+/// `InvokeResult`, never the framework's plain-text answer.
+pub(crate) struct ApiPath<T>(pub(crate) T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(Self(value)),
+            Err(rejection) => Err(failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!("path: {}", rejection.body_text()),
+            )),
+        }
+    }
+}
+
+/// The query string's parameters, in order; one that cannot be read is a 400 `InvokeResult`.
+pub(crate) struct QueryParams(Vec<(String, String)>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryParams {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let raw = parts.uri.query().unwrap_or_default();
+        serde_urlencoded::from_str(raw).map(Self).map_err(|e| {
+            failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidParameter,
+                format!("query: the query string cannot be read ({e})"),
+            )
+        })
+    }
+}
+
+/// A query parameter that cannot be read; the message names it.
+pub(crate) struct BadParameter(String);
+
+impl From<BadParameter> for Response {
+    fn from(BadParameter(message): BadParameter) -> Self {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidParameter,
+            message,
+        )
+    }
+}
+
+impl QueryParams {
+    /// The one value of `name`, if given; given twice is an error.
+    fn single(&self, name: &str) -> Result<Option<&str>, BadParameter> {
+        let mut values = self.0.iter().filter(|(k, _)| k == name).map(|(_, v)| v);
+        let first = values.next();
+        if values.next().is_some() {
+            return Err(BadParameter(format!("{name}: given more than once")));
+        }
+        Ok(first.map(String::as_str))
+    }
+
+    /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.
+    pub(crate) fn wait(&self) -> Result<Duration, BadParameter> {
+        let Some(raw) = self.single("wait")? else {
+            return Ok(Duration::ZERO);
+        };
+        match raw.trim().parse::<f64>() {
+            Ok(secs) if secs.is_finite() && secs >= 0.0 => {
+                Ok(Duration::from_secs_f64(secs.min(MAX_WAIT.as_secs_f64())))
+            }
+            _ => Err(BadParameter(format!(
+                "wait: must be a number of seconds from 0 (at most {} are waited), not {raw:?}",
+                MAX_WAIT.as_secs()
+            ))),
+        }
+    }
+}
