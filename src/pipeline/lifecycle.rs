@@ -151,6 +151,44 @@ impl Pipeline {
         }
     }
 
+    /// Writes the running turn (and the session, with `with_session`) under the lease, keeping
+    /// the lease: the start of a run, an accepted continuation, a checkpoint before tools run.
+    pub(super) async fn persist(
+        &self,
+        run: &Run,
+        with_session: bool,
+    ) -> Result<(), RetryableFailure> {
+        let session = with_session.then_some(&run.session);
+        self.store
+            .save(session, &run.record, run.lease(), false)
+            .await
+            .map_err(store_failure)
+    }
+
+    /// Records one server tool's output in the turn's ledger before the next model call, so a
+    /// resumed run answers the call from the ledger instead of running the tool again.
+    pub(super) async fn record_tool_output(
+        &self,
+        run: &mut Run,
+        call_id: &str,
+        output: &str,
+    ) -> Result<(), RetryableFailure> {
+        self.store
+            .record_tool_output(
+                &run.session.session_id,
+                &run.record.turn_id,
+                call_id,
+                output,
+                run.lease(),
+            )
+            .await
+            .map_err(store_failure)?;
+        run.record
+            .tool_ledger
+            .insert(call_id.to_string(), output.to_string());
+        Ok(())
+    }
+
     pub(super) async fn complete_turn(
         &self,
         mut run: Run,

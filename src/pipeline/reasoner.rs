@@ -107,12 +107,8 @@ impl Pipeline {
             held,
         };
         // The session exists (and the turn is running) before any tool can touch it.
-        if let Err(e) = self
-            .store
-            .save(Some(&run.session), &run.record, run.lease(), false)
-            .await
-        {
-            return Ok(self.retry_later(run, store_failure(e)).await?);
+        if let Err(f) = self.persist(&run, true).await {
+            return Ok(self.retry_later(run, f).await?);
         }
         info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
 
@@ -257,8 +253,8 @@ impl Pipeline {
                 .await?);
         }
         run.record.answered.extend(submitted);
-        if let Err(e) = self.store.save(None, &run.record, run.lease(), false).await {
-            return Ok(self.retry_later(run, store_failure(e)).await?);
+        if let Err(f) = self.persist(&run, false).await {
+            return Ok(self.retry_later(run, f).await?);
         }
         if run.record.checkpoint.is_some() {
             return Ok(self
@@ -423,10 +419,8 @@ impl Pipeline {
                                 response: response.clone(),
                                 progress: progress.clone(),
                             });
-                            if let Err(e) =
-                                self.store.save(None, &run.record, run.lease(), false).await
-                            {
-                                return self.retry_later(run, store_failure(e)).await;
+                            if let Err(f) = self.persist(&run, false).await {
+                                return self.retry_later(run, f).await;
                             }
                             response
                         }

@@ -6,7 +6,7 @@
 use serde_json::json;
 use tracing::info;
 
-use super::{Pipeline, RetryableFailure, Run, permanent, store_failure};
+use super::{Pipeline, RetryableFailure, Run, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
 use crate::store::TurnProgress;
@@ -83,19 +83,7 @@ impl Pipeline {
                 });
             }
         };
-        self.store
-            .record_tool_output(
-                &run.session.session_id,
-                &run.record.turn_id,
-                call_id,
-                &output,
-                run.lease(),
-            )
-            .await
-            .map_err(store_failure)?;
-        run.record
-            .tool_ledger
-            .insert(call_id.to_string(), output.clone());
+        self.record_tool_output(run, call_id, &output).await?;
         // The checkpoint's progress must include this tool's result for a resumed run.
         if let Some(cp) = run.record.checkpoint.as_mut() {
             cp.progress = progress.clone();
