@@ -1,9 +1,10 @@
 //! Server tools (AGN-027 layer D): the registry and the built-in tools `agent_change_mode`
 //! (TUL-007) and `agent_list_modes` (TUL-010).
 //!
-//! Owns: running one server tool call and saying how it went. Must not: call the model or loop.
-//! A tool that rejects its arguments answers the model (so it can correct itself); a tool that
-//! cannot run fails the turn retryably.
+//! Owns: running one server tool call and saying how it went. Must not: call the model, loop,
+//! or write session state: `agent_change_mode` *returns* the change ([`ToolRun::ChangeMode`]);
+//! the reasoner applies it. A tool that rejects its arguments answers the model (so it can
+//! correct itself); a tool that cannot run fails the turn retryably.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog};
 use crate::contract::{SessionId, TurnId};
-use crate::store::{ModeChange, SessionStore, now_rfc3339};
+use crate::store::{ModeChange, now_rfc3339};
 
 /// What a server tool call is about.
 #[derive(Debug, Clone)]
@@ -23,8 +24,15 @@ pub struct ToolContext {
     pub turn_id: TurnId,
     /// The session's mode key when the tool runs.
     pub current_mode_key: String,
-    /// The turn's session lease; the tool's writes are fenced with it.
-    pub lease: crate::store::Lease,
+}
+
+/// A change of the session's mode that a tool asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModeEffect {
+    /// The catalog id of the new mode.
+    pub mode_id: String,
+    /// The history entry.
+    pub change: ModeChange,
 }
 
 /// How one server tool call went.
@@ -32,6 +40,13 @@ pub struct ToolContext {
 pub enum ToolRun {
     /// It ran; this is its result JSON.
     Ok(Value),
+    /// It ran and asks for a mode change; `output` is its result once the change is applied.
+    ChangeMode {
+        /// The result JSON for the model.
+        output: Value,
+        /// The change to apply.
+        effect: ModeEffect,
+    },
     /// It refused the arguments; the message goes back to the model.
     Rejected(String),
     /// It could not run (a dependency is down); the turn fails and is retried later.
@@ -54,11 +69,10 @@ pub struct ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// The built-in tools, wired to a store and catalog.
-    pub fn builtin(store: Arc<dyn SessionStore>, catalog: Arc<ModeCatalog>) -> Self {
+    /// The built-in tools over a catalog.
+    pub fn builtin(catalog: Arc<ModeCatalog>) -> Self {
         let mut r = Self::default();
         r.register(Arc::new(ModeChangeTool {
-            store,
             catalog: catalog.clone(),
         }));
         r.register(Arc::new(ListModesTool { catalog }));
@@ -89,9 +103,9 @@ impl ToolRegistry {
     }
 }
 
-/// `agent_change_mode` (TUL-007): changes the session's mode and records why.
+/// `agent_change_mode` (TUL-007): checks the requested mode and says which change to make (the
+/// reasoner applies it and records why).
 pub struct ModeChangeTool {
-    store: Arc<dyn SessionStore>,
     catalog: Arc<ModeCatalog>,
 }
 
@@ -143,18 +157,14 @@ impl ServerTool for ModeChangeTool {
             reason: reason.to_string(),
             turn_id: ctx.turn_id.clone(),
         };
-        match self
-            .store
-            .change_mode(&ctx.session_id, &target.id, change, &ctx.lease)
-            .await
-        {
-            Ok(_) => ToolRun::Ok(json!({
+        ToolRun::ChangeMode {
+            output: json!({
                 "success": true, "mode": target.key, "branch": branch, "reason": reason
-            })),
-            Err(e) => {
-                tracing::error!(error = %e, session_id = %ctx.session_id, "agent_change_mode could not persist the mode");
-                ToolRun::Unavailable("ModeChangeTool failed to change the session mode.".into())
-            }
+            }),
+            effect: ModeEffect {
+                mode_id: target.id.clone(),
+                change,
+            },
         }
     }
 }
@@ -216,7 +226,7 @@ impl ServerTool for ListModesTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryStore, SessionState, TurnRecord, TurnStatus};
+    use crate::store::{MemoryStore, SessionState, SessionStore as _, TurnRecord, TurnStatus};
 
     async fn setup() -> (Arc<MemoryStore>, ToolRegistry, ToolContext) {
         let store = Arc::new(MemoryStore::new());
@@ -262,13 +272,11 @@ mod tests {
             .save(Some(&session), &turn, &lease, false)
             .await
             .unwrap();
-        let dyn_store: Arc<dyn SessionStore> = store.clone();
-        let registry = ToolRegistry::builtin(dyn_store, catalog);
+        let registry = ToolRegistry::builtin(catalog);
         let ctx = ToolContext {
             session_id: sid,
             turn_id: tid,
             current_mode_key: "general".into(),
-            lease,
         };
         (store, registry, ctx)
     }
@@ -283,7 +291,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn change_mode_happy_path_persists_with_history() {
+    async fn change_mode_returns_the_change_and_writes_nothing_itself() {
         let (store, reg, ctx) = setup().await;
         let run = reg
             .get(CHANGE_MODE_TOOL)
@@ -293,13 +301,29 @@ mod tests {
                 r#"{"mode":"ddr_authoring","branch":true,"reason":"DDR work"}"#,
             )
             .await;
+        let ToolRun::ChangeMode { output, effect } = run else {
+            panic!("{run:?}")
+        };
         assert_eq!(
-            run,
-            ToolRun::Ok(
-                json!({"success": true, "mode": "ddr_authoring", "branch": true, "reason": "DDR work"})
-            )
+            output,
+            json!({"success": true, "mode": "ddr_authoring", "branch": true, "reason": "DDR work"})
         );
-        assert_eq!(mode_of(&store).await, ("ddr_authoring".to_string(), 1));
+        let catalog = ModeCatalog::builtin();
+        assert_eq!(effect.mode_id, catalog.by_key("ddr_authoring").unwrap().id);
+        assert_eq!(
+            (
+                effect.change.previous_mode.as_str(),
+                effect.change.new_mode.as_str(),
+                effect.change.reason.as_str(),
+                effect.change.turn_id.as_str()
+            ),
+            ("general", "ddr_authoring", "DDR work", "t")
+        );
+        assert_eq!(
+            mode_of(&store).await,
+            ("general".to_string(), 0),
+            "the reasoner applies the change, not the tool"
+        );
     }
 
     #[tokio::test]
@@ -356,30 +380,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn change_mode_that_cannot_persist_is_unavailable() {
-        let (store, reg, ctx) = setup().await;
-        // Another holder took over the session: the write is fenced, the tool cannot run.
-        store
-            .release_lease(&ctx.session_id, &ctx.lease)
-            .await
-            .unwrap();
-        store
-            .acquire_lease(&ctx.session_id, "other", std::time::Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
-        let run = reg
-            .get(CHANGE_MODE_TOOL)
-            .unwrap()
-            .run(&ctx, r#"{"mode":"general","branch":false,"reason":"r"}"#)
-            .await;
-        assert_eq!(
-            run,
-            ToolRun::Unavailable("ModeChangeTool failed to change the session mode.".into())
-        );
-    }
-
-    #[tokio::test]
     async fn list_modes_returns_the_catalog() {
         let (store, reg, ctx) = setup().await;
         let tool = reg.get(LIST_MODES_TOOL).unwrap();
@@ -411,17 +411,16 @@ mod tests {
 
     #[test]
     fn every_builtin_server_tool_is_implemented() {
-        let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
         let catalog = Arc::new(ModeCatalog::builtin());
         assert!(
-            ToolRegistry::builtin(store.clone(), catalog.clone())
+            ToolRegistry::builtin(catalog.clone())
                 .check_catalog(&catalog)
                 .is_ok()
         );
         let mut v = catalog.to_json();
         v["tools"][2]["location"] = json!("server");
         let c = ModeCatalog::from_json(&v.to_string()).unwrap();
-        let e = ToolRegistry::builtin(store, catalog)
+        let e = ToolRegistry::builtin(catalog)
             .check_catalog(&c)
             .unwrap_err();
         assert!(e.contains("workspace_read_file"), "{e}");

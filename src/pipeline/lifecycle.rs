@@ -17,6 +17,7 @@ use crate::store::{
     Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord, TurnStatus,
     now_rfc3339,
 };
+use crate::tools::ModeEffect;
 
 impl Pipeline {
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
@@ -189,6 +190,34 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Writes a mode change and its history entry under the lease; the session as it now is.
+    pub(super) async fn change_mode(
+        &self,
+        run: &Run,
+        effect: ModeEffect,
+    ) -> Result<SessionState, RetryableFailure> {
+        self.store
+            .change_mode(
+                &run.session.session_id,
+                &effect.mode_id,
+                effect.change,
+                run.lease(),
+            )
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, session_id = %run.session.session_id, "agent_change_mode could not persist the mode");
+                RetryableFailure {
+                    error: permanent(
+                        ErrorCode::ToolUnavailable,
+                        format!(
+                            "{}: ModeChangeTool failed to change the session mode.",
+                            crate::catalog::CHANGE_MODE_TOOL
+                        ),
+                    ),
+                }
+            })
+    }
+
     pub(super) async fn complete_turn(
         &self,
         mut run: Run,
@@ -339,5 +368,101 @@ impl Drop for HeldLease {
         if !self.given_back {
             tracing::debug!(session_id = %self.session, "run abandoned; its session lease expires on its own");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::Run;
+    use crate::catalog::ModeCatalog;
+    use crate::contract::{ErrorCode, SessionId, TurnId};
+    use crate::llm::LlmClient;
+    use crate::pipeline::{Pipeline, PipelineSettings};
+    use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, now_rfc3339};
+    use crate::tools::ModeEffect;
+
+    /// A pipeline over a memory store, and a run of turn `t` of session `s` holding its lease.
+    async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
+        let store = Arc::new(MemoryStore::new());
+        let catalog = Arc::new(ModeCatalog::builtin());
+        let llm = LlmClient::new(
+            "http://127.0.0.1:9/v1",
+            None,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0,
+        )
+        .unwrap();
+        let dyn_store: Arc<dyn SessionStore> = store.clone();
+        let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+        let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
+        let held = pipeline.lease(&sid, &tid).await.unwrap();
+        let run = Run {
+            session: pipeline.new_session(&sid),
+            record: TurnRecord::queued(sid, tid, String::new(), "general".into()),
+            held,
+        };
+        pipeline.persist(&run, true).await.unwrap();
+        (store, pipeline, run)
+    }
+
+    fn to_ddr(catalog: &ModeCatalog) -> ModeEffect {
+        ModeEffect {
+            mode_id: catalog.by_key("ddr_authoring").unwrap().id.clone(),
+            change: ModeChange {
+                previous_mode: "general".into(),
+                new_mode: "ddr_authoring".into(),
+                timestamp: now_rfc3339(),
+                reason: "DDR work".into(),
+                turn_id: TurnId::parse("t").unwrap(),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mode_change_persists_with_its_history() {
+        let (store, pipeline, run) = running().await;
+        let changed = pipeline
+            .change_mode(&run, to_ddr(&ModeCatalog::builtin()))
+            .await
+            .unwrap();
+        assert_eq!(changed.mode_key, "ddr_authoring");
+        let stored = store
+            .get_session(&SessionId::parse("s").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (stored.mode_key.as_str(), stored.mode_history.len()),
+            ("ddr_authoring", 1)
+        );
+        assert_eq!(stored.mode_history[0].reason, "DDR work");
+    }
+
+    #[tokio::test]
+    async fn a_mode_change_that_cannot_persist_is_a_retryable_tool_failure() {
+        let (store, pipeline, run) = running().await;
+        // Another holder took over the session: the write is fenced.
+        let sid = SessionId::parse("s").unwrap();
+        store.release_lease(&sid, run.lease()).await.unwrap();
+        store
+            .acquire_lease(&sid, "other", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        let failure = pipeline
+            .change_mode(&run, to_ddr(&ModeCatalog::builtin()))
+            .await
+            .unwrap_err();
+        assert_eq!(failure.error.error_code, ErrorCode::ToolUnavailable);
+        assert_eq!(
+            failure.error.message,
+            "agent_change_mode: ModeChangeTool failed to change the session mode."
+        );
+        let stored = store.get_session(&sid).await.unwrap().unwrap();
+        assert_eq!(stored.mode_key, "general", "nothing was written");
     }
 }

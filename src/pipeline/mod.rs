@@ -215,7 +215,7 @@ impl Pipeline {
         llm: LlmClient,
         settings: PipelineSettings,
     ) -> Result<Self, String> {
-        let tools = ToolRegistry::builtin(store.clone(), catalog.clone());
+        let tools = ToolRegistry::builtin(catalog.clone());
         tools.check_catalog(&catalog)?;
         Ok(Self {
             store,

@@ -26,6 +26,7 @@ use crate::pipeline::DEFAULT_BOOT_PROMPT;
 use crate::store::{
     Checkpoint, SessionState, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339,
 };
+use crate::tools::ModeEffect;
 
 impl Pipeline {
     pub(super) async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, Interrupted> {
@@ -499,7 +500,7 @@ impl Pipeline {
                     }
                     Some(ToolLocation::Server) => {
                         match self
-                            .run_server_tool(&mut run, &mut progress, &call_id, &name, &arguments)
+                            .server_tool_call(&mut run, &mut progress, &call_id, &name, &arguments)
                             .await
                         {
                             Ok(out) => outputs.push((call_id, out)),
@@ -528,23 +529,45 @@ impl Pipeline {
             .clone()
     }
 
-    /// After `agent_change_mode` persisted a change: the next calls of this turn carry the new
-    /// mode; the last change wins.
-    pub(super) async fn apply_mode_change(
+    /// One server tool call: layer D runs it (or replays it from the ledger); a mode change it
+    /// asks for is applied here, the only place one is; then its output is recorded in the
+    /// turn's ledger, so a resumed run neither runs the tool nor changes the mode again.
+    async fn server_tool_call(
         &self,
         run: &mut Run,
         progress: &mut TurnProgress,
-    ) -> Result<(), RetryableFailure> {
-        let fresh = self
-            .store
-            .get_session(&run.session.session_id)
-            .await
-            .map_err(store_failure)?;
-        if let Some(fresh) = fresh {
-            run.session.mode_id = fresh.mode_id;
-            run.session.mode_key = fresh.mode_key;
-            run.session.mode_history = fresh.mode_history;
+        call_id: &str,
+        name: &str,
+        arguments: &str,
+    ) -> Result<String, RetryableFailure> {
+        let step = self
+            .run_server_tool(run, progress, call_id, name, arguments)
+            .await?;
+        if let Some(effect) = step.effect {
+            self.apply_mode_change(run, progress, effect).await?;
         }
+        if step.record {
+            self.record_tool_output(run, call_id, &step.output).await?;
+            // The checkpoint's progress must include this tool's result for a resumed run.
+            if let Some(cp) = run.record.checkpoint.as_mut() {
+                cp.progress = progress.clone();
+            }
+        }
+        Ok(step.output)
+    }
+
+    /// Applies a mode change (written under the lease, with its history entry): the next calls
+    /// of this turn carry the new mode; the last change wins.
+    async fn apply_mode_change(
+        &self,
+        run: &mut Run,
+        progress: &mut TurnProgress,
+        effect: ModeEffect,
+    ) -> Result<(), RetryableFailure> {
+        let changed = self.change_mode(run, effect).await?;
+        run.session.mode_id = changed.mode_id;
+        run.session.mode_key = changed.mode_key;
+        run.session.mode_history = changed.mode_history;
         progress.mode_changes += 1;
         if progress.mode_changes == 2 {
             warn!("several mode changes in one turn; the last one wins");

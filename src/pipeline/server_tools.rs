@@ -1,7 +1,8 @@
-//! Server tools (AGN-027 layer D): one call of a server-side tool, recorded in the turn's
-//! ledger so a retried turn does not run it twice.
+//! Server tools (AGN-027 layer D): one call of a server-side tool, or its output replayed from
+//! the turn's ledger so a retried turn does not run it twice.
 //!
-//! Owns: dispatch to the tool registry and the ledger. Must not: loop or call the model.
+//! Owns: dispatch to the tool registry and reading the ledger. Must not: loop, call the model,
+//! apply a mode change (it hands the change to the reasoner) or write the turn's state.
 
 use serde_json::json;
 use tracing::info;
@@ -10,10 +11,21 @@ use super::{Pipeline, RetryableFailure, Run, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
 use crate::store::TurnProgress;
-use crate::tools::{ToolContext, ToolRun};
+use crate::tools::{ModeEffect, ToolContext, ToolRun};
+
+/// What one server tool call came to.
+pub(super) struct ToolStep {
+    /// The output for the model.
+    pub(super) output: String,
+    /// A mode change the tool asks for, to apply before the output is recorded.
+    pub(super) effect: Option<ModeEffect>,
+    /// Whether the output still has to be recorded in the ledger (not when it came from
+    /// there, or when no tool ran).
+    pub(super) record: bool,
+}
 
 impl Pipeline {
-    /// Runs (or replays from the ledger) one server tool call; returns the output for the model.
+    /// Runs (or replays from the ledger) one server tool call.
     pub(super) async fn run_server_tool(
         &self,
         run: &mut Run,
@@ -21,7 +33,12 @@ impl Pipeline {
         call_id: &str,
         name: &str,
         arguments: &str,
-    ) -> Result<String, RetryableFailure> {
+    ) -> Result<ToolStep, RetryableFailure> {
+        let step = |output: String, effect, record| ToolStep {
+            output,
+            effect,
+            record,
+        };
         if let Some(out) = run.record.tool_ledger.get(call_id).cloned() {
             info!(tool = %name, call_id, "reusing the recorded output of a server tool");
             let listed = progress
@@ -38,35 +55,35 @@ impl Pipeline {
                     outcome,
                 });
             }
-            return Ok(out);
+            return Ok(step(out, None, false));
         }
         let Some(tool) = self.tools.get(name) else {
-            return Ok(
-                json!({"error": format!("Tool '{name}' is not implemented on the server.")})
-                    .to_string(),
-            );
+            let missing =
+                json!({"error": format!("Tool '{name}' is not implemented on the server.")});
+            return Ok(step(missing.to_string(), None, false));
         };
         let ctx = ToolContext {
             session_id: run.session.session_id.clone(),
             turn_id: run.record.turn_id.clone(),
             current_mode_key: run.session.mode_key.clone(),
-            lease: run.lease().clone(),
         };
         let started = std::time::Instant::now();
         let outcome = tool.run(&ctx, arguments).await;
         let execution_ms = started.elapsed().as_millis() as u64;
         let tool_call_id = ToolCallId::parse(call_id).unwrap_or_else(|_| ToolCallId::generate());
-        let output = match outcome {
+        let result = |value: &serde_json::Value| ToolResult {
+            tool_call_id: tool_call_id.clone(),
+            execution_ms,
+            outcome: ToolOutcome::Result(JsonText::from_value(value)),
+        };
+        match outcome {
             ToolRun::Ok(value) => {
-                if name == crate::catalog::CHANGE_MODE_TOOL {
-                    self.apply_mode_change(run, progress).await?;
-                }
-                progress.server_tool_results.push(ToolResult {
-                    tool_call_id,
-                    execution_ms,
-                    outcome: ToolOutcome::Result(JsonText::from_value(&value)),
-                });
-                value.to_string()
+                progress.server_tool_results.push(result(&value));
+                Ok(step(value.to_string(), None, true))
+            }
+            ToolRun::ChangeMode { output, effect } => {
+                progress.server_tool_results.push(result(&output));
+                Ok(step(output.to_string(), Some(effect), true))
             }
             ToolRun::Rejected(message) => {
                 info!(tool = %name, %message, "server tool rejected its arguments");
@@ -75,19 +92,12 @@ impl Pipeline {
                     execution_ms,
                     outcome: ToolOutcome::Error(message.clone()),
                 });
-                json!({"success": false, "error": message}).to_string()
+                let output = json!({"success": false, "error": message}).to_string();
+                Ok(step(output, None, true))
             }
-            ToolRun::Unavailable(message) => {
-                return Err(RetryableFailure {
-                    error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
-                });
-            }
-        };
-        self.record_tool_output(run, call_id, &output).await?;
-        // The checkpoint's progress must include this tool's result for a resumed run.
-        if let Some(cp) = run.record.checkpoint.as_mut() {
-            cp.progress = progress.clone();
+            ToolRun::Unavailable(message) => Err(RetryableFailure {
+                error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
+            }),
         }
-        Ok(output)
     }
 }
