@@ -160,7 +160,7 @@ pub(crate) fn unavailable(e: impl std::fmt::Display) -> Response {
 /// The caller's W3C trace context, or a new trace; its id is logged with the request.
 /// When spans are exported the job carries the request span's own id, so the worker's span
 /// hangs below it.
-pub(crate) fn trace_of(headers: &HeaderMap) -> TraceContext {
+fn trace_of(headers: &HeaderMap) -> TraceContext {
     let trace = TraceContext::from_header(
         headers
             .get(crate::trace::TRACEPARENT)
@@ -169,6 +169,32 @@ pub(crate) fn trace_of(headers: &HeaderMap) -> TraceContext {
     .within(&tracing::Span::current());
     tracing::Span::current().record("trace_id", trace.trace_id());
     trace
+}
+
+/// The request's place in its trace (see [`trace_of`]), as an extractor.
+pub(crate) struct Traced(pub(crate) TraceContext);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Traced {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self(trace_of(&parts.headers)))
+    }
+}
+
+/// The answer to a request body the contract refuses: `413` when it is over the size limit,
+/// else `invalid` (`400` on `/v1/turns`; `200` on the synchronous endpoint, which answers every
+/// invalid request with a failed `InvokeResult`).
+pub(crate) fn refused(rejected: crate::contract::RequestRejected, invalid: StatusCode) -> Response {
+    let status = if rejected.is_body_too_large() {
+        StatusCode::PAYLOAD_TOO_LARGE
+    } else {
+        invalid
+    };
+    answer::<()>(status, rejected.into_invoke_result())
 }
 
 /// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`.

@@ -150,7 +150,7 @@ pub fn with_http_layers(router: Router) -> Router {
                 request_id = id,
                 trace_id = tracing::field::Empty
             );
-            // An exported request span joins the caller's trace; see `trace_of`.
+            // An exported request span joins the caller's trace; see `extract::trace_of`.
             if let Some(parent) = request
                 .headers()
                 .get(crate::trace::TRACEPARENT)

@@ -185,7 +185,7 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
     ) -> Result<TurnStatusView, SubmitError> {
-        // `trace` is the front door's own position in the trace (see `http::trace_of`).
+        // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
         let traceparent = Some(traceparent.as_str());
         self.check_configured(request)

@@ -252,14 +252,7 @@ impl Pipeline {
         run.record.pending = None;
         run.record.checkpoint = None;
         run.record.result = Some(result.clone());
-        if let Err(e) = self
-            .store
-            .save(Some(&run.session), &run.record, run.lease(), true)
-            .await
-        {
-            return self.retry_later(run, store_failure(e)).await;
-        }
-        run.held.released_by_store();
+        let result = self.settle(run, true, result).await?;
         info!(iterations, "turn completed");
         Ok(result)
     }
@@ -293,14 +286,7 @@ impl Pipeline {
         run.record.result = Some(result.clone());
         // The session's continuation id is *not* moved to this response: its calls are
         // unanswered. The session is saved for what changed (replay flag, latched context).
-        if let Err(e) = self
-            .store
-            .save(Some(&run.session), &run.record, run.lease(), true)
-            .await
-        {
-            return self.retry_later(run, store_failure(e)).await;
-        }
-        run.held.released_by_store();
+        let result = self.settle(run, true, result).await?;
         info!(calls = count, "turn waits for client tools");
         Ok(result)
     }
@@ -319,7 +305,24 @@ impl Pipeline {
         run.record.completed_at = Some(now_rfc3339());
         run.record.result = Some(result.clone());
         // The session's continuation state is left as it was before the turn.
-        if let Err(e) = self.store.save(None, &run.record, run.lease(), true).await {
+        self.settle(run, false, result).await
+    }
+
+    /// The write that ends this run of the turn: the record (and the session, with
+    /// `with_session`) saved and the lease given back in one step. A write that fails hands the
+    /// turn back to the queue instead.
+    async fn settle(
+        &self,
+        mut run: Run,
+        with_session: bool,
+        result: TurnResult,
+    ) -> Result<TurnResult, RetryableFailure> {
+        let session = with_session.then_some(&run.session);
+        if let Err(e) = self
+            .store
+            .save(session, &run.record, run.lease(), true)
+            .await
+        {
             return self.retry_later(run, store_failure(e)).await;
         }
         run.held.released_by_store();

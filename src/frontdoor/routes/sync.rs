@@ -3,11 +3,13 @@
 
 use crate::contract::{AgentExecuteRequest, parse_request};
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
-use crate::frontdoor::extract::{HttpState, LimitedBody, RequestSized, Tenant, answer, trace_of};
+use crate::frontdoor::extract::{
+    HttpState, LimitedBody, RequestSized, Tenant, Traced, answer, refused,
+};
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::replies::{Waited, next_settled};
@@ -31,17 +33,13 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
     ))]
 pub(crate) async fn execute_sync(
     State(state): State<HttpState>,
-    headers: HeaderMap,
+    Traced(trace): Traced,
     Tenant(tenant): Tenant,
     LimitedBody(body, _): LimitedBody<RequestSized>,
 ) -> Response {
-    let trace = trace_of(&headers);
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
-        Err(rejected) if rejected.is_body_too_large() => {
-            return answer::<()>(StatusCode::PAYLOAD_TOO_LARGE, rejected.into_invoke_result());
-        }
-        Err(rejected) => return answer::<()>(StatusCode::OK, rejected.into_invoke_result()),
+        Err(rejected) => return refused(rejected, StatusCode::OK),
     };
     let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
     let result = run_sync(&state, &tenant, &parsed.request, &trace)

@@ -4,14 +4,14 @@
 
 use crate::contract::parse_request;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
-    ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, answer, failure, ids,
-    not_found_turn, trace_of, unavailable,
+    ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, Traced, answer, failure,
+    ids, not_found_turn, refused, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::replies::{Waited, next_settled};
@@ -32,21 +32,13 @@ use std::time::Duration;
     ))]
 pub(crate) async fn post_turn(
     State(state): State<HttpState>,
-    headers: HeaderMap,
+    Traced(trace): Traced,
     Tenant(tenant): Tenant,
     LimitedBody(body, _): LimitedBody<RequestSized>,
 ) -> Response {
-    let trace = trace_of(&headers);
     let parsed = match parse_request(&body, &state.limits) {
         Ok(p) => p,
-        Err(rejected) => {
-            let status = if rejected.is_body_too_large() {
-                StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                StatusCode::BAD_REQUEST
-            };
-            return answer::<()>(status, rejected.into_invoke_result());
-        }
+        Err(rejected) => return refused(rejected, StatusCode::BAD_REQUEST),
     };
     let submitted = match state.door.authorize(&tenant, &parsed.request).await {
         Ok(()) => state.door.submit_traced(&parsed.request, &trace).await,
