@@ -18,7 +18,7 @@ async fn commands_processed(
         .arg("stats")
         .query_async(conn)
         .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        .map_err(StoreError::Redis)?;
     info.lines()
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|v| v.trim().parse().ok())
@@ -49,12 +49,12 @@ fn record(sid: &SessionId, tid: &TurnId) -> TurnRecord {
 pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
     let ns = format!("aptix-bench-{}", uuid::Uuid::new_v4().simple());
     let store = RedisStore::connect(url, &ns, Retention::default()).await?;
-    let client = redis::Client::open(url).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let client = redis::Client::open(url).map_err(StoreError::Redis)?;
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
-        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-    let unavailable = |e: redis::RedisError| StoreError::Unavailable(e.to_string());
+        .map_err(StoreError::Redis)?;
+    let unavailable = StoreError::Redis;
     let payload = serde_json::to_string(&record(&SessionId::generate(), &TurnId::generate()))
         .unwrap_or_default();
 

@@ -45,6 +45,10 @@ pub enum StoreError {
     /// The backend is unreachable or failed; the operation may succeed if retried.
     #[error("session store unavailable: {0}")]
     Unavailable(String),
+    /// Redis failed or did not answer in time; the operation may succeed if retried. The
+    /// client's error is kept as the source (its kind: timeout, refused, I/O, a script error).
+    #[error("session store unavailable: {0}")]
+    Redis(#[source] ::redis::RedisError),
     /// Stored data could not be read back.
     #[error("session store data is corrupt: {0}")]
     Corrupt(String),

@@ -47,7 +47,7 @@ pub struct RedisStore {
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+    StoreError::Redis(e)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -457,5 +457,42 @@ impl SessionStore for RedisStore {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod cause_tests {
+    use std::time::Duration;
+
+    use super::{RedisOptions, RedisStore};
+    use crate::store::{Retention, StoreError};
+
+    /// A store error from Redis keeps the client's error as its source: callers and logs can
+    /// tell a refused connection from a timeout, not only read a flattened message.
+    #[tokio::test]
+    async fn a_redis_failure_keeps_its_cause() {
+        let options = RedisOptions {
+            timeout: Duration::from_millis(500),
+            ca: None,
+        };
+        let Err(e) =
+            RedisStore::connect_with("redis://127.0.0.1:1/", "ns", Retention::default(), &options)
+                .await
+        else {
+            panic!("nothing listens on port 1");
+        };
+        assert!(matches!(e, StoreError::Redis(_)), "{e:?}");
+        assert!(
+            e.to_string().starts_with("session store unavailable: "),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).expect("the cause is kept");
+        let redis = source
+            .downcast_ref::<redis::RedisError>()
+            .expect("the cause is the client's error");
+        assert!(
+            redis.is_io_error() || redis.is_connection_refusal(),
+            "{redis:?}"
+        );
     }
 }
