@@ -4,7 +4,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::{free_port, wait_for_port};
+use crate::support::Listening;
 
 fn aptix() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_aptix"));
@@ -222,40 +222,22 @@ async fn dlq_lists_and_requeues_dead_jobs() {
 
 #[tokio::test]
 async fn a_worker_process_drains_and_exits_0_on_sigterm() {
-    use std::io::{BufRead as _, BufReader};
     let guard = crate::support::rabbit().await;
-    let port = free_port();
-    let mut child = aptix()
-        .args(["worker", "--listen", &format!("127.0.0.1:{port}")])
-        .env("APTIX_AMQP_URL", crate::support::amqp_url())
-        .env("APTIX_REDIS_URL", crate::support::redis_url())
-        .env("APTIX_NAMESPACE", &guard.topology.namespace)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("starts");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let started = std::time::Instant::now();
-    loop {
-        let line = rx
-            .recv_timeout(std::time::Duration::from_secs(20))
-            .expect("worker logs");
-        if line.contains("consuming turn jobs") {
-            break;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "worker did not start"
-        );
-    }
+    let mut worker = Listening::start(
+        aptix()
+            .args(["worker", "--listen", "127.0.0.1:0"])
+            .env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", &guard.topology.namespace)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1"),
+    );
+    assert!(
+        worker.wait_for_line("consuming turn jobs", std::time::Duration::from_secs(20)),
+        "worker did not start"
+    );
     // The worker serves its health and metrics.
+    let port = worker.port;
     let get = |path: &str| http_get(port, path);
     assert!(get("/healthz").starts_with("HTTP/1.1 200"));
     assert!(get("/readyz").starts_with("HTTP/1.1 200"));
@@ -266,13 +248,13 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
         "a worker serves no API"
     );
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &worker.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let exit = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = worker.child.try_wait().unwrap() {
             break s;
         }
         assert!(
@@ -282,7 +264,7 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
     assert_eq!(exit.code(), Some(0));
-    let logs: Vec<String> = rx.try_iter().collect();
+    let logs = worker.lines_after_exit();
     assert!(
         logs.iter().any(|l| l.contains("worker stopped")),
         "{logs:?}"
@@ -297,28 +279,14 @@ async fn a_worker_process_drains_and_exits_0_on_sigterm() {
 }
 
 /// Kills the child process when the test ends, however it ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn submit_status_and_watch_talk_to_aptix_run_over_http() {
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
-    let _server = Child(
+    let server = Listening::start(
         aptix()
-            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
-            .env("APTIX_API_TOKENS", "tok-cli=tenant-cli")
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("serve starts"),
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .env("APTIX_API_TOKENS", "tok-cli=tenant-cli"),
     );
-    wait_for_port(port);
+    let url = server.url();
     let out = aptix()
         .args(["submit", "examples/requests/user-turn.json", "--url", &url])
         .env("APTIX_TOKEN", "tok-cli")
@@ -660,34 +628,19 @@ fn metric(text: &str, name: &str) -> f64 {
 fn a_batch_killed_mid_run_resumes_without_running_any_turn_twice() {
     use std::io::{BufRead as _, BufReader};
     // A slow model, and a server the batch talks to over HTTP (so it outlives the batch CLI).
-    let llm_port = free_port();
-    let _llm = Child(
+    let llm = Listening::start(aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        "1500",
+    ]));
+    let server = Listening::start(
         aptix()
-            .args([
-                "fake-llm",
-                "--listen",
-                &format!("127.0.0.1:{llm_port}"),
-                "--latency-ms",
-                "1500",
-            ])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .env("APTIX_LLM_BASE_URL", format!("{}/v1", llm.url())),
     );
-    let api_port = free_port();
-    let _server = Child(
-        aptix()
-            .args(["run", "--listen", &format!("127.0.0.1:{api_port}")])
-            .env(
-                "APTIX_LLM_BASE_URL",
-                format!("http://127.0.0.1:{llm_port}/v1"),
-            )
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_for_port(llm_port);
-    wait_for_port(api_port);
+    let api_port = server.port;
     let root = std::env::temp_dir().join(format!("aptix-crash-{}", uuid::Uuid::new_v4().simple()));
     let (input, out) = (root.join("in"), root.join("out"));
     std::fs::create_dir_all(&input).unwrap();
@@ -808,16 +761,13 @@ fn watch_prints_characters_split_across_network_reads_whole() {
 /// session and turn ids. Text logs sent to a pipe carry no colour codes.
 #[tokio::test]
 async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
-    use std::io::Read as _;
-    let port = free_port();
-    let mut server = aptix()
-        .args(["run", "--listen", &format!("127.0.0.1:{port}")])
-        .env("APTIX_LOG_FORMAT", "json")
-        .env("RUST_LOG", "info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("aptix run starts");
-    wait_for_port(port);
+    let mut server = Listening::start(
+        aptix()
+            .args(["run", "--listen", "127.0.0.1:0"])
+            .env("APTIX_LOG_FORMAT", "json")
+            .env("RUST_LOG", "info"),
+    );
+    let port = server.port;
     let client = crate::support::http_client();
     let resp = client
         .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
@@ -840,15 +790,9 @@ async fn json_logs_carry_the_request_id_and_an_access_line_per_request() {
         "{generated}"
     );
     // SIGTERM: the server drains and exits, closing its stderr.
-    sigterm(server.id());
-    let mut stderr = String::new();
-    server
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    let _ = server.wait();
+    sigterm(server.child.id());
+    let _ = server.child.wait();
+    let stderr = server.lines_after_exit().join("\n");
     let lines: Vec<serde_json::Value> = stderr
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -995,16 +939,15 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
             .env("RUST_LOG", "info");
     };
-    let port = free_port();
     let mut serve = aptix();
-    serve.args(["serve", "--listen", &format!("127.0.0.1:{port}")]);
+    serve.args(["serve", "--listen", "127.0.0.1:0"]);
     env(&mut serve);
-    let _serve = Child(serve.stderr(std::process::Stdio::null()).spawn().unwrap());
+    let serve = Listening::start(&mut serve);
+    let port = serve.port;
     let mut worker = aptix();
     worker.arg("worker");
     env(&mut worker);
     let mut worker = worker.stderr(std::process::Stdio::piped()).spawn().unwrap();
-    wait_for_port(port);
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let answer: serde_json::Value = crate::support::http_client()
         .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))

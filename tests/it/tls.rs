@@ -169,15 +169,6 @@ fn aptix(namespace: &str) -> Command {
 }
 
 /// Kills a child process when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Waits for a process to exit by itself within `limit`; its exit status and stderr.
 fn exits_within(mut child: Child, limit: Duration) -> (std::process::ExitStatus, String) {
     use std::io::Read as _;
@@ -240,10 +231,9 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
         .expect("the fake's port");
     let front = TlsFront::start_with_model(Some(model_port));
     let namespace = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
-    let port = free_port();
-    let server = Running(
+    let server = crate::support::Listening::start(
         aptix(&namespace)
-            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["run", "--listen", "127.0.0.1:0"])
             .env("APTIX_AMQP_URL", front.amqps())
             .env("APTIX_REDIS_URL", front.rediss())
             .env("APTIX_TLS_CA_FILE", front.ca())
@@ -254,12 +244,9 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
                     &format!("https://127.0.0.1:{}", front.https_port),
                 ),
             )
-            .env("APTIX_REPLY_QUEUE_TTL_SECS", "30")
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("APTIX_REPLY_QUEUE_TTL_SECS", "30"),
     );
-    wait_for_port(port);
+    let port = server.port;
     let http = crate::support::http_client();
     let ready = http
         .get(format!("http://127.0.0.1:{port}/readyz"))
@@ -312,7 +299,7 @@ async fn an_untrusted_certificate_stops_the_process_with_a_clear_message() {
     let namespace = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
     // RabbitMQ over TLS without the CA: the broker's certificate is not trusted.
     let child = aptix(&namespace)
-        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["serve", "--listen", "127.0.0.1:0"])
         .env("APTIX_AMQP_URL", front.amqps())
         .env("APTIX_REDIS_URL", crate::support::redis_url())
         .stderr(Stdio::piped())
@@ -324,7 +311,7 @@ async fn an_untrusted_certificate_stops_the_process_with_a_clear_message() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     // Redis over TLS without the CA.
     let child = aptix(&namespace)
-        .args(["run", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["run", "--listen", "127.0.0.1:0"])
         .env("APTIX_REDIS_URL", front.rediss())
         .stderr(Stdio::piped())
         .spawn()
@@ -335,7 +322,7 @@ async fn an_untrusted_certificate_stops_the_process_with_a_clear_message() {
     // A CA file that is not a certificate bundle is refused before anything connects.
     let bogus = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let child = aptix(&namespace)
-        .args(["run", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["run", "--listen", "127.0.0.1:0"])
         .env("APTIX_TLS_CA_FILE", &bogus)
         .stderr(Stdio::piped())
         .spawn()
