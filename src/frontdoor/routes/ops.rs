@@ -1,6 +1,8 @@
 //! `/healthz`, `/readyz` (bounded probes of RabbitMQ and Redis), `/metrics` and
 //! `/openapi.json`: the routes an operator uses, none behind a token.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -9,7 +11,6 @@ use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, SessionId};
 use crate::frontdoor::extract::OpenApiJson;
 use crate::frontdoor::extract::{HttpState, answer};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use std::time::Duration;
 
 /// Liveness: the process is up.
 #[utoipa::path(get, path = "/healthz", tag = "operations", security(()),

@@ -1,11 +1,13 @@
 //! `POST /api/ai/agent/execute`: the original platform's synchronous endpoint — submit, then
 //! wait for the turn's settled status on the session's events.
 
-use crate::contract::{AgentExecuteRequest, parse_request};
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::contract::{AgentExecuteRequest, parse_request};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
 use crate::frontdoor::extract::{
     HttpState, LimitedBody, RequestSized, Tenant, Traced, answer, refused,
@@ -14,7 +16,6 @@ use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::replies::{Waited, next_settled};
 use crate::trace::TraceContext;
-use std::time::Duration;
 
 /// The longest the synchronous endpoint waits for a result.
 pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);

@@ -2,11 +2,13 @@
 //! confirmed the job) and `GET /v1/sessions/{sessionId}/turns/{turnId}` with `?wait=` long-polls.
 //! The only HTTP mapping of a refused submission ([`SubmitError`]) lives here.
 
-use crate::contract::parse_request;
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::contract::parse_request;
 use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
@@ -16,7 +18,6 @@ use crate::frontdoor::extract::{
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::replies::{Waited, next_settled};
 use crate::store::TurnStatusView;
-use std::time::Duration;
 
 /// Submit a turn (a user turn or a tool continuation).
 #[utoipa::path(post, path = "/v1/turns", tag = "turns",
