@@ -210,6 +210,16 @@ pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, R
         })
 }
 
+/// A session that does not exist, or is another tenant's (the two look the same).
+pub(crate) fn not_found_session(session: &str) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::SessionNotFound,
+        format!("session {session:?} does not exist"),
+    )
+}
+
+/// A turn that does not exist in the session (or the session is another tenant's).
 pub(crate) fn not_found_turn(sid: &SessionId, tid: &TurnId) -> Response {
     failure(
         StatusCode::NOT_FOUND,

@@ -6,8 +6,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
-use crate::frontdoor::extract::{ApiPath, HttpState, Tenant, answer, failure, ids, unavailable};
+use crate::contract::{InvokeResult, SessionId, TurnId};
+use crate::frontdoor::extract::{
+    ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
+};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
@@ -44,13 +46,7 @@ pub(crate) async fn get_session(
     ApiPath(session_id): ApiPath<String>,
     Tenant(tenant): Tenant,
 ) -> Response {
-    let missing = || {
-        failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::SessionNotFound,
-            format!("session {session_id:?} does not exist"),
-        )
-    };
+    let missing = || not_found_session(&session_id);
     let Some((sid, _)) = ids(&session_id, None) else {
         return missing();
     };
@@ -109,22 +105,12 @@ pub(crate) async fn session_events(
     Tenant(tenant): Tenant,
 ) -> Response {
     let Some((sid, _)) = ids(&session_id, None) else {
-        return failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::SessionNotFound,
-            format!("session {session_id:?} does not exist"),
-        );
+        return not_found_session(&session_id);
     };
     // Subscribing before the first turn is allowed, and makes the subscriber the owner.
     match state.store.claim_owner(&sid, &tenant).await {
         Err(e) => return unavailable(e),
-        Ok(owner) if owner != tenant => {
-            return failure(
-                StatusCode::NOT_FOUND,
-                ErrorCode::SessionNotFound,
-                format!("session {session_id:?} does not exist"),
-            );
-        }
+        Ok(owner) if owner != tenant => return not_found_session(&session_id),
         Ok(_) => {}
     }
     let events = match state.broker.subscribe_events(&sid).await {
