@@ -11,7 +11,8 @@ use serde_json::json;
 
 use aptix_worker::app::redis_options;
 use aptix_worker::config::{ApiTokens, Config, LOCAL_TENANT};
-use aptix_worker::rag::{ChunkOptions, RedisIndex};
+use aptix_worker::contract::InvokeResult;
+use aptix_worker::rag::{ChunkOptions, IndexReport, RedisIndex};
 
 use super::client::ApiClient;
 
@@ -176,18 +177,16 @@ pub async fn upload_index(
                 serde_json::to_string_pretty(&answer).unwrap_or_default()
             );
         }
-        let r = &answer["result"];
-        let n = |k: &str| usize::try_from(r[k].as_u64().unwrap_or(0)).unwrap_or(0);
-        total.indexed += n("indexed");
-        total.unchanged += n("unchanged");
-        total.chunks += n("chunks");
-        total.removed += n("removed");
-        for s in r["skipped"].as_array().into_iter().flatten() {
-            total.skipped.push(aptix_worker::rag::indexer::SkippedFile {
-                path: s["path"].as_str().unwrap_or_default().to_string(),
-                reason: s["reason"].as_str().unwrap_or_default().to_string(),
-            });
-        }
+        let answer: InvokeResult<IndexReport> =
+            serde_json::from_value(answer).context("the API's index report cannot be read")?;
+        let Some(r) = answer.result() else {
+            bail!("the API answered 200 without an index report");
+        };
+        total.indexed += r.indexed;
+        total.unchanged += r.unchanged;
+        total.chunks += r.chunks;
+        total.removed += r.removed;
+        total.skipped.extend(r.skipped.iter().cloned());
         done += group.len();
         if count > 1 || files.len() >= INDEX_GROUP_FILES {
             eprintln!(

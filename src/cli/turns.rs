@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::{self, InvokeResult};
+use aptix_worker::store::{TurnStatus, TurnStatusView};
 
 use super::client::ApiClient;
 use super::serve::stop_on_signal;
@@ -97,31 +98,44 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         });
     }
-    let (sid, tid) = (
-        accepted["result"]["sessionId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        accepted["result"]["turnId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    );
+    let accepted: InvokeResult<TurnStatusView> =
+        serde_json::from_value(accepted).context("the API's 202 is not a turn status")?;
+    let Some(view) = accepted.result() else {
+        anyhow::bail!("the API accepted the turn without saying which");
+    };
+    let (sid, tid) = (view.session_id.clone(), view.turn_id.clone());
     loop {
-        let (status, view) = client
+        let (status, body) = client
             .get(&format!("/v1/sessions/{sid}/turns/{tid}?wait=30"))
             .await?;
-        let state = view["result"]["status"].as_str().unwrap_or_default();
-        if status != 200 || !matches!(state, "queued" | "running") {
-            let result = &view["result"]["result"];
-            let shown = if result.is_null() { &view } else { result };
-            println!("{}", serde_json::to_string_pretty(shown)?);
-            let ok = status == 200 && state != "failed";
-            return Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            });
+        let polled: Option<InvokeResult<TurnStatusView>> = (status == 200)
+            .then(|| serde_json::from_value(body.clone()))
+            .transpose()
+            .context("the API's turn status cannot be read")?;
+        let view = polled.as_ref().and_then(InvokeResult::result);
+        match view {
+            Some(view) if !view.status.is_settled() => continue,
+            Some(TurnStatusView {
+                status,
+                result: Some(result),
+                ..
+            }) => {
+                println!("{}", serde_json::to_string_pretty(result)?);
+                return Ok(if *status == TurnStatus::Failed {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                });
+            }
+            _ => {
+                println!("{}", serde_json::to_string_pretty(&body)?);
+                let ok = view.is_some_and(|v| v.status != TurnStatus::Failed);
+                return Ok(if ok {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            }
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::chunker::{ChunkOptions, chunk_file, language_for};
@@ -17,7 +17,7 @@ use super::{ChunkIndex, RagError};
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
 
 /// What an indexing run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IndexReport {
     /// The repository indexed.
@@ -37,7 +37,7 @@ pub struct IndexReport {
 }
 
 /// A file that was not indexed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SkippedFile {
     /// Its path.
