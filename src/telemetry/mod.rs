@@ -50,14 +50,6 @@ pub struct Telemetry {
 }
 
 impl Telemetry {
-    /// Whether spans are being exported to a collector.
-    pub fn exporting(&self) -> bool {
-        #[cfg(feature = "otel")]
-        return self.provider.is_some();
-        #[cfg(not(feature = "otel"))]
-        false
-    }
-
     /// Flushes and stops span export (no-op without it).
     pub fn shutdown(mut self) {
         self.stop();

@@ -8,8 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, SessionId};
-use crate::frontdoor::extract::OpenApiJson;
-use crate::frontdoor::extract::{HttpState, answer};
+use crate::frontdoor::extract::{HttpState, OpenApiJson, answer};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
 /// Liveness: the process is up.
