@@ -42,6 +42,18 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+/// An error and its causes on one line (`outer: inner: …`), for messages that are text.
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// The tenant of callers when no API tokens are configured (loopback only), and the owner of
 /// sessions created without the HTTP API.
 pub const LOCAL_TENANT: &str = "local";
@@ -169,12 +181,12 @@ impl Config {
             tls_ca: match get("APTIX_TLS_CA_FILE").filter(|p| !p.trim().is_empty()) {
                 None => None,
                 Some(path) => Some(
-                    crate::tls::ExtraCa::load(std::path::Path::new(path.trim())).map_err(
-                        |problem| ConfigError {
+                    crate::tls::ExtraCa::load(std::path::Path::new(path.trim())).map_err(|e| {
+                        ConfigError {
                             var: "APTIX_TLS_CA_FILE",
-                            problem,
-                        },
-                    )?,
+                            problem: with_causes(&e),
+                        }
+                    })?,
                 ),
             },
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),

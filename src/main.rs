@@ -40,7 +40,7 @@ fn main() -> ExitCode {
         match telemetry::init(format, default_level, &format!("aptix-{service}")) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {:#}", anyhow::Error::from(e));
                 return ExitCode::from(2);
             }
         }

@@ -4,7 +4,7 @@
 //!
 //! Owns: loading and checking the CA bundle, the provider. Must not: open connections.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use rustls_pki_types::CertificateDer;
@@ -30,6 +30,39 @@ pub fn http_client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilde
     Ok(builder)
 }
 
+/// A CA bundle file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// The file cannot be read.
+    #[error("cannot read the CA bundle {}", path.display())]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a bundle of certificates.
+    #[error("the CA bundle {} {problem}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with its text.
+        problem: PemProblem,
+    },
+}
+
+/// What is wrong with a PEM text that should hold certificates.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PemProblem {
+    /// A block could not be read.
+    #[error("is not a PEM certificate bundle ({0})")]
+    NotPem(String),
+    /// No certificate in it.
+    #[error("holds no PEM certificate")]
+    NoCertificate,
+}
+
 /// Extra trusted CA certificates, as PEM text (checked to hold at least one certificate).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ExtraCa {
@@ -46,21 +79,26 @@ impl std::fmt::Debug for ExtraCa {
 impl ExtraCa {
     /// Reads a PEM bundle; an unreadable file, or one with no certificate, is an error that
     /// names the file.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let pem = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the CA bundle {}: {e}", path.display()))?;
-        Self::from_pem(&pem).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, CaError> {
+        let pem = std::fs::read_to_string(path).map_err(|source| CaError::Unreadable {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_pem(&pem).map_err(|problem| CaError::Invalid {
+            path: path.to_path_buf(),
+            problem,
+        })
     }
 
     /// A bundle from PEM text.
-    pub fn from_pem(pem: &str) -> Result<Self, String> {
+    pub fn from_pem(pem: &str) -> Result<Self, PemProblem> {
         let mut count = 0;
         for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
-            cert.map_err(|e| format!("not a PEM certificate bundle ({e:?})"))?;
+            cert.map_err(|e| PemProblem::NotPem(format!("{e:?}")))?;
             count += 1;
         }
         if count == 0 {
-            return Err("holds no PEM certificate".into());
+            return Err(PemProblem::NoCertificate);
         }
         Ok(Self {
             pem: pem.to_string(),
@@ -100,6 +138,10 @@ mod tests {
         assert!(ExtraCa::from_pem("").is_err());
         assert!(ExtraCa::from_pem("not pem at all").is_err());
         let err = ExtraCa::load(std::path::Path::new("/nonexistent/ca.pem")).unwrap_err();
-        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+        assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        assert!(
+            std::error::Error::source(&err).is_some(),
+            "the I/O cause is kept"
+        );
     }
 }

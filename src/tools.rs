@@ -90,18 +90,20 @@ impl ToolRegistry {
     }
 
     /// Checks that every tool the catalog declares as a server tool is implemented here.
-    pub fn check_catalog(&self, catalog: &ModeCatalog) -> Result<(), String> {
+    pub fn check_catalog(&self, catalog: &ModeCatalog) -> Result<(), UnimplementedTool> {
         for t in catalog.tools() {
             if t.location == crate::catalog::ToolLocation::Server && self.get(&t.name).is_none() {
-                return Err(format!(
-                    "the catalog declares server tool {:?}, which this server does not implement",
-                    t.name
-                ));
+                return Err(UnimplementedTool(t.name.clone()));
             }
         }
         Ok(())
     }
 }
+
+/// A server tool the mode catalog declares and this server does not implement.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the catalog declares server tool {0:?}, which this server does not implement")]
+pub struct UnimplementedTool(pub String);
 
 /// `agent_change_mode` (TUL-007): checks the requested mode and says which change to make (the
 /// reasoner applies it and records why).
@@ -423,6 +425,6 @@ mod tests {
         let e = ToolRegistry::builtin(catalog)
             .check_catalog(&c)
             .unwrap_err();
-        assert!(e.contains("workspace_read_file"), "{e}");
+        assert_eq!(e, UnimplementedTool("workspace_read_file".into()));
     }
 }

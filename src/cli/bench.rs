@@ -49,6 +49,24 @@ struct Parts {
     _fake: FakeLlm,
 }
 
+impl Parts {
+    /// A worker over these parts, running until the token is cancelled.
+    fn start_worker(
+        &self,
+        settings: WorkerSettings,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        let worker = Worker::new(
+            self.broker.clone(),
+            self.pipeline.clone(),
+            self.topology.clone(),
+            settings,
+        );
+        let stop = CancellationToken::new();
+        let task = worker.spawn(stop.clone());
+        (stop, task)
+    }
+}
+
 /// The parts of a real deployment, built by [`App::build`] under a namespace of the run's own,
 /// against a fake model with `latency`.
 async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
@@ -142,14 +160,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         busy_delay: Duration::from_millis(50),
         ..WorkerSettings::default()
     };
-    let worker = Worker::new(
-        p.broker.clone(),
-        p.pipeline.clone(),
-        p.topology.clone(),
-        settings,
-    );
-    let stop = CancellationToken::new();
-    let worker_task = worker.spawn(stop.clone());
+    let (stop, worker_task) = p.start_worker(settings);
     let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
 
     let mut submitted: HashMap<(SessionId, TurnId), Instant> = HashMap::new();
@@ -304,14 +315,7 @@ async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow:
         concurrency: u16::try_from(in_flight).unwrap_or(u16::MAX),
         ..WorkerSettings::default()
     };
-    let worker = Worker::new(
-        p.broker.clone(),
-        p.pipeline.clone(),
-        p.topology.clone(),
-        settings,
-    );
-    let stop = CancellationToken::new();
-    let task = worker.spawn(stop.clone());
+    let (stop, task) = p.start_worker(settings);
     let door = FrontDoor::new(p.store.clone(), p.broker.clone(), Default::default());
     let started = Instant::now();
     for i in 0..in_flight {

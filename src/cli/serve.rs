@@ -92,7 +92,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let ops = match listen {
         Some(addr) => {
-            check_exposure(&addr, &config.api_tokens).map_err(anyhow::Error::msg)?;
+            check_exposure(&addr, &config.api_tokens)?;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;
@@ -121,7 +121,7 @@ fn default_listen() -> SocketAddr {
 /// Serves the HTTP API until SIGTERM/Ctrl-C, with a worker in this process when asked.
 async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode> {
     let config = Config::from_env()?;
-    check_exposure(&listen, &config.api_tokens).map_err(anyhow::Error::msg)?;
+    check_exposure(&listen, &config.api_tokens)?;
     if config.amqp_url.is_none() && !worker {
         anyhow::bail!(
             "on the embedded in-memory queue nothing else can run the turns: use `aptix run` or add --worker (or set APTIX_AMQP_URL)"
@@ -184,7 +184,7 @@ async fn run_files(
     let worker_task = app.worker(&config).spawn(shutdown.clone());
     let server = match listen {
         Some(addr) => {
-            check_exposure(&addr, &config.api_tokens).map_err(anyhow::Error::msg)?;
+            check_exposure(&addr, &config.api_tokens)?;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("cannot listen on {addr}"))?;

@@ -288,12 +288,17 @@ pub async fn serve_with(
     Ok(())
 }
 
+/// An address the API must not listen on as configured.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "refusing to listen on {0} without APTIX_API_TOKENS: anyone who can reach it could run turns; set tokens or listen on 127.0.0.1"
+)]
+pub struct Exposed(pub std::net::SocketAddr);
+
 /// Refuses to expose an unauthenticated API beyond this machine.
-pub fn check_exposure(addr: &std::net::SocketAddr, tokens: &ApiTokens) -> Result<(), String> {
+pub fn check_exposure(addr: &std::net::SocketAddr, tokens: &ApiTokens) -> Result<(), Exposed> {
     if tokens.is_empty() && !addr.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {addr} without APTIX_API_TOKENS: anyone who can reach it could run turns; set tokens or listen on 127.0.0.1"
-        ));
+        return Err(Exposed(*addr));
     }
     Ok(())
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use super::{Interrupted, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure};
+use super::{
+    Interrupted, NoLease, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure,
+};
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
     InvokeResult, SessionId, ToolCall, TurnId,
@@ -21,21 +23,17 @@ use crate::tools::ModeEffect;
 
 impl Pipeline {
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
-    pub(super) async fn lease(
-        &self,
-        sid: &SessionId,
-        tid: &TurnId,
-    ) -> Result<HeldLease, Interrupted> {
+    pub(super) async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, NoLease> {
         let holder = format!("{}/{tid}", self.settings.worker_id);
         let ttl = self.settings.lease_ttl;
         let Some(lease) = self
             .store
             .acquire_lease(sid, &holder, ttl)
             .await
-            .map_err(store_failure)?
+            .map_err(|e| NoLease::Failed(store_failure(e)))?
         else {
             info!("session is busy with another turn");
-            return Err(Interrupted::Busy(RetryableFailure {
+            return Err(NoLease::Busy(RetryableFailure {
                 error: permanent(
                     ErrorCode::SessionBusy,
                     format!("session {sid} is running another turn; this one will run after it"),

@@ -81,17 +81,29 @@ impl From<RetryableFailure> for Interrupted {
     }
 }
 
-impl Interrupted {
+/// Why a session lease could not be taken.
+#[derive(Debug)]
+enum NoLease {
+    /// Another run holds it.
+    Busy(RetryableFailure),
+    /// The store could not be asked.
+    Failed(RetryableFailure),
+}
+
+impl NoLease {
     /// The retryable failure, for callers that only retry (giving a turn up).
     fn into_retryable(self) -> RetryableFailure {
         match self {
             Self::Busy(f) | Self::Failed(f) => f,
-            Self::NotTheTurns(result) => RetryableFailure {
-                error: result.errors().first().map_or_else(
-                    || ErrorMessage::new(ErrorCode::Internal, "the job is not its turn's"),
-                    |e| (*e).clone(),
-                ),
-            },
+        }
+    }
+}
+
+impl From<NoLease> for Interrupted {
+    fn from(no: NoLease) -> Self {
+        match no {
+            NoLease::Busy(f) => Self::Busy(f),
+            NoLease::Failed(f) => Self::Failed(f),
         }
     }
 }
@@ -214,7 +226,7 @@ impl Pipeline {
         catalog: Arc<ModeCatalog>,
         llm: LlmClient,
         settings: PipelineSettings,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, crate::tools::UnimplementedTool> {
         let tools = ToolRegistry::builtin(catalog.clone());
         tools.check_catalog(&catalog)?;
         Ok(Self {
@@ -373,7 +385,7 @@ impl Pipeline {
         let held = self
             .lease(sid, tid)
             .await
-            .map_err(Interrupted::into_retryable)?;
+            .map_err(NoLease::into_retryable)?;
         let record = match self.store.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {

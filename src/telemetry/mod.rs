@@ -17,6 +17,23 @@ use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
 
+/// Telemetry that cannot be set up as configured.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// `APTIX_LOG_FORMAT` is neither `text` nor `json`.
+    #[error("APTIX_LOG_FORMAT must be \"text\" or \"json\", not {0:?}")]
+    LogFormat(String),
+    /// Span export was asked for outside the async runtime.
+    #[error("span export needs the async runtime to be running")]
+    NoRuntime,
+    /// The extra CA bundle the exporter should trust cannot be used.
+    #[error("span export")]
+    Ca(#[source] crate::tls::CaError),
+    /// The exporter's HTTP client or the exporter itself cannot be built.
+    #[error("span export: {0}")]
+    Exporter(String),
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -29,13 +46,11 @@ pub enum LogFormat {
 impl LogFormat {
     /// Reads `APTIX_LOG_FORMAT` (absent = text); anything else than `text` or `json` is an
     /// error naming the variable.
-    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+    pub fn parse(value: Option<&str>) -> Result<Self, TelemetryError> {
         match value.map(str::trim) {
             None | Some("") | Some("text") => Ok(Self::Text),
             Some("json") => Ok(Self::Json),
-            Some(other) => Err(format!(
-                "APTIX_LOG_FORMAT must be \"text\" or \"json\", not {other:?}"
-            )),
+            Some(other) => Err(TelemetryError::LogFormat(other.to_string())),
         }
     }
 }
@@ -75,7 +90,11 @@ impl Drop for Telemetry {
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, span export for `service` (`OTEL_SERVICE_NAME`
 /// overrides it). Must run inside the tokio runtime when export is requested; an export set-up
 /// that cannot work (an unreadable CA bundle, say) is an error, not a silent no-op.
-pub fn init(format: LogFormat, default_level: &str, service: &str) -> Result<Telemetry, String> {
+pub fn init(
+    format: LogFormat,
+    default_level: &str,
+    service: &str,
+) -> Result<Telemetry, TelemetryError> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -141,10 +160,10 @@ mod tests {
 
     #[test]
     fn the_format_is_text_json_or_a_clear_error() {
-        assert_eq!(LogFormat::parse(None), Ok(LogFormat::Text));
-        assert_eq!(LogFormat::parse(Some("json")), Ok(LogFormat::Json));
-        assert_eq!(LogFormat::parse(Some(" text ")), Ok(LogFormat::Text));
-        let err = LogFormat::parse(Some("yaml")).unwrap_err();
+        assert_eq!(LogFormat::parse(None).ok(), Some(LogFormat::Text));
+        assert_eq!(LogFormat::parse(Some("json")).ok(), Some(LogFormat::Json));
+        assert_eq!(LogFormat::parse(Some(" text ")).ok(), Some(LogFormat::Text));
+        let err = LogFormat::parse(Some("yaml")).unwrap_err().to_string();
         assert!(
             err.contains("APTIX_LOG_FORMAT") && err.contains("yaml"),
             "{err}"

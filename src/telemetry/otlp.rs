@@ -14,6 +14,8 @@ use opentelemetry_otlp::{Protocol, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
+use super::TelemetryError;
+
 /// A collector that answers with more than this is not read further.
 const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
@@ -59,28 +61,29 @@ impl HttpClient for RuntimeClient {
 
 /// Builds the tracer provider (batching, OTLP/HTTP) for `default_service` unless
 /// `OTEL_SERVICE_NAME` names another. Must run inside the tokio runtime.
-pub fn provider(default_service: &str) -> Result<SdkTracerProvider, String> {
+pub fn provider(default_service: &str) -> Result<SdkTracerProvider, TelemetryError> {
     crate::tls::install_crypto_provider();
-    let runtime = tokio::runtime::Handle::try_current()
-        .map_err(|_| "span export needs the async runtime to be running".to_string())?;
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
     let ca = match std::env::var("APTIX_TLS_CA_FILE") {
-        Ok(path) if !path.trim().is_empty() => {
-            Some(crate::tls::ExtraCa::load(std::path::Path::new(&path))?)
-        }
+        Ok(path) if !path.trim().is_empty() => Some(
+            crate::tls::ExtraCa::load(std::path::Path::new(path.trim()))
+                .map_err(TelemetryError::Ca)?,
+        ),
         _ => None,
     };
     let http = crate::tls::http_client_builder(ca.as_ref())
-        .map_err(|e| format!("span export: {e}"))?
-        .connect_timeout(Duration::from_secs(3))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .map_err(|e| format!("span export: cannot build the HTTP client: {e}"))?;
+        .and_then(|b| {
+            b.connect_timeout(Duration::from_secs(3))
+                .timeout(Duration::from_secs(10))
+                .build()
+        })
+        .map_err(|e| TelemetryError::Exporter(format!("cannot build the HTTP client: {e}")))?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
         .with_http_client(RuntimeClient { http, runtime })
         .build()
-        .map_err(|e| format!("span export: {e}"))?;
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     let mut resource = Resource::builder();
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
         resource = resource.with_service_name(default_service.to_string());
