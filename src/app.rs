@@ -10,12 +10,16 @@ use std::sync::Arc;
 
 use crate::catalog::ModeCatalog;
 use crate::config::Config;
+use crate::contexts::{AgentContext, Contexts, DEFAULT_CONTEXT};
 use crate::fake_llm::{FakeLlm, FakeOptions};
 use crate::frontdoor::FrontDoor;
 use crate::frontdoor::http::{HttpState, router, serve};
+use crate::limiter::{CallLimiter, CallLimits, LimitStore, MemoryLimits, RedisLimits};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
-use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::pipeline::{
+    AgentBackend, Backends, Conversation, DEFAULT_BOOT_PROMPT, Pipeline, PipelineSettings,
+};
 use crate::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use crate::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisIndex};
 use crate::store::redis::RedisOptions;
@@ -70,24 +74,34 @@ impl App {
     pub async fn build(config: &Config) -> Result<Self, BuildError> {
         let catalog =
             Arc::new(ModeCatalog::load(config.modes_file.as_deref()).part("the mode catalog")?);
-        let (base_url, fake) = match config.model_base_url() {
-            Some(url) => (url, None),
-            None => {
-                let fake = FakeLlm::start(
-                    std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                    FakeOptions::default(),
-                    None,
-                )
-                .await
-                .part("the built-in fake model")?;
-                tracing::info!(base_url = %fake.base_url(), "no model configured; using the built-in fake model");
-                (fake.base_url(), Some(fake))
-            }
+        // The embedded fake model stands in for the default context when nothing names a
+        // model server for it.
+        let fake = if config.model_base_url().is_none()
+            && config.contexts.agent(DEFAULT_CONTEXT).is_none()
+        {
+            let fake = FakeLlm::start(
+                std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                FakeOptions::default(),
+                None,
+            )
+            .await
+            .part("the built-in fake model")?;
+            tracing::info!(base_url = %fake.base_url(), "no model configured; using the built-in fake model");
+            Some(fake)
+        } else {
+            None
         };
+        let contexts = contexts_in_use(config, fake.as_ref().map(FakeLlm::base_url));
         let metrics = Arc::new(Metrics::new());
-        let llm = LlmClient::from_config(config, &base_url)
-            .part("the model client")?
-            .with_metrics(metrics.clone());
+        let limits: Arc<dyn LimitStore> = match &config.redis_url {
+            Some(url) if contexts.agents().any(AgentContext::is_limited) => Arc::new(
+                RedisLimits::connect(url.expose(), &config.namespace, &redis_options(config))
+                    .await
+                    .part("the Redis call limiter")?,
+            ),
+            _ => Arc::new(MemoryLimits::new()),
+        };
+        let backends = backends(config, &contexts, &limits, &metrics)?;
         let store: Arc<dyn SessionStore> = match &config.redis_url {
             Some(url) => {
                 tracing::info!(namespace = %config.namespace, "using the Redis session store");
@@ -129,8 +143,16 @@ impl App {
         settings.max_iterations = config.max_iterations;
         settings.replay = config.llm_replay;
         settings.lease_ttl = config.lease;
-        let pipeline = Pipeline::new(store.clone(), catalog.clone(), llm, settings)
+        let default_llm = backends
+            .agent(DEFAULT_CONTEXT)
+            .map(|b| b.llm.clone())
+            .ok_or_else(|| BuildError {
+                part: "the model client",
+                source: "no default agent context".into(),
+            })?;
+        let pipeline = Pipeline::new(store.clone(), catalog.clone(), default_llm, settings)
             .part("the pipeline")?
+            .with_backends(backends)
             .with_metrics(metrics.clone())
             .with_rag(
                 Arc::new(Bm25Retriever::new(index.clone())),
@@ -199,6 +221,90 @@ impl App {
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
         tokio::spawn(serve(listener, router(self.http_state(config)), shutdown))
     }
+}
+
+/// The contexts of a deployment: the contexts file's, plus the built-in `default`s made from
+/// `APTIX_LLM_BASE_URL` (or `fallback_url`, the embedded fake's), `OPENAI_API_KEY` and
+/// `APTIX_MODEL` unless the file defines its own.
+pub fn contexts_in_use(config: &Config, fallback_url: Option<String>) -> Contexts {
+    let default = AgentContext {
+        id: DEFAULT_CONTEXT.to_string(),
+        base_url: config.model_base_url().or(fallback_url),
+        api_key_env: config
+            .api_key
+            .as_ref()
+            .map(|_| "OPENAI_API_KEY".to_string()),
+        api_key: config.api_key.clone(),
+        model: config.model.clone(),
+        max_concurrent_calls: None,
+        requests_per_minute: None,
+        timeout: None,
+        replay: None,
+    };
+    config
+        .contexts
+        .clone()
+        .with_defaults(default, DEFAULT_BOOT_PROMPT)
+}
+
+/// One model client per agent context (its URL, key, timeout and limiter) and the
+/// conversation contexts' prompts.
+fn backends(
+    config: &Config,
+    contexts: &Contexts,
+    limits: &Arc<dyn LimitStore>,
+    metrics: &Arc<Metrics>,
+) -> Result<Backends, BuildError> {
+    let mut backends = Backends::empty();
+    for agent in contexts.agents() {
+        let Some(base_url) = agent.base_url.as_deref() else {
+            return Err(BuildError {
+                part: "the model client",
+                source: format!("agent context {:?} has no base URL", agent.id).into(),
+            });
+        };
+        let mut llm = LlmClient::with_ca(
+            base_url,
+            agent.api_key.clone(),
+            config.llm_connect_timeout,
+            agent.timeout.unwrap_or(config.llm_timeout),
+            config.llm_max_retries,
+            config.tls_ca.as_ref(),
+        )
+        .part("the model client")?
+        .with_metrics(metrics.clone());
+        if agent.is_limited() {
+            let call_limits = CallLimits {
+                max_concurrent: agent.max_concurrent_calls,
+                per_window: agent.requests_per_minute,
+                window: config.rate_window,
+                wait: config.capacity_wait,
+                slot_ttl: config.call_slot_ttl,
+            };
+            llm = llm.with_limiter(CallLimiter::new(
+                limits.clone(),
+                &agent.id,
+                call_limits,
+                metrics.clone(),
+            ));
+        }
+        let backend = AgentBackend {
+            llm,
+            model: agent.model.clone(),
+            replay: agent.replay.unwrap_or(config.llm_replay),
+        };
+        backends = backends.with_agent(&agent.id, backend);
+    }
+    for c in contexts.conversations() {
+        backends = backends.with_conversation(
+            &c.id,
+            Conversation {
+                boot_prompt: c.boot_prompt.clone(),
+                model: c.model.clone(),
+            },
+        );
+    }
+    Ok(backends)
 }
 
 /// How this process connects to Redis.

@@ -3,6 +3,7 @@
 //! Every variable is read in one place, parsed into a typed value, and a bad value fails start-up
 //! with a message that names the variable. Secrets are wrapped so they never print.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::contract::RequestLimits;
@@ -83,6 +84,18 @@ pub struct Config {
     pub max_iterations: usize,
     /// `APTIX_CONCURRENCY`: turns one worker runs at once.
     pub concurrency: usize,
+    /// `APTIX_CONTEXTS_FILE`: agent and conversation contexts (read and checked at start-up;
+    /// the built-in `default`s are added where the file has none).
+    pub contexts: crate::contexts::Contexts,
+    /// `APTIX_RATE_WINDOW_MS`: the window `requestsPerMinute` counts in (a minute; shorter
+    /// only for tests and demos).
+    pub rate_window: Duration,
+    /// `APTIX_CAPACITY_WAIT_MS`: how long a model call waits for its context's capacity
+    /// before the turn goes back to the queue.
+    pub capacity_wait: Duration,
+    /// `APTIX_CALL_SLOT_TTL_MS`: how long a concurrency slot outlives a worker that died
+    /// holding it (a live holder renews it).
+    pub call_slot_ttl: Duration,
     /// `APTIX_MODES_FILE`: a mode catalog replacing the built-in one.
     pub modes_file: Option<String>,
     /// `APTIX_LEASE_SECS`: how long a session lease lasts without renewal.
@@ -178,6 +191,20 @@ impl Config {
             max_iterations: positive(&get, "APTIX_MAX_ITERATIONS", 8)?,
             concurrency: positive(&get, "APTIX_CONCURRENCY", 16)?,
             modes_file: get("APTIX_MODES_FILE"),
+            contexts: match get("APTIX_CONTEXTS_FILE") {
+                None => crate::contexts::Contexts::empty(),
+                Some(path) => {
+                    crate::contexts::Contexts::load(Path::new(&path), &lookup).map_err(|e| {
+                        ConfigError {
+                            var: "APTIX_CONTEXTS_FILE",
+                            problem: with_causes(&e),
+                        }
+                    })?
+                }
+            },
+            rate_window: Duration::from_millis(positive(&get, "APTIX_RATE_WINDOW_MS", 60_000)?),
+            capacity_wait: Duration::from_millis(number(&get, "APTIX_CAPACITY_WAIT_MS", 30_000)?),
+            call_slot_ttl: Duration::from_millis(positive(&get, "APTIX_CALL_SLOT_TTL_MS", 30_000)?),
             tls_ca: match get("APTIX_TLS_CA_FILE").filter(|p| !p.trim().is_empty()) {
                 None => None,
                 Some(path) => Some(

@@ -32,6 +32,7 @@ pub mod contexts;
 pub mod contract;
 pub mod fake_llm;
 pub mod frontdoor;
+pub mod limiter;
 pub mod llm;
 pub mod metrics;
 pub mod pipeline;

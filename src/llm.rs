@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::config::{Config, Secret};
 use crate::contract::Usage;
+use crate::limiter::CallLimiter;
 use crate::metrics::Metrics;
 pub use crate::state::{ModelResponse, OutputItem};
 
@@ -43,6 +44,10 @@ pub enum LlmError {
     /// The answer could not be used (malformed body, `failed` status).
     #[error("model server gave an unusable answer: {0}")]
     BadResponse(String),
+    /// The agent context's limits left no room for the call within the wait bound: nothing
+    /// was sent; the turn should run again later.
+    #[error(transparent)]
+    NoCapacity(#[from] crate::limiter::NoCapacity),
 }
 
 impl LlmError {
@@ -57,6 +62,8 @@ impl LlmError {
 struct AttemptError {
     retryable: bool,
     retry_after: Option<Duration>,
+    /// The server answered 429.
+    rate_limited: bool,
     error: LlmError,
 }
 
@@ -69,6 +76,7 @@ pub struct LlmClient {
     max_retries: usize,
     min_backoff: Duration,
     metrics: Arc<Metrics>,
+    limiter: Option<CallLimiter>,
 }
 
 impl LlmClient {
@@ -110,6 +118,7 @@ impl LlmClient {
             max_retries,
             min_backoff: Duration::from_millis(500),
             metrics: Arc::default(),
+            limiter: None,
         })
     }
 
@@ -128,6 +137,13 @@ impl LlmClient {
     /// Sets the first backoff delay (tests shorten it; the SDK default is 0.5 s).
     pub fn with_min_backoff(mut self, d: Duration) -> Self {
         self.min_backoff = d;
+        self
+    }
+
+    /// Holds every call to `limiter`'s limits (each attempt takes its own permit; a 429 slows
+    /// the whole context down).
+    pub fn with_limiter(mut self, limiter: CallLimiter) -> Self {
+        self.limiter = Some(limiter);
         self
     }
 
@@ -180,7 +196,24 @@ impl LlmClient {
             .unwrap_or_default();
         let span = tracing::info_span!("model_call", model);
         let traceparent = crate::trace::TraceContext::current().map(|t| t.within(&span).header());
-        self.send_once(body, traceparent).instrument(span).await
+        let _permit = match &self.limiter {
+            None => None,
+            Some(limiter) => Some(limiter.acquire().await.map_err(|e| AttemptError {
+                retryable: false,
+                retry_after: None,
+                rate_limited: false,
+                error: e.into(),
+            })?),
+        };
+        let sent = self.send_once(body, traceparent).instrument(span).await;
+        if let (Err(e), Some(limiter)) = (&sent, &self.limiter)
+            && e.rate_limited
+        {
+            limiter
+                .slow_down(e.retry_after.unwrap_or(Duration::from_secs(1)))
+                .await;
+        }
+        sent
     }
 
     async fn send_once(
@@ -191,6 +224,7 @@ impl LlmClient {
         let unavailable = |message: String| AttemptError {
             retryable: true,
             retry_after: None,
+            rate_limited: false,
             error: LlmError::Unavailable {
                 attempts: 1,
                 message,
@@ -227,6 +261,7 @@ impl LlmClient {
             let value: Value = serde_json::from_slice(&bytes).map_err(|e| AttemptError {
                 retryable: false,
                 retry_after: None,
+                rate_limited: false,
                 error: LlmError::BadResponse(format!("the answer is not JSON ({e})")),
             })?;
             return parse_response(&value);
@@ -241,6 +276,7 @@ impl LlmClient {
             return Err(AttemptError {
                 retryable: false,
                 retry_after: None,
+                rate_limited: false,
                 error: LlmError::PreviousResponseNotFound(message),
             });
         }
@@ -248,6 +284,7 @@ impl LlmClient {
             Err(AttemptError {
                 retryable: true,
                 retry_after: retry_after(&headers),
+                rate_limited: status == 429,
                 error: LlmError::Unavailable {
                     attempts: 1,
                     message: format!("HTTP {status}: {message}"),
@@ -257,6 +294,7 @@ impl LlmClient {
             Err(AttemptError {
                 retryable: false,
                 retry_after: None,
+                rate_limited: false,
                 error: LlmError::Rejected { status, message },
             })
         }
@@ -316,6 +354,7 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
     let bad = |m: String| AttemptError {
         retryable: false,
         retry_after: None,
+        rate_limited: false,
         error: LlmError::BadResponse(m),
     };
     let id = v
@@ -351,6 +390,7 @@ fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
             return Err(AttemptError {
                 retryable,
                 retry_after: None,
+                rate_limited: false,
                 error: if retryable {
                     LlmError::Unavailable {
                         attempts: 1,

@@ -15,6 +15,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 type Labels = [(&'static str, &'static str); 1];
+/// `context="<agent context id>"`.
+type ContextLabel = [(&'static str, String); 1];
 
 /// Every metric of the process.
 pub struct Metrics {
@@ -32,6 +34,10 @@ pub struct Metrics {
     in_flight: Gauge,
     accepted: Counter,
     fenced: Counter<u64, AtomicU64>,
+    context_calls: Family<ContextLabel, Gauge>,
+    capacity_waits: Family<ContextLabel, Counter>,
+    capacity_wait_seconds: Family<ContextLabel, Counter<f64, AtomicU64>>,
+    rate_limited: Family<ContextLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -140,9 +146,33 @@ impl Metrics {
         for kind in ["input", "output"] {
             tokens.get_or_create(&[("kind", kind)]).inc_by(0);
         }
-        for reason in ["transient", "session_busy"] {
+        for reason in ["transient", "session_busy", "model_capacity"] {
             job_retries.get_or_create(&[("reason", reason)]).inc_by(0);
         }
+        let context_calls = Family::<ContextLabel, Gauge>::default();
+        registry.register(
+            "model_calls_in_flight",
+            "Model calls running now in this process, by agent context",
+            context_calls.clone(),
+        );
+        let capacity_waits = Family::<ContextLabel, Counter>::default();
+        registry.register(
+            "model_capacity_waits",
+            "Model calls that waited for their agent context's limits (concurrency or rate)",
+            capacity_waits.clone(),
+        );
+        let capacity_wait_seconds = Family::<ContextLabel, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "model_capacity_wait_seconds",
+            "Time model calls spent waiting for their agent context's limits",
+            capacity_wait_seconds.clone(),
+        );
+        let rate_limited = Family::<ContextLabel, Counter>::default();
+        registry.register(
+            "model_rate_limited",
+            "HTTP 429 answers received from the model server, by agent context",
+            rate_limited.clone(),
+        );
         for stage in ["frontdoor", "worker"] {
             duplicates.get_or_create(&[("stage", stage)]).inc_by(0);
         }
@@ -161,6 +191,10 @@ impl Metrics {
             in_flight,
             accepted,
             fenced,
+            context_calls,
+            capacity_waits,
+            capacity_wait_seconds,
+            rate_limited,
         }
     }
 
@@ -224,6 +258,36 @@ impl Metrics {
         self.duplicates.get_or_create(&[("stage", stage)]).inc();
     }
 
+    /// A model call of `context` starts (it holds its capacity).
+    pub fn context_call_started(&self, context: &str) {
+        self.context_calls
+            .get_or_create(&context_label(context))
+            .inc();
+    }
+
+    /// A model call of `context` ended.
+    pub fn context_call_finished(&self, context: &str) {
+        self.context_calls
+            .get_or_create(&context_label(context))
+            .dec();
+    }
+
+    /// A model call of `context` waited `waited` for capacity.
+    pub fn capacity_waited(&self, context: &str, waited: Duration) {
+        let label = context_label(context);
+        self.capacity_waits.get_or_create(&label).inc();
+        self.capacity_wait_seconds
+            .get_or_create(&label)
+            .inc_by(waited.as_secs_f64());
+    }
+
+    /// The model server of `context` answered 429.
+    pub fn context_rate_limited(&self, context: &str) {
+        self.rate_limited
+            .get_or_create(&context_label(context))
+            .inc();
+    }
+
     /// A turn run starts; the guard ends it.
     pub fn run_started(&self) -> InFlight<'_> {
         self.in_flight.inc();
@@ -245,6 +309,10 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+fn context_label(context: &str) -> ContextLabel {
+    [("context", context.to_string())]
 }
 
 /// Counts a run as in flight until dropped.

@@ -42,6 +42,61 @@ pub struct ModeChange {
     pub turn_id: TurnId,
 }
 
+/// The agent and conversation context a session runs with (AGN-003 §2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextIds {
+    /// The agent context: model backend, key, limits.
+    pub agent_context_id: String,
+    /// The conversation context: boot prompt, model.
+    pub conversation_context_id: String,
+}
+
+impl Default for ContextIds {
+    fn default() -> Self {
+        Self {
+            agent_context_id: "default".to_string(),
+            conversation_context_id: "default".to_string(),
+        }
+    }
+}
+
+impl ContextIds {
+    /// The ids a request names, `default` for the ones it leaves out.
+    pub fn named_or_default(agent: Option<&str>, conversation: Option<&str>) -> Self {
+        let d = Self::default();
+        Self {
+            agent_context_id: agent.map_or(d.agent_context_id, str::to_string),
+            conversation_context_id: conversation.map_or(d.conversation_context_id, str::to_string),
+        }
+    }
+
+    /// The fields of a request that name another context than these, as
+    /// `(field, named, latched)`.
+    pub fn mismatches<'a>(
+        &'a self,
+        agent: Option<&'a str>,
+        conversation: Option<&'a str>,
+    ) -> Vec<(&'static str, &'a str, &'a str)> {
+        let mut out = Vec::new();
+        if let Some(a) = agent
+            && a != self.agent_context_id
+        {
+            out.push(("agentContextId", a, self.agent_context_id.as_str()));
+        }
+        if let Some(c) = conversation
+            && c != self.conversation_context_id
+        {
+            out.push((
+                "conversationContextId",
+                c,
+                self.conversation_context_id.as_str(),
+            ));
+        }
+        out
+    }
+}
+
 /// A session's server-owned state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -63,6 +118,10 @@ pub struct SessionState {
     pub replay: bool,
     /// The latched solution context (AGN-034 §4.5).
     pub solution_context: Option<String>,
+    /// The agent and conversation contexts the session latched on its first turn (sessions
+    /// stored before contexts existed ran on `default`).
+    #[serde(default)]
+    pub contexts: ContextIds,
     /// The tenant that owns the session, when the front door knows it.
     pub owner: Option<String>,
     /// Created (RFC 3339).

@@ -244,6 +244,7 @@ mod tests {
             conversation: vec![],
             replay: false,
             solution_context: None,
+            contexts: Default::default(),
             owner: None,
             created_at: now_rfc3339(),
             updated_at: now_rfc3339(),

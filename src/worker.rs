@@ -310,6 +310,13 @@ impl Worker {
                     .republish(delivery, delivery.attempt, self.settings.busy_delay)
                     .await;
             }
+            JobOutcome::NoCapacity(why) => {
+                info!(message = %why.message, "no model capacity; the job runs again shortly at the same attempt");
+                self.metrics.job_retry("model_capacity");
+                return self
+                    .republish(delivery, delivery.attempt, self.settings.busy_delay)
+                    .await;
+            }
             JobOutcome::Retry(failure) => failure,
         };
         let next = delivery.attempt + 1;

@@ -74,7 +74,7 @@ async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
         "127.0.0.1:0".parse()?,
         FakeOptions {
             latency,
-            stateless: false,
+            ..FakeOptions::default()
         },
         None,
     )

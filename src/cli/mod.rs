@@ -77,6 +77,9 @@ pub enum Command {
     Validate(turns::ValidateArgs),
     /// Print the mode catalog in use (the file format of APTIX_MODES_FILE).
     Modes,
+    /// Print the agent and conversation contexts in use (APTIX_CONTEXTS_FILE plus the
+    /// built-in `default`s), keys masked; a bad contexts file is reported naming the entry.
+    Contexts,
     /// Measure the session store's hot path (begin + commit of a turn) against a bare Redis
     /// SET+GET baseline, on APTIX_REDIS_URL (default redis://127.0.0.1:6379/).
     BenchStore(tools::BenchStoreArgs),
@@ -122,6 +125,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::FakeLlm(args) => tools::fake_llm(args).await,
         Command::Validate(args) => turns::validate(args).await,
         Command::Modes => tools::modes().await,
+        Command::Contexts => tools::contexts().await,
         Command::BenchStore(args) => tools::bench_store(args).await,
         Command::ErrorCodes => tools::error_codes().await,
         Command::BenchRag(args) => tools::bench_rag(args).await,

@@ -28,6 +28,10 @@ pub struct FakeLlmArgs {
     /// The official OpenAPI document (JSON) to validate requests against.
     #[arg(long)]
     pub openapi: Option<PathBuf>,
+    /// Answer 401 invalid_api_key unless requests carry this bearer key (read from the
+    /// environment variable of this name, so the key stays out of the process list).
+    #[arg(long, value_name = "ENV_VAR")]
+    pub api_key_env: Option<String>,
 }
 
 /// Arguments of `aptix bench-store`.
@@ -89,6 +93,15 @@ pub async fn modes() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `aptix contexts`: the agent and conversation contexts in use, keys masked (the contexts
+/// file is checked exactly as a worker checks it at start-up).
+pub async fn contexts() -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
+    let contexts = aptix_worker::app::contexts_in_use(&config, None);
+    println!("{}", serde_json::to_string_pretty(&contexts.describe())?);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `aptix error-codes`.
 pub async fn error_codes() -> anyhow::Result<ExitCode> {
     print!("{}", contract::codes::markdown_table());
@@ -102,14 +115,23 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         latency_ms,
         stateless,
         openapi,
+        api_key_env,
     } = args;
     let schema = match openapi {
         Some(p) => Some(create_response_validator(&p).map_err(anyhow::Error::msg)?),
         None => None,
     };
+    let api_key = match api_key_env {
+        None => None,
+        Some(var) => Some(
+            std::env::var(&var)
+                .map_err(|_| anyhow::anyhow!("--api-key-env names {var}, which is not set"))?,
+        ),
+    };
     let options = FakeOptions {
         latency: Duration::from_millis(latency_ms),
         stateless,
+        api_key,
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await

@@ -67,6 +67,8 @@ error_codes! {
     ToolResultsMismatch = "TOOL_RESULTS_MISMATCH",
     /// An `agentContextId` or `conversationContextId` names no configured context.
     UnknownContext = "UNKNOWN_CONTEXT",
+    /// A turn names another context than the one its session latched on its first turn.
+    ContextMismatch = "CONTEXT_MISMATCH",
     /// No turn with this id exists in this session.
     TurnNotFound = "TURN_NOT_FOUND",
     /// A turn with this id already exists with a different payload.

@@ -64,6 +64,9 @@ pub struct FakeOptions {
     pub latency: Duration,
     /// Store nothing: every `previous_response_id` is unknown.
     pub stateless: bool,
+    /// Answer 401 `invalid_api_key` (as the real API does) unless the request carries
+    /// `Authorization: Bearer <this key>`.
+    pub api_key: Option<String>,
 }
 
 /// A stored response: what a follow-up call must answer.
@@ -80,6 +83,12 @@ struct Inner {
     stored: Mutex<HashMap<String, Stored>>,
     counter: AtomicU64,
     schema: Option<RequestCheck>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
+    /// When each request arrived (since the server started).
+    arrivals: Mutex<Vec<Duration>>,
+    started: std::time::Instant,
 }
 
 /// A full check of a request body against the API's schema: `Err((message, path))` names the
@@ -109,6 +118,10 @@ impl FakeLlm {
             stored: Mutex::new(HashMap::new()),
             counter: AtomicU64::new(1),
             schema,
+            in_flight: AtomicU64::new(0),
+            peak_in_flight: AtomicU64::new(0),
+            arrivals: Mutex::new(Vec::new()),
+            started: std::time::Instant::now(),
         });
         let app = Router::new()
             .route("/v1/responses", post(create_response))
@@ -149,6 +162,20 @@ impl FakeLlm {
             .unwrap_or_default()
     }
 
+    /// The most requests this server was answering at one moment.
+    pub fn peak_in_flight(&self) -> u64 {
+        self.inner.peak_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// When each request arrived, measured from the server's start, in arrival order.
+    pub fn arrivals(&self) -> Vec<Duration> {
+        self.inner
+            .arrivals
+            .lock()
+            .map(|a| a.clone())
+            .unwrap_or_default()
+    }
+
     /// Every request body received so far (valid or not).
     pub fn requests(&self) -> Vec<Value> {
         self.inner
@@ -171,11 +198,50 @@ fn error_response(
     (status, Json(body)).into_response()
 }
 
+/// Counts a request as being answered until dropped.
+struct Answering<'a>(&'a Inner);
+
+impl<'a> Answering<'a> {
+    fn start(inner: &'a Inner) -> Self {
+        let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        inner.peak_in_flight.fetch_max(now, Ordering::SeqCst);
+        if let Ok(mut a) = inner.arrivals.lock() {
+            a.push(inner.started.elapsed());
+        }
+        Self(inner)
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn create_response(
     State(inner): State<Arc<Inner>>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let _answering = Answering::start(&inner);
+    if let Some(key) = &inner.options.api_key {
+        let sent = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if sent != Some(key.as_str()) {
+            let message = match sent {
+                None => "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).".to_string(),
+                Some(_) => "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.".to_string(),
+            };
+            return error_response(
+                StatusCode::UNAUTHORIZED,
+                &message,
+                None,
+                Some("invalid_api_key"),
+            );
+        }
+    }
     if let Ok(mut t) = inner.traceparents.lock() {
         t.push(
             headers

@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
-use crate::contexts::KnownContexts;
+use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, RequestRejected,
-    ToolContinuation, parse_request,
+    ToolContinuation, UserTurn, parse_request,
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
@@ -21,7 +21,7 @@ pub mod http;
 pub mod openapi;
 pub mod routes;
 
-use crate::store::{SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
+use crate::store::{ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
 
 /// Why a request was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +131,28 @@ impl FrontDoor {
         }
     }
 
+    /// Latches the turn's contexts as its session's unless the session latched some already;
+    /// a turn that names other ones than the session's is refused with `CONTEXT_MISMATCH`.
+    async fn latch_contexts(&self, turn: &UserTurn) -> Result<ContextIds, SubmitError> {
+        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+        let latched = self
+            .store
+            .latch_contexts(
+                turn.session_id(),
+                &ContextIds::named_or_default(agent, conversation),
+            )
+            .await?;
+        let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
+        if errors.is_empty() {
+            Ok(latched)
+        } else {
+            Err(SubmitError::Invalid(RequestRejected {
+                errors,
+                warnings: Vec::new(),
+            }))
+        }
+    }
+
     /// Counts accepted turns and suppressed duplicates in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
@@ -195,6 +217,7 @@ impl FrontDoor {
             .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
         match request {
             AgentExecuteRequest::UserTurn(turn) => {
+                self.latch_contexts(turn).await?;
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new());
                 let created = match self.store.create_turn(&fresh).await {

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::{
-    Interrupted, NoLease, Pipeline, RetryableFailure, Run, TurnResult, permanent, store_failure,
+    Interrupted, NoLease, Pipeline, RetryKind, RetryableFailure, Run, TurnResult, permanent,
+    store_failure,
 };
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
@@ -38,6 +39,7 @@ impl Pipeline {
                     ErrorCode::SessionBusy,
                     format!("session {sid} is running another turn; this one will run after it"),
                 ),
+                kind: RetryKind::Failure,
             }));
         };
         let store = self.store.clone();
@@ -78,6 +80,7 @@ impl Pipeline {
             conversation: Vec::new(),
             replay: false,
             solution_context: None,
+            contexts: Default::default(),
             owner: None,
             created_at: now.clone(),
             updated_at: now,
@@ -212,6 +215,7 @@ impl Pipeline {
                             crate::catalog::CHANGE_MODE_TOOL
                         ),
                     ),
+                    kind: RetryKind::Failure,
                 }
             })
     }
@@ -269,6 +273,7 @@ impl Pipeline {
         else {
             return Err(RetryableFailure {
                 error: permanent(ErrorCode::Internal, "no client tool calls to wait for"),
+                kind: RetryKind::Failure,
             });
         };
         let result =

@@ -9,6 +9,7 @@
 //! forward when a turn reaches a point where every function call of the last response has been
 //! answered.
 
+pub mod backends;
 pub mod compose;
 mod lifecycle;
 
@@ -16,9 +17,9 @@ use lifecycle::HeldLease;
 mod reasoner;
 mod server_tools;
 
+pub use backends::{AgentBackend, Backends, Conversation};
 pub use compose::DEFAULT_BOOT_PROMPT;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::catalog::ModeCatalog;
 use crate::config::LOCAL_TENANT;
-use crate::contexts::{DEFAULT_CONTEXT, KnownContexts};
+use crate::contexts::KnownContexts;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, SessionId,
     ToolContinuation, UserTurn,
@@ -44,6 +45,18 @@ use crate::tools::ToolRegistry;
 pub struct RetryableFailure {
     /// What went wrong, as the client would see it if retries run out.
     pub error: ErrorMessage,
+    /// Whether it counts as a failed attempt.
+    pub kind: RetryKind,
+}
+
+/// What kind of "later" a retryable failure asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryKind {
+    /// Something failed: the attempt counts, the next one waits the next backoff delay.
+    Failure,
+    /// The agent context's limits left no room for a model call: nothing failed, run the job
+    /// again shortly at the same attempt.
+    NoCapacity,
 }
 
 /// What one run of a job came to. The worker acknowledges, retries or dead-letters a job by
@@ -59,6 +72,9 @@ pub enum JobOutcome {
     NotTheTurns(Vec<ErrorMessage>),
     /// Another run holds the session's lease: run the job again shortly, at the same attempt.
     Busy,
+    /// The turn's agent context had no capacity for a model call within the wait bound: run
+    /// the job again shortly, at the same attempt (it resumes from its checkpoint).
+    NoCapacity(ErrorMessage),
     /// A failure that may pass (the model, the store, a server tool, the deadline): run the job
     /// again after the next backoff delay, or give the turn up at the attempt limit.
     Retry(ErrorMessage),
@@ -73,11 +89,16 @@ enum Interrupted {
     Busy(RetryableFailure),
     /// A failure that may pass on a later attempt.
     Failed(RetryableFailure),
+    /// No capacity for a model call.
+    NoCapacity(RetryableFailure),
 }
 
 impl From<RetryableFailure> for Interrupted {
     fn from(f: RetryableFailure) -> Self {
-        Self::Failed(f)
+        match f.kind {
+            RetryKind::Failure => Self::Failed(f),
+            RetryKind::NoCapacity => Self::NoCapacity(f),
+        }
     }
 }
 
@@ -117,10 +138,6 @@ pub struct PipelineSettings {
     pub max_iterations: usize,
     /// Always replay the conversation instead of using `previous_response_id`.
     pub replay: bool,
-    /// Boot prompts by conversation context id (`default` is used when none is named).
-    pub conversation_contexts: HashMap<String, String>,
-    /// Known agent context ids (model endpoint/credentials); only `default` today.
-    pub agent_contexts: Vec<String>,
     /// How long a session lease lasts without renewal (renewed every third of it).
     pub lease_ttl: std::time::Duration,
     /// This process's id, part of every lease holder name.
@@ -128,25 +145,12 @@ pub struct PipelineSettings {
 }
 
 impl PipelineSettings {
-    /// The context ids these settings know.
-    pub fn known_contexts(&self) -> KnownContexts {
-        KnownContexts::new(
-            self.agent_contexts.iter().cloned(),
-            self.conversation_contexts.keys().cloned(),
-        )
-    }
-
     /// Defaults for a model name.
     pub fn new(model: impl Into<String>) -> Self {
         Self {
             model: model.into(),
             max_iterations: 8,
             replay: false,
-            conversation_contexts: HashMap::from([(
-                DEFAULT_CONTEXT.to_string(),
-                DEFAULT_BOOT_PROMPT.to_string(),
-            )]),
-            agent_contexts: vec![DEFAULT_CONTEXT.to_string()],
             lease_ttl: std::time::Duration::from_secs(30),
             worker_id: format!("worker-{}", uuid::Uuid::new_v4().simple()),
         }
@@ -158,10 +162,10 @@ impl PipelineSettings {
 pub struct Pipeline {
     store: Arc<dyn SessionStore>,
     catalog: Arc<ModeCatalog>,
-    llm: LlmClient,
+    backends: Arc<Backends>,
     tools: ToolRegistry,
     settings: Arc<PipelineSettings>,
-    /// The settings' context ids, computed once.
+    /// The backends' context ids, computed once.
     contexts: Arc<KnownContexts>,
     metrics: Arc<Metrics>,
     rag: Option<Rag>,
@@ -183,6 +187,7 @@ fn permanent(code: ErrorCode, message: impl Into<String>) -> ErrorMessage {
 fn store_failure(e: StoreError) -> RetryableFailure {
     RetryableFailure {
         error: ErrorMessage::new(ErrorCode::Internal, format!("{e}")),
+        kind: RetryKind::Failure,
     }
 }
 
@@ -229,16 +234,32 @@ impl Pipeline {
     ) -> Result<Self, crate::tools::UnimplementedTool> {
         let tools = ToolRegistry::builtin(catalog.clone());
         tools.check_catalog(&catalog)?;
+        let backends = Backends::single(
+            AgentBackend {
+                llm,
+                model: settings.model.clone(),
+                replay: settings.replay,
+            },
+            DEFAULT_BOOT_PROMPT,
+        );
         Ok(Self {
             store,
             catalog,
-            llm,
+            contexts: Arc::new(backends.known()),
+            backends: Arc::new(backends),
             tools,
-            contexts: Arc::new(settings.known_contexts()),
             settings: Arc::new(settings),
             metrics: Arc::default(),
             rag: None,
         })
+    }
+
+    /// Runs turns with these contexts instead of the one `default` pair made from the
+    /// settings (see [`crate::app::App::build`]).
+    pub fn with_backends(mut self, backends: Backends) -> Self {
+        self.contexts = Arc::new(backends.known());
+        self.backends = Arc::new(backends);
+        self
     }
 
     /// Adds retrieved chunks to every user turn's `[CONTEXT]` block, within `budget`.
@@ -337,7 +358,9 @@ impl Pipeline {
         match self.run_job(request).await {
             Ok(result) => Ok(result),
             Err(Interrupted::NotTheTurns(result)) => Ok(*result),
-            Err(Interrupted::Busy(f) | Interrupted::Failed(f)) => Err(f),
+            Err(Interrupted::Busy(f) | Interrupted::Failed(f) | Interrupted::NoCapacity(f)) => {
+                Err(f)
+            }
         }
     }
 
@@ -350,6 +373,7 @@ impl Pipeline {
             }
             Ok(Err(Interrupted::Busy(_))) => JobOutcome::Busy,
             Ok(Err(Interrupted::Failed(f))) => JobOutcome::Retry(f.error),
+            Ok(Err(Interrupted::NoCapacity(f))) => JobOutcome::NoCapacity(f.error),
             Err(_elapsed) => JobOutcome::Retry(ErrorMessage::new(
                 ErrorCode::LlmUnavailable,
                 format!(

@@ -9,20 +9,19 @@
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
+use super::backends;
 use super::compose::{self, CallSpec, Continuation};
 use super::{
-    Interrupted, Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint,
+    Interrupted, Pipeline, RetryKind, RetryableFailure, Run, TurnResult, continuation_fingerprint,
     fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
-use crate::contexts::DEFAULT_CONTEXT;
 use crate::contract::request::JsonText;
 use crate::contract::{
     ErrorCode, ErrorMessage, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
     ToolOutcome, TurnId, UserTurn, check_tool_results,
 };
 use crate::llm::{LlmError, ModelResponse, OutputItem};
-use crate::pipeline::DEFAULT_BOOT_PROMPT;
 use crate::store::{
     Checkpoint, SessionState, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339,
 };
@@ -57,29 +56,6 @@ impl Pipeline {
                 }
             }
         }
-        // The front door refuses unknown context ids; a job that names one anyway (a worker
-        // configured differently from the front door) fails its turn, stored like any result.
-        if let Err(errors) = self.contexts.check(turn) {
-            let mut record = existing
-                .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()));
-            record.attempts += 1;
-            let run = Run {
-                session: self.new_session(sid),
-                record,
-                held,
-            };
-            let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
-                InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
-            });
-            return Ok(self.fail_turn(run, failed).await?);
-        }
-        let boot = turn
-            .conversation_context_id()
-            .and_then(|id| self.settings.conversation_contexts.get(id))
-            .or_else(|| self.settings.conversation_contexts.get(DEFAULT_CONTEXT))
-            .cloned()
-            .unwrap_or_else(|| DEFAULT_BOOT_PROMPT.to_string());
-
         let now = now_rfc3339();
         let loaded = match self.store.get_session(sid).await {
             Ok(s) => s,
@@ -88,7 +64,38 @@ impl Pipeline {
                 return Err(store_failure(e).into());
             }
         };
+        // The front door refuses unknown and mismatching context ids; a job that carries one
+        // anyway (a front door configured differently, or two first turns of one session
+        // racing) fails its turn, stored like any result.
+        let contexts = backends::contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())
+            .await
+            .map(|ids| ids.and_then(|ids| Ok((self.backends.resolve(&ids)?, ids))));
+        let (resolved, contexts) = match contexts {
+            Ok(Ok(found)) => found,
+            Ok(Err(errors)) => {
+                let mut record = existing.unwrap_or_else(|| {
+                    TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new())
+                });
+                record.attempts += 1;
+                let run = Run {
+                    session: loaded.unwrap_or_else(|| self.new_session(sid)),
+                    record,
+                    held,
+                };
+                let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
+                    InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
+                });
+                return Ok(self.fail_turn(run, failed).await?);
+            }
+            Err(e) => {
+                held.release().await;
+                return Err(store_failure(e).into());
+            }
+        };
+        let boot = resolved.conversation.boot_prompt.clone();
+
         let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
+        session.contexts = contexts;
         // A session whose stored mode id is no longer in the catalog continues in the default.
         let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
         session.mode_key = mode.key.clone();
@@ -288,6 +295,14 @@ impl Pipeline {
         input: Vec<Value>,
         previous: Option<&str>,
     ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
+        let backend = match self.backends.resolve(&run.session.contexts) {
+            Ok(b) => b,
+            Err(errors) => {
+                return Ok(Err(InvokeResult::failures(errors).unwrap_or_else(|| {
+                    InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
+                })));
+            }
+        };
         progress.iterations += 1;
         let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
         let history: Vec<Value> = run
@@ -299,7 +314,7 @@ impl Pipeline {
             .collect();
         let body_for = |replay: bool| {
             compose::request_body(&CallSpec {
-                model: &self.settings.model,
+                model: backend.model(),
                 instructions: &instructions,
                 tools,
                 tool_choice: tools_mode.tool_choice.as_deref(),
@@ -311,11 +326,12 @@ impl Pipeline {
                 input: &input,
             })
         };
-        let replay = self.settings.replay || run.session.replay;
+        let replay = backend.agent.replay || run.session.replay;
         let body = body_for(replay);
         run.record.requests.push(body.clone());
         let started = std::time::Instant::now();
-        let mut outcome = self.llm.create_response(&body).await;
+        let llm = &backend.agent.llm;
+        let mut outcome = llm.create_response(&body).await;
         if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
             && !replay
         {
@@ -323,7 +339,7 @@ impl Pipeline {
             run.session.replay = true;
             let body = body_for(true);
             run.record.requests.push(body.clone());
-            outcome = self.llm.create_response(&body).await;
+            outcome = llm.create_response(&body).await;
         }
         info!(
             iteration = progress.iterations,
@@ -333,9 +349,17 @@ impl Pipeline {
         );
         let response = match outcome {
             Ok(r) => r,
+            Err(LlmError::NoCapacity(e)) => {
+                info!(context = %e.context, waited_ms = e.waited.as_millis() as u64, "no capacity for a model call; the turn goes back to the queue");
+                return Err(RetryableFailure {
+                    error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
+                    kind: RetryKind::NoCapacity,
+                });
+            }
             Err(e) if e.is_retryable() => {
                 return Err(RetryableFailure {
                     error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
+                    kind: RetryKind::Failure,
                 });
             }
             Err(e) => {

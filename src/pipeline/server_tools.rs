@@ -7,7 +7,7 @@
 use serde_json::json;
 use tracing::info;
 
-use super::{Pipeline, RetryableFailure, Run, permanent};
+use super::{Pipeline, RetryKind, RetryableFailure, Run, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
 use crate::store::TurnProgress;
@@ -97,6 +97,7 @@ impl Pipeline {
             }
             ToolRun::Unavailable(message) => Err(RetryableFailure {
                 error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
+                kind: RetryKind::Failure,
             }),
         }
     }

@@ -35,6 +35,7 @@ fn session(id: &SessionId) -> SessionState {
         conversation: Vec::new(),
         replay: false,
         solution_context: None,
+        contexts: Default::default(),
         owner: None,
         created_at: super::now_rfc3339(),
         updated_at: super::now_rfc3339(),

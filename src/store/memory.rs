@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{BatchRecord, Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord};
+use super::{
+    BatchRecord, ContextIds, Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord,
+};
 use crate::contract::{SessionId, TurnId};
 
 /// Sessions and turns in process memory.
@@ -24,6 +26,7 @@ struct Inner {
     leases: HashMap<SessionId, (Lease, Instant)>,
     fences: HashMap<SessionId, u64>,
     owners: HashMap<SessionId, String>,
+    contexts: HashMap<SessionId, ContextIds>,
     batches: HashMap<String, BatchRecord>,
 }
 
@@ -131,6 +134,26 @@ impl SessionStore for MemoryStore {
             .entry(session.clone())
             .or_insert_with(|| tenant.to_string())
             .clone())
+    }
+
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError> {
+        Ok(self
+            .lock()?
+            .contexts
+            .entry(session.clone())
+            .or_insert_with(|| contexts.clone())
+            .clone())
+    }
+
+    async fn latched_contexts(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<ContextIds>, StoreError> {
+        Ok(self.lock()?.contexts.get(session).cloned())
     }
 
     async fn acquire_lease(

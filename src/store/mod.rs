@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::contract::{SessionId, TurnId};
 
 pub use crate::state::{
-    BatchItem, BatchLineError, BatchRecord, Checkpoint, Lease, ModeChange, PendingTools,
-    SessionState, TurnProgress, TurnRecord, TurnStatus, TurnStatusView, now_rfc3339,
+    BatchItem, BatchLineError, BatchRecord, Checkpoint, ContextIds, Lease, ModeChange,
+    PendingTools, SessionState, TurnProgress, TurnRecord, TurnStatus, TurnStatusView, now_rfc3339,
 };
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
@@ -94,6 +94,17 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
     /// Makes `tenant` the session's owner unless it has one; returns the owner.
     async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError>;
+    /// Latches `contexts` as the session's unless it has latched some already; returns the
+    /// latched ones (and keeps them as long as the session). Not fenced: the front door
+    /// latches when it accepts a session's first turn.
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError>;
+    /// The contexts the session latched, if any.
+    async fn latched_contexts(&self, session: &SessionId)
+    -> Result<Option<ContextIds>, StoreError>;
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,

@@ -48,6 +48,7 @@ fn session(id: &str) -> SessionState {
         conversation: vec![],
         replay: false,
         solution_context: None,
+        contexts: Default::default(),
         owner: Some("tenant-a".into()),
         created_at: now_rfc3339(),
         updated_at: now_rfc3339(),

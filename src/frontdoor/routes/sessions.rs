@@ -21,6 +21,13 @@ pub(crate) struct SessionView {
     mode_key: String,
     mode_display_name: String,
     mode_history: Vec<ModeChange>,
+    /// The agent context the session latched on its first turn (absent before one was
+    /// accepted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent_context_id: Option<String>,
+    /// The conversation context the session latched on its first turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    conversation_context_id: Option<String>,
     turns: Vec<TurnSummary>,
 }
 
@@ -55,12 +62,13 @@ pub(crate) async fn get_session(
         Ok(Some(o)) if o == tenant => {}
         Ok(_) => return missing(),
     }
-    let (session, turn_ids) = match (
-        state.store.get_session(&sid).await,
-        state.store.list_turns(&sid).await,
+    let (session, turn_ids, contexts) = match tokio::join!(
+        state.store.get_session(&sid),
+        state.store.list_turns(&sid),
+        state.store.latched_contexts(&sid),
     ) {
-        (Ok(s), Ok(t)) => (s, t),
-        (Err(e), _) | (_, Err(e)) => return unavailable(e),
+        (Ok(s), Ok(t), Ok(c)) => (s, t, c),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return unavailable(e),
     };
     let mut turns = Vec::with_capacity(turn_ids.len());
     for tid in turn_ids {
@@ -83,6 +91,8 @@ pub(crate) async fn get_session(
         mode_key: mode.key.clone(),
         mode_display_name: mode.display_name.clone(),
         mode_history: session.map(|s| s.mode_history).unwrap_or_default(),
+        agent_context_id: contexts.as_ref().map(|c| c.agent_context_id.clone()),
+        conversation_context_id: contexts.map(|c| c.conversation_context_id),
         turns,
     };
     answer(StatusCode::OK, InvokeResult::success(view))

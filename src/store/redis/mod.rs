@@ -25,7 +25,8 @@ use redis::AsyncCommands as _;
 use redis::aio::ConnectionManager;
 
 use super::{
-    BatchRecord, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError, TurnRecord,
+    BatchRecord, ContextIds, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError,
+    TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -278,6 +279,39 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(owner)
+    }
+
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError> {
+        let key = self.key("contexts", session);
+        let mut conn = self.conn();
+        let (_, latched, _): (Option<String>, String, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(&key)
+            .arg(encode(contexts)?)
+            .arg("NX")
+            .cmd("GET")
+            .arg(&key)
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ms(self.retention.sessions))
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        decode(&key, Some(latched))?
+            .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
+    }
+
+    async fn latched_contexts(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<ContextIds>, StoreError> {
+        let key = self.key("contexts", session);
+        let raw: Option<String> = self.conn().get(&key).await.map_err(unavailable)?;
+        decode(&key, raw)
     }
 
     async fn acquire_lease(

@@ -1,0 +1,215 @@
+//! Call limits shared by every process on one Redis: a sorted set of slots per context (score:
+//! the slot's expiry) and a next-call time per context, each changed by one Lua script that
+//! reads the time from Redis itself, so the clocks of the workers do not matter.
+
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+
+use super::{LimitStore, LimitStoreError};
+use crate::store::redis::{RedisOptions, connection};
+
+/// KEYS: slots. ARGV: token, max, ttl ms. 1 when the slot was taken.
+const TRY_SLOT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+return 1
+";
+
+/// KEYS: slots. ARGV: token, ttl ms. 1 when the slot was still held.
+const RENEW_SLOT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not until or tonumber(until) <= now then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
+return 1
+";
+
+/// KEYS: slots. The number of live slots.
+const COUNT_SLOTS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+";
+
+/// KEYS: next call time. ARGV: interval ms. 0 = go (and the next call is set `interval`
+/// later), else the ms to wait.
+const TRY_RATE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local next = tonumber(redis.call('GET', KEYS[1]) or '0')
+if next > now then return next - now end
+local interval = tonumber(ARGV[1])
+if interval > 0 then redis.call('SET', KEYS[1], now + interval, 'PX', interval + 1000) end
+return 0
+";
+
+/// KEYS: next call time. ARGV: pause ms.
+const SLOW_DOWN: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local until = now + tonumber(ARGV[1])
+local next = tonumber(redis.call('GET', KEYS[1]) or '0')
+if until > next then redis.call('SET', KEYS[1], until, 'PX', tonumber(ARGV[1]) + 1000) end
+return 1
+";
+
+/// The limits of every process sharing one Redis, under the deployment's namespace.
+#[derive(Clone)]
+pub struct RedisLimits {
+    conn: ConnectionManager,
+    namespace: String,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    try_slot: Script,
+    renew_slot: Script,
+    count_slots: Script,
+    try_rate: Script,
+    slow_down: Script,
+}
+
+impl std::fmt::Debug for RedisLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisLimits")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> LimitStoreError {
+    LimitStoreError(e.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisLimits {
+    /// Connects to `url`; keys go under `namespace`.
+    pub async fn connect(
+        url: &str,
+        namespace: &str,
+        options: &RedisOptions,
+    ) -> Result<Self, LimitStoreError> {
+        let conn = connection(url, options).await.map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            namespace: namespace.to_string(),
+            scripts: std::sync::Arc::new(Scripts {
+                try_slot: Script::new(TRY_SLOT),
+                renew_slot: Script::new(RENEW_SLOT),
+                count_slots: Script::new(COUNT_SLOTS),
+                try_rate: Script::new(TRY_RATE),
+                slow_down: Script::new(SLOW_DOWN),
+            }),
+        })
+    }
+
+    fn key(&self, kind: &str, context: &str) -> String {
+        // The context's keys share a hash tag: one cluster slot.
+        format!("{}:limit:{{{context}}}:{kind}", self.namespace)
+    }
+
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        key: String,
+        args: &[String],
+    ) -> Result<T, LimitStoreError> {
+        let mut invocation = script.key(key);
+        for a in args {
+            invocation.arg(a);
+        }
+        invocation
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+}
+
+#[async_trait::async_trait]
+impl LimitStore for RedisLimits {
+    async fn try_slot(
+        &self,
+        context: &str,
+        token: &str,
+        max: u32,
+        ttl: Duration,
+    ) -> Result<bool, LimitStoreError> {
+        let taken: i64 = self
+            .run(
+                &self.scripts.try_slot,
+                self.key("slots", context),
+                &[token.to_string(), max.to_string(), ms(ttl).to_string()],
+            )
+            .await?;
+        Ok(taken == 1)
+    }
+
+    async fn renew_slot(
+        &self,
+        context: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, LimitStoreError> {
+        let held: i64 = self
+            .run(
+                &self.scripts.renew_slot,
+                self.key("slots", context),
+                &[token.to_string(), ms(ttl).to_string()],
+            )
+            .await?;
+        Ok(held == 1)
+    }
+
+    async fn release_slot(&self, context: &str, token: &str) -> Result<(), LimitStoreError> {
+        let _: i64 = redis::cmd("ZREM")
+            .arg(self.key("slots", context))
+            .arg(token)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn try_rate(
+        &self,
+        context: &str,
+        interval: Duration,
+    ) -> Result<Option<Duration>, LimitStoreError> {
+        let interval_ms = if interval.is_zero() { 0 } else { ms(interval) };
+        let wait: u64 = self
+            .run(
+                &self.scripts.try_rate,
+                self.key("next", context),
+                &[interval_ms.to_string()],
+            )
+            .await?;
+        Ok((wait > 0).then(|| Duration::from_millis(wait)))
+    }
+
+    async fn slow_down(&self, context: &str, pause: Duration) -> Result<(), LimitStoreError> {
+        let _: i64 = self
+            .run(
+                &self.scripts.slow_down,
+                self.key("next", context),
+                &[ms(pause).to_string()],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn slots_in_use(&self, context: &str) -> Result<u32, LimitStoreError> {
+        self.run(&self.scripts.count_slots, self.key("slots", context), &[])
+            .await
+    }
+}

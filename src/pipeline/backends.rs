@@ -1,0 +1,173 @@
+//! What a turn's contexts map to (AGN-003 §2): the agent context picks the model client (base
+//! URL, key, timeout, limits), the model and the replay setting; the conversation context
+//! picks the boot prompt and may override the model.
+//!
+//! Owns: the map from context ids to clients and prompts, and resolving a user turn's contexts
+//! against the ones its session latched. Must not: call the model or write turn state.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::contexts::{DEFAULT_CONTEXT, KnownContexts, context_mismatches};
+use crate::contract::{ErrorCode, ErrorMessage, UserTurn};
+use crate::llm::LlmClient;
+use crate::store::{ContextIds, SessionState, SessionStore, StoreError};
+
+/// How the calls of one agent context are made.
+#[derive(Debug, Clone)]
+pub struct AgentBackend {
+    /// The client for the context's model server (with its key, timeout and limiter).
+    pub llm: LlmClient,
+    /// The model, unless the conversation context names one.
+    pub model: String,
+    /// Always replay the conversation instead of `previous_response_id`.
+    pub replay: bool,
+}
+
+/// A conversation context as the pipeline uses it.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    /// The system message of a session's first model call.
+    pub boot_prompt: String,
+    /// Overrides the agent context's model.
+    pub model: Option<String>,
+}
+
+/// Every context a pipeline can run turns with.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    agents: HashMap<String, Arc<AgentBackend>>,
+    conversations: HashMap<String, Arc<Conversation>>,
+}
+
+/// The backend, model and boot prompt of one turn.
+#[derive(Debug, Clone)]
+pub(super) struct Resolved {
+    pub(super) agent: Arc<AgentBackend>,
+    pub(super) conversation: Arc<Conversation>,
+}
+
+impl Resolved {
+    /// The model sent on the turn's calls: the conversation context's, else the agent's.
+    pub(super) fn model(&self) -> &str {
+        self.conversation
+            .model
+            .as_deref()
+            .unwrap_or(&self.agent.model)
+    }
+}
+
+impl Backends {
+    /// No contexts yet.
+    pub fn empty() -> Self {
+        Self {
+            agents: HashMap::new(),
+            conversations: HashMap::new(),
+        }
+    }
+
+    /// The agent context `id`.
+    pub fn agent(&self, id: &str) -> Option<&AgentBackend> {
+        self.agents.get(id).map(Arc::as_ref)
+    }
+
+    /// Only the `default` pair.
+    pub fn single(agent: AgentBackend, boot_prompt: &str) -> Self {
+        Self {
+            agents: HashMap::from([(DEFAULT_CONTEXT.to_string(), Arc::new(agent))]),
+            conversations: HashMap::from([(
+                DEFAULT_CONTEXT.to_string(),
+                Arc::new(Conversation {
+                    boot_prompt: boot_prompt.to_string(),
+                    model: None,
+                }),
+            )]),
+        }
+    }
+
+    /// Adds (or replaces) an agent context.
+    pub fn with_agent(mut self, id: &str, backend: AgentBackend) -> Self {
+        self.agents.insert(id.to_string(), Arc::new(backend));
+        self
+    }
+
+    /// Adds (or replaces) a conversation context.
+    pub fn with_conversation(mut self, id: &str, conversation: Conversation) -> Self {
+        self.conversations
+            .insert(id.to_string(), Arc::new(conversation));
+        self
+    }
+
+    /// The ids these backends serve.
+    pub fn known(&self) -> KnownContexts {
+        KnownContexts::new(
+            self.agents.keys().cloned(),
+            self.conversations.keys().cloned(),
+        )
+    }
+
+    /// The backend of `ids`, or the `UNKNOWN_CONTEXT` error naming what this process lacks
+    /// (a session latched on a context that a differently configured worker does not have).
+    pub(super) fn resolve(&self, ids: &ContextIds) -> Result<Resolved, Vec<ErrorMessage>> {
+        let missing = |kind: &str, id: &str| {
+            ErrorMessage::new(
+                ErrorCode::UnknownContext,
+                format!(
+                    "the session runs with {kind} context {id:?}, which this worker does not have configured"
+                ),
+            )
+        };
+        match (
+            self.agents.get(&ids.agent_context_id),
+            self.conversations.get(&ids.conversation_context_id),
+        ) {
+            (Some(agent), Some(conversation)) => Ok(Resolved {
+                agent: agent.clone(),
+                conversation: conversation.clone(),
+            }),
+            (agent, conversation) => {
+                let mut errors = Vec::new();
+                if agent.is_none() {
+                    errors.push(missing("agent", &ids.agent_context_id));
+                }
+                if conversation.is_none() {
+                    errors.push(missing("conversation", &ids.conversation_context_id));
+                }
+                Err(errors)
+            }
+        }
+    }
+}
+
+/// A user turn's contexts: the ones its session latched (latched now if this is the session's
+/// first turn). `Ok(Err(errors))` when the turn names unknown contexts or other ones than the
+/// session's (the front door refuses both; a job can still carry them when it was accepted by
+/// a differently configured front door, or raced another session's first turn).
+pub(super) async fn contexts_of(
+    store: &dyn SessionStore,
+    known: &KnownContexts,
+    turn: &UserTurn,
+    session: Option<&SessionState>,
+) -> Result<Result<ContextIds, Vec<ErrorMessage>>, StoreError> {
+    if let Err(errors) = known.check(turn) {
+        return Ok(Err(errors));
+    }
+    let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+    let latched = match session {
+        Some(s) => s.contexts.clone(),
+        None => {
+            store
+                .latch_contexts(
+                    turn.session_id(),
+                    &ContextIds::named_or_default(agent, conversation),
+                )
+                .await?
+        }
+    };
+    let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
+    Ok(if errors.is_empty() {
+        Ok(latched)
+    } else {
+        Err(errors)
+    })
+}
