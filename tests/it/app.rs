@@ -54,6 +54,8 @@ pub struct AppOptions {
     pub amqp_url: Option<String>,
     /// Bound on each Redis command and broker operation (default: the product's).
     pub dependency_timeout: Option<Duration>,
+    /// More configuration variables (they win over the defaults above).
+    pub extra_env: Vec<(&'static str, String)>,
 }
 
 impl Default for AppOptions {
@@ -66,6 +68,7 @@ impl Default for AppOptions {
             redis_url: None,
             amqp_url: None,
             dependency_timeout: None,
+            extra_env: Vec::new(),
         }
     }
 }
@@ -100,6 +103,7 @@ pub async fn spawn(options: AppOptions) -> App {
         redis_url,
         amqp_url,
         dependency_timeout,
+        extra_env,
     } = options;
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -146,6 +150,7 @@ pub async fn spawn(options: AppOptions) -> App {
         }
         Backend::Embedded => (None, None),
     };
+    env.splice(0..0, extra_env);
     let mut config = Config::from_lookup(|k| {
         env.iter()
             .find(|(name, _)| *name == k)

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::support::Listening;
 
-fn aptix() -> Command {
+/// The binary, without any configuration variables of the environment the tests run in.
+pub(crate) fn aptix() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_aptix"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
     for var in [
@@ -14,6 +15,7 @@ fn aptix() -> Command {
         "APTIX_AMQP_URL",
         "APTIX_REDIS_URL",
         "APTIX_MODES_FILE",
+        "APTIX_CONTEXTS_FILE",
     ] {
         c.env_remove(var);
     }

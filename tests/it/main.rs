@@ -27,6 +27,7 @@ mod support;
 
 mod cli;
 mod compose_golden;
+mod contexts;
 mod contract_props;
 mod contract_request;
 mod contract_response;

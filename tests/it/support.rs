@@ -488,6 +488,11 @@ impl Listening {
         }
     }
 
+    /// The stderr lines read so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
     /// Every stderr line, once the process has exited and its stderr is closed.
     pub fn lines_after_exit(&mut self) -> Vec<String> {
         if let Some(reader) = self.reader.take() {

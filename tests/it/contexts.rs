@@ -1,0 +1,572 @@
+//! Agent and conversation contexts from a contexts file: routing to the right model server
+//! with the right key and model, boot prompts, latching, refusals, and the per-context call
+//! limits — in one process on both backends, and across worker processes on RabbitMQ + Redis.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
+use serde_json::{Value, json};
+
+use crate::app::{App, AppOptions, Backend, code, spawn};
+use crate::support::{Listening, schema};
+
+const FAST_KEY: &str = "sk-fast-0123456789abcdef";
+const SLOW_KEY: &str = "sk-slow-fedcba9876543210";
+
+/// Two model servers, each insisting on its own key, and a contexts file naming them.
+struct Models {
+    fast: FakeLlm,
+    slow: FakeLlm,
+    file: PathBuf,
+}
+
+impl Drop for Models {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+async fn fake(key: &str, latency: Duration) -> FakeLlm {
+    FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions {
+            latency,
+            api_key: Some(key.to_string()),
+            ..FakeOptions::default()
+        },
+        Some(schema()),
+    )
+    .await
+    .unwrap()
+}
+
+/// `fast` (capped at two calls at once) and `slow` (five calls per rate window) agent
+/// contexts; `triage` and `review` (with its own model) conversation contexts.
+async fn models(latency: Duration) -> Models {
+    let (fast, slow) = (
+        fake(FAST_KEY, latency).await,
+        fake(SLOW_KEY, Duration::ZERO).await,
+    );
+    let file = std::env::temp_dir().join(format!(
+        "aptix-contexts-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let text = json!({
+        "agentContexts": [
+            {"id": "fast", "baseUrl": fast.base_url(), "apiKeyEnv": "FAST_KEY",
+             "model": "fast-model", "maxConcurrentCalls": 2},
+            {"id": "slow", "baseUrl": slow.base_url(), "apiKeyEnv": "SLOW_KEY",
+             "model": "slow-model", "requestsPerMinute": 5},
+        ],
+        "conversationContexts": [
+            {"id": "triage", "bootPrompt": "TRIAGE BOOT PROMPT"},
+            {"id": "review", "bootPrompt": "REVIEW BOOT PROMPT", "model": "review-model"},
+        ],
+    });
+    std::fs::write(&file, text.to_string()).unwrap();
+    Models { fast, slow, file }
+}
+
+impl Models {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("APTIX_CONTEXTS_FILE", self.file.display().to_string()),
+            ("FAST_KEY", FAST_KEY.to_string()),
+            ("SLOW_KEY", SLOW_KEY.to_string()),
+            // `requestsPerMinute` counts per second here, so the test does not wait minutes.
+            ("APTIX_RATE_WINDOW_MS", "1000".to_string()),
+        ]
+    }
+}
+
+async fn app_with(backend: Backend, models: &Models) -> App {
+    spawn(AppOptions {
+        backend,
+        extra_env: models.env(),
+        ..AppOptions::default()
+    })
+    .await
+}
+
+fn turn(session: &str, turn: &str, agent: Option<&str>, conversation: Option<&str>) -> String {
+    let mut body = json!({"sessionId": session, "turnId": turn, "instruction": "hello"});
+    if let Some(a) = agent {
+        body["agentContextId"] = json!(a);
+    }
+    if let Some(c) = conversation {
+        body["conversationContextId"] = json!(c);
+    }
+    body.to_string()
+}
+
+async fn completed(app: &App, session: &str, turn: &str) -> Value {
+    let (status, body) = app
+        .get(
+            Some("tok-a"),
+            &format!("/v1/sessions/{session}/turns/{turn}?wait=30"),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["status"], "completed", "{body}");
+    body
+}
+
+/// The system message of a model request, if it has one.
+fn boot_prompt(request: &Value) -> Option<String> {
+    request["input"].as_array()?.iter().find_map(|item| {
+        (item["role"] == "system" || item["role"] == "developer")
+            .then(|| item["content"].to_string())
+    })
+}
+
+async fn requests_reach_the_right_server_with_the_right_key_model_and_boot_prompt(
+    backend: Backend,
+) {
+    let models = models(Duration::ZERO).await;
+    let app = app_with(backend, &models).await;
+    let accepted = app
+        .post(
+            Some("tok-a"),
+            turn("s1", "t1", Some("fast"), Some("triage")),
+        )
+        .await;
+    assert_eq!(accepted.0, 202, "{}", accepted.1);
+    let accepted = app
+        .post(
+            Some("tok-a"),
+            turn("s2", "t1", Some("slow"), Some("review")),
+        )
+        .await;
+    assert_eq!(accepted.0, 202, "{}", accepted.1);
+    let accepted = app.post(Some("tok-a"), turn("s3", "t1", None, None)).await;
+    assert_eq!(accepted.0, 202, "{}", accepted.1);
+    for s in ["s1", "s2", "s3"] {
+        completed(&app, s, "t1").await;
+    }
+    // Each fake refuses any other key (401), so a completed turn proves the key was right.
+    let fast = models.fast.requests();
+    assert_eq!(fast.len(), 1, "{fast:?}");
+    assert_eq!(fast[0]["model"], "fast-model");
+    assert!(
+        boot_prompt(&fast[0])
+            .unwrap()
+            .contains("TRIAGE BOOT PROMPT")
+    );
+    let slow = models.slow.requests();
+    assert_eq!(slow.len(), 1, "{slow:?}");
+    assert_eq!(
+        slow[0]["model"], "review-model",
+        "the conversation context's model wins"
+    );
+    assert!(
+        boot_prompt(&slow[0])
+            .unwrap()
+            .contains("REVIEW BOOT PROMPT")
+    );
+    let default = app.fake.requests();
+    assert_eq!(default.len(), 1, "{default:?}");
+    assert_eq!(
+        default[0]["model"], "m",
+        "the environment's default context"
+    );
+    assert!(boot_prompt(&default[0]).unwrap().contains("Aptix Reasoner"));
+}
+
+async fn a_session_latches_its_contexts_on_its_first_turn(backend: Backend) {
+    let models = models(Duration::ZERO).await;
+    let app = app_with(backend, &models).await;
+    let (status, body) = app
+        .post(Some("tok-a"), turn("s", "t1", Some("fast"), Some("triage")))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    completed(&app, "s", "t1").await;
+    // Leaving the ids out continues with the latched ones; naming them again is fine.
+    let (status, body) = app.post(Some("tok-a"), turn("s", "t2", None, None)).await;
+    assert_eq!(status, 202, "{body}");
+    completed(&app, "s", "t2").await;
+    let (status, body) = app
+        .post(Some("tok-a"), turn("s", "t3", Some("fast"), None))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    completed(&app, "s", "t3").await;
+    let fast = models.fast.requests();
+    assert_eq!(
+        fast.len(),
+        3,
+        "every turn went to the latched agent context"
+    );
+    assert!(fast.iter().all(|r| r["model"] == "fast-model"));
+    assert!(
+        boot_prompt(&fast[1]).is_none(),
+        "the boot prompt opens the session only"
+    );
+    assert!(models.slow.requests().is_empty() && app.fake.requests().is_empty());
+    // Another context than the latched one: refused, nothing enqueued.
+    for (body, field) in [
+        (turn("s", "t4", Some("slow"), None), "agentContextId"),
+        (
+            turn("s", "t4", None, Some("review")),
+            "conversationContextId",
+        ),
+        (
+            turn("s", "t4", Some("default"), Some("triage")),
+            "agentContextId",
+        ),
+    ] {
+        let (status, answer) = app.post(Some("tok-a"), body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(code(&answer), "CONTEXT_MISMATCH", "{answer}");
+        let message = answer["errors"][0]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{message}");
+    }
+    let (status, _) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t4").await;
+    assert_eq!(status, 404, "a refused turn is not recorded");
+    let (status, session) = app.get(Some("tok-a"), "/v1/sessions/s").await;
+    assert_eq!(status, 200, "{session}");
+    assert_eq!(session["result"]["agentContextId"], "fast");
+    assert_eq!(session["result"]["conversationContextId"], "triage");
+    assert_eq!(models.fast.requests().len(), 3, "nothing more ran");
+}
+
+async fn unknown_contexts_are_refused_at_every_door(backend: Backend) {
+    let models = models(Duration::ZERO).await;
+    let app = app_with(backend, &models).await;
+    let (status, body) = app
+        .post(
+            Some("tok-a"),
+            turn("s", "t", Some("nope"), Some("also-nope")),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let errors = body["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{body}");
+    assert!(errors.iter().all(|e| e["errorCode"] == "UNKNOWN_CONTEXT"));
+    assert!(
+        errors[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("fast, slow"),
+        "lists what is configured: {body}"
+    );
+    let (status, _) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t").await;
+    assert_eq!(status, 404, "nothing enqueued");
+    // The synchronous endpoint answers 200 with a failed InvokeResult.
+    let resp = app
+        .http
+        .post(format!("{}/api/ai/agent/execute", app.base))
+        .bearer_auth("tok-a")
+        .body(turn("s", "t", Some("nope"), None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["successful"], false, "{body}");
+    assert_eq!(code(&body), "UNKNOWN_CONTEXT");
+    // A batch line naming one is rejected; the others run.
+    let lines = [
+        json!({"customId": "bad", "request": {"instruction": "x", "agentContextId": "nope"}}),
+        json!({"customId": "good", "request": {"instruction": "x", "agentContextId": "slow"}}),
+    ]
+    .map(|l| l.to_string())
+    .join("\n");
+    let (status, body) = app.post_to(Some("tok-a"), "/v1/batches", lines).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["result"]["accepted"], 1, "{body}");
+    assert_eq!(body["result"]["errors"][0]["customId"], "bad");
+    assert_eq!(
+        body["result"]["errors"][0]["errors"][0]["errorCode"],
+        "UNKNOWN_CONTEXT"
+    );
+    assert!(models.fast.requests().is_empty());
+}
+
+async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
+    let models = models(Duration::from_millis(300)).await;
+    let app = app_with(backend, &models).await;
+    for i in 0..8 {
+        let (status, body) = app
+            .post(
+                Some("tok-a"),
+                turn(&format!("c{i}"), "t", Some("fast"), None),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for i in 0..6 {
+        let (status, body) = app
+            .post(
+                Some("tok-a"),
+                turn(&format!("r{i}"), "t", Some("slow"), None),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for i in 0..8 {
+        completed(&app, &format!("c{i}"), "t").await;
+    }
+    for i in 0..6 {
+        completed(&app, &format!("r{i}"), "t").await;
+    }
+    assert_eq!(models.fast.requests().len(), 8);
+    assert_eq!(
+        models.fast.peak_in_flight(),
+        2,
+        "maxConcurrentCalls: 2 (and the eight turns did overlap)"
+    );
+    // Five calls per one-second window: spaced at least 200 ms apart.
+    let arrivals = models.slow.arrivals();
+    assert_eq!(arrivals.len(), 6);
+    for pair in arrivals.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(190),
+            "calls closer than the rate allows: {arrivals:?}"
+        );
+    }
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let waits = metric(
+        &metrics,
+        "aptix_model_capacity_waits_total{context=\"fast\"}",
+    );
+    assert!(waits >= 1.0, "{metrics}");
+    assert!(
+        metric(
+            &metrics,
+            "aptix_model_capacity_wait_seconds_total{context=\"slow\"}"
+        ) > 0.0
+    );
+    assert_eq!(
+        metric(&metrics, "aptix_model_calls_in_flight{context=\"fast\"}"),
+        0.0
+    );
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+for_each_backend!(
+    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
+    tests: [
+        requests_reach_the_right_server_with_the_right_key_model_and_boot_prompt,
+        a_session_latches_its_contexts_on_its_first_turn,
+        unknown_contexts_are_refused_at_every_door,
+        limits_hold_calls_of_a_context_within_one_process,
+    ],
+);
+
+/// `aptix serve` and two `aptix worker` processes on RabbitMQ and Redis.
+struct Deployment {
+    namespace: String,
+    serve: Listening,
+    workers: Vec<Listening>,
+    _redis: crate::support::RedisGuard,
+    _rabbit: crate::support::RabbitGuard,
+}
+
+impl Deployment {
+    async fn start(models: &Models, workers: usize, slot_ttl_ms: u64) -> Self {
+        let topology = crate::support::test_topology();
+        let namespace = topology.namespace.clone();
+        let rabbit = crate::support::RabbitGuard {
+            broker: crate::support::rabbit_broker(&topology, &format!("{namespace}-test")).await,
+            topology,
+        };
+        let redis = crate::support::redis_store_in(&namespace).await;
+        let mut d = Self {
+            serve: Listening::start(&mut Self::command(models, &namespace, slot_ttl_ms).args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+            ])),
+            namespace,
+            workers: Vec::new(),
+            _redis: redis,
+            _rabbit: rabbit,
+        };
+        for _ in 0..workers {
+            d.add_worker(models, slot_ttl_ms);
+        }
+        d
+    }
+
+    fn command(models: &Models, namespace: &str, slot_ttl_ms: u64) -> std::process::Command {
+        let mut c = crate::cli::aptix();
+        for (k, v) in models.env() {
+            c.env(k, v);
+        }
+        c.env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", namespace)
+            .env("APTIX_RETRY_DELAYS_MS", "200,400")
+            .env("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string())
+            .env("APTIX_LLM_MAX_RETRIES", "0")
+            .env("APTIX_LEASE_SECS", "2")
+            .env("APTIX_CONCURRENCY", "8")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        c
+    }
+
+    fn add_worker(&mut self, models: &Models, slot_ttl_ms: u64) {
+        let worker = Listening::start(Self::command(models, &self.namespace, slot_ttl_ms).args([
+            "worker",
+            "--listen",
+            "127.0.0.1:0",
+        ]));
+        assert!(
+            worker.wait_for_line("consuming turn jobs", Duration::from_secs(20)),
+            "the worker did not start"
+        );
+        self.workers.push(worker);
+    }
+
+    async fn submit(&self, session: &str, agent: &str) {
+        let resp = crate::support::http_client()
+            .post(format!("{}/v1/turns", self.serve.url()))
+            .body(turn(session, "t", Some(agent), None))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status().as_u16(),
+            202,
+            "{}",
+            resp.text().await.unwrap()
+        );
+    }
+
+    async fn wait_completed(&self, session: &str) {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let body: Value = crate::support::http_client()
+                .get(format!(
+                    "{}/v1/sessions/{session}/turns/t?wait=10",
+                    self.serve.url()
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if body["result"]["status"] == "completed" {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{session} did not complete: {body}"
+            );
+        }
+    }
+
+    async fn slots_in_use(&self, context: &str) -> u32 {
+        use aptix_worker::limiter::LimitStore as _;
+        let limits = aptix_worker::limiter::RedisLimits::connect(
+            &crate::support::redis_url(),
+            &self.namespace,
+            &aptix_worker::store::redis::RedisOptions {
+                timeout: Duration::from_secs(3),
+                ca: None,
+            },
+        )
+        .await
+        .unwrap();
+        limits.slots_in_use(context).await.unwrap()
+    }
+}
+
+#[tokio::test]
+async fn two_worker_processes_never_run_more_than_the_cap_of_a_context() {
+    let models = models(Duration::from_millis(400)).await;
+    let d = Deployment::start(&models, 2, 5_000).await;
+    let sessions: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    for s in &sessions {
+        d.submit(s, "fast").await;
+    }
+    for s in &sessions {
+        d.wait_completed(s).await;
+    }
+    assert_eq!(models.fast.requests().len(), 8);
+    assert_eq!(
+        models.fast.peak_in_flight(),
+        2,
+        "two workers with eight turns each could run all eight at once; the cap is two"
+    );
+    assert_eq!(d.slots_in_use("fast").await, 0, "every slot was given back");
+    // Both workers ran turns: the cap held across processes, not inside one.
+    let ran: Vec<usize> = d
+        .workers
+        .iter()
+        .map(|w| {
+            w.lines()
+                .iter()
+                .filter(|l| l.contains("turn started"))
+                .count()
+        })
+        .collect();
+    assert!(ran.iter().all(|n| *n > 0), "turns per worker: {ran:?}");
+}
+
+#[tokio::test]
+async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
+    const SLOT_TTL_MS: u64 = 2_000;
+    let models = models(Duration::ZERO).await;
+    // The first call hangs: the worker that makes it dies holding the context's only slot.
+    models.fast.push([Reply::Delay(
+        Duration::from_secs(30),
+        Box::new(Reply::Text("too late".into())),
+    )]);
+    let capped_to_one = std::fs::read_to_string(&models.file)
+        .unwrap()
+        .replace("\"maxConcurrentCalls\":2", "\"maxConcurrentCalls\":1");
+    std::fs::write(&models.file, capped_to_one).unwrap();
+    let mut d = Deployment::start(&models, 1, SLOT_TTL_MS).await;
+    d.submit("held", "fast").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while models.fast.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first call never reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.slots_in_use("fast").await, 1);
+    let mut dead = d.workers.remove(0);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let killed = Instant::now();
+    d.add_worker(&models, SLOT_TTL_MS);
+    d.submit("next", "fast").await;
+    // The dead worker's job comes back (its channel closed) and, like the new turn, needs the
+    // slot the dead worker still holds until it expires.
+    d.wait_completed("next").await;
+    d.wait_completed("held").await;
+    let freed_after = killed.elapsed();
+    assert!(
+        freed_after < Duration::from_millis(SLOT_TTL_MS) + Duration::from_secs(10),
+        "capacity came back after {freed_after:?}"
+    );
+    let arrivals = models.fast.arrivals();
+    assert_eq!(
+        arrivals.len(),
+        3,
+        "the hung call, then the two turns: {arrivals:?}"
+    );
+    assert!(
+        arrivals[1] - arrivals[0] >= Duration::from_millis(SLOT_TTL_MS - 200),
+        "no call ran beside the dead worker's until its slot expired: {arrivals:?}"
+    );
+    assert_eq!(d.slots_in_use("fast").await, 0);
+}
