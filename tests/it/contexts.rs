@@ -385,7 +385,7 @@ impl Deployment {
         };
         let redis = crate::support::redis_store_in(&namespace).await;
         let mut d = Self {
-            serve: Listening::start(&mut Self::command(models, &namespace, slot_ttl_ms).args([
+            serve: Listening::start(Self::command(models, &namespace, slot_ttl_ms).args([
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
