@@ -282,6 +282,15 @@ pub struct CallPermit {
     context: String,
 }
 
+impl std::fmt::Debug for CallPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallPermit")
+            .field("context", &self.context)
+            .field("slot", &self._slot.is_some())
+            .finish()
+    }
+}
+
 impl Drop for CallPermit {
     fn drop(&mut self) {
         self.metrics.context_call_finished(&self.context);

@@ -25,8 +25,8 @@ return 1
 const RENEW_SLOT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local until = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not until or tonumber(until) <= now then return 0 end
+local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expiry or tonumber(expiry) <= now then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
 return 1
@@ -55,9 +55,9 @@ return 0
 const SLOW_DOWN: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local until = now + tonumber(ARGV[1])
+local expiry = now + tonumber(ARGV[1])
 local next = tonumber(redis.call('GET', KEYS[1]) or '0')
-if until > next then redis.call('SET', KEYS[1], until, 'PX', tonumber(ARGV[1]) + 1000) end
+if expiry > next then redis.call('SET', KEYS[1], expiry, 'PX', tonumber(ARGV[1]) + 1000) end
 return 1
 ";
 

@@ -33,6 +33,7 @@ mod contract_request;
 mod contract_response;
 mod http_api;
 mod lifecycle;
+mod limiter;
 mod openapi_agreement;
 mod pipeline_redis;
 mod pipeline_scenarios;
