@@ -350,6 +350,68 @@ async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
     );
 }
 
+async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: Backend) {
+    let models = models(Duration::ZERO).await;
+    // Two slow calls hold both of the context's slots for longer than a call waits.
+    let hold = || {
+        Reply::Delay(
+            Duration::from_millis(1500),
+            Box::new(Reply::Text("held".into())),
+        )
+    };
+    models.fast.push([hold(), hold()]);
+    let mut env = models.env();
+    env.push(("APTIX_CAPACITY_WAIT_MS", "200".to_string()));
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: env,
+        ..AppOptions::default()
+    })
+    .await;
+    for s in ["h1", "h2"] {
+        assert_eq!(
+            app.post(Some("tok-a"), turn(s, "t", Some("fast"), None))
+                .await
+                .0,
+            202
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while models.fast.requests().len() < 2 {
+        assert!(Instant::now() < deadline, "the holding calls did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        app.post(Some("tok-a"), turn("w", "t", Some("fast"), None))
+            .await
+            .0,
+        202
+    );
+    let done = completed(&app, "w", "t").await;
+    assert!(done["result"]["result"]["successful"] == true, "{done}");
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metric(
+            &metrics,
+            "aptix_job_retries_total{reason=\"model_capacity\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "aptix_job_retries_total{reason=\"transient\"}"),
+        0.0,
+        "waiting for capacity is not a failed attempt"
+    );
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -363,6 +425,7 @@ for_each_backend!(
         a_session_latches_its_contexts_on_its_first_turn,
         unknown_contexts_are_refused_at_every_door,
         limits_hold_calls_of_a_context_within_one_process,
+        a_turn_without_capacity_goes_back_to_the_queue_and_completes,
     ],
 );
 
@@ -569,4 +632,67 @@ async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
         "no call ran beside the dead worker's until its slot expired: {arrivals:?}"
     );
     assert_eq!(d.slots_in_use("fast").await, 0);
+}
+
+#[test]
+fn aptix_contexts_prints_the_example_file_with_keys_masked() {
+    let out = crate::cli::aptix()
+        .args(["contexts"])
+        .env("APTIX_CONTEXTS_FILE", "examples/contexts.json")
+        .env("OPENAI_API_KEY", "sk-proj-0123456789abcdefWXYZ")
+        .env("VLLM_API_KEY", "vllm-local-secret-key")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    let ids: Vec<&str> = listed["agentContexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["default", "local-vllm", "openai-strong"]);
+    assert_eq!(
+        listed["agentContexts"][0]["model"], "gpt-4.1-mini",
+        "the file's default wins"
+    );
+    assert_eq!(listed["agentContexts"][0]["apiKey"], "sk-…WXYZ");
+    assert!(!stdout.contains("0123456789abcdef") && !stdout.contains("vllm-local-secret-key"));
+    let conversations: Vec<&str> = listed["conversationContexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(conversations, ["ddr-review", "default", "triage"]);
+}
+
+#[test]
+fn a_process_with_a_bad_contexts_file_does_not_start_and_names_the_entry() {
+    for command in [
+        &["contexts"][..],
+        &["worker", "--listen", "127.0.0.1:0"],
+        &["serve", "--listen", "127.0.0.1:0"],
+    ] {
+        let out = crate::cli::aptix()
+            .args(command)
+            .env("APTIX_CONTEXTS_FILE", "examples/contexts.json")
+            .env("OPENAI_API_KEY", "sk-proj-0123456789abcdefWXYZ")
+            .env_remove("VLLM_API_KEY")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} started: {stderr}");
+        assert!(
+            stderr.contains("APTIX_CONTEXTS_FILE")
+                && stderr.contains("agentContexts[2] (\"local-vllm\")")
+                && stderr.contains("VLLM_API_KEY"),
+            "{command:?}: {stderr}"
+        );
+    }
 }
