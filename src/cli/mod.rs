@@ -83,6 +83,9 @@ pub enum Command {
     /// Measure the session store's hot path (begin + commit of a turn) against a bare Redis
     /// SET+GET baseline, on APTIX_REDIS_URL (default redis://127.0.0.1:6379/).
     BenchStore(tools::BenchStoreArgs),
+    /// Measure what the per-context call limiter adds to each model call (in memory, and on
+    /// Redis when APTIX_REDIS_URL is set) against the bare semaphore / Redis round trip.
+    BenchLimiter(tools::BenchLimiterArgs),
     /// Print the table of error codes as Markdown.
     ErrorCodes,
     /// Measure indexing and BM25 queries on a synthetic corpus (memory, and Redis when
@@ -128,6 +131,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Contexts => tools::contexts().await,
         Command::BenchStore(args) => tools::bench_store(args).await,
         Command::ErrorCodes => tools::error_codes().await,
+        Command::BenchLimiter(args) => tools::bench_limiter(args).await,
         Command::BenchRag(args) => tools::bench_rag(args).await,
         Command::Bench(args) => tools::bench(args).await,
     }

@@ -42,6 +42,17 @@ pub struct BenchStoreArgs {
     pub turns: usize,
 }
 
+/// Arguments of `aptix bench-limiter`.
+#[derive(Debug, clap::Args)]
+pub struct BenchLimiterArgs {
+    /// Calls to measure per run.
+    #[arg(long, default_value_t = 20_000)]
+    pub calls: usize,
+    /// Concurrent callers in the wide runs.
+    #[arg(long, default_value_t = 64)]
+    pub callers: usize,
+}
+
 /// Arguments of `aptix bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -152,6 +163,14 @@ pub async fn bench_store(args: BenchStoreArgs) -> anyhow::Result<ExitCode> {
         .map(|u| u.expose().to_string())
         .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
     aptix_worker::store::bench::run(&url, turns).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix bench-limiter`.
+pub async fn bench_limiter(args: BenchLimiterArgs) -> anyhow::Result<ExitCode> {
+    let config = Config::from_env()?;
+    let url = config.redis_url.as_ref().map(|u| u.expose().to_string());
+    aptix_worker::limiter::bench::run(url.as_deref(), args.calls, args.callers.max(1)).await?;
     Ok(ExitCode::SUCCESS)
 }
 

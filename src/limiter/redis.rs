@@ -39,25 +39,29 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 ";
 
-/// KEYS: next call time. ARGV: interval ms. 0 = go (and the next call is set `interval`
-/// later), else the ms to wait.
+/// KEYS: next call time (µs). ARGV: interval µs. 0 = go (and the next call may go `interval`
+/// later), else the µs to wait. Lua numbers are doubles: µs since 1970 fit exactly.
 const TRY_RATE: &str = r"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local next = tonumber(redis.call('GET', KEYS[1]) or '0')
 if next > now then return next - now end
 local interval = tonumber(ARGV[1])
-if interval > 0 then redis.call('SET', KEYS[1], now + interval, 'PX', interval + 1000) end
+if interval > 0 then
+  redis.call('SET', KEYS[1], string.format('%.0f', now + interval), 'PX', math.ceil(interval / 1000) + 1000)
+end
 return 0
 ";
 
-/// KEYS: next call time. ARGV: pause ms.
+/// KEYS: next call time (µs). ARGV: pause µs.
 const SLOW_DOWN: &str = r"
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local expiry = now + tonumber(ARGV[1])
 local next = tonumber(redis.call('GET', KEYS[1]) or '0')
-if expiry > next then redis.call('SET', KEYS[1], expiry, 'PX', tonumber(ARGV[1]) + 1000) end
+if expiry > next then
+  redis.call('SET', KEYS[1], string.format('%.0f', expiry), 'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
+end
 return 1
 ";
 
@@ -87,6 +91,10 @@ impl std::fmt::Debug for RedisLimits {
 
 fn unavailable(e: redis::RedisError) -> LimitStoreError {
     LimitStoreError(e.to_string())
+}
+
+fn us(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -186,15 +194,14 @@ impl LimitStore for RedisLimits {
         context: &str,
         interval: Duration,
     ) -> Result<Option<Duration>, LimitStoreError> {
-        let interval_ms = if interval.is_zero() { 0 } else { ms(interval) };
         let wait: u64 = self
             .run(
                 &self.scripts.try_rate,
                 self.key("next", context),
-                &[interval_ms.to_string()],
+                &[us(interval).to_string()],
             )
             .await?;
-        Ok((wait > 0).then(|| Duration::from_millis(wait)))
+        Ok((wait > 0).then(|| Duration::from_micros(wait)))
     }
 
     async fn slow_down(&self, context: &str, pause: Duration) -> Result<(), LimitStoreError> {
@@ -202,7 +209,7 @@ impl LimitStore for RedisLimits {
             .run(
                 &self.scripts.slow_down,
                 self.key("next", context),
-                &[ms(pause).to_string()],
+                &[us(pause).to_string()],
             )
             .await?;
         Ok(())
