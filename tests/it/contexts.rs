@@ -412,6 +412,56 @@ async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: B
     );
 }
 
+async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Backend) {
+    let models = models(Duration::ZERO).await;
+    models.slow.push([Reply::Error {
+        status: 429,
+        message: "Rate limit reached for requests".into(),
+        retry_after_ms: Some(1500),
+    }]);
+    let app = app_with(backend, &models).await;
+    // The first turn gets the 429 (no retries inside the call here: the job is retried after
+    // 200 ms); the second is submitted right after it. Both must wait out the 1.5 s.
+    assert_eq!(
+        app.post(Some("tok-a"), turn("a", "t", Some("slow"), None))
+            .await
+            .0,
+        202
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while models.slow.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the first call never came");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        app.post(Some("tok-a"), turn("b", "t", Some("slow"), None))
+            .await
+            .0,
+        202
+    );
+    completed(&app, "a", "t").await;
+    completed(&app, "b", "t").await;
+    let arrivals = models.slow.arrivals();
+    assert_eq!(arrivals.len(), 3, "{arrivals:?}");
+    assert!(
+        arrivals[1] - arrivals[0] >= Duration::from_millis(1400),
+        "a call went out before the 429's retry-after passed: {arrivals:?}"
+    );
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&metrics, "aptix_model_rate_limited_total{context=\"slow\"}"),
+        1.0
+    );
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -426,6 +476,7 @@ for_each_backend!(
         unknown_contexts_are_refused_at_every_door,
         limits_hold_calls_of_a_context_within_one_process,
         a_turn_without_capacity_goes_back_to_the_queue_and_completes,
+        a_429_holds_every_call_of_the_context_for_its_retry_after,
     ],
 );
 
