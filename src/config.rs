@@ -7,31 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::contract::RequestLimits;
-
-/// A value that must never appear in logs or debug output.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
-    }
-    /// The secret itself; call only where it is sent on the wire.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "Secret(<empty>)"
-        } else {
-            "Secret(***)"
-        })
-    }
-}
+pub use crate::secret::Secret;
 
 /// A configuration variable that could not be used.
 #[derive(Debug, thiserror::Error)]

@@ -12,15 +12,17 @@
 //!   and the reply bus, and the two brokers: RabbitMQ, or the embedded in-memory one.
 //! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
 //! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
-//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F); retrieval for
-//!   the `[CONTEXT]` block from [`rag`].
+//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F), and `backends`
+//!   (a turn's contexts → its model client, model and boot prompt); each model call holds to
+//!   its agent context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block
+//!   from [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing.
 //! - [`replies`] — a settled status published to the session's reply queue and its event
 //!   subscribers, and waiting for one turn's settled status.
 //!
-//! Beside the path: [`contract`] (the wire format), [`config`] and [`contexts`] (what a
-//! process is configured with), [`app`] (the composition root that wires the parts from a
+//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`] and [`secret`]
+//! (what a process is configured with), [`app`] (the composition root that wires the parts from a
 //! configuration), [`metrics`], [`telemetry`] (logs and span export), [`trace`] (W3C trace
 //! context across the queue), [`tls`], [`fake_llm`] (a faithful fake of the Responses API, for
 //! tests and demos).
@@ -39,6 +41,7 @@ pub mod pipeline;
 pub mod queue;
 pub mod rag;
 pub mod replies;
+pub mod secret;
 pub mod state;
 pub mod store;
 pub mod telemetry;

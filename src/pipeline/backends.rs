@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::contexts::{DEFAULT_CONTEXT, KnownContexts, context_mismatches};
-use crate::contract::{ErrorCode, ErrorMessage, UserTurn};
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, UserTurn};
 use crate::llm::LlmClient;
 use crate::store::{ContextIds, SessionState, SessionStore, StoreError};
 
@@ -137,6 +137,16 @@ impl Backends {
             }
         }
     }
+}
+
+/// The failed result of a turn whose contexts cannot be used.
+pub(super) fn refused(errors: Vec<ErrorMessage>) -> super::TurnResult {
+    InvokeResult::failures(errors).unwrap_or_else(|| {
+        InvokeResult::failure(ErrorMessage::new(
+            ErrorCode::UnknownContext,
+            "the turn's contexts are not configured",
+        ))
+    })
 }
 
 /// A user turn's contexts: the ones its session latched (latched now if this is the session's

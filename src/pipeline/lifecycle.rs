@@ -14,7 +14,7 @@ use super::{
 };
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
-    InvokeResult, SessionId, ToolCall, TurnId,
+    InvokeResult, SessionId, SessionMeta, ToolCall, TurnId,
 };
 use crate::store::{
     Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord, TurnStatus,
@@ -23,6 +23,19 @@ use crate::store::{
 use crate::tools::ModeEffect;
 
 impl Pipeline {
+    /// The session part of a turn's answer.
+    pub(super) fn meta(&self, session: &SessionState, turn_id: &TurnId) -> SessionMeta {
+        SessionMeta {
+            session_id: session.session_id.clone(),
+            turn_id: turn_id.clone(),
+            mode_display_name: self
+                .catalog
+                .by_id_or_default(&session.mode_id)
+                .display_name
+                .clone(),
+        }
+    }
+
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
     pub(super) async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, NoLease> {
         let holder = format!("{}/{tid}", self.settings.worker_id);

@@ -18,13 +18,11 @@ use super::{
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
-    ErrorCode, ErrorMessage, InvokeResult, SessionMeta, ToolCall, ToolCallId, ToolContinuation,
-    ToolOutcome, TurnId, UserTurn, check_tool_results,
+    ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
+    UserTurn, check_tool_results,
 };
 use crate::llm::{LlmError, ModelResponse, OutputItem};
-use crate::store::{
-    Checkpoint, SessionState, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339,
-};
+use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
 impl Pipeline {
@@ -82,10 +80,7 @@ impl Pipeline {
                     record,
                     held,
                 };
-                let failed = InvokeResult::failures(errors).unwrap_or_else(|| {
-                    InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
-                });
-                return Ok(self.fail_turn(run, failed).await?);
+                return Ok(self.fail_turn(run, backends::refused(errors)).await?);
             }
             Err(e) => {
                 held.release().await;
@@ -297,11 +292,7 @@ impl Pipeline {
     ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
         let backend = match self.backends.resolve(&run.session.contexts) {
             Ok(b) => b,
-            Err(errors) => {
-                return Ok(Err(InvokeResult::failures(errors).unwrap_or_else(|| {
-                    InvokeResult::failure(permanent(ErrorCode::UnknownContext, "unknown context"))
-                })));
-            }
+            Err(errors) => return Ok(Err(backends::refused(errors))),
         };
         progress.iterations += 1;
         let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
@@ -600,17 +591,5 @@ impl Pipeline {
             );
         }
         Ok(())
-    }
-
-    pub(super) fn meta(&self, session: &SessionState, turn_id: &TurnId) -> SessionMeta {
-        SessionMeta {
-            session_id: session.session_id.clone(),
-            turn_id: turn_id.clone(),
-            mode_display_name: self
-                .catalog
-                .by_id_or_default(&session.mode_id)
-                .display_name
-                .clone(),
-        }
     }
 }
