@@ -370,11 +370,11 @@ mod tests {
         )
     }
 
-    #[test]
-    fn a_good_file_reads_every_field_and_keeps_the_default_pair() {
-        let default = AgentContext {
+    /// The environment's default agent context, as the composition root builds it.
+    fn env_default(base_url: Option<&str>) -> AgentContext {
+        AgentContext {
             id: "ignored".into(),
-            base_url: Some("http://env/v1".into()),
+            base_url: base_url.map(str::to_string),
             api_key_env: None,
             api_key: None,
             model: "env-model".into(),
@@ -382,7 +382,12 @@ mod tests {
             requests_per_minute: None,
             timeout: None,
             replay: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_good_file_reads_every_field_and_keeps_the_default_pair() {
+        let default = env_default(Some("http://env/v1"));
         let c = Contexts::parse(GOOD, env)
             .unwrap()
             .with_defaults(default, "boot");
@@ -426,20 +431,9 @@ mod tests {
     fn a_file_may_define_its_own_default() {
         let text = r#"{"agentContexts": [{"id": "default", "baseUrl": "http://h/v1",
             "apiKeyEnv": "VLLM_KEY", "model": "file-model"}]}"#;
-        let env_default = AgentContext {
-            id: "default".into(),
-            base_url: None,
-            api_key_env: None,
-            api_key: None,
-            model: "env-model".into(),
-            max_concurrent_calls: None,
-            requests_per_minute: None,
-            timeout: None,
-            replay: None,
-        };
         let c = Contexts::parse(text, env)
             .unwrap()
-            .with_defaults(env_default, "boot");
+            .with_defaults(env_default(None), "boot");
         assert_eq!(c.agent("default").unwrap().model, "file-model");
     }
 

@@ -44,6 +44,27 @@ async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Option<f64> 
     Some(field("used_cpu_sys:")? + field("used_cpu_user:")?)
 }
 
+/// One limited call: a permit taken and dropped at once.
+fn acquire_and_release(
+    limiter: CallLimiter,
+) -> impl Fn()
+    -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), LimitStoreError>> + Send>>
++ Send
++ Sync
++ Clone
++ 'static {
+    move || {
+        let limiter = limiter.clone();
+        Box::pin(async move {
+            limiter
+                .acquire()
+                .await
+                .map(drop)
+                .map_err(|e| LimitStoreError(e.to_string()))
+        })
+    }
+}
+
 /// One measured run: wall time and CPU seconds of this process and of Redis.
 struct Measured {
     wall: Duration,
@@ -152,17 +173,7 @@ pub async fn run(
         .await?;
         row("baseline: tokio semaphore", &base, calls, None);
         let limiter = limiter_over(Arc::new(MemoryLimits::new()));
-        let m = measure(None, width, calls, move || {
-            let limiter = limiter.clone();
-            async move {
-                limiter
-                    .acquire()
-                    .await
-                    .map(drop)
-                    .map_err(|e| LimitStoreError(e.to_string()))
-            }
-        })
-        .await?;
+        let m = measure(None, width, calls, acquire_and_release(limiter)).await?;
         row("limiter (slot + rate)", &m, calls, Some(&base));
     }
     let Some(url) = redis_url else {
@@ -197,17 +208,7 @@ pub async fn run(
         .await?;
         row("baseline: one round trip (PING)", &base, calls, None);
         let limiter = limiter_over(store.clone());
-        let m = measure(Some(&mut probe), width, calls, move || {
-            let limiter = limiter.clone();
-            async move {
-                limiter
-                    .acquire()
-                    .await
-                    .map(drop)
-                    .map_err(|e| LimitStoreError(e.to_string()))
-            }
-        })
-        .await?;
+        let m = measure(Some(&mut probe), width, calls, acquire_and_release(limiter)).await?;
         row("limiter (slot + rate + release)", &m, calls, Some(&base));
     }
     // Releases run in the background: give them a moment, then remove the run's keys.

@@ -89,6 +89,25 @@ impl RedisStore {
         })
     }
 
+    /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
+    /// the session, and returns what it holds (one round trip).
+    async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        let (_, held, _): (Option<String>, String, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .cmd("GET")
+            .arg(key)
+            .cmd("PEXPIRE")
+            .arg(key)
+            .arg(ms(self.retention.sessions))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(held)
+    }
+
     /// Requests sent to Redis so far (a pipeline or a script counts once).
     pub fn round_trips(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
@@ -263,22 +282,7 @@ impl SessionStore for RedisStore {
     }
 
     async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
-        let key = self.key("owner", session);
-        let mut conn = self.conn();
-        let (_, owner, _): (Option<String>, String, i64) = redis::pipe()
-            .cmd("SET")
-            .arg(&key)
-            .arg(tenant)
-            .arg("NX")
-            .cmd("GET")
-            .arg(&key)
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ms(self.retention.sessions))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
-        Ok(owner)
+        self.set_once(&self.key("owner", session), tenant).await
     }
 
     async fn latch_contexts(
@@ -287,20 +291,7 @@ impl SessionStore for RedisStore {
         contexts: &ContextIds,
     ) -> Result<ContextIds, StoreError> {
         let key = self.key("contexts", session);
-        let mut conn = self.conn();
-        let (_, latched, _): (Option<String>, String, i64) = redis::pipe()
-            .cmd("SET")
-            .arg(&key)
-            .arg(encode(contexts)?)
-            .arg("NX")
-            .cmd("GET")
-            .arg(&key)
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ms(self.retention.sessions))
-            .query_async(&mut conn)
-            .await
-            .map_err(unavailable)?;
+        let latched = self.set_once(&key, &encode(contexts)?).await?;
         decode(&key, Some(latched))?
             .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
     }
