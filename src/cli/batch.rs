@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::request::default_id;
+use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
+use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
 
 use super::client::ApiClient;
 use super::index::{repo_name, upload_index};
@@ -343,6 +345,35 @@ impl ProgressBar {
     }
 }
 
+/// What a result file holds: the API's result line, the batch it came from and the attempt
+/// (a re-run submits failed inputs again, as attempt 1, 2, …).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedResult<'a> {
+    #[serde(flatten)]
+    line: &'a BatchResultLine,
+    batch_id: &'a str,
+    attempt: u64,
+}
+
+/// What a re-run needs of an earlier result file.
+#[derive(serde::Deserialize)]
+struct PreviousResult {
+    status: String,
+    #[serde(default)]
+    attempt: u64,
+}
+
+/// The batch's result lines, read as the crate's own type.
+async fn result_lines(client: &ApiClient, batch_id: &str) -> anyhow::Result<Vec<BatchResultLine>> {
+    client
+        .get_ndjson(&format!("/v1/batches/{batch_id}/results"))
+        .await?
+        .into_iter()
+        .map(|line| serde_json::from_value(line).context("a batch result line cannot be read"))
+        .collect()
+}
+
 /// Runs a batch through the API: submits the inputs without a result as one batch, shows
 /// progress, answers `workspace_read_file` calls from the input folder, writes one result file
 /// per input and `summary.json`, and reports what failed.
@@ -370,13 +401,13 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
     let mut pending = Vec::new();
     for mut item in items.drain(..) {
         let file = result_file(&job.out, &item.custom_id);
-        let previous: Option<Value> = std::fs::read_to_string(&file)
+        let previous: Option<PreviousResult> = std::fs::read_to_string(&file)
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok());
         match previous {
-            Some(p) if p["status"] == "completed" => outcome.skipped += 1,
+            Some(p) if p.status == "completed" => outcome.skipped += 1,
             Some(p) => {
-                let attempt = p["attempt"].as_u64().unwrap_or(0) + 1;
+                let attempt = p.attempt + 1;
                 assign_ids(&mut item, &salt, attempt);
                 pending.push((item, attempt));
             }
@@ -394,7 +425,6 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
             job.out.display()
         );
     }
-    let mut results: BTreeMap<String, Value> = BTreeMap::new();
     let attempts: BTreeMap<String, u64> = pending
         .iter()
         .map(|(i, a)| (i.custom_id.clone(), *a))
@@ -408,21 +438,23 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
             .request(reqwest::Method::POST, "/v1/batches")
             .header("content-type", "application/x-ndjson")
             .body(body);
-        let (status, accepted) = client.send(resp).await?;
+        let (status, answer) = client.send(resp).await?;
         if status != 202 {
             bail!(
                 "the API refused the batch ({status}): {}",
-                serde_json::to_string_pretty(&accepted).unwrap_or_default()
+                serde_json::to_string_pretty(&answer).unwrap_or_default()
             );
         }
-        let batch_id = accepted["result"]["batchId"]
-            .as_str()
-            .context("the batch answer has no batchId")?
-            .to_string();
+        let accepted: InvokeResult<BatchAccepted> =
+            serde_json::from_value(answer).context("the API's 202 is not a batch")?;
+        let accepted = accepted
+            .result()
+            .context("the API accepted the batch without saying which")?;
+        let batch_id = accepted.batch_id.clone();
         eprintln!(
             "batch {batch_id}: {} submitted, {} accepted",
             pending.len(),
-            accepted["result"]["accepted"]
+            accepted.accepted
         );
         let workspace = if job.input.is_dir() {
             job.input.clone()
@@ -435,45 +467,47 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
         let mut rounds: BTreeMap<String, u32> = BTreeMap::new();
         let mut bar = ProgressBar::new();
         loop {
-            let (status, progress) = client.get(&format!("/v1/batches/{batch_id}")).await?;
+            let (status, answer) = client.get(&format!("/v1/batches/{batch_id}")).await?;
             if status != 200 {
-                bail!("GET /v1/batches/{batch_id} answered {status}: {progress}");
+                bail!("GET /v1/batches/{batch_id} answered {status}: {answer}");
             }
-            let p = &progress["result"];
-            let n = |k: &str| usize::try_from(p[k].as_u64().unwrap_or(0)).unwrap_or(0);
-            let failed = n("failed") + n("rejected") + n("expired");
-            let done = n("completed") + failed;
-            bar.show(done, pending.len(), failed, n("running"), false);
-            if n("queued") + n("running") == 0 {
-                if n("awaitingClientTools") == 0 {
+            let progress: InvokeResult<BatchProgress> =
+                serde_json::from_value(answer).context("the batch's progress cannot be read")?;
+            let p = progress
+                .result()
+                .context("the API answered without the batch's progress")?;
+            let failed = p.failed + p.rejected + p.expired;
+            let done = p.completed + failed;
+            bar.show(done, pending.len(), failed, p.running, false);
+            if p.queued + p.running == 0 {
+                if p.awaiting_client_tools == 0 {
                     bar.show(done, pending.len(), failed, 0, true);
                     break;
                 }
                 // Act as the client for calls it can serve; give up on an item after a few rounds.
-                let lines = client
-                    .get_ndjson(&format!("/v1/batches/{batch_id}/results"))
-                    .await?;
                 let mut answered = 0;
-                for line in lines
-                    .iter()
-                    .filter(|l| l["status"] == "awaiting_client_tools")
-                {
-                    let id = line["customId"].as_str().unwrap_or_default().to_string();
-                    let r = rounds.entry(id).or_default();
+                for line in result_lines(client, &batch_id).await? {
+                    let (Some(id), Some(sid), Some(tid)) =
+                        (&line.custom_id, &line.session_id, &line.turn_id)
+                    else {
+                        continue;
+                    };
+                    let Some(AgentExecuteResponse::ClientToolContinuation(waiting)) =
+                        line.result.as_ref().and_then(InvokeResult::result)
+                    else {
+                        continue;
+                    };
+                    let r = rounds.entry(id.clone()).or_default();
                     *r += 1;
                     if *r > job.max_tool_rounds {
                         continue;
                     }
-                    let calls = line["result"]["result"]["toolCalls"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default();
-                    let tool_results: Vec<Value> =
-                        calls.iter().map(|c| client_tool(&workspace, c)).collect();
-                    let cont = json!({
-                        "sessionId": line["sessionId"], "turnId": line["turnId"],
-                        "toolResults": tool_results
-                    });
+                    let tool_results: Vec<Value> = waiting
+                        .tool_calls()
+                        .map(|c| client_tool(&workspace, c))
+                        .collect();
+                    let cont =
+                        json!({"sessionId": sid, "turnId": tid, "toolResults": tool_results});
                     let (status, answer) = client
                         .post("/v1/turns", cont.to_string().into_bytes())
                         .await?;
@@ -490,38 +524,38 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
             }
             tokio::time::sleep(job.poll).await;
         }
-        for line in client
-            .get_ndjson(&format!("/v1/batches/{batch_id}/results"))
+        let mut results: BTreeMap<String, BatchResultLine> = result_lines(client, &batch_id)
             .await?
-        {
-            if let Some(id) = line["customId"].as_str() {
-                results.insert(id.to_string(), line.clone());
-            }
-        }
+            .into_iter()
+            .filter_map(|line| Some((line.custom_id.clone()?, line)))
+            .collect();
         for (item, _) in &pending {
-            let line = results.remove(&item.custom_id).unwrap_or_else(|| {
-                json!({"customId": item.custom_id, "status": "missing",
-                       "result": null})
-            });
-            let status = line["status"].as_str().unwrap_or("missing").to_string();
-            let mut saved = line.clone();
-            if let Some(obj) = saved.as_object_mut() {
-                obj.insert("batchId".into(), Value::String(batch_id.clone()));
-                obj.insert(
-                    "attempt".into(),
-                    json!(attempts.get(&item.custom_id).copied().unwrap_or(0)),
-                );
-            }
+            let line = results
+                .remove(&item.custom_id)
+                .unwrap_or_else(|| BatchResultLine {
+                    custom_id: Some(item.custom_id.clone()),
+                    line: 0,
+                    session_id: None,
+                    turn_id: None,
+                    status: "missing".to_string(),
+                    result: None,
+                });
+            let saved = SavedResult {
+                line: &line,
+                batch_id: &batch_id,
+                attempt: attempts.get(&item.custom_id).copied().unwrap_or(0),
+            };
             let file = result_file(&job.out, &item.custom_id);
             std::fs::write(&file, serde_json::to_string_pretty(&saved)? + "\n")
                 .with_context(|| format!("writing {}", file.display()))?;
-            if status == "completed" {
+            if line.status == "completed" {
                 outcome.completed += 1;
             } else {
-                let why = line["result"]["errors"][0]["message"]
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| format!("status {status}"));
+                let why = line
+                    .result
+                    .as_ref()
+                    .and_then(|r| r.errors().first().map(|e| e.message.clone()))
+                    .unwrap_or_else(|| format!("status {}", line.status));
                 outcome.failed.push((item.custom_id.clone(), why));
             }
         }

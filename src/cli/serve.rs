@@ -232,7 +232,7 @@ async fn run_files(
             );
             let results: Vec<serde_json::Value> = c
                 .tool_calls()
-                .map(|call| client_tool(workspace, &serde_json::to_value(call).unwrap_or_default()))
+                .map(|call| client_tool(workspace, call))
                 .collect();
             let cont = json!({
                 "sessionId": c.meta.session_id, "turnId": c.meta.turn_id, "toolResults": results

@@ -10,22 +10,21 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use aptix_worker::catalog::READ_FILE_TOOL;
+use aptix_worker::contract::ToolCall;
 use aptix_worker::contract::request::RelativePath;
 
 /// Runs one client tool call the way the IDE extension would: `workspace_read_file` reads from
-/// `workspace`; other tools are reported as not implemented by this client.
-pub fn client_tool(workspace: &Path, call: &Value) -> Value {
-    let id = call["toolCallId"].as_str().unwrap_or_default();
-    let name = call["name"].as_str().unwrap_or_default();
+/// `workspace`; other tools are reported as not implemented by this client. The answer is one
+/// `toolResults` entry of a continuation.
+pub fn client_tool(workspace: &Path, call: &ToolCall) -> Value {
+    let id = call.tool_call_id.as_str();
+    let name = call.name.as_str();
     let fail = |msg: String| json!({"toolCallId": id, "executionMs": 0, "errorMessage": msg});
     if name != READ_FILE_TOOL {
         return fail(format!("this client does not implement {name}"));
     }
     let started = Instant::now();
-    let args: Value = call["argumentsJson"]
-        .as_str()
-        .and_then(|a| serde_json::from_str(a).ok())
-        .unwrap_or_default();
+    let args: Value = serde_json::from_str(call.arguments_json.as_str()).unwrap_or_default();
     let Some(path) = args.get("path").and_then(Value::as_str) else {
         return fail("missing 'path'".into());
     };

@@ -7,7 +7,7 @@
 //! handled; the turns themselves carry all state, so a batch's progress is read from them.
 
 use futures_util::StreamExt as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{FrontDoor, SubmitError};
@@ -26,7 +26,7 @@ pub const MAX_CUSTOM_ID_CHARS: usize = 256;
 const SUBMIT_CONCURRENCY: usize = 16;
 
 /// The answer to a batch submission.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchAccepted {
     /// The new batch's id.
@@ -41,7 +41,7 @@ pub struct BatchAccepted {
 
 /// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
 /// failed` (turns whose records expired count as `expired`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchProgress {
     /// The batch id.
@@ -65,7 +65,7 @@ pub struct BatchProgress {
 }
 
 /// One line of `GET /v1/batches/{id}/results`.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchResultLine {
     /// The client's id for the line.
@@ -77,10 +77,11 @@ pub struct BatchResultLine {
     /// The turn (absent for rejected lines).
     pub turn_id: Option<TurnId>,
     /// The turn's status, or `rejected` / `expired`.
-    #[schema(value_type = String, example = "completed")]
-    pub status: &'static str,
+    #[schema(example = "completed")]
+    pub status: String,
     /// The turn's result; for a rejected line, the failed result naming every violation.
     #[schema(value_type = Option<crate::frontdoor::openapi::ExecuteResult>)]
+    #[serde(default)]
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
 }
 
@@ -436,7 +437,7 @@ impl FrontDoor {
                 line: r.line,
                 session_id: None,
                 turn_id: None,
-                status: "rejected",
+                status: "rejected".to_string(),
                 result: InvokeResult::failures(r.errors),
             })
             .collect();
@@ -483,7 +484,7 @@ impl FrontDoor {
                             line: item.line,
                             session_id: Some(item.session_id),
                             turn_id: Some(item.turn_id),
-                            status,
+                            status: status.to_string(),
                             result,
                         }
                     })
