@@ -58,6 +58,9 @@ async fn models(latency: Duration) -> Models {
              "model": "fast-model", "maxConcurrentCalls": 2},
             {"id": "slow", "baseUrl": slow.base_url(), "apiKeyEnv": "SLOW_KEY",
              "model": "slow-model", "requestsPerMinute": 5},
+            // Same server as `fast`, but replaying the conversation and with a 1 s timeout.
+            {"id": "strict", "baseUrl": fast.base_url(), "apiKeyEnv": "FAST_KEY",
+             "model": "strict-model", "replay": true, "timeoutSecs": 1},
         ],
         "conversationContexts": [
             {"id": "triage", "bootPrompt": "TRIAGE BOOT PROMPT"},
@@ -468,6 +471,58 @@ async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Back
     );
 }
 
+async fn an_agent_context_brings_its_own_timeout_and_replay_setting(backend: Backend) {
+    let models = models(Duration::ZERO).await;
+    let mut env = models.env();
+    env.push(("APTIX_MAX_ATTEMPTS", "1".to_string()));
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: env,
+        ..AppOptions::default()
+    })
+    .await;
+    for t in ["t1", "t2"] {
+        let (status, body) = app
+            .post(Some("tok-a"), turn("s", t, Some("strict"), None))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        completed(&app, "s", t).await;
+    }
+    let sent = models.fast.requests();
+    assert_eq!(sent.len(), 2);
+    assert!(sent.iter().all(|r| r["model"] == "strict-model"));
+    assert!(
+        sent[1].get("previous_response_id").is_none(),
+        "replay: the second call carries the conversation instead: {}",
+        sent[1]
+    );
+    assert!(
+        sent[1]["input"].as_array().unwrap().len() > sent[0]["input"].as_array().unwrap().len(),
+        "the replayed conversation includes the first turn"
+    );
+    // A call slower than the context's 1 s timeout (the environment allows 30 s) is abandoned.
+    models.fast.push([Reply::Delay(
+        Duration::from_secs(5),
+        Box::new(Reply::Text("too late".into())),
+    )]);
+    let started = Instant::now();
+    let (status, body) = app
+        .post(Some("tok-a"), turn("late", "t", Some("strict"), None))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (_, body) = app
+        .get(Some("tok-a"), "/v1/sessions/late/turns/t?wait=30")
+        .await;
+    assert_eq!(body["result"]["status"], "failed", "{body}");
+    let message = body["result"]["result"]["errors"][0]["message"].to_string();
+    assert!(message.contains("timed out"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -483,6 +538,7 @@ for_each_backend!(
         limits_hold_calls_of_a_context_within_one_process,
         a_turn_without_capacity_goes_back_to_the_queue_and_completes,
         a_429_holds_every_call_of_the_context_for_its_retry_after,
+        an_agent_context_brings_its_own_timeout_and_replay_setting,
     ],
 );
 
