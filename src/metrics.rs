@@ -38,6 +38,7 @@ pub struct Metrics {
     capacity_waits: Family<ContextLabel, Counter>,
     capacity_wait_seconds: Family<ContextLabel, Counter<f64, AtomicU64>>,
     rate_limited: Family<ContextLabel, Counter>,
+    refused_by_policy: Family<Labels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -173,6 +174,15 @@ impl Metrics {
             "HTTP 429 answers received from the model server, by agent context",
             rate_limited.clone(),
         );
+        let refused_by_policy = Family::<Labels, Counter>::default();
+        registry.register(
+            "turns_refused_by_policy",
+            "User turns the front door refused by policy (onBusy: reject → session_busy)",
+            refused_by_policy.clone(),
+        );
+        refused_by_policy
+            .get_or_create(&[("reason", "session_busy")])
+            .inc_by(0);
         for stage in ["frontdoor", "worker"] {
             duplicates.get_or_create(&[("stage", stage)]).inc_by(0);
         }
@@ -195,6 +205,7 @@ impl Metrics {
             capacity_waits,
             capacity_wait_seconds,
             rate_limited,
+            refused_by_policy,
         }
     }
 
@@ -285,6 +296,13 @@ impl Metrics {
     pub fn context_rate_limited(&self, context: &str) {
         self.rate_limited
             .get_or_create(&context_label(context))
+            .inc();
+    }
+
+    /// The front door refused a user turn by policy.
+    pub fn turn_refused_by_policy(&self, reason: &'static str) {
+        self.refused_by_policy
+            .get_or_create(&[("reason", reason)])
             .inc();
     }
 

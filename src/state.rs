@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::contract::{
-    AgentExecuteResponse, InvokeResult, SessionId, ToolCall, ToolResult, TurnId, Usage,
+    AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, SessionId, ToolCall, ToolResult,
+    TurnId, Usage,
 };
 
 /// A session lease: while held, only its holder may write the session's state. The token grows
@@ -154,12 +155,20 @@ pub enum TurnStatus {
     Completed,
     /// Finished with a failed result.
     Failed,
+    /// Stopped by a cancel request; its result is a failed `TURN_CANCELLED`.
+    Cancelled,
 }
 
 impl TurnStatus {
     /// Whether the turn has left `queued`/`running`: it has a result a client can act on.
     pub fn is_settled(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
+    }
+
+    /// Whether the turn is over for good (completed, failed or cancelled): nothing can move
+    /// it on, a continuation included.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
     /// The wire spelling.
@@ -170,6 +179,7 @@ impl TurnStatus {
             Self::AwaitingClientTools => "awaiting_client_tools",
             Self::Completed => "completed",
             Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -316,6 +326,23 @@ impl TurnRecord {
             checkpoint: None,
             continuation: None,
         }
+    }
+
+    /// The turn stopped by a cancel request: `cancelled`, with a failed `TURN_CANCELLED`
+    /// result and nothing left to resume.
+    pub fn cancelled(mut self) -> Self {
+        self.status = TurnStatus::Cancelled;
+        self.pending = None;
+        self.checkpoint = None;
+        self.completed_at = Some(now_rfc3339());
+        self.result = Some(InvokeResult::failure(ErrorMessage::new(
+            ErrorCode::TurnCancelled,
+            format!(
+                "turn {} of session {} was cancelled",
+                self.turn_id, self.session_id
+            ),
+        )));
+        self
     }
 }
 

@@ -31,7 +31,7 @@ use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Pipeline};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::replies;
-use crate::store::{TurnRecord, TurnStatus, TurnStatusView};
+use crate::store::{TurnRecord, TurnStatusView};
 use crate::trace::TraceContext;
 
 /// Worker settings.
@@ -395,12 +395,7 @@ impl Worker {
                 return Disposition::Requeue;
             }
         };
-        let settled = |r: &TurnRecord| {
-            matches!(
-                r.status,
-                TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
-            )
-        };
+        let settled = |r: &TurnRecord| r.status.is_settled();
         let Some(record) = record.filter(|r| settled(r) && r.result.as_ref() == Some(&result))
         else {
             // A duplicate job whose turn has moved on since (a continuation was accepted, or

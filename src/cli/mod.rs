@@ -69,6 +69,9 @@ pub enum Command {
     Submit(turns::SubmitArgs),
     /// Print a turn's status from the HTTP API.
     Status(turns::StatusArgs),
+    /// Cancel a turn through the HTTP API: a queued or waiting turn at once, a running one at
+    /// its next safe point.
+    Cancel(turns::StatusArgs),
     /// Inspect or replay the dead-letter queue (APTIX_AMQP_URL).
     Dlq(dlq::DlqArgs),
     /// Serve the fake Responses API (for tests, demos and benchmarks).
@@ -104,6 +107,7 @@ impl Command {
             Self::Batch(_)
             | Self::Submit(_)
             | Self::Status(_)
+            | Self::Cancel(_)
             | Self::Watch(_)
             | Self::Validate(_) => "warn",
             _ => "info",
@@ -124,6 +128,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Watch(args) => turns::watch(args).await,
         Command::Submit(args) => turns::submit(args).await,
         Command::Status(args) => turns::status(args).await,
+        Command::Cancel(args) => turns::cancel(args).await,
         Command::Dlq(args) => dlq::dlq(args).await,
         Command::FakeLlm(args) => tools::fake_llm(args).await,
         Command::Validate(args) => turns::validate(args).await,

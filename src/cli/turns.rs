@@ -121,15 +121,19 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
                 ..
             }) => {
                 println!("{}", serde_json::to_string_pretty(result)?);
-                return Ok(if *status == TurnStatus::Failed {
-                    ExitCode::FAILURE
-                } else {
-                    ExitCode::SUCCESS
-                });
+                return Ok(
+                    if matches!(status, TurnStatus::Failed | TurnStatus::Cancelled) {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    },
+                );
             }
             _ => {
                 println!("{}", serde_json::to_string_pretty(&body)?);
-                let ok = view.is_some_and(|v| v.status != TurnStatus::Failed);
+                let ok = view.is_some_and(|v| {
+                    !matches!(v.status, TurnStatus::Failed | TurnStatus::Cancelled)
+                });
                 return Ok(if ok {
                     ExitCode::SUCCESS
                 } else {
@@ -154,6 +158,30 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
         .await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(if status == 200 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// `aptix cancel`: prints the turn's status after the request (`cancelled`, or `running`
+/// while its worker stops it); exits non-zero when the API refused (a finished turn: 409).
+pub async fn cancel(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let StatusArgs {
+        session_id,
+        turn_id,
+        url,
+        token,
+    } = args;
+    let client = ApiClient::new(&url, token);
+    let (status, view) = client
+        .post(
+            &format!("/v1/sessions/{session_id}/turns/{turn_id}/cancel"),
+            Vec::new(),
+        )
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(if status == 200 || status == 202 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -75,7 +75,14 @@ error_codes! {
     TurnConflict = "TURN_CONFLICT",
     /// A tool continuation was sent for a turn that is not waiting for client tools.
     TurnNotAwaitingTools = "TURN_NOT_AWAITING_TOOLS",
-    /// Another turn of the same session is running; the turn is retried later.
+    /// `onBusy` is not one of `enqueue`, `reject`, `interrupt`.
+    InvalidOnBusy = "INVALID_ON_BUSY",
+    /// The turn was cancelled before it finished.
+    TurnCancelled = "TURN_CANCELLED",
+    /// A cancel request for a turn that has finished already (the message names its status).
+    TurnAlreadyFinished = "TURN_ALREADY_FINISHED",
+    /// Another turn of the same session is running: the turn is retried later, or (with
+    /// `onBusy: reject`) refused.
     SessionBusy = "SESSION_BUSY",
     /// The model server could not be reached or kept failing after retries (retryable).
     LlmUnavailable = "LLM_UNAVAILABLE",

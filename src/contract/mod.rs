@@ -14,7 +14,7 @@ pub use codes::ErrorCode;
 pub use ids::{SessionId, ToolCallId, TurnId};
 pub use invoke::{ErrorMessage, InvokeResult};
 pub use request::{
-    AgentExecuteRequest, ParsedRequest, RequestLimits, RequestRejected, ToolContinuation,
+    AgentExecuteRequest, OnBusy, ParsedRequest, RequestLimits, RequestRejected, ToolContinuation,
     ToolOutcome, ToolResult, UserTurn, parse_request,
 };
 pub use response::{

@@ -40,7 +40,7 @@ pub struct BatchAccepted {
 }
 
 /// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
-/// failed` (turns whose records expired count as `expired`).
+/// failed + cancelled + expired` (`expired`: turns whose records are gone).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BatchProgress {
@@ -60,6 +60,9 @@ pub struct BatchProgress {
     pub completed: usize,
     /// Turns that failed.
     pub failed: usize,
+    /// Turns that were cancelled.
+    #[serde(default)]
+    pub cancelled: usize,
     /// Turns whose records are gone (past the retention period).
     pub expired: usize,
 }
@@ -415,6 +418,7 @@ impl FrontDoor {
                     Some(TurnStatus::AwaitingClientTools) => &mut p.awaiting_client_tools,
                     Some(TurnStatus::Completed) => &mut p.completed,
                     Some(TurnStatus::Failed) => &mut p.failed,
+                    Some(TurnStatus::Cancelled) => &mut p.cancelled,
                 };
                 *slot += 1;
             }
@@ -470,12 +474,7 @@ impl FrontDoor {
                         let (status, result) = match record {
                             None => ("expired", None),
                             Some(r) => {
-                                let settled = matches!(
-                                    r.status,
-                                    TurnStatus::Completed
-                                        | TurnStatus::Failed
-                                        | TurnStatus::AwaitingClientTools
-                                );
+                                let settled = r.status.is_settled();
                                 (r.status.as_str(), if settled { r.result } else { None })
                             }
                         };

@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
-    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, RequestLimits, RequestRejected,
-    ToolContinuation, UserTurn, parse_request,
+    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, OnBusy, RequestLimits,
+    RequestRejected, ToolContinuation, UserTurn, parse_request,
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, QueueError};
 use crate::trace::TraceContext;
 pub mod batch;
+pub mod cancel;
 pub mod extract;
 pub mod http;
 pub mod openapi;
@@ -218,6 +219,9 @@ impl FrontDoor {
         match request {
             AgentExecuteRequest::UserTurn(turn) => {
                 self.latch_contexts(turn).await?;
+                if turn.on_busy() != OnBusy::Enqueue {
+                    self.on_busy(turn).await?;
+                }
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new());
                 let created = match self.store.create_turn(&fresh).await {

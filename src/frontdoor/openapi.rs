@@ -233,6 +233,11 @@ fn execute_request_schema(ids_required: bool, contexts: &KnownContexts) -> serde
     }
     user.insert("streaming".into(), nullable(json!({"type": "boolean"})));
     user.insert(
+        "onBusy".into(),
+        nullable(json!({"type": "string", "enum": crate::contract::OnBusy::VALUES,
+            "description": "When the session has a turn queued or running: enqueue (default) runs this one after it, reject answers 409 SESSION_BUSY, interrupt cancels it and runs this one next. Extends AGN-034."})),
+    );
+    user.insert(
         "agentContextId".into(),
         context_id(contexts.agent_ids().collect()),
     );

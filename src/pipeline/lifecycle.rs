@@ -5,6 +5,10 @@
 //! Owns: the turn's state transitions in the store. Must not: call the model or run tools.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a running model call looks for a cancel request.
+const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 use tracing::{info, warn};
 
@@ -149,10 +153,7 @@ impl Pipeline {
                 ),
             ))));
         }
-        let done = matches!(
-            rec.status,
-            TurnStatus::Completed | TurnStatus::Failed | TurnStatus::AwaitingClientTools
-        ) || rec.pending.is_some();
+        let done = rec.status.is_settled() || rec.pending.is_some();
         match (&rec.result, done) {
             (Some(result), true) => {
                 info!(
@@ -322,6 +323,53 @@ impl Pipeline {
         run.record.result = Some(result.clone());
         // The session's continuation state is left as it was before the turn.
         self.settle(run, false, result).await
+    }
+
+    /// Ends a turn that was asked to stop: `cancelled`, its failed `TURN_CANCELLED` result
+    /// stored; the session's continuation state stays as it was before the turn, so the next
+    /// turn works.
+    pub(super) async fn cancel_turn(&self, mut run: Run) -> Result<TurnResult, RetryableFailure> {
+        info!("turn cancelled on request");
+        run.record = run.record.cancelled();
+        let result = run.record.result.clone().unwrap_or_else(|| {
+            InvokeResult::failure(permanent(ErrorCode::TurnCancelled, "turn cancelled"))
+        });
+        self.settle(run, false, result).await
+    }
+
+    /// Whether the turn was asked to stop (a store that cannot answer counts as "no": the
+    /// next safe point asks again).
+    pub(super) async fn cancel_requested(&self, sid: &SessionId, tid: &TurnId) -> bool {
+        match self.store.cancel_requested(sid, tid).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                warn!(error = %e, "cannot tell whether the turn was cancelled; going on");
+                false
+            }
+        }
+    }
+
+    /// Runs `work` unless the turn is asked to stop first (looked for every
+    /// [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and with it an HTTP request in
+    /// flight.
+    pub(super) async fn unless_cancelled<T>(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let watch = async {
+            loop {
+                tokio::time::sleep(CANCEL_POLL).await;
+                if self.cancel_requested(sid, tid).await {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            out = work => Some(out),
+            () = watch => None,
+        }
     }
 
     /// The write that ends this run of the turn: the record (and the session, with

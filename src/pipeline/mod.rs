@@ -425,7 +425,7 @@ impl Pipeline {
             Some(r) => r,
             None => TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()),
         };
-        if matches!(record.status, TurnStatus::Completed | TurnStatus::Failed)
+        if record.status.is_final()
             && let Some(result) = record.result.clone()
         {
             held.release().await;

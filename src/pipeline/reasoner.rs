@@ -25,6 +25,14 @@ use crate::llm::{LlmError, ModelResponse, OutputItem};
 use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
+/// Why a model call ended the turn instead of answering.
+pub(super) enum CallEnd {
+    /// The turn fails with this result.
+    Failed(Box<TurnResult>),
+    /// The turn was asked to stop.
+    Cancelled,
+}
+
 impl Pipeline {
     pub(super) async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
@@ -289,11 +297,16 @@ impl Pipeline {
         tools: &[&ToolDef],
         input: Vec<Value>,
         previous: Option<&str>,
-    ) -> Result<Result<ModelResponse, TurnResult>, RetryableFailure> {
+    ) -> Result<Result<ModelResponse, CallEnd>, RetryableFailure> {
         let backend = match self.backends.resolve(&run.session.contexts) {
             Ok(b) => b,
-            Err(errors) => return Ok(Err(backends::refused(errors))),
+            Err(errors) => return Ok(Err(CallEnd::Failed(Box::new(backends::refused(errors))))),
         };
+        // The safe point: a turn asked to stop makes no further model call.
+        let (sid, tid) = (run.record.session_id.clone(), run.record.turn_id.clone());
+        if self.cancel_requested(&sid, &tid).await {
+            return Ok(Err(CallEnd::Cancelled));
+        }
         progress.iterations += 1;
         let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
         let history: Vec<Value> = run
@@ -322,7 +335,12 @@ impl Pipeline {
         run.record.requests.push(body.clone());
         let started = std::time::Instant::now();
         let llm = &backend.agent.llm;
-        let mut outcome = llm.create_response(&body).await;
+        let Some(mut outcome) = self
+            .unless_cancelled(&sid, &tid, llm.create_response(&body))
+            .await
+        else {
+            return Ok(Err(CallEnd::Cancelled));
+        };
         if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
             && !replay
         {
@@ -360,7 +378,9 @@ impl Pipeline {
                     }
                     _ => ErrorCode::LlmBadResponse,
                 };
-                return Ok(Err(InvokeResult::failure(permanent(code, e.to_string()))));
+                return Ok(Err(CallEnd::Failed(Box::new(InvokeResult::failure(
+                    permanent(code, e.to_string()),
+                )))));
             }
         };
         progress.usage.add(response.usage);
@@ -428,7 +448,10 @@ impl Pipeline {
                         .await
                     {
                         Err(retryable) => return self.retry_later(run, retryable).await,
-                        Ok(Err(failed)) => return self.fail_turn(run, failed).await,
+                        Ok(Err(CallEnd::Failed(failed))) => {
+                            return self.fail_turn(run, *failed).await;
+                        }
+                        Ok(Err(CallEnd::Cancelled)) => return self.cancel_turn(run).await,
                         Ok(Ok(response)) => {
                             // Saved before any tool runs: a re-run resumes here.
                             run.record.checkpoint = Some(Checkpoint {

@@ -27,6 +27,7 @@ struct Inner {
     fences: HashMap<SessionId, u64>,
     owners: HashMap<SessionId, String>,
     contexts: HashMap<SessionId, ContextIds>,
+    cancels: std::collections::HashSet<(SessionId, TurnId)>,
     batches: HashMap<String, BatchRecord>,
 }
 
@@ -147,6 +148,22 @@ impl SessionStore for MemoryStore {
             .entry(session.clone())
             .or_insert_with(|| contexts.clone())
             .clone())
+    }
+
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
+        self.lock()?.cancels.insert((session.clone(), turn.clone()));
+        Ok(())
+    }
+
+    async fn cancel_requested(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()?
+            .cancels
+            .contains(&(session.clone(), turn.clone())))
     }
 
     async fn latched_contexts(

@@ -102,6 +102,15 @@ pub trait SessionStore: Send + Sync + 'static {
         session: &SessionId,
         contexts: &ContextIds,
     ) -> Result<ContextIds, StoreError>;
+    /// Asks whoever runs the turn to stop it at its next safe point (kept as long as turn
+    /// records). Not fenced: the front door asks without holding the lease.
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError>;
+    /// Whether the turn was asked to stop.
+    async fn cancel_requested(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<bool, StoreError>;
     /// The contexts the session latched, if any.
     async fn latched_contexts(&self, session: &SessionId)
     -> Result<Option<ContextIds>, StoreError>;

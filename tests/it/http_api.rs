@@ -439,7 +439,7 @@ async fn a_batch_with_good_and_bad_lines() {
     assert_eq!(
         progress,
         json!({"batchId": id, "total": 8, "rejected": 6, "queued": 0, "running": 0,
-               "awaitingClientTools": 0, "completed": 2, "failed": 0, "expired": 0})
+               "awaitingClientTools": 0, "completed": 2, "failed": 0, "cancelled": 0, "expired": 0})
     );
 
     // Results: one NDJSON line per submitted line.
@@ -634,6 +634,7 @@ async fn the_openapi_document_covers_every_route() {
         ("get", "/metrics"),
         ("get", "/openapi.json"),
         ("post", "/v1/index"),
+        ("post", "/v1/sessions/{sessionId}/turns/{turnId}/cancel"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths

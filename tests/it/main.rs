@@ -25,6 +25,7 @@ macro_rules! for_each_backend {
 mod app;
 mod support;
 
+mod cancel;
 mod cli;
 mod compose_golden;
 mod contexts;

@@ -178,6 +178,24 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// `onBusy`: absent means `enqueue`.
+    pub(super) fn on_busy(&self, report: &mut Report) -> super::OnBusy {
+        let Some(value) = self.string("onBusy", report) else {
+            return super::OnBusy::default();
+        };
+        super::OnBusy::parse(value).unwrap_or_else(|| {
+            report.error(
+                ErrorCode::InvalidOnBusy,
+                &self.path("onBusy"),
+                format!(
+                    "must be one of {} (got {value:?})",
+                    super::OnBusy::VALUES.join(", ")
+                ),
+            );
+            super::OnBusy::default()
+        })
+    }
+
     /// A required id with the safe-charset rule.
     pub(super) fn id<T>(
         &self,

@@ -107,6 +107,41 @@ pub struct UserTurn {
     agent_context_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     conversation_context_id: Option<String>,
+    #[serde(skip_serializing_if = "OnBusy::is_enqueue")]
+    on_busy: OnBusy,
+}
+
+/// What a user turn does when its session already has a turn queued or running (an extension
+/// of AGN-034: "double texting").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBusy {
+    /// Run after the turns before it (the default, and the only behaviour AGN-034 knows).
+    #[default]
+    Enqueue,
+    /// Refuse the turn with `409 SESSION_BUSY`.
+    Reject,
+    /// Cancel the session's queued and running turns; this one runs next.
+    Interrupt,
+}
+
+impl OnBusy {
+    /// The wire values.
+    pub const VALUES: [&'static str; 3] = ["enqueue", "reject", "interrupt"];
+
+    /// Reads a wire value.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "enqueue" => Some(Self::Enqueue),
+            "reject" => Some(Self::Reject),
+            "interrupt" => Some(Self::Interrupt),
+            _ => None,
+        }
+    }
+
+    fn is_enqueue(&self) -> bool {
+        *self == Self::Enqueue
+    }
 }
 
 impl UserTurn {
@@ -161,6 +196,10 @@ impl UserTurn {
     /// The configured conversation context (boot prompt) to use, if not the default.
     pub fn conversation_context_id(&self) -> Option<&str> {
         self.conversation_context_id.as_deref()
+    }
+    /// What to do when the session already has a turn queued or running.
+    pub fn on_busy(&self) -> OnBusy {
+        self.on_busy
     }
 }
 
@@ -521,4 +560,5 @@ pub const USER_TURN_ONLY: &[&str] = &[
     "streaming",
     "agentContextId",
     "conversationContextId",
+    "onBusy",
 ];

@@ -179,6 +179,7 @@ pub(super) fn parse_envelope(
         streaming: fields.bool("streaming", report).unwrap_or(false),
         agent_context_id: fields.context_id("agentContextId", report),
         conversation_context_id: fields.context_id("conversationContextId", report),
+        on_busy: fields.on_busy(report),
     };
     Some(AgentExecuteRequest::UserTurn(Box::new(turn)))
 }

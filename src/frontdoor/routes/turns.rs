@@ -149,3 +149,40 @@ pub(crate) async fn get_turn(
         }
     }
 }
+
+/// Cancel a turn: a queued turn, or one waiting for client tools, is `cancelled` at once
+/// (`200`); a running one stops at its next safe point (`202`; its `cancelled` status follows
+/// on the session's events and the long-poll). Idempotent.
+#[utoipa::path(post, path = "/v1/sessions/{sessionId}/turns/{turnId}/cancel", tag = "turns",
+    params(
+        ("sessionId" = String, Path, description = "The session"),
+        ("turnId" = String, Path, description = "The turn"),
+    ),
+    responses(
+        (status = 200, description = "The turn is cancelled", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
+        (status = 202, description = "The turn is running; it stops within about a second", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 409, description = "The turn has finished (TURN_ALREADY_FINISHED, naming its status)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn cancel_turn(
+    State(state): State<HttpState>,
+    ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
+    Tenant(tenant): Tenant,
+) -> Response {
+    use crate::frontdoor::cancel::Cancelled;
+    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::TurnNotFound,
+            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
+        );
+    };
+    match state.door.cancel(&tenant, &sid, &tid).await {
+        Ok(Cancelled::Done(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
+        Ok(Cancelled::Stopping(view)) => answer(StatusCode::ACCEPTED, InvokeResult::success(view)),
+        Err(refused) => refused.into_response(),
+    }
+}

@@ -296,6 +296,30 @@ impl SessionStore for RedisStore {
             .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
     }
 
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
+        let _: () = self
+            .conn()
+            .pset_ex(
+                self.turn_key("cancel", session, turn),
+                "1",
+                ms(self.retention.turns),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn cancel_requested(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<bool, StoreError> {
+        self.conn()
+            .exists(self.turn_key("cancel", session, turn))
+            .await
+            .map_err(unavailable)
+    }
+
     async fn latched_contexts(
         &self,
         session: &SessionId,

@@ -1,0 +1,149 @@
+//! Cancelling a turn (`POST /v1/sessions/{sid}/turns/{tid}/cancel`, `aptix cancel`).
+//!
+//! A queued turn, or one waiting for client tools, is cancelled here at once (compare-and-set
+//! on its record, then its status is published); a running one is asked to stop and its worker
+//! does so at the next safe point — before the next model call, or by dropping the model call
+//! in flight — and publishes the cancelled status itself. The request is also recorded for a
+//! queued turn, so a worker that picks it up in the same instant stops it too.
+//!
+//! A user turn's `onBusy` (`reject`, `interrupt`) is decided here too: it is about the turns
+//! before it in its session.
+//!
+//! Owns: the cancel decision at the front door. Must not: touch a running turn's state (only
+//! its worker writes that).
+
+use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
+use crate::frontdoor::{FrontDoor, SubmitError};
+use crate::replies::publish_status;
+use crate::store::{TurnStatus, TurnStatusView};
+
+/// What a cancel request came to.
+#[derive(Debug)]
+pub enum Cancelled {
+    /// The turn is cancelled (now, or before).
+    Done(TurnStatusView),
+    /// The turn is running; its worker stops it within about a second.
+    Stopping(TurnStatusView),
+}
+
+impl FrontDoor {
+    /// Cancels `tenant`'s turn. Idempotent; a finished turn is a conflict naming its status;
+    /// another tenant's turn is reported as missing.
+    pub async fn cancel(
+        &self,
+        tenant: &str,
+        sid: &SessionId,
+        tid: &TurnId,
+    ) -> Result<Cancelled, SubmitError> {
+        let missing = || {
+            SubmitError::NotFound(ErrorMessage::new(
+                ErrorCode::TurnNotFound,
+                format!("turn {tid} does not exist in session {sid}"),
+            ))
+        };
+        if self.store.owner(sid).await?.as_deref() != Some(tenant) {
+            return Err(missing());
+        }
+        self.cancel_owned(sid, tid).await
+    }
+
+    /// [`FrontDoor::cancel`] once the caller is known to own the session.
+    async fn cancel_owned(&self, sid: &SessionId, tid: &TurnId) -> Result<Cancelled, SubmitError> {
+        let missing = || {
+            SubmitError::NotFound(ErrorMessage::new(
+                ErrorCode::TurnNotFound,
+                format!("turn {tid} does not exist in session {sid}"),
+            ))
+        };
+        // A compare-and-set that loses to a worker re-reads: the turn moved on.
+        loop {
+            let record = self.store.get_turn(sid, tid).await?.ok_or_else(missing)?;
+            match record.status {
+                TurnStatus::Cancelled => return Ok(Cancelled::Done((&record).into())),
+                TurnStatus::Completed | TurnStatus::Failed => {
+                    return Err(SubmitError::Conflict(ErrorMessage::new(
+                        ErrorCode::TurnAlreadyFinished,
+                        format!(
+                            "turn {tid} is {}; a finished turn cannot be cancelled",
+                            record.status.as_str()
+                        ),
+                    )));
+                }
+                TurnStatus::Running => {
+                    self.store.request_cancel(sid, tid).await?;
+                    tracing::info!(session_id = %sid, turn_id = %tid, "cancel requested for a running turn");
+                    return Ok(Cancelled::Stopping((&record).into()));
+                }
+                TurnStatus::Queued | TurnStatus::AwaitingClientTools => {
+                    self.store.request_cancel(sid, tid).await?;
+                    let cancelled = record.clone().cancelled();
+                    if !self.store.replace_turn(&record, &cancelled).await? {
+                        continue;
+                    }
+                    let view = TurnStatusView::from(&cancelled);
+                    // Stored first: a client that misses the event reads the status.
+                    if let Err(e) = publish_status(self.broker.as_ref(), &view).await {
+                        tracing::warn!(session_id = %sid, turn_id = %tid, error = %e, "a cancelled turn's status could not be published; it is stored");
+                    }
+                    tracing::info!(session_id = %sid, turn_id = %tid, was = record.status.as_str(), "turn cancelled");
+                    self.metrics.turn_finished("cancelled");
+                    return Ok(Cancelled::Done(view));
+                }
+            }
+        }
+    }
+}
+
+impl FrontDoor {
+    /// Applies a user turn's `onBusy` to the other turns of its session that are queued or
+    /// running: `reject` refuses the turn with `SESSION_BUSY` (naming them), `interrupt`
+    /// cancels them (this turn then runs after the running one has stopped).
+    pub(super) async fn on_busy(&self, turn: &UserTurn) -> Result<(), SubmitError> {
+        let (sid, tid) = (turn.session_id(), turn.turn_id());
+        let ids: Vec<_> = self
+            .store
+            .list_turns(sid)
+            .await?
+            .into_iter()
+            .filter(|t| t != tid)
+            .map(|t| (sid.clone(), t))
+            .collect();
+        let busy: Vec<TurnId> = self
+            .store
+            .get_turns(&ids)
+            .await?
+            .into_iter()
+            .flatten()
+            .filter(|r| matches!(r.status, TurnStatus::Queued | TurnStatus::Running))
+            .map(|r| r.turn_id)
+            .collect();
+        if busy.is_empty() {
+            return Ok(());
+        }
+        match turn.on_busy() {
+            OnBusy::Enqueue => Ok(()),
+            OnBusy::Reject => {
+                self.metrics.turn_refused_by_policy("session_busy");
+                let list: Vec<&str> = busy.iter().map(TurnId::as_str).collect();
+                Err(SubmitError::Conflict(ErrorMessage::new(
+                    ErrorCode::SessionBusy,
+                    format!(
+                        "session {sid} has turn(s) {} queued or running, and this turn says onBusy: reject",
+                        list.join(", ")
+                    ),
+                )))
+            }
+            OnBusy::Interrupt => {
+                for other in &busy {
+                    match self.cancel_owned(sid, other).await {
+                        // Finished in the meantime: nothing left to interrupt.
+                        Ok(_) | Err(SubmitError::Conflict(_) | SubmitError::NotFound(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                tracing::info!(session_id = %sid, turn_id = %tid, interrupted = busy.len(), "onBusy: interrupt cancelled the session's earlier turns");
+                Ok(())
+            }
+        }
+    }
+}
