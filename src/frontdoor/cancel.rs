@@ -15,7 +15,7 @@
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
 use crate::frontdoor::{FrontDoor, SubmitError};
 use crate::replies::publish_status;
-use crate::store::{TurnStatus, TurnStatusView};
+use crate::store::{BatchRecord, TurnStatus, TurnStatusView};
 
 /// What a cancel request came to.
 #[derive(Debug)]
@@ -145,5 +145,23 @@ impl FrontDoor {
                 Ok(())
             }
         }
+    }
+}
+
+impl FrontDoor {
+    /// Cancels every turn of `batch` that has not finished (queued and waiting ones at once,
+    /// running ones at their next safe point); returns how many were asked to stop.
+    pub async fn cancel_batch(&self, batch: &BatchRecord) -> Result<usize, SubmitError> {
+        let mut asked = 0;
+        for item in &batch.items {
+            match self.cancel_owned(&item.session_id, &item.turn_id).await {
+                Ok(_) => asked += 1,
+                // Finished already, or its record expired: nothing to stop.
+                Err(SubmitError::Conflict(_) | SubmitError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        tracing::info!(batch_id = %batch.batch_id, asked, "batch cancelled");
+        Ok(asked)
     }
 }

@@ -72,6 +72,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::batches::post_batch))
         .routes(routes!(routes::batches::get_batch))
         .routes(routes!(routes::batches::get_batch_results))
+        .routes(routes!(routes::batches::cancel_batch))
         .routes(routes!(routes::index::post_index))
         .routes(routes!(routes::sync::execute_sync))
         .routes(routes!(routes::ops::healthz))

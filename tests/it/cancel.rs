@@ -241,6 +241,54 @@ async fn on_busy_interrupt_cancels_the_running_turn_and_runs_next(backend: Backe
     );
 }
 
+async fn cancelling_a_batch_cancels_its_unfinished_turns(backend: Backend) {
+    let app = app(backend).await;
+    let hang = || {
+        Reply::Delay(
+            Duration::from_secs(20),
+            Box::new(Reply::Text("never".into())),
+        )
+    };
+    app.fake.push([hang(), hang(), hang()]);
+    let lines: Vec<String> = (0..3)
+        .map(|i| {
+            json!({"customId": format!("doc-{i}"), "request": {"instruction": "review"}})
+                .to_string()
+        })
+        .collect();
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/batches", lines.join("\n"))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["result"]["batchId"].as_str().unwrap().to_string();
+    wait_for_requests(&app, 3).await;
+    let started = Instant::now();
+    let (status, body) = app
+        .post_to(
+            Some("tok-a"),
+            &format!("/v1/batches/{id}/cancel"),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    loop {
+        let (_, body) = app.get(Some("tok-a"), &format!("/v1/batches/{id}")).await;
+        if body["result"]["cancelled"] == 3 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, _) = app
+        .post_to(
+            Some("tok-b"),
+            &format!("/v1/batches/{id}/cancel"),
+            Vec::new(),
+        )
+        .await;
+    assert_eq!(status, 404, "another tenant's batch");
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
@@ -250,5 +298,86 @@ for_each_backend!(
         finished_missing_and_other_tenants_turns_are_refused,
         on_busy_reject_refuses_a_second_turn_while_one_runs,
         on_busy_interrupt_cancels_the_running_turn_and_runs_next,
+        cancelling_a_batch_cancels_its_unfinished_turns,
     ],
 );
+
+/// `aptix serve` and `aptix worker` as separate processes on RabbitMQ and Redis; the turn is
+/// cancelled with `aptix cancel`, and the worker process learns of it through Redis.
+#[tokio::test]
+async fn aptix_cancel_stops_a_turn_running_in_another_process() {
+    let fake = aptix_worker::fake_llm::FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Default::default(),
+        Some(crate::support::schema()),
+    )
+    .await
+    .unwrap();
+    fake.push([Reply::Delay(
+        Duration::from_secs(20),
+        Box::new(Reply::Text("never".into())),
+    )]);
+    let topology = crate::support::test_topology();
+    let ns = topology.namespace.clone();
+    let _rabbit = crate::support::RabbitGuard {
+        broker: crate::support::rabbit_broker(&topology, &format!("{ns}-test")).await,
+        topology,
+    };
+    let _redis = crate::support::redis_store_in(&ns).await;
+    let command = |args: &[&str]| {
+        let mut c = crate::cli::aptix();
+        c.args(args)
+            .env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("APTIX_NAMESPACE", &ns)
+            .env("APTIX_LLM_BASE_URL", fake.base_url())
+            .env("APTIX_LLM_MAX_RETRIES", "0")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        c
+    };
+    let serve =
+        crate::support::Listening::start(&mut command(&["serve", "--listen", "127.0.0.1:0"]));
+    let worker =
+        crate::support::Listening::start(&mut command(&["worker", "--listen", "127.0.0.1:0"]));
+    assert!(worker.wait_for_line("consuming turn jobs", Duration::from_secs(20)));
+    let http = crate::support::http_client();
+    let resp = http
+        .post(format!("{}/v1/turns", serve.url()))
+        .body(turn("s", "t", "slow"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the model got no call");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let out = command(&["cancel", "s", "t", "--url", &serve.url()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"running\""), "{stdout}");
+    let asked = Instant::now();
+    let body: Value = http
+        .get(format!("{}/v1/sessions/s/turns/t?wait=10", serve.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["result"]["status"], "cancelled", "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(worker.wait_for_line("turn cancelled on request", Duration::from_secs(5)));
+}

@@ -141,3 +141,32 @@ pub(crate) async fn get_batch_results(
     )
         .into_response()
 }
+
+/// Cancel a batch: every turn of it that has not finished is cancelled (queued and waiting
+/// ones at once, running ones at their next safe point); answers the progress after.
+#[utoipa::path(post, path = "/v1/batches/{batchId}/cancel", tag = "batches",
+    params(("batchId" = String, Path, description = "The batch")),
+    responses(
+        (status = 200, description = "Counts by status after the cancel", body = api_doc::InvokeResult<BatchProgress>),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure),
+    ))]
+pub(crate) async fn cancel_batch(
+    State(state): State<HttpState>,
+    ApiPath(batch_id): ApiPath<String>,
+    Tenant(tenant): Tenant,
+) -> Response {
+    let batch = match caller_batch(&state, &tenant, &batch_id).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    if let Err(refused) = state.door.cancel_batch(&batch).await {
+        return refused.into_response();
+    }
+    match state.door.batch_progress(&batch).await {
+        Ok(p) => answer(StatusCode::OK, InvokeResult::success(p)),
+        Err(e) => unavailable(e),
+    }
+}
