@@ -146,27 +146,22 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
 
 /// `aptix status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let StatusArgs {
-        session_id,
-        turn_id,
-        url,
-        token,
-    } = args;
-    let client = ApiClient::new(&url, token);
-    let (status, view) = client
-        .get(&format!("/v1/sessions/{session_id}/turns/{turn_id}"))
-        .await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
-    Ok(if status == 200 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    turn_request(args, reqwest::Method::GET, "").await
 }
 
 /// `aptix cancel`: prints the turn's status after the request (`cancelled`, or `running`
 /// while its worker stops it); exits non-zero when the API refused (a finished turn: 409).
 pub async fn cancel(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    turn_request(args, reqwest::Method::POST, "/cancel").await
+}
+
+/// Sends one request about a turn (`/v1/sessions/{s}/turns/{t}{suffix}`), prints the answer,
+/// and succeeds on 200 or 202.
+async fn turn_request(
+    args: StatusArgs,
+    method: reqwest::Method,
+    suffix: &str,
+) -> anyhow::Result<ExitCode> {
     let StatusArgs {
         session_id,
         turn_id,
@@ -174,12 +169,8 @@ pub async fn cancel(args: StatusArgs) -> anyhow::Result<ExitCode> {
         token,
     } = args;
     let client = ApiClient::new(&url, token);
-    let (status, view) = client
-        .post(
-            &format!("/v1/sessions/{session_id}/turns/{turn_id}/cancel"),
-            Vec::new(),
-        )
-        .await?;
+    let path = format!("/v1/sessions/{session_id}/turns/{turn_id}{suffix}");
+    let (status, view) = client.send(client.request(method, &path)).await?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(if status == 200 || status == 202 {
         ExitCode::SUCCESS

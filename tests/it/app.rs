@@ -228,6 +228,43 @@ impl App {
         (status, body)
     }
 
+    /// The turn's status once it leaves queued/running (long-polls up to 30 s).
+    pub async fn settled(&self, token: &str, session: &str, turn: &str) -> Value {
+        let (status, body) = self
+            .get(
+                Some(token),
+                &format!("/v1/sessions/{session}/turns/{turn}?wait=30"),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body["result"].clone()
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the fake model has received `n` requests.
+    pub async fn wait_for_model_calls(&self, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.fake.requests().len() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the model got {} of {n} calls",
+                self.fake.requests().len()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Every JSON answer must match what /openapi.json says this route answers with this status.
     pub fn conforms(&self, method: &str, path: &str, status: u16, body: &Value) {
         let schema = response_schema(&self.api, method, path, status)

@@ -23,22 +23,19 @@ async fn cancel(app: &App, token: &str, session: &str, turn: &str) -> (u16, Valu
 }
 
 async fn settled(app: &App, session: &str, turn: &str) -> Value {
-    let (status, body) = app
-        .get(
-            Some("tok-a"),
-            &format!("/v1/sessions/{session}/turns/{turn}?wait=30"),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    body["result"].clone()
+    app.settled("tok-a", session, turn).await
 }
 
-async fn wait_for_requests(app: &App, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.fake.requests().len() < n {
-        assert!(Instant::now() < deadline, "the model got no call");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+/// Makes the model's next answer take `delay`, and starts turn `first` of session `s`, which
+/// holds the session (in a model call) until then.
+async fn hold_the_model(app: &App, delay: Duration, first: &str) {
+    app.fake
+        .push([Reply::Delay(delay, Box::new(Reply::Text("held".into())))]);
+    assert_eq!(
+        app.post(Some("tok-a"), turn("s", first, "hold")).await.0,
+        202
+    );
+    app.wait_for_model_calls(1).await;
 }
 
 async fn app(backend: Backend) -> App {
@@ -52,12 +49,7 @@ async fn app(backend: Backend) -> App {
 async fn a_queued_turn_is_cancelled_at_once_and_its_job_dropped(backend: Backend) {
     let app = app(backend).await;
     // t1 holds the session for a while; t2 waits behind it, queued.
-    app.fake.push([Reply::Delay(
-        Duration::from_millis(1500),
-        Box::new(Reply::Text("first".into())),
-    )]);
-    assert_eq!(app.post(Some("tok-a"), turn("s", "t1", "one")).await.0, 202);
-    wait_for_requests(&app, 1).await;
+    hold_the_model(&app, Duration::from_millis(1500), "t1").await;
     assert_eq!(app.post(Some("tok-a"), turn("s", "t2", "two")).await.0, 202);
     let (status, body) = cancel(&app, "tok-a", "s", "t2").await;
     assert_eq!(status, 200, "{body}");
@@ -87,12 +79,7 @@ async fn a_queued_turn_is_cancelled_at_once_and_its_job_dropped(backend: Backend
 
 async fn a_running_turn_stops_and_its_model_call_is_abandoned(backend: Backend) {
     let app = app(backend).await;
-    app.fake.push([Reply::Delay(
-        Duration::from_secs(20),
-        Box::new(Reply::Text("never".into())),
-    )]);
-    assert_eq!(app.post(Some("tok-a"), turn("s", "t", "slow")).await.0, 202);
-    wait_for_requests(&app, 1).await;
+    hold_the_model(&app, Duration::from_secs(20), "t").await;
     let asked = Instant::now();
     let (status, body) = cancel(&app, "tok-a", "s", "t").await;
     assert_eq!(status, 202, "{body}");
@@ -184,12 +171,7 @@ fn busy_turn(session: &str, turn: &str, on_busy: &str) -> String {
 
 async fn on_busy_reject_refuses_a_second_turn_while_one_runs(backend: Backend) {
     let app = app(backend).await;
-    app.fake.push([Reply::Delay(
-        Duration::from_millis(1500),
-        Box::new(Reply::Text("first".into())),
-    )]);
-    assert_eq!(app.post(Some("tok-a"), turn("s", "t1", "one")).await.0, 202);
-    wait_for_requests(&app, 1).await;
+    hold_the_model(&app, Duration::from_millis(1500), "t1").await;
     let (status, body) = app
         .post(Some("tok-a"), busy_turn("s", "t2", "reject"))
         .await;
@@ -218,15 +200,7 @@ async fn on_busy_reject_refuses_a_second_turn_while_one_runs(backend: Backend) {
 
 async fn on_busy_interrupt_cancels_the_running_turn_and_runs_next(backend: Backend) {
     let app = app(backend).await;
-    app.fake.push([Reply::Delay(
-        Duration::from_secs(20),
-        Box::new(Reply::Text("never".into())),
-    )]);
-    assert_eq!(
-        app.post(Some("tok-a"), turn("s", "t1", "long")).await.0,
-        202
-    );
-    wait_for_requests(&app, 1).await;
+    hold_the_model(&app, Duration::from_secs(20), "t1").await;
     let started = Instant::now();
     let (status, body) = app
         .post(Some("tok-a"), busy_turn("s", "t2", "interrupt"))
@@ -261,7 +235,7 @@ async fn cancelling_a_batch_cancels_its_unfinished_turns(backend: Backend) {
         .await;
     assert_eq!(status, 202, "{body}");
     let id = body["result"]["batchId"].as_str().unwrap().to_string();
-    wait_for_requests(&app, 3).await;
+    app.wait_for_model_calls(3).await;
     let started = Instant::now();
     let (status, body) = app
         .post_to(

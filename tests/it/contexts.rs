@@ -104,15 +104,9 @@ fn turn(session: &str, turn: &str, agent: Option<&str>, conversation: Option<&st
 }
 
 async fn completed(app: &App, session: &str, turn: &str) -> Value {
-    let (status, body) = app
-        .get(
-            Some("tok-a"),
-            &format!("/v1/sessions/{session}/turns/{turn}?wait=30"),
-        )
-        .await;
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body["result"]["status"], "completed", "{body}");
-    body
+    let status = app.settled("tok-a", session, turn).await;
+    assert_eq!(status["status"], "completed", "{status}");
+    json!({ "result": status })
 }
 
 /// The system message of a model request, if it has one.
@@ -333,15 +327,7 @@ async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
         arrivals[5] - arrivals[0] >= Duration::from_millis(950),
         "six calls at five per second span a second: {arrivals:?}"
     );
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     let waits = metric(
         &metrics,
         "aptix_model_capacity_waits_total{context=\"fast\"}",
@@ -398,15 +384,7 @@ async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: B
     );
     let done = completed(&app, "w", "t").await;
     assert!(done["result"]["result"]["successful"] == true, "{done}");
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert!(
         metric(
             &metrics,
@@ -456,15 +434,7 @@ async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Back
         arrivals[1] - arrivals[0] >= Duration::from_millis(1400),
         "a call went out before the 429's retry-after passed: {arrivals:?}"
     );
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert_eq!(
         metric(&metrics, "aptix_model_rate_limited_total{context=\"slow\"}"),
         1.0

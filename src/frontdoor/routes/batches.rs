@@ -94,7 +94,12 @@ pub(crate) async fn get_batch(
         Ok(b) => b,
         Err(r) => return r,
     };
-    match state.door.batch_progress(&batch).await {
+    progress(&state, &batch).await
+}
+
+/// `200` with the batch's progress.
+async fn progress(state: &HttpState, batch: &crate::store::BatchRecord) -> Response {
+    match state.door.batch_progress(batch).await {
         Ok(p) => answer(StatusCode::OK, InvokeResult::success(p)),
         Err(e) => unavailable(e),
     }
@@ -165,8 +170,5 @@ pub(crate) async fn cancel_batch(
     if let Err(refused) = state.door.cancel_batch(&batch).await {
         return refused.into_response();
     }
-    match state.door.batch_progress(&batch).await {
-        Ok(p) => answer(StatusCode::OK, InvokeResult::success(p)),
-        Err(e) => unavailable(e),
-    }
+    progress(&state, &batch).await
 }
