@@ -26,6 +26,14 @@ pub enum Cancelled {
     Stopping(TurnStatusView),
 }
 
+/// A turn that does not exist (or is another tenant's).
+fn missing(sid: &SessionId, tid: &TurnId) -> SubmitError {
+    SubmitError::NotFound(ErrorMessage::new(
+        ErrorCode::TurnNotFound,
+        format!("turn {tid} does not exist in session {sid}"),
+    ))
+}
+
 impl FrontDoor {
     /// Cancels `tenant`'s turn. Idempotent; a finished turn is a conflict naming its status;
     /// another tenant's turn is reported as missing.
@@ -35,29 +43,19 @@ impl FrontDoor {
         sid: &SessionId,
         tid: &TurnId,
     ) -> Result<Cancelled, SubmitError> {
-        let missing = || {
-            SubmitError::NotFound(ErrorMessage::new(
-                ErrorCode::TurnNotFound,
-                format!("turn {tid} does not exist in session {sid}"),
-            ))
-        };
         if self.store.owner(sid).await?.as_deref() != Some(tenant) {
-            return Err(missing());
+            return Err(missing(sid, tid));
         }
         self.cancel_owned(sid, tid).await
     }
 
     /// [`FrontDoor::cancel`] once the caller is known to own the session.
     async fn cancel_owned(&self, sid: &SessionId, tid: &TurnId) -> Result<Cancelled, SubmitError> {
-        let missing = || {
-            SubmitError::NotFound(ErrorMessage::new(
-                ErrorCode::TurnNotFound,
-                format!("turn {tid} does not exist in session {sid}"),
-            ))
-        };
         // A compare-and-set that loses to a worker re-reads: the turn moved on.
         loop {
-            let record = self.store.get_turn(sid, tid).await?.ok_or_else(missing)?;
+            let Some(record) = self.store.get_turn(sid, tid).await? else {
+                return Err(missing(sid, tid));
+            };
             match record.status {
                 TurnStatus::Cancelled => return Ok(Cancelled::Done((&record).into())),
                 TurnStatus::Completed | TurnStatus::Failed => {

@@ -7,9 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a running model call looks for a cancel request.
-const CANCEL_POLL: Duration = Duration::from_millis(500);
-
 use tracing::{info, warn};
 
 use super::{
@@ -25,6 +22,9 @@ use crate::store::{
     now_rfc3339,
 };
 use crate::tools::ModeEffect;
+
+/// How often a running model call looks for a cancel request.
+const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 impl Pipeline {
     /// The session part of a turn's answer.
@@ -152,6 +152,13 @@ impl Pipeline {
                     ),
                 ),
             ))));
+        }
+        // A cancelled turn's status was published when it was cancelled: its job is dropped.
+        if rec.status == TurnStatus::Cancelled
+            && let Some(result) = &rec.result
+        {
+            info!("the turn was cancelled; dropping its job");
+            return Err(Interrupted::NotTheTurns(Box::new(result.clone())));
         }
         let done = rec.status.is_settled() || rec.pending.is_some();
         match (&rec.result, done) {
