@@ -6,10 +6,9 @@
 //! starts an embedded server and still talks HTTP to it.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
@@ -24,6 +23,7 @@ use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLi
 
 use super::client::ApiClient;
 use super::index::{repo_name, upload_index};
+use super::progress::ProgressBar;
 use super::workspace::client_tool;
 
 /// Arguments of `aptix batch`.
@@ -295,53 +295,6 @@ fn assign_ids(item: &mut Item, salt: &str, attempt: u64) {
     if let Some(obj) = item.request.as_object_mut() {
         default_id(obj, "sessionId", "SessionId", || sid);
         default_id(obj, "turnId", "TurnId", || tid);
-    }
-}
-
-/// Shows progress on stderr: a redrawn bar on a terminal, a line every few seconds otherwise.
-struct ProgressBar {
-    started: Instant,
-    last_line: Option<Instant>,
-    tty: bool,
-}
-
-impl ProgressBar {
-    fn new() -> Self {
-        use std::io::IsTerminal as _;
-        Self {
-            started: Instant::now(),
-            last_line: None,
-            tty: std::io::stderr().is_terminal(),
-        }
-    }
-
-    fn show(&mut self, done: usize, total: usize, failed: usize, running: usize, force: bool) {
-        let secs = self.started.elapsed().as_secs_f64().max(0.001);
-        let rate = done as f64 / secs;
-        let width = 30usize;
-        let filled = (done * width)
-            .checked_div(total)
-            .unwrap_or(width)
-            .min(width);
-        let bar = format!("{}{}", "#".repeat(filled), ".".repeat(width - filled));
-        let text = format!(
-            "[{bar}] {done}/{total} done, {failed} failed, {running} running, {rate:.1}/s, {secs:.0}s"
-        );
-        let mut err = std::io::stderr();
-        if self.tty {
-            let _ = write!(err, "\r{text}");
-            if force {
-                let _ = writeln!(err);
-            }
-        } else if force
-            || self
-                .last_line
-                .is_none_or(|t| t.elapsed() >= Duration::from_secs(2))
-        {
-            let _ = writeln!(err, "{text}");
-            self.last_line = Some(Instant::now());
-        }
-        let _ = err.flush();
     }
 }
 

@@ -17,6 +17,7 @@ pub mod bench;
 pub mod client;
 pub mod dlq;
 pub mod index;
+pub mod progress;
 pub mod serve;
 pub mod tools;
 pub mod turns;

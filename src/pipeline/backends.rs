@@ -149,35 +149,38 @@ pub(super) fn refused(errors: Vec<ErrorMessage>) -> super::TurnResult {
     })
 }
 
-/// A user turn's contexts: the ones its session latched (latched now if this is the session's
-/// first turn). `Ok(Err(errors))` when the turn names unknown contexts or other ones than the
-/// session's (the front door refuses both; a job can still carry them when it was accepted by
-/// a differently configured front door, or raced another session's first turn).
-pub(super) async fn contexts_of(
-    store: &dyn SessionStore,
-    known: &KnownContexts,
-    turn: &UserTurn,
-    session: Option<&SessionState>,
-) -> Result<Result<ContextIds, Vec<ErrorMessage>>, StoreError> {
-    if let Err(errors) = known.check(turn) {
-        return Ok(Err(errors));
-    }
-    let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
-    let latched = match session {
-        Some(s) => s.contexts.clone(),
-        None => {
-            store
-                .latch_contexts(
-                    turn.session_id(),
-                    &ContextIds::named_or_default(agent, conversation),
-                )
-                .await?
+impl Backends {
+    /// A user turn's contexts — the ones its session latched (latched now if this is the
+    /// session's first turn) — and what they map to. `Ok(Err(errors))` when the turn names
+    /// unknown contexts or other ones than the session's, or this process lacks them (the front
+    /// door refuses the first two; a job can still carry them when a differently configured
+    /// front door accepted it, or two first turns of one session raced).
+    pub(super) async fn contexts_of(
+        &self,
+        store: &dyn SessionStore,
+        known: &KnownContexts,
+        turn: &UserTurn,
+        session: Option<&SessionState>,
+    ) -> Result<Result<(Resolved, ContextIds), Vec<ErrorMessage>>, StoreError> {
+        if let Err(errors) = known.check(turn) {
+            return Ok(Err(errors));
         }
-    };
-    let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
-    Ok(if errors.is_empty() {
-        Ok(latched)
-    } else {
-        Err(errors)
-    })
+        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+        let latched = match session {
+            Some(s) => s.contexts.clone(),
+            None => {
+                store
+                    .latch_contexts(
+                        turn.session_id(),
+                        &ContextIds::named_or_default(agent, conversation),
+                    )
+                    .await?
+            }
+        };
+        let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
+        if !errors.is_empty() {
+            return Ok(Err(errors));
+        }
+        Ok(self.resolve(&latched).map(|resolved| (resolved, latched)))
+    }
 }

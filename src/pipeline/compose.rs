@@ -326,3 +326,15 @@ mod body_tests {
         assert!(none.get("previous_response_id").is_none());
     }
 }
+
+/// The mode whose tools a turn offers: the one it started in (a mode change inside a turn takes
+/// effect on tools from the next turn).
+pub(super) fn tools_mode(
+    catalog: &ModeCatalog,
+    progress: &crate::store::TurnProgress,
+) -> crate::catalog::Mode {
+    catalog
+        .by_key(&progress.tools_mode_key)
+        .unwrap_or_else(|| catalog.default_mode())
+        .clone()
+}

@@ -80,6 +80,14 @@ pub enum JobOutcome {
     Retry(ErrorMessage),
 }
 
+/// Why a model call ended the turn instead of answering.
+enum CallEnd {
+    /// The turn fails with this result.
+    Failed(Box<TurnResult>),
+    /// The turn was asked to stop.
+    Cancelled,
+}
+
 /// Why a run ended without a result of its own (inside the pipeline; see [`JobOutcome`]).
 #[derive(Debug)]
 enum Interrupted {

@@ -12,8 +12,8 @@ use tracing::{info, warn};
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
 use super::{
-    Interrupted, Pipeline, RetryKind, RetryableFailure, Run, TurnResult, continuation_fingerprint,
-    fingerprint, permanent, store_failure,
+    CallEnd, Interrupted, Pipeline, RetryKind, RetryableFailure, Run, TurnResult,
+    continuation_fingerprint, fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
@@ -24,14 +24,6 @@ use crate::contract::{
 use crate::llm::{LlmError, ModelResponse, OutputItem};
 use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
-
-/// Why a model call ended the turn instead of answering.
-pub(super) enum CallEnd {
-    /// The turn fails with this result.
-    Failed(Box<TurnResult>),
-    /// The turn was asked to stop.
-    Cancelled,
-}
 
 impl Pipeline {
     pub(super) async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, Interrupted> {
@@ -70,13 +62,11 @@ impl Pipeline {
                 return Err(store_failure(e).into());
             }
         };
-        // The front door refuses unknown and mismatching context ids; a job that carries one
-        // anyway (a front door configured differently, or two first turns of one session
-        // racing) fails its turn, stored like any result.
-        let contexts = backends::contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())
-            .await
-            .map(|ids| ids.and_then(|ids| Ok((self.backends.resolve(&ids)?, ids))));
-        let (resolved, contexts) = match contexts {
+        // Contexts the front door should have refused fail the turn, stored like any result.
+        let found = (self.backends)
+            .contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())
+            .await;
+        let (resolved, contexts) = match found {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
                 let mut record = existing.unwrap_or_else(|| {
@@ -96,7 +86,6 @@ impl Pipeline {
             }
         };
         let boot = resolved.conversation.boot_prompt.clone();
-
         let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
         session.contexts = contexts;
         // A session whose stored mode id is no longer in the catalog continues in the default.
@@ -433,7 +422,7 @@ impl Pipeline {
                         ));
                         return self.fail_turn(run, result).await;
                     }
-                    let tools_mode = self.tools_mode(&progress);
+                    let tools_mode = compose::tools_mode(&self.catalog, &progress);
                     let tools = self.catalog.tools_for(&tools_mode);
                     let sent = std::mem::take(&mut input);
                     match self
@@ -466,7 +455,7 @@ impl Pipeline {
                     }
                 }
             };
-            let tools_mode = self.tools_mode(&progress);
+            let tools_mode = compose::tools_mode(&self.catalog, &progress);
             let tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
 
             let mut texts = Vec::new();
@@ -558,13 +547,6 @@ impl Pipeline {
                 .collect();
             previous = Some(response.id);
         }
-    }
-
-    pub(super) fn tools_mode(&self, progress: &TurnProgress) -> crate::catalog::Mode {
-        self.catalog
-            .by_key(&progress.tools_mode_key)
-            .unwrap_or_else(|| self.catalog.default_mode())
-            .clone()
     }
 
     /// One server tool call: layer D runs it (or replays it from the ledger); a mode change it
