@@ -452,6 +452,73 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
 }
 
 #[tokio::test]
+async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once() {
+    let d = Deployment::new(FakeOptions::default()).await;
+    d.fake.push([
+        Reply::Calls(vec![(
+            "agent_change_mode".into(),
+            json!({"mode": "ddr_authoring", "branch": false, "reason": "once"}),
+        )]),
+        Reply::Delay(
+            Duration::from_secs(60),
+            Box::new(Reply::Text("never".into())),
+        ),
+    ]);
+    let lease = Duration::from_millis(600);
+    let sudden = WorkerSettings {
+        shutdown_grace: Duration::ZERO,
+        ..settings()
+    };
+    let doomed = d.worker("doomed", sudden, lease).await;
+    let mut replies = d.replies("s").await;
+    let sid = SessionId::parse("s").unwrap();
+    let tid = TurnId::parse("t").unwrap();
+    d.store.claim_owner(&sid, "tenant").await.unwrap();
+    d.door
+        .submit(&submit_body(
+            json!({"sessionId": "s", "turnId": "t", "instruction": "switch"}),
+        ))
+        .await
+        .unwrap();
+    for _ in 0..300 {
+        if d.fake.requests().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        d.fake.requests().len(),
+        2,
+        "the second model call is in flight"
+    );
+    close_connection(doomed.broker.connection_name());
+    doomed.stop.cancel();
+    doomed.task.await.unwrap();
+    // Cancelled while nobody runs it: the record still says running.
+    let asked = d.door.cancel("tenant", &sid, &tid).await.unwrap();
+    assert!(matches!(
+        asked,
+        aptix_worker::frontdoor::cancel::Cancelled::Stopping(_)
+    ));
+    // The redelivered job resumes on another worker, which stops at its first safe point.
+    let survivor = d.worker("survivor", settings(), lease).await;
+    let r = next_reply(&mut replies, 30).await;
+    assert_eq!(r.status, TurnStatus::Cancelled);
+    assert_eq!(d.status("s", "t").await, TurnStatus::Cancelled);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), replies.recv())
+            .await
+            .is_err(),
+        "exactly one result"
+    );
+    assert_eq!(d.fake.requests().len(), 2, "no model call after the cancel");
+    let session = d.store.get_session(&sid).await.unwrap().unwrap();
+    assert_eq!(session.mode_history.len(), 1, "the server tool ran once");
+    survivor.stop.cancel();
+    survivor.task.await.unwrap();
+}
+
+#[tokio::test]
 async fn an_unroutable_publish_is_an_error_not_silence() {
     let d = Deployment::new(FakeOptions::default()).await;
     // Someone deletes the job queue under us: the mandatory publish comes back as returned.
