@@ -150,6 +150,9 @@ pub async fn run(
     calls: usize,
     callers: usize,
 ) -> Result<(), LimitStoreError> {
+    // Every caller makes the same number of calls, so the count per call is exact.
+    let callers = callers.max(1);
+    let calls = (calls / callers).max(1) * callers;
     let metrics = Arc::new(Metrics::new());
     let limiter_over = |store: Arc<dyn LimitStore>| {
         CallLimiter::new(store, "bench", never_reached(), metrics.clone())

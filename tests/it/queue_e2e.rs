@@ -381,9 +381,10 @@ async fn the_worker_recovers_when_its_connection_is_force_closed() {
     w.task.await.unwrap();
 }
 
-#[tokio::test]
-async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
-    let d = Deployment::new(FakeOptions::default()).await;
+/// Runs turn `s/t` on a worker that changes the mode (a server tool), then dies in its second
+/// model call the way a killed process does: no ack, no retry, no lease release (the lease
+/// expires after `LEASE`). Returns the session's replies, subscribed before the submission.
+async fn kill_the_worker_in_its_second_model_call(d: &Deployment) -> Replies {
     d.fake.push([
         Reply::Calls(vec![(
             "agent_change_mode".into(),
@@ -393,17 +394,14 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
             Duration::from_secs(60),
             Box::new(Reply::Text("never".into())),
         ),
-        Reply::Text("finished by the second worker".into()),
     ]);
-    let lease = Duration::from_millis(600);
-    // A grace period of zero makes stopping drop every in-flight turn on the spot, the way a
-    // killed process would: no ack, no retry, no lease release (the lease just expires).
+    // A grace period of zero makes stopping drop every in-flight turn on the spot.
     let sudden = WorkerSettings {
         shutdown_grace: Duration::ZERO,
         ..settings()
     };
-    let doomed = d.worker("doomed", sudden, lease).await;
-    let mut replies = d.replies("s").await;
+    let doomed = d.worker("doomed", sudden, LEASE).await;
+    let replies = d.replies("s").await;
     d.door
         .submit(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "switch"}),
@@ -425,7 +423,18 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
     close_connection(doomed.broker.connection_name());
     doomed.stop.cancel();
     doomed.task.await.unwrap();
-    let survivor = d.worker("survivor", settings(), lease).await;
+    replies
+}
+
+const LEASE: Duration = Duration::from_millis(600);
+
+#[tokio::test]
+async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
+    let d = Deployment::new(FakeOptions::default()).await;
+    let mut replies = kill_the_worker_in_its_second_model_call(&d).await;
+    d.fake
+        .push([Reply::Text("finished by the second worker".into())]);
+    let survivor = d.worker("survivor", settings(), LEASE).await;
     let r = next_reply(&mut replies, 30).await;
     assert_eq!(r.status, TurnStatus::Completed);
     assert_eq!(d.status("s", "t").await, TurnStatus::Completed);
@@ -454,46 +463,10 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
 #[tokio::test]
 async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once() {
     let d = Deployment::new(FakeOptions::default()).await;
-    d.fake.push([
-        Reply::Calls(vec![(
-            "agent_change_mode".into(),
-            json!({"mode": "ddr_authoring", "branch": false, "reason": "once"}),
-        )]),
-        Reply::Delay(
-            Duration::from_secs(60),
-            Box::new(Reply::Text("never".into())),
-        ),
-    ]);
-    let lease = Duration::from_millis(600);
-    let sudden = WorkerSettings {
-        shutdown_grace: Duration::ZERO,
-        ..settings()
-    };
-    let doomed = d.worker("doomed", sudden, lease).await;
-    let mut replies = d.replies("s").await;
     let sid = SessionId::parse("s").unwrap();
     let tid = TurnId::parse("t").unwrap();
     d.store.claim_owner(&sid, "tenant").await.unwrap();
-    d.door
-        .submit(&submit_body(
-            json!({"sessionId": "s", "turnId": "t", "instruction": "switch"}),
-        ))
-        .await
-        .unwrap();
-    for _ in 0..300 {
-        if d.fake.requests().len() >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        d.fake.requests().len(),
-        2,
-        "the second model call is in flight"
-    );
-    close_connection(doomed.broker.connection_name());
-    doomed.stop.cancel();
-    doomed.task.await.unwrap();
+    let mut replies = kill_the_worker_in_its_second_model_call(&d).await;
     // Cancelled while nobody runs it: the record still says running.
     let asked = d.door.cancel("tenant", &sid, &tid).await.unwrap();
     assert!(matches!(
@@ -501,7 +474,7 @@ async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once()
         aptix_worker::frontdoor::cancel::Cancelled::Stopping(_)
     ));
     // The redelivered job resumes on another worker, which stops at its first safe point.
-    let survivor = d.worker("survivor", settings(), lease).await;
+    let survivor = d.worker("survivor", settings(), LEASE).await;
     let r = next_reply(&mut replies, 30).await;
     assert_eq!(r.status, TurnStatus::Cancelled);
     assert_eq!(d.status("s", "t").await, TurnStatus::Cancelled);
