@@ -21,8 +21,8 @@
 //! - [`replies`] — a settled status published to the session's reply queue and its event
 //!   subscribers, and waiting for one turn's settled status.
 //!
-//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`] and [`secret`]
-//! (what a process is configured with), [`app`] (the composition root that wires the parts from a
+//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`] (tenant
+//! quotas) and [`secret`] (what a process is configured with), [`app`] (the composition root that wires the parts from a
 //! configuration), [`metrics`], [`telemetry`] (logs and span export), [`trace`] (W3C trace
 //! context across the queue), [`tls`], [`fake_llm`] (a faithful fake of the Responses API, for
 //! tests and demos).
@@ -45,6 +45,7 @@ pub mod secret;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod tenants;
 pub mod tls;
 pub mod tools;
 pub mod trace;

@@ -17,6 +17,10 @@ use prometheus_client::registry::Registry;
 type Labels = [(&'static str, &'static str); 1];
 /// `context="<agent context id>"`.
 type ContextLabel = [(&'static str, String); 1];
+/// `tenant="<configured tenant id or other>"`.
+type TenantLabel = [(&'static str, String); 1];
+/// `tenant="…",quota="…"`.
+type QuotaLabels = [(&'static str, String); 2];
 
 /// Every metric of the process.
 pub struct Metrics {
@@ -39,6 +43,10 @@ pub struct Metrics {
     capacity_wait_seconds: Family<ContextLabel, Counter<f64, AtomicU64>>,
     rate_limited: Family<ContextLabel, Counter>,
     refused_by_policy: Family<Labels, Counter>,
+    tenant_running: Family<TenantLabel, Gauge>,
+    tenant_waiting: Family<TenantLabel, Gauge>,
+    tenant_tokens: Family<TenantLabel, Counter>,
+    quota_rejections: Family<QuotaLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -141,7 +149,7 @@ impl Metrics {
             fenced.clone(),
         );
         // Known label values start at zero, so dashboards and alerts see every series at once.
-        for status in ["completed", "awaiting_client_tools", "failed"] {
+        for status in ["completed", "awaiting_client_tools", "failed", "cancelled"] {
             turns.get_or_create(&[("status", status)]).inc_by(0);
         }
         for kind in ["input", "output"] {
@@ -180,12 +188,38 @@ impl Metrics {
             "User turns the front door refused by policy (onBusy: reject → session_busy)",
             refused_by_policy.clone(),
         );
-        refused_by_policy
-            .get_or_create(&[("reason", "session_busy")])
-            .inc_by(0);
+        for reason in ["session_busy", "quota_exceeded"] {
+            refused_by_policy
+                .get_or_create(&[("reason", reason)])
+                .inc_by(0);
+        }
         for stage in ["frontdoor", "worker"] {
             duplicates.get_or_create(&[("stage", stage)]).inc_by(0);
         }
+        let tenant_running = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "tenant_running_turns",
+            "Turns of a tenant with maxRunningTurns running now in this process",
+            tenant_running.clone(),
+        );
+        let tenant_waiting = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "tenant_turns_waiting",
+            "Turns this process holds until their tenant's maxRunningTurns allows them to run",
+            tenant_waiting.clone(),
+        );
+        let tenant_tokens = Family::<TenantLabel, Counter>::default();
+        registry.register(
+            "tenant_tokens",
+            "Model tokens (input + output) spent by this process's turns, by tenant (tenants not in the tenants file count as other)",
+            tenant_tokens.clone(),
+        );
+        let quota_rejections = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "quota_rejections",
+            "User turns the front door refused because their tenant's quota was spent",
+            quota_rejections.clone(),
+        );
         Self {
             registry,
             turns,
@@ -206,6 +240,10 @@ impl Metrics {
             capacity_wait_seconds,
             rate_limited,
             refused_by_policy,
+            tenant_running,
+            tenant_waiting,
+            tenant_tokens,
+            quota_rejections,
         }
     }
 
@@ -306,6 +344,49 @@ impl Metrics {
             .inc();
     }
 
+    /// Makes the tenant series start at zero for the configured tenants.
+    pub fn register_tenants<'a>(&self, tenants: impl IntoIterator<Item = &'a str>) {
+        for t in tenants {
+            let label = tenant_label(t);
+            self.tenant_running.get_or_create(&label).set(0);
+            self.tenant_waiting.get_or_create(&label).set(0);
+            self.tenant_tokens.get_or_create(&label).inc_by(0);
+        }
+    }
+
+    /// A turn of `tenant` (a label value) started running under its tenant's cap; the guard
+    /// ends it.
+    pub fn tenant_turn_running(&self, tenant: &str) -> Tracked {
+        Tracked::new(
+            self.tenant_running
+                .get_or_create(&tenant_label(tenant))
+                .clone(),
+        )
+    }
+
+    /// A turn of `tenant` is held until its tenant's cap allows it; the guard ends that.
+    pub fn tenant_turn_waiting(&self, tenant: &str) -> Tracked {
+        Tracked::new(
+            self.tenant_waiting
+                .get_or_create(&tenant_label(tenant))
+                .clone(),
+        )
+    }
+
+    /// `tenant`'s turns spent `tokens` model tokens.
+    pub fn tenant_spent(&self, tenant: &str, tokens: u64) {
+        self.tenant_tokens
+            .get_or_create(&tenant_label(tenant))
+            .inc_by(tokens);
+    }
+
+    /// The front door refused a turn of `tenant` because `quota` is spent.
+    pub fn quota_rejected(&self, tenant: &str, quota: &'static str) {
+        self.quota_rejections
+            .get_or_create(&[("tenant", tenant.to_string()), ("quota", quota.to_string())])
+            .inc();
+    }
+
     /// A turn run starts; the guard ends it.
     pub fn run_started(&self) -> InFlight<'_> {
         self.in_flight.inc();
@@ -331,6 +412,27 @@ impl Metrics {
 
 fn context_label(context: &str) -> ContextLabel {
     [("context", context.to_string())]
+}
+
+fn tenant_label(tenant: &str) -> TenantLabel {
+    [("tenant", tenant.to_string())]
+}
+
+/// Holds a gauge one higher until dropped.
+#[derive(Debug)]
+pub struct Tracked(Gauge);
+
+impl Tracked {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Counts a run as in flight until dropped.

@@ -63,6 +63,17 @@ pub trait LimitStore: Send + Sync + 'static {
     async fn slow_down(&self, context: &str, pause: Duration) -> Result<(), LimitStoreError>;
     /// Live slots of the context (for tests and `aptix contexts`).
     async fn slots_in_use(&self, context: &str) -> Result<u32, LimitStoreError>;
+    /// Adds `tokens` to `key`'s count for `day` and returns the new count. A count is kept
+    /// for `keep` after its last change (it is only read while its day lasts).
+    async fn add_tokens(
+        &self,
+        key: &str,
+        day: &str,
+        tokens: u64,
+        keep: Duration,
+    ) -> Result<u64, LimitStoreError>;
+    /// `key`'s count for `day` (0 when nothing was counted).
+    async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError>;
 }
 
 /// One context's limits.
@@ -217,31 +228,7 @@ impl CallLimiter {
 
     /// A slot taken for `token`, renewed until released.
     fn hold(&self, token: String) -> HeldSlot {
-        let (store, context, ttl) = (
-            self.store.clone(),
-            self.context.clone(),
-            self.limits.slot_ttl,
-        );
-        let renew_token = token.clone();
-        let renewer = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(ttl / 3).await;
-                match store.renew_slot(&context, &renew_token, ttl).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(%context, "a call slot expired while held; the context may briefly run one call over its limit");
-                        return;
-                    }
-                    Err(e) => tracing::warn!(%context, error = %e, "cannot renew a call slot"),
-                }
-            }
-        });
-        HeldSlot {
-            store: self.store.clone(),
-            context: self.context.clone(),
-            token,
-            renewer,
-        }
+        HeldSlot::renewed(&self.store, &self.context, token, self.limits.slot_ttl)
     }
 }
 
@@ -250,11 +237,54 @@ fn jittered(d: Duration) -> Duration {
     d + d.mul_f64(fastrand::f64() / 4.0)
 }
 
-struct HeldSlot {
+/// A slot of a [`LimitStore`] set, renewed every third of its time to live while held and
+/// given back when dropped.
+pub(crate) struct HeldSlot {
     store: Arc<dyn LimitStore>,
     context: String,
     token: String,
     renewer: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for HeldSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldSlot")
+            .field("set", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeldSlot {
+    /// Holds the slot `token` took in `context`'s set.
+    pub(crate) fn renewed(
+        store: &Arc<dyn LimitStore>,
+        context: &str,
+        token: String,
+        ttl: Duration,
+    ) -> Self {
+        let (renew_store, renew_context, renew_token) =
+            (store.clone(), context.to_string(), token.clone());
+        let renewer = tokio::spawn(async move {
+            let context = renew_context;
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                match renew_store.renew_slot(&context, &renew_token, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(%context, "a slot expired while held; its set may briefly run one over its limit");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(%context, error = %e, "cannot renew a slot"),
+                }
+            }
+        });
+        Self {
+            store: store.clone(),
+            context: context.to_string(),
+            token,
+            renewer,
+        }
+    }
 }
 
 impl Drop for HeldSlot {
@@ -269,7 +299,7 @@ impl Drop for HeldSlot {
             );
             rt.spawn(async move {
                 if let Err(e) = store.release_slot(&context, &token).await {
-                    tracing::warn!(%context, error = %e, "cannot give a call slot back; it expires on its own");
+                    tracing::warn!(%context, error = %e, "cannot give a slot back; it expires on its own");
                 }
             });
         }

@@ -219,4 +219,36 @@ impl LimitStore for RedisLimits {
         self.run(&self.scripts.count_slots, self.key("slots", context), &[])
             .await
     }
+
+    async fn add_tokens(
+        &self,
+        key: &str,
+        day: &str,
+        tokens: u64,
+        keep: Duration,
+    ) -> Result<u64, LimitStoreError> {
+        let counter = self.key(&format!("tokens:{day}"), key);
+        let (total,): (u64,) = redis::pipe()
+            .atomic()
+            .cmd("INCRBY")
+            .arg(&counter)
+            .arg(tokens)
+            .cmd("PEXPIRE")
+            .arg(&counter)
+            .arg(ms(keep))
+            .ignore()
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(total)
+    }
+
+    async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
+        let n: Option<u64> = redis::cmd("GET")
+            .arg(self.key(&format!("tokens:{day}"), key))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(n.unwrap_or(0))
+    }
 }
