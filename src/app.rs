@@ -24,6 +24,7 @@ use crate::queue::{Broker, MemoryBroker, RabbitBroker, Topology};
 use crate::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisIndex};
 use crate::store::redis::RedisOptions;
 use crate::store::{MemoryStore, RedisStore, SessionStore};
+use crate::tenants::Quotas;
 use crate::worker::{Worker, WorkerSettings};
 
 /// Why the parts could not be built: which part, and the cause (kept as the error's source).
@@ -66,6 +67,7 @@ pub struct App {
     pub topology: Topology,
     pub metrics: Arc<Metrics>,
     pub index: Arc<dyn ChunkIndex>,
+    pub quotas: Quotas,
     /// Keeps the built-in fake model alive when no model server is configured.
     _fake: Option<FakeLlm>,
 }
@@ -93,14 +95,21 @@ impl App {
         };
         let contexts = contexts_in_use(config, fake.as_ref().map(FakeLlm::base_url));
         let metrics = Arc::new(Metrics::new());
+        // Shared by every process on the Redis: tenants' token counts are kept for all.
         let limits: Arc<dyn LimitStore> = match &config.redis_url {
-            Some(url) if contexts.agents().any(AgentContext::is_limited) => Arc::new(
+            Some(url) => Arc::new(
                 RedisLimits::connect(url.expose(), &config.namespace, &redis_options(config))
                     .await
-                    .part("the Redis call limiter")?,
+                    .part("the Redis limiter")?,
             ),
-            _ => Arc::new(MemoryLimits::new()),
+            None => Arc::new(MemoryLimits::new()),
         };
+        let quotas = Quotas::new(
+            config.tenants.clone(),
+            limits.clone(),
+            metrics.clone(),
+            config.call_slot_ttl,
+        );
         let backends = backends(config, &contexts, &limits, &metrics)?;
         let store: Arc<dyn SessionStore> = match &config.redis_url {
             Some(url) => {
@@ -154,6 +163,7 @@ impl App {
             .part("the pipeline")?
             .with_backends(backends)
             .with_metrics(metrics.clone())
+            .with_quotas(quotas.clone())
             .with_rag(
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag_budget,
@@ -166,6 +176,7 @@ impl App {
             topology,
             metrics,
             index,
+            quotas,
             _fake: fake,
         })
     }
@@ -186,12 +197,14 @@ impl App {
             settings,
         )
         .with_metrics(self.metrics.clone())
+        .with_quotas(self.quotas.clone())
     }
 
     pub fn front_door(&self, config: &Config) -> FrontDoor {
         FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
             .with_contexts(self.pipeline.known_contexts())
             .with_metrics(self.metrics.clone())
+            .with_quotas(self.quotas.clone())
     }
 
     pub fn http_state(&self, config: &Config) -> HttpState {

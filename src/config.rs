@@ -63,6 +63,9 @@ pub struct Config {
     /// `APTIX_CONTEXTS_FILE`: agent and conversation contexts (read and checked at start-up;
     /// the built-in `default`s are added where the file has none).
     pub contexts: crate::contexts::Contexts,
+    /// `APTIX_TENANTS_FILE`: tenants' `maxRunningTurns` and `tokensPerDay` (read and checked
+    /// at start-up; every process of a deployment must read the same file).
+    pub tenants: crate::tenants::Tenants,
     /// `APTIX_RATE_WINDOW_MS`: the window `requestsPerMinute` counts in (a minute; shorter
     /// only for tests and demos).
     pub rate_window: Duration,
@@ -175,6 +178,15 @@ impl Config {
                             var: "APTIX_CONTEXTS_FILE",
                             problem: with_causes(&e),
                         }
+                    })?
+                }
+            },
+            tenants: match get("APTIX_TENANTS_FILE") {
+                None => crate::tenants::Tenants::default(),
+                Some(path) => {
+                    crate::tenants::Tenants::load(Path::new(&path)).map_err(|e| ConfigError {
+                        var: "APTIX_TENANTS_FILE",
+                        problem: with_causes(&e),
                     })?
                 }
             },
@@ -336,7 +348,7 @@ impl Config {
         let mut topology = crate::queue::Topology::new(&self.namespace);
         topology.reply_queue_ttl = self.reply_queue_ttl;
         topology.retry_delays = self.retry_delays.clone();
-        topology
+        topology.with_lanes(self.tenants.capped().map(|(id, _)| id))
     }
 
     /// The model server to use: `APTIX_LLM_BASE_URL`, else OpenAI when `OPENAI_API_KEY` is

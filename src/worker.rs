@@ -1,8 +1,9 @@
 //! The worker: consumes turn jobs, runs each in its own task, and decides from the type of the
 //! outcome what happens to the message.
 //!
-//! Owns: consume → run → reply → ack, concurrency (prefetch = concurrency), reconnection with
-//! backoff, graceful shutdown. Must not: build prompts or touch Redis directly (the pipeline and
+//! Owns: consume → run → reply → ack, concurrency (prefetch = concurrency, plus each capped
+//! tenant's lane, which waits for the tenant's running slots), reconnection with backoff,
+//! graceful shutdown. Must not: build prompts or touch Redis directly (the pipeline and
 //! the store do).
 //!
 //! | outcome | what happens |
@@ -19,6 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
+use futures_util::stream::{self, BoxStream, SelectAll, select_all};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument as _, error, info, info_span, warn};
@@ -32,6 +36,7 @@ use crate::pipeline::{JobOutcome, Pipeline};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::replies;
 use crate::store::{TurnRecord, TurnStatusView};
+use crate::tenants::Quotas;
 use crate::trace::TraceContext;
 
 /// Worker settings.
@@ -89,6 +94,9 @@ pub struct Worker {
     settings: WorkerSettings,
     stats: Arc<WorkerStats>,
     metrics: Arc<Metrics>,
+    quotas: Quotas,
+    /// Turns running now in this worker (at most `concurrency`).
+    running: Arc<Semaphore>,
 }
 
 /// When a run started, by the monotonic and the wall clock.
@@ -131,10 +139,19 @@ impl Worker {
             broker,
             pipeline,
             topology,
+            running: Arc::new(Semaphore::new(usize::from(settings.concurrency.max(1)))),
             settings,
             stats: Arc::new(WorkerStats::default()),
             metrics: Arc::default(),
+            quotas: Quotas::default(),
         }
+    }
+
+    /// Holds each tenant to its `maxRunningTurns` (consuming the tenants' lanes) and counts
+    /// their tokens.
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
+        self
     }
 
     /// Records what the worker does in `metrics` (in addition to [`Worker::stats`]).
@@ -164,10 +181,11 @@ impl Worker {
         let abandon = CancellationToken::new();
         let mut backoff = Duration::from_millis(200);
         'outer: while !shutdown.is_cancelled() {
-            let mut deliveries = match self.broker.consume(self.settings.concurrency).await {
+            let mut deliveries = match self.consume_all().await {
                 Ok(d) => {
                     info!(
                         concurrency = self.settings.concurrency,
+                        lanes = self.quotas.tenants().capped().count(),
                         "consuming turn jobs"
                     );
                     backoff = Duration::from_millis(200);
@@ -186,20 +204,20 @@ impl Worker {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break 'outer,
-                    next = deliveries.recv() => match next {
-                        Some(delivery) => {
+                    next = deliveries.next() => match next {
+                        Some(Some(delivery)) => {
                             let worker = self.clone();
-                            let abandon = abandon.clone();
+                            let (abandon, shutdown) = (abandon.clone(), shutdown.clone());
                             tracker.spawn(async move {
                                 tokio::select! {
-                                    _ = worker.handle(delivery) => {}
+                                    _ = worker.admit(delivery, shutdown) => {}
                                     _ = abandon.cancelled() => {
                                         warn!("turn abandoned at shutdown; it will be redelivered");
                                     }
                                 }
                             });
                         }
-                        None => {
+                        Some(None) | None => {
                             warn!("the broker stopped delivering (connection or channel lost); reconnecting");
                             break;
                         }
@@ -222,6 +240,79 @@ impl Worker {
             );
             abandon.cancel();
             tracker.wait().await;
+        }
+    }
+
+    /// Consumes the shared job queue and every capped tenant's lane, as one stream; a stream
+    /// that ends yields `None` once (then the worker reconnects them all).
+    async fn consume_all(
+        &self,
+    ) -> Result<SelectAll<BoxStream<'static, Option<Delivery>>>, QueueError> {
+        let concurrency = self.settings.concurrency;
+        let mut streams = vec![self.broker.consume(concurrency).await?];
+        for (tenant, cap) in self.quotas.tenants().capped() {
+            // More than the cap would only hold jobs another worker could start.
+            let prefetch = u16::try_from(cap).unwrap_or(u16::MAX).min(concurrency);
+            streams.push(self.broker.consume_lane(tenant, prefetch).await?);
+        }
+        Ok(select_all(streams.into_iter().map(|rx| {
+            stream::unfold(Some(rx), |rx| async move {
+                let mut rx = rx?;
+                match rx.recv().await {
+                    Some(d) => Some((Some(d), Some(rx))),
+                    None => Some((None, None)),
+                }
+            })
+            .boxed()
+        })))
+    }
+
+    /// Runs one delivery once its tenant and this worker have room: a capped tenant's job
+    /// that arrived on the shared queue (a retry, or a front door without the tenants file)
+    /// moves to its lane; a lane's job waits for one of its tenant's running slots (without
+    /// holding one of this worker's) and is given back at shutdown.
+    async fn admit(&self, delivery: Delivery, shutdown: CancellationToken) {
+        if delivery.lane.is_none()
+            && let Some(lane) = self.quotas.lane_of(delivery.tenant.as_deref())
+        {
+            return self.move_to_lane(lane.to_string(), delivery).await;
+        }
+        let _slot = match delivery.lane.clone() {
+            None => None,
+            Some(tenant) => tokio::select! {
+                slot = self.quotas.running_slot(&tenant) => slot,
+                _ = shutdown.cancelled() => {
+                    if let Err(e) = delivery.requeue().await {
+                        warn!(error = %e, "could not give back a job that waited for its tenant's slot; it will be redelivered");
+                    }
+                    return;
+                }
+            },
+        };
+        let Ok(_running) = self.running.acquire().await else {
+            return;
+        };
+        self.handle(delivery).await;
+    }
+
+    async fn move_to_lane(&self, lane: String, delivery: Delivery) {
+        let moved = self
+            .broker
+            .enqueue(Some(&lane), &delivery.body, &delivery.meta())
+            .await;
+        let done = match moved {
+            Ok(()) => {
+                info!(tenant = %lane, "job moved to its tenant's lane");
+                delivery.ack().await
+            }
+            Err(e) => {
+                warn!(tenant = %lane, error = %e, "could not move a job to its tenant's lane; requeueing it");
+                tokio::time::sleep(self.settings.busy_delay).await;
+                delivery.requeue().await
+            }
+        };
+        if let Err(e) = done {
+            warn!(error = %e, "could not acknowledge a delivery; it will be redelivered");
         }
     }
 
@@ -290,7 +381,11 @@ impl Worker {
         let outcome = {
             let _in_flight = self.metrics.run_started();
             self.pipeline
-                .execute(request, self.settings.turn_deadline)
+                .execute_as(
+                    delivery.tenant.as_deref(),
+                    request,
+                    self.settings.turn_deadline,
+                )
                 .await
         };
         let failure = match outcome {
@@ -360,12 +455,7 @@ impl Worker {
     async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
         match self
             .broker
-            .publish_retry(
-                &delivery.body,
-                attempt,
-                delay,
-                delivery.traceparent.as_deref(),
-            )
+            .publish_retry(&delivery.body, delay, &delivery.meta().at_attempt(attempt))
             .await
         {
             Ok(()) => Disposition::Ack,

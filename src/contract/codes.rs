@@ -84,6 +84,8 @@ error_codes! {
     /// Another turn of the same session is running: the turn is retried later, or (with
     /// `onBusy: reject`) refused.
     SessionBusy = "SESSION_BUSY",
+    /// The tenant's daily model-token quota is spent; the message names when it resets.
+    QuotaExceeded = "QUOTA_EXCEEDED",
     /// The model server could not be reached or kept failing after retries (retryable).
     LlmUnavailable = "LLM_UNAVAILABLE",
     /// The model server rejected the request (a terminal 4xx); its message is kept.

@@ -360,10 +360,9 @@ impl FrontDoor {
         parsed: ParsedRequest,
     ) -> Result<(), BatchLineError> {
         let request = parsed.request;
-        let submitted = match self.authorize(tenant, &request).await {
-            Ok(()) => self.submit_parsed(&request).await,
-            Err(e) => Err(e),
-        };
+        let submitted = self
+            .submit_for(tenant, &request, &crate::trace::TraceContext::new_root())
+            .await;
         let errors = match submitted {
             Ok(_) => return Ok(()),
             Err(SubmitError::Invalid(r)) => r.errors,
@@ -372,6 +371,9 @@ impl FrontDoor {
                 | SubmitError::NotFound(m)
                 | SubmitError::NotAwaitingTools(m),
             ) => vec![m],
+            Err(SubmitError::QuotaExceeded(q)) => {
+                vec![ErrorMessage::new(ErrorCode::QuotaExceeded, q.to_string())]
+            }
             Err(SubmitError::Unavailable(m)) => {
                 tracing::warn!(line, error = %m, "a batch line could not be enqueued");
                 vec![ErrorMessage::new(

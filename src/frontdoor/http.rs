@@ -75,6 +75,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::batches::cancel_batch))
         .routes(routes!(routes::index::post_index))
         .routes(routes!(routes::sync::execute_sync))
+        .routes(routes!(routes::tenant::get_usage))
         .routes(routes!(routes::ops::healthz))
         .routes(routes!(routes::ops::readyz))
         .routes(routes!(routes::ops::metrics))

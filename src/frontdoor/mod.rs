@@ -13,7 +13,8 @@ use crate::contract::{
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
-use crate::queue::{Broker, QueueError};
+use crate::queue::{Broker, JobMeta, QueueError};
+use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
 use crate::trace::TraceContext;
 pub mod batch;
 pub mod cancel;
@@ -39,6 +40,9 @@ pub enum SubmitError {
     /// A continuation for a turn that is not waiting for client tools.
     #[error("{}", .0.message)]
     NotAwaitingTools(ErrorMessage),
+    /// The tenant's daily token quota is spent (the message names when it resets).
+    #[error(transparent)]
+    QuotaExceeded(QuotaExceeded),
     /// The store or the broker is unavailable; nothing was accepted.
     #[error("{0}")]
     Unavailable(String),
@@ -51,6 +55,7 @@ impl SubmitError {
             Self::Invalid(_) => 400,
             Self::NotFound(_) => 404,
             Self::Conflict(_) | Self::NotAwaitingTools(_) => 409,
+            Self::QuotaExceeded(_) => 429,
             Self::Unavailable(_) => 503,
         }
     }
@@ -62,9 +67,29 @@ impl SubmitError {
             Self::Conflict(m) | Self::NotFound(m) | Self::NotAwaitingTools(m) => {
                 InvokeResult::failure(m)
             }
+            Self::QuotaExceeded(q) => {
+                InvokeResult::failure(ErrorMessage::new(ErrorCode::QuotaExceeded, q.to_string()))
+            }
             Self::Unavailable(m) => {
                 InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, m))
             }
+        }
+    }
+
+    /// Seconds a client should wait before trying again, when that is known.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::QuotaExceeded(q) => Some(q.retry_after_secs),
+            _ => None,
+        }
+    }
+}
+
+impl From<QuotaError> for SubmitError {
+    fn from(e: QuotaError) -> Self {
+        match e {
+            QuotaError::Exceeded(q) => Self::QuotaExceeded(q),
+            QuotaError::Unavailable(e) => Self::Unavailable(e.to_string()),
         }
     }
 }
@@ -89,6 +114,7 @@ pub struct FrontDoor {
     limits: RequestLimits,
     contexts: KnownContexts,
     metrics: Arc<Metrics>,
+    quotas: Quotas,
 }
 
 impl FrontDoor {
@@ -104,7 +130,20 @@ impl FrontDoor {
             limits,
             contexts: KnownContexts::default(),
             metrics: Arc::default(),
+            quotas: Quotas::default(),
         }
+    }
+
+    /// Refuses the user turns of tenants whose token quota is spent, and puts capped tenants'
+    /// jobs on their lanes.
+    pub fn with_quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
+    /// The tenants' quotas.
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     /// Refuses user turns that name other contexts than these (default: only `default`).
@@ -165,8 +204,9 @@ impl FrontDoor {
         &self.metrics
     }
 
-    /// Checks that `tenant` may submit `request`: a user turn claims its session for the tenant
-    /// unless another tenant owns it; a continuation needs the tenant to own the session. Another
+    /// Checks that `tenant` may submit `request`: a user turn needs the tenant's token quota
+    /// not to be spent, and claims its session for the tenant unless another tenant owns it; a
+    /// continuation (the rest of an accepted turn) needs the tenant to own the session. Another
     /// tenant's session is reported exactly like a missing turn.
     pub async fn authorize(
         &self,
@@ -174,6 +214,14 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
     ) -> Result<(), SubmitError> {
         let (sid, tid) = (request.session_id(), request.turn_id());
+        if matches!(request, AgentExecuteRequest::UserTurn(_))
+            && let Err(e) = self.quotas.check_tokens(tenant).await
+        {
+            if matches!(e, QuotaError::Exceeded(_)) {
+                self.metrics.turn_refused_by_policy("quota_exceeded");
+            }
+            return Err(e.into());
+        }
         let owner = match request {
             AgentExecuteRequest::UserTurn(_) => self.store.claim_owner(sid, tenant).await.map(Some),
             AgentExecuteRequest::ToolContinuation(_) => self.store.owner(sid).await,
@@ -208,9 +256,31 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
     ) -> Result<TurnStatusView, SubmitError> {
+        self.enqueue_request(request, trace, None).await
+    }
+
+    /// Checks that `tenant` may submit `request` ([`FrontDoor::authorize`]) and enqueues it as
+    /// the tenant's: on its lane when its running turns are capped, its tokens counted to it.
+    pub async fn submit_for(
+        &self,
+        tenant: &str,
+        request: &AgentExecuteRequest,
+        trace: &TraceContext,
+    ) -> Result<TurnStatusView, SubmitError> {
+        self.authorize(tenant, request).await?;
+        self.enqueue_request(request, trace, Some(tenant)).await
+    }
+
+    async fn enqueue_request(
+        &self,
+        request: &AgentExecuteRequest,
+        trace: &TraceContext,
+        tenant: Option<&str>,
+    ) -> Result<TurnStatusView, SubmitError> {
         // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
-        let traceparent = Some(traceparent.as_str());
+        let meta = JobMeta::new(Some(traceparent.as_str()), tenant);
+        let lane = self.quotas.lane_of(tenant);
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;
         let (sid, tid) = (request.session_id(), request.turn_id());
@@ -254,7 +324,7 @@ impl FrontDoor {
                         return Ok(TurnStatusView::from(&existing));
                     }
                 }
-                if let Err(e) = self.broker.publish_traced_job(&job, traceparent).await {
+                if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                     // Not accepted: take back the record so no turn waits for a job that does
                     // not exist (unless a concurrent resubmission already moved it on).
                     if let Err(d) = self.store.discard_turn(&fresh).await {
@@ -269,7 +339,7 @@ impl FrontDoor {
                 let fp = continuation_fingerprint(cont);
                 match self.accept_continuation(cont, &fp).await? {
                     Acceptance::Moved { before, after } => {
-                        if let Err(e) = self.broker.publish_traced_job(&job, traceparent).await {
+                        if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                             // Not accepted: put the turn back to waiting for its tools, unless
                             // something moved it on meanwhile.
                             match self.store.replace_turn(&after, &before).await {
@@ -290,7 +360,7 @@ impl FrontDoor {
                         // Accepted before and still queued: its job may not have been
                         // confirmed, so enqueue again (the worker runs it once).
                         if record.status == TurnStatus::Queued {
-                            self.broker.publish_traced_job(&job, traceparent).await?;
+                            self.broker.enqueue(lane, &job, &meta).await?;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");
                         Ok(TurnStatusView::from(record.as_ref()))

@@ -177,6 +177,7 @@ pub struct Pipeline {
     contexts: Arc<KnownContexts>,
     metrics: Arc<Metrics>,
     rag: Option<Rag>,
+    quotas: crate::tenants::Quotas,
 }
 
 /// Retrieval for the `[CONTEXT]` block.
@@ -259,6 +260,7 @@ impl Pipeline {
             settings: Arc::new(settings),
             metrics: Arc::default(),
             rag: None,
+            quotas: crate::tenants::Quotas::default(),
         })
     }
 
@@ -343,6 +345,12 @@ impl Pipeline {
         chunks
     }
 
+    /// Counts every model call's tokens against its session owner's daily quota.
+    pub fn with_quotas(mut self, quotas: crate::tenants::Quotas) -> Self {
+        self.quotas = quotas;
+        self
+    }
+
     /// Counts suppressed duplicates in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
@@ -363,7 +371,7 @@ impl Pipeline {
     /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later": the
     /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
-        match self.run_job(request).await {
+        match self.run_job(request, None).await {
             Ok(result) => Ok(result),
             Err(Interrupted::NotTheTurns(result)) => Ok(*result),
             Err(Interrupted::Busy(f) | Interrupted::Failed(f) | Interrupted::NoCapacity(f)) => {
@@ -374,7 +382,18 @@ impl Pipeline {
 
     /// Runs a job's turn within `deadline` and says what the worker should do with the job.
     pub async fn execute(&self, request: &AgentExecuteRequest, deadline: Duration) -> JobOutcome {
-        match tokio::time::timeout(deadline, self.run_job(request)).await {
+        self.execute_as(None, request, deadline).await
+    }
+
+    /// [`Pipeline::execute`] for a job the front door marked with its tenant: the session's
+    /// owner, whose daily token count the turn's model calls add to.
+    pub async fn execute_as(
+        &self,
+        tenant: Option<&str>,
+        request: &AgentExecuteRequest,
+        deadline: Duration,
+    ) -> JobOutcome {
+        match tokio::time::timeout(deadline, self.run_job(request, tenant)).await {
             Ok(Ok(result)) => JobOutcome::Done(result),
             Ok(Err(Interrupted::NotTheTurns(result))) => {
                 JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())
@@ -392,13 +411,17 @@ impl Pipeline {
         }
     }
 
-    async fn run_job(&self, request: &AgentExecuteRequest) -> Result<TurnResult, Interrupted> {
+    async fn run_job(
+        &self,
+        request: &AgentExecuteRequest,
+        tenant: Option<&str>,
+    ) -> Result<TurnResult, Interrupted> {
         let span =
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
         async {
             match request {
-                AgentExecuteRequest::UserTurn(turn) => self.run_user_turn(turn).await,
-                AgentExecuteRequest::ToolContinuation(c) => self.run_continuation(c).await,
+                AgentExecuteRequest::UserTurn(turn) => self.run_user_turn(turn, tenant).await,
+                AgentExecuteRequest::ToolContinuation(c) => self.run_continuation(c, tenant).await,
             }
         }
         .instrument(span)

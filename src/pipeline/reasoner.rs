@@ -16,6 +16,7 @@ use super::{
     continuation_fingerprint, fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
+use crate::config::LOCAL_TENANT;
 use crate::contract::request::JsonText;
 use crate::contract::{
     ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
@@ -26,7 +27,11 @@ use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus,
 use crate::tools::ModeEffect;
 
 impl Pipeline {
-    pub(super) async fn run_user_turn(&self, turn: &UserTurn) -> Result<TurnResult, Interrupted> {
+    pub(super) async fn run_user_turn(
+        &self,
+        turn: &UserTurn,
+        tenant: Option<&str>,
+    ) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
         if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
@@ -88,6 +93,9 @@ impl Pipeline {
         let boot = resolved.conversation.boot_prompt.clone();
         let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
         session.contexts = contexts;
+        if let Some(t) = tenant {
+            session.owner = Some(t.to_string());
+        }
         // A session whose stored mode id is no longer in the catalog continues in the default.
         let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
         session.mode_key = mode.key.clone();
@@ -143,6 +151,7 @@ impl Pipeline {
     pub(super) async fn run_continuation(
         &self,
         cont: &ToolContinuation,
+        tenant: Option<&str>,
     ) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
         let fp = continuation_fingerprint(cont);
@@ -241,6 +250,9 @@ impl Pipeline {
             record,
             held,
         };
+        if let Some(t) = tenant {
+            run.session.owner = Some(t.to_string());
+        }
         run.session.mode_key = self
             .catalog
             .by_id_or_default(&run.session.mode_id)
@@ -373,6 +385,8 @@ impl Pipeline {
             }
         };
         progress.usage.add(response.usage);
+        let owner = run.session.owner.as_deref().unwrap_or(LOCAL_TENANT);
+        self.quotas.spend(owner, response.usage.total_tokens).await;
         progress.turn_items.extend(input);
         progress
             .turn_items

@@ -8,27 +8,41 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Acker, Deliveries, Delivery, JobQueue, QueueError};
+use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError};
 use super::{Replies, ReplyBus};
 use crate::contract::SessionId;
 
-/// A waiting job: body, attempt, redelivered, traceparent.
-type Job = (Vec<u8>, u32, bool, Option<String>);
+/// A waiting job.
+struct Job {
+    body: Vec<u8>,
+    meta: JobMeta,
+    redelivered: bool,
+}
+
+/// The shared job queue is lane `None`; a tenant's lane is `Some(tenant)`.
+type Lane = Option<String>;
 
 #[derive(Default)]
 struct State {
-    ready: VecDeque<Job>,
+    ready: HashMap<Lane, VecDeque<Job>>,
     dead: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, VecDeque<Vec<u8>>>,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
     listeners: HashMap<SessionId, Vec<mpsc::Sender<Vec<u8>>>>,
+    /// One wake-up per lane, so a job wakes a consumer of its own lane.
+    notify: HashMap<Lane, Arc<Notify>>,
+}
+
+impl State {
+    fn notify(&mut self, lane: &Lane) -> Arc<Notify> {
+        self.notify.entry(lane.clone()).or_default().clone()
+    }
 }
 
 /// Queues in process memory.
 #[derive(Clone, Default)]
 pub struct MemoryBroker {
     state: Arc<Mutex<State>>,
-    notify: Arc<Notify>,
 }
 
 impl MemoryBroker {
@@ -43,32 +57,93 @@ impl MemoryBroker {
             .map_err(|_| QueueError::Unavailable("in-memory broker lock poisoned".into()))
     }
 
-    fn push(&self, job: Job) -> Result<(), QueueError> {
-        self.lock()?.ready.push_back(job);
-        self.notify.notify_one();
+    fn push(&self, lane: Lane, job: Job) -> Result<(), QueueError> {
+        let notify = {
+            let mut state = self.lock()?;
+            state.ready.entry(lane.clone()).or_default().push_back(job);
+            state.notify(&lane)
+        };
+        notify.notify_one();
         Ok(())
     }
 
-    /// Jobs waiting in the job queue (for tests and metrics).
+    /// Jobs waiting in the shared job queue (for tests and metrics).
     pub fn ready_len(&self) -> usize {
-        self.lock().map(|s| s.ready.len()).unwrap_or(0)
+        self.lane_len(None)
+    }
+
+    /// Jobs waiting in a lane (`None`: the shared job queue).
+    pub fn lane_len(&self, tenant: Option<&str>) -> usize {
+        self.lock()
+            .map(|s| {
+                s.ready
+                    .get(&tenant.map(str::to_string))
+                    .map_or(0, VecDeque::len)
+            })
+            .unwrap_or(0)
+    }
+
+    fn start_consumer(&self, lane: Lane, prefetch: u16) -> Result<Deliveries, QueueError> {
+        let notify = self.lock()?.notify(&lane);
+        let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
+        let permits = Arc::new(Semaphore::new(usize::from(prefetch.max(1))));
+        let broker = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let job = loop {
+                    let notified = notify.notified();
+                    let next = broker
+                        .lock()
+                        .map(|mut s| s.ready.get_mut(&lane).and_then(VecDeque::pop_front));
+                    match next {
+                        Ok(Some(job)) => break job,
+                        Ok(None) => notified.await,
+                        Err(_) => return,
+                    }
+                };
+                let acker = MemoryAcker {
+                    broker: broker.clone(),
+                    lane: lane.clone(),
+                    pending: Some((job.body.clone(), job.meta.clone())),
+                    _permit: permit,
+                };
+                let delivery = Delivery::new(job.body, 0, job.redelivered, Box::new(acker))
+                    .with_meta(job.meta)
+                    .from_lane(lane.clone());
+                if let Err(unsent) = tx.send(delivery).await {
+                    // The consumer is gone: the job goes back, as an unacked delivery would.
+                    let _ = unsent.0.requeue().await;
+                    return;
+                }
+            }
+        });
+        Ok(rx)
     }
 }
 
 struct MemoryAcker {
     broker: MemoryBroker,
+    lane: Lane,
     /// `Some` until the delivery is acked or requeued; a delivery dropped without either is
     /// requeued, as a broker does with the unacked deliveries of a closed channel.
-    pending: Option<(Vec<u8>, u32, Option<String>)>,
+    pending: Option<(Vec<u8>, JobMeta)>,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Drop for MemoryAcker {
     fn drop(&mut self) {
-        if let Some((body, attempt, trace)) = self.pending.take()
-            && let Err(e) = self.broker.push((body, attempt, true, trace))
-        {
-            tracing::error!(error = %e, "in-memory broker lost an unacknowledged delivery");
+        if let Some((body, meta)) = self.pending.take() {
+            let job = Job {
+                body,
+                meta,
+                redelivered: true,
+            };
+            if let Err(e) = self.broker.push(self.lane.take(), job) {
+                tracing::error!(error = %e, "in-memory broker lost an unacknowledged delivery");
+            }
         }
     }
 }
@@ -88,26 +163,35 @@ impl Acker for MemoryAcker {
 
 #[async_trait::async_trait]
 impl JobQueue for MemoryBroker {
-    async fn publish_traced_job(
+    async fn enqueue(
         &self,
+        lane: Option<&str>,
         body: &[u8],
-        traceparent: Option<&str>,
+        meta: &JobMeta,
     ) -> Result<(), QueueError> {
-        self.push((body.to_vec(), 0, false, traceparent.map(str::to_string)))
+        let job = Job {
+            body: body.to_vec(),
+            meta: meta.clone(),
+            redelivered: false,
+        };
+        self.push(lane.map(str::to_string), job)
     }
 
     async fn publish_retry(
         &self,
         body: &[u8],
-        attempt: u32,
         delay: Duration,
-        traceparent: Option<&str>,
+        meta: &JobMeta,
     ) -> Result<(), QueueError> {
-        let (broker, body) = (self.clone(), body.to_vec());
-        let trace = traceparent.map(str::to_string);
+        let broker = self.clone();
+        let job = Job {
+            body: body.to_vec(),
+            meta: meta.clone(),
+            redelivered: false,
+        };
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(e) = broker.push((body, attempt, false, trace)) {
+            if let Err(e) = broker.push(None, job) {
                 tracing::error!(error = %e, "in-memory broker lost a delayed retry");
             }
         });
@@ -127,38 +211,11 @@ impl JobQueue for MemoryBroker {
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
-        let permits = Arc::new(Semaphore::new(usize::from(prefetch.max(1))));
-        let broker = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
-                };
-                let job = loop {
-                    let notified = broker.notify.notified();
-                    match broker.lock().map(|mut s| s.ready.pop_front()) {
-                        Ok(Some(job)) => break job,
-                        Ok(None) => notified.await,
-                        Err(_) => return,
-                    }
-                };
-                let (body, attempt, redelivered, trace) = job;
-                let acker = MemoryAcker {
-                    broker: broker.clone(),
-                    pending: Some((body.clone(), attempt, trace.clone())),
-                    _permit: permit,
-                };
-                let delivery = Delivery::new(body, attempt, redelivered, Box::new(acker))
-                    .with_traceparent(trace);
-                if let Err(unsent) = tx.send(delivery).await {
-                    // The consumer is gone: the job goes back, as an unacked delivery would.
-                    let _ = unsent.0.requeue().await;
-                    return;
-                }
-            }
-        });
-        Ok(rx)
+        self.start_consumer(None, prefetch)
+    }
+
+    async fn consume_lane(&self, tenant: &str, prefetch: u16) -> Result<Deliveries, QueueError> {
+        self.start_consumer(Some(tenant.to_string()), prefetch)
     }
 
     async fn check(&self) -> Result<(), QueueError> {

@@ -39,6 +39,8 @@ pub struct Topology {
     pub retry_delays: Vec<Duration>,
     /// How long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// Tenants with a lane of their own (those with `maxRunningTurns`).
+    pub lanes: Vec<String>,
 }
 
 impl Topology {
@@ -48,7 +50,17 @@ impl Topology {
             namespace: namespace.to_string(),
             retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
             reply_queue_ttl: Duration::from_secs(24 * 3600),
+            lanes: Vec::new(),
         }
+    }
+    /// The same topology with a lane for each of `tenants`.
+    pub fn with_lanes<'a>(mut self, tenants: impl IntoIterator<Item = &'a str>) -> Self {
+        self.lanes = tenants.into_iter().map(str::to_string).collect();
+        self
+    }
+    /// A tenant's lane: the job queue of a tenant whose running turns are capped.
+    pub fn lane(&self, tenant: &str) -> String {
+        format!("{}.turns.tenant.{tenant}", self.namespace)
     }
     /// The turn job queue.
     pub fn jobs(&self) -> String {
@@ -80,6 +92,36 @@ impl Topology {
     }
 }
 
+/// What travels with a job besides its body (message headers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobMeta {
+    /// Retries already made (0 for a fresh job).
+    pub attempt: u32,
+    /// The W3C `traceparent` of the trace the job belongs to.
+    pub traceparent: Option<String>,
+    /// The tenant that submitted it, when the front door knew one.
+    pub tenant: Option<String>,
+}
+
+impl JobMeta {
+    /// A fresh job's headers.
+    pub fn new(traceparent: Option<&str>, tenant: Option<&str>) -> Self {
+        Self {
+            attempt: 0,
+            traceparent: traceparent.map(str::to_string),
+            tenant: tenant.map(str::to_string),
+        }
+    }
+
+    /// The same headers at another attempt.
+    pub fn at_attempt(&self, attempt: u32) -> Self {
+        Self {
+            attempt,
+            ..self.clone()
+        }
+    }
+}
+
 /// Where a message came from and what to do with it.
 pub struct Delivery {
     /// The job body (an `AgentExecuteRequest` in wire JSON).
@@ -90,6 +132,10 @@ pub struct Delivery {
     pub redelivered: bool,
     /// The W3C `traceparent` the job was published with, if any.
     pub traceparent: Option<String>,
+    /// The tenant the job was submitted by, if the front door said.
+    pub tenant: Option<String>,
+    /// The tenant lane it was taken from (`None`: the shared job queue).
+    pub lane: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -99,26 +145,48 @@ impl std::fmt::Debug for Delivery {
             .field("bytes", &self.body.len())
             .field("attempt", &self.attempt)
             .field("redelivered", &self.redelivered)
+            .field("tenant", &self.tenant)
+            .field("lane", &self.lane)
             .finish()
     }
 }
 
 impl Delivery {
-    /// A delivery with its acknowledgement handle (for broker implementations).
+    /// A delivery of the shared job queue with its acknowledgement handle (for broker
+    /// implementations).
     pub fn new(body: Vec<u8>, attempt: u32, redelivered: bool, acker: Box<dyn Acker>) -> Self {
         Self {
             body,
             attempt,
             redelivered,
             traceparent: None,
+            tenant: None,
+            lane: None,
             acker,
         }
     }
 
-    /// The same delivery carrying the trace context it was published with.
-    pub fn with_traceparent(mut self, traceparent: Option<String>) -> Self {
-        self.traceparent = traceparent;
+    /// The same delivery carrying the headers it was published with.
+    pub fn with_meta(mut self, meta: JobMeta) -> Self {
+        self.attempt = meta.attempt;
+        self.traceparent = meta.traceparent;
+        self.tenant = meta.tenant;
         self
+    }
+
+    /// The same delivery, taken from `lane`.
+    pub fn from_lane(mut self, lane: Option<String>) -> Self {
+        self.lane = lane;
+        self
+    }
+
+    /// The headers it was published with.
+    pub fn meta(&self) -> JobMeta {
+        JobMeta {
+            attempt: self.attempt,
+            traceparent: self.traceparent.clone(),
+            tenant: self.tenant.clone(),
+        }
     }
 
     /// Done with it: the broker forgets it.
@@ -149,31 +217,42 @@ pub type Deliveries = tokio::sync::mpsc::Receiver<Delivery>;
 /// and the dead-letter queue.
 #[async_trait::async_trait]
 pub trait JobQueue: Send + Sync + 'static {
-    /// Enqueues a turn job carrying a W3C `traceparent` (a message header); returns only once
-    /// the broker has confirmed it.
+    /// Enqueues a turn job with its headers on the shared job queue (`lane: None`) or on a
+    /// tenant's lane; returns only once the broker has confirmed it.
+    async fn enqueue(
+        &self,
+        lane: Option<&str>,
+        body: &[u8],
+        meta: &JobMeta,
+    ) -> Result<(), QueueError>;
+    /// Enqueues a turn job on the shared job queue carrying a W3C `traceparent`.
     async fn publish_traced_job(
         &self,
         body: &[u8],
         traceparent: Option<&str>,
-    ) -> Result<(), QueueError>;
+    ) -> Result<(), QueueError> {
+        self.enqueue(None, body, &JobMeta::new(traceparent, None))
+            .await
+    }
     /// Enqueues a turn job without trace context.
     async fn publish_job(&self, body: &[u8]) -> Result<(), QueueError> {
         self.publish_traced_job(body, None).await
     }
-    /// Brings a job back to the job queue after `delay`, with its retry count and trace
-    /// context (confirmed).
+    /// Brings a job back to the shared job queue after `delay`, with its headers (the retry
+    /// count in `meta.attempt`), confirmed.
     async fn publish_retry(
         &self,
         body: &[u8],
-        attempt: u32,
         delay: Duration,
-        traceparent: Option<&str>,
+        meta: &JobMeta,
     ) -> Result<(), QueueError>;
     /// Moves a job to the dead-letter queue with the reason (confirmed).
     async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)
     -> Result<(), QueueError>;
-    /// Starts consuming turn jobs with at most `prefetch` unacknowledged at once.
+    /// Starts consuming the shared job queue with at most `prefetch` unacknowledged at once.
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
+    /// Starts consuming a tenant's lane with at most `prefetch` unacknowledged at once.
+    async fn consume_lane(&self, tenant: &str, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Whether the broker is reachable (for readiness checks).
     async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.

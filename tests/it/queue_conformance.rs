@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::contract::SessionId;
-use aptix_worker::queue::{Broker, Deliveries, Delivery, MemoryBroker};
+use aptix_worker::queue::{Broker, Deliveries, Delivery, JobMeta, MemoryBroker};
 
 use crate::support::{RabbitGuard, rabbit};
 
@@ -84,16 +84,65 @@ async fn prefetch_bounds_unacked_deliveries(s: Subject) {
     assert_eq!(next(&mut d).await.body, b"2");
 }
 
-async fn a_retry_arrives_after_its_delay_with_its_attempt(s: Subject) {
+async fn a_retry_arrives_after_its_delay_with_its_headers(s: Subject) {
     let mut d = s.broker.consume(10).await.unwrap();
+    let meta = JobMeta {
+        attempt: 3,
+        traceparent: Some(TRACEPARENT.into()),
+        tenant: Some(CAPPED.into()),
+    };
     s.broker
-        .publish_retry(b"later", 3, Duration::from_millis(200), None)
+        .publish_retry(b"later", Duration::from_millis(200), &meta)
         .await
         .unwrap();
     nothing_within(&mut d, 100).await;
     let x = next(&mut d).await;
-    assert_eq!((x.body.as_slice(), x.attempt), (&b"later"[..], 3));
+    // A retry goes back to the shared queue (the worker moves a capped tenant's job on).
+    assert_eq!(
+        (x.body.as_slice(), x.meta(), x.lane.as_deref()),
+        (&b"later"[..], meta, None)
+    );
     x.ack().await.unwrap();
+}
+
+const CAPPED: &str = "capped";
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+async fn a_lane_is_a_queue_of_its_own_that_keeps_its_headers(s: Subject) {
+    let lane_meta = JobMeta::new(Some(TRACEPARENT), Some(CAPPED));
+    s.broker
+        .enqueue(Some(CAPPED), b"capped-job", &lane_meta)
+        .await
+        .unwrap();
+    s.broker
+        .enqueue(None, b"shared-job", &JobMeta::new(None, Some("free")))
+        .await
+        .unwrap();
+    let mut shared = s.broker.consume(10).await.unwrap();
+    let x = next(&mut shared).await;
+    assert_eq!(
+        (x.body.as_slice(), x.tenant.as_deref(), x.lane.as_deref()),
+        (&b"shared-job"[..], Some("free"), None)
+    );
+    x.ack().await.unwrap();
+    nothing_within(&mut shared, 300).await;
+
+    let mut lane = s.broker.consume_lane(CAPPED, 10).await.unwrap();
+    let x = next(&mut lane).await;
+    assert_eq!(
+        (x.body.as_slice(), x.meta(), x.lane.as_deref()),
+        (&b"capped-job"[..], lane_meta.clone(), Some(CAPPED))
+    );
+    // Given back, it comes back on its lane, not on the shared queue.
+    x.requeue().await.unwrap();
+    let again = next(&mut lane).await;
+    assert!(again.redelivered);
+    assert_eq!(
+        (again.meta(), again.lane.as_deref()),
+        (lane_meta, Some(CAPPED))
+    );
+    again.ack().await.unwrap();
+    nothing_within(&mut shared, 200).await;
 }
 
 async fn dead_letters_keep_their_reason(s: Subject) {
@@ -152,7 +201,8 @@ for_each_backend!(
         publish_consume_ack_in_order,
         a_requeued_delivery_comes_back_redelivered,
         prefetch_bounds_unacked_deliveries,
-        a_retry_arrives_after_its_delay_with_its_attempt,
+        a_retry_arrives_after_its_delay_with_its_headers,
+        a_lane_is_a_queue_of_its_own_that_keeps_its_headers,
         dead_letters_keep_their_reason,
         replies_reach_the_session_subscriber_in_order,
         every_event_subscriber_gets_every_result,

@@ -242,7 +242,8 @@ pub fn test_topology() -> aptix_worker::queue::Topology {
     ));
     t.retry_delays = vec![Duration::from_millis(200), Duration::from_millis(400)];
     t.reply_queue_ttl = Duration::from_secs(30);
-    t
+    // The lane of the tenant the conformance suite caps.
+    t.with_lanes(["capped"])
 }
 
 pub async fn rabbit_broker(

@@ -8,4 +8,5 @@ pub mod index;
 pub mod ops;
 pub mod sessions;
 pub mod sync;
+pub mod tenant;
 pub mod turns;

@@ -66,15 +66,12 @@ pub(crate) async fn run_sync(
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
     let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
-    if let Err(refused) = state.door.authorize(tenant, request).await {
-        return refused.into_invoke_result();
-    }
     // Subscribe before enqueueing so the result cannot slip past.
     let mut events = match state.broker.subscribe_events(sid).await {
         Ok(e) => e,
         Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
     };
-    let accepted = match state.door.submit_traced(request, trace).await {
+    let accepted = match state.door.submit_for(tenant, request, trace).await {
         Ok(view) => view,
         Err(refused) => return refused.into_invoke_result(),
     };

@@ -41,11 +41,11 @@ pub(crate) async fn post_turn(
         Ok(p) => p,
         Err(rejected) => return refused(rejected, StatusCode::BAD_REQUEST),
     };
-    let submitted = match state.door.authorize(&tenant, &parsed.request).await {
-        Ok(()) => state.door.submit_traced(&parsed.request, &trace).await,
-        Err(e) => Err(e),
-    };
-    match submitted {
+    match state
+        .door
+        .submit_for(&tenant, &parsed.request, &trace)
+        .await
+    {
         Ok(view) => answer(
             StatusCode::ACCEPTED,
             InvokeResult::success(view).with_warnings(parsed.warnings),
@@ -63,7 +63,14 @@ impl IntoResponse for SubmitError {
             refused => {
                 let status = StatusCode::from_u16(refused.http_status())
                     .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                answer::<()>(status, refused.into_invoke_result())
+                let retry_after = refused.retry_after_secs();
+                let mut response = answer::<()>(status, refused.into_invoke_result());
+                if let Some(secs) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert(axum::http::header::RETRY_AFTER, secs.into());
+                }
+                response
             }
         }
     }

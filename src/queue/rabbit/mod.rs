@@ -31,7 +31,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
 
-use super::{Acker, Deliveries, Delivery, JobQueue, QueueError, Topology};
+use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError, Topology};
 
 mod replies;
 
@@ -39,6 +39,7 @@ use replies::{DECLARED_QUEUES_CAP, DeclaredQueues, EventHub};
 
 const ATTEMPT_HEADER: &str = "x-aptix-attempt";
 const REASON_HEADER: &str = "x-aptix-reason";
+const TENANT_HEADER: &str = "x-aptix-tenant";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Unavailable(e.to_string())
@@ -89,25 +90,32 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
-/// A job message's headers: its retry count and, when known, its trace context.
-fn job_headers(attempt: u32, traceparent: Option<&str>) -> FieldTable {
-    let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(attempt))];
-    if let Some(t) = traceparent {
+/// A job message's headers: its retry count and, when known, its trace context and tenant.
+fn job_headers(meta: &JobMeta) -> FieldTable {
+    let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(meta.attempt))];
+    if let Some(t) = &meta.traceparent {
         headers.push((crate::trace::TRACEPARENT, text(t)));
+    }
+    if let Some(t) = &meta.tenant {
+        headers.push((TENANT_HEADER, text(t)));
     }
     table(headers)
 }
 
-/// The `traceparent` header of a delivered job, if it has one.
-fn traceparent_of(props: &BasicProperties) -> Option<String> {
-    match props
-        .headers()
-        .as_ref()?
-        .inner()
-        .get(crate::trace::TRACEPARENT)?
-    {
+/// A text header of a delivered job, if it has one.
+fn text_header(props: &BasicProperties, name: &str) -> Option<String> {
+    match props.headers().as_ref()?.inner().get(name)? {
         AMQPValue::LongString(s) => Some(s.to_string()),
         _ => None,
+    }
+}
+
+/// The headers a job was published with.
+fn meta_of(props: &BasicProperties) -> JobMeta {
+    JobMeta {
+        attempt: attempt_of(props),
+        traceparent: text_header(props, crate::trace::TRACEPARENT),
+        tenant: text_header(props, TENANT_HEADER),
     }
 }
 
@@ -186,6 +194,7 @@ impl RabbitBroker {
         let t = &self.topology;
         let mut queues = vec![t.jobs(), t.dead()];
         queues.extend(t.retry_delays.iter().map(|d| t.retry(*d)));
+        queues.extend(t.lanes.iter().map(|tenant| t.lane(tenant)));
         if let Ok(known) = self.reply_queues.lock() {
             queues.extend(known.sessions().map(|s| t.reply_queue(s)));
         }
@@ -257,6 +266,11 @@ impl RabbitBroker {
         ch.queue_declare(t.dead().into(), durable, table(quorum()))
             .await
             .map_err(unavailable)?;
+        for tenant in &t.lanes {
+            ch.queue_declare(t.lane(tenant).into(), durable, table(quorum()))
+                .await
+                .map_err(unavailable)?;
+        }
         for delay in &t.retry_delays {
             let mut args = quorum();
             args.push((
@@ -365,6 +379,62 @@ impl RabbitBroker {
     }
 }
 
+impl RabbitBroker {
+    /// Consumes `queue` (the shared job queue, or `lane`'s) on a channel of its own.
+    async fn consume_queue(
+        &self,
+        queue: String,
+        lane: Option<String>,
+        prefetch: u16,
+    ) -> Result<Deliveries, QueueError> {
+        let start = async {
+            let ch = self.consumer_channel().await?;
+            ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
+                .await
+                .map_err(unavailable)?;
+            let consumer = ch
+                .basic_consume(
+                    queue.as_str().into(),
+                    format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple()).into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(unavailable)?;
+            Ok((ch, consumer))
+        };
+        let (ch, mut consumer) = self.bounded("starting a consumer", start).await?;
+        let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
+        tokio::spawn(async move {
+            // Keeps the channel alive as long as the stream is read.
+            let _channel = ch;
+            while let Some(next) = consumer.next().await {
+                match next {
+                    Ok(d) => {
+                        let meta = meta_of(&d.properties);
+                        let delivery =
+                            Delivery::new(d.data, 0, d.redelivered, Box::new(RabbitAcker(d.acker)))
+                                .with_meta(meta)
+                                .from_lane(lane.clone());
+                        if let Err(unsent) = tx.send(delivery).await {
+                            // The worker stopped consuming: give the message back and close
+                            // the channel so nothing stays unacked on it.
+                            let _ = unsent.0.requeue().await;
+                            let _ = _channel.close(200, "consumer stopped".into()).await;
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(%queue, error = %e, "RabbitMQ consumer stopped");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
 struct RabbitAcker(lapin::Acker);
 
 #[async_trait::async_trait]
@@ -390,23 +460,27 @@ impl Acker for RabbitAcker {
 
 #[async_trait::async_trait]
 impl JobQueue for RabbitBroker {
-    async fn publish_traced_job(
+    async fn enqueue(
         &self,
+        lane: Option<&str>,
         body: &[u8],
-        traceparent: Option<&str>,
+        meta: &JobMeta,
     ) -> Result<(), QueueError> {
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_headers(job_headers(0, traceparent));
-        self.publish("", &self.topology.jobs(), body, props).await
+            .with_headers(job_headers(meta));
+        let queue = match lane {
+            None => self.topology.jobs(),
+            Some(tenant) => self.topology.lane(tenant),
+        };
+        self.publish("", &queue, body, props).await
     }
 
     async fn publish_retry(
         &self,
         body: &[u8],
-        attempt: u32,
         delay: Duration,
-        traceparent: Option<&str>,
+        meta: &JobMeta,
     ) -> Result<(), QueueError> {
         // The retry queue with the nearest delay at or above the one asked for.
         let delays = &self.topology.retry_delays;
@@ -418,7 +492,7 @@ impl JobQueue for RabbitBroker {
             .ok_or_else(|| QueueError::Rejected("no retry queues are configured".into()))?;
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_headers(job_headers(attempt, traceparent));
+            .with_headers(job_headers(meta));
         self.publish("", &self.topology.retry(chosen), body, props)
             .await
     }
@@ -439,55 +513,17 @@ impl JobQueue for RabbitBroker {
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        let start = async {
-            let ch = self.consumer_channel().await?;
-            ch.basic_qos(prefetch.max(1), BasicQosOptions::default())
-                .await
-                .map_err(unavailable)?;
-            let consumer = ch
-                .basic_consume(
-                    self.topology.jobs().into(),
-                    format!("{}-{}", self.connection_name, uuid::Uuid::new_v4().simple()).into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(unavailable)?;
-            Ok((ch, consumer))
-        };
-        let (ch, mut consumer) = self.bounded("starting a consumer", start).await?;
-        let (tx, rx) = mpsc::channel(usize::from(prefetch.max(1)));
-        tokio::spawn(async move {
-            // Keeps the channel alive as long as the stream is read.
-            let _channel = ch;
-            while let Some(next) = consumer.next().await {
-                match next {
-                    Ok(d) => {
-                        let attempt = attempt_of(&d.properties);
-                        let trace = traceparent_of(&d.properties);
-                        let delivery = Delivery::new(
-                            d.data,
-                            attempt,
-                            d.redelivered,
-                            Box::new(RabbitAcker(d.acker)),
-                        )
-                        .with_traceparent(trace);
-                        if let Err(unsent) = tx.send(delivery).await {
-                            // The worker stopped consuming: give the message back and close
-                            // the channel so nothing stays unacked on it.
-                            let _ = unsent.0.requeue().await;
-                            let _ = _channel.close(200, "consumer stopped".into()).await;
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "RabbitMQ consumer stopped");
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(rx)
+        self.consume_queue(self.topology.jobs(), None, prefetch)
+            .await
+    }
+
+    async fn consume_lane(&self, tenant: &str, prefetch: u16) -> Result<Deliveries, QueueError> {
+        self.consume_queue(
+            self.topology.lane(tenant),
+            Some(tenant.to_string()),
+            prefetch,
+        )
+        .await
     }
 
     async fn check(&self) -> Result<(), QueueError> {

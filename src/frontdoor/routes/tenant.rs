@@ -1,0 +1,24 @@
+//! `GET /v1/tenant/usage`: the calling tenant's quota counts (an extension of AGN-034).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use crate::contract::InvokeResult;
+use crate::frontdoor::extract::{HttpState, Tenant, answer, unavailable};
+use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::tenants::TenantUsage;
+
+/// The calling tenant's model tokens today, its running turns and its limits.
+#[utoipa::path(get, path = "/v1/tenant/usage", tag = "tenant",
+    responses(
+        (status = 200, description = "The tenant's counts and limits", body = api_doc::InvokeResult<TenantUsage>),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 503, description = "The counters cannot be read", body = Failure),
+    ))]
+pub(crate) async fn get_usage(State(state): State<HttpState>, Tenant(tenant): Tenant) -> Response {
+    match state.door.quotas().usage(&tenant).await {
+        Ok(usage) => answer(StatusCode::OK, InvokeResult::success(usage)),
+        Err(e) => unavailable(e),
+    }
+}
