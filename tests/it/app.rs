@@ -56,6 +56,8 @@ pub struct AppOptions {
     pub dependency_timeout: Option<Duration>,
     /// More configuration variables (they win over the defaults above).
     pub extra_env: Vec<(&'static str, String)>,
+    /// How the fake model answers.
+    pub fake: FakeOptions,
 }
 
 impl Default for AppOptions {
@@ -69,6 +71,7 @@ impl Default for AppOptions {
             amqp_url: None,
             dependency_timeout: None,
             extra_env: Vec::new(),
+            fake: FakeOptions::default(),
         }
     }
 }
@@ -104,14 +107,11 @@ pub async fn spawn(options: AppOptions) -> App {
         amqp_url,
         dependency_timeout,
         extra_env,
+        fake,
     } = options;
-    let fake = FakeLlm::start(
-        "127.0.0.1:0".parse().unwrap(),
-        FakeOptions::default(),
-        Some(schema()),
-    )
-    .await
-    .unwrap();
+    let fake = FakeLlm::start("127.0.0.1:0".parse().unwrap(), fake, Some(schema()))
+        .await
+        .unwrap();
     let mut topology = test_topology();
     if let Some(ttl) = reply_queue_ttl {
         topology.reply_queue_ttl = ttl;
@@ -129,7 +129,7 @@ pub async fn spawn(options: AppOptions) -> App {
             "tok-a=tenant-a,tok-b=tenant-b".to_string(),
         ),
     ];
-    let (rabbit, redis) = match backend {
+    let (mut rabbit, redis) = match backend {
         Backend::Services => {
             // Direct connections that declare the topology first and remove everything under
             // the test's namespace afterwards; the app itself may go through a proxy.
@@ -163,6 +163,10 @@ pub async fn spawn(options: AppOptions) -> App {
     config.retry_delays = topology.retry_delays.clone();
     if let Some(timeout) = dependency_timeout {
         config.dependency_timeout = timeout;
+    }
+    if let Some(r) = rabbit.as_mut() {
+        // The app declares the lanes of its tenants file; they go with the rest.
+        r.topology.lanes.extend(config.topology().lanes);
     }
     let app = aptix_worker::app::App::build(&config).await.unwrap();
     let stop = CancellationToken::new();

@@ -42,5 +42,6 @@ mod queue_conformance;
 mod queue_e2e;
 mod rag;
 mod store_conformance;
+mod tenants;
 mod tls;
 mod worker_embedded;

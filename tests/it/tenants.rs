@@ -1,0 +1,285 @@
+//! Tenant quotas through the HTTP API, on both backends: `maxRunningTurns` holds a flooding
+//! tenant to its cap without delaying another tenant's turns, and `tokensPerDay` refuses a
+//! tenant's new turns once spent (while its accepted turns finish), with the counts shown by
+//! `GET /v1/tenant/usage` and in the metrics.
+
+use std::time::{Duration, Instant};
+
+use aptix_worker::fake_llm::FakeOptions;
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+
+use crate::app::{App, AppOptions, Backend, code, spawn};
+
+fn turn(session: &str, turn: &str, instruction: &str) -> String {
+    json!({"sessionId": session, "turnId": turn, "instruction": instruction}).to_string()
+}
+
+/// A tenants file with `tenants` (written to a fresh temporary file).
+fn tenants_file(tenants: Value) -> (&'static str, String) {
+    let file = std::env::temp_dir().join(format!(
+        "aptix-tenants-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, json!({ "tenants": tenants }).to_string()).unwrap();
+    ("APTIX_TENANTS_FILE", file.display().to_string())
+}
+
+async fn usage(app: &App, token: &str) -> Value {
+    let (status, body) = app.get(Some(token), "/v1/tenant/usage").await;
+    assert_eq!(status, 200, "{body}");
+    body["result"].clone()
+}
+
+/// A metric's value in the exposition (0 when absent).
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+const A_TURNS: usize = 2000;
+const B_TURNS: usize = 20;
+const A_CAP: u64 = 2;
+
+async fn a_flooding_tenant_waits_in_its_lane_and_does_not_delay_another(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![
+            tenants_file(json!([{"id": "tenant-a", "maxRunningTurns": A_CAP}])),
+            ("APTIX_CONCURRENCY", "8".into()),
+        ],
+        fake: FakeOptions {
+            latency: Duration::from_millis(100),
+            ..FakeOptions::default()
+        },
+        ..AppOptions::default()
+    })
+    .await;
+    // Tenant A floods the queue: at its cap of two turns at a time, 100 ms each, its backlog
+    // takes well over a minute.
+    let accepted = futures_util::stream::iter(0..A_TURNS)
+        .map(|i| {
+            let app = &app;
+            async move {
+                app.post(Some("tok-a"), turn(&format!("a-{i}"), "t", "flood"))
+                    .await
+                    .0
+            }
+        })
+        .buffer_unordered(32)
+        .filter(|status| std::future::ready(*status == 202))
+        .count()
+        .await;
+    assert_eq!(accepted, A_TURNS);
+    let running = usage(&app, "tok-a").await;
+    assert_eq!(running["maxRunningTurns"], A_CAP);
+    assert!(
+        running["runningTurns"].as_u64().unwrap() <= A_CAP,
+        "{running}"
+    );
+
+    // Tenant B's turns arrive after all of A's, and run at once beside A's two.
+    let started = Instant::now();
+    for i in 0..B_TURNS {
+        let (status, body) = app
+            .post(Some("tok-b"), turn(&format!("b-{i}"), "t", "hello"))
+            .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for i in 0..B_TURNS {
+        let result = app.settled("tok-b", &format!("b-{i}"), "t").await;
+        assert_eq!(result["status"], "completed", "{result}");
+    }
+    let took = started.elapsed();
+    // Told apart by what has run, not by a stopwatch: when B's last turn is done, A's backlog
+    // is still almost all there (a shared queue would have run A's 2,000 first).
+    let text = app.metrics_text().await;
+    let completed = metric(&text, "aptix_turns_total{status=\"completed\"}") as usize;
+    assert!(
+        completed < B_TURNS + A_TURNS / 10,
+        "{completed} turns had completed when B's {B_TURNS} were done ({took:?}): B waited behind A"
+    );
+    // A never runs more than its cap at once, and does run at it (sampled, across workers).
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let a = usage(&app, "tok-a").await;
+        seen.push(a["runningTurns"].as_u64().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen.iter().all(|n| *n <= A_CAP), "{seen:?}");
+    assert!(seen.contains(&A_CAP), "{seen:?}");
+    let gauge = metric(&text, "aptix_tenant_running_turns{tenant=\"tenant-a\"}");
+    assert!((0.0..=A_CAP as f64).contains(&gauge), "{text}");
+    // B is not configured: no cap, no lane, and its label is bounded.
+    let b = usage(&app, "tok-b").await;
+    assert_eq!(
+        (&b["runningTurns"], &b["maxRunningTurns"]),
+        (&Value::Null, &Value::Null)
+    );
+    assert!(!text.contains("tenant=\"tenant-b\""), "{text}");
+}
+
+async fn a_spent_token_quota_refuses_new_turns_until_midnight_utc(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![tenants_file(
+            json!([{"id": "tenant-a", "tokensPerDay": 1}, {"id": "tenant-b", "tokensPerDay": 1_000_000}]),
+        )],
+        ..AppOptions::default()
+    })
+    .await;
+    let fresh = usage(&app, "tok-a").await;
+    assert_eq!(
+        (&fresh["tokensUsed"], &fresh["tokensPerDay"]),
+        (&json!(0), &json!(1))
+    );
+    assert!(
+        fresh["resetsAt"].as_str().unwrap().ends_with("T00:00:00Z"),
+        "{fresh}"
+    );
+
+    // The first turn is accepted and runs (its client tool round included): it spends more than
+    // the quota, and a turn already accepted always finishes.
+    let instruction = "#fake:call workspace_read_file {\"path\":\"README.md\"}";
+    assert_eq!(
+        app.post(Some("tok-a"), turn("s", "t1", instruction))
+            .await
+            .0,
+        202
+    );
+    let waiting = app.settled("tok-a", "s", "t1").await;
+    assert_eq!(waiting["status"], "awaiting_client_tools", "{waiting}");
+    let call_id = waiting["result"]["result"]["toolCalls"][0]["toolCallId"].clone();
+    let cont = json!({"sessionId": "s", "turnId": "t1", "toolResults": [
+        {"toolCallId": call_id, "executionMs": 1, "resultJson": "{\"text\":\"# readme\"}"}]});
+    let (status, body) = app.post(Some("tok-a"), cont.to_string()).await;
+    assert_eq!(status, 202, "the rest of an accepted turn is taken: {body}");
+    let done = app.settled("tok-a", "s", "t1").await;
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // Every model call was counted to the tenant: the two calls' usage.
+    let calls = app.fake.requests().len();
+    assert_eq!(calls, 2);
+    let spent = usage(&app, "tok-a").await;
+    let used = spent["tokensUsed"].as_u64().unwrap();
+    assert!(used > 1, "{spent}");
+    assert_eq!(
+        used,
+        done["result"]["result"]["usage"]["totalTokens"]
+            .as_u64()
+            .unwrap(),
+        "the counted tokens are the turn's usage, both model calls"
+    );
+
+    // A new turn now fails fast at every door, naming the reset; nothing reaches the model.
+    let (status, body) = post_raw(&app, "tok-a", "/v1/turns", turn("s", "t2", "more")).await;
+    assert_eq!((status.0, code(&body)), (429, "QUOTA_EXCEEDED"), "{body}");
+    let message = body["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains(spent["resetsAt"].as_str().unwrap()),
+        "{message}"
+    );
+    let retry_after: u64 = status.1.expect("Retry-After").parse().unwrap();
+    assert!((1..=86_400).contains(&retry_after), "{retry_after}");
+    let (status, body) = app
+        .post_to(
+            Some("tok-a"),
+            "/api/ai/agent/execute",
+            turn("s2", "t", "sync"),
+        )
+        .await;
+    assert_eq!(body["successful"], false, "{status} {body}");
+    assert_eq!(code(&body), "QUOTA_EXCEEDED");
+    let batch = format!(
+        "{}\n",
+        json!({"customId": "one", "request": {"sessionId": "s3", "turnId": "t", "instruction": "x"}})
+    );
+    let (status, body) = app.post_to(Some("tok-a"), "/v1/batches", batch).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["result"]["accepted"], 0, "{body}");
+    assert_eq!(body["result"]["errors"][0]["customId"], "one");
+    assert_eq!(
+        body["result"]["errors"][0]["errors"][0]["errorCode"],
+        "QUOTA_EXCEEDED"
+    );
+    assert_eq!(
+        app.fake.requests().len(),
+        calls,
+        "a refused turn reached the model"
+    );
+
+    // Another tenant is not affected.
+    assert_eq!(app.post(Some("tok-b"), turn("b", "t", "hi")).await.0, 202);
+    assert_eq!(app.settled("tok-b", "b", "t").await["status"], "completed");
+    assert!(usage(&app, "tok-b").await["tokensUsed"].as_u64().unwrap() > 0);
+
+    let text = app.metrics_text().await;
+    assert!(
+        metric(
+            &text,
+            "aptix_quota_rejections_total{tenant=\"tenant-a\",quota=\"tokens_per_day\"}"
+        ) >= 3.0,
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "aptix_tenant_tokens_total{tenant=\"tenant-a\"}") as u64,
+        used
+    );
+    assert!(
+        metric(
+            &text,
+            "aptix_turns_refused_by_policy_total{reason=\"quota_exceeded\"}"
+        ) >= 3.0
+    );
+}
+
+/// POST with the status and the `Retry-After` header.
+async fn post_raw(
+    app: &App,
+    token: &str,
+    path: &str,
+    body: String,
+) -> ((u16, Option<String>), Value) {
+    let resp = app
+        .http
+        .post(format!("{}{path}", app.base))
+        .bearer_auth(token)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    ((status, retry_after), resp.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_bad_tenants_file_stops_every_process_naming_the_entry() {
+    let (var, path) = tenants_file(json!([{"id": "a"}, {"id": "a"}]));
+    for command in [&["worker"][..], &["serve", "--listen", "127.0.0.1:0"]] {
+        let out = crate::cli::aptix()
+            .args(command)
+            .env(var, &path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} started: {stderr}");
+        assert!(stderr.contains("APTIX_TENANTS_FILE"), "{stderr}");
+        assert!(
+            stderr.contains("tenants[1] (\"a\"): the id is defined twice"),
+            "{stderr}"
+        );
+    }
+}
+
+for_each_backend!(
+    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
+    tests: [
+        a_flooding_tenant_waits_in_its_lane_and_does_not_delay_another,
+        a_spent_token_quota_refuses_new_turns_until_midnight_utc,
+    ],
+);
