@@ -5,11 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use aptix_worker::fake_llm::FakeOptions;
+use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, code, spawn};
+use crate::support::Listening;
 
 fn turn(session: &str, turn: &str, instruction: &str) -> String {
     json!({"sessionId": session, "turnId": turn, "instruction": instruction}).to_string()
@@ -283,3 +284,222 @@ for_each_backend!(
         a_spent_token_quota_refuses_new_turns_until_midnight_utc,
     ],
 );
+
+/// `aptix serve` and `aptix worker` processes on RabbitMQ and Redis, with a tenants file that
+/// caps the local tenant (no API tokens: every caller is `local`).
+struct Deployment {
+    env: Vec<(&'static str, String)>,
+    serve: Listening,
+    workers: Vec<Listening>,
+    _redis: crate::support::RedisGuard,
+    _rabbit: crate::support::RabbitGuard,
+}
+
+impl Deployment {
+    async fn start(fake: &FakeLlm, cap: u32, workers: usize, slot_ttl_ms: u64) -> Self {
+        let topology = crate::support::test_topology().with_lanes(["local"]);
+        let namespace = topology.namespace.clone();
+        let rabbit = crate::support::RabbitGuard {
+            broker: crate::support::rabbit_broker(&topology, &format!("{namespace}-test")).await,
+            topology,
+        };
+        let redis = crate::support::redis_store_in(&namespace).await;
+        let env = vec![
+            tenants_file(json!([{"id": "local", "maxRunningTurns": cap}])),
+            ("APTIX_LLM_BASE_URL", fake.base_url()),
+            ("APTIX_AMQP_URL", crate::support::amqp_url()),
+            ("APTIX_REDIS_URL", crate::support::redis_url()),
+            ("APTIX_NAMESPACE", namespace.clone()),
+            ("APTIX_RETRY_DELAYS_MS", "200,400".into()),
+            ("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string()),
+            ("APTIX_LLM_MAX_RETRIES", "0".into()),
+            ("APTIX_LEASE_SECS", "2".into()),
+            ("APTIX_CONCURRENCY", "8".into()),
+            ("RUST_LOG", "info".into()),
+            ("NO_COLOR", "1".into()),
+        ];
+        let serve =
+            Listening::start(Self::command(&env).args(["serve", "--listen", "127.0.0.1:0"]));
+        let mut d = Self {
+            env,
+            serve,
+            workers: Vec::new(),
+            _redis: redis,
+            _rabbit: rabbit,
+        };
+        for _ in 0..workers {
+            d.add_worker();
+        }
+        d
+    }
+
+    fn command(env: &[(&'static str, String)]) -> std::process::Command {
+        let mut c = crate::cli::aptix();
+        c.envs(env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+
+    fn add_worker(&mut self) {
+        let worker =
+            Listening::start(Self::command(&self.env).args(["worker", "--listen", "127.0.0.1:0"]));
+        assert!(
+            worker.wait_for_line("consuming turn jobs", Duration::from_secs(20)),
+            "the worker did not start"
+        );
+        self.workers.push(worker);
+    }
+
+    async fn submit(&self, session: &str) {
+        let resp = crate::support::http_client()
+            .post(format!("{}/v1/turns", self.serve.url()))
+            .body(turn(session, "t", "work"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status().as_u16(),
+            202,
+            "{}",
+            resp.text().await.unwrap()
+        );
+    }
+
+    async fn wait_completed(&self, session: &str) {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let body: Value = crate::support::http_client()
+                .get(format!(
+                    "{}/v1/sessions/{session}/turns/t?wait=10",
+                    self.serve.url()
+                ))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if body["result"]["status"] == "completed" {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{session} did not complete: {body}"
+            );
+        }
+    }
+
+    async fn running(&self) -> u64 {
+        let body: Value = crate::support::http_client()
+            .get(format!("{}/v1/tenant/usage", self.serve.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["result"]["runningTurns"].as_u64().unwrap()
+    }
+
+    fn logged(&self, needle: &str) -> Vec<usize> {
+        self.workers
+            .iter()
+            .map(|w| w.lines().iter().filter(|l| l.contains(needle)).count())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn two_worker_processes_share_a_tenants_cap_and_its_retries_return_to_its_lane() {
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions {
+            latency: Duration::from_millis(300),
+            ..FakeOptions::default()
+        },
+        Some(crate::support::schema()),
+    )
+    .await
+    .unwrap();
+    // The first call fails: its turn is retried through the shared retry queues and has to
+    // find its way back to the tenant's lane.
+    fake.push([Reply::Error {
+        status: 500,
+        message: "overloaded".into(),
+        retry_after_ms: None,
+    }]);
+    let d = Deployment::start(&fake, 2, 2, 5_000).await;
+    let sessions: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    for s in &sessions {
+        d.submit(s).await;
+    }
+    for s in &sessions {
+        d.wait_completed(s).await;
+    }
+    assert_eq!(fake.requests().len(), 9, "eight turns and one failed call");
+    assert_eq!(
+        fake.peak_in_flight(),
+        2,
+        "two workers of eight slots each could run all eight at once; the tenant's cap is two"
+    );
+    let ran = d.logged("turn started");
+    assert!(ran.iter().all(|n| *n > 0), "turns per worker: {ran:?}");
+    let moved: usize = d.logged("job moved to its tenant's lane").iter().sum();
+    assert_eq!(moved, 1, "the retried job went back to the lane once");
+    // Every running slot was given back.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.running().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "running slots were not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_worker_killed_holding_a_running_slot_frees_it_when_the_slot_expires() {
+    const SLOT_TTL_MS: u64 = 2_000;
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions::default(),
+        Some(crate::support::schema()),
+    )
+    .await
+    .unwrap();
+    // The first call hangs: its worker dies holding the tenant's only running slot.
+    fake.push([Reply::Delay(
+        Duration::from_secs(30),
+        Box::new(Reply::Text("too late".into())),
+    )]);
+    let mut d = Deployment::start(&fake, 1, 1, SLOT_TTL_MS).await;
+    d.submit("held").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while fake.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first call never reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.running().await, 1);
+    let mut dead = d.workers.remove(0);
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    d.add_worker();
+    d.submit("next").await;
+    // Both turns complete, each exactly once: the dead worker's job is redelivered on the
+    // lane and runs once its stale slot has expired.
+    d.wait_completed("held").await;
+    d.wait_completed("next").await;
+    // (A result is logged as published just after it is stored: give the log a moment.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.logged("result published").iter().sum::<usize>() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let published = d.logged("result published");
+    assert_eq!(
+        published,
+        vec![2],
+        "each turn published once, by the new worker"
+    );
+}
