@@ -176,6 +176,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tenants.json");
+        let t = Tenants::load(&path).unwrap();
+        assert_eq!(t.capped().count(), 2);
+        assert_eq!(t.limits("trial").tokens_per_day, Some(50_000));
+    }
+
+    #[test]
     fn every_broken_rule_names_its_entry() {
         let cases = [
             (

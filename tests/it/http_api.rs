@@ -636,6 +636,7 @@ async fn the_openapi_document_covers_every_route() {
         ("post", "/v1/index"),
         ("post", "/v1/sessions/{sessionId}/turns/{turnId}/cancel"),
         ("post", "/v1/batches/{batchId}/cancel"),
+        ("get", "/v1/tenant/usage"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths
