@@ -29,6 +29,8 @@ use crate::store::TurnStatusView;
         (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
         (status = 409, description = "Same ids, different payload; or the turn is not awaiting client tools", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
+        (status = 429, description = "QUOTA_EXCEEDED: the tenant's daily token quota is spent (a new user turn); the message and Retry-After say when it resets", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds until the quota resets"))),
         (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
     ))]
 pub(crate) async fn post_turn(
