@@ -285,7 +285,8 @@ fn backends(
             config.tls_ca.as_ref(),
         )
         .part("the model client")?
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_streaming(config.llm_streaming);
         if agent.is_limited() {
             let call_limits = CallLimits {
                 max_concurrent: agent.max_concurrent_calls,

@@ -104,6 +104,9 @@ pub struct Config {
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
     /// (for model servers that do not store responses).
     pub llm_replay: bool,
+    /// `APTIX_LLM_STREAMING`: call the model with `stream: true` for turns that ask for
+    /// streaming (default on; off for servers without streaming).
+    pub llm_streaming: bool,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
     /// `APTIX_MAX_BATCH_BYTES` / `APTIX_MAX_BATCH_LINES`: the largest batch submission.
@@ -206,6 +209,8 @@ impl Config {
             },
             lease: Duration::from_secs(positive(&get, "APTIX_LEASE_SECS", 30)?),
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
+            llm_streaming: get("APTIX_LLM_STREAMING").is_none()
+                || flag(&get, "APTIX_LLM_STREAMING")?,
             api_tokens: tokens(&get)?,
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),

@@ -143,6 +143,7 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         latency: Duration::from_millis(latency_ms),
         stateless,
         api_key,
+        ..FakeOptions::default()
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await

@@ -21,6 +21,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 mod check;
+mod stream;
 
 use check::check_request;
 pub use check::create_response_validator;
@@ -55,6 +56,9 @@ pub enum Reply {
     Failed(String),
     /// Wait, then give the inner reply (for timeouts).
     Delay(Duration, Box<Reply>),
+    /// To a `stream: true` request: half of this text's deltas, then the connection breaks
+    /// (no `response.completed`); without streaming, a 500.
+    BrokenStream(String),
 }
 
 /// Options of a fake server.
@@ -67,6 +71,12 @@ pub struct FakeOptions {
     /// Answer 401 `invalid_api_key` (as the real API does) unless the request carries
     /// `Authorization: Bearer <this key>`.
     pub api_key: Option<String>,
+    /// Pieces a streamed text (or function-call arguments) is cut into (0: four).
+    pub stream_pieces: usize,
+    /// Pause before each streamed event after the first.
+    pub stream_delay: Duration,
+    /// Answer `stream: true` with a 400, as a server without streaming does.
+    pub no_streaming: bool,
 }
 
 /// A stored response: what a follow-up call must answer.
@@ -275,6 +285,14 @@ async fn create_response(
             code.as_deref(),
         );
     }
+    if inner.options.no_streaming && streams(&request) {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "Streaming is not supported by this server.",
+            Some("stream"),
+            None,
+        );
+    }
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
     answer(&inner, &request, reply).await
@@ -399,10 +417,18 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
         }
         Reply::Failed(code) => {
             let id = next_id(inner, "resp");
-            return Json(json!({"id": id, "object": "response", "status": "failed", "output": [], "error": {"code": code, "message": "The model failed to generate a response."}})).into_response();
+            let failed = json!({"id": id, "object": "response", "status": "failed", "output": [], "error": {"code": code, "message": "The model failed to generate a response."}});
+            return respond(inner, req, failed, false);
+        }
+        Reply::BrokenStream(t) => {
+            if !streams(req) {
+                return error_response(StatusCode::INTERNAL_SERVER_ERROR, "The server had an error while processing your request.", None, None);
+            }
+            ("completed", vec![message(inner, text_part(t))], None)
         }
         Reply::Delay(..) => unreachable!("delays are unwrapped above"),
     };
+    let broken = matches!(reply, Reply::BrokenStream(_));
     let id = next_id(inner, "resp");
     let pending_calls: Vec<String> = output
         .iter()
@@ -417,7 +443,7 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
     }
     let input_tokens = (req.to_string().len() / 4) as u64;
     let output_tokens = (Value::Array(output.clone()).to_string().len() / 4) as u64;
-    Json(json!({
+    let response = json!({
         "id": id,
         "object": "response",
         "created_at": time::OffsetDateTime::now_utc().unix_timestamp(),
@@ -447,6 +473,23 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
         },
         "user": null,
         "metadata": {}
-    }))
-    .into_response()
+    });
+    respond(inner, req, response, broken)
+}
+
+/// Whether the request asked for a streamed answer.
+fn streams(req: &Value) -> bool {
+    req.get("stream").and_then(Value::as_bool) == Some(true)
+}
+
+/// The response object as JSON, or streamed as the API's events when the request asked so.
+fn respond(inner: &Inner, req: &Value, response: Value, broken: bool) -> Response {
+    if !streams(req) {
+        return Json(response).into_response();
+    }
+    let pieces = match inner.options.stream_pieces {
+        0 => 4,
+        n => n,
+    };
+    stream::events(response, pieces, inner.options.stream_delay, broken)
 }

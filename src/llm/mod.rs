@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::limiter::CallLimiter;
 
 mod parse;
+mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem};
@@ -59,6 +60,22 @@ impl LlmError {
     }
 }
 
+/// What a streamed call reports while it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LlmEvent {
+    /// A piece of the answer's text (never function-call arguments).
+    TextDelta(String),
+    /// The call is made again after a failed attempt (text already reported from that attempt
+    /// is not part of the answer).
+    Retrying {
+        /// The attempt starting now (2 for the first retry).
+        attempt: usize,
+    },
+}
+
+/// Receives a streamed call's events; it must not block.
+pub type EventSink<'a> = &'a (dyn Fn(LlmEvent) + Send + Sync);
+
 /// One attempt's failure, before the retry policy decides.
 #[derive(Debug)]
 struct AttemptError {
@@ -79,6 +96,7 @@ pub struct LlmClient {
     min_backoff: Duration,
     metrics: Arc<Metrics>,
     limiter: Option<CallLimiter>,
+    streaming: bool,
 }
 
 impl LlmClient {
@@ -121,7 +139,15 @@ impl LlmClient {
             min_backoff: Duration::from_millis(500),
             metrics: Arc::default(),
             limiter: None,
+            streaming: true,
         })
+    }
+
+    /// Whether calls with an event sink ask the server to stream (`APTIX_LLM_STREAMING`; on
+    /// by default). Off, they are made as plain calls and report no deltas.
+    pub fn with_streaming(mut self, streaming: bool) -> Self {
+        self.streaming = streaming;
+        self
     }
 
     /// Sets the first backoff delay (tests shorten it; the SDK default is 0.5 s).
@@ -145,6 +171,29 @@ impl LlmClient {
 
     /// `POST /responses` with retries; returns the normalised answer.
     pub async fn create_response(&self, body: &Value) -> Result<ModelResponse, LlmError> {
+        self.create_response_streamed(body, None).await
+    }
+
+    /// [`LlmClient::create_response`], streamed when `sink` is given (and streaming is on):
+    /// the text arrives at `sink` as the model writes it; the answer is the same.
+    pub async fn create_response_streamed(
+        &self,
+        body: &Value,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, LlmError> {
+        let sink = sink.filter(|_| self.streaming);
+        let streamed;
+        let body = match sink {
+            Some(_) => {
+                let mut b = body.clone();
+                if let Some(o) = b.as_object_mut() {
+                    o.insert("stream".into(), Value::Bool(true));
+                }
+                streamed = b;
+                &streamed
+            }
+            None => body,
+        };
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.min_backoff)
             .with_max_delay(Duration::from_secs(8))
@@ -155,7 +204,12 @@ impl LlmClient {
         let started = std::time::Instant::now();
         let result = (|| {
             attempts += 1;
-            self.attempt(body)
+            if let Some(sink) = sink
+                && attempts > 1
+            {
+                sink(LlmEvent::Retrying { attempt: attempts });
+            }
+            self.attempt(body, sink)
         })
         .retry(backoff)
         .when(|e: &AttemptError| e.retryable)
@@ -178,7 +232,11 @@ impl LlmClient {
 
     /// One call, in a `model_call` span of its own (exported as a child of the turn's `job`
     /// span); the model server gets that span as its parent in `traceparent`.
-    async fn attempt(&self, body: &Value) -> Result<ModelResponse, AttemptError> {
+    async fn attempt(
+        &self,
+        body: &Value,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
         use tracing::Instrument as _;
         let model = body
             .get("model")
@@ -195,7 +253,10 @@ impl LlmClient {
                 error: e.into(),
             })?),
         };
-        let sent = self.send_once(body, traceparent).instrument(span).await;
+        let sent = self
+            .send_once(body, traceparent, sink)
+            .instrument(span)
+            .await;
         if let (Err(e), Some(limiter)) = (&sent, &self.limiter)
             && e.rate_limited
         {
@@ -210,6 +271,7 @@ impl LlmClient {
         &self,
         body: &Value,
         traceparent: Option<String>,
+        sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         let unavailable = |message: String| AttemptError {
             retryable: true,
@@ -240,6 +302,16 @@ impl LlmClient {
         })?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
+        let event_stream = headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if let Some(sink) = sink
+            && event_stream
+            && (200..300).contains(&status)
+        {
+            return stream::read(resp, sink).await;
+        }
         let bytes = resp.bytes().await.map_err(|e| {
             unavailable(if e.is_timeout() {
                 "the model call timed out while reading the answer".to_string()
@@ -256,7 +328,12 @@ impl LlmClient {
             })?;
             return parse_response(&value);
         }
-        let (message, code) = error_message(&bytes, status);
+        let (mut message, code) = error_message(&bytes, status);
+        if sink.is_some() && status == 400 && message.to_ascii_lowercase().contains("stream") {
+            message.push_str(
+                " (the model server does not accept \"stream\": set APTIX_LLM_STREAMING=false)",
+            );
+        }
         let should_retry = headers
             .get("x-should-retry")
             .and_then(|v| v.to_str().ok())
