@@ -35,6 +35,7 @@ pub mod contract;
 pub mod fake_llm;
 pub mod frontdoor;
 pub mod limiter;
+pub mod live;
 pub mod llm;
 pub mod metrics;
 pub mod pipeline;

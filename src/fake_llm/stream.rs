@@ -43,7 +43,9 @@ fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
             Some("function_call") => opening["arguments"] = json!(""),
             _ => {}
         }
-        events.push(json!({"type": "response.output_item.added", "output_index": index, "item": opening}));
+        events.push(
+            json!({"type": "response.output_item.added", "output_index": index, "item": opening}),
+        );
         match item["type"].as_str() {
             Some("message") => {
                 let parts = item["content"].as_array().cloned().unwrap_or_default();
@@ -56,12 +58,16 @@ fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
                         event
                     };
                     let (kind, full) = match part["type"].as_str() {
-                        Some("refusal") => ("refusal", part["refusal"].as_str().unwrap_or_default()),
+                        Some("refusal") => {
+                            ("refusal", part["refusal"].as_str().unwrap_or_default())
+                        }
                         _ => ("output_text", part["text"].as_str().unwrap_or_default()),
                     };
                     let mut empty = part.clone();
                     empty[if kind == "refusal" { "refusal" } else { "text" }] = json!("");
-                    events.push(with(json!({"type": "response.content_part.added", "part": empty})));
+                    events.push(with(
+                        json!({"type": "response.content_part.added", "part": empty}),
+                    ));
                     for piece in cut(full, pieces) {
                         events.push(with(if kind == "refusal" {
                             json!({"type": "response.refusal.delta", "delta": piece})
@@ -74,7 +80,9 @@ fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
                     } else {
                         json!({"type": "response.output_text.done", "text": full, "logprobs": []})
                     }));
-                    events.push(with(json!({"type": "response.content_part.done", "part": part})));
+                    events.push(with(
+                        json!({"type": "response.content_part.done", "part": part}),
+                    ));
                 }
             }
             Some("function_call") => {
@@ -86,7 +94,9 @@ fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
             }
             _ => {}
         }
-        events.push(json!({"type": "response.output_item.done", "output_index": index, "item": item}));
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": index, "item": item}),
+        );
     }
     let last = match response["status"].as_str() {
         Some("failed") => "response.failed",

@@ -146,7 +146,13 @@ mod tests {
         let mut f = Frames::default();
         assert!(f.push(b"event: a\ndata: {\"type\":").is_empty());
         let got = f.push(b"\"x\"}\n\nevent: b\r\ndata: {\"type\":\"y\"}\r\n\r\n: comment\n\n");
-        assert_eq!(got, vec![serde_json::json!({"type": "x"}), serde_json::json!({"type": "y"})]);
+        assert_eq!(
+            got,
+            vec![
+                serde_json::json!({"type": "x"}),
+                serde_json::json!({"type": "y"})
+            ]
+        );
     }
 
     /// The official streamed example (its `...` stands for elided deltas and is skipped).
@@ -169,7 +175,10 @@ mod tests {
             }
         }
         let response = done.expect("a terminal event").expect("a usable response");
-        assert_eq!(deltas.lock().unwrap().first().map(String::as_str), Some("Hi"));
+        assert_eq!(
+            deltas.lock().unwrap().first().map(String::as_str),
+            Some("Hi")
+        );
         assert!(matches!(
             response.items.first(),
             Some(crate::state::OutputItem::Text(t)) if t == "Hi there! How can I assist you today?"

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError};
-use super::{Replies, ReplyBus};
+use super::{Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
 
 /// A waiting job.
@@ -17,6 +17,12 @@ struct Job {
     body: Vec<u8>,
     meta: JobMeta,
     redelivered: bool,
+}
+
+/// An event subscriber: of results only, or of results and live events.
+enum Listener {
+    Status(mpsc::Sender<Vec<u8>>),
+    All(mpsc::Sender<SessionEvent>),
 }
 
 /// The shared job queue is lane `None`; a tenant's lane is `Some(tenant)`.
@@ -28,7 +34,7 @@ struct State {
     dead: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, VecDeque<Vec<u8>>>,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
-    listeners: HashMap<SessionId, Vec<mpsc::Sender<Vec<u8>>>>,
+    listeners: HashMap<SessionId, Vec<Listener>>,
     /// One wake-up per lane, so a job wakes a consumer of its own lane.
     notify: HashMap<Lane, Arc<Notify>>,
 }
@@ -239,8 +245,11 @@ impl ReplyBus for MemoryBroker {
     ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
         if let Some(listeners) = state.listeners.get_mut(session) {
-            // Closed or hopelessly slow listeners are dropped; the rest get every event.
-            listeners.retain(|tx| tx.try_send(body.to_vec()).is_ok());
+            // Closed or hopelessly slow listeners are dropped; the rest get every result.
+            listeners.retain(|l| match l {
+                Listener::Status(tx) => tx.try_send(body.to_vec()).is_ok(),
+                Listener::All(tx) => tx.try_send(SessionEvent::Status(body.to_vec())).is_ok(),
+            });
         }
         if let Some(tx) = state.subscribers.get(session) {
             if tx.try_send(body.to_vec()).is_ok() {
@@ -270,7 +279,30 @@ impl ReplyBus for MemoryBroker {
             .listeners
             .entry(session.clone())
             .or_default()
-            .push(tx);
+            .push(Listener::Status(tx));
+        Ok(rx)
+    }
+    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError> {
+        let mut state = self.lock()?;
+        if let Some(listeners) = state.listeners.get_mut(session) {
+            // A full listener misses this event; a closed one is dropped.
+            listeners.retain(|l| match l {
+                Listener::Status(tx) => !tx.is_closed(),
+                Listener::All(tx) => {
+                    let _ = tx.try_send(SessionEvent::Live(body.to_vec()));
+                    !tx.is_closed()
+                }
+            });
+        }
+        Ok(())
+    }
+    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError> {
+        let (tx, rx) = mpsc::channel(1024);
+        self.lock()?
+            .listeners
+            .entry(session.clone())
+            .or_default()
+            .push(Listener::All(tx));
         Ok(rx)
     }
 }

@@ -78,6 +78,10 @@ impl Topology {
     pub fn replies(&self) -> String {
         format!("{}.replies", self.namespace)
     }
+    /// The exchange of live events (transient messages, keyed by session).
+    pub fn live(&self) -> String {
+        format!("{}.live", self.namespace)
+    }
     /// A session's reply queue.
     pub fn reply_queue(&self, session: &SessionId) -> String {
         format!("{}.reply.{session}", self.namespace)
@@ -262,6 +266,18 @@ pub trait JobQueue: Send + Sync + 'static {
 /// A stream of reply bodies (turn status JSON) of one session.
 pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
 
+/// What a live subscriber of a session receives, in the order it was published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// A published turn status (JSON), as [`ReplyBus::subscribe_events`] gives them.
+    Status(Vec<u8>),
+    /// A running turn's live event (JSON, see [`crate::live`]).
+    Live(Vec<u8>),
+}
+
+/// A stream of a session's statuses and live events.
+pub type SessionEvents = tokio::sync::mpsc::Receiver<SessionEvent>;
+
 /// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
 /// means, and waiting for one, is [`crate::replies`]).
 #[async_trait::async_trait]
@@ -279,6 +295,13 @@ pub trait ReplyBus: Send + Sync + 'static {
     /// Subscribes to a session's results as a broadcast: every subscriber gets every result
     /// published from now on, without taking them from the session's reply queue.
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
+    /// Publishes a live event of a session: transient, unconfirmed, only to the subscribers of
+    /// [`ReplyBus::subscribe_live`] of this moment (never to the session's reply queue).
+    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError>;
+    /// Subscribes to a session's results and live events as one ordered stream: what one
+    /// worker published (live events, then the result) arrives in that order. A subscriber
+    /// too slow for live events misses some of them (never a result).
+    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError>;
 }
 
 /// The broker behind the front door and the workers: the job queue and the reply bus of one RabbitMQ (or of the embedded broker).

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::contract::SessionId;
-use aptix_worker::queue::{Broker, Deliveries, Delivery, JobMeta, MemoryBroker};
+use aptix_worker::queue::{Broker, Deliveries, Delivery, JobMeta, MemoryBroker, SessionEvent};
 
 use crate::support::{RabbitGuard, rabbit};
 
@@ -195,6 +195,58 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
     }
 }
 
+async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s: Subject) {
+    let sid = SessionId::parse("live-1").unwrap();
+    let other = SessionId::parse("live-2").unwrap();
+    let mut live = s.broker.subscribe_live(&sid).await.unwrap();
+    let mut results_only = s.broker.subscribe_events(&sid).await.unwrap();
+    let mut other_live = s.broker.subscribe_live(&other).await.unwrap();
+    s.broker.publish_live(&sid, b"d0").await.unwrap();
+    s.broker.publish_live(&sid, b"d1").await.unwrap();
+    s.broker.publish_reply(&sid, "t", b"result").await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(
+            tokio::time::timeout(Duration::from_secs(5), live.recv())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        got,
+        vec![
+            SessionEvent::Live(b"d0".to_vec()),
+            SessionEvent::Live(b"d1".to_vec()),
+            SessionEvent::Status(b"result".to_vec()),
+        ]
+    );
+    let first = tokio::time::timeout(Duration::from_secs(5), results_only.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, b"result", "a results subscriber sees no live events");
+    // Nothing of this session reached the other one, and the durable reply queue holds the
+    // result only.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), other_live.recv())
+            .await
+            .is_err()
+    );
+    let mut replies = s.broker.subscribe_replies(&sid).await.unwrap();
+    let queued = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(queued, b"result");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), replies.recv())
+            .await
+            .is_err(),
+        "a live event reached the reply queue"
+    );
+}
+
 for_each_backend!(
     backends: [memory => super::memory(), rabbitmq => super::rabbitmq().await],
     tests: [
@@ -206,5 +258,6 @@ for_each_backend!(
         dead_letters_keep_their_reason,
         replies_reach_the_session_subscriber_in_order,
         every_event_subscriber_gets_every_result,
+        live_events_reach_live_subscribers_before_the_result_and_nowhere_else,
     ],
 );

@@ -203,12 +203,14 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        ch.exchange_delete(
-            t.replies().into(),
-            lapin::options::ExchangeDeleteOptions::default(),
-        )
-        .await
-        .map_err(unavailable)?;
+        for exchange in [t.replies(), t.live()] {
+            ch.exchange_delete(
+                exchange.into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        }
         let _ = ch.close(200, "done".into()).await;
         Ok(())
     }
@@ -285,17 +287,19 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        ch.exchange_declare(
-            t.replies().into(),
-            ExchangeKind::Direct,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .map_err(unavailable)?;
+        for exchange in [t.replies(), t.live()] {
+            ch.exchange_declare(
+                exchange.into(),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(unavailable)?;
+        }
         Ok(())
     }
 

@@ -6,13 +6,14 @@
 //! Owns: reply queue declaration and consumption, the event hub and its bindings. Must not:
 //! touch the job queues.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, QueueBindOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
@@ -21,20 +22,54 @@ use tokio::sync::mpsc;
 use super::{RabbitBroker, table, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::queue::{Replies, ReplyBus};
+use crate::queue::{Replies, ReplyBus, SessionEvent, SessionEvents};
 
-/// Session id → the senders of its event subscribers.
-pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<mpsc::Sender<Vec<u8>>>>>>;
+/// An in-process subscriber of a session: of results only, or of results and live events.
+pub(super) enum Subscriber {
+    Status(mpsc::Sender<Vec<u8>>),
+    All(mpsc::Sender<SessionEvent>),
+}
+
+impl Subscriber {
+    fn is_closed(&self) -> bool {
+        match self {
+            Self::Status(tx) => tx.is_closed(),
+            Self::All(tx) => tx.is_closed(),
+        }
+    }
+
+    /// Hands over a message; `false` when the subscriber is gone, or too far behind on results.
+    /// A live event a full subscriber has no room for is skipped.
+    fn offer(&self, live: bool, data: &[u8]) -> bool {
+        match (self, live) {
+            (Self::Status(tx), false) => tx.try_send(data.to_vec()).is_ok(),
+            (Self::Status(tx), true) => !tx.is_closed(),
+            (Self::All(tx), false) => tx.try_send(SessionEvent::Status(data.to_vec())).is_ok(),
+            (Self::All(tx), true) => {
+                let _ = tx.try_send(SessionEvent::Live(data.to_vec()));
+                !tx.is_closed()
+            }
+        }
+    }
+}
+
+/// Session id → its event subscribers.
+pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<Subscriber>>>>;
 
 /// The process's one consumer of session events.
 pub(super) struct EventHub {
     pub(super) channel: Channel,
     pub(super) queue: String,
     pub(super) subscribers: Subscribers,
+    /// Sessions whose live events the hub's queue is bound to (those with a live subscriber).
+    pub(super) live_bound: Arc<StdMutex<HashSet<String>>>,
 }
 
 /// Events a subscriber may fall behind by before it is dropped.
 pub(super) const SUBSCRIBER_BUFFER: usize = 256;
+
+/// Events a live subscriber may fall behind by before it misses live events.
+pub(super) const LIVE_SUBSCRIBER_BUFFER: usize = 1024;
 
 /// How often bindings of sessions nobody watches any more are removed.
 pub(super) const PRUNE_EVERY: Duration = Duration::from_secs(2);
@@ -156,12 +191,14 @@ impl RabbitBroker {
             .map_err(unavailable)?;
         let subscribers: Subscribers = Arc::default();
         let fan_out = subscribers.clone();
+        let live_exchange = self.topology.live();
         tokio::spawn(async move {
             while let Some(Ok(d)) = consumer.next().await {
+                let live = d.exchange.as_str() == live_exchange;
                 let Ok(mut subs) = fan_out.lock() else { break };
                 if let Some(list) = subs.get_mut(d.routing_key.as_str()) {
                     // A subscriber that is gone or too far behind is dropped; its stream ends.
-                    list.retain(|s| s.try_send(d.data.clone()).is_ok());
+                    list.retain(|s| s.offer(live, &d.data));
                 }
             }
             // The connection or channel is gone: end every stream (subscribers re-subscribe).
@@ -172,7 +209,9 @@ impl RabbitBroker {
         let hub_slot = Arc::downgrade(&self.events);
         let (prune_channel, prune_queue) = (ch.clone(), queue.clone());
         let watched = subscribers.clone();
-        let exchange = self.topology.replies();
+        let live_bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
+        let watched_live = live_bound.clone();
+        let (exchange, live_exchange) = (self.topology.replies(), self.topology.live());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(PRUNE_EVERY).await;
@@ -199,16 +238,24 @@ impl RabbitBroker {
                     idle
                 };
                 for sid in idle {
-                    if let Err(e) = prune_channel
-                        .queue_unbind(
-                            prune_queue.as_str().into(),
-                            exchange.as_str().into(),
-                            sid.as_str().into(),
-                            FieldTable::default(),
-                        )
-                        .await
-                    {
-                        tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
+                    let was_live = watched_live.lock().is_ok_and(|mut l| l.remove(&sid));
+                    let from = if was_live {
+                        vec![exchange.as_str(), live_exchange.as_str()]
+                    } else {
+                        vec![exchange.as_str()]
+                    };
+                    for ex in from {
+                        if let Err(e) = prune_channel
+                            .queue_unbind(
+                                prune_queue.as_str().into(),
+                                ex.into(),
+                                sid.as_str().into(),
+                                FieldTable::default(),
+                            )
+                            .await
+                        {
+                            tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
+                        }
                     }
                 }
                 drop(slot);
@@ -218,14 +265,18 @@ impl RabbitBroker {
             channel: ch,
             queue,
             subscribers,
+            live_bound,
         })
     }
 
-    /// Subscribes to a session's events through the process's one event consumer.
-    pub(super) async fn subscribe_events_now(
+    /// Subscribes to a session's events through the process's one event consumer; a live
+    /// subscriber also gets the session's live events.
+    pub(super) async fn subscribe_now(
         &self,
         session: &SessionId,
-    ) -> Result<Replies, QueueError> {
+        subscriber: Subscriber,
+    ) -> Result<(), QueueError> {
+        let live = matches!(subscriber, Subscriber::All(_));
         let mut slot = self.events.lock().await;
         if !slot
             .as_ref()
@@ -236,7 +287,6 @@ impl RabbitBroker {
         let Some(hub) = slot.as_ref() else {
             return Err(QueueError::Unavailable("no event consumer".into()));
         };
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         let first = {
             let mut subs = hub
                 .subscribers
@@ -244,29 +294,45 @@ impl RabbitBroker {
                 .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
             let list = subs.entry(session.to_string()).or_default();
             list.retain(|s| !s.is_closed());
-            list.push(tx);
+            list.push(subscriber);
             list.len() == 1
         };
+        let first_live = live
+            && hub
+                .live_bound
+                .lock()
+                .is_ok_and(|mut l| l.insert(session.to_string()));
         // Bound before returning (under the hub lock), so nothing published afterwards is
-        // missed; the binding already exists when the session has other subscribers.
-        if first
-            && let Err(e) = hub
+        // missed; the bindings already exist when the session has other subscribers.
+        let mut exchanges = Vec::new();
+        if first {
+            exchanges.push(self.topology.replies());
+        }
+        if first_live {
+            exchanges.push(self.topology.live());
+        }
+        for exchange in exchanges {
+            if let Err(e) = hub
                 .channel
                 .queue_bind(
                     hub.queue.as_str().into(),
-                    self.topology.replies().into(),
+                    exchange.as_str().into(),
                     session.as_str().into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
                 .await
-        {
-            if let Ok(mut subs) = hub.subscribers.lock() {
-                subs.remove(session.as_str());
+            {
+                if let Ok(mut subs) = hub.subscribers.lock() {
+                    subs.remove(session.as_str());
+                }
+                if let Ok(mut l) = hub.live_bound.lock() {
+                    l.remove(session.as_str());
+                }
+                return Err(unavailable(e));
             }
-            return Err(unavailable(e));
         }
-        Ok(rx)
+        Ok(())
     }
 
     pub(super) async fn ensure_reply_queue(
@@ -392,11 +458,42 @@ impl ReplyBus for RabbitBroker {
         Ok(rx)
     }
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.bounded(
             "subscribing to a session",
-            self.subscribe_events_now(session),
+            self.subscribe_now(session, Subscriber::Status(tx)),
         )
-        .await
+        .await?;
+        Ok(rx)
+    }
+    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError> {
+        // On the confirm channel that later carries the turn's result, so a subscriber gets
+        // them in that order; the confirm is not awaited and nothing is persisted.
+        let send = async {
+            let ch = self.publisher().await?;
+            ch.basic_publish(
+                self.topology.live().as_str().into(),
+                session.as_str().into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default()
+                    .with_content_type(ShortString::from("application/json"))
+                    .with_delivery_mode(1),
+            )
+            .await
+            .map(|_confirm| ())
+            .map_err(unavailable)
+        };
+        self.bounded("a live event", send).await
+    }
+    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError> {
+        let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
+        self.bounded(
+            "subscribing to a session",
+            self.subscribe_now(session, Subscriber::All(tx)),
+        )
+        .await?;
+        Ok(rx)
     }
 }
 

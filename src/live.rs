@@ -1,0 +1,294 @@
+//! Live output of a running turn (AGN-034 §4.7, `"streaming": true`): the model's text as it
+//! is written and progress notes, batched and handed to an [`LiveOutlet`] that delivers them
+//! to the session's live subscribers only. Live events are never stored, never enter the
+//! durable reply queue, the turn record or the job queue, and may be lost; the turn's result
+//! is what counts.
+//!
+//! Each event is one JSON object `{sessionId, turnId, kind, index, …}`: `kind` is `delta`
+//! (with `text`) or `progress` (with `message`); `index` counts a turn run's events from 0.
+//!
+//! Owns: batching (a delta at most every `flush_every`, or once `max_chars` are waiting) and
+//! the event shape. Must not: know the broker (the outlet does).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::contract::{SessionId, TurnId};
+
+/// Delivers a session's live events (transient, best effort).
+#[async_trait::async_trait]
+pub trait LiveOutlet: Send + Sync + 'static {
+    /// Publishes one event of `session`; failures are the outlet's to log.
+    async fn publish_live(&self, session: &SessionId, event: Vec<u8>);
+}
+
+/// How live text is batched.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveSettings {
+    /// The longest text waits before it is sent.
+    pub flush_every: Duration,
+    /// Text sent at once when this many characters are waiting.
+    pub max_chars: usize,
+}
+
+impl Default for LiveSettings {
+    fn default() -> Self {
+        Self {
+            flush_every: Duration::from_millis(50),
+            max_chars: 512,
+        }
+    }
+}
+
+/// One live event, as published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveEvent {
+    /// The session.
+    pub session_id: String,
+    /// The turn.
+    pub turn_id: String,
+    /// Its position in the turn run's events, from 0.
+    pub index: u64,
+    /// What it says.
+    #[serde(flatten)]
+    pub body: LiveBody,
+}
+
+/// What a live event says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum LiveBody {
+    /// Answer text, in order.
+    Delta {
+        /// The text.
+        text: String,
+    },
+    /// Something the client may show (a server tool runs, a model call restarts).
+    Progress {
+        /// What happens.
+        message: String,
+    },
+}
+
+enum Msg {
+    Text(String),
+    Progress(String),
+}
+
+/// The live output of one turn run.
+pub struct LiveTurn {
+    tx: Mutex<Option<mpsc::UnboundedSender<Msg>>>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for LiveTurn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveTurn").finish_non_exhaustive()
+    }
+}
+
+impl LiveTurn {
+    /// Starts batching the live output of `turn` of `session` into `outlet`.
+    pub fn start(
+        outlet: Arc<dyn LiveOutlet>,
+        session: &SessionId,
+        turn: &TurnId,
+        settings: LiveSettings,
+    ) -> Arc<Self> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(batch(
+            outlet,
+            session.clone(),
+            turn.to_string(),
+            settings,
+            rx,
+        ));
+        Arc::new(Self {
+            tx: Mutex::new(Some(tx)),
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    fn send(&self, msg: Msg) {
+        if let Ok(tx) = self.tx.lock()
+            && let Some(tx) = tx.as_ref()
+        {
+            let _ = tx.send(msg);
+        }
+    }
+
+    /// Answer text (never function-call arguments).
+    pub fn text(&self, text: &str) {
+        if !text.is_empty() {
+            self.send(Msg::Text(text.to_string()));
+        }
+    }
+
+    /// A progress note; text waiting is sent first.
+    pub fn progress(&self, message: impl Into<String>) {
+        self.send(Msg::Progress(message.into()));
+    }
+
+    /// Sends what is waiting and returns once every event is published (before the turn's
+    /// result is, so subscribers see the text first).
+    pub async fn finish(&self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        let task = self.task.lock().ok().and_then(|mut t| t.take());
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+}
+
+async fn batch(
+    outlet: Arc<dyn LiveOutlet>,
+    session: SessionId,
+    turn: String,
+    settings: LiveSettings,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+) {
+    let mut index = 0u64;
+    let mut waiting = String::new();
+    let mut deadline = None;
+    let publish = |index: &mut u64, body: LiveBody| {
+        let event = LiveEvent {
+            session_id: session.to_string(),
+            turn_id: turn.clone(),
+            index: *index,
+            body,
+        };
+        *index += 1;
+        serde_json::to_vec(&event).unwrap_or_default()
+    };
+    loop {
+        let next = match deadline {
+            None => rx.recv().await,
+            Some(at) => tokio::select! {
+                m = rx.recv() => m,
+                _ = tokio::time::sleep_until(at) => {
+                    let text = std::mem::take(&mut waiting);
+                    let body = publish(&mut index, LiveBody::Delta { text });
+                    outlet.publish_live(&session, body).await;
+                    deadline = None;
+                    continue;
+                }
+            },
+        };
+        let flush_text = |waiting: &mut String, index: &mut u64| {
+            (!waiting.is_empty()).then(|| {
+                let text = std::mem::take(waiting);
+                publish(index, LiveBody::Delta { text })
+            })
+        };
+        match next {
+            Some(Msg::Text(t)) => {
+                waiting.push_str(&t);
+                if waiting.chars().count() >= settings.max_chars {
+                    if let Some(body) = flush_text(&mut waiting, &mut index) {
+                        outlet.publish_live(&session, body).await;
+                    }
+                    deadline = None;
+                } else if deadline.is_none() {
+                    deadline = Some(tokio::time::Instant::now() + settings.flush_every);
+                }
+            }
+            Some(Msg::Progress(message)) => {
+                if let Some(body) = flush_text(&mut waiting, &mut index) {
+                    outlet.publish_live(&session, body).await;
+                }
+                deadline = None;
+                let body = publish(&mut index, LiveBody::Progress { message });
+                outlet.publish_live(&session, body).await;
+            }
+            None => {
+                if let Some(body) = flush_text(&mut waiting, &mut index) {
+                    outlet.publish_live(&session, body).await;
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<LiveEvent>>);
+
+    #[async_trait::async_trait]
+    impl LiveOutlet for Collect {
+        async fn publish_live(&self, _session: &SessionId, event: Vec<u8>) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&event).unwrap());
+        }
+    }
+
+    fn ids() -> (SessionId, TurnId) {
+        (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn text_is_batched_by_time_and_size_and_progress_keeps_the_order() {
+        let out = Arc::new(Collect::default());
+        let (s, t) = ids();
+        let live = LiveTurn::start(
+            out.clone(),
+            &s,
+            &t,
+            LiveSettings {
+                flush_every: Duration::from_millis(50),
+                max_chars: 10,
+            },
+        );
+        live.text("Hel");
+        live.text("lo");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        live.text("0123456789abc");
+        live.text("de");
+        live.progress("running a tool");
+        live.text("end");
+        live.finish().await;
+        let got = out.0.lock().unwrap().clone();
+        let shown: Vec<(u64, LiveBody)> = got.into_iter().map(|e| (e.index, e.body)).collect();
+        let delta = |t: &str| LiveBody::Delta { text: t.into() };
+        assert_eq!(
+            shown,
+            vec![
+                (0, delta("Hello")),
+                (1, delta("0123456789abc")),
+                (2, delta("de")),
+                (
+                    3,
+                    LiveBody::Progress {
+                        message: "running a tool".into()
+                    }
+                ),
+                (4, delta("end")),
+            ]
+        );
+    }
+
+    #[test]
+    fn events_have_exactly_the_documented_keys() {
+        let e = LiveEvent {
+            session_id: "s".into(),
+            turn_id: "t".into(),
+            index: 3,
+            body: LiveBody::Delta { text: "x".into() },
+        };
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            serde_json::json!({"sessionId": "s", "turnId": "t", "index": 3, "kind": "delta", "text": "x"})
+        );
+    }
+}
