@@ -57,6 +57,19 @@ impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Part<T> for Result<T,
     }
 }
 
+/// Live events go out through the broker's live exchange.
+struct BrokerLive(Arc<dyn Broker>);
+
+#[async_trait::async_trait]
+impl crate::live::LiveOutlet for BrokerLive {
+    async fn publish_live(&self, session: &crate::contract::SessionId, event: Vec<u8>) {
+        if let Err(e) = self.0.publish_live(session, &event).await {
+            // Live output is best effort: the turn's result is published as always.
+            tracing::debug!(session_id = %session, error = %e, "a live event was not published");
+        }
+    }
+}
+
 /// Everything a process needs, built from the configuration: embedded in-memory parts when no
 /// URLs are set, RabbitMQ and Redis when they are.
 pub struct App {
@@ -164,6 +177,10 @@ impl App {
             .with_backends(backends)
             .with_metrics(metrics.clone())
             .with_quotas(quotas.clone())
+            .with_live(
+                Arc::new(BrokerLive(broker.clone())),
+                crate::live::LiveSettings::default(),
+            )
             .with_rag(
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag_budget,

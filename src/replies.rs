@@ -11,8 +11,9 @@
 use tokio::time::Instant;
 
 use crate::contract::TurnId;
+use crate::live::LiveEvent;
 use crate::queue::QueueError;
-pub use crate::queue::{Replies, ReplyBus};
+pub use crate::queue::{Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::state::TurnStatusView;
 
 /// Publishes `view` as the session's latest news of its turn, correlated by the turn id.
@@ -47,6 +48,50 @@ pub async fn next_settled(replies: &mut Replies, turn: &TurnId, deadline: Instan
                 };
                 if &view.turn_id == turn && view.status.is_settled() {
                     return Waited::Settled(Box::new(view));
+                }
+            }
+        }
+    }
+}
+
+/// What watching a live subscription for one turn came to.
+#[derive(Debug)]
+pub enum Watched {
+    /// A live event of the turn.
+    Live(LiveEvent),
+    /// The turn's settled status.
+    Settled(Box<TurnStatusView>),
+    /// The deadline passed first.
+    TimedOut,
+    /// The subscription ended first.
+    Closed,
+}
+
+/// Waits on a live subscription for the next live event of `turn` (any turn when `None`), or
+/// a settled status of `turn` (of any turn when `None`), until `deadline`.
+pub async fn next_watched(
+    events: &mut SessionEvents,
+    turn: Option<&TurnId>,
+    deadline: Instant,
+) -> Watched {
+    let ours = |t: &str| turn.is_none_or(|turn| turn.as_str() == t);
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_elapsed) => return Watched::TimedOut,
+            Ok(None) => return Watched::Closed,
+            Ok(Some(SessionEvent::Live(body))) => {
+                if let Ok(event) = serde_json::from_slice::<LiveEvent>(&body)
+                    && ours(&event.turn_id)
+                {
+                    return Watched::Live(event);
+                }
+            }
+            Ok(Some(SessionEvent::Status(body))) => {
+                if let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body)
+                    && ours(view.turn_id.as_str())
+                    && view.status.is_settled()
+                {
+                    return Watched::Settled(Box::new(view));
                 }
             }
         }

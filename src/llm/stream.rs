@@ -76,7 +76,8 @@ fn broken(message: String) -> AttemptError {
 /// Handles one event: text deltas go to `sink`; a terminal event ends the call.
 pub(super) fn step(event: &Value, sink: &(dyn Fn(LlmEvent) + Send + Sync)) -> Step {
     match event.get("type").and_then(Value::as_str) {
-        Some("response.output_text.delta") => {
+        // A refusal is shown as the answer when there is no text, so it streams like text.
+        Some("response.output_text.delta" | "response.refusal.delta") => {
             if let Some(delta) = event.get("delta").and_then(Value::as_str)
                 && !delta.is_empty()
             {

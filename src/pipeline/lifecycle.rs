@@ -478,6 +478,7 @@ mod tests {
             session: pipeline.new_session(&sid),
             record: TurnRecord::queued(sid, tid, String::new(), "general".into()),
             held,
+            live: None,
         };
         pipeline.persist(&run, true).await.unwrap();
         (store, pipeline, run)

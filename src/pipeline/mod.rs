@@ -33,6 +33,7 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, SessionId,
     ToolContinuation, UserTurn,
 };
+use crate::live::{LiveOutlet, LiveSettings, LiveTurn};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::rag::{RagBudget, RagQuery, Retriever};
@@ -178,6 +179,7 @@ pub struct Pipeline {
     metrics: Arc<Metrics>,
     rag: Option<Rag>,
     quotas: crate::tenants::Quotas,
+    live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
 }
 
 /// Retrieval for the `[CONTEXT]` block.
@@ -205,6 +207,8 @@ struct Run {
     session: SessionState,
     record: TurnRecord,
     held: HeldLease,
+    /// The turn's live output, when its request asked for streaming.
+    live: Option<Arc<LiveTurn>>,
 }
 
 impl Run {
@@ -261,6 +265,7 @@ impl Pipeline {
             metrics: Arc::default(),
             rag: None,
             quotas: crate::tenants::Quotas::default(),
+            live: None,
         })
     }
 
@@ -345,6 +350,13 @@ impl Pipeline {
         chunks
     }
 
+    /// Streams the text of turns that ask for it (`"streaming": true`) to `outlet` as the
+    /// model writes it, with progress notes; without an outlet such turns run unstreamed.
+    pub fn with_live(mut self, outlet: Arc<dyn LiveOutlet>, settings: LiveSettings) -> Self {
+        self.live = Some((outlet, settings));
+        self
+    }
+
     /// Counts every model call's tokens against its session owner's daily quota.
     pub fn with_quotas(mut self, quotas: crate::tenants::Quotas) -> Self {
         self.quotas = quotas;
@@ -420,7 +432,23 @@ impl Pipeline {
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
         async {
             match request {
-                AgentExecuteRequest::UserTurn(turn) => self.run_user_turn(turn, tenant).await,
+                AgentExecuteRequest::UserTurn(turn) => {
+                    let live = match &self.live {
+                        Some((outlet, settings)) if turn.streaming() => Some(LiveTurn::start(
+                            outlet.clone(),
+                            turn.session_id(),
+                            turn.turn_id(),
+                            *settings,
+                        )),
+                        _ => None,
+                    };
+                    let result = self.run_user_turn(turn, tenant, live.clone()).await;
+                    // Every live event is out before the worker publishes the result.
+                    if let Some(live) = live {
+                        live.finish().await;
+                    }
+                    result
+                }
                 AgentExecuteRequest::ToolContinuation(c) => self.run_continuation(c, tenant).await,
             }
         }
@@ -474,6 +502,7 @@ impl Pipeline {
             session: session.unwrap_or_else(|| self.new_session(sid)),
             record,
             held,
+            live: None,
         };
         self.fail_turn(run, InvokeResult::failure(error)).await
     }

@@ -6,6 +6,8 @@
 //! Owns: the loop, iteration limits, replay of the conversation, mode changes. Must not: write
 //! the turn's final state itself (that is [`super::lifecycle`]).
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
@@ -22,7 +24,8 @@ use crate::contract::{
     ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
     UserTurn, check_tool_results,
 };
-use crate::llm::{LlmError, ModelResponse, OutputItem};
+use crate::live::LiveTurn;
+use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
 use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
@@ -31,6 +34,7 @@ impl Pipeline {
         &self,
         turn: &UserTurn,
         tenant: Option<&str>,
+        live: Option<Arc<LiveTurn>>,
     ) -> Result<TurnResult, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
@@ -82,6 +86,7 @@ impl Pipeline {
                     session: loaded.unwrap_or_else(|| self.new_session(sid)),
                     record,
                     held,
+                    live,
                 };
                 return Ok(self.fail_turn(run, backends::refused(errors)).await?);
             }
@@ -113,6 +118,7 @@ impl Pipeline {
             session,
             record,
             held,
+            live,
         };
         // The session exists (and the turn is running) before any tool can touch it.
         if let Err(f) = self.persist(&run, true).await {
@@ -249,6 +255,7 @@ impl Pipeline {
             session,
             record,
             held,
+            live: None,
         };
         if let Some(t) = tenant {
             run.session.owner = Some(t.to_string());
@@ -336,8 +343,20 @@ impl Pipeline {
         run.record.requests.push(body.clone());
         let started = std::time::Instant::now();
         let llm = &backend.agent.llm;
+        let live = run.live.clone();
+        let to_live = move |e: LlmEvent| {
+            if let Some(live) = &live {
+                match e {
+                    LlmEvent::TextDelta(t) => live.text(&t),
+                    LlmEvent::Retrying { attempt } => live.progress(format!(
+                        "the model call broke off and is made again (attempt {attempt}): the text streamed since the last progress note is replaced by what follows"
+                    )),
+                }
+            }
+        };
+        let sink: Option<EventSink<'_>> = run.live.is_some().then_some(&to_live as EventSink<'_>);
         let Some(mut outcome) = self
-            .unless_cancelled(&sid, &tid, llm.create_response(&body))
+            .unless_cancelled(&sid, &tid, llm.create_response_streamed(&body, sink))
             .await
         else {
             return Ok(Err(CallEnd::Cancelled));
@@ -349,7 +368,7 @@ impl Pipeline {
             run.session.replay = true;
             let body = body_for(true);
             run.record.requests.push(body.clone());
-            outcome = llm.create_response(&body).await;
+            outcome = llm.create_response_streamed(&body, sink).await;
         }
         info!(
             iteration = progress.iterations,
@@ -540,6 +559,9 @@ impl Pipeline {
                         }
                     }
                     Some(ToolLocation::Server) => {
+                        if let Some(live) = &run.live {
+                            live.progress(format!("running the server tool {name}"));
+                        }
                         match self
                             .server_tool_call(&mut run, &mut progress, &call_id, &name, &arguments)
                             .await

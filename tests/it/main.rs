@@ -42,6 +42,7 @@ mod queue_conformance;
 mod queue_e2e;
 mod rag;
 mod store_conformance;
+mod streaming;
 mod tenants;
 mod tls;
 mod worker_embedded;

@@ -11,8 +11,45 @@ use crate::frontdoor::extract::{
     ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::live::{LiveBody, LiveEvent};
+use crate::queue::SessionEvent;
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
+
+/// A session event as Server-Sent Event (none for a body that cannot be read).
+fn sse_event(event: SessionEvent) -> Option<axum::response::sse::Event> {
+    use axum::response::sse::Event;
+    match event {
+        SessionEvent::Status(body) => {
+            let view = serde_json::from_slice::<crate::store::TurnStatusView>(&body).ok()?;
+            Some(
+                Event::default()
+                    .event("turn")
+                    .id(view.turn_id.to_string())
+                    .data(String::from_utf8_lossy(&body)),
+            )
+        }
+        SessionEvent::Live(body) => {
+            let live = serde_json::from_slice::<LiveEvent>(&body).ok()?;
+            let (kind, data) = match live.body {
+                LiveBody::Delta { text } => (
+                    "delta",
+                    serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "text": text}),
+                ),
+                LiveBody::Progress { message } => (
+                    "progress",
+                    serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "message": message}),
+                ),
+            };
+            Some(
+                Event::default()
+                    .event(kind)
+                    .id(format!("{}:{}", live.turn_id, live.index))
+                    .data(data.to_string()),
+            )
+        }
+    }
+}
 
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -99,12 +136,17 @@ pub(crate) async fn get_session(
 }
 
 /// Server-Sent Events: one `event: turn` per result of the session as it is published, `id:` the
-/// turn id, `data:` the turn status JSON. Every subscriber gets every event.
+/// turn id, `data:` the turn status JSON; before it, for a turn that streams, `event: delta`
+/// (`data: {sessionId, turnId, index, text}`) and `event: progress` (`data: {sessionId, turnId,
+/// index, message}`), `id: <turnId>:<index>`. Every subscriber gets every event. A client that
+/// reconnects with `Last-Event-ID` naming a turn gets that turn's result at once if it has
+/// settled meanwhile.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
-    params(("sessionId" = String, Path, description = "The session (may not exist yet)")),
+    params(("sessionId" = String, Path, description = "The session (may not exist yet)"),
+           ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, when reconnecting")),
     responses(
         (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
-        (status = 200, description = "An event stream; each event's data is a TurnStatusView", content_type = "text/event-stream", body = api_doc::TurnStatusView),
+        (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's is {sessionId, turnId, index, text}, a progress event's {sessionId, turnId, index, message}", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Another tenant's session", body = Failure),
         (status = 503, description = "Broker unavailable", body = Failure),
@@ -113,6 +155,7 @@ pub(crate) async fn session_events(
     State(state): State<HttpState>,
     ApiPath(session_id): ApiPath<String>,
     Tenant(tenant): Tenant,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     let Some((sid, _)) = ids(&session_id, None) else {
         return not_found_session(&session_id);
@@ -123,22 +166,48 @@ pub(crate) async fn session_events(
         Ok(owner) if owner != tenant => return not_found_session(&session_id),
         Ok(_) => {}
     }
-    let events = match state.broker.subscribe_events(&sid).await {
+    let events = match state.broker.subscribe_live(&sid).await {
         Ok(e) => e,
         Err(e) => return unavailable(e),
     };
-    let stream = futures_util::stream::unfold(events, |mut events| async move {
-        let body = events.recv().await?;
-        let text = String::from_utf8_lossy(&body).into_owned();
-        let id = serde_json::from_slice::<crate::store::TurnStatusView>(&body)
-            .map(|v| v.turn_id.to_string())
-            .unwrap_or_default();
-        let event = axum::response::sse::Event::default()
-            .event("turn")
-            .id(id)
-            .data(text);
-        Some((Ok::<_, std::convert::Infallible>(event), events))
-    });
+    // A reconnecting client missed nothing of a turn that has settled since: its result first.
+    let last_turn = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(|id| {
+            // `<turnId>:<index>` for a live event, `<turnId>` for a result.
+            id.rsplit_once(':')
+                .filter(|(_, n)| n.parse::<u64>().is_ok())
+                .map_or(id, |(turn, _)| turn)
+        })
+        .and_then(|id| TurnId::parse(id).ok());
+    let mut first = Vec::new();
+    if let Some(tid) = last_turn {
+        match state.store.get_turn(&sid, &tid).await {
+            Ok(Some(record)) if record.status.is_settled() => {
+                let view = crate::store::TurnStatusView::from(&record);
+                if let Ok(body) = serde_json::to_vec(&view) {
+                    first.push(SessionEvent::Status(body));
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return unavailable(e),
+        }
+    }
+    let stream = futures_util::stream::unfold(
+        (first.into_iter(), events),
+        |(mut first, mut events)| async move {
+            loop {
+                let next = match first.next() {
+                    Some(e) => e,
+                    None => events.recv().await?,
+                };
+                if let Some(event) = sse_event(next) {
+                    return Some((Ok::<_, std::convert::Infallible>(event), (first, events)));
+                }
+            }
+        },
+    );
     axum::response::sse::Sse::new(stream)
         .keep_alive(axum::response::sse::KeepAlive::default())
         .into_response()

@@ -14,7 +14,8 @@ use crate::frontdoor::extract::{
 };
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::replies::{Waited, next_settled};
+use crate::live::LiveBody;
+use crate::replies::{Waited, Watched, next_settled, next_watched};
 use crate::trace::TraceContext;
 
 /// The longest the synchronous endpoint waits for a result.
@@ -43,19 +44,114 @@ pub(crate) async fn execute_sync(
         Err(rejected) => return refused(rejected, StatusCode::OK),
     };
     let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
+    if streaming {
+        return stream_sync(state, tenant, parsed.request, trace, parsed.warnings);
+    }
     let result = run_sync(&state, &tenant, &parsed.request, &trace)
         .await
         .with_warnings(parsed.warnings);
-    if streaming {
-        let line = serde_json::json!({"kind": "final", "index": 99999, "final": result});
-        return (
-            StatusCode::OK,
-            [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
-            format!("{line}\n"),
-        )
-            .into_response();
-    }
     answer(StatusCode::OK, result)
+}
+
+/// One NDJSON line.
+fn line(value: serde_json::Value) -> Result<axum::body::Bytes, std::convert::Infallible> {
+    Ok(format!("{value}\n").into())
+}
+
+/// The last line: `{"kind":"final","index":99999,"final":<InvokeResult>}`.
+fn final_line<T: serde::Serialize>(result: &InvokeResult<T>) -> serde_json::Value {
+    serde_json::json!({"kind": "final", "index": 99999, "final": result})
+}
+
+/// The streamed answer: the turn's live events as `delta` and `progress` lines, each sent as
+/// it arrives, then the final line; the body ends right after it.
+fn stream_sync(
+    state: HttpState,
+    tenant: String,
+    request: AgentExecuteRequest,
+    trace: TraceContext,
+    warnings: Vec<ErrorMessage>,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let result = relay_turn(&state, &tenant, &request, &trace, &tx)
+            .await
+            .with_warnings(warnings);
+        let _ = tx.send(line(final_line(&result))).await;
+    });
+    let body = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (
+        StatusCode::OK,
+        [
+            (axum::http::header::CONTENT_TYPE, "application/x-ndjson"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// Submits the turn and relays its live events to `lines` until its result, which it returns.
+async fn relay_turn(
+    state: &HttpState,
+    tenant: &str,
+    request: &AgentExecuteRequest,
+    trace: &TraceContext,
+    lines: &tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::convert::Infallible>>,
+) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    let (sid, tid) = (request.session_id(), request.turn_id());
+    let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
+    // Subscribed before enqueueing so neither the text nor the result can slip past.
+    let mut events = match state.broker.subscribe_live(sid).await {
+        Ok(e) => e,
+        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+    };
+    let accepted = match state.door.submit_for(tenant, request, trace).await {
+        Ok(view) => view,
+        Err(refused) => return refused.into_invoke_result(),
+    };
+    if accepted.status.is_settled()
+        && let Some(r) = accepted.result
+    {
+        return r;
+    }
+    let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    loop {
+        match next_watched(&mut events, Some(tid), deadline).await {
+            Watched::Live(event) => {
+                let shown = match event.body {
+                    LiveBody::Delta { text } => {
+                        serde_json::json!({"kind": "delta", "index": event.index, "text": text})
+                    }
+                    LiveBody::Progress { message } => {
+                        serde_json::json!({"kind": "progress", "index": event.index, "message": message})
+                    }
+                };
+                if lines.send(line(shown)).await.is_err() {
+                    // The client went away; the turn goes on and its result is stored.
+                    return fail(
+                        ErrorCode::ServiceUnavailable,
+                        "the client disconnected".into(),
+                    );
+                }
+            }
+            Watched::Settled(view) => {
+                if let Some(result) = view.result {
+                    return result;
+                }
+            }
+            Watched::TimedOut | Watched::Closed => {
+                return fail(
+                    ErrorCode::ServiceUnavailable,
+                    format!(
+                        "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+                    ),
+                );
+            }
+        }
+    }
 }
 
 pub(crate) async fn run_sync(
