@@ -25,7 +25,7 @@ fn sse_event(event: SessionEvent) -> Option<axum::response::sse::Event> {
             Some(
                 Event::default()
                     .event("turn")
-                    .id(view.turn_id.to_string())
+                    .id(&view.turn_id)
                     .data(String::from_utf8_lossy(&body)),
             )
         }
