@@ -413,6 +413,51 @@ named_schema!(
 );
 
 named_schema!(
+    /// A line of a streaming synchronous answer: text and progress lines as they happen, the
+    /// final line last.
+    StreamLine,
+    json!({
+        "oneOf": [
+            {"type": "object", "required": ["kind", "index", "text"], "additionalProperties": false,
+             "description": "Answer text as the model writes it (never function-call arguments). After a progress line saying the model call is made again, the text streamed since the previous progress line is replaced by what follows.",
+             "properties": {
+                "kind": {"type": "string", "enum": ["delta"]},
+                "index": {"type": "integer", "minimum": 0},
+                "text": {"type": "string"}}},
+            {"type": "object", "required": ["kind", "index", "message"], "additionalProperties": false,
+             "description": "Something happening in the turn: a server tool runs, a broken model call is made again.",
+             "properties": {
+                "kind": {"type": "string", "enum": ["progress"]},
+                "index": {"type": "integer", "minimum": 0},
+                "message": {"type": "string"}}},
+            {"$ref": "#/components/schemas/StreamFinalLine"}
+        ]
+    })
+);
+
+named_schema!(
+    /// The data of an SSE `delta` event of `GET /v1/sessions/{sessionId}/events`.
+    SessionDeltaEvent,
+    json!({
+        "type": "object", "required": ["sessionId", "turnId", "index", "text"], "additionalProperties": false,
+        "properties": {
+            "sessionId": {"type": "string"}, "turnId": {"type": "string"},
+            "index": {"type": "integer", "minimum": 0}, "text": {"type": "string"}}
+    })
+);
+
+named_schema!(
+    /// The data of an SSE `progress` event of `GET /v1/sessions/{sessionId}/events`.
+    SessionProgressEvent,
+    json!({
+        "type": "object", "required": ["sessionId", "turnId", "index", "message"], "additionalProperties": false,
+        "properties": {
+            "sessionId": {"type": "string"}, "turnId": {"type": "string"},
+            "index": {"type": "integer", "minimum": 0}, "message": {"type": "string"}}
+    })
+);
+
+named_schema!(
     /// The last line of a streaming synchronous answer.
     StreamFinalLine,
     json!({
@@ -436,6 +481,9 @@ mod tests {
             AgentExecuteResponse::schema(),
             BatchLine::schema(),
             StreamFinalLine::schema(),
+            StreamLine::schema(),
+            SessionDeltaEvent::schema(),
+            SessionProgressEvent::schema(),
         ] {
             let RefOr::T(schema) = s else {
                 panic!("expected an inline schema")

@@ -59,6 +59,13 @@ async fn stream_lines(app: &App, body: String) -> Vec<(Instant, Value)> {
         }
     }
     assert!(buffer.is_empty(), "the body ends with a complete line");
+    for (_, l) in &lines {
+        app.matches_schema(
+            &json!("#/components/schemas/StreamLine"),
+            "an NDJSON line",
+            l,
+        );
+    }
     lines
 }
 
@@ -291,6 +298,11 @@ async fn sse_shows_delta_events_before_the_turn_event_and_only_to_their_session(
             "exactly these keys"
         );
         assert_eq!(id, &format!("t:{}", data["index"]));
+        app.matches_schema(
+            &json!("#/components/schemas/SessionDeltaEvent"),
+            "a delta event",
+            data,
+        );
         if i > 0 {
             assert!(
                 data["index"].as_u64() > shown[i - 1].2["index"].as_u64(),

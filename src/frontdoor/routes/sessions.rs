@@ -146,7 +146,7 @@ pub(crate) async fn get_session(
            ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, when reconnecting")),
     responses(
         (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
-        (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's is {sessionId, turnId, index, text}, a progress event's {sessionId, turnId, index, message}", content_type = "text/event-stream", body = api_doc::TurnStatusView),
+        (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's a SessionDeltaEvent, a progress event's a SessionProgressEvent", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Another tenant's session", body = Failure),
         (status = 503, description = "Broker unavailable", body = Failure),

@@ -28,8 +28,8 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
 #[utoipa::path(post, path = "/api/ai/agent/execute", tag = "compatibility",
     request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream whose last line is StreamFinalLine",
-            content((ExecuteResult = "application/json"), (api_doc::StreamFinalLine = "application/x-ndjson"))),
+        (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream of StreamLine: delta and progress lines as they happen, then StreamFinalLine, after which the body ends",
+            content((ExecuteResult = "application/json"), (api_doc::StreamLine = "application/x-ndjson"))),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
     ))]
