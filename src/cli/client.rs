@@ -67,14 +67,46 @@ impl ApiClient {
         self.send(self.request(reqwest::Method::GET, path)).await
     }
 
-    /// Follows a session's Server-Sent Events, calling `on_event` with each event's data until
-    /// the stream ends or `on_event` returns `false`. `on_subscribed` runs once the server has
-    /// subscribed (it answers only then), so nothing published afterwards is missed.
+    /// POSTs `body` and calls `on_line` with each line of the NDJSON answer as it arrives.
+    pub async fn post_ndjson(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        mut on_line: impl FnMut(Value),
+    ) -> anyhow::Result<u16> {
+        let resp = self
+            .request(reqwest::Method::POST, path)
+            .body(body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the API at {}", self.base))?;
+        let status = resp.status().as_u16();
+        let mut stream = resp.bytes_stream();
+        let mut pending = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            pending.extend_from_slice(&chunk.context("the answer stream broke")?);
+            while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                on_line(serde_json::from_slice(&line).context("an answer line is not JSON")?);
+            }
+        }
+        if !pending.iter().all(u8::is_ascii_whitespace) {
+            on_line(serde_json::from_slice(&pending).context("an answer line is not JSON")?);
+        }
+        Ok(status)
+    }
+
+    /// Follows a session's Server-Sent Events, calling `on_event` with each event's name and
+    /// data until the stream ends or `on_event` returns `false`. `on_subscribed` runs once the
+    /// server has subscribed (it answers only then), so nothing published afterwards is missed.
     pub async fn watch(
         &self,
         session_id: &str,
         on_subscribed: impl FnOnce(),
-        mut on_event: impl FnMut(&str) -> bool,
+        mut on_event: impl FnMut(&str, &str) -> bool,
     ) -> anyhow::Result<()> {
         let resp = self
             .request(
@@ -95,8 +127,8 @@ impl ApiClient {
         let mut decoder = SseDecoder::default();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.context("the event stream broke")?;
-            for data in decoder.push(&chunk) {
-                if !on_event(&data) {
+            for (event, data) in decoder.push(&chunk) {
+                if !on_event(&event, &data) {
                     return Ok(());
                 }
             }
@@ -125,17 +157,18 @@ impl ApiClient {
 
 /// Reads Server-Sent Events from a byte stream that the network cuts anywhere, even inside a
 /// multi-byte character: bytes are kept until a line is complete, and only whole lines are
-/// decoded. Yields each event's data (its `data:` lines joined by newlines); other fields and
-/// comments (keep-alives) are skipped.
+/// decoded. Yields each event's name (`message` when it has none) and data (its `data:` lines
+/// joined by newlines); other fields and comments (keep-alives) are skipped.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
     pending: Vec<u8>,
+    event: Option<String>,
     data: Option<String>,
 }
 
 impl SseDecoder {
-    /// Feeds bytes as they arrived; returns the data of every event they completed.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// Feeds bytes as they arrived; returns the name and data of every event they completed.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
@@ -147,9 +180,12 @@ impl SseDecoder {
             // A line is whole, so it splits no character; invalid UTF-8 is the server's fault.
             let line = String::from_utf8_lossy(&line);
             if line.is_empty() {
+                let event = self.event.take();
                 if let Some(data) = self.data.take() {
-                    events.push(data);
+                    events.push((event.unwrap_or_else(|| "message".into()), data));
                 }
+            } else if let Some(value) = line.strip_prefix("event:") {
+                self.event = Some(value.trim_start().to_string());
             } else if let Some(value) = line.strip_prefix("data:") {
                 let value = value.strip_prefix(' ').unwrap_or(value);
                 match &mut self.data {
@@ -180,8 +216,11 @@ mod sse_tests {
         assert_eq!(
             events,
             vec![
-                "{\"instruction\":\"Grüße, 你好 🚀\"}".to_string(),
-                "a\nb".to_string()
+                (
+                    "turn".to_string(),
+                    "{\"instruction\":\"Grüße, 你好 🚀\"}".to_string()
+                ),
+                ("message".to_string(), "a\nb".to_string())
             ]
         );
     }
@@ -191,6 +230,9 @@ mod sse_tests {
         let mut decoder = SseDecoder::default();
         assert!(decoder.push(b"data: half").is_empty());
         assert!(decoder.push(b"\n").is_empty());
-        assert_eq!(decoder.push(b"\n"), vec!["half".to_string()]);
+        assert_eq!(
+            decoder.push(b"\n"),
+            vec![("message".to_string(), "half".to_string())]
+        );
     }
 }

@@ -28,8 +28,12 @@ pub struct SubmitArgs {
     #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// Print the accepted status instead of waiting for the result.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stream")]
     pub no_wait: bool,
+    /// Stream: print the answer's text as the model writes it (progress notes go to stderr),
+    /// then the result (through the synchronous endpoint, with `"streaming": true`).
+    #[arg(long)]
+    pub stream: bool,
 }
 
 /// Arguments of `aptix status`.
@@ -86,9 +90,13 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         url,
         token,
         no_wait,
+        stream,
     } = args;
     let body = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     let client = ApiClient::new(&url, token);
+    if stream {
+        return submit_streaming(&client, body).await;
+    }
     let (status, accepted) = client.post("/v1/turns", body).await?;
     if status != 202 || no_wait {
         println!("{}", serde_json::to_string_pretty(&accepted)?);
@@ -144,6 +152,50 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `aptix submit --stream`: the text to stdout as it arrives, progress notes to stderr, then
+/// the final `InvokeResult`.
+async fn submit_streaming(client: &ApiClient, body: Vec<u8>) -> anyhow::Result<ExitCode> {
+    use std::io::Write as _;
+    let mut request: serde_json::Value =
+        serde_json::from_slice(&body).context("the request file is not JSON")?;
+    if let Some(o) = request.as_object_mut() {
+        o.insert("streaming".into(), serde_json::Value::Bool(true));
+    }
+    let mut final_result = None;
+    let mut texted = false;
+    let status = client
+        .post_ndjson(
+            "/api/ai/agent/execute",
+            serde_json::to_vec(&request)?,
+            |line| match line["kind"].as_str() {
+                Some("delta") => {
+                    let mut out = std::io::stdout().lock();
+                    let _ = out.write_all(line["text"].as_str().unwrap_or_default().as_bytes());
+                    let _ = out.flush();
+                    texted = true;
+                }
+                Some("progress") => {
+                    eprintln!("[{}]", line["message"].as_str().unwrap_or_default());
+                }
+                Some("final") => final_result = Some(line["final"].clone()),
+                _ => final_result = Some(line),
+            },
+        )
+        .await?;
+    if texted {
+        println!();
+    }
+    let Some(result) = final_result else {
+        anyhow::bail!("the answer stream ended without a result (HTTP {status})");
+    };
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(if result["successful"] == true {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 /// `aptix status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     turn_request(args, reqwest::Method::GET, "").await
@@ -192,10 +244,33 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let mut seen = 0usize;
     let subscribed = || eprintln!("watching session {session_id}; Ctrl-C stops");
-    let watch = client.watch(&session_id, subscribed, |data| {
-        println!("{data}");
-        seen += 1;
-        count.is_none_or(|c| seen < c)
+    // Results print as JSON lines; a streaming turn's text prints as it arrives, before its
+    // result, and progress notes go to stderr.
+    let mut texted = false;
+    let watch = client.watch(&session_id, subscribed, |event, data| {
+        use std::io::Write as _;
+        let value: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+        match event {
+            "delta" => {
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(value["text"].as_str().unwrap_or_default().as_bytes());
+                let _ = out.flush();
+                texted = true;
+                true
+            }
+            "progress" => {
+                eprintln!("[{}]", value["message"].as_str().unwrap_or_default());
+                true
+            }
+            _ => {
+                if std::mem::take(&mut texted) {
+                    println!();
+                }
+                println!("{data}");
+                seen += 1;
+                count.is_none_or(|c| seen < c)
+            }
+        }
     });
     tokio::select! {
         _ = shutdown.cancelled() => {}
