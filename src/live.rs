@@ -7,8 +7,9 @@
 //! Each event is one JSON object `{sessionId, turnId, kind, index, …}`: `kind` is `delta`
 //! (with `text`) or `progress` (with `message`); `index` counts a turn run's events from 0.
 //!
-//! Owns: batching (a delta at most every `flush_every`, or once `max_chars` are waiting) and
-//! the event shape. Must not: know the broker (the outlet does).
+//! Owns: batching (text goes out at once when nothing went out in the last `flush_every`,
+//! else when that time is up or `max_chars` are waiting: the first words are not held back,
+//! and a fast model does not mean one message per token) and the event shape. Must not: know the broker (the outlet does).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -156,6 +157,8 @@ async fn batch(
     let mut index = 0u64;
     let mut waiting = String::new();
     let mut deadline = None;
+    // When text last went out; text arriving later than `flush_every` after it goes at once.
+    let mut last_sent: Option<tokio::time::Instant> = None;
     let publish = |index: &mut u64, body: LiveBody| {
         let event = LiveEvent {
             session_id: session.to_string(),
@@ -175,6 +178,7 @@ async fn batch(
                     let text = std::mem::take(&mut waiting);
                     let body = publish(&mut index, LiveBody::Delta { text });
                     outlet.publish_live(&session, body).await;
+                    last_sent = Some(tokio::time::Instant::now());
                     deadline = None;
                     continue;
                 }
@@ -189,13 +193,16 @@ async fn batch(
         match next {
             Some(Msg::Text(t)) => {
                 waiting.push_str(&t);
-                if waiting.chars().count() >= settings.max_chars {
+                let now = tokio::time::Instant::now();
+                let quiet = last_sent.is_none_or(|at| now >= at + settings.flush_every);
+                if (quiet && deadline.is_none()) || waiting.chars().count() >= settings.max_chars {
                     if let Some(body) = flush_text(&mut waiting, &mut index) {
                         outlet.publish_live(&session, body).await;
                     }
+                    last_sent = Some(now);
                     deadline = None;
                 } else if deadline.is_none() {
-                    deadline = Some(tokio::time::Instant::now() + settings.flush_every);
+                    deadline = Some(last_sent.map_or(now, |at| at + settings.flush_every));
                 }
             }
             Some(Msg::Progress(message)) => {
@@ -250,9 +257,13 @@ mod tests {
                 max_chars: 10,
             },
         );
+        // The first text goes at once; what follows within the interval waits for it.
         live.text("Hel");
+        tokio::time::sleep(Duration::from_millis(1)).await;
         live.text("lo");
+        live.text(" you");
         tokio::time::sleep(Duration::from_millis(60)).await;
+        // A burst over the size bound goes at once, whatever the interval.
         live.text("0123456789abc");
         live.text("de");
         live.progress("running a tool");
@@ -264,16 +275,17 @@ mod tests {
         assert_eq!(
             shown,
             vec![
-                (0, delta("Hello")),
-                (1, delta("0123456789abc")),
-                (2, delta("de")),
+                (0, delta("Hel")),
+                (1, delta("lo you")),
+                (2, delta("0123456789abc")),
+                (3, delta("de")),
                 (
-                    3,
+                    4,
                     LiveBody::Progress {
                         message: "running a tool".into()
                     }
                 ),
-                (4, delta("end")),
+                (5, delta("end")),
             ]
         );
     }

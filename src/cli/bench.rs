@@ -39,19 +39,19 @@ pub struct BenchOptions {
     pub rate: Option<f64>,
 }
 
-struct Parts {
+pub(super) struct Parts {
     broker: Arc<dyn Broker>,
     store: Arc<dyn SessionStore>,
     topology: Topology,
     pipeline: Pipeline,
-    config: Config,
-    _app: App,
-    _fake: FakeLlm,
+    pub(super) config: Config,
+    pub(super) app: App,
+    pub(super) fake: FakeLlm,
 }
 
 impl Parts {
     /// A worker over these parts, running until the token is cancelled.
-    fn start_worker(
+    pub(super) fn start_worker(
         &self,
         settings: WorkerSettings,
     ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
@@ -70,15 +70,16 @@ impl Parts {
 /// The parts of a real deployment, built by [`App::build`] under a namespace of the run's own,
 /// against a fake model with `latency`.
 async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
-    let fake = FakeLlm::start(
-        "127.0.0.1:0".parse()?,
-        FakeOptions {
-            latency,
-            ..FakeOptions::default()
-        },
-        None,
-    )
-    .await?;
+    let fake = FakeOptions {
+        latency,
+        ..FakeOptions::default()
+    };
+    parts_with(config, fake).await
+}
+
+/// [`parts`] against a fake model answering as `fake` says.
+pub(super) async fn parts_with(config: &Config, fake: FakeOptions) -> anyhow::Result<Parts> {
+    let fake = FakeLlm::start("127.0.0.1:0".parse()?, fake, None).await?;
     let mut config = config.clone();
     config.namespace = format!(
         "{}-bench-{}",
@@ -99,13 +100,13 @@ async fn parts(config: &Config, latency: Duration) -> anyhow::Result<Parts> {
         topology: app.topology.clone(),
         pipeline: app.pipeline.clone(),
         config,
-        _app: app,
-        _fake: fake,
+        app,
+        fake,
     })
 }
 
 /// Removes the run's queues and keys.
-async fn cleanup(p: &Parts) {
+pub(super) async fn cleanup(p: &Parts) {
     if let Some(url) = &p.config.amqp_url {
         let r = RabbitBroker::new(url.expose(), p.topology.clone(), "aptix-bench-cleanup");
         let _ = r.delete_topology().await;
@@ -118,7 +119,7 @@ async fn cleanup(p: &Parts) {
     }
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(super) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -126,7 +127,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn ms(d: Duration) -> f64 {
+pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 

@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// Instead: hold this many turns in flight against a slow model and report memory.
     #[arg(long)]
     pub in_flight: Option<usize>,
+    /// Instead: stream `--turns` turns one at a time and report how much later their first
+    /// words reach the client than the model wrote them, against calling the model directly.
+    #[arg(long, conflicts_with = "in_flight")]
+    pub first_delta: bool,
 }
 
 /// Arguments of `aptix bench-rag`.
@@ -184,8 +188,13 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         concurrency,
         rate,
         in_flight,
+        first_delta,
     } = args;
     let config = Config::from_env()?;
+    if first_delta {
+        super::bench_stream::run(&config, turns).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     match in_flight {
         Some(k) => {
             let latency = Duration::from_millis(if latency_ms == 50 { 2000 } else { latency_ms });

@@ -98,6 +98,8 @@ struct Inner {
     peak_in_flight: AtomicU64,
     /// When each request arrived (since the server started).
     arrivals: Mutex<Vec<Duration>>,
+    /// When each streamed answer's first text delta was handed to the connection.
+    first_deltas: Mutex<Vec<std::time::Instant>>,
     started: std::time::Instant,
 }
 
@@ -131,6 +133,7 @@ impl FakeLlm {
             in_flight: AtomicU64::new(0),
             peak_in_flight: AtomicU64::new(0),
             arrivals: Mutex::new(Vec::new()),
+            first_deltas: Mutex::new(Vec::new()),
             started: std::time::Instant::now(),
         });
         let app = Router::new()
@@ -183,6 +186,16 @@ impl FakeLlm {
             .arrivals
             .lock()
             .map(|a| a.clone())
+            .unwrap_or_default()
+    }
+
+    /// When each streamed answer's first text delta was handed to the connection, in order
+    /// (for measuring what the product adds on the way to its client).
+    pub fn first_delta_times(&self) -> Vec<std::time::Instant> {
+        self.inner
+            .first_deltas
+            .lock()
+            .map(|t| t.clone())
             .unwrap_or_default()
     }
 
@@ -483,7 +496,7 @@ fn streams(req: &Value) -> bool {
 }
 
 /// The response object as JSON, or streamed as the API's events when the request asked so.
-fn respond(inner: &Inner, req: &Value, response: Value, broken: bool) -> Response {
+fn respond(inner: &Arc<Inner>, req: &Value, response: Value, broken: bool) -> Response {
     if !streams(req) {
         return Json(response).into_response();
     }
@@ -491,5 +504,12 @@ fn respond(inner: &Inner, req: &Value, response: Value, broken: bool) -> Respons
         0 => 4,
         n => n,
     };
-    stream::events(response, pieces, inner.options.stream_delay, broken)
+    let delay = inner.options.stream_delay;
+    let inner = inner.clone();
+    let on_first_delta = Box::new(move || {
+        if let Ok(mut t) = inner.first_deltas.lock() {
+            t.push(std::time::Instant::now());
+        }
+    });
+    stream::events(response, pieces, delay, broken, on_first_delta)
 }

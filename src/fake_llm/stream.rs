@@ -109,7 +109,14 @@ fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
 
 /// A `text/event-stream` answer telling `response`, one event every `delay`; `broken` stops
 /// it halfway through the text, breaking the connection as a failing server would.
-pub(super) fn events(response: Value, pieces: usize, delay: Duration, broken: bool) -> Response {
+/// `on_first_delta` runs when the first text delta is handed to the connection.
+pub(super) fn events(
+    response: Value,
+    pieces: usize,
+    delay: Duration,
+    broken: bool,
+    on_first_delta: Box<dyn FnOnce() + Send>,
+) -> Response {
     let mut events = sequence(&response, pieces);
     for (n, e) in events.iter_mut().enumerate() {
         e["sequence_number"] = json!(n);
@@ -127,26 +134,47 @@ pub(super) fn events(response: Value, pieces: usize, delay: Duration, broken: bo
             .map_or(2, |i| i + 1);
         events.truncate(keep);
     }
-    let frames = events.into_iter().map(|e| {
-        let kind = e["type"].as_str().unwrap_or_default().to_string();
-        format!("event: {kind}\ndata: {e}\n\n")
-    });
+    let first_delta = events
+        .iter()
+        .position(|e| e["type"] == "response.output_text.delta");
+    let frames: Vec<(bool, String)> = events
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let kind = e["type"].as_str().unwrap_or_default().to_string();
+            (
+                Some(i) == first_delta,
+                format!("event: {kind}\ndata: {e}\n\n"),
+            )
+        })
+        .collect();
+    let mut on_first_delta = Some(on_first_delta);
     let body = futures_util::stream::unfold(
-        (frames.collect::<Vec<_>>().into_iter(), true, broken),
-        move |(mut frames, first, broken)| async move {
-            match frames.next() {
-                Some(frame) => {
-                    if !first && !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
+        (frames.into_iter(), true, broken),
+        move |(mut frames, first, broken)| {
+            let note = frames
+                .as_slice()
+                .first()
+                .filter(|(is_first_delta, _)| *is_first_delta)
+                .and_then(|_| on_first_delta.take());
+            async move {
+                match frames.next() {
+                    Some((_, frame)) => {
+                        if !first && !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        if let Some(note) = note {
+                            note();
+                        }
+                        Some((Ok(frame), (frames, false, broken)))
                     }
-                    Some((Ok(frame), (frames, false, broken)))
+                    // Ending the body with an error aborts the connection mid-answer.
+                    None if broken => Some((
+                        Err(std::io::Error::other("the fake broke the stream")),
+                        (frames, false, false),
+                    )),
+                    None => None,
                 }
-                // Ending the body with an error aborts the connection mid-answer.
-                None if broken => Some((
-                    Err(std::io::Error::other("the fake broke the stream")),
-                    (frames, false, false),
-                )),
-                None => None,
             }
         },
     );
