@@ -32,6 +32,19 @@ pub struct FakeLlmArgs {
     /// environment variable of this name, so the key stays out of the process list).
     #[arg(long, value_name = "ENV_VAR")]
     pub api_key_env: Option<String>,
+    /// Pieces a streamed answer's text is cut into.
+    #[arg(long, default_value_t = 4)]
+    pub stream_pieces: usize,
+    /// Pause between streamed events, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub stream_delay_ms: u64,
+    /// Break the first N streamed answers halfway (the connection drops before
+    /// response.completed), as a failing server would.
+    #[arg(long, default_value_t = 0)]
+    pub break_streams: usize,
+    /// Refuse stream: true with a 400, as a server without streaming does.
+    #[arg(long)]
+    pub no_streaming: bool,
 }
 
 /// Arguments of `aptix bench-store`.
@@ -131,6 +144,10 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         stateless,
         openapi,
         api_key_env,
+        stream_pieces,
+        stream_delay_ms,
+        break_streams,
+        no_streaming,
     } = args;
     let schema = match openapi {
         Some(p) => Some(create_response_validator(&p).map_err(anyhow::Error::msg)?),
@@ -147,7 +164,10 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         latency: Duration::from_millis(latency_ms),
         stateless,
         api_key,
-        ..FakeOptions::default()
+        stream_pieces,
+        stream_delay: Duration::from_millis(stream_delay_ms),
+        break_streams,
+        no_streaming,
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await

@@ -77,6 +77,8 @@ pub struct FakeOptions {
     pub stream_delay: Duration,
     /// Answer `stream: true` with a 400, as a server without streaming does.
     pub no_streaming: bool,
+    /// Break the first this many streamed answers halfway (see [`Reply::BrokenStream`]).
+    pub break_streams: usize,
 }
 
 /// A stored response: what a follow-up call must answer.
@@ -100,6 +102,8 @@ struct Inner {
     arrivals: Mutex<Vec<Duration>>,
     /// When each streamed answer's first text delta was handed to the connection.
     first_deltas: Mutex<Vec<std::time::Instant>>,
+    /// Streamed answers given so far.
+    streamed: AtomicU64,
     started: std::time::Instant,
 }
 
@@ -134,6 +138,7 @@ impl FakeLlm {
             peak_in_flight: AtomicU64::new(0),
             arrivals: Mutex::new(Vec::new()),
             first_deltas: Mutex::new(Vec::new()),
+            streamed: AtomicU64::new(0),
             started: std::time::Instant::now(),
         });
         let app = Router::new()
@@ -505,6 +510,8 @@ fn respond(inner: &Arc<Inner>, req: &Value, response: Value, broken: bool) -> Re
         n => n,
     };
     let delay = inner.options.stream_delay;
+    let nth = inner.streamed.fetch_add(1, Ordering::SeqCst);
+    let broken = broken || (nth as usize) < inner.options.break_streams;
     let inner = inner.clone();
     let on_first_delta = Box::new(move || {
         if let Ok(mut t) = inner.first_deltas.lock() {

@@ -168,11 +168,16 @@ pub(super) fn events(
                         }
                         Some((Ok(frame), (frames, false, broken)))
                     }
-                    // Ending the body with an error aborts the connection mid-answer.
-                    None if broken => Some((
-                        Err(std::io::Error::other("the fake broke the stream")),
-                        (frames, false, false),
-                    )),
+                    // Ending the body with an error aborts the connection mid-answer; what
+                    // came before is given a moment to reach the client first, as over a
+                    // real network.
+                    None if broken => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Some((
+                            Err(std::io::Error::other("the fake broke the stream")),
+                            (frames, false, false),
+                        ))
+                    }
                     None => None,
                 }
             }

@@ -455,3 +455,62 @@ async fn aptix_submit_stream_and_watch_print_the_text_as_it_arrives() {
     let status: Value = serde_json::from_str(status.trim()).unwrap();
     assert_eq!(status["status"], "completed");
 }
+
+#[tokio::test]
+async fn aptix_fake_llm_streams_in_pieces_and_breaks_the_streams_it_is_told_to() {
+    let fake = crate::support::Listening::start(crate::cli::aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--stream-pieces",
+        "3",
+        "--break-streams",
+        "1",
+    ]));
+    let call = || async {
+        let resp = crate::support::http_client()
+            .post(format!("{}/v1/responses", fake.url()))
+            .json(&json!({"model": "m", "input": "hello there", "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        let mut body = resp.bytes_stream();
+        let mut text = String::new();
+        let mut broke = false;
+        while let Some(chunk) = body.next().await {
+            match chunk {
+                Ok(c) => text.push_str(&String::from_utf8_lossy(&c)),
+                Err(_) => {
+                    broke = true;
+                    break;
+                }
+            }
+        }
+        (text, broke)
+    };
+    let (first, broke) = call().await;
+    assert!(broke, "the first stream breaks");
+    assert!(first.contains("response.output_text.delta") && !first.contains("response.completed"));
+    let (second, broke) = call().await;
+    assert!(!broke);
+    let types: Vec<&str> = second
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(types.first(), Some(&"response.created"));
+    assert_eq!(types.last(), Some(&"response.completed"));
+    assert_eq!(
+        types
+            .iter()
+            .filter(|t| **t == "response.output_text.delta")
+            .count(),
+        3
+    );
+}
