@@ -238,6 +238,7 @@ impl App {
             chunk_options: ChunkOptions {
                 max_lines: config.chunk_lines,
             },
+            live_buffer: Default::default(),
         }
     }
 

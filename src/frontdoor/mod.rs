@@ -20,6 +20,7 @@ pub mod batch;
 pub mod cancel;
 pub mod extract;
 pub mod http;
+pub mod live_buffer;
 pub mod openapi;
 pub mod routes;
 

@@ -357,6 +357,43 @@ async fn a_server_without_streaming_gets_a_clear_error_or_plain_calls(backend: B
     assert!(app_off.fake.requests()[0].get("stream").is_none());
 }
 
+async fn an_sse_client_that_reconnects_mid_turn_gets_the_text_it_missed(backend: Backend) {
+    let app = app(backend, pieces(10, 150), Vec::new()).await;
+    let (ready, wait) = tokio::sync::oneshot::channel();
+    let two_deltas =
+        |e: &[(String, String, Value)]| e.iter().filter(|(k, _, _)| k == "delta").count() >= 2;
+    let (before, _) = tokio::join!(sse(&app, "rc", None, ready, two_deltas), async {
+        let _ = wait.await;
+        assert_eq!(
+            app.post(Some("tok-a"), streaming_turn("rc", "t", "long"))
+                .await
+                .0,
+            202
+        );
+    });
+    // Disconnected while the model goes on writing.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let last_id = before.last().unwrap().1.clone();
+    let (ready, _) = tokio::sync::oneshot::channel();
+    let turn_seen = |e: &[(String, String, Value)]| e.iter().any(|(k, _, _)| k == "turn");
+    let after = sse(&app, "rc", Some(&last_id), ready, turn_seen).await;
+    let all: Vec<&Value> = before
+        .iter()
+        .chain(after.iter())
+        .filter(|(k, _, _)| k == "delta")
+        .map(|(_, _, d)| d)
+        .collect();
+    let indices: Vec<u64> = all.iter().map(|d| d["index"].as_u64().unwrap()).collect();
+    assert_eq!(
+        indices,
+        (0..indices.len() as u64).collect::<Vec<_>>(),
+        "nothing missed, nothing twice"
+    );
+    let text: String = all.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    let (_, _, result) = after.iter().find(|(k, _, _)| k == "turn").unwrap();
+    assert_eq!(text, result["result"]["result"]["primaryOutputText"]);
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
@@ -366,6 +403,7 @@ for_each_backend!(
         a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation,
         sse_shows_delta_events_before_the_turn_event_and_only_to_their_session,
         a_server_without_streaming_gets_a_clear_error_or_plain_calls,
+        an_sse_client_that_reconnects_mid_turn_gets_the_text_it_missed,
     ],
 );
 

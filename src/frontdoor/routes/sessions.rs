@@ -1,6 +1,8 @@
 //! `GET /v1/sessions/{sessionId}` (mode, mode history, turns) and its Server-Sent Events
 //! (`/events`: one event per turn result published for the session).
 
+use std::sync::Arc;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -10,11 +12,61 @@ use crate::contract::{InvokeResult, SessionId, TurnId};
 use crate::frontdoor::extract::{
     ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
 };
+use crate::frontdoor::live_buffer::{self, LiveBuffer};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::live::{LiveBody, LiveEvent};
-use crate::queue::SessionEvent;
+use crate::queue::{SessionEvent, SessionEvents};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
+
+/// `<turnId>:<index>` (a live event) or `<turnId>` (a result), as sent in `id:`.
+fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
+    let (turn, index) = match id.rsplit_once(':') {
+        Some((turn, n)) => match n.parse::<u64>() {
+            Ok(n) => (turn, Some(n)),
+            Err(_) => (id, None),
+        },
+        None => (id, None),
+    };
+    TurnId::parse(turn).ok().map(|t| (t, index))
+}
+
+/// An SSE client's subscription; when the client goes away it goes on recording the session's
+/// live events for [`live_buffer::LINGER`] (or until a result arrives), for the client's return.
+struct Lingering {
+    events: Option<SessionEvents>,
+    buffer: Arc<LiveBuffer>,
+}
+
+impl Lingering {
+    async fn recv(&mut self) -> Option<SessionEvent> {
+        self.events.as_mut()?.recv().await
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        let (Some(mut events), Ok(rt)) =
+            (self.events.take(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let buffer = self.buffer.clone();
+        rt.spawn(async move {
+            let until = tokio::time::Instant::now() + live_buffer::LINGER;
+            while let Ok(Some(next)) = tokio::time::timeout_at(until, events.recv()).await {
+                match next {
+                    SessionEvent::Live(body) => {
+                        if let Ok(live) = serde_json::from_slice::<LiveEvent>(&body) {
+                            buffer.record(&live);
+                        }
+                    }
+                    SessionEvent::Status(_) => return,
+                }
+            }
+        });
+    }
+}
 
 /// A session event as Server-Sent Event (none for a body that cannot be read).
 fn sse_event(event: SessionEvent) -> Option<axum::response::sse::Event> {
@@ -170,19 +222,26 @@ pub(crate) async fn session_events(
         Ok(e) => e,
         Err(e) => return unavailable(e),
     };
-    // A reconnecting client missed nothing of a turn that has settled since: its result first.
-    let last_turn = headers
+    // A reconnecting client gets what it missed: the rest of its turn's text as far as this
+    // process kept it, and the turn's result if it has settled since.
+    let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
-        .map(|id| {
-            // `<turnId>:<index>` for a live event, `<turnId>` for a result.
-            id.rsplit_once(':')
-                .filter(|(_, n)| n.parse::<u64>().is_ok())
-                .map_or(id, |(turn, _)| turn)
-        })
-        .and_then(|id| TurnId::parse(id).ok());
+        .and_then(parse_event_id);
     let mut first = Vec::new();
-    if let Some(tid) = last_turn {
+    let mut skip = None;
+    if let Some((tid, index)) = last {
+        if let Some(index) = index {
+            let missed = state.live_buffer.after(sid.as_str(), tid.as_str(), index);
+            let upto = missed.last().map_or(index, |e| e.index);
+            first.extend(
+                missed
+                    .iter()
+                    .filter_map(|e| serde_json::to_vec(e).ok())
+                    .map(SessionEvent::Live),
+            );
+            skip = Some((tid.to_string(), upto));
+        }
         match state.store.get_turn(&sid, &tid).await {
             Ok(Some(record)) if record.status.is_settled() => {
                 let view = crate::store::TurnStatusView::from(&record);
@@ -194,16 +253,37 @@ pub(crate) async fn session_events(
             Err(e) => return unavailable(e),
         }
     }
+    let events = Lingering {
+        events: Some(events),
+        buffer: state.live_buffer.clone(),
+    };
+    let buffer = state.live_buffer.clone();
     let stream = futures_util::stream::unfold(
         (first.into_iter(), events),
-        |(mut first, mut events)| async move {
-            loop {
-                let next = match first.next() {
-                    Some(e) => e,
-                    None => events.recv().await?,
-                };
-                if let Some(event) = sse_event(next) {
-                    return Some((Ok::<_, std::convert::Infallible>(event), (first, events)));
+        move |(mut first, mut events)| {
+            let (buffer, skip) = (buffer.clone(), skip.clone());
+            async move {
+                loop {
+                    let (next, replayed) = match first.next() {
+                        Some(e) => (e, true),
+                        None => (events.recv().await?, false),
+                    };
+                    if !replayed
+                        && let SessionEvent::Live(body) = &next
+                        && let Ok(live) = serde_json::from_slice::<LiveEvent>(body)
+                    {
+                        buffer.record(&live);
+                        // Sent already, from the buffer.
+                        if skip
+                            .as_ref()
+                            .is_some_and(|(t, upto)| *t == live.turn_id && live.index <= *upto)
+                        {
+                            continue;
+                        }
+                    }
+                    if let Some(event) = sse_event(next) {
+                        return Some((Ok::<_, std::convert::Infallible>(event), (first, events)));
+                    }
                 }
             }
         },
