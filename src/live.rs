@@ -78,7 +78,12 @@ pub enum LiveBody {
 enum Msg {
     Text(String),
     Progress(String),
+    Rerun(u32),
 }
+
+/// Indices of the `n`-th run of a turn start at `(n - 1) * RUN_STRIDE`, so they keep rising
+/// when a turn runs again after a crash or a retry.
+pub const RUN_STRIDE: u64 = 1 << 20;
 
 /// The live output of one turn run.
 pub struct LiveTurn {
@@ -132,6 +137,14 @@ impl LiveTurn {
     /// A progress note; text waiting is sent first.
     pub fn progress(&self, message: impl Into<String>) {
         self.send(Msg::Progress(message.into()));
+    }
+
+    /// Says the turn runs again (its `attempt`-th run, from 1): a progress note, and indices
+    /// from `(attempt - 1) * RUN_STRIDE` on. Text of an earlier run is replaced by what follows.
+    pub fn rerun(&self, attempt: u32) {
+        if attempt > 1 {
+            self.send(Msg::Rerun(attempt));
+        }
     }
 
     /// Sends what is waiting and returns once every event is published (before the turn's
@@ -204,6 +217,14 @@ async fn batch(
                 } else if deadline.is_none() {
                     deadline = Some(last_sent.map_or(now, |at| at + settings.flush_every));
                 }
+            }
+            Some(Msg::Rerun(attempt)) => {
+                index = index.max(u64::from(attempt - 1) * RUN_STRIDE);
+                let message = format!(
+                    "the turn runs again (run {attempt}): the text streamed so far is replaced by what follows"
+                );
+                let body = publish(&mut index, LiveBody::Progress { message });
+                outlet.publish_live(&session, body).await;
             }
             Some(Msg::Progress(message)) => {
                 if let Some(body) = flush_text(&mut waiting, &mut index) {

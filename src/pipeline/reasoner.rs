@@ -114,6 +114,9 @@ impl Pipeline {
         record.status = TurnStatus::Running;
         record.mode_key = mode.key.clone();
         record.attempts += 1;
+        if let Some(live) = &live {
+            live.rerun(record.attempts);
+        }
         let run = Run {
             session,
             record,

@@ -202,6 +202,40 @@ async fn a_broken_stream_is_retried_and_the_answer_has_its_text_once(backend: Ba
     assert_eq!(app.fake.requests().len(), 2);
 }
 
+async fn a_turn_run_again_after_a_failed_run_keeps_its_indices_rising(backend: Backend) {
+    // No retries inside the call: the broken stream fails the run, and the job runs again.
+    let app = app(
+        backend,
+        pieces(6, 20),
+        vec![("APTIX_LLM_MAX_RETRIES", "0".into())],
+    )
+    .await;
+    let text = "One two three four five six seven";
+    app.fake
+        .push([Reply::BrokenStream(text.into()), Reply::Text(text.into())]);
+    let lines = stream_lines(&app, streaming_turn("s", "t", "again")).await;
+    assert_eq!(answer_of(&lines), text);
+    let rerun = lines
+        .iter()
+        .rposition(|(_, l)| l["kind"] == "progress")
+        .expect("a progress line says the turn runs again");
+    assert!(
+        lines[rerun].1["index"].as_u64().unwrap() >= 1 << 20,
+        "{:?}",
+        lines[rerun].1
+    );
+    let after: String = deltas(&lines[rerun..])
+        .iter()
+        .map(|d| d["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(after, text);
+    let indices: Vec<u64> = lines[..lines.len() - 1]
+        .iter()
+        .map(|(_, l)| l["index"].as_u64().unwrap())
+        .collect();
+    assert!(indices.windows(2).all(|w| w[0] < w[1]), "{indices:?}");
+}
+
 async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(backend: Backend) {
     let app = app(backend, pieces(4, 0), Vec::new()).await;
     let instruction = "#fake:call workspace_read_file {\"path\":\"docs/SECRET-PATH.md\"}";
@@ -400,6 +434,7 @@ for_each_backend!(
         deltas_come_in_order_before_the_final_line_and_make_up_the_answer,
         the_first_delta_reaches_the_client_while_the_model_still_streams,
         a_broken_stream_is_retried_and_the_answer_has_its_text_once,
+        a_turn_run_again_after_a_failed_run_keeps_its_indices_rising,
         a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation,
         sse_shows_delta_events_before_the_turn_event_and_only_to_their_session,
         a_server_without_streaming_gets_a_clear_error_or_plain_calls,
