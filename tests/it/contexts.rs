@@ -9,7 +9,8 @@ use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, code, spawn};
-use crate::support::{Listening, schema};
+use crate::processes::Processes;
+use crate::support::schema;
 
 const FAST_KEY: &str = "sk-fast-0123456789abcdef";
 const SLOW_KEY: &str = "sk-slow-fedcba9876543210";
@@ -512,134 +513,41 @@ for_each_backend!(
     ],
 );
 
-/// `aptix serve` and two `aptix worker` processes on RabbitMQ and Redis.
-struct Deployment {
-    namespace: String,
-    serve: Listening,
-    workers: Vec<Listening>,
-    _redis: crate::support::RedisGuard,
-    _rabbit: crate::support::RabbitGuard,
+/// `aptix serve` and `aptix worker` processes with the contexts of `models`.
+async fn deployment(models: &Models, workers: usize, slot_ttl_ms: u64) -> Processes {
+    let mut env = models.env();
+    env.push(("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string()));
+    Processes::start(env, &[], workers).await
 }
 
-impl Deployment {
-    async fn start(models: &Models, workers: usize, slot_ttl_ms: u64) -> Self {
-        let topology = crate::support::test_topology();
-        let namespace = topology.namespace.clone();
-        let rabbit = crate::support::RabbitGuard {
-            broker: crate::support::rabbit_broker(&topology, &format!("{namespace}-test")).await,
-            topology,
-        };
-        let redis = crate::support::redis_store_in(&namespace).await;
-        let mut d = Self {
-            serve: Listening::start(Self::command(models, &namespace, slot_ttl_ms).args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-            ])),
-            namespace,
-            workers: Vec::new(),
-            _redis: redis,
-            _rabbit: rabbit,
-        };
-        for _ in 0..workers {
-            d.add_worker(models, slot_ttl_ms);
-        }
-        d
-    }
+/// A turn `t` of `session` on agent context `agent`.
+fn on(session: &str, agent: &str) -> String {
+    turn(session, "t", Some(agent), None)
+}
 
-    fn command(models: &Models, namespace: &str, slot_ttl_ms: u64) -> std::process::Command {
-        let mut c = crate::cli::aptix();
-        for (k, v) in models.env() {
-            c.env(k, v);
-        }
-        c.env("APTIX_AMQP_URL", crate::support::amqp_url())
-            .env("APTIX_REDIS_URL", crate::support::redis_url())
-            .env("APTIX_NAMESPACE", namespace)
-            .env("APTIX_RETRY_DELAYS_MS", "200,400")
-            .env("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string())
-            .env("APTIX_LLM_MAX_RETRIES", "0")
-            .env("APTIX_LEASE_SECS", "2")
-            .env("APTIX_CONCURRENCY", "8")
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1");
-        c
-    }
-
-    fn add_worker(&mut self, models: &Models, slot_ttl_ms: u64) {
-        let worker = Listening::start(Self::command(models, &self.namespace, slot_ttl_ms).args([
-            "worker",
-            "--listen",
-            "127.0.0.1:0",
-        ]));
-        assert!(
-            worker.wait_for_line("consuming turn jobs", Duration::from_secs(20)),
-            "the worker did not start"
-        );
-        self.workers.push(worker);
-    }
-
-    async fn submit(&self, session: &str, agent: &str) {
-        let resp = crate::support::http_client()
-            .post(format!("{}/v1/turns", self.serve.url()))
-            .body(turn(session, "t", Some(agent), None))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            resp.status().as_u16(),
-            202,
-            "{}",
-            resp.text().await.unwrap()
-        );
-    }
-
-    async fn wait_completed(&self, session: &str) {
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let body: Value = crate::support::http_client()
-                .get(format!(
-                    "{}/v1/sessions/{session}/turns/t?wait=10",
-                    self.serve.url()
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if body["result"]["status"] == "completed" {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{session} did not complete: {body}"
-            );
-        }
-    }
-
-    async fn slots_in_use(&self, context: &str) -> u32 {
-        use aptix_worker::limiter::LimitStore as _;
-        let limits = aptix_worker::limiter::RedisLimits::connect(
-            &crate::support::redis_url(),
-            &self.namespace,
-            &aptix_worker::store::redis::RedisOptions {
-                timeout: Duration::from_secs(3),
-                ca: None,
-            },
-        )
-        .await
-        .unwrap();
-        limits.slots_in_use(context).await.unwrap()
-    }
+/// Live call slots of an agent context, read from Redis.
+async fn slots_in_use(d: &Processes, context: &str) -> u32 {
+    use aptix_worker::limiter::LimitStore as _;
+    let limits = aptix_worker::limiter::RedisLimits::connect(
+        &crate::support::redis_url(),
+        &d.namespace,
+        &aptix_worker::store::redis::RedisOptions {
+            timeout: Duration::from_secs(3),
+            ca: None,
+        },
+    )
+    .await
+    .unwrap();
+    limits.slots_in_use(context).await.unwrap()
 }
 
 #[tokio::test]
 async fn two_worker_processes_never_run_more_than_the_cap_of_a_context() {
     let models = models(Duration::from_millis(400)).await;
-    let d = Deployment::start(&models, 2, 5_000).await;
+    let d = deployment(&models, 2, 5_000).await;
     let sessions: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
     for s in &sessions {
-        d.submit(s, "fast").await;
+        d.submit(on(s, "fast")).await;
     }
     for s in &sessions {
         d.wait_completed(s).await;
@@ -650,18 +558,13 @@ async fn two_worker_processes_never_run_more_than_the_cap_of_a_context() {
         2,
         "two workers with eight turns each could run all eight at once; the cap is two"
     );
-    assert_eq!(d.slots_in_use("fast").await, 0, "every slot was given back");
+    assert_eq!(
+        slots_in_use(&d, "fast").await,
+        0,
+        "every slot was given back"
+    );
     // Both workers ran turns: the cap held across processes, not inside one.
-    let ran: Vec<usize> = d
-        .workers
-        .iter()
-        .map(|w| {
-            w.lines()
-                .iter()
-                .filter(|l| l.contains("turn started"))
-                .count()
-        })
-        .collect();
+    let ran = d.logged("turn started");
     assert!(ran.iter().all(|n| *n > 0), "turns per worker: {ran:?}");
 }
 
@@ -678,8 +581,8 @@ async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
         .unwrap()
         .replace("\"maxConcurrentCalls\":2", "\"maxConcurrentCalls\":1");
     std::fs::write(&models.file, capped_to_one).unwrap();
-    let mut d = Deployment::start(&models, 1, SLOT_TTL_MS).await;
-    d.submit("held", "fast").await;
+    let mut d = deployment(&models, 1, SLOT_TTL_MS).await;
+    d.submit(on("held", "fast")).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while models.fast.requests().is_empty() {
         assert!(
@@ -688,13 +591,13 @@ async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(d.slots_in_use("fast").await, 1);
+    assert_eq!(slots_in_use(&d, "fast").await, 1);
     let mut dead = d.workers.remove(0);
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
     let killed = Instant::now();
-    d.add_worker(&models, SLOT_TTL_MS);
-    d.submit("next", "fast").await;
+    d.add_worker();
+    d.submit(on("next", "fast")).await;
     // The dead worker's job comes back (its channel closed) and, like the new turn, needs the
     // slot the dead worker still holds until it expires.
     d.wait_completed("next").await;
@@ -714,7 +617,7 @@ async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
         arrivals[1] - arrivals[0] >= Duration::from_millis(SLOT_TTL_MS - 200),
         "no call ran beside the dead worker's until its slot expired: {arrivals:?}"
     );
-    assert_eq!(d.slots_in_use("fast").await, 0);
+    assert_eq!(slots_in_use(&d, "fast").await, 0);
 }
 
 #[test]

@@ -23,6 +23,7 @@ macro_rules! for_each_backend {
 }
 
 mod app;
+mod processes;
 mod support;
 
 mod cancel;

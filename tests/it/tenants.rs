@@ -10,7 +10,7 @@ use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, code, spawn};
-use crate::support::Listening;
+use crate::processes::Processes;
 
 fn turn(session: &str, turn: &str, instruction: &str) -> String {
     json!({"sessionId": session, "turnId": turn, "instruction": instruction}).to_string()
@@ -285,127 +285,22 @@ for_each_backend!(
     ],
 );
 
-/// `aptix serve` and `aptix worker` processes on RabbitMQ and Redis, with a tenants file that
-/// caps the local tenant (no API tokens: every caller is `local`).
-struct Deployment {
-    env: Vec<(&'static str, String)>,
-    serve: Listening,
-    workers: Vec<Listening>,
-    _redis: crate::support::RedisGuard,
-    _rabbit: crate::support::RabbitGuard,
+/// `aptix serve` and `aptix worker` processes with a tenants file that caps the local tenant
+/// (no API tokens: every caller is `local`).
+async fn deployment(fake: &FakeLlm, cap: u32, workers: usize, slot_ttl_ms: u64) -> Processes {
+    let env = vec![
+        tenants_file(json!([{"id": "local", "maxRunningTurns": cap}])),
+        ("APTIX_LLM_BASE_URL", fake.base_url()),
+        ("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string()),
+    ];
+    Processes::start(env, &["local"], workers).await
 }
 
-impl Deployment {
-    async fn start(fake: &FakeLlm, cap: u32, workers: usize, slot_ttl_ms: u64) -> Self {
-        let topology = crate::support::test_topology().with_lanes(["local"]);
-        let namespace = topology.namespace.clone();
-        let rabbit = crate::support::RabbitGuard {
-            broker: crate::support::rabbit_broker(&topology, &format!("{namespace}-test")).await,
-            topology,
-        };
-        let redis = crate::support::redis_store_in(&namespace).await;
-        let env = vec![
-            tenants_file(json!([{"id": "local", "maxRunningTurns": cap}])),
-            ("APTIX_LLM_BASE_URL", fake.base_url()),
-            ("APTIX_AMQP_URL", crate::support::amqp_url()),
-            ("APTIX_REDIS_URL", crate::support::redis_url()),
-            ("APTIX_NAMESPACE", namespace.clone()),
-            ("APTIX_RETRY_DELAYS_MS", "200,400".into()),
-            ("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string()),
-            ("APTIX_LLM_MAX_RETRIES", "0".into()),
-            ("APTIX_LEASE_SECS", "2".into()),
-            ("APTIX_CONCURRENCY", "8".into()),
-            ("RUST_LOG", "info".into()),
-            ("NO_COLOR", "1".into()),
-        ];
-        let serve =
-            Listening::start(Self::command(&env).args(["serve", "--listen", "127.0.0.1:0"]));
-        let mut d = Self {
-            env,
-            serve,
-            workers: Vec::new(),
-            _redis: redis,
-            _rabbit: rabbit,
-        };
-        for _ in 0..workers {
-            d.add_worker();
-        }
-        d
-    }
-
-    fn command(env: &[(&'static str, String)]) -> std::process::Command {
-        let mut c = crate::cli::aptix();
-        c.envs(env.iter().map(|(k, v)| (k, v)));
-        c
-    }
-
-    fn add_worker(&mut self) {
-        let worker =
-            Listening::start(Self::command(&self.env).args(["worker", "--listen", "127.0.0.1:0"]));
-        assert!(
-            worker.wait_for_line("consuming turn jobs", Duration::from_secs(20)),
-            "the worker did not start"
-        );
-        self.workers.push(worker);
-    }
-
-    async fn submit(&self, session: &str) {
-        let resp = crate::support::http_client()
-            .post(format!("{}/v1/turns", self.serve.url()))
-            .body(turn(session, "t", "work"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(
-            resp.status().as_u16(),
-            202,
-            "{}",
-            resp.text().await.unwrap()
-        );
-    }
-
-    async fn wait_completed(&self, session: &str) {
-        let deadline = Instant::now() + Duration::from_secs(40);
-        loop {
-            let body: Value = crate::support::http_client()
-                .get(format!(
-                    "{}/v1/sessions/{session}/turns/t?wait=10",
-                    self.serve.url()
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if body["result"]["status"] == "completed" {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{session} did not complete: {body}"
-            );
-        }
-    }
-
-    async fn running(&self) -> u64 {
-        let body: Value = crate::support::http_client()
-            .get(format!("{}/v1/tenant/usage", self.serve.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        body["result"]["runningTurns"].as_u64().unwrap()
-    }
-
-    fn logged(&self, needle: &str) -> Vec<usize> {
-        self.workers
-            .iter()
-            .map(|w| w.lines().iter().filter(|l| l.contains(needle)).count())
-            .collect()
-    }
+/// The local tenant's running turns, across all workers.
+async fn running(d: &Processes) -> u64 {
+    d.get_json("/v1/tenant/usage").await["result"]["runningTurns"]
+        .as_u64()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -427,10 +322,10 @@ async fn two_worker_processes_share_a_tenants_cap_and_its_retries_return_to_its_
         message: "overloaded".into(),
         retry_after_ms: None,
     }]);
-    let d = Deployment::start(&fake, 2, 2, 5_000).await;
+    let d = deployment(&fake, 2, 2, 5_000).await;
     let sessions: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
     for s in &sessions {
-        d.submit(s).await;
+        d.submit(turn(s, "t", "work")).await;
     }
     for s in &sessions {
         d.wait_completed(s).await;
@@ -447,7 +342,7 @@ async fn two_worker_processes_share_a_tenants_cap_and_its_retries_return_to_its_
     assert_eq!(moved, 1, "the retried job went back to the lane once");
     // Every running slot was given back.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while d.running().await != 0 {
+    while running(&d).await != 0 {
         assert!(
             Instant::now() < deadline,
             "running slots were not given back"
@@ -471,8 +366,8 @@ async fn a_worker_killed_holding_a_running_slot_frees_it_when_the_slot_expires()
         Duration::from_secs(30),
         Box::new(Reply::Text("too late".into())),
     )]);
-    let mut d = Deployment::start(&fake, 1, 1, SLOT_TTL_MS).await;
-    d.submit("held").await;
+    let mut d = deployment(&fake, 1, 1, SLOT_TTL_MS).await;
+    d.submit(turn("held", "t", "work")).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     while fake.requests().is_empty() {
         assert!(
@@ -481,12 +376,12 @@ async fn a_worker_killed_holding_a_running_slot_frees_it_when_the_slot_expires()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(d.running().await, 1);
+    assert_eq!(running(&d).await, 1);
     let mut dead = d.workers.remove(0);
     dead.child.kill().unwrap();
     dead.child.wait().unwrap();
     d.add_worker();
-    d.submit("next").await;
+    d.submit(turn("next", "t", "work")).await;
     // Both turns complete, each exactly once: the dead worker's job is redelivered on the
     // lane and runs once its stale slot has expired.
     d.wait_completed("held").await;
