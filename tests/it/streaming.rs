@@ -352,14 +352,21 @@ async fn sse_shows_delta_events_before_the_turn_event_and_only_to_their_session(
     assert_eq!(text, a[turn_at].2["result"]["result"]["primaryOutputText"]);
     assert!(b.is_empty(), "another session's subscriber got {b:?}");
 
-    // Reconnecting after the turn settled, with the id of a delta: the result comes at once.
+    // Reconnecting after the turn settled, with the id of its first delta: the deltas after
+    // it (kept by the process), then the result, at once.
     let (ready, _) = tokio::sync::oneshot::channel();
     let again = sse(&app, "sa", Some(&shown[0].1), ready, turn_seen).await;
-    assert_eq!(
-        again.first().map(|(k, _, _)| k.as_str()),
-        Some("turn"),
-        "{again:?}"
-    );
+    let kinds: Vec<&str> = again.iter().map(|(k, _, _)| k.as_str()).collect();
+    let mut expected = vec!["delta"; shown.len() - 1];
+    expected.push("turn");
+    assert_eq!(kinds, expected, "{again:?}");
+    let replayed: Vec<&Value> = again
+        .iter()
+        .take(shown.len() - 1)
+        .map(|(_, _, d)| d)
+        .collect();
+    let originals: Vec<&Value> = shown.iter().skip(1).map(|(_, _, d)| d).collect();
+    assert_eq!(replayed, originals);
 }
 
 async fn a_server_without_streaming_gets_a_clear_error_or_plain_calls(backend: Backend) {
