@@ -99,6 +99,8 @@ pub enum Command {
     /// Push turns through the real job path against the fake model and compare with a bare
     /// publish/consume baseline (RabbitMQ/Redis when their URLs are set, else in-memory).
     Bench(tools::BenchArgs),
+    /// GET a URL and succeed on a 2xx answer (container health checks: the image has no curl).
+    Probe(tools::ProbeArgs),
 }
 
 impl Command {
@@ -111,7 +113,8 @@ impl Command {
             | Self::Status(_)
             | Self::Cancel(_)
             | Self::Watch(_)
-            | Self::Validate(_) => "warn",
+            | Self::Validate(_)
+            | Self::Probe(_) => "warn",
             _ => "info",
         }
     }
@@ -141,5 +144,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::BenchLimiter(args) => tools::bench_limiter(args).await,
         Command::BenchRag(args) => tools::bench_rag(args).await,
         Command::Bench(args) => tools::bench(args).await,
+        Command::Probe(args) => tools::probe(args).await,
     }
 }

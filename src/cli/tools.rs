@@ -47,6 +47,16 @@ pub struct FakeLlmArgs {
     pub no_streaming: bool,
 }
 
+/// Arguments of `aptix probe`.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// The URL to GET (e.g. http://127.0.0.1:8080/readyz).
+    pub url: String,
+    /// How long the answer may take, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub timeout_ms: u64,
+}
+
 /// Arguments of `aptix bench-store`.
 #[derive(Debug, clap::Args)]
 pub struct BenchStoreArgs {
@@ -128,6 +138,24 @@ pub async fn contexts() -> anyhow::Result<ExitCode> {
     let contexts = aptix_worker::app::contexts_in_use(&config, None);
     println!("{}", serde_json::to_string_pretty(&contexts.describe())?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix probe`: exit 0 on a 2xx answer, 1 (naming the status or the failure) otherwise.
+pub async fn probe(args: ProbeArgs) -> anyhow::Result<ExitCode> {
+    let client = aptix_worker::tls::http_client_builder(None)?
+        .timeout(Duration::from_millis(args.timeout_ms))
+        .build()?;
+    match client.get(&args.url).send().await {
+        Ok(resp) if resp.status().is_success() => Ok(ExitCode::SUCCESS),
+        Ok(resp) => {
+            eprintln!("{} answered {}", args.url, resp.status());
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => {
+            eprintln!("{} cannot be reached: {e}", args.url);
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }
 
 /// `aptix error-codes`.

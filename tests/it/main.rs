@@ -28,6 +28,7 @@ mod support;
 
 mod cancel;
 mod cli;
+mod compose;
 mod compose_golden;
 mod contexts;
 mod contract_props;
