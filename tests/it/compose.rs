@@ -20,10 +20,10 @@ fn merged(y: &Yaml) -> Yaml {
     match y {
         Yaml::Hash(h) => {
             let mut out = yaml_rust2::yaml::Hash::new();
-            if let Some(base) = h.get(&Yaml::String("<<".into())) {
-                if let Yaml::Hash(b) = merged(base) {
-                    out.extend(b);
-                }
+            if let Some(base) = h.get(&Yaml::String("<<".into()))
+                && let Yaml::Hash(b) = merged(base)
+            {
+                out.extend(b);
             }
             for (k, v) in h {
                 if k.as_str() != Some("<<") {
