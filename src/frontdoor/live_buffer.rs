@@ -1,8 +1,9 @@
 //! The live events a front door process saw recently, per turn, so that an SSE client that
 //! reconnects with `Last-Event-ID` gets what it missed of the current turn's text. Small and
-//! bounded: the last [`EVENTS_PER_TURN`] events of at most [`TURNS`] turns (the oldest turn is
-//! forgotten first). A subscription that ends keeps listening for [`LINGER`] (or until its
-//! turn settles) to fill it for the client's return.
+//! bounded: the last [`EVENTS_PER_TURN`] events of at most [`TURNS`] turns, and at most
+//! [`MAX_BYTES`] of text in all (the oldest turn is forgotten first). A subscription that
+//! ends keeps listening for [`LINGER`] (or until its turn settles) to fill it for the
+//! client's return.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -14,6 +15,8 @@ use crate::live::LiveEvent;
 pub const EVENTS_PER_TURN: usize = 512;
 /// Turns kept.
 pub const TURNS: usize = 1024;
+/// Text kept in all (the events' text and messages), in bytes.
+pub const MAX_BYTES: usize = 8 << 20;
 /// How long a closed SSE subscription goes on filling the buffer.
 pub const LINGER: Duration = Duration::from_secs(30);
 
@@ -30,6 +33,25 @@ struct Inner {
     turns: HashMap<Key, VecDeque<LiveEvent>>,
     /// Turns in the order first seen, for forgetting the oldest.
     order: VecDeque<Key>,
+    /// Bytes of text kept.
+    bytes: usize,
+}
+
+fn size(event: &LiveEvent) -> usize {
+    match &event.body {
+        crate::live::LiveBody::Delta { text } => text.len(),
+        crate::live::LiveBody::Progress { message } => message.len(),
+    }
+}
+
+impl Inner {
+    fn forget_oldest(&mut self) {
+        if let Some(oldest) = self.order.pop_front()
+            && let Some(events) = self.turns.remove(&oldest)
+        {
+            self.bytes -= events.iter().map(size).sum::<usize>();
+        }
+    }
 }
 
 impl LiveBuffer {
@@ -40,10 +62,8 @@ impl LiveBuffer {
         };
         let key = (event.session_id.clone(), event.turn_id.clone());
         if !inner.turns.contains_key(&key) {
-            if inner.order.len() >= TURNS
-                && let Some(oldest) = inner.order.pop_front()
-            {
-                inner.turns.remove(&oldest);
+            if inner.order.len() >= TURNS {
+                inner.forget_oldest();
             }
             inner.order.push_back(key.clone());
         }
@@ -51,10 +71,18 @@ impl LiveBuffer {
         if events.back().is_some_and(|e| e.index >= event.index) {
             return;
         }
-        if events.len() >= EVENTS_PER_TURN {
-            events.pop_front();
+        let mut freed = 0;
+        if events.len() >= EVENTS_PER_TURN
+            && let Some(dropped) = events.pop_front()
+        {
+            freed = size(&dropped);
         }
         events.push_back(event.clone());
+        inner.bytes = inner.bytes - freed + size(event);
+        // The turn being recorded is the newest: older ones go first, then its own oldest.
+        while inner.bytes > MAX_BYTES && inner.order.len() > 1 {
+            inner.forget_oldest();
+        }
     }
 
     /// The kept events of a turn after `index`, in order.
@@ -109,5 +137,26 @@ mod tests {
             b.after("s", "t", 0).is_empty(),
             "the oldest turn is forgotten"
         );
+    }
+
+    #[test]
+    fn the_text_kept_in_all_is_bounded() {
+        let b = LiveBuffer::default();
+        let big = "x".repeat(64 << 10);
+        let turns = 2 * MAX_BYTES / big.len();
+        for n in 0..turns {
+            b.record(&LiveEvent {
+                session_id: "s".into(),
+                turn_id: format!("t{n}"),
+                index: 0,
+                body: LiveBody::Delta { text: big.clone() },
+            });
+        }
+        let inner = b.inner.lock().unwrap();
+        assert!(inner.bytes <= MAX_BYTES, "{}", inner.bytes);
+        let counted: usize = inner.turns.values().flatten().map(size).sum();
+        assert_eq!(counted, inner.bytes);
+        let newest = ("s".to_string(), format!("t{}", turns - 1));
+        assert!(inner.turns.contains_key(&newest), "the newest turn is kept");
     }
 }
