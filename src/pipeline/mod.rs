@@ -12,6 +12,7 @@
 pub mod backends;
 pub mod compose;
 mod lifecycle;
+mod model_call;
 
 use lifecycle::HeldLease;
 mod reasoner;

@@ -1,5 +1,5 @@
 //! The reasoner (AGN-027 layer E): the only loop of a turn. It composes each model request,
-//! calls the model, runs server tools through [`super::server_tools`], applies mode changes
+//! calls the model (one call: [`super::model_call`]), runs server tools through [`super::server_tools`], applies mode changes
 //! and decides whether the turn is done, waits for client tools, or fails. User turns and
 //! tool continuations both enter here.
 //!
@@ -12,20 +12,19 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::backends;
-use super::compose::{self, CallSpec, Continuation};
+use super::compose;
 use super::{
-    CallEnd, Interrupted, Pipeline, RetryKind, RetryableFailure, Run, TurnResult,
-    continuation_fingerprint, fingerprint, permanent, store_failure,
+    CallEnd, Interrupted, Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint,
+    fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
-use crate::config::LOCAL_TENANT;
 use crate::contract::request::JsonText;
 use crate::contract::{
     ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
     UserTurn, check_tool_results,
 };
 use crate::live::LiveTurn;
-use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
+use crate::llm::OutputItem;
 use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
@@ -297,137 +296,6 @@ impl Pipeline {
         }
         let previous = Some(pending.response_id.clone());
         Ok(self.reason(run, pending.progress, input, previous).await?)
-    }
-
-    /// Calls the model once (with the fallback to replay), accounting for the answer.
-    pub(super) async fn call_model(
-        &self,
-        run: &mut Run,
-        progress: &mut TurnProgress,
-        tools_mode: &crate::catalog::Mode,
-        tools: &[&ToolDef],
-        input: Vec<Value>,
-        previous: Option<&str>,
-    ) -> Result<Result<ModelResponse, CallEnd>, RetryableFailure> {
-        let backend = match self.backends.resolve(&run.session.contexts) {
-            Ok(b) => b,
-            Err(errors) => return Ok(Err(CallEnd::Failed(Box::new(backends::refused(errors))))),
-        };
-        // The safe point: a turn asked to stop makes no further model call.
-        let (sid, tid) = (run.record.session_id.clone(), run.record.turn_id.clone());
-        if self.cancel_requested(&sid, &tid).await {
-            return Ok(Err(CallEnd::Cancelled));
-        }
-        progress.iterations += 1;
-        let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
-        let history: Vec<Value> = run
-            .session
-            .conversation
-            .iter()
-            .chain(progress.turn_items.iter())
-            .cloned()
-            .collect();
-        let body_for = |replay: bool| {
-            compose::request_body(&CallSpec {
-                model: backend.model(),
-                instructions: &instructions,
-                tools,
-                tool_choice: tools_mode.tool_choice.as_deref(),
-                continuation: match (previous, replay) {
-                    (_, true) => Continuation::Replay(&history),
-                    (Some(id), false) => Continuation::Previous(id),
-                    (None, false) => Continuation::Fresh,
-                },
-                input: &input,
-            })
-        };
-        let replay = backend.agent.replay || run.session.replay;
-        let body = body_for(replay);
-        run.record.requests.push(body.clone());
-        let started = std::time::Instant::now();
-        let llm = &backend.agent.llm;
-        let live = run.live.clone();
-        let to_live = move |e: LlmEvent| {
-            if let Some(live) = &live {
-                match e {
-                    LlmEvent::TextDelta(t) => live.text(&t),
-                    LlmEvent::Retrying { attempt } => live.progress(format!(
-                        "the model call broke off and is made again (attempt {attempt}): the text streamed since the last progress note is replaced by what follows"
-                    )),
-                }
-            }
-        };
-        let sink: Option<EventSink<'_>> = run.live.is_some().then_some(&to_live as EventSink<'_>);
-        let Some(mut outcome) = self
-            .unless_cancelled(&sid, &tid, llm.create_response_streamed(&body, sink))
-            .await
-        else {
-            return Ok(Err(CallEnd::Cancelled));
-        };
-        if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
-            && !replay
-        {
-            warn!(%msg, "model server does not store responses; switching this session to replay");
-            run.session.replay = true;
-            let body = body_for(true);
-            run.record.requests.push(body.clone());
-            outcome = llm.create_response_streamed(&body, sink).await;
-        }
-        info!(
-            iteration = progress.iterations,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            ok = outcome.is_ok(),
-            "model call"
-        );
-        let response = match outcome {
-            Ok(r) => r,
-            Err(LlmError::NoCapacity(e)) => {
-                info!(context = %e.context, waited_ms = e.waited.as_millis() as u64, "no capacity for a model call; the turn goes back to the queue");
-                return Err(RetryableFailure {
-                    error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
-                    kind: RetryKind::NoCapacity,
-                });
-            }
-            Err(e) if e.is_retryable() => {
-                return Err(RetryableFailure {
-                    error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
-                    kind: RetryKind::Failure,
-                });
-            }
-            Err(e) => {
-                let code = match e {
-                    LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound(_) => {
-                        ErrorCode::LlmRejected
-                    }
-                    _ => ErrorCode::LlmBadResponse,
-                };
-                return Ok(Err(CallEnd::Failed(Box::new(InvokeResult::failure(
-                    permanent(code, e.to_string()),
-                )))));
-            }
-        };
-        progress.usage.add(response.usage);
-        let owner = run.session.owner.as_deref().unwrap_or(LOCAL_TENANT);
-        self.quotas.spend(owner, response.usage.total_tokens).await;
-        progress.turn_items.extend(input);
-        progress
-            .turn_items
-            .extend(response.replay_items.iter().cloned());
-        if let Some(reason) = &response.incomplete_reason {
-            progress.user_warnings.push(format!(
-                "The answer is incomplete: the model stopped early ({reason})."
-            ));
-        }
-        if response
-            .items
-            .iter()
-            .any(|i| matches!(i, OutputItem::Refusal(_)))
-        {
-            progress
-                .user_warnings
-                .push("The model declined part of this request.".into());
-        }
-        Ok(Ok(response))
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
