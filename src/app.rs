@@ -204,6 +204,7 @@ impl App {
             max_attempts: config.max_attempts,
             turn_deadline: config.turn_deadline,
             shutdown_grace: config.shutdown_grace,
+            lane_wait: config.lane_wait,
             limits: config.limits,
             ..WorkerSettings::default()
         };

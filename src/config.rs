@@ -88,6 +88,9 @@ pub struct Config {
     pub turn_deadline: Duration,
     /// `APTIX_SHUTDOWN_GRACE_SECS`: how long shutdown waits for in-flight turns.
     pub shutdown_grace: Duration,
+    /// `APTIX_LANE_WAIT_MS`: how long a worker holds a capped tenant's job waiting for one of
+    /// the tenant's running slots before giving it back to the lane.
+    pub lane_wait: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
     /// `APTIX_RETRY_DELAYS_MS`: the wait before each retry of a failed job, in order (the
@@ -215,6 +218,7 @@ impl Config {
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
             shutdown_grace: Duration::from_secs(number(&get, "APTIX_SHUTDOWN_GRACE_SECS", 30)?),
+            lane_wait: Duration::from_millis(positive(&get, "APTIX_LANE_WAIT_MS", 60_000)?),
             dependency_timeout: Duration::from_millis(positive(
                 &get,
                 "APTIX_DEPENDENCY_TIMEOUT_MS",

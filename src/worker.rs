@@ -25,7 +25,7 @@ use futures_util::stream::{self, BoxStream, SelectAll, select_all};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument as _, error, info, info_span, warn};
+use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
@@ -53,6 +53,9 @@ pub struct WorkerSettings {
     pub shutdown_grace: Duration,
     /// Delay before a job for a busy session is tried again.
     pub busy_delay: Duration,
+    /// The longest a capped tenant's job waits in this worker for one of the tenant's running
+    /// slots before it goes back to its lane (keep well below RabbitMQ's `consumer_timeout`).
+    pub lane_wait: Duration,
     /// Request size limits (jobs are parsed again on the worker).
     pub limits: RequestLimits,
 }
@@ -65,6 +68,7 @@ impl Default for WorkerSettings {
             turn_deadline: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
             busy_delay: Duration::from_secs(1),
+            lane_wait: Duration::from_secs(60),
             limits: RequestLimits::default(),
         }
     }
@@ -279,15 +283,27 @@ impl Worker {
         }
         let _slot = match delivery.lane.clone() {
             None => None,
-            Some(tenant) => tokio::select! {
-                slot = self.quotas.running_slot(&tenant) => slot,
-                _ = shutdown.cancelled() => {
-                    if let Err(e) = delivery.requeue().await {
-                        warn!(error = %e, "could not give back a job that waited for its tenant's slot; it will be redelivered");
+            Some(tenant) => {
+                // Held unacknowledged while it waits; given back (to its lane, for any worker)
+                // at shutdown or after a while, well before RabbitMQ's consumer timeout.
+                let gave_up = tokio::select! {
+                    slot = tokio::time::timeout(self.settings.lane_wait, self.quotas.running_slot(&tenant)) => match slot {
+                        Ok(slot) => Ok(slot),
+                        Err(_) => Err("waited too long for its tenant's running slot"),
+                    },
+                    _ = shutdown.cancelled() => Err("the worker is stopping"),
+                };
+                match gave_up {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        debug!(%tenant, why, "giving a lane job back");
+                        if let Err(e) = delivery.requeue().await {
+                            warn!(error = %e, "could not give back a lane job; it will be redelivered");
+                        }
+                        return;
                     }
-                    return;
                 }
-            },
+            }
         };
         let Ok(_running) = self.running.acquire().await else {
             return;

@@ -398,3 +398,46 @@ async fn a_worker_killed_holding_a_running_slot_frees_it_when_the_slot_expires()
         "each turn published once, by the new worker"
     );
 }
+
+#[tokio::test]
+async fn a_lane_job_that_waits_too_long_goes_back_to_its_lane_and_runs_once() {
+    let fake = FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        FakeOptions {
+            latency: Duration::from_millis(500),
+            ..FakeOptions::default()
+        },
+        Some(crate::support::schema()),
+    )
+    .await
+    .unwrap();
+    // Two workers each hold one job of the tenant; with a cap of one, the other's job keeps
+    // timing out and going back to the lane while the first runs.
+    let env = vec![
+        tenants_file(json!([{"id": "local", "maxRunningTurns": 1}])),
+        ("APTIX_LLM_BASE_URL", fake.base_url()),
+        ("APTIX_LANE_WAIT_MS", "100".into()),
+        ("RUST_LOG", "info,aptix_worker::worker=debug".into()),
+    ];
+    let d = Processes::start(env, &["local"], 2).await;
+    let sessions: Vec<String> = (0..4).map(|i| format!("w{i}")).collect();
+    for s in &sessions {
+        d.submit(turn(s, "t", "work")).await;
+    }
+    for s in &sessions {
+        d.wait_completed(s).await;
+    }
+    assert_eq!(fake.requests().len(), 4, "each turn called the model once");
+    assert_eq!(fake.peak_in_flight(), 1, "the cap of one held");
+    let given_back: usize = d.logged("giving a lane job back").iter().sum();
+    assert!(given_back > 0, "no job waited past APTIX_LANE_WAIT_MS");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.logged("result published").iter().sum::<usize>() < 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        d.logged("result published").iter().sum::<usize>(),
+        4,
+        "each published once"
+    );
+}
