@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 pub mod batch;
 pub mod bench;
+mod bench_loop;
 mod bench_stream;
 pub mod client;
 pub mod dlq;

@@ -101,6 +101,14 @@ pub struct BenchArgs {
     /// words reach the client than the model wrote them, against calling the model directly.
     #[arg(long, conflicts_with = "in_flight")]
     pub first_delta: bool,
+    /// Instead: `--sessions` clients in a closed loop through the synchronous endpoint over
+    /// HTTP (RabbitMQ and Redis), with the CPU per turn of each process and a bare pipelined
+    /// quorum publish/consume baseline.
+    #[arg(long, conflicts_with_all = ["in_flight", "first_delta"])]
+    pub closed_loop: bool,
+    /// With --closed-loop: a new session for every turn (as `aptix batch` does).
+    #[arg(long, requires = "closed_loop")]
+    pub new_session_per_turn: bool,
 }
 
 /// Arguments of `aptix bench-rag`.
@@ -237,8 +245,21 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         rate,
         in_flight,
         first_delta,
+        closed_loop,
+        new_session_per_turn,
     } = args;
     let config = Config::from_env()?;
+    if closed_loop {
+        let opts = super::bench_loop::LoopOptions {
+            sessions: sessions.unwrap_or(500),
+            turns,
+            new_session_per_turn,
+            latency: Duration::from_millis(latency_ms),
+            concurrency,
+        };
+        super::bench_loop::run(&config, &opts).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if first_delta {
         super::bench_stream::run(&config, turns).await?;
         return Ok(ExitCode::SUCCESS);

@@ -1,0 +1,317 @@
+//! `aptix bench --closed-loop`: the services path as clients drive it. `--sessions` clients,
+//! each sending its next turn through the synchronous endpoint (over HTTP) when the previous
+//! one answered — ten turns per session, or with `--new-session-per-turn` a fresh session each
+//! time (what `aptix batch` does) — against the fake model at `--latency-ms`, on RabbitMQ and
+//! Redis. It prints turns/s, latency percentiles (first turns of sessions apart), and the CPU
+//! seconds per turn of every process it can see: this one (front door, worker and the fake
+//! model), RabbitMQ and Redis. In the same run, the baseline: bare quorum-queue
+//! publish + consume with pipelined publisher confirms and acks, and RabbitMQ's CPU per message.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures_util::StreamExt as _;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use tokio_util::sync::CancellationToken;
+
+use aptix_worker::config::Config;
+use aptix_worker::fake_llm::FakeOptions;
+use aptix_worker::worker::WorkerSettings;
+
+use super::bench::{cleanup, ms, parts_with, percentile};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    /// Concurrent clients (one session each, or a fresh one per turn).
+    pub sessions: usize,
+    /// Turns in all.
+    pub turns: usize,
+    /// A fresh session for every turn.
+    pub new_session_per_turn: bool,
+    /// The fake model's latency.
+    pub latency: Duration,
+    /// Worker concurrency.
+    pub concurrency: u16,
+}
+
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Processes whose command name is `comm`.
+fn pids_named(comm: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect()
+}
+
+/// The CPU seconds of the processes the bench watches, by label.
+fn cpu_snapshot() -> Vec<(&'static str, f64)> {
+    let sum = |pids: Vec<u32>| pids.into_iter().filter_map(cpu_seconds).sum::<f64>();
+    vec![
+        (
+            "aptix (front door + worker + fake model)",
+            sum(vec![std::process::id()]),
+        ),
+        ("RabbitMQ (beam.smp)", sum(pids_named("beam.smp"))),
+        ("Redis (redis-server)", sum(pids_named("redis-server"))),
+    ]
+}
+
+fn cpu_per(before: &[(&'static str, f64)], after: &[(&'static str, f64)], n: usize) -> String {
+    before
+        .iter()
+        .zip(after)
+        .map(|((label, b), (_, a))| format!("{label} {:.3} ms", (a - b) * 1000.0 / n.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs the closed loop, then the baseline.
+pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        config.amqp_url.is_some() && config.redis_url.is_some(),
+        "the closed loop measures the services path: set APTIX_AMQP_URL and APTIX_REDIS_URL"
+    );
+    let fake = FakeOptions {
+        latency: opts.latency,
+        ..FakeOptions::default()
+    };
+    let p = parts_with(config, fake).await?;
+    let result = closed_loop(&p, opts).await;
+    cleanup(&p).await;
+    result?;
+    baseline(config, opts.turns.max(20_000)).await
+}
+
+async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Result<()> {
+    let settings = WorkerSettings {
+        concurrency: opts.concurrency,
+        busy_delay: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let (stop_worker, worker) = p.start_worker(settings);
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    p.app.spawn_http(&p.config, listener, stop.clone());
+    let http = aptix_worker::tls::http_client_builder(None)?
+        .pool_max_idle_per_host(opts.sessions)
+        .timeout(Duration::from_secs(120))
+        .build()?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let before = cpu_snapshot();
+    let started = Instant::now();
+    let clients = (0..opts.sessions.max(1)).map(|client| {
+        let (http, base, next) = (http.clone(), base.clone(), next.clone());
+        let (turns, fresh) = (opts.turns, opts.new_session_per_turn);
+        tokio::spawn(async move {
+            let mut first = Vec::new();
+            let mut later = Vec::new();
+            let mut failed = 0usize;
+            let mut k = 0usize;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= turns {
+                    break;
+                }
+                let session = if fresh {
+                    format!("loop-{i}")
+                } else {
+                    format!("loop-c{client}")
+                };
+                let body = serde_json::json!({"sessionId": session, "turnId": format!("t{i}"),
+                    "instruction": format!("Summarise design record {i} in three bullet points.")});
+                let sent = Instant::now();
+                let ok = match http
+                    .post(format!("{base}/api/ai/agent/execute"))
+                    .body(body.to_string())
+                    .send()
+                    .await
+                {
+                    Ok(r) => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .is_ok_and(|v| v["successful"] == true),
+                    Err(_) => false,
+                };
+                let took = sent.elapsed();
+                match (ok, fresh || k == 0) {
+                    (false, _) => failed += 1,
+                    (true, true) => first.push(took),
+                    (true, false) => later.push(took),
+                }
+                k += 1;
+            }
+            (first, later, failed)
+        })
+    });
+    let mut first = Vec::new();
+    let mut later = Vec::new();
+    let mut failed = 0;
+    for c in futures_util::future::join_all(clients).await {
+        let (f, l, n) = c.context("a client task failed")?;
+        first.extend(f);
+        later.extend(l);
+        failed += n;
+    }
+    let elapsed = started.elapsed();
+    let after = cpu_snapshot();
+    stop.cancel();
+    stop_worker.cancel();
+    let _ = worker.await;
+    let done = first.len() + later.len();
+    let mut all: Vec<Duration> = first.iter().chain(later.iter()).copied().collect();
+    all.sort();
+    first.sort();
+    later.sort();
+    let show = |d: &[Duration]| {
+        format!(
+            "p50 {:>7.1} ms  p95 {:>7.1} ms  p99 {:>7.1} ms",
+            ms(percentile(d, 0.5)),
+            ms(percentile(d, 0.95)),
+            ms(percentile(d, 0.99))
+        )
+    };
+    println!(
+        "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, RabbitMQ + Redis, one process",
+        opts.sessions,
+        opts.turns,
+        if opts.new_session_per_turn {
+            "a new session per turn"
+        } else {
+            "one session per client"
+        },
+        opts.latency.as_millis(),
+        opts.concurrency
+    );
+    println!(
+        "  completed {done} / failed {failed} in {:.2} s: {:.1} turns/s",
+        elapsed.as_secs_f64(),
+        done as f64 / elapsed.as_secs_f64()
+    );
+    println!("  latency, all turns            {}", show(&all));
+    println!("  latency, first turn of a session {}", show(&first));
+    if !later.is_empty() {
+        println!("  latency, later turns          {}", show(&later));
+    }
+    println!("  CPU per turn: {}", cpu_per(&before, &after, done));
+    Ok(())
+}
+
+/// Bare quorum-queue publish + consume of `n` small messages: confirms pipelined (awaited in
+/// windows, not one by one), acks as they come — the best the broker does for this traffic.
+async fn baseline(config: &Config, n: usize) -> anyhow::Result<()> {
+    let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
+    let conn = lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
+        .await
+        .context("connecting to RabbitMQ for the baseline")?;
+    let queue = format!("aptix-bench-baseline-{}", uuid::Uuid::new_v4().simple());
+    let publisher = conn.create_channel().await?;
+    publisher
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-queue-type"),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    publisher
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            args,
+        )
+        .await?;
+    let consumer_ch = conn.create_channel().await?;
+    consumer_ch
+        .basic_qos(256, BasicQosOptions::default())
+        .await?;
+    let mut consumer = consumer_ch
+        .basic_consume(
+            queue.as_str().into(),
+            "baseline".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let consumed = tokio::spawn(async move {
+        let mut got = 0usize;
+        while got < n {
+            match consumer.next().await {
+                Some(Ok(d)) => {
+                    let _ = d.acker.ack(BasicAckOptions::default()).await;
+                    got += 1;
+                }
+                _ => break,
+            }
+        }
+        got
+    });
+    let payload = vec![b'x'; 300];
+    let before = cpu_snapshot();
+    let started = Instant::now();
+    let mut window = Vec::with_capacity(1000);
+    for _ in 0..n {
+        let confirm = publisher
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                &payload,
+                lapin::BasicProperties::default().with_delivery_mode(2),
+            )
+            .await?;
+        window.push(confirm);
+        if window.len() == 1000 {
+            for c in window.drain(..) {
+                c.await?;
+            }
+        }
+    }
+    for c in window.drain(..) {
+        c.await?;
+    }
+    let got = tokio::time::timeout(Duration::from_secs(300), consumed)
+        .await
+        .context("the baseline did not finish")??;
+    let elapsed = started.elapsed();
+    let after = cpu_snapshot();
+    let _ = publisher
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await;
+    anyhow::ensure!(got == n, "the baseline consumed {got} of {n}");
+    println!(
+        "  baseline: bare quorum publish + consume, pipelined confirms, {n} messages of 300 B: {:.0} msg/s",
+        n as f64 / elapsed.as_secs_f64()
+    );
+    println!(
+        "  baseline CPU per message: {}",
+        cpu_per(&before, &after, n)
+    );
+    println!(
+        "  (a turn is two broker messages, a job and a reply: twice the baseline's broker CPU is the floor)"
+    );
+    Ok(())
+}
