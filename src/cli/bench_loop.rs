@@ -39,6 +39,8 @@ pub struct LoopOptions {
     pub latency: Duration,
     /// Worker concurrency.
     pub concurrency: u16,
+    /// Messages of the baseline.
+    pub baseline_messages: usize,
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
@@ -99,7 +101,7 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     let result = closed_loop(&p, opts).await;
     cleanup(&p).await;
     result?;
-    baseline(config, opts.turns.max(20_000)).await
+    baseline(config, opts.baseline_messages.max(1)).await
 }
 
 async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Result<()> {

@@ -109,6 +109,9 @@ pub struct BenchArgs {
     /// With --closed-loop: a new session for every turn (as `aptix batch` does).
     #[arg(long, requires = "closed_loop")]
     pub new_session_per_turn: bool,
+    /// With --closed-loop: messages of the bare publish/consume baseline.
+    #[arg(long, default_value_t = 20_000, requires = "closed_loop")]
+    pub baseline_messages: usize,
 }
 
 /// Arguments of `aptix bench-rag`.
@@ -247,6 +250,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         first_delta,
         closed_loop,
         new_session_per_turn,
+        baseline_messages,
     } = args;
     let config = Config::from_env()?;
     if closed_loop {
@@ -256,6 +260,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
             new_session_per_turn,
             latency: Duration::from_millis(latency_ms),
             concurrency,
+            baseline_messages,
         };
         super::bench_loop::run(&config, &opts).await?;
         return Ok(ExitCode::SUCCESS);

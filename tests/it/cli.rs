@@ -1110,3 +1110,53 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
     );
     defaults.delete_topology().await.unwrap();
 }
+
+/// The streaming and closed-loop benches run end to end on RabbitMQ and Redis and print their
+/// figures beside their baselines (the figures themselves are not checked: no timing here).
+#[test]
+fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
+    let run = |args: &[&str]| {
+        let out = aptix()
+            .args(args)
+            .env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_REDIS_URL", crate::support::redis_url())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let first = run(&["bench", "--first-delta", "--turns", "5"]);
+    for line in [
+        "model called directly",
+        "client's first NDJSON line",
+        "added by the product",
+    ] {
+        assert!(first.contains(line), "{line:?} missing from\n{first}");
+    }
+    let lp = run(&[
+        "bench",
+        "--closed-loop",
+        "--sessions",
+        "4",
+        "--turns",
+        "40",
+        "--new-session-per-turn",
+        "--baseline-messages",
+        "500",
+    ]);
+    for line in [
+        "completed 40 / failed 0",
+        "latency, first turn of a session",
+        "CPU per turn: aptix",
+        "RabbitMQ (beam.smp)",
+        "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
+    ] {
+        assert!(lp.contains(line), "{line:?} missing from\n{lp}");
+    }
+}
