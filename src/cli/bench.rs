@@ -131,6 +131,16 @@ pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// `p50 … ms  p95 … ms  p99 … ms` of sorted durations.
+pub(super) fn percentiles(sorted: &[Duration]) -> String {
+    format!(
+        "p50 {:>7.2} ms  p95 {:>7.2} ms  p99 {:>7.2} ms",
+        ms(percentile(sorted, 0.5)),
+        ms(percentile(sorted, 0.95)),
+        ms(percentile(sorted, 0.99))
+    )
+}
+
 /// The throughput/latency benchmark.
 pub async fn run(config: &Config, opts: &BenchOptions) -> anyhow::Result<()> {
     let p = parts(config, opts.latency).await?;

@@ -24,7 +24,7 @@ use aptix_worker::config::Config;
 use aptix_worker::fake_llm::FakeOptions;
 use aptix_worker::worker::WorkerSettings;
 
-use super::bench::{cleanup, ms, parts_with, percentile};
+use super::bench::{cleanup, parts_with, percentiles};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -185,14 +185,7 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
     all.sort();
     first.sort();
     later.sort();
-    let show = |d: &[Duration]| {
-        format!(
-            "p50 {:>7.1} ms  p95 {:>7.1} ms  p99 {:>7.1} ms",
-            ms(percentile(d, 0.5)),
-            ms(percentile(d, 0.95)),
-            ms(percentile(d, 0.99))
-        )
-    };
+    let show = percentiles;
     println!(
         "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, RabbitMQ + Redis, one process",
         opts.sessions,

@@ -15,7 +15,7 @@ use aptix_worker::config::Config;
 use aptix_worker::fake_llm::FakeOptions;
 use aptix_worker::worker::WorkerSettings;
 
-use super::bench::{cleanup, ms, parts_with, percentile};
+use super::bench::{cleanup, ms, parts_with, percentile, percentiles};
 
 /// Reads a streamed body until `is_first` accepts a line; returns when it did.
 async fn first_line(
@@ -93,14 +93,7 @@ async fn measure(p: &super::bench::Parts, turns: usize) -> anyhow::Result<()> {
     let _ = worker.await;
     direct.sort();
     relayed.sort();
-    let show = |d: &[Duration]| {
-        format!(
-            "p50 {:>6.2} ms  p95 {:>6.2} ms  p99 {:>6.2} ms",
-            ms(percentile(d, 0.5)),
-            ms(percentile(d, 0.95)),
-            ms(percentile(d, 0.99))
-        )
-    };
+    let show = percentiles;
     println!(
         "aptix bench --first-delta: {turns} streaming turns, one at a time, {} + {}",
         if p.config.amqp_url.is_some() {

@@ -86,6 +86,21 @@ struct AttemptError {
     error: LlmError,
 }
 
+impl AttemptError {
+    /// A failure worth another attempt (the connection, a timeout, a broken stream).
+    fn transient(message: String) -> Self {
+        Self {
+            retryable: true,
+            retry_after: None,
+            rate_limited: false,
+            error: LlmError::Unavailable {
+                attempts: 1,
+                message,
+            },
+        }
+    }
+}
+
 /// A small Responses API client on reqwest.
 #[derive(Debug, Clone)]
 pub struct LlmClient {
@@ -273,15 +288,7 @@ impl LlmClient {
         traceparent: Option<String>,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
-        let unavailable = |message: String| AttemptError {
-            retryable: true,
-            retry_after: None,
-            rate_limited: false,
-            error: LlmError::Unavailable {
-                attempts: 1,
-                message,
-            },
-        };
+        let unavailable = AttemptError::transient;
         let mut req = self
             .http
             .post(format!("{}/responses", self.base_url))

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use super::{AttemptError, LlmError, LlmEvent, parse::parse_response};
+use super::{AttemptError, LlmEvent, parse::parse_response};
 use crate::state::ModelResponse;
 
 /// Splits a byte stream into SSE frames and yields each frame's `data` as JSON.
@@ -61,18 +61,6 @@ pub(super) enum Step {
     Done(Box<Result<ModelResponse, AttemptError>>),
 }
 
-fn broken(message: String) -> AttemptError {
-    AttemptError {
-        retryable: true,
-        retry_after: None,
-        rate_limited: false,
-        error: LlmError::Unavailable {
-            attempts: 1,
-            message,
-        },
-    }
-}
-
 /// Handles one event: text deltas go to `sink`; a terminal event ends the call.
 pub(super) fn step(event: &Value, sink: &(dyn Fn(LlmEvent) + Send + Sync)) -> Step {
     match event.get("type").and_then(Value::as_str) {
@@ -97,7 +85,7 @@ pub(super) fn step(event: &Value, sink: &(dyn Fn(LlmEvent) + Send + Sync)) -> St
                     .unwrap_or_default()
                     .to_string()
             };
-            Step::Done(Box::new(Err(broken(format!(
+            Step::Done(Box::new(Err(AttemptError::transient(format!(
                 "the model server reported an error mid-stream ({}): {}",
                 field("code"),
                 field("message")
@@ -117,12 +105,12 @@ pub(super) async fn read(
         let chunk = match resp.chunk().await {
             Ok(Some(c)) => c,
             Ok(None) => {
-                return Err(broken(
+                return Err(AttemptError::transient(
                     "the answer stream ended before response.completed".into(),
                 ));
             }
             Err(e) => {
-                return Err(broken(if e.is_timeout() {
+                return Err(AttemptError::transient(if e.is_timeout() {
                     "the model call timed out while streaming".to_string()
                 } else {
                     format!("the answer stream broke off ({})", super::without_url(&e))
