@@ -20,6 +20,8 @@
 //!   or memory, leases and fencing.
 //! - [`replies`] — a settled status published to the session's reply queue and its event
 //!   subscribers, and waiting for one turn's settled status.
+//! - [`live`] — a streaming turn's text and progress notes, batched into transient live events
+//!   for the session's live subscribers (never stored).
 //!
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`] (tenant
 //! quotas) and [`secret`] (what a process is configured with), [`app`] (the composition root that wires the parts from a
