@@ -23,11 +23,11 @@
 //! - [`live`] — a streaming turn's text and progress notes, batched into transient live events
 //!   for the session's live subscribers (never stored).
 //!
-//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`] (tenant
-//! quotas) and [`secret`] (what a process is configured with), [`app`] (the composition root that wires the parts from a
-//! configuration), [`metrics`], [`telemetry`] (logs and span export), [`trace`] (W3C trace
-//! context across the queue), [`tls`], [`fake_llm`] (a faithful fake of the Responses API, for
-//! tests and demos).
+//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
+//! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the
+//! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
+//! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`],
+//! [`fake_llm`] (a faithful fake of the Responses API, for tests and demos).
 
 pub mod app;
 pub mod catalog;
