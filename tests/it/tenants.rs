@@ -32,11 +32,12 @@ async fn usage(app: &App, token: &str) -> Value {
     body["result"].clone()
 }
 
-/// A metric's value in the exposition (0 when absent).
+/// A metric's value in the exposition; a series that is missing fails the test (a renamed
+/// metric must not make an assertion pass by reading zero).
 fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
 const A_TURNS: usize = 2000;
