@@ -536,6 +536,11 @@ fn rabbitmqctl_lines(args: &[&str]) -> Vec<String> {
         .args(args)
         .output()
         .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| l.trim().to_string())
@@ -556,6 +561,11 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
     // A second subscriber of the same session shares the binding.
     let sid0 = SessionId::parse(key(0)).unwrap();
     let mut twin = guard.broker.subscribe_events(&sid0).await.unwrap();
+    // The broker's listing can lag behind a busy broker: ask again for a few seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while consumers_tagged(&tag) != 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         consumers_tagged(&tag),
         1,
