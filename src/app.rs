@@ -62,8 +62,13 @@ struct BrokerLive(Arc<dyn Broker>);
 
 #[async_trait::async_trait]
 impl crate::live::LiveOutlet for BrokerLive {
-    async fn publish_live(&self, session: &crate::contract::SessionId, event: Vec<u8>) {
-        if let Err(e) = self.0.publish_live(session, &event).await {
+    async fn publish_live(
+        &self,
+        session: &crate::contract::SessionId,
+        reply_to: Option<&str>,
+        event: Vec<u8>,
+    ) {
+        if let Err(e) = self.0.publish_live(session, reply_to, &event).await {
             // Live output is best effort: the turn's result is published as always.
             tracing::debug!(session_id = %session, error = %e, "a live event was not published");
         }
@@ -151,7 +156,10 @@ impl App {
                 tracing::info!(namespace = %config.namespace, "using RabbitMQ");
                 Arc::new(rabbit)
             }
-            None => Arc::new(MemoryBroker::new()),
+            None => Arc::new(
+                MemoryBroker::new()
+                    .with_reply_queues(config.reply_queue_ttl, config.reply_queue_max_length),
+            ),
         };
         let index: Arc<dyn ChunkIndex> = match &config.redis_url {
             Some(url) => Arc::new(

@@ -93,6 +93,9 @@ pub struct Config {
     pub lane_wait: Duration,
     /// `APTIX_REPLY_QUEUE_TTL_SECS`: how long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// `APTIX_REPLY_QUEUE_MAX_LENGTH`: the most statuses a reply queue holds (the oldest are
+    /// dropped beyond it).
+    pub reply_queue_max_length: u32,
     /// `APTIX_RETRY_DELAYS_MS`: the wait before each retry of a failed job, in order (the
     /// last one repeats); one delay queue each.
     pub retry_delays: Vec<Duration>,
@@ -227,8 +230,9 @@ impl Config {
             reply_queue_ttl: Duration::from_secs(positive(
                 &get,
                 "APTIX_REPLY_QUEUE_TTL_SECS",
-                24 * 3600,
+                3600,
             )?),
+            reply_queue_max_length: positive(&get, "APTIX_REPLY_QUEUE_MAX_LENGTH", 1000u32)?,
             retry_delays: retry_delays(&get)?,
             retention: crate::store::Retention {
                 turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
@@ -356,6 +360,7 @@ impl Config {
     pub fn topology(&self) -> crate::queue::Topology {
         let mut topology = crate::queue::Topology::new(&self.namespace);
         topology.reply_queue_ttl = self.reply_queue_ttl;
+        topology.reply_queue_max_length = self.reply_queue_max_length;
         topology.retry_delays = self.retry_delays.clone();
         topology.with_lanes(self.tenants.capped().map(|(id, _)| id))
     }

@@ -22,8 +22,9 @@ use crate::contract::{SessionId, TurnId};
 /// Delivers a session's live events (transient, best effort).
 #[async_trait::async_trait]
 pub trait LiveOutlet: Send + Sync + 'static {
-    /// Publishes one event of `session`; failures are the outlet's to log.
-    async fn publish_live(&self, session: &SessionId, event: Vec<u8>);
+    /// Publishes one event of `session` to its watchers and to the front door at `reply_to`
+    /// (the one waiting for the turn, when there is one); failures are the outlet's to log.
+    async fn publish_live(&self, session: &SessionId, reply_to: Option<&str>, event: Vec<u8>);
 }
 
 /// How live text is batched.
@@ -103,13 +104,14 @@ impl LiveTurn {
         outlet: Arc<dyn LiveOutlet>,
         session: &SessionId,
         turn: &TurnId,
+        reply_to: Option<&str>,
         settings: LiveSettings,
     ) -> Arc<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(batch(
             outlet,
-            session.clone(),
-            turn.to_string(),
+            (session.clone(), turn.to_string()),
+            reply_to.map(str::to_string),
             settings,
             rx,
         ));
@@ -162,11 +164,12 @@ impl LiveTurn {
 
 async fn batch(
     outlet: Arc<dyn LiveOutlet>,
-    session: SessionId,
-    turn: String,
+    (session, turn): (SessionId, String),
+    reply_to: Option<String>,
     settings: LiveSettings,
     mut rx: mpsc::UnboundedReceiver<Msg>,
 ) {
+    let to = reply_to.as_deref();
     let mut index = 0u64;
     let mut waiting = String::new();
     let mut deadline = None;
@@ -190,7 +193,7 @@ async fn batch(
                 _ = tokio::time::sleep_until(at) => {
                     let text = std::mem::take(&mut waiting);
                     let body = publish(&mut index, LiveBody::Delta { text });
-                    outlet.publish_live(&session, body).await;
+                    outlet.publish_live(&session, to, body).await;
                     last_sent = Some(tokio::time::Instant::now());
                     deadline = None;
                     continue;
@@ -210,7 +213,7 @@ async fn batch(
                 let quiet = last_sent.is_none_or(|at| now >= at + settings.flush_every);
                 if (quiet && deadline.is_none()) || waiting.chars().count() >= settings.max_chars {
                     if let Some(body) = flush_text(&mut waiting, &mut index) {
-                        outlet.publish_live(&session, body).await;
+                        outlet.publish_live(&session, to, body).await;
                     }
                     last_sent = Some(now);
                     deadline = None;
@@ -224,19 +227,19 @@ async fn batch(
                     "the turn runs again (run {attempt}): the text streamed so far is replaced by what follows"
                 );
                 let body = publish(&mut index, LiveBody::Progress { message });
-                outlet.publish_live(&session, body).await;
+                outlet.publish_live(&session, to, body).await;
             }
             Some(Msg::Progress(message)) => {
                 if let Some(body) = flush_text(&mut waiting, &mut index) {
-                    outlet.publish_live(&session, body).await;
+                    outlet.publish_live(&session, to, body).await;
                 }
                 deadline = None;
                 let body = publish(&mut index, LiveBody::Progress { message });
-                outlet.publish_live(&session, body).await;
+                outlet.publish_live(&session, to, body).await;
             }
             None => {
                 if let Some(body) = flush_text(&mut waiting, &mut index) {
-                    outlet.publish_live(&session, body).await;
+                    outlet.publish_live(&session, to, body).await;
                 }
                 return;
             }
@@ -253,7 +256,12 @@ mod tests {
 
     #[async_trait::async_trait]
     impl LiveOutlet for Collect {
-        async fn publish_live(&self, _session: &SessionId, event: Vec<u8>) {
+        async fn publish_live(
+            &self,
+            _session: &SessionId,
+            _reply_to: Option<&str>,
+            event: Vec<u8>,
+        ) {
             self.0
                 .lock()
                 .unwrap()
@@ -273,6 +281,7 @@ mod tests {
             out.clone(),
             &s,
             &t,
+            None,
             LiveSettings {
                 flush_every: Duration::from_millis(50),
                 max_chars: 10,

@@ -1,8 +1,10 @@
 //! Replies: how a turn's settled status travels from the worker that produced it to whoever
 //! waits for it — the session's durable reply queue (polled by `aptix watch`, kept for clients
-//! that come back later) and the session's event broadcast (SSE streams, long-polls, the
-//! synchronous endpoint). The transport is the broker's reply half ([`ReplyBus`], beside the job
-//! queue in [`crate::queue`]); what a reply means lives here.
+//! that come back later), the front door that submitted the turn and waits for it (directly,
+//! by the address the job names: the synchronous endpoint, long-polls), and the session's
+//! event broadcast (SSE streams, long-polls of turns submitted elsewhere). The transport is the
+//! broker's reply half ([`ReplyBus`], beside the job queue in [`crate::queue`]); what a reply
+//! means lives here.
 //!
 //! Owns: publishing a status ([`publish_status`]) and waiting for one turn's settled status on
 //! a subscription ([`next_settled`]). Must not: read or write the store (a status is published
@@ -13,15 +15,44 @@ use tokio::time::Instant;
 use crate::contract::TurnId;
 use crate::live::LiveEvent;
 use crate::queue::QueueError;
-pub use crate::queue::{Replies, ReplyBus, SessionEvent, SessionEvents};
+pub use crate::queue::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::state::TurnStatusView;
 
-/// Publishes `view` as the session's latest news of its turn, correlated by the turn id.
-pub async fn publish_status(bus: &dyn ReplyBus, view: &TurnStatusView) -> Result<(), QueueError> {
+/// Publishes `view` as the session's latest news of its turn, correlated by the turn id, and
+/// sends it to the front door at `reply_to` (the one that waits for it) when there is one.
+pub async fn publish_status(
+    bus: &dyn ReplyBus,
+    view: &TurnStatusView,
+    reply_to: Option<&str>,
+) -> Result<(), QueueError> {
     let body = serde_json::to_vec(view)
         .map_err(|e| QueueError::Rejected(format!("cannot encode a turn status: {e}")))?;
-    bus.publish_reply(&view.session_id, view.turn_id.as_str(), &body)
+    bus.publish_reply(&view.session_id, view.turn_id.as_str(), reply_to, &body)
         .await
+}
+
+/// A subscription statuses can be read from: the bodies of [`ReplyBus::subscribe_events`] or
+/// [`ReplyBus::subscribe_replies`], or the statuses among a session's events.
+pub trait Statuses: Send {
+    /// The next status body; `None` once the subscription ended.
+    fn next_status(&mut self) -> impl std::future::Future<Output = Option<Vec<u8>>> + Send;
+}
+
+impl Statuses for Replies {
+    async fn next_status(&mut self) -> Option<Vec<u8>> {
+        self.recv().await
+    }
+}
+
+impl Statuses for SessionEvents {
+    async fn next_status(&mut self) -> Option<Vec<u8>> {
+        loop {
+            match self.recv().await? {
+                SessionEvent::Status(body) => return Some(body),
+                SessionEvent::Live(_) => continue,
+            }
+        }
+    }
 }
 
 /// What waiting on a subscription for one turn came to.
@@ -37,9 +68,9 @@ pub enum Waited {
 
 /// Waits on `replies` for the first settled status of `turn`, until `deadline`. Statuses of
 /// other turns of the session, and bodies that are not a status, are passed over.
-pub async fn next_settled(replies: &mut Replies, turn: &TurnId, deadline: Instant) -> Waited {
+pub async fn next_settled(replies: &mut impl Statuses, turn: &TurnId, deadline: Instant) -> Waited {
     loop {
-        match tokio::time::timeout_at(deadline, replies.recv()).await {
+        match tokio::time::timeout_at(deadline, replies.next_status()).await {
             Err(_elapsed) => return Waited::TimedOut,
             Ok(None) => return Waited::Closed,
             Ok(Some(body)) => {

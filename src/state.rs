@@ -261,6 +261,10 @@ pub struct TurnRecord {
     /// in `pending`: the same continuation sent again is recognised, a different one refused.
     #[serde(default)]
     pub continuation: Option<String>,
+    /// The direct reply address of the front door that accepted the turn and may wait for
+    /// it (the address of its event hub, where the turn's statuses are sent directly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -325,7 +329,14 @@ impl TurnRecord {
             result: None,
             checkpoint: None,
             continuation: None,
+            reply_to: None,
         }
+    }
+
+    /// The same record naming the front door that waits for it.
+    pub fn replying_to(mut self, address: Option<&str>) -> Self {
+        self.reply_to = address.map(str::to_string);
+        self
     }
 
     /// The turn stopped by a cancel request: `cancelled`, with a failed `TURN_CANCELLED`

@@ -265,6 +265,7 @@ mod tests {
             answered: vec![],
             checkpoint: None,
             continuation: None,
+            reply_to: None,
         };
         let lease = store
             .acquire_lease(&sid, "test", std::time::Duration::from_secs(60))

@@ -32,7 +32,7 @@ use crate::contract::{
     parse_request,
 };
 use crate::metrics::Metrics;
-use crate::pipeline::{JobOutcome, Pipeline};
+use crate::pipeline::{JobOutcome, Origin, Pipeline};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::replies;
 use crate::store::{TurnRecord, TurnStatusView};
@@ -398,14 +398,21 @@ impl Worker {
             let _in_flight = self.metrics.run_started();
             self.pipeline
                 .execute_as(
-                    delivery.tenant.as_deref(),
+                    Origin {
+                        tenant: delivery.tenant.as_deref(),
+                        reply_to: delivery.reply_to.as_deref(),
+                    },
                     request,
                     self.settings.turn_deadline,
                 )
                 .await
         };
         let failure = match outcome {
-            JobOutcome::Done(result) => return self.reply(request, result, Some(started)).await,
+            JobOutcome::Done(result) => {
+                return self
+                    .reply(request, delivery.reply_to.as_deref(), result, Some(started))
+                    .await;
+            }
             // A duplicate or a race the front door could not see must not publish a "failed"
             // status over the turn's real one: the run that produced that status published it.
             JobOutcome::NotTheTurns(reasons) => {
@@ -465,7 +472,8 @@ impl Worker {
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         self.metrics.dead_lettered();
-        self.reply(request, result, None).await
+        self.reply(request, delivery.reply_to.as_deref(), result, None)
+            .await
     }
 
     async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
@@ -487,6 +495,7 @@ impl Worker {
     async fn reply(
         &self,
         request: &AgentExecuteRequest,
+        reply_to: Option<&str>,
         result: InvokeResult<AgentExecuteResponse>,
         started: Option<Started>,
     ) -> Disposition {
@@ -511,7 +520,7 @@ impl Worker {
         };
         let status = record.status;
         let view = TurnStatusView::from(&record);
-        match replies::publish_status(self.broker.as_ref(), &view).await {
+        match replies::publish_status(self.broker.as_ref(), &view, reply_to).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());

@@ -361,7 +361,12 @@ impl FrontDoor {
     ) -> Result<(), BatchLineError> {
         let request = parsed.request;
         let submitted = self
-            .submit_for(tenant, &request, &crate::trace::TraceContext::new_root())
+            .submit_for(
+                tenant,
+                &request,
+                &crate::trace::TraceContext::new_root(),
+                None,
+            )
             .await;
         let errors = match submitted {
             Ok(_) => return Ok(()),

@@ -23,6 +23,7 @@ pub mod http;
 pub mod live_buffer;
 pub mod openapi;
 pub mod routes;
+pub(crate) mod waiting;
 
 use crate::store::{ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
 
@@ -257,19 +258,23 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
     ) -> Result<TurnStatusView, SubmitError> {
-        self.enqueue_request(request, trace, None).await
+        self.enqueue_request(request, trace, None, None).await
     }
 
     /// Checks that `tenant` may submit `request` ([`FrontDoor::authorize`]) and enqueues it as
     /// the tenant's: on its lane when its running turns are capped, its tokens counted to it.
+    /// `reply_to` is this process's direct reply address when it may wait for the turn (see
+    /// [`crate::queue::ReplyBus::subscribe_direct`]).
     pub async fn submit_for(
         &self,
         tenant: &str,
         request: &AgentExecuteRequest,
         trace: &TraceContext,
+        reply_to: Option<&str>,
     ) -> Result<TurnStatusView, SubmitError> {
         self.authorize(tenant, request).await?;
-        self.enqueue_request(request, trace, Some(tenant)).await
+        self.enqueue_request(request, trace, Some(tenant), reply_to)
+            .await
     }
 
     async fn enqueue_request(
@@ -277,10 +282,11 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
         tenant: Option<&str>,
+        reply_to: Option<&str>,
     ) -> Result<TurnStatusView, SubmitError> {
         // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
-        let meta = JobMeta::new(Some(traceparent.as_str()), tenant);
+        let meta = JobMeta::new(Some(traceparent.as_str()), tenant).replying_to(reply_to);
         let lane = self.quotas.lane_of(tenant);
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;
@@ -294,7 +300,8 @@ impl FrontDoor {
                     self.on_busy(turn).await?;
                 }
                 let fp = fingerprint(turn);
-                let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new());
+                let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
+                    .replying_to(reply_to);
                 let created = match self.store.create_turn(&fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {
@@ -338,7 +345,7 @@ impl FrontDoor {
             }
             AgentExecuteRequest::ToolContinuation(cont) => {
                 let fp = continuation_fingerprint(cont);
-                match self.accept_continuation(cont, &fp).await? {
+                match self.accept_continuation(cont, &fp, reply_to).await? {
                     Acceptance::Moved { before, after } => {
                         if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                             // Not accepted: put the turn back to waiting for its tools, unless
@@ -394,6 +401,7 @@ impl FrontDoor {
         &self,
         cont: &ToolContinuation,
         fp: &str,
+        reply_to: Option<&str>,
     ) -> Result<Acceptance, SubmitError> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
         let submitted: Vec<&str> = cont
@@ -437,7 +445,7 @@ impl FrontDoor {
                     ),
                 )));
             }
-            let mut after = before.clone();
+            let mut after = before.clone().replying_to(reply_to);
             after.status = TurnStatus::Queued;
             after.continuation = Some(fp.to_string());
             let replaced = match self.store.replace_turn(&before, &after).await {

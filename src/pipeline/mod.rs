@@ -61,6 +61,15 @@ pub enum RetryKind {
     NoCapacity,
 }
 
+/// Where a job came from, as its headers say.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Origin<'a> {
+    /// The tenant the front door marked it with.
+    pub tenant: Option<&'a str>,
+    /// The direct reply address of the front door waiting for its result, if one is.
+    pub reply_to: Option<&'a str>,
+}
+
 /// What one run of a job came to. The worker acknowledges, retries or dead-letters a job by
 /// matching on it, never by reading error codes.
 #[derive(Debug)]
@@ -384,7 +393,7 @@ impl Pipeline {
     /// or a failed turn (all returned as `Ok` and stored). `Err` means "try again later": the
     /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
-        match self.run_job(request, None).await {
+        match self.run_job(request, Origin::default()).await {
             Ok(result) => Ok(result),
             Err(Interrupted::NotTheTurns(result)) => Ok(*result),
             Err(Interrupted::Busy(f) | Interrupted::Failed(f) | Interrupted::NoCapacity(f)) => {
@@ -395,18 +404,19 @@ impl Pipeline {
 
     /// Runs a job's turn within `deadline` and says what the worker should do with the job.
     pub async fn execute(&self, request: &AgentExecuteRequest, deadline: Duration) -> JobOutcome {
-        self.execute_as(None, request, deadline).await
+        self.execute_as(Origin::default(), request, deadline).await
     }
 
-    /// [`Pipeline::execute`] for a job the front door marked with its tenant: the session's
-    /// owner, whose daily token count the turn's model calls add to.
+    /// [`Pipeline::execute`] for a job with an [`Origin`]: the tenant the front door marked it
+    /// with (the session's owner, whose daily token count the turn's model calls add to) and
+    /// the front door waiting for it (which gets the live events directly).
     pub async fn execute_as(
         &self,
-        tenant: Option<&str>,
+        origin: Origin<'_>,
         request: &AgentExecuteRequest,
         deadline: Duration,
     ) -> JobOutcome {
-        match tokio::time::timeout(deadline, self.run_job(request, tenant)).await {
+        match tokio::time::timeout(deadline, self.run_job(request, origin)).await {
             Ok(Ok(result)) => JobOutcome::Done(result),
             Ok(Err(Interrupted::NotTheTurns(result))) => {
                 JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())
@@ -427,8 +437,9 @@ impl Pipeline {
     async fn run_job(
         &self,
         request: &AgentExecuteRequest,
-        tenant: Option<&str>,
+        origin: Origin<'_>,
     ) -> Result<TurnResult, Interrupted> {
+        let tenant = origin.tenant;
         let span =
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
         async {
@@ -439,6 +450,7 @@ impl Pipeline {
                             outlet.clone(),
                             turn.session_id(),
                             turn.turn_id(),
+                            origin.reply_to,
                             *settings,
                         )),
                         _ => None,

@@ -4,12 +4,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError};
-use super::{Replies, ReplyBus, SessionEvent, SessionEvents};
+use super::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
 
 /// A waiting job.
@@ -19,11 +19,33 @@ struct Job {
     redelivered: bool,
 }
 
-/// An event subscriber: of results only, or of results and live events.
+/// An event subscriber: of results only (as bodies or as events), or of results and live
+/// events.
 enum Listener {
     Status(mpsc::Sender<Vec<u8>>),
+    Results(mpsc::Sender<SessionEvent>),
     All(mpsc::Sender<SessionEvent>),
 }
+
+impl Listener {
+    fn is_closed(&self) -> bool {
+        match self {
+            Self::Status(tx) => tx.is_closed(),
+            Self::Results(tx) | Self::All(tx) => tx.is_closed(),
+        }
+    }
+}
+
+/// A session's reply queue: its statuses, and when it was last used (published to or
+/// consumed), for the idle expiry.
+#[derive(Default)]
+struct ReplyQueue {
+    bodies: VecDeque<Vec<u8>>,
+    used: Option<Instant>,
+}
+
+/// Reply queue publishes between two sweeps of expired queues and forgotten subscribers.
+const SWEEP_EVERY: u32 = 1024;
 
 /// The shared job queue is lane `None`; a tenant's lane is `Some(tenant)`.
 type Lane = Option<String>;
@@ -32,7 +54,12 @@ type Lane = Option<String>;
 struct State {
     ready: HashMap<Lane, VecDeque<Job>>,
     dead: VecDeque<(Vec<u8>, String)>,
-    replies: HashMap<SessionId, VecDeque<Vec<u8>>>,
+    replies: HashMap<SessionId, ReplyQueue>,
+    /// Reply queues unused for this long are dropped, as RabbitMQ expires them.
+    reply_ttl: Duration,
+    /// The most statuses a reply queue holds (the oldest are dropped).
+    reply_max_length: usize,
+    publishes_since_sweep: u32,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
     listeners: HashMap<SessionId, Vec<Listener>>,
     /// One wake-up per lane, so a job wakes a consumer of its own lane.
@@ -40,6 +67,21 @@ struct State {
 }
 
 impl State {
+    /// Drops expired reply queues, subscribers that are gone and empty subscriber lists, so
+    /// nothing kept per session outlives its use.
+    fn sweep(&mut self, now: Instant) {
+        let ttl = self.reply_ttl;
+        self.replies.retain(|_, q| {
+            q.used
+                .is_some_and(|at| now.saturating_duration_since(at) < ttl)
+        });
+        self.subscribers.retain(|_, tx| !tx.is_closed());
+        self.listeners.retain(|_, list| {
+            list.retain(|l| !l.is_closed());
+            !list.is_empty()
+        });
+    }
+
     fn notify(&mut self, lane: &Lane) -> Arc<Notify> {
         self.notify.entry(lane.clone()).or_default().clone()
     }
@@ -52,9 +94,19 @@ pub struct MemoryBroker {
 }
 
 impl MemoryBroker {
-    /// An empty broker.
+    /// An empty broker with the default topology's reply queue limits.
     pub fn new() -> Self {
-        Self::default()
+        let t = super::Topology::new("memory");
+        Self::default().with_reply_queues(t.reply_queue_ttl, t.reply_queue_max_length)
+    }
+
+    /// Reply queues expire after `ttl` unused and hold at most `max_length` statuses.
+    pub fn with_reply_queues(self, ttl: Duration, max_length: u32) -> Self {
+        if let Ok(mut state) = self.state.lock() {
+            state.reply_ttl = ttl;
+            state.reply_max_length = usize::try_from(max_length).unwrap_or(usize::MAX).max(1);
+        }
+        self
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>, QueueError> {
@@ -241,15 +293,29 @@ impl ReplyBus for MemoryBroker {
         &self,
         session: &SessionId,
         _correlation_id: &str,
+        _reply_to: Option<&str>,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
+        let now = Instant::now();
+        state.publishes_since_sweep += 1;
+        if state.publishes_since_sweep >= SWEEP_EVERY {
+            state.publishes_since_sweep = 0;
+            state.sweep(now);
+        }
+        // Every listener of the process hears every session's results, so a direct address is
+        // not needed here.
         if let Some(listeners) = state.listeners.get_mut(session) {
             // Closed or hopelessly slow listeners are dropped; the rest get every result.
             listeners.retain(|l| match l {
                 Listener::Status(tx) => tx.try_send(body.to_vec()).is_ok(),
-                Listener::All(tx) => tx.try_send(SessionEvent::Status(body.to_vec())).is_ok(),
+                Listener::Results(tx) | Listener::All(tx) => {
+                    tx.try_send(SessionEvent::Status(body.to_vec())).is_ok()
+                }
             });
+            if listeners.is_empty() {
+                state.listeners.remove(session);
+            }
         }
         if let Some(tx) = state.subscribers.get(session) {
             if tx.try_send(body.to_vec()).is_ok() {
@@ -257,17 +323,24 @@ impl ReplyBus for MemoryBroker {
             }
             state.subscribers.remove(session);
         }
-        state
-            .replies
-            .entry(session.clone())
-            .or_default()
-            .push_back(body.to_vec());
+        let max = state.reply_max_length;
+        let queue = state.replies.entry(session.clone()).or_default();
+        queue.used = Some(now);
+        queue.bodies.push_back(body.to_vec());
+        while queue.bodies.len() > max {
+            queue.bodies.pop_front();
+        }
         Ok(())
     }
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
         let mut state = self.lock()?;
-        for body in state.replies.remove(session).unwrap_or_default() {
+        for body in state
+            .replies
+            .remove(session)
+            .map(|q| q.bodies)
+            .unwrap_or_default()
+        {
             let _ = tx.try_send(body);
         }
         state.subscribers.insert(session.clone(), tx);
@@ -275,34 +348,148 @@ impl ReplyBus for MemoryBroker {
     }
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
-        self.lock()?
-            .listeners
-            .entry(session.clone())
-            .or_default()
-            .push(Listener::Status(tx));
+        self.listen(session, Listener::Status(tx))?;
         Ok(rx)
     }
-    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError> {
+    async fn publish_live(
+        &self,
+        session: &SessionId,
+        _reply_to: Option<&str>,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
         if let Some(listeners) = state.listeners.get_mut(session) {
             // A full listener misses this event; a closed one is dropped.
             listeners.retain(|l| match l {
-                Listener::Status(tx) => !tx.is_closed(),
                 Listener::All(tx) => {
                     let _ = tx.try_send(SessionEvent::Live(body.to_vec()));
                     !tx.is_closed()
                 }
+                other => !other.is_closed(),
             });
+            if listeners.is_empty() {
+                state.listeners.remove(session);
+            }
         }
         Ok(())
     }
     async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
+        self.listen(session, Listener::All(tx))?;
+        Ok(rx)
+    }
+    async fn subscribe_direct(
+        &self,
+        session: &SessionId,
+        live: bool,
+    ) -> Result<Direct, QueueError> {
+        let (tx, events) = mpsc::channel(1024);
+        self.listen(
+            session,
+            if live {
+                Listener::All(tx)
+            } else {
+                Listener::Results(tx)
+            },
+        )?;
+        Ok(Direct {
+            address: None,
+            events,
+        })
+    }
+    async fn direct_address(&self) -> Result<Option<String>, QueueError> {
+        Ok(None)
+    }
+}
+
+impl MemoryBroker {
+    fn listen(&self, session: &SessionId, listener: Listener) -> Result<(), QueueError> {
         self.lock()?
             .listeners
             .entry(session.clone())
             .or_default()
-            .push(Listener::All(tx));
-        Ok(rx)
+            .push(listener);
+        Ok(())
+    }
+
+    /// Sessions with something kept for them (reply queues, subscribers): what must not grow
+    /// with the sessions served.
+    pub fn sessions_held(&self) -> usize {
+        self.lock().map_or(0, |s| {
+            s.replies.len() + s.subscribers.len() + s.listeners.len()
+        })
+    }
+
+    /// Sweeps now as if `elapsed` had passed (tests of the expiry).
+    #[cfg(test)]
+    fn sweep_after(&self, elapsed: Duration) {
+        if let Ok(mut s) = self.lock() {
+            s.sweep(Instant::now() + elapsed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::MemoryBroker;
+    use crate::contract::SessionId;
+    use crate::queue::ReplyBus;
+
+    fn sid(s: &str) -> SessionId {
+        SessionId::parse(s).expect("valid id")
+    }
+
+    #[tokio::test]
+    async fn a_reply_queue_keeps_its_newest_statuses_up_to_its_length() {
+        let broker = MemoryBroker::new().with_reply_queues(Duration::from_secs(60), 3);
+        for i in 0..5 {
+            let body = format!("{i}");
+            broker
+                .publish_reply(&sid("s"), "t", None, body.as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut replies = broker.subscribe_replies(&sid("s")).await.unwrap();
+        let mut got = Vec::new();
+        while let Ok(body) = replies.try_recv() {
+            got.push(String::from_utf8(body).unwrap());
+        }
+        assert_eq!(got, ["2", "3", "4"]);
+    }
+
+    #[tokio::test]
+    async fn nothing_is_kept_for_sessions_after_their_queues_expire_and_subscribers_leave() {
+        let broker = MemoryBroker::new().with_reply_queues(Duration::from_secs(60), 10);
+        for i in 0..2_000 {
+            let s = sid(&format!("s{i}"));
+            // A waiter that came and went, and a result nobody consumed.
+            let waiter = broker.subscribe_direct(&s, false).await.unwrap();
+            broker.publish_reply(&s, "t", None, b"{}").await.unwrap();
+            drop(waiter);
+        }
+        // Waiters that left are forgotten; unconsumed queues stay until they expire.
+        broker.sweep_after(Duration::from_secs(59));
+        assert_eq!(broker.sessions_held(), 2_000, "the queues, not expired yet");
+        broker.sweep_after(Duration::from_secs(61));
+        assert_eq!(broker.sessions_held(), 0);
+        // Sweeps happen on their own as statuses are published.
+        for i in 0..1_100 {
+            let s = sid(&format!("x{i}"));
+            let _gone = broker.subscribe_events(&s).await.unwrap();
+        }
+        assert_eq!(broker.sessions_held(), 1_100);
+        broker
+            .publish_reply(&sid("y"), "t", None, b"{}")
+            .await
+            .unwrap();
+        for _ in 0..super::SWEEP_EVERY {
+            broker
+                .publish_reply(&sid("y"), "t", None, b"{}")
+                .await
+                .unwrap();
+        }
+        assert_eq!(broker.sessions_held(), 1, "only y's queue is left");
     }
 }

@@ -39,6 +39,8 @@ pub struct Topology {
     pub retry_delays: Vec<Duration>,
     /// How long an unused reply queue lives.
     pub reply_queue_ttl: Duration,
+    /// The most statuses a reply queue holds; the oldest are dropped beyond it.
+    pub reply_queue_max_length: u32,
     /// Tenants with a lane of their own (those with `maxRunningTurns`).
     pub lanes: Vec<String>,
 }
@@ -49,7 +51,8 @@ impl Topology {
         Self {
             namespace: namespace.to_string(),
             retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
-            reply_queue_ttl: Duration::from_secs(24 * 3600),
+            reply_queue_ttl: Duration::from_secs(3600),
+            reply_queue_max_length: 1000,
             lanes: Vec::new(),
         }
     }
@@ -74,9 +77,10 @@ impl Topology {
     pub fn retry(&self, delay: Duration) -> String {
         format!("{}.turns.retry.{}ms", self.namespace, delay.as_millis())
     }
-    /// The reply exchange.
-    pub fn replies(&self) -> String {
-        format!("{}.replies", self.namespace)
+    /// The exchange of session events: statuses broadcast to the front doors that watch a
+    /// session (keyed by session).
+    pub fn events(&self) -> String {
+        format!("{}.events", self.namespace)
     }
     /// The exchange of live events (transient messages, keyed by session).
     pub fn live(&self) -> String {
@@ -105,6 +109,9 @@ pub struct JobMeta {
     pub traceparent: Option<String>,
     /// The tenant that submitted it, when the front door knew one.
     pub tenant: Option<String>,
+    /// The direct reply address of the front door that waits for the result (see
+    /// [`ReplyBus::subscribe_direct`]), when one does.
+    pub reply_to: Option<String>,
 }
 
 impl JobMeta {
@@ -114,7 +121,14 @@ impl JobMeta {
             attempt: 0,
             traceparent: traceparent.map(str::to_string),
             tenant: tenant.map(str::to_string),
+            reply_to: None,
         }
+    }
+
+    /// The same headers naming a direct reply address.
+    pub fn replying_to(mut self, address: Option<&str>) -> Self {
+        self.reply_to = address.map(str::to_string);
+        self
     }
 
     /// The same headers at another attempt.
@@ -140,6 +154,8 @@ pub struct Delivery {
     pub tenant: Option<String>,
     /// The tenant lane it was taken from (`None`: the shared job queue).
     pub lane: Option<String>,
+    /// The direct reply address of a front door waiting for the result, if one is.
+    pub reply_to: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -166,6 +182,7 @@ impl Delivery {
             traceparent: None,
             tenant: None,
             lane: None,
+            reply_to: None,
             acker,
         }
     }
@@ -175,6 +192,7 @@ impl Delivery {
         self.attempt = meta.attempt;
         self.traceparent = meta.traceparent;
         self.tenant = meta.tenant;
+        self.reply_to = meta.reply_to;
         self
     }
 
@@ -190,6 +208,7 @@ impl Delivery {
             attempt: self.attempt,
             traceparent: self.traceparent.clone(),
             tenant: self.tenant.clone(),
+            reply_to: self.reply_to.clone(),
         }
     }
 
@@ -278,16 +297,30 @@ pub enum SessionEvent {
 /// A stream of a session's statuses and live events.
 pub type SessionEvents = tokio::sync::mpsc::Receiver<SessionEvent>;
 
+/// A subscription of the waiting front door that hears of a session's turns directly: only
+/// results (and live events) of jobs that named [`Direct::address`] in their `reply_to` reach
+/// it, without any per-session routing in the broker.
+#[derive(Debug)]
+pub struct Direct {
+    /// What the job must name (`None`: the broker delivers to every subscriber anyway, as the
+    /// embedded one does).
+    pub address: Option<String>,
+    /// The session's statuses (and live events, if asked for) from jobs that named it. Ends
+    /// when the broker connection behind it is lost: the waiter then reads the store.
+    pub events: SessionEvents,
+}
+
 /// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
 /// means, and waiting for one, is [`crate::replies`]).
 #[async_trait::async_trait]
 pub trait ReplyBus: Send + Sync + 'static {
-    /// Publishes a turn status to the session's reply queue and its event subscribers
-    /// (confirmed).
+    /// Publishes a turn status to the session's reply queue (confirmed), to the front doors
+    /// watching the session, and to the direct address `reply_to` when the job named one.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
+        reply_to: Option<&str>,
         body: &[u8],
     ) -> Result<(), QueueError>;
     /// Consumes a session's reply queue (what `aptix watch` prints).
@@ -296,12 +329,25 @@ pub trait ReplyBus: Send + Sync + 'static {
     /// published from now on, without taking them from the session's reply queue.
     async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
     /// Publishes a live event of a session: transient, unconfirmed, only to the subscribers of
-    /// [`ReplyBus::subscribe_live`] of this moment (never to the session's reply queue).
-    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError>;
+    /// this moment (and to `reply_to`'s), never to the session's reply queue.
+    async fn publish_live(
+        &self,
+        session: &SessionId,
+        reply_to: Option<&str>,
+        body: &[u8],
+    ) -> Result<(), QueueError>;
     /// Subscribes to a session's results and live events as one ordered stream: what one
     /// worker published (live events, then the result) arrives in that order. A subscriber
     /// too slow for live events misses some of them (never a result).
     async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError>;
+    /// Subscribes this process directly to the session's results (with live events when
+    /// `live`) of the jobs that name the returned address: what a front door that submits a
+    /// turn and waits for it uses, at no broker cost per session.
+    async fn subscribe_direct(&self, session: &SessionId, live: bool)
+    -> Result<Direct, QueueError>;
+    /// This process's direct reply address, for a job it may wait for later (a long-poll after
+    /// a `202`); `None` where the broker delivers to every subscriber anyway.
+    async fn direct_address(&self) -> Result<Option<String>, QueueError>;
 }
 
 /// The broker behind the front door and the workers: the job queue and the reply bus of one RabbitMQ (or of the embedded broker).

@@ -34,6 +34,7 @@ mod contexts;
 mod contract_props;
 mod contract_request;
 mod contract_response;
+mod direct_replies;
 mod http_api;
 mod lifecycle;
 mod limiter;

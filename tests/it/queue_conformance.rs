@@ -90,6 +90,7 @@ async fn a_retry_arrives_after_its_delay_with_its_headers(s: Subject) {
         attempt: 3,
         traceparent: Some(TRACEPARENT.into()),
         tenant: Some(CAPPED.into()),
+        reply_to: Some("a-waiting-front-door".into()),
     };
     s.broker
         .publish_retry(b"later", Duration::from_millis(200), &meta)
@@ -162,12 +163,18 @@ async fn replies_reach_the_session_subscriber_in_order(s: Subject) {
     let sid = SessionId::parse("s-1").unwrap();
     let other = SessionId::parse("s-2").unwrap();
     let mut r = s.broker.subscribe_replies(&sid).await.unwrap();
-    s.broker.publish_reply(&sid, "t1", b"one").await.unwrap();
     s.broker
-        .publish_reply(&other, "t9", b"not mine")
+        .publish_reply(&sid, "t1", None, b"one")
         .await
         .unwrap();
-    s.broker.publish_reply(&sid, "t2", b"two").await.unwrap();
+    s.broker
+        .publish_reply(&other, "t9", None, b"not mine")
+        .await
+        .unwrap();
+    s.broker
+        .publish_reply(&sid, "t2", None, b"two")
+        .await
+        .unwrap();
     for expected in [&b"one"[..], b"two"] {
         let got = tokio::time::timeout(Duration::from_secs(5), r.recv())
             .await
@@ -182,8 +189,14 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
     let mut a = s.broker.subscribe_events(&sid).await.unwrap();
     let mut b = s.broker.subscribe_events(&sid).await.unwrap();
     let mut queue = s.broker.subscribe_replies(&sid).await.unwrap();
-    s.broker.publish_reply(&sid, "t1", b"one").await.unwrap();
-    s.broker.publish_reply(&sid, "t2", b"two").await.unwrap();
+    s.broker
+        .publish_reply(&sid, "t1", None, b"one")
+        .await
+        .unwrap();
+    s.broker
+        .publish_reply(&sid, "t2", None, b"two")
+        .await
+        .unwrap();
     for rx in [&mut a, &mut b, &mut queue] {
         for expected in [&b"one"[..], b"two"] {
             let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
@@ -201,9 +214,12 @@ async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s
     let mut live = s.broker.subscribe_live(&sid).await.unwrap();
     let mut results_only = s.broker.subscribe_events(&sid).await.unwrap();
     let mut other_live = s.broker.subscribe_live(&other).await.unwrap();
-    s.broker.publish_live(&sid, b"d0").await.unwrap();
-    s.broker.publish_live(&sid, b"d1").await.unwrap();
-    s.broker.publish_reply(&sid, "t", b"result").await.unwrap();
+    s.broker.publish_live(&sid, None, b"d0").await.unwrap();
+    s.broker.publish_live(&sid, None, b"d1").await.unwrap();
+    s.broker
+        .publish_reply(&sid, "t", None, b"result")
+        .await
+        .unwrap();
     let mut got = Vec::new();
     for _ in 0..3 {
         got.push(
@@ -247,6 +263,71 @@ async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s
     );
 }
 
+async fn a_direct_subscriber_hears_the_jobs_that_name_it(s: Subject) {
+    let sid = SessionId::parse(format!("direct-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    let mut live = s.broker.subscribe_direct(&sid, true).await.unwrap();
+    let mut results = s.broker.subscribe_direct(&sid, false).await.unwrap();
+    let address = live.address.clone();
+    assert_eq!(address, results.address, "one address per process");
+    s.broker
+        .publish_live(&sid, address.as_deref(), b"d0")
+        .await
+        .unwrap();
+    s.broker
+        .publish_reply(&sid, "t", address.as_deref(), b"result")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(
+            tokio::time::timeout(Duration::from_secs(5), live.events.recv())
+                .await
+                .expect("in time")
+                .expect("open"),
+        );
+    }
+    assert_eq!(
+        got,
+        [
+            SessionEvent::Live(b"d0".to_vec()),
+            SessionEvent::Status(b"result".to_vec())
+        ]
+    );
+    let first = tokio::time::timeout(Duration::from_secs(5), results.events.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first,
+        SessionEvent::Status(b"result".to_vec()),
+        "no live events"
+    );
+    // The session's reply queue holds the status too.
+    let mut replies = s.broker.subscribe_replies(&sid).await.unwrap();
+    let queued = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .unwrap();
+    assert_eq!(queued.as_deref(), Some(&b"result"[..]));
+    if address.is_some() {
+        // A broker that needs the address delivers nothing else directly: a job that named
+        // no one (or another process) is heard through the session's watchers only.
+        s.broker
+            .publish_reply(&sid, "t2", None, b"elsewhere")
+            .await
+            .unwrap();
+        s.broker
+            .publish_reply(&sid, "t3", Some("amq.gen-someone-else"), b"not here")
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), results.events.recv())
+                .await
+                .is_err(),
+            "a direct subscriber heard a job that did not name it"
+        );
+    }
+}
+
 for_each_backend!(
     backends: [memory => super::memory(), rabbitmq => super::rabbitmq().await],
     tests: [
@@ -259,5 +340,6 @@ for_each_backend!(
         replies_reach_the_session_subscriber_in_order,
         every_event_subscriber_gets_every_result,
         live_events_reach_live_subscribers_before_the_result_and_nowhere_else,
+        a_direct_subscriber_hears_the_jobs_that_name_it,
     ],
 );

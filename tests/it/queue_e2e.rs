@@ -522,11 +522,11 @@ fn consumers_tagged(tag: &str) -> usize {
 }
 
 /// The routing keys of every binding on the broker.
-fn binding_keys() -> Vec<String> {
+pub(crate) fn binding_keys() -> Vec<String> {
     rabbitmqctl_lines(&["list_bindings", "routing_key"])
 }
 
-fn count(keys: &[String], key: &str) -> usize {
+pub(crate) fn count(keys: &[String], key: &str) -> usize {
     keys.iter().filter(|k| k.as_str() == key).count()
 }
 
@@ -579,7 +579,11 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
 
     // Both subscribers of session 0 get its event; nobody else does.
     let body = br#"{"turnId":"t"}"#;
-    guard.broker.publish_reply(&sid0, "t", body).await.unwrap();
+    guard
+        .broker
+        .publish_reply(&sid0, "t", None, body)
+        .await
+        .unwrap();
     for rx in [&mut streams[0], &mut twin] {
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
@@ -601,8 +605,9 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Session 0 is still watched: its event binding stays (next to its durable reply queue's).
-    assert_eq!(count(&binding_keys(), &key(0)), 2);
+    // Session 0 is still watched: its event binding stays (its durable reply queue has none:
+    // it is published to through the default exchange).
+    assert_eq!(count(&binding_keys(), &key(0)), 1);
     drop(twin);
 }
 
@@ -618,9 +623,105 @@ async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
     assert_eq!(ended, None);
     // The next subscription opens a fresh consumer on a fresh connection.
     let mut after = guard.broker.subscribe_events(&sid).await.unwrap();
-    guard.broker.publish_reply(&sid, "t", b"{}").await.unwrap();
+    guard
+        .broker
+        .publish_reply(&sid, "t", None, b"{}")
+        .await
+        .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
         .await
         .unwrap();
     assert_eq!(got.as_deref(), Some(&b"{}"[..]));
+}
+
+#[tokio::test]
+async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
+    let guard = rabbit().await;
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (old, fresh) = (
+        SessionId::parse(format!("old-{id}")).unwrap(),
+        SessionId::parse(format!("fresh-{id}")).unwrap(),
+    );
+    // As an older version left it: a day's expiry and no length limit. Declaring it with
+    // today's arguments is refused by the broker (PRECONDITION_FAILED closes the channel).
+    let conn = crate::support::amqp_peek().await;
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = lapin::types::FieldTable::default();
+    args.insert(
+        "x-expires".into(),
+        lapin::types::AMQPValue::LongLongInt(60_000),
+    );
+    let old_queue = guard.topology.reply_queue(&old);
+    ch.queue_declare(
+        old_queue.as_str().into(),
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .unwrap();
+    guard
+        .broker
+        .publish_reply(&old, "t1", None, b"one")
+        .await
+        .expect("published to the queue as it is");
+    guard
+        .broker
+        .publish_reply(&old, "t2", None, b"two")
+        .await
+        .unwrap();
+    // The refusal closed only the declaring channel: jobs still go out, and a new session's
+    // queue is declared on a fresh channel.
+    guard.broker.publish_job(b"{}").await.unwrap();
+    guard
+        .broker
+        .publish_reply(&fresh, "t", None, b"three")
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::support::take_all(&conn, &old_queue).await,
+        [b"one".to_vec(), b"two".to_vec()]
+    );
+    assert_eq!(
+        crate::support::take_all(&conn, &guard.topology.reply_queue(&fresh)).await,
+        [b"three".to_vec()]
+    );
+    // The new queue carries today's arguments: an idle expiry and a length limit.
+    let listed = rabbitmqctl_lines(&["list_queues", "name", "arguments"]);
+    let line = listed
+        .iter()
+        .find(|l| l.starts_with(&guard.topology.reply_queue(&fresh)))
+        .expect("the new reply queue is listed");
+    assert!(
+        line.contains("x-max-length") && line.contains("x-expires"),
+        "{line}"
+    );
+    let _ = ch
+        .queue_delete(old_queue.as_str().into(), Default::default())
+        .await;
+}
+
+#[tokio::test]
+async fn a_full_reply_queue_drops_its_oldest_statuses() {
+    let mut topology = crate::support::test_topology();
+    topology.reply_queue_max_length = 2;
+    let guard = RabbitGuard {
+        broker: rabbit_broker(&topology, "max-length").await,
+        topology,
+    };
+    let sid = SessionId::parse(format!("full-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    for body in [&b"1"[..], b"2", b"3"] {
+        guard
+            .broker
+            .publish_reply(&sid, "t", None, body)
+            .await
+            .unwrap();
+    }
+    let conn = crate::support::amqp_peek().await;
+    assert_eq!(
+        crate::support::take_all(&conn, &guard.topology.reply_queue(&sid)).await,
+        [b"2".to_vec(), b"3".to_vec()]
+    );
 }

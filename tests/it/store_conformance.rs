@@ -72,6 +72,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         result: None,
         checkpoint: None,
         continuation: None,
+        reply_to: Some("a-front-door".into()),
     }
 }
 

@@ -7,15 +7,17 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::contract::{AgentExecuteRequest, parse_request};
+use crate::contract::{AgentExecuteRequest, SessionId, TurnId, parse_request};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
 use crate::frontdoor::extract::{
     HttpState, LimitedBody, RequestSized, Tenant, Traced, answer, refused,
 };
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::frontdoor::waiting::{RECHECK, Subscription, settled_or_deadline};
 use crate::live::LiveBody;
-use crate::replies::{Waited, Watched, next_settled, next_watched};
+use crate::replies::{Direct, Watched, next_watched};
+use crate::state::TurnStatusView;
 use crate::trace::TraceContext;
 
 /// The longest the synchronous endpoint waits for a result.
@@ -102,13 +104,19 @@ async fn relay_turn(
     lines: &tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::convert::Infallible>>,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
     // Subscribed before enqueueing so neither the text nor the result can slip past.
-    let mut events = match state.broker.subscribe_live(sid).await {
-        Ok(e) => e,
-        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+    let Direct {
+        address,
+        mut events,
+    } = match state.broker.subscribe_direct(sid, true).await {
+        Ok(direct) => direct,
+        Err(e) => return unavailable_now(e.to_string()),
     };
-    let accepted = match state.door.submit_for(tenant, request, trace).await {
+    let accepted = match state
+        .door
+        .submit_for(tenant, request, trace, address.as_deref())
+        .await
+    {
         Ok(view) => view,
         Err(refused) => return refused.into_invoke_result(),
     };
@@ -118,8 +126,9 @@ async fn relay_turn(
         return r;
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    let until = || deadline.min(tokio::time::Instant::now() + RECHECK);
     loop {
-        match next_watched(&mut events, Some(tid), deadline).await {
+        match next_watched(&mut events, Some(tid), until()).await {
             Watched::Live(event) => {
                 let shown = match event.body {
                     LiveBody::Delta { text } => {
@@ -131,24 +140,28 @@ async fn relay_turn(
                 };
                 if lines.send(line(shown)).await.is_err() {
                     // The client went away; the turn goes on and its result is stored.
-                    return fail(
-                        ErrorCode::ServiceUnavailable,
-                        "the client disconnected".into(),
-                    );
+                    return unavailable_now("the client disconnected".into());
                 }
             }
-            Watched::Settled(view) => {
-                if let Some(result) = view.result {
-                    return result;
+            Watched::Settled(view) => return outcome(sid, tid, Some(*view)),
+            // Quiet for a while: the store may know more (or the deadline came).
+            Watched::TimedOut => match state.store.get_turn(sid, tid).await {
+                Ok(Some(r)) if r.status.is_settled() || tokio::time::Instant::now() >= deadline => {
+                    return outcome(sid, tid, Some((&r).into()));
                 }
-            }
-            Watched::TimedOut | Watched::Closed => {
-                return fail(
-                    ErrorCode::ServiceUnavailable,
-                    format!(
-                        "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
-                    ),
-                );
+                Ok(Some(_)) => {}
+                Ok(None) => return outcome(sid, tid, None),
+                Err(e) => return unavailable_now(e.to_string()),
+            },
+            // The subscription ended (the broker connection was lost): no more live text;
+            // the store tells when the turn settles.
+            Watched::Closed => {
+                let waited =
+                    settled_or_deadline(state.store.as_ref(), (sid, tid), None, deadline).await;
+                return match waited {
+                    Ok(view) => outcome(sid, tid, view),
+                    Err(e) => unavailable_now(e.to_string()),
+                };
             }
         }
     }
@@ -161,13 +174,17 @@ pub(crate) async fn run_sync(
     trace: &TraceContext,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    let fail = |code, message: String| InvokeResult::failure(ErrorMessage::new(code, message));
-    // Subscribe before enqueueing so the result cannot slip past.
-    let mut events = match state.broker.subscribe_events(sid).await {
-        Ok(e) => e,
-        Err(e) => return fail(ErrorCode::ServiceUnavailable, e.to_string()),
+    // Subscribed before enqueueing so the result cannot slip past; the job names this
+    // process, so the worker sends the result here directly.
+    let Direct { address, events } = match state.broker.subscribe_direct(sid, false).await {
+        Ok(direct) => direct,
+        Err(e) => return unavailable_now(e.to_string()),
     };
-    let accepted = match state.door.submit_for(tenant, request, trace).await {
+    let accepted = match state
+        .door
+        .submit_for(tenant, request, trace, address.as_deref())
+        .await
+    {
         Ok(view) => view,
         Err(refused) => return refused.into_invoke_result(),
     };
@@ -179,21 +196,34 @@ pub(crate) async fn run_sync(
         return r;
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
-    loop {
-        match next_settled(&mut events, tid, deadline).await {
-            Waited::Settled(view) => {
-                if let Some(result) = view.result {
-                    return result;
-                }
-            }
-            Waited::TimedOut | Waited::Closed => {
-                return fail(
-                    ErrorCode::ServiceUnavailable,
-                    format!(
-                        "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
-                    ),
-                );
-            }
-        }
+    let events = Some(Subscription::Direct(events));
+    match settled_or_deadline(state.store.as_ref(), (sid, tid), events, deadline).await {
+        Ok(view) => outcome(sid, tid, view),
+        Err(e) => unavailable_now(e.to_string()),
+    }
+}
+
+fn unavailable_now(message: String) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, message))
+}
+
+/// The synchronous answer for what the wait came to: the turn's result once it settled, else a
+/// failure that says where to look.
+fn outcome(
+    sid: &SessionId,
+    tid: &TurnId,
+    view: Option<TurnStatusView>,
+) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    match view {
+        Some(view) if view.status.is_settled() => view.result.unwrap_or_else(|| {
+            unavailable_now(format!(
+                "turn {tid} is {} without a result",
+                view.status.as_str()
+            ))
+        }),
+        Some(_) => unavailable_now(format!(
+            "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+        )),
+        None => unavailable_now(format!("turn {tid} of session {sid} no longer exists")),
     }
 }

@@ -2,8 +2,6 @@
 //! confirmed the job) and `GET /v1/sessions/{sessionId}/turns/{turnId}` with `?wait=` long-polls.
 //! The only HTTP mapping of a refused submission ([`SubmitError`]) lives here.
 
-use std::time::Duration;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +14,7 @@ use crate::frontdoor::extract::{
     ids, not_found_turn, refused, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::replies::{Waited, next_settled};
+use crate::frontdoor::waiting::{Subscription, settled_or_deadline};
 use crate::store::TurnStatusView;
 
 /// Submit a turn (a user turn or a tool continuation).
@@ -43,9 +41,14 @@ pub(crate) async fn post_turn(
         Ok(p) => p,
         Err(rejected) => return refused(rejected, StatusCode::BAD_REQUEST),
     };
+    // The turn names this process, so a long-poll here hears of it without a binding.
+    let address = state.broker.direct_address().await.unwrap_or_else(|e| {
+        tracing::debug!(error = %e, "no direct reply address; long-polls bind instead");
+        None
+    });
     match state
         .door
-        .submit_for(&tenant, &parsed.request, &trace)
+        .submit_for(&tenant, &parsed.request, &trace, address.as_deref())
         .await
     {
         Ok(view) => answer(
@@ -114,48 +117,58 @@ pub(crate) async fn get_turn(
         Ok(Some(o)) if o == tenant => {}
         Ok(_) => return not_found_turn(&sid, &tid),
     }
-    // Subscribe before the first read, so a result published in between is not missed. The
-    // store stays the source of truth: it is read before waiting and after each wake-up.
-    let mut events = if wait.is_zero() {
+    // Subscribed before the first read, so a result published in between is not missed. A
+    // turn this process accepted names it: its statuses come here directly, at no broker
+    // cost. Any other turn needs the session bound to this process's events.
+    let direct = if wait.is_zero() {
         None
     } else {
-        match state.broker.subscribe_events(&sid).await {
-            Ok(events) => Some(events),
+        state
+            .broker
+            .subscribe_direct(&sid, false)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead"))
+            .ok()
+    };
+    let record = match state.store.get_turn(&sid, &tid).await {
+        Err(e) => return unavailable(e),
+        Ok(None) => return not_found_turn(&sid, &tid),
+        Ok(Some(r)) => r,
+    };
+    if record.status.is_settled() || wait.is_zero() {
+        return answer(
+            StatusCode::OK,
+            InvokeResult::success(TurnStatusView::from(&record)),
+        );
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let events = match direct {
+        Some(d) if d.address.is_none() || d.address == record.reply_to => {
+            Some(Subscription::Direct(d.events))
+        }
+        _ => match state.broker.subscribe_events(&sid).await {
+            // Bound after the first read: read again before waiting.
+            Ok(replies) => match state.store.get_turn(&sid, &tid).await {
+                Err(e) => return unavailable(e),
+                Ok(None) => return not_found_turn(&sid, &tid),
+                Ok(Some(r)) if r.status.is_settled() => {
+                    return answer(
+                        StatusCode::OK,
+                        InvokeResult::success(TurnStatusView::from(&r)),
+                    );
+                }
+                Ok(Some(_)) => Some(Subscription::Session(replies)),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
                 None
             }
-        }
+        },
     };
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        let record = match state.store.get_turn(&sid, &tid).await {
-            Err(e) => return unavailable(e),
-            Ok(None) => return not_found_turn(&sid, &tid),
-            Ok(Some(r)) => r,
-        };
-        if record.status.is_settled() || tokio::time::Instant::now() >= deadline {
-            return answer(
-                StatusCode::OK,
-                InvokeResult::success(TurnStatusView::from(&record)),
-            );
-        }
-        match events.as_mut() {
-            Some(subscription) => {
-                // Settled or timed out: the store is read again for the answer.
-                if let Waited::Closed = next_settled(subscription, &tid, deadline).await {
-                    // The subscription ended (the broker connection was lost): read the
-                    // store until the deadline instead.
-                    events = None;
-                }
-            }
-            None => {
-                // One store read a second at most, however long the client waits.
-                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
-                pause = (pause * 3 / 2).min(Duration::from_secs(1));
-            }
-        }
+    match settled_or_deadline(state.store.as_ref(), (&sid, &tid), events, deadline).await {
+        Err(e) => unavailable(e),
+        Ok(None) => not_found_turn(&sid, &tid),
+        Ok(Some(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
     }
 }
 

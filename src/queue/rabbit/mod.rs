@@ -6,17 +6,26 @@
 //!   their TTL and are dead-lettered (at-least-once) back to `<ns>.turns`;
 //! - `<ns>.turns.dead` — the dead-letter queue (poison messages, jobs past the retry limit),
 //!   each message carrying `x-aptix-reason`;
-//! - `<ns>.replies` — direct exchange; routing key = session id; each session's durable reply
-//!   queue `<ns>.reply.<sid>` is bound to it and expires when unused.
+//! - `<ns>.reply.<sid>` — each session's durable reply queue, published to through the default
+//!   exchange (no binding), declared once with an idle expiry (`x-expires`) and a length limit
+//!   (`x-max-length`, oldest dropped);
+//! - `<ns>.events` — direct exchange, routing key = session id: statuses broadcast to the front
+//!   doors that watch the session (SSE, long-polls of turns submitted elsewhere);
+//! - `<ns>.live` — direct exchange, routing key = session id: transient live events.
 //!
-//! Every publish uses publisher confirms and the mandatory flag; a nack or a returned message is
-//! an error for the caller. Messages are persistent. Deliveries are acknowledged manually.
+//! Jobs and reply-queue statuses use publisher confirms and the mandatory flag; a nack or a
+//! returned message is an error for the caller; they are persistent. Deliveries are
+//! acknowledged manually. Broadcasts and direct replies are transient and unconfirmed: the
+//! store holds every result, and a waiter that loses its subscription reads it there.
 //!
-//! Event subscribers (SSE, the synchronous endpoint) share one consumer per process: an
-//! exclusive, server-named queue bound to the reply exchange once per watched session, with the
-//! messages fanned out in process. A session's binding is removed once its last subscriber is
-//! gone; a subscriber that falls more than 256 events behind is dropped (its stream ends and it
-//! re-reads state over HTTP).
+//! Event subscribers share one consumer per process: an exclusive, server-named queue (the
+//! *event hub*). A front door that submits a turn and waits for it names that queue in the job
+//! (`x-aptix-reply-to`); the worker sends the turn's statuses and live events straight to it
+//! through the default exchange, so waiting costs no broker operation. Watchers of a session
+//! whose turns come from anywhere bind the hub queue to the session on `<ns>.events` (and
+//! `<ns>.live`); the binding is removed once its last such subscriber is gone. A subscriber
+//! that falls more than 256 events behind is dropped (its stream ends and it re-reads state
+//! over HTTP).
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -40,6 +49,7 @@ use replies::{DECLARED_QUEUES_CAP, DeclaredQueues, EventHub};
 const ATTEMPT_HEADER: &str = "x-aptix-attempt";
 const REASON_HEADER: &str = "x-aptix-reason";
 const TENANT_HEADER: &str = "x-aptix-tenant";
+const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Unavailable(e.to_string())
@@ -48,6 +58,9 @@ fn unavailable(e: lapin::Error) -> QueueError {
 struct Live {
     connection: Connection,
     publisher: Channel,
+    /// Reply queues are declared here, not on the publisher: a declaration the broker refuses
+    /// (a queue declared earlier with other arguments) closes only this channel.
+    declarer: Channel,
 }
 
 /// How long one broker operation may take unless configured otherwise.
@@ -99,6 +112,9 @@ fn job_headers(meta: &JobMeta) -> FieldTable {
     if let Some(t) = &meta.tenant {
         headers.push((TENANT_HEADER, text(t)));
     }
+    if let Some(r) = &meta.reply_to {
+        headers.push((REPLY_TO_HEADER, text(r)));
+    }
     table(headers)
 }
 
@@ -116,6 +132,7 @@ fn meta_of(props: &BasicProperties) -> JobMeta {
         attempt: attempt_of(props),
         traceparent: text_header(props, crate::trace::TRACEPARENT),
         tenant: text_header(props, TENANT_HEADER),
+        reply_to: text_header(props, REPLY_TO_HEADER),
     }
 }
 
@@ -203,7 +220,7 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        for exchange in [t.replies(), t.live()] {
+        for exchange in [t.events(), t.live()] {
             ch.exchange_delete(
                 exchange.into(),
                 lapin::options::ExchangeDeleteOptions::default(),
@@ -245,6 +262,7 @@ impl RabbitBroker {
             .await
             .map_err(unavailable)?;
         self.declare(&publisher).await?;
+        let declarer = connection.create_channel().await.map_err(unavailable)?;
         if let Ok(mut q) = self.reply_queues.lock() {
             q.clear();
         }
@@ -252,6 +270,7 @@ impl RabbitBroker {
         Ok(Live {
             connection,
             publisher,
+            declarer,
         })
     }
 
@@ -287,7 +306,7 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        for exchange in [t.replies(), t.live()] {
+        for exchange in [t.events(), t.live()] {
             ch.exchange_declare(
                 exchange.into(),
                 ExchangeKind::Direct,
@@ -319,6 +338,20 @@ impl RabbitBroker {
         let ch = fresh.publisher.clone();
         *live = Some(fresh);
         Ok(ch)
+    }
+
+    /// The channel reply queues are declared on, opened again when a refused declaration
+    /// closed it.
+    async fn declarer(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let mut live = self.live.lock().await;
+        let l = live
+            .as_mut()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        if !l.declarer.status().connected() {
+            l.declarer = l.connection.create_channel().await.map_err(unavailable)?;
+        }
+        Ok(l.declarer.clone())
     }
 
     async fn consumer_channel(&self) -> Result<Channel, QueueError> {

@@ -1,10 +1,10 @@
-//! The reply side of the RabbitMQ broker: per-session durable reply queues (declared again when
-//! they may have expired, remembered within a bound), and the process's one event hub that fans
-//! a session's published results out to its in-process subscribers (SSE, long-polls, the
-//! synchronous endpoint).
+//! The reply side of the RabbitMQ broker: per-session durable reply queues (declared once, again
+//! only when they may have expired, remembered within a bound), and the process's one event hub
+//! that fans a session's statuses and live events out to its in-process subscribers — those
+//! that came directly (jobs naming the hub's queue) and those of sessions the hub is bound to.
 //!
-//! Owns: reply queue declaration and consumption, the event hub and its bindings. Must not:
-//! touch the job queues.
+//! Owns: reply queue declaration and consumption, the event hub, its bindings and direct
+//! address. Must not: touch the job queues.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
@@ -19,14 +19,22 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
 use tokio::sync::mpsc;
 
-use super::{RabbitBroker, table, unavailable};
+use super::{RabbitBroker, table, text, text_header, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::queue::{Replies, ReplyBus, SessionEvent, SessionEvents};
+use crate::queue::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 
-/// An in-process subscriber of a session: of results only, or of results and live events.
+/// The session a direct message belongs to (direct messages travel through the default
+/// exchange, whose routing key is the hub's queue).
+const SESSION_HEADER: &str = "x-aptix-session";
+/// What a direct message is: `status` or `live`.
+const EVENT_HEADER: &str = "x-aptix-event";
+
+/// An in-process subscriber of a session: of results only (as bodies or as events), or of
+/// results and live events.
 pub(super) enum Subscriber {
     Status(mpsc::Sender<Vec<u8>>),
+    Results(mpsc::Sender<SessionEvent>),
     All(mpsc::Sender<SessionEvent>),
 }
 
@@ -34,8 +42,12 @@ impl Subscriber {
     fn is_closed(&self) -> bool {
         match self {
             Self::Status(tx) => tx.is_closed(),
-            Self::All(tx) => tx.is_closed(),
+            Self::Results(tx) | Self::All(tx) => tx.is_closed(),
         }
+    }
+
+    fn wants_live(&self) -> bool {
+        matches!(self, Self::All(_))
     }
 
     /// Hands over a message; `false` when the subscriber is gone, or too far behind on results.
@@ -44,7 +56,10 @@ impl Subscriber {
         match (self, live) {
             (Self::Status(tx), false) => tx.try_send(data.to_vec()).is_ok(),
             (Self::Status(tx), true) => !tx.is_closed(),
-            (Self::All(tx), false) => tx.try_send(SessionEvent::Status(data.to_vec())).is_ok(),
+            (Self::Results(tx) | Self::All(tx), false) => {
+                tx.try_send(SessionEvent::Status(data.to_vec())).is_ok()
+            }
+            (Self::Results(tx), true) => !tx.is_closed(),
             (Self::All(tx), true) => {
                 let _ = tx.try_send(SessionEvent::Live(data.to_vec()));
                 !tx.is_closed()
@@ -53,15 +68,26 @@ impl Subscriber {
     }
 }
 
+/// A subscriber and how it hears of the session.
+pub(super) struct Subscription {
+    /// Through the hub's direct address (only jobs that named it), not a binding.
+    direct: bool,
+    subscriber: Subscriber,
+}
+
 /// Session id → its event subscribers.
-pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<Subscriber>>>>;
+pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<Subscription>>>>;
 
 /// The process's one consumer of session events.
 pub(super) struct EventHub {
     pub(super) channel: Channel,
+    /// The hub's queue: also its direct address.
     pub(super) queue: String,
     pub(super) subscribers: Subscribers,
-    /// Sessions whose live events the hub's queue is bound to (those with a live subscriber).
+    /// Sessions the hub's queue is bound to on the events exchange (those with a subscriber
+    /// that is not direct).
+    pub(super) bound: Arc<StdMutex<HashSet<String>>>,
+    /// Sessions the hub's queue is bound to on the live exchange.
     pub(super) live_bound: Arc<StdMutex<HashSet<String>>>,
 }
 
@@ -159,8 +185,8 @@ impl DeclaredQueues {
 }
 
 impl RabbitBroker {
-    /// Declares this process's event queue, starts its consumer (fan-out by routing key) and
-    /// the task that unbinds sessions nobody watches any more.
+    /// Declares this process's event queue, starts its consumer (fan-out by session) and the
+    /// task that forgets subscribers that are gone and unbinds sessions nobody watches any more.
     pub(super) async fn open_event_hub(&self) -> Result<EventHub, QueueError> {
         let ch = self.consumer_channel().await?;
         let queue = ch
@@ -194,145 +220,108 @@ impl RabbitBroker {
         let live_exchange = self.topology.live();
         tokio::spawn(async move {
             while let Some(Ok(d)) = consumer.next().await {
-                let live = d.exchange.as_str() == live_exchange;
+                // A direct message names its session in a header; a broadcast is routed by it.
+                let (direct, session, live) = if d.exchange.as_str().is_empty() {
+                    let Some(session) = text_header(&d.properties, SESSION_HEADER) else {
+                        continue;
+                    };
+                    let live = text_header(&d.properties, EVENT_HEADER).as_deref() == Some("live");
+                    (true, session, live)
+                } else {
+                    let live = d.exchange.as_str() == live_exchange;
+                    (false, d.routing_key.to_string(), live)
+                };
                 let Ok(mut subs) = fan_out.lock() else { break };
-                if let Some(list) = subs.get_mut(d.routing_key.as_str()) {
+                if let Some(list) = subs.get_mut(&session) {
                     // A subscriber that is gone or too far behind is dropped; its stream ends.
-                    list.retain(|s| s.offer(live, &d.data));
+                    list.retain(|s| s.direct != direct || s.subscriber.offer(live, &d.data));
                 }
             }
-            // The connection or channel is gone: end every stream (subscribers re-subscribe).
+            // The connection or channel is gone: end every stream (subscribers re-subscribe,
+            // or read the store).
             if let Ok(mut subs) = fan_out.lock() {
                 subs.clear();
             }
         });
-        let hub_slot = Arc::downgrade(&self.events);
-        let (prune_channel, prune_queue) = (ch.clone(), queue.clone());
-        let watched = subscribers.clone();
+        let bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
         let live_bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
-        let watched_live = live_bound.clone();
-        let (exchange, live_exchange) = (self.topology.replies(), self.topology.live());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(PRUNE_EVERY).await;
-                let Some(slot) = hub_slot.upgrade() else {
-                    return; // the broker is gone
-                };
-                // Under the hub lock, so no subscription re-binds a session while it is unbound.
-                let slot = slot.lock().await;
-                if slot.as_ref().is_none_or(|h| h.queue != prune_queue) {
-                    return; // a newer hub replaced this one
-                }
-                let idle: Vec<String> = {
-                    let Ok(mut subs) = watched.lock() else { return };
-                    let idle: Vec<String> = subs
-                        .iter_mut()
-                        .filter_map(|(sid, list)| {
-                            list.retain(|s| !s.is_closed());
-                            list.is_empty().then(|| sid.clone())
-                        })
-                        .collect();
-                    for sid in &idle {
-                        subs.remove(sid);
-                    }
-                    idle
-                };
-                for sid in idle {
-                    let was_live = watched_live.lock().is_ok_and(|mut l| l.remove(&sid));
-                    let from = if was_live {
-                        vec![exchange.as_str(), live_exchange.as_str()]
-                    } else {
-                        vec![exchange.as_str()]
-                    };
-                    for ex in from {
-                        if let Err(e) = prune_channel
-                            .queue_unbind(
-                                prune_queue.as_str().into(),
-                                ex.into(),
-                                sid.as_str().into(),
-                                FieldTable::default(),
-                            )
-                            .await
-                        {
-                            tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
-                        }
-                    }
-                }
-                drop(slot);
-            }
-        });
+        tokio::spawn(prune(
+            Arc::downgrade(&self.events),
+            ch.clone(),
+            queue.clone(),
+            subscribers.clone(),
+            [
+                (self.topology.events(), bound.clone()),
+                (self.topology.live(), live_bound.clone()),
+            ],
+        ));
         Ok(EventHub {
             channel: ch,
             queue,
             subscribers,
+            bound,
             live_bound,
         })
     }
 
-    /// Subscribes to a session's events through the process's one event consumer; a live
-    /// subscriber also gets the session's live events.
+    /// Adds a subscriber of a session to the process's event hub (opening it if needed) and
+    /// returns the hub's direct address. A subscriber that is not direct has the hub bound to
+    /// the session first (on the live exchange too for a live subscriber).
     pub(super) async fn subscribe_now(
         &self,
         session: &SessionId,
         subscriber: Subscriber,
-    ) -> Result<(), QueueError> {
-        let live = matches!(subscriber, Subscriber::All(_));
+        direct: bool,
+    ) -> Result<String, QueueError> {
+        let live = subscriber.wants_live();
         let mut slot = self.events.lock().await;
+        let hub = self.hub(&mut slot).await?;
+        let sid = session.to_string();
+        // Bound before the subscriber is added and before returning (under the hub lock), so
+        // nothing published afterwards is missed; a binding that exists already is kept.
+        let mut bindings = Vec::new();
+        if !direct {
+            if hub.bound.lock().is_ok_and(|b| !b.contains(&sid)) {
+                bindings.push((self.topology.events(), &hub.bound));
+            }
+            if live && hub.live_bound.lock().is_ok_and(|b| !b.contains(&sid)) {
+                bindings.push((self.topology.live(), &hub.live_bound));
+            }
+        }
+        for (exchange, set) in bindings {
+            hub.channel
+                .queue_bind(
+                    hub.queue.as_str().into(),
+                    exchange.as_str().into(),
+                    sid.as_str().into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(unavailable)?;
+            if let Ok(mut set) = set.lock() {
+                set.insert(sid.clone());
+            }
+        }
+        hub.subscribers
+            .lock()
+            .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?
+            .entry(sid)
+            .or_default()
+            .push(Subscription { direct, subscriber });
+        Ok(hub.queue.clone())
+    }
+
+    /// The event hub in `slot`, opened (again) when there is none or its channel is gone.
+    async fn hub<'a>(&self, slot: &'a mut Option<EventHub>) -> Result<&'a EventHub, QueueError> {
         if !slot
             .as_ref()
             .is_some_and(|h| h.channel.status().connected())
         {
             *slot = Some(self.open_event_hub().await?);
         }
-        let Some(hub) = slot.as_ref() else {
-            return Err(QueueError::Unavailable("no event consumer".into()));
-        };
-        let first = {
-            let mut subs = hub
-                .subscribers
-                .lock()
-                .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?;
-            let list = subs.entry(session.to_string()).or_default();
-            list.retain(|s| !s.is_closed());
-            list.push(subscriber);
-            list.len() == 1
-        };
-        let first_live = live
-            && hub
-                .live_bound
-                .lock()
-                .is_ok_and(|mut l| l.insert(session.to_string()));
-        // Bound before returning (under the hub lock), so nothing published afterwards is
-        // missed; the bindings already exist when the session has other subscribers.
-        let mut exchanges = Vec::new();
-        if first {
-            exchanges.push(self.topology.replies());
-        }
-        if first_live {
-            exchanges.push(self.topology.live());
-        }
-        for exchange in exchanges {
-            if let Err(e) = hub
-                .channel
-                .queue_bind(
-                    hub.queue.as_str().into(),
-                    exchange.as_str().into(),
-                    session.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-            {
-                if let Ok(mut subs) = hub.subscribers.lock() {
-                    subs.remove(session.as_str());
-                }
-                if let Ok(mut l) = hub.live_bound.lock() {
-                    l.remove(session.as_str());
-                }
-                return Err(unavailable(e));
-            }
-        }
-        Ok(())
+        slot.as_ref()
+            .ok_or_else(|| QueueError::Unavailable("no event consumer".into()))
     }
 
     pub(super) async fn ensure_reply_queue(
@@ -343,6 +332,9 @@ impl RabbitBroker {
             .await
     }
 
+    /// Declares the session's reply queue unless this process did so recently. A queue
+    /// declared earlier with other arguments (an older version, another expiry setting) is
+    /// used as it is until it expires and comes back with ours.
     pub(super) async fn declare_reply_queue(
         &self,
         session: &SessionId,
@@ -353,45 +345,183 @@ impl RabbitBroker {
             .lock()
             .map(|mut q| q.fresh(session, Instant::now()))
             .unwrap_or(false);
-        if !known {
-            let ch = self.publisher().await?;
-            ch.queue_declare(
+        if known {
+            return Ok(name);
+        }
+        let ch = self.declarer().await?;
+        let args = table(vec![
+            (
+                "x-expires",
+                AMQPValue::LongLongInt(self.topology.reply_queue_ttl.as_millis() as i64),
+            ),
+            (
+                "x-max-length",
+                AMQPValue::LongLongInt(i64::from(self.topology.reply_queue_max_length)),
+            ),
+            ("x-overflow", text("drop-head")),
+        ]);
+        let declared = ch
+            .queue_declare(
                 name.as_str().into(),
                 QueueDeclareOptions {
                     durable: true,
                     ..Default::default()
                 },
-                table(vec![(
-                    "x-expires",
-                    AMQPValue::LongLongInt(self.topology.reply_queue_ttl.as_millis() as i64),
-                )]),
+                args,
             )
-            .await
-            .map_err(unavailable)?;
-            ch.queue_bind(
-                name.as_str().into(),
-                self.topology.replies().into(),
-                session.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-            if let Ok(mut q) = self.reply_queues.lock() {
-                q.insert(session.clone(), Instant::now());
+            .await;
+        match declared {
+            Ok(_) => {}
+            Err(e) if precondition_failed(&e) => {
+                // The queue exists with other arguments: it is there to publish to. The
+                // refusal closed the declaring channel; the next declaration opens another.
+                tracing::debug!(queue = %name, "reply queue exists with other arguments; using it as it is");
             }
+            Err(e) => return Err(unavailable(e)),
+        }
+        if let Ok(mut q) = self.reply_queues.lock() {
+            q.insert(session.clone(), Instant::now());
         }
         Ok(name)
+    }
+
+    /// Sends a transient, unconfirmed message of a session straight to a waiting process's
+    /// event hub (`address`).
+    async fn publish_direct(
+        &self,
+        address: &str,
+        session: &SessionId,
+        event: &str,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
+        let ch = self.publisher().await?;
+        let headers = table(vec![
+            (SESSION_HEADER, text(session.as_str())),
+            (EVENT_HEADER, text(event)),
+        ]);
+        ch.basic_publish(
+            "".into(),
+            address.into(),
+            BasicPublishOptions::default(),
+            body,
+            BasicProperties::default()
+                .with_content_type(ShortString::from("application/json"))
+                .with_delivery_mode(1)
+                .with_headers(headers),
+        )
+        .await
+        .map(|_confirm| ())
+        .map_err(unavailable)
+    }
+
+    /// Broadcasts a transient, unconfirmed message of a session to the event hubs bound to it
+    /// on `exchange`.
+    async fn broadcast(
+        &self,
+        exchange: &str,
+        session: &SessionId,
+        props: BasicProperties,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
+        let ch = self.publisher().await?;
+        ch.basic_publish(
+            exchange.into(),
+            session.as_str().into(),
+            BasicPublishOptions::default(),
+            body,
+            props.with_delivery_mode(1),
+        )
+        .await
+        .map(|_confirm| ())
+        .map_err(unavailable)
+    }
+}
+
+/// Whether the broker refused a declaration because the queue exists with other arguments.
+fn precondition_failed(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 406)
+}
+
+/// Every [`PRUNE_EVERY`]: forgets subscribers that are gone, and unbinds the hub's queue from
+/// sessions left without a subscriber that needs the binding. Ends with the hub.
+async fn prune(
+    hub_slot: std::sync::Weak<tokio::sync::Mutex<Option<EventHub>>>,
+    channel: Channel,
+    queue: String,
+    subscribers: Subscribers,
+    bindings: [(String, Arc<StdMutex<HashSet<String>>>); 2],
+) {
+    loop {
+        tokio::time::sleep(PRUNE_EVERY).await;
+        let Some(slot) = hub_slot.upgrade() else {
+            return; // the broker is gone
+        };
+        // Under the hub lock, so no subscription re-binds a session while it is unbound.
+        let slot = slot.lock().await;
+        if slot.as_ref().is_none_or(|h| h.queue != queue) {
+            return; // a newer hub replaced this one
+        }
+        // What each session still needs: a broadcast binding, a live one.
+        let mut needs: HashMap<String, (bool, bool)> = HashMap::new();
+        {
+            let Ok(mut subs) = subscribers.lock() else {
+                return;
+            };
+            subs.retain(|sid, list| {
+                list.retain(|s| !s.subscriber.is_closed());
+                for s in list.iter().filter(|s| !s.direct) {
+                    let need = needs.entry(sid.clone()).or_default();
+                    need.0 = true;
+                    need.1 |= s.subscriber.wants_live();
+                }
+                !list.is_empty()
+            });
+        }
+        for (i, (exchange, set)) in bindings.iter().enumerate() {
+            let idle: Vec<String> = {
+                let Ok(mut set) = set.lock() else { return };
+                let idle: Vec<String> = set
+                    .iter()
+                    .filter(|sid| {
+                        !needs
+                            .get(*sid)
+                            .is_some_and(|n| if i == 0 { n.0 } else { n.1 })
+                    })
+                    .cloned()
+                    .collect();
+                for sid in &idle {
+                    set.remove(sid);
+                }
+                idle
+            };
+            for sid in idle {
+                if let Err(e) = channel
+                    .queue_unbind(
+                        queue.as_str().into(),
+                        exchange.as_str().into(),
+                        sid.as_str().into(),
+                        FieldTable::default(),
+                    )
+                    .await
+                {
+                    tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
+                }
+            }
+        }
+        drop(slot);
     }
 }
 
 #[async_trait::async_trait]
 impl ReplyBus for RabbitBroker {
-    /// Publishes a reply to the session's reply queue, declaring it (again) when needed.
+    /// Sends the status to the waiting front door (when the job named one) and to the
+    /// session's watchers, then to the session's reply queue, confirmed — declaring the queue
+    /// (again) when needed.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
+        reply_to: Option<&str>,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let props = || {
@@ -399,20 +529,24 @@ impl ReplyBus for RabbitBroker {
                 .with_content_type(ShortString::from("application/json"))
                 .with_correlation_id(ShortString::from(correlation_id))
         };
-        self.ensure_reply_queue(session).await?;
-        let exchange = self.topology.replies();
-        match self
-            .publish(&exchange, session.as_str(), body, props())
-            .await
-        {
+        let notify = async {
+            if let Some(address) = reply_to {
+                self.publish_direct(address, session, "status", body)
+                    .await?;
+            }
+            self.broadcast(&self.topology.events(), session, props(), body)
+                .await
+        };
+        self.bounded("a status broadcast", notify).await?;
+        let queue = self.ensure_reply_queue(session).await?;
+        match self.publish("", &queue, body, props()).await {
             // The reply queue expired since we declared it: declare it again, once.
             Err(QueueError::Rejected(_)) => {
                 if let Ok(mut q) = self.reply_queues.lock() {
                     q.forget(session);
                 }
                 self.ensure_reply_queue(session).await?;
-                self.publish(&exchange, session.as_str(), body, props())
-                    .await
+                self.publish("", &queue, body, props()).await
             }
             other => other,
         }
@@ -461,28 +595,27 @@ impl ReplyBus for RabbitBroker {
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.bounded(
             "subscribing to a session",
-            self.subscribe_now(session, Subscriber::Status(tx)),
+            self.subscribe_now(session, Subscriber::Status(tx), false),
         )
         .await?;
         Ok(rx)
     }
-    async fn publish_live(&self, session: &SessionId, body: &[u8]) -> Result<(), QueueError> {
+    async fn publish_live(
+        &self,
+        session: &SessionId,
+        reply_to: Option<&str>,
+        body: &[u8],
+    ) -> Result<(), QueueError> {
         // On the confirm channel that later carries the turn's result, so a subscriber gets
         // them in that order; the confirm is not awaited and nothing is persisted.
         let send = async {
-            let ch = self.publisher().await?;
-            ch.basic_publish(
-                self.topology.live().as_str().into(),
-                session.as_str().into(),
-                BasicPublishOptions::default(),
-                body,
-                BasicProperties::default()
-                    .with_content_type(ShortString::from("application/json"))
-                    .with_delivery_mode(1),
-            )
-            .await
-            .map(|_confirm| ())
-            .map_err(unavailable)
+            if let Some(address) = reply_to {
+                self.publish_direct(address, session, "live", body).await?;
+            }
+            let props =
+                BasicProperties::default().with_content_type(ShortString::from("application/json"));
+            self.broadcast(&self.topology.live(), session, props, body)
+                .await
         };
         self.bounded("a live event", send).await
     }
@@ -490,10 +623,40 @@ impl ReplyBus for RabbitBroker {
         let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
         self.bounded(
             "subscribing to a session",
-            self.subscribe_now(session, Subscriber::All(tx)),
+            self.subscribe_now(session, Subscriber::All(tx), false),
         )
         .await?;
         Ok(rx)
+    }
+    async fn subscribe_direct(
+        &self,
+        session: &SessionId,
+        live: bool,
+    ) -> Result<Direct, QueueError> {
+        let (tx, events) = if live {
+            let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
+            (Subscriber::All(tx), rx)
+        } else {
+            let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+            (Subscriber::Results(tx), rx)
+        };
+        let address = self
+            .bounded(
+                "subscribing to a session",
+                self.subscribe_now(session, tx, true),
+            )
+            .await?;
+        Ok(Direct {
+            address: Some(address),
+            events,
+        })
+    }
+    async fn direct_address(&self) -> Result<Option<String>, QueueError> {
+        let open = async {
+            let mut slot = self.events.lock().await;
+            self.hub(&mut slot).await.map(|hub| Some(hub.queue.clone()))
+        };
+        self.bounded("opening the event hub", open).await
     }
 }
 
