@@ -5,22 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::support::Listening;
 
-/// The binary, without any configuration variables of the environment the tests run in.
-pub(crate) fn aptix() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_aptix"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    for var in [
-        "APTIX_LLM_BASE_URL",
-        "OPENAI_API_KEY",
-        "APTIX_AMQP_URL",
-        "APTIX_REDIS_URL",
-        "APTIX_MODES_FILE",
-        "APTIX_CONTEXTS_FILE",
-    ] {
-        c.env_remove(var);
-    }
-    c
-}
+pub(crate) use crate::support::aptix;
 
 /// The arguments of the README's main command (the first `cargo run --release -- …` line).
 fn readme_main_command() -> Vec<String> {

@@ -64,7 +64,7 @@ impl Processes {
     }
 
     fn command(env: &[(String, String)]) -> std::process::Command {
-        let mut c = crate::cli::aptix();
+        let mut c = crate::support::aptix();
         c.envs(env.iter().map(|(k, v)| (k, v)));
         c
     }

@@ -530,3 +530,20 @@ pub fn wait_for_port(port: u16) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The binary, without any configuration variables of the environment the tests run in.
+pub fn aptix() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_aptix"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    for var in [
+        "APTIX_LLM_BASE_URL",
+        "OPENAI_API_KEY",
+        "APTIX_AMQP_URL",
+        "APTIX_REDIS_URL",
+        "APTIX_MODES_FILE",
+        "APTIX_CONTEXTS_FILE",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}

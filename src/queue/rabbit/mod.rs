@@ -61,7 +61,18 @@ struct Live {
     /// Reply queues are declared here, not on the publisher: a declaration the broker refuses
     /// (a queue declared earlier with other arguments) closes only this channel.
     declarer: Channel,
+    /// Declarations made on `declarer` so far.
+    declarations: u32,
+    /// Transient messages (live events, the direct and broadcast copies of a status) go out
+    /// here, without publisher confirms: in one order, at no confirm cost, and without lapin
+    /// keeping an unawaited confirm of each until the channel closes.
+    transient: Channel,
 }
+
+/// Declarations made on one declaring channel before it is replaced: lapin remembers every
+/// queue declared on a channel (to recover the topology) until the channel closes, so a channel
+/// kept for good would grow with the sessions served.
+const DECLARATIONS_PER_CHANNEL: u32 = 1000;
 
 /// How long one broker operation may take unless configured otherwise.
 pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -263,6 +274,7 @@ impl RabbitBroker {
             .map_err(unavailable)?;
         self.declare(&publisher).await?;
         let declarer = connection.create_channel().await.map_err(unavailable)?;
+        let transient = connection.create_channel().await.map_err(unavailable)?;
         if let Ok(mut q) = self.reply_queues.lock() {
             q.clear();
         }
@@ -271,6 +283,8 @@ impl RabbitBroker {
             connection,
             publisher,
             declarer,
+            declarations: 0,
+            transient,
         })
     }
 
@@ -340,18 +354,43 @@ impl RabbitBroker {
         Ok(ch)
     }
 
-    /// The channel reply queues are declared on, opened again when a refused declaration
-    /// closed it.
+    /// The channel reply queues are declared on: opened again when a refused declaration
+    /// closed it, and replaced by a fresh one every [`DECLARATIONS_PER_CHANNEL`] declarations
+    /// (the worn one closes once what is in flight on it has had its time).
     async fn declarer(&self) -> Result<Channel, QueueError> {
         self.publisher().await?;
         let mut live = self.live.lock().await;
         let l = live
             .as_mut()
             .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
-        if !l.declarer.status().connected() {
-            l.declarer = l.connection.create_channel().await.map_err(unavailable)?;
+        let worn = l.declarations >= DECLARATIONS_PER_CHANNEL;
+        if worn || !l.declarer.status().connected() {
+            let fresh = l.connection.create_channel().await.map_err(unavailable)?;
+            let old = std::mem::replace(&mut l.declarer, fresh);
+            l.declarations = 0;
+            if worn {
+                let linger = self.timeout * 2;
+                tokio::spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    let _ = old.close(200, "replaced".into()).await;
+                });
+            }
         }
+        l.declarations += 1;
         Ok(l.declarer.clone())
+    }
+
+    /// The channel of transient messages, opened again when it closed.
+    async fn transient(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let mut live = self.live.lock().await;
+        let l = live
+            .as_mut()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        if !l.transient.status().connected() {
+            l.transient = l.connection.create_channel().await.map_err(unavailable)?;
+        }
+        Ok(l.transient.clone())
     }
 
     async fn consumer_channel(&self) -> Result<Channel, QueueError> {

@@ -394,7 +394,7 @@ impl RabbitBroker {
         event: &str,
         body: &[u8],
     ) -> Result<(), QueueError> {
-        let ch = self.publisher().await?;
+        let ch = self.transient().await?;
         let headers = table(vec![
             (SESSION_HEADER, text(session.as_str())),
             (EVENT_HEADER, text(event)),
@@ -423,7 +423,7 @@ impl RabbitBroker {
         props: BasicProperties,
         body: &[u8],
     ) -> Result<(), QueueError> {
-        let ch = self.publisher().await?;
+        let ch = self.transient().await?;
         ch.basic_publish(
             exchange.into(),
             session.as_str().into(),
@@ -606,8 +606,8 @@ impl ReplyBus for RabbitBroker {
         reply_to: Option<&str>,
         body: &[u8],
     ) -> Result<(), QueueError> {
-        // On the confirm channel that later carries the turn's result, so a subscriber gets
-        // them in that order; the confirm is not awaited and nothing is persisted.
+        // On the transient channel that later carries the turn's status to its waiters and
+        // watchers, so they get them in that order; nothing is confirmed or persisted.
         let send = async {
             if let Some(address) = reply_to {
                 self.publish_direct(address, session, "live", body).await?;
