@@ -156,10 +156,7 @@ impl App {
                 tracing::info!(namespace = %config.namespace, "using RabbitMQ");
                 Arc::new(rabbit)
             }
-            None => Arc::new(
-                MemoryBroker::new()
-                    .with_reply_queues(config.reply_queue_ttl, config.reply_queue_max_length),
-            ),
+            None => Arc::new(MemoryBroker::default().with_reply_queues(&config.topology())),
         };
         let index: Arc<dyn ChunkIndex> = match &config.redis_url {
             Some(url) => Arc::new(

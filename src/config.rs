@@ -96,6 +96,8 @@ pub struct Config {
     /// `APTIX_REPLY_QUEUE_MAX_LENGTH`: the most statuses a reply queue holds (the oldest are
     /// dropped beyond it).
     pub reply_queue_max_length: u32,
+    /// `APTIX_REPLY_QUEUES`: `every-session` (default) or `on-subscribe`.
+    pub reply_queues: crate::queue::ReplyQueues,
     /// `APTIX_RETRY_DELAYS_MS`: the wait before each retry of a failed job, in order (the
     /// last one repeats); one delay queue each.
     pub retry_delays: Vec<Duration>,
@@ -233,6 +235,13 @@ impl Config {
                 3600,
             )?),
             reply_queue_max_length: positive(&get, "APTIX_REPLY_QUEUE_MAX_LENGTH", 1000u32)?,
+            reply_queues: match get("APTIX_REPLY_QUEUES") {
+                None => crate::queue::ReplyQueues::EverySession,
+                Some(v) => v.trim().parse().map_err(|why: String| ConfigError {
+                    var: "APTIX_REPLY_QUEUES",
+                    problem: why,
+                })?,
+            },
             retry_delays: retry_delays(&get)?,
             retention: crate::store::Retention {
                 turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
@@ -361,6 +370,7 @@ impl Config {
         let mut topology = crate::queue::Topology::new(&self.namespace);
         topology.reply_queue_ttl = self.reply_queue_ttl;
         topology.reply_queue_max_length = self.reply_queue_max_length;
+        topology.reply_queues = self.reply_queues;
         topology.retry_delays = self.retry_delays.clone();
         topology.with_lanes(self.tenants.capped().map(|(id, _)| id))
     }

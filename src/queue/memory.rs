@@ -59,6 +59,8 @@ struct State {
     reply_ttl: Duration,
     /// The most statuses a reply queue holds (the oldest are dropped).
     reply_max_length: usize,
+    /// Whether a session's queue exists before a client subscribes to it.
+    reply_queues: Option<super::ReplyQueues>,
     publishes_since_sweep: u32,
     subscribers: HashMap<SessionId, mpsc::Sender<Vec<u8>>>,
     listeners: HashMap<SessionId, Vec<Listener>>,
@@ -96,15 +98,18 @@ pub struct MemoryBroker {
 impl MemoryBroker {
     /// An empty broker with the default topology's reply queue limits.
     pub fn new() -> Self {
-        let t = super::Topology::new("memory");
-        Self::default().with_reply_queues(t.reply_queue_ttl, t.reply_queue_max_length)
+        Self::default().with_reply_queues(&super::Topology::new("memory"))
     }
 
-    /// Reply queues expire after `ttl` unused and hold at most `max_length` statuses.
-    pub fn with_reply_queues(self, ttl: Duration, max_length: u32) -> Self {
+    /// Reply queues as the topology says: which sessions have one, how long one lives unused
+    /// and how many statuses it holds.
+    pub fn with_reply_queues(self, topology: &super::Topology) -> Self {
         if let Ok(mut state) = self.state.lock() {
-            state.reply_ttl = ttl;
-            state.reply_max_length = usize::try_from(max_length).unwrap_or(usize::MAX).max(1);
+            state.reply_ttl = topology.reply_queue_ttl;
+            state.reply_max_length = usize::try_from(topology.reply_queue_max_length)
+                .unwrap_or(usize::MAX)
+                .max(1);
+            state.reply_queues = Some(topology.reply_queues);
         }
         self
     }
@@ -323,6 +328,10 @@ impl ReplyBus for MemoryBroker {
             }
             state.subscribers.remove(session);
         }
+        let on_subscribe = state.reply_queues == Some(super::ReplyQueues::OnSubscribe);
+        if on_subscribe && !state.replies.contains_key(session) {
+            return Ok(()); // nobody subscribed: the session has no queue
+        }
         let max = state.reply_max_length;
         let queue = state.replies.entry(session.clone()).or_default();
         queue.used = Some(now);
@@ -335,12 +344,10 @@ impl ReplyBus for MemoryBroker {
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError> {
         let (tx, rx) = mpsc::channel(1024);
         let mut state = self.lock()?;
-        for body in state
-            .replies
-            .remove(session)
-            .map(|q| q.bodies)
-            .unwrap_or_default()
-        {
+        // The queue is handed to the subscriber and stays, empty, for what comes later.
+        let queue = state.replies.entry(session.clone()).or_default();
+        queue.used = Some(Instant::now());
+        for body in std::mem::take(&mut queue.bodies) {
             let _ = tx.try_send(body);
         }
         state.subscribers.insert(session.clone(), tx);
@@ -443,7 +450,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_reply_queue_keeps_its_newest_statuses_up_to_its_length() {
-        let broker = MemoryBroker::new().with_reply_queues(Duration::from_secs(60), 3);
+        let mut t = crate::queue::Topology::new("t");
+        t.reply_queue_max_length = 3;
+        let broker = MemoryBroker::default().with_reply_queues(&t);
         for i in 0..5 {
             let body = format!("{i}");
             broker
@@ -461,7 +470,9 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_is_kept_for_sessions_after_their_queues_expire_and_subscribers_leave() {
-        let broker = MemoryBroker::new().with_reply_queues(Duration::from_secs(60), 10);
+        let mut t = crate::queue::Topology::new("t");
+        t.reply_queue_ttl = Duration::from_secs(60);
+        let broker = MemoryBroker::default().with_reply_queues(&t);
         for i in 0..2_000 {
             let s = sid(&format!("s{i}"));
             // A waiter that came and went, and a result nobody consumed.

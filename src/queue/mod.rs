@@ -29,6 +29,33 @@ pub enum QueueError {
     Rejected(String),
 }
 
+/// Which sessions have a durable reply queue (`APTIX_REPLY_QUEUES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyQueues {
+    /// Every session: the worker declares a session's queue with its first status, so a
+    /// client that comes later finds every status there. Costs the broker one queue declaration
+    /// per new session (the dearest thing a new session costs it).
+    EverySession,
+    /// Sessions a client subscribed to: the queue is declared by the subscriber
+    /// ([`ReplyBus::subscribe_replies`]) and gets the statuses published from then on; the
+    /// worker publishes a session's status to its queue only when it exists and never declares
+    /// one. Statuses from before the subscription are read from the store (HTTP).
+    OnSubscribe,
+}
+
+impl std::str::FromStr for ReplyQueues {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "every-session" => Ok(Self::EverySession),
+            "on-subscribe" => Ok(Self::OnSubscribe),
+            other => Err(format!(
+                "{other:?} is not one of every-session, on-subscribe"
+            )),
+        }
+    }
+}
+
 /// Names of everything the product declares, all under the namespace.
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -41,6 +68,8 @@ pub struct Topology {
     pub reply_queue_ttl: Duration,
     /// The most statuses a reply queue holds; the oldest are dropped beyond it.
     pub reply_queue_max_length: u32,
+    /// Which sessions have a reply queue.
+    pub reply_queues: ReplyQueues,
     /// Tenants with a lane of their own (those with `maxRunningTurns`).
     pub lanes: Vec<String>,
 }
@@ -53,6 +82,7 @@ impl Topology {
             retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
             reply_queue_ttl: Duration::from_secs(3600),
             reply_queue_max_length: 1000,
+            reply_queues: ReplyQueues::EverySession,
             lanes: Vec::new(),
         }
     }

@@ -343,3 +343,74 @@ for_each_backend!(
         a_direct_subscriber_hears_the_jobs_that_name_it,
     ],
 );
+
+/// With `APTIX_REPLY_QUEUES=on-subscribe`, a session has a reply queue only once a client
+/// subscribed to it: statuses before that are not queued (the store has them), statuses after
+/// it are, also while the subscriber is away.
+async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
+    broker: Arc<dyn Broker>,
+    queue_exists: impl AsyncFn(&SessionId) -> bool,
+) {
+    let sid = SessionId::parse(format!("on-sub-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    broker
+        .publish_reply(&sid, "t1", None, b"before")
+        .await
+        .unwrap();
+    assert!(!queue_exists(&sid).await, "a status declared the queue");
+    let mut replies = broker.subscribe_replies(&sid).await.unwrap();
+    assert!(queue_exists(&sid).await);
+    broker
+        .publish_reply(&sid, "t2", None, b"after")
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(&b"after"[..]), "only what came after");
+    drop(replies);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    broker
+        .publish_reply(&sid, "t3", None, b"later")
+        .await
+        .unwrap();
+    let mut again = broker.subscribe_replies(&sid).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), again.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        got.as_deref(),
+        Some(&b"later"[..]),
+        "kept while the client was away"
+    );
+}
+
+fn on_subscribe_topology() -> aptix_worker::queue::Topology {
+    let mut t = crate::support::test_topology();
+    t.reply_queues = aptix_worker::queue::ReplyQueues::OnSubscribe;
+    t
+}
+
+#[tokio::test]
+async fn on_subscribe_reply_queues_in_memory() {
+    let broker = MemoryBroker::default().with_reply_queues(&on_subscribe_topology());
+    let held = broker.clone();
+    on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
+        Arc::new(broker),
+        async |_sid: &SessionId| held.sessions_held() > 0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn on_subscribe_reply_queues_on_rabbitmq() {
+    let topology = on_subscribe_topology();
+    let guard = RabbitGuard {
+        broker: crate::support::rabbit_broker(&topology, "on-subscribe").await,
+        topology: topology.clone(),
+    };
+    on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
+        guard.broker.clone(),
+        async |sid: &SessionId| crate::support::queue_exists(&topology.reply_queue(sid)).await,
+    )
+    .await;
+}

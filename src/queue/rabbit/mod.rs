@@ -74,6 +74,14 @@ struct Live {
 /// kept for good would grow with the sessions served.
 const DECLARATIONS_PER_CHANNEL: u32 = 1000;
 
+/// What the broker did with a confirmed, mandatory publish.
+enum Routed {
+    /// It reached a queue.
+    Delivered,
+    /// No queue took it; it came back (why).
+    Returned(String),
+}
+
 /// How long one broker operation may take unless configured otherwise.
 pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -402,6 +410,7 @@ impl RabbitBroker {
         l.connection.create_channel().await.map_err(unavailable)
     }
 
+    /// A persistent, mandatory, confirmed publish; a returned message is an error.
     async fn publish(
         &self,
         exchange: &str,
@@ -409,6 +418,23 @@ impl RabbitBroker {
         body: &[u8],
         props: BasicProperties,
     ) -> Result<(), QueueError> {
+        match self
+            .publish_routed(exchange, routing_key, body, props)
+            .await?
+        {
+            Routed::Delivered => Ok(()),
+            Routed::Returned(why) => Err(QueueError::Rejected(why)),
+        }
+    }
+
+    /// A persistent, mandatory, confirmed publish that says whether it was routed.
+    async fn publish_routed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<Routed, QueueError> {
         self.bounded(
             "a publish",
             self.publish_confirmed(exchange, routing_key, body, props),
@@ -422,7 +448,7 @@ impl RabbitBroker {
         routing_key: &str,
         body: &[u8],
         props: BasicProperties,
-    ) -> Result<(), QueueError> {
+    ) -> Result<Routed, QueueError> {
         let ch = self.publisher().await?;
         let confirm = ch
             .basic_publish(
@@ -440,9 +466,9 @@ impl RabbitBroker {
             .await
             .map_err(unavailable)?;
         match confirm {
-            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(None) => Ok(Routed::Delivered),
             Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Err(QueueError::Rejected(format!(
+                Ok(Routed::Returned(format!(
                     "returned as unroutable ({} {})",
                     returned.reply_code, returned.reply_text
                 )))

@@ -19,10 +19,10 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel};
 use tokio::sync::mpsc;
 
-use super::{RabbitBroker, table, text, text_header, unavailable};
+use super::{RabbitBroker, Routed, table, text, text_header, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::queue::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
+use crate::queue::{Direct, Replies, ReplyBus, ReplyQueues, SessionEvent, SessionEvents};
 
 /// The session a direct message belongs to (direct messages travel through the default
 /// exchange, whose routing key is the hub's queue).
@@ -538,17 +538,25 @@ impl ReplyBus for RabbitBroker {
                 .await
         };
         self.bounded("a status broadcast", notify).await?;
-        let queue = self.ensure_reply_queue(session).await?;
-        match self.publish("", &queue, body, props()).await {
+        let queue = self.topology.reply_queue(session);
+        if self.topology.reply_queues == ReplyQueues::OnSubscribe {
+            // Only a session a client subscribed to has a queue; a returned status had none.
+            return self
+                .publish_routed("", &queue, body, props())
+                .await
+                .map(|_routed| ());
+        }
+        self.ensure_reply_queue(session).await?;
+        match self.publish_routed("", &queue, body, props()).await? {
+            Routed::Delivered => Ok(()),
             // The reply queue expired since we declared it: declare it again, once.
-            Err(QueueError::Rejected(_)) => {
+            Routed::Returned(_) => {
                 if let Ok(mut q) = self.reply_queues.lock() {
                     q.forget(session);
                 }
                 self.ensure_reply_queue(session).await?;
                 self.publish("", &queue, body, props()).await
             }
-            other => other,
         }
     }
     /// Consumes the session's reply queue, acknowledging what the subscriber took.
