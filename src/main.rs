@@ -11,6 +11,12 @@ use aptix_worker::telemetry::{self, LogFormat};
 
 use cli::Cli;
 
+/// mimalloc, not the system allocator: a turn allocates and frees many small buffers across
+/// threads, and glibc's malloc spent about a third of the process's CPU on it, much of it
+/// waiting on arena locks (`perf` on `aptix bench --closed-loop`, docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     aptix_worker::tls::install_crypto_provider();
     let matches = Cli::command().get_matches();

@@ -187,7 +187,7 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
     later.sort();
     let show = percentiles;
     println!(
-        "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, RabbitMQ + Redis, one process",
+        "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {}, RabbitMQ + Redis, one process",
         opts.sessions,
         opts.turns,
         if opts.new_session_per_turn {
@@ -196,7 +196,8 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
             "one session per client"
         },
         opts.latency.as_millis(),
-        opts.concurrency
+        opts.concurrency,
+        p.config.reply_queues.as_str()
     );
     println!(
         "  completed {done} / failed {failed} in {:.2} s: {:.1} turns/s",

@@ -43,6 +43,16 @@ pub enum ReplyQueues {
     OnSubscribe,
 }
 
+impl ReplyQueues {
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EverySession => "every-session",
+            Self::OnSubscribe => "on-subscribe",
+        }
+    }
+}
+
 impl std::str::FromStr for ReplyQueues {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -60,14 +60,26 @@ struct Live {
     publisher: Channel,
     /// Reply queues are declared here, not on the publisher: a declaration the broker refuses
     /// (a queue declared earlier with other arguments) closes only this channel.
-    declarer: Channel,
-    /// Declarations made on `declarer` so far.
-    declarations: u32,
+    /// ([`DECLARING_CHANNELS`] of them, taken in turn: the broker works through one channel's
+    /// declarations one at a time.)
+    declarers: Vec<Declarer>,
+    /// Declarations made so far (which declarer is next).
+    declarations: u64,
     /// Transient messages (live events, the direct and broadcast copies of a status) go out
     /// here, without publisher confirms: in one order, at no confirm cost, and without lapin
     /// keeping an unawaited confirm of each until the channel closes.
     transient: Channel,
 }
+
+/// A channel reply queues are declared on.
+struct Declarer {
+    channel: Channel,
+    /// Declarations made on it so far.
+    declarations: u32,
+}
+
+/// Channels reply queues are declared on, side by side.
+const DECLARING_CHANNELS: usize = 4;
 
 /// Declarations made on one declaring channel before it is replaced: lapin remembers every
 /// queue declared on a channel (to recover the topology) until the channel closes, so a channel
@@ -281,7 +293,13 @@ impl RabbitBroker {
             .await
             .map_err(unavailable)?;
         self.declare(&publisher).await?;
-        let declarer = connection.create_channel().await.map_err(unavailable)?;
+        let mut declarers = Vec::with_capacity(DECLARING_CHANNELS);
+        for _ in 0..DECLARING_CHANNELS {
+            declarers.push(Declarer {
+                channel: connection.create_channel().await.map_err(unavailable)?,
+                declarations: 0,
+            });
+        }
         let transient = connection.create_channel().await.map_err(unavailable)?;
         if let Ok(mut q) = self.reply_queues.lock() {
             q.clear();
@@ -290,7 +308,7 @@ impl RabbitBroker {
         Ok(Live {
             connection,
             publisher,
-            declarer,
+            declarers,
             declarations: 0,
             transient,
         })
@@ -371,11 +389,17 @@ impl RabbitBroker {
         let l = live
             .as_mut()
             .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
-        let worn = l.declarations >= DECLARATIONS_PER_CHANNEL;
-        if worn || !l.declarer.status().connected() {
-            let fresh = l.connection.create_channel().await.map_err(unavailable)?;
-            let old = std::mem::replace(&mut l.declarer, fresh);
-            l.declarations = 0;
+        let turn = (l.declarations % DECLARING_CHANNELS as u64) as usize;
+        l.declarations += 1;
+        let connection = &l.connection;
+        let Some(d) = l.declarers.get_mut(turn) else {
+            return Err(QueueError::Unavailable("no declaring channel".into()));
+        };
+        let worn = d.declarations >= DECLARATIONS_PER_CHANNEL;
+        if worn || !d.channel.status().connected() {
+            let fresh = connection.create_channel().await.map_err(unavailable)?;
+            let old = std::mem::replace(&mut d.channel, fresh);
+            d.declarations = 0;
             if worn {
                 let linger = self.timeout * 2;
                 tokio::spawn(async move {
@@ -384,8 +408,8 @@ impl RabbitBroker {
                 });
             }
         }
-        l.declarations += 1;
-        Ok(l.declarer.clone())
+        d.declarations += 1;
+        Ok(d.channel.clone())
     }
 
     /// The channel of transient messages, opened again when it closed.
@@ -437,9 +461,26 @@ impl RabbitBroker {
     ) -> Result<Routed, QueueError> {
         self.bounded(
             "a publish",
-            self.publish_confirmed(exchange, routing_key, body, props),
+            self.publish_confirmed(exchange, routing_key, body, props, true),
         )
         .await
+    }
+
+    /// A persistent, confirmed publish that the broker drops when no queue takes it (not
+    /// mandatory: nothing comes back).
+    async fn publish_if_routed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
+        self.bounded(
+            "a publish",
+            self.publish_confirmed(exchange, routing_key, body, props, false),
+        )
+        .await
+        .map(|_routed| ())
     }
 
     async fn publish_confirmed(
@@ -448,6 +489,7 @@ impl RabbitBroker {
         routing_key: &str,
         body: &[u8],
         props: BasicProperties,
+        mandatory: bool,
     ) -> Result<Routed, QueueError> {
         let ch = self.publisher().await?;
         let confirm = ch
@@ -455,7 +497,7 @@ impl RabbitBroker {
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory,
                     ..Default::default()
                 },
                 body,

@@ -540,11 +540,9 @@ impl ReplyBus for RabbitBroker {
         self.bounded("a status broadcast", notify).await?;
         let queue = self.topology.reply_queue(session);
         if self.topology.reply_queues == ReplyQueues::OnSubscribe {
-            // Only a session a client subscribed to has a queue; a returned status had none.
-            return self
-                .publish_routed("", &queue, body, props())
-                .await
-                .map(|_routed| ());
+            // Only a session a client subscribed to has a queue; without one, the broker drops
+            // the status (the store has it).
+            return self.publish_if_routed("", &queue, body, props()).await;
         }
         self.ensure_reply_queue(session).await?;
         match self.publish_routed("", &queue, body, props()).await? {
