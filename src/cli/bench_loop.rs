@@ -21,7 +21,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use tokio_util::sync::CancellationToken;
 
 use aptix_worker::config::Config;
+use aptix_worker::contract::SessionId;
 use aptix_worker::fake_llm::FakeOptions;
+use aptix_worker::queue::{QueueError, RabbitBroker, ReplyBus as _};
 use aptix_worker::worker::WorkerSettings;
 
 use super::bench::{cleanup, parts_with, percentiles};
@@ -63,6 +65,89 @@ fn pids_named(comm: &str) -> Vec<u32> {
             std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
         })
         .collect()
+}
+
+/// Resident memory of the processes named `comm`, in KiB.
+fn rss_kib(comm: &str) -> u64 {
+    pids_named(comm)
+        .into_iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Declares `n` session reply queues the way a worker does (one status of a typical size
+/// each), lets them sit idle, and prints RabbitMQ's resident memory per queue; deletes them
+/// afterwards.
+pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> {
+    let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
+    let mut topology = config.topology();
+    topology.namespace = format!(
+        "{}-bench-{}",
+        config.namespace,
+        uuid::Uuid::new_v4().simple()
+    );
+    topology.reply_queues = aptix_worker::queue::ReplyQueues::EverySession;
+    let broker = Arc::new(
+        RabbitBroker::new(url.expose(), topology, "aptix-bench-reply-queues")
+            .with_tls_ca(config.tls_ca.clone()),
+    );
+    broker.connect().await?;
+    let status = serde_json::json!({
+        "sessionId": "s", "turnId": "t", "status": "completed", "attempts": 1,
+        "submittedAt": "2026-11-23T00:00:00Z", "completedAt": "2026-11-23T00:00:01Z",
+        "result": {"successful": true, "result": {"kind": "final", "primaryOutputText": "x".repeat(600)}}
+    })
+    .to_string();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = rss_kib("beam.smp");
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers = (0..32).map(|_| {
+        let (broker, next, body) = (broker.clone(), next.clone(), status.clone());
+        tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<_, QueueError>(());
+                }
+                let sid = SessionId::parse(format!("idle-{i}"))
+                    .map_err(|e| QueueError::Rejected(e.to_string()))?;
+                broker
+                    .publish_reply(&sid, "t", None, body.as_bytes())
+                    .await?;
+            }
+        })
+    });
+    let started = Instant::now();
+    for w in futures_util::future::join_all(workers).await {
+        w??;
+    }
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = rss_kib("beam.smp");
+    println!(
+        "aptix bench --reply-queues: {n} idle reply queues of one {} B status each, declared in {:.1} s ({:.0}/s)",
+        status.len(),
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64()
+    );
+    println!(
+        "  RabbitMQ resident memory {} MiB -> {} MiB: {:.1} KiB per idle reply queue",
+        before / 1024,
+        after / 1024,
+        after.saturating_sub(before) as f64 / n.max(1) as f64
+    );
+    broker.delete_topology().await?;
+    Ok(())
 }
 
 /// The CPU seconds of the processes the bench watches, by label.

@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// With --closed-loop: messages of the bare publish/consume baseline.
     #[arg(long, default_value_t = 20_000, requires = "closed_loop")]
     pub baseline_messages: usize,
+    /// Instead: leave this many idle session reply queues (one status each) on RabbitMQ and
+    /// report the broker's resident memory per queue (for capacity planning).
+    #[arg(long, conflicts_with_all = ["in_flight", "first_delta", "closed_loop"])]
+    pub reply_queues: Option<usize>,
 }
 
 /// Arguments of `aptix bench-rag`.
@@ -251,8 +255,13 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         closed_loop,
         new_session_per_turn,
         baseline_messages,
+        reply_queues,
     } = args;
     let config = Config::from_env()?;
+    if let Some(n) = reply_queues {
+        super::bench_loop::idle_reply_queues(&config, n).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if closed_loop {
         let opts = super::bench_loop::LoopOptions {
             sessions: sessions.unwrap_or(500),
