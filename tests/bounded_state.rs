@@ -70,6 +70,9 @@ async fn ten_thousand_sessions_leave_serve_and_worker_where_they_started() {
     let env = vec![
         ("APTIX_LLM_BASE_URL", fake.base_url()),
         ("APTIX_CONCURRENCY", "64".into()),
+        // Ten thousand durable reply queues for an hour would burden the broker (and a restart
+        // of it) for the tests that follow: they expire on their own a few seconds after use.
+        ("APTIX_REPLY_QUEUE_TTL_SECS", "5".into()),
     ];
     let p = Processes::start(env, &[], 1).await;
     let pids = [p.serve.child.id(), p.workers[0].child.id()];

@@ -43,7 +43,11 @@ impl Stopped {
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").output();
+        // Bounded: a broker that recovers many durable queues takes its time, but the test
+        // must end either way (the answer's own timeout then fails it).
+        let _ = Command::new("timeout")
+            .args(["180", "rabbitmqctl", "start_app"])
+            .output();
         let _ = Command::new("rabbitmqctl")
             .args(["await_startup", "--timeout", "60"])
             .output();
