@@ -350,5 +350,6 @@ pub fn redis_options(config: &Config) -> RedisOptions {
     RedisOptions {
         timeout: config.dependency_timeout,
         ca: config.tls_ca.clone(),
+        cluster: config.redis_cluster,
     }
 }

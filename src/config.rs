@@ -44,6 +44,9 @@ pub struct Config {
     pub amqp_url: Option<Secret>,
     /// `APTIX_REDIS_URL`: Redis; `None` = embedded in-memory store.
     pub redis_url: Option<Secret>,
+    /// `APTIX_REDIS_CLUSTER`: `APTIX_REDIS_URL` names nodes of a Redis Cluster
+    /// (comma-separated).
+    pub redis_cluster: bool,
     /// `APTIX_LLM_BASE_URL`: Responses API base; `None` = the embedded fake model.
     pub llm_base_url: Option<String>,
     /// `OPENAI_API_KEY`: the model server's key.
@@ -168,6 +171,7 @@ impl Config {
             namespace,
             amqp_url: get("APTIX_AMQP_URL").map(Secret::new),
             redis_url: get("APTIX_REDIS_URL").map(Secret::new),
+            redis_cluster: flag(&get, "APTIX_REDIS_CLUSTER")?,
             llm_base_url: get("APTIX_LLM_BASE_URL").map(|u| u.trim_end_matches('/').to_string()),
             api_key: get("OPENAI_API_KEY").map(Secret::new),
             model: get("APTIX_MODEL").unwrap_or_else(|| "gpt-4o-mini".to_string()),

@@ -192,6 +192,7 @@ pub async fn run(
     let options = RedisOptions {
         timeout: Duration::from_secs(5),
         ca: None,
+        cluster: false,
     };
     let store: Arc<dyn LimitStore> =
         Arc::new(RedisLimits::connect(url, &namespace, &options).await?);

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use crate::store::redis::RedisConnection;
 use redis::Script;
-use redis::aio::ConnectionManager;
 
 use super::{LimitStore, LimitStoreError};
 use crate::store::redis::{RedisOptions, connection};
@@ -68,7 +68,7 @@ return 1
 /// The limits of every process sharing one Redis, under the deployment's namespace.
 #[derive(Clone)]
 pub struct RedisLimits {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: String,
     scripts: std::sync::Arc<Scripts>,
 }

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use redis::aio::ConnectionManager;
+use crate::store::redis::RedisConnection;
 use redis::{AsyncCommands as _, Script};
 use serde::{Deserialize, Serialize};
 
@@ -83,7 +83,7 @@ struct Entry {
 /// A [`ChunkIndex`] in Redis.
 #[derive(Clone)]
 pub struct RedisIndex {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: String,
     put_file: std::sync::Arc<Script>,
 }

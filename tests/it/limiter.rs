@@ -27,6 +27,7 @@ async fn redis() -> Limits {
         &RedisOptions {
             timeout: Duration::from_secs(3),
             ca: None,
+            cluster: false,
         },
     )
     .await

@@ -44,6 +44,7 @@ mod pipeline_scenarios;
 mod queue_conformance;
 mod queue_e2e;
 mod rag;
+mod redis_cluster;
 mod store_conformance;
 mod streaming;
 mod tenants;

@@ -146,15 +146,27 @@ fn code_is_chunked_by_a_bounded_number_of_lines() {
     assert_eq!(spans, vec![(1, 60), (61, 120), (121, 151)]);
 }
 
-/// Both index implementations, the Redis one under a fresh namespace.
+/// Both index implementations, the Redis one under a fresh namespace on the local Redis and on
+/// the tests' Redis Cluster.
 async fn indexes() -> Vec<(&'static str, Arc<dyn ChunkIndex>, Option<RedisGuard>)> {
     let guard = redis_store().await;
     let redis = RedisIndex::connect(&redis_url(), guard.store.namespace())
         .await
         .expect("Redis is reachable");
+    let cluster = RedisIndex::connect_with(
+        &crate::redis_cluster::cluster().await.urls,
+        guard.store.namespace(),
+        &aptix_worker::store::redis::RedisOptions {
+            cluster: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("the cluster is reachable");
     vec![
         ("memory", Arc::new(MemoryIndex::new()), None),
         ("redis", Arc::new(redis), Some(guard)),
+        ("cluster", Arc::new(cluster), None),
     ]
 }
 

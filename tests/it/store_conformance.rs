@@ -1,5 +1,6 @@
-//! One conformance suite for every session store: each test runs against the in-memory store and
-//! against the real local Redis (under a fresh namespace that is deleted afterwards).
+//! One conformance suite for every session store: each test runs against the in-memory store,
+//! against the real local Redis (under a fresh namespace that is deleted afterwards) and against
+//! a three-master Redis Cluster the tests start (`redis_cluster.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +32,13 @@ pub async fn redis() -> Subject {
     Subject {
         store: g.store.clone(),
         _guard: Some(g),
+    }
+}
+
+pub async fn cluster() -> Subject {
+    Subject {
+        store: Arc::new(crate::redis_cluster::cluster_store().await),
+        _guard: None,
     }
 }
 
@@ -494,7 +502,11 @@ async fn replace_is_a_compare_and_set(s: Subject) {
 }
 
 for_each_backend!(
-    backends: [memory => super::memory(), redis => super::redis().await],
+    backends: [
+        memory => super::memory(),
+        redis => super::redis().await,
+        cluster => super::cluster().await,
+    ],
     tests: [
         saves_and_reads_back_sessions_and_turns,
         a_lease_is_exclusive_until_released_or_expired,

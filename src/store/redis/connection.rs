@@ -1,10 +1,61 @@
-//! Connecting to Redis: a self-reconnecting connection whose connection attempts and answers are
-//! bounded by our own timeout, over TLS for `rediss://` URLs. The session store and the chunk
-//! index both connect through here.
+//! Connecting to Redis: a self-reconnecting connection to one server, or a connection to a Redis
+//! Cluster that routes each command by its key's slot; connection attempts and answers are
+//! bounded by our own timeout, over TLS for `rediss://` URLs. The session store, the limiter and
+//! the chunk index all connect through here.
+//!
+//! On a cluster every script and every pipeline must touch one slot: the keys of one session
+//! (`{<sessionId>}`), one limiter context (`{<context>}`) or one tenant's index (`{<tenant>}`)
+//! carry a hash tag for that, and reads over several sessions are split per session.
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+/// A Redis connection: to one server, or to a cluster.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server (or a primary behind a stable address), reconnecting by itself.
+    Single(ConnectionManager),
+    /// A Redis Cluster: commands go to the primary of their key's slot.
+    Cluster(ClusterConnection),
+}
+
+impl RedisConnection {
+    /// Whether this is a cluster connection (multi-key work must stay within one slot).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
 
 /// How long a Redis command or connection attempt may take unless configured otherwise.
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_secs(3);
@@ -16,6 +67,9 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// Trusted in addition to the system's roots for `rediss://` URLs.
     pub ca: Option<crate::tls::ExtraCa>,
+    /// The URL names nodes of a Redis Cluster (several, comma-separated: any reachable one
+    /// is enough to find the rest).
+    pub cluster: bool,
 }
 
 impl Default for RedisOptions {
@@ -23,6 +77,7 @@ impl Default for RedisOptions {
         Self {
             timeout: DEFAULT_REDIS_TIMEOUT,
             ca: None,
+            cluster: false,
         }
     }
 }
@@ -30,7 +85,55 @@ impl Default for RedisOptions {
 /// A self-reconnecting connection whose connection attempts and answers are bounded by our
 /// own setting, not left to the client library's defaults; `rediss://` URLs use TLS, trusting
 /// the system's roots and the extra CA.
-pub async fn connection(
+pub async fn connection(url: &str, options: &RedisOptions) -> redis::RedisResult<RedisConnection> {
+    if options.cluster {
+        return cluster_connection(url, options)
+            .await
+            .map(RedisConnection::Cluster);
+    }
+    single_connection(url, options)
+        .await
+        .map(RedisConnection::Single)
+}
+
+/// A connection to the cluster whose nodes `urls` (comma-separated) name, checked with a
+/// `PING` routed to a node.
+async fn cluster_connection(
+    urls: &str,
+    options: &RedisOptions,
+) -> redis::RedisResult<ClusterConnection> {
+    let nodes: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+        .connection_timeout(options.timeout)
+        .response_timeout(options.timeout);
+    if let Some(ca) = options
+        .ca
+        .as_ref()
+        .filter(|_| nodes.iter().any(|u| u.starts_with("rediss://")))
+    {
+        builder = builder.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.with_system_roots().into_bytes()),
+        });
+    }
+    let client = builder.build()?;
+    let mut conn = tokio::time::timeout(options.timeout, client.get_async_connection())
+        .await
+        .map_err(|_| timed_out(options.timeout))??;
+    tokio::time::timeout(
+        options.timeout,
+        redis::cmd("PING").query_async::<()>(&mut conn),
+    )
+    .await
+    .map_err(|_| timed_out(options.timeout))??;
+    Ok(conn)
+}
+
+async fn single_connection(
     url: &str,
     options: &RedisOptions,
 ) -> redis::RedisResult<ConnectionManager> {

@@ -22,7 +22,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::AsyncCommands as _;
-use redis::aio::ConnectionManager;
 
 use super::{
     BatchRecord, ContextIds, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError,
@@ -33,13 +32,13 @@ use crate::contract::{SessionId, TurnId};
 mod connection;
 mod scripts;
 
-pub use connection::{DEFAULT_REDIS_TIMEOUT, RedisOptions, connection};
+pub use connection::{DEFAULT_REDIS_TIMEOUT, RedisConnection, RedisOptions, connection};
 use scripts::Scripts;
 
 /// Session state in Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: String,
     retention: Retention,
     scripts: std::sync::Arc<Scripts>,
@@ -114,7 +113,7 @@ impl RedisStore {
     }
 
     /// A connection for one request, counted.
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> RedisConnection {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         self.conn.clone()
     }
@@ -142,8 +141,14 @@ impl RedisStore {
         }
     }
 
-    /// Deletes every key under the namespace (tests and tear-down; uses SCAN, not KEYS).
+    /// Deletes every key under the namespace (tests and tear-down; uses SCAN, not KEYS). Not on
+    /// a cluster, where SCAN sees one node: let the keys expire there.
     pub async fn delete_namespace(&self) -> Result<u64, StoreError> {
+        if self.conn.is_cluster() {
+            return Err(StoreError::Unavailable(
+                "deleting a namespace is not supported on a Redis Cluster; its keys expire with their retention".into(),
+            ));
+        }
         let mut conn = self.conn.clone();
         let pattern = format!("{}:*", self.namespace);
         let mut cursor: u64 = 0;
@@ -481,7 +486,8 @@ impl SessionStore for RedisStore {
         decode(&key, raw)
     }
 
-    /// One pipeline of GETs per 500 turns. Tool ledgers are not merged in: callers of this
+    /// One pipeline of GETs per 500 turns (on a cluster, where a pipeline must stay within one
+    /// slot, one GET per turn, sent together). Tool ledgers are not merged in: callers of this
     /// read statuses and results, not a turn's internals.
     async fn get_turns(
         &self,
@@ -489,18 +495,26 @@ impl SessionStore for RedisStore {
     ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
-            let mut pipe = redis::pipe();
             let keys: Vec<String> = chunk
                 .iter()
                 .map(|(sid, tid)| self.turn_key("turn", sid, tid))
                 .collect();
-            for key in &keys {
-                pipe.get(key);
-            }
-            let raws: Vec<Option<String>> = pipe
-                .query_async(&mut self.conn())
+            let raws: Vec<Option<String>> = if self.conn.is_cluster() {
+                futures_util::future::try_join_all(keys.iter().map(|key| {
+                    let mut conn = self.conn();
+                    async move { conn.get::<_, Option<String>>(key).await }
+                }))
                 .await
-                .map_err(unavailable)?;
+                .map_err(unavailable)?
+            } else {
+                let mut pipe = redis::pipe();
+                for key in &keys {
+                    pipe.get(key);
+                }
+                pipe.query_async(&mut self.conn())
+                    .await
+                    .map_err(unavailable)?
+            };
             for (key, raw) in keys.iter().zip(raws) {
                 out.push(decode(key, raw)?);
             }
@@ -523,6 +537,7 @@ mod cause_tests {
         let options = RedisOptions {
             timeout: Duration::from_millis(500),
             ca: None,
+            cluster: false,
         };
         let Err(e) =
             RedisStore::connect_with("redis://127.0.0.1:1/", "ns", Retention::default(), &options)
