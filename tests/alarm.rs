@@ -15,19 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use app::{AppOptions, code, spawn};
-
-fn rabbitmqctl(args: &[&str]) -> String {
-    let out = Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::rabbitmqctl;
 
 /// Puts the memory watermark back as it was when dropped.
 struct Watermark(String);

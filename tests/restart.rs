@@ -18,18 +18,7 @@ use aptix_worker::store::TurnStatus;
 use serde_json::{Value, json};
 
 use app::{AppOptions, spawn};
-
-fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use support::rabbitmqctl;
 
 /// The broker's application, stopped until this is dropped.
 struct Stopped;

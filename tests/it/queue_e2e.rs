@@ -495,11 +495,7 @@ async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once()
 async fn an_unroutable_publish_is_an_error_not_silence() {
     let d = Deployment::new(FakeOptions::default()).await;
     // Someone deletes the job queue under us: the mandatory publish comes back as returned.
-    let status = Command::new("rabbitmqctl")
-        .args(["delete_queue", &d.topology().jobs()])
-        .status()
-        .expect("rabbitmqctl runs");
-    assert!(status.success());
+    crate::support::rabbitmqctl(&["delete_queue", &d.topology().jobs()]);
     let err = d
         .door
         .submit(&submit_body(

@@ -547,3 +547,17 @@ pub fn aptix() -> std::process::Command {
     }
     c
 }
+
+/// Runs `rabbitmqctl` with `args`; its output, or a panic saying why it failed.
+pub fn rabbitmqctl(args: &[&str]) -> String {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl runs");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

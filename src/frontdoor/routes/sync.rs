@@ -16,7 +16,7 @@ use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::frontdoor::waiting::{RECHECK, Subscription, settled_or_deadline};
 use crate::live::LiveBody;
-use crate::replies::{Direct, Watched, next_watched};
+use crate::replies::{Direct, SessionEvents, Watched, next_watched};
 use crate::state::TurnStatusView;
 use crate::trace::TraceContext;
 
@@ -104,21 +104,10 @@ async fn relay_turn(
     lines: &tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::convert::Infallible>>,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    // Subscribed before enqueueing so neither the text nor the result can slip past.
-    let Direct {
-        address,
-        mut events,
-    } = match state.broker.subscribe_direct(sid, true).await {
-        Ok(direct) => direct,
-        Err(e) => return unavailable_now(e.to_string()),
-    };
-    let accepted = match state
-        .door
-        .submit_for(tenant, request, trace, address.as_deref())
-        .await
+    let (mut events, accepted) = match submit_and_listen(state, tenant, request, trace, true).await
     {
-        Ok(view) => view,
-        Err(refused) => return refused.into_invoke_result(),
+        Ok(submitted) => submitted,
+        Err(failed) => return failed,
     };
     if accepted.status.is_settled()
         && let Some(r) = accepted.result
@@ -174,19 +163,9 @@ pub(crate) async fn run_sync(
     trace: &TraceContext,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    // Subscribed before enqueueing so the result cannot slip past; the job names this
-    // process, so the worker sends the result here directly.
-    let Direct { address, events } = match state.broker.subscribe_direct(sid, false).await {
-        Ok(direct) => direct,
-        Err(e) => return unavailable_now(e.to_string()),
-    };
-    let accepted = match state
-        .door
-        .submit_for(tenant, request, trace, address.as_deref())
-        .await
-    {
-        Ok(view) => view,
-        Err(refused) => return refused.into_invoke_result(),
+    let (events, accepted) = match submit_and_listen(state, tenant, request, trace, false).await {
+        Ok(submitted) => submitted,
+        Err(failed) => return failed,
     };
     // A request for a turn that already ran gets its stored result at once.
     if accepted.status.is_settled()
@@ -201,6 +180,30 @@ pub(crate) async fn run_sync(
         Ok(view) => outcome(sid, tid, view),
         Err(e) => unavailable_now(e.to_string()),
     }
+}
+
+/// Subscribes this process directly to the turn's session (live events too when `live`),
+/// then submits the turn naming this process: the worker sends its statuses here, and
+/// neither text nor result can slip past. Gives the subscription and the accepted status, or
+/// the answer to give when either step failed.
+async fn submit_and_listen(
+    state: &HttpState,
+    tenant: &str,
+    request: &AgentExecuteRequest,
+    trace: &TraceContext,
+    live: bool,
+) -> Result<(SessionEvents, TurnStatusView), InvokeResult<crate::contract::AgentExecuteResponse>> {
+    let Direct { address, events } = state
+        .broker
+        .subscribe_direct(request.session_id(), live)
+        .await
+        .map_err(|e| unavailable_now(e.to_string()))?;
+    let accepted = state
+        .door
+        .submit_for(tenant, request, trace, address.as_deref())
+        .await
+        .map_err(|refused| refused.into_invoke_result())?;
+    Ok((events, accepted))
 }
 
 fn unavailable_now(message: String) -> InvokeResult<crate::contract::AgentExecuteResponse> {
