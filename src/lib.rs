@@ -18,8 +18,9 @@
 //!   from [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing.
-//! - [`replies`] — a settled status published to the session's reply queue and its event
-//!   subscribers, and waiting for one turn's settled status.
+//! - [`replies`] — a settled status published to the session's reply queue, to the front door
+//!   waiting for it (directly, by the address its job names) and to the session's watchers; and
+//!   waiting for one turn's settled status.
 //! - [`live`] — a streaming turn's text and progress notes, batched into transient live events
 //!   for the session's live subscribers (never stored).
 //!

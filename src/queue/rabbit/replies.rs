@@ -1,104 +1,24 @@
 //! The reply side of the RabbitMQ broker: per-session durable reply queues (declared once, again
-//! only when they may have expired, remembered within a bound), and the process's one event hub
-//! that fans a session's statuses and live events out to its in-process subscribers — those
-//! that came directly (jobs naming the hub's queue) and those of sessions the hub is bound to.
+//! only when they may have expired, remembered within a bound) and the [`ReplyBus`] over them and
+//! the event hub ([`super::hub`]).
 //!
-//! Owns: reply queue declaration and consumption, the event hub, its bindings and direct
-//! address. Must not: touch the job queues.
+//! Owns: reply queue declaration and consumption, what a status publish sends where. Must not:
+//! touch the job queues.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
+use lapin::BasicProperties;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
-use lapin::{BasicProperties, Channel};
 use tokio::sync::mpsc;
 
-use super::{RabbitBroker, Routed, table, text, text_header, unavailable};
+use super::hub::{LIVE_SUBSCRIBER_BUFFER, SUBSCRIBER_BUFFER, Subscriber};
+use super::{RabbitBroker, Routed, table, text, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::queue::{Direct, Replies, ReplyBus, ReplyQueues, SessionEvent, SessionEvents};
-
-/// The session a direct message belongs to (direct messages travel through the default
-/// exchange, whose routing key is the hub's queue).
-const SESSION_HEADER: &str = "x-aptix-session";
-/// What a direct message is: `status` or `live`.
-const EVENT_HEADER: &str = "x-aptix-event";
-
-/// An in-process subscriber of a session: of results only (as bodies or as events), or of
-/// results and live events.
-pub(super) enum Subscriber {
-    Status(mpsc::Sender<Vec<u8>>),
-    Results(mpsc::Sender<SessionEvent>),
-    All(mpsc::Sender<SessionEvent>),
-}
-
-impl Subscriber {
-    fn is_closed(&self) -> bool {
-        match self {
-            Self::Status(tx) => tx.is_closed(),
-            Self::Results(tx) | Self::All(tx) => tx.is_closed(),
-        }
-    }
-
-    fn wants_live(&self) -> bool {
-        matches!(self, Self::All(_))
-    }
-
-    /// Hands over a message; `false` when the subscriber is gone, or too far behind on results.
-    /// A live event a full subscriber has no room for is skipped.
-    fn offer(&self, live: bool, data: &[u8]) -> bool {
-        match (self, live) {
-            (Self::Status(tx), false) => tx.try_send(data.to_vec()).is_ok(),
-            (Self::Status(tx), true) => !tx.is_closed(),
-            (Self::Results(tx) | Self::All(tx), false) => {
-                tx.try_send(SessionEvent::Status(data.to_vec())).is_ok()
-            }
-            (Self::Results(tx), true) => !tx.is_closed(),
-            (Self::All(tx), true) => {
-                let _ = tx.try_send(SessionEvent::Live(data.to_vec()));
-                !tx.is_closed()
-            }
-        }
-    }
-}
-
-/// A subscriber and how it hears of the session.
-pub(super) struct Subscription {
-    /// Through the hub's direct address (only jobs that named it), not a binding.
-    direct: bool,
-    subscriber: Subscriber,
-}
-
-/// Session id → its event subscribers.
-pub(super) type Subscribers = Arc<StdMutex<HashMap<String, Vec<Subscription>>>>;
-
-/// The process's one consumer of session events.
-pub(super) struct EventHub {
-    pub(super) channel: Channel,
-    /// The hub's queue: also its direct address.
-    pub(super) queue: String,
-    pub(super) subscribers: Subscribers,
-    /// Sessions the hub's queue is bound to on the events exchange (those with a subscriber
-    /// that is not direct).
-    pub(super) bound: Arc<StdMutex<HashSet<String>>>,
-    /// Sessions the hub's queue is bound to on the live exchange.
-    pub(super) live_bound: Arc<StdMutex<HashSet<String>>>,
-}
-
-/// Events a subscriber may fall behind by before it is dropped.
-pub(super) const SUBSCRIBER_BUFFER: usize = 256;
-
-/// Events a live subscriber may fall behind by before it misses live events.
-pub(super) const LIVE_SUBSCRIBER_BUFFER: usize = 1024;
-
-/// How often bindings of sessions nobody watches any more are removed.
-pub(super) const PRUNE_EVERY: Duration = Duration::from_secs(2);
+use crate::queue::{Direct, Replies, ReplyBus, ReplyQueues, SessionEvents};
 
 /// Reply queues a process remembers having declared, at most this many (the oldest are
 /// forgotten first and simply declared again when used).
@@ -185,145 +105,6 @@ impl DeclaredQueues {
 }
 
 impl RabbitBroker {
-    /// Declares this process's event queue, starts its consumer (fan-out by session) and the
-    /// task that forgets subscribers that are gone and unbinds sessions nobody watches any more.
-    pub(super) async fn open_event_hub(&self) -> Result<EventHub, QueueError> {
-        let ch = self.consumer_channel().await?;
-        let queue = ch
-            .queue_declare(
-                "".into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?
-            .name()
-            .to_string();
-        let mut consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                format!("events-{}", self.connection_name).into(),
-                BasicConsumeOptions {
-                    no_ack: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        let subscribers: Subscribers = Arc::default();
-        let fan_out = subscribers.clone();
-        let live_exchange = self.topology.live();
-        tokio::spawn(async move {
-            while let Some(Ok(d)) = consumer.next().await {
-                // A direct message names its session in a header; a broadcast is routed by it.
-                let (direct, session, live) = if d.exchange.as_str().is_empty() {
-                    let Some(session) = text_header(&d.properties, SESSION_HEADER) else {
-                        continue;
-                    };
-                    let live = text_header(&d.properties, EVENT_HEADER).as_deref() == Some("live");
-                    (true, session, live)
-                } else {
-                    let live = d.exchange.as_str() == live_exchange;
-                    (false, d.routing_key.to_string(), live)
-                };
-                let Ok(mut subs) = fan_out.lock() else { break };
-                if let Some(list) = subs.get_mut(&session) {
-                    // A subscriber that is gone or too far behind is dropped; its stream ends.
-                    list.retain(|s| s.direct != direct || s.subscriber.offer(live, &d.data));
-                }
-            }
-            // The connection or channel is gone: end every stream (subscribers re-subscribe,
-            // or read the store).
-            if let Ok(mut subs) = fan_out.lock() {
-                subs.clear();
-            }
-        });
-        let bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
-        let live_bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
-        tokio::spawn(prune(
-            Arc::downgrade(&self.events),
-            ch.clone(),
-            queue.clone(),
-            subscribers.clone(),
-            [
-                (self.topology.events(), bound.clone()),
-                (self.topology.live(), live_bound.clone()),
-            ],
-        ));
-        Ok(EventHub {
-            channel: ch,
-            queue,
-            subscribers,
-            bound,
-            live_bound,
-        })
-    }
-
-    /// Adds a subscriber of a session to the process's event hub (opening it if needed) and
-    /// returns the hub's direct address. A subscriber that is not direct has the hub bound to
-    /// the session first (on the live exchange too for a live subscriber).
-    pub(super) async fn subscribe_now(
-        &self,
-        session: &SessionId,
-        subscriber: Subscriber,
-        direct: bool,
-    ) -> Result<String, QueueError> {
-        let live = subscriber.wants_live();
-        let mut slot = self.events.lock().await;
-        let hub = self.hub(&mut slot).await?;
-        let sid = session.to_string();
-        // Bound before the subscriber is added and before returning (under the hub lock), so
-        // nothing published afterwards is missed; a binding that exists already is kept.
-        let mut bindings = Vec::new();
-        if !direct {
-            if hub.bound.lock().is_ok_and(|b| !b.contains(&sid)) {
-                bindings.push((self.topology.events(), &hub.bound));
-            }
-            if live && hub.live_bound.lock().is_ok_and(|b| !b.contains(&sid)) {
-                bindings.push((self.topology.live(), &hub.live_bound));
-            }
-        }
-        for (exchange, set) in bindings {
-            hub.channel
-                .queue_bind(
-                    hub.queue.as_str().into(),
-                    exchange.as_str().into(),
-                    sid.as_str().into(),
-                    QueueBindOptions::default(),
-                    FieldTable::default(),
-                )
-                .await
-                .map_err(unavailable)?;
-            if let Ok(mut set) = set.lock() {
-                set.insert(sid.clone());
-            }
-        }
-        hub.subscribers
-            .lock()
-            .map_err(|_| QueueError::Unavailable("event subscribers lock poisoned".into()))?
-            .entry(sid)
-            .or_default()
-            .push(Subscription { direct, subscriber });
-        Ok(hub.queue.clone())
-    }
-
-    /// The event hub in `slot`, opened (again) when there is none or its channel is gone.
-    async fn hub<'a>(&self, slot: &'a mut Option<EventHub>) -> Result<&'a EventHub, QueueError> {
-        if !slot
-            .as_ref()
-            .is_some_and(|h| h.channel.status().connected())
-        {
-            *slot = Some(self.open_event_hub().await?);
-        }
-        slot.as_ref()
-            .ok_or_else(|| QueueError::Unavailable("no event consumer".into()))
-    }
-
     pub(super) async fn ensure_reply_queue(
         &self,
         session: &SessionId,
@@ -384,132 +165,11 @@ impl RabbitBroker {
         }
         Ok(name)
     }
-
-    /// Sends a transient, unconfirmed message of a session straight to a waiting process's
-    /// event hub (`address`).
-    async fn publish_direct(
-        &self,
-        address: &str,
-        session: &SessionId,
-        event: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        let ch = self.transient().await?;
-        let headers = table(vec![
-            (SESSION_HEADER, text(session.as_str())),
-            (EVENT_HEADER, text(event)),
-        ]);
-        ch.basic_publish(
-            "".into(),
-            address.into(),
-            BasicPublishOptions::default(),
-            body,
-            BasicProperties::default()
-                .with_content_type(ShortString::from("application/json"))
-                .with_delivery_mode(1)
-                .with_headers(headers),
-        )
-        .await
-        .map(|_confirm| ())
-        .map_err(unavailable)
-    }
-
-    /// Broadcasts a transient, unconfirmed message of a session to the event hubs bound to it
-    /// on `exchange`.
-    async fn broadcast(
-        &self,
-        exchange: &str,
-        session: &SessionId,
-        props: BasicProperties,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        let ch = self.transient().await?;
-        ch.basic_publish(
-            exchange.into(),
-            session.as_str().into(),
-            BasicPublishOptions::default(),
-            body,
-            props.with_delivery_mode(1),
-        )
-        .await
-        .map(|_confirm| ())
-        .map_err(unavailable)
-    }
 }
 
 /// Whether the broker refused a declaration because the queue exists with other arguments.
 fn precondition_failed(e: &lapin::Error) -> bool {
     matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 406)
-}
-
-/// Every [`PRUNE_EVERY`]: forgets subscribers that are gone, and unbinds the hub's queue from
-/// sessions left without a subscriber that needs the binding. Ends with the hub.
-async fn prune(
-    hub_slot: std::sync::Weak<tokio::sync::Mutex<Option<EventHub>>>,
-    channel: Channel,
-    queue: String,
-    subscribers: Subscribers,
-    bindings: [(String, Arc<StdMutex<HashSet<String>>>); 2],
-) {
-    loop {
-        tokio::time::sleep(PRUNE_EVERY).await;
-        let Some(slot) = hub_slot.upgrade() else {
-            return; // the broker is gone
-        };
-        // Under the hub lock, so no subscription re-binds a session while it is unbound.
-        let slot = slot.lock().await;
-        if slot.as_ref().is_none_or(|h| h.queue != queue) {
-            return; // a newer hub replaced this one
-        }
-        // What each session still needs: a broadcast binding, a live one.
-        let mut needs: HashMap<String, (bool, bool)> = HashMap::new();
-        {
-            let Ok(mut subs) = subscribers.lock() else {
-                return;
-            };
-            subs.retain(|sid, list| {
-                list.retain(|s| !s.subscriber.is_closed());
-                for s in list.iter().filter(|s| !s.direct) {
-                    let need = needs.entry(sid.clone()).or_default();
-                    need.0 = true;
-                    need.1 |= s.subscriber.wants_live();
-                }
-                !list.is_empty()
-            });
-        }
-        for (i, (exchange, set)) in bindings.iter().enumerate() {
-            let idle: Vec<String> = {
-                let Ok(mut set) = set.lock() else { return };
-                let idle: Vec<String> = set
-                    .iter()
-                    .filter(|sid| {
-                        !needs
-                            .get(*sid)
-                            .is_some_and(|n| if i == 0 { n.0 } else { n.1 })
-                    })
-                    .cloned()
-                    .collect();
-                for sid in &idle {
-                    set.remove(sid);
-                }
-                idle
-            };
-            for sid in idle {
-                if let Err(e) = channel
-                    .queue_unbind(
-                        queue.as_str().into(),
-                        exchange.as_str().into(),
-                        sid.as_str().into(),
-                        FieldTable::default(),
-                    )
-                    .await
-                {
-                    tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
-                }
-            }
-        }
-        drop(slot);
-    }
 }
 
 #[async_trait::async_trait]

@@ -1,0 +1,269 @@
+//! The broker's connection and its channels: one confirm-mode channel for persistent
+//! publishes (jobs, reply-queue statuses), one without confirms for transient messages, and
+//! four for declaring reply queues; each reopened when it closed, the whole connection when it
+//! dropped. And the confirmed publish itself.
+//!
+//! Owns: connecting (TLS, heartbeat, the topology declared on connect) and the channels. Must
+//! not: know what the messages mean.
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::LongString;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+use super::{RabbitBroker, unavailable};
+use crate::queue::QueueError;
+
+pub(super) struct Live {
+    pub(super) connection: Connection,
+    pub(super) publisher: Channel,
+    /// Reply queues are declared here, not on the publisher: a declaration the broker refuses
+    /// (a queue declared earlier with other arguments) closes only this channel.
+    /// ([`DECLARING_CHANNELS`] of them, taken in turn: the broker works through one channel's
+    /// declarations one at a time.)
+    declarers: Vec<Declarer>,
+    /// Declarations made so far (which declarer is next).
+    declarations: u64,
+    /// Transient messages (live events, the direct and broadcast copies of a status) go out
+    /// here, without publisher confirms: in one order, at no confirm cost, and without lapin
+    /// keeping an unawaited confirm of each until the channel closes.
+    transient: Channel,
+}
+
+/// A channel reply queues are declared on.
+struct Declarer {
+    channel: Channel,
+    /// Declarations made on it so far.
+    declarations: u32,
+}
+
+/// Channels reply queues are declared on, side by side.
+const DECLARING_CHANNELS: usize = 4;
+
+/// Declarations made on one declaring channel before it is replaced: lapin remembers every
+/// queue declared on a channel (to recover the topology) until the channel closes, so a channel
+/// kept for good would grow with the sessions served.
+const DECLARATIONS_PER_CHANNEL: u32 = 1000;
+
+/// What the broker did with a confirmed, mandatory publish.
+pub(super) enum Routed {
+    /// It reached a queue.
+    Delivered,
+    /// No queue took it; it came back (why).
+    Returned(String),
+}
+
+/// Heartbeat interval asked of the broker unless the URL names one: a connection that goes
+/// silent (a network partition) is detected within about two intervals.
+const DEFAULT_HEARTBEAT_SECS: u16 = 10;
+
+/// The URL with a `heartbeat` query parameter, unless it already has one.
+fn with_heartbeat(url: &str) -> String {
+    if url.contains("heartbeat=") {
+        return url.to_string();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}heartbeat={DEFAULT_HEARTBEAT_SECS}")
+}
+
+impl RabbitBroker {
+    pub(super) async fn open(&self) -> Result<Live, QueueError> {
+        let props = ConnectionProperties::default()
+            .with_connection_name(LongString::from(self.connection_name.as_str()));
+        let tls = lapin::tcp::OwnedTLSConfig {
+            identity: None,
+            cert_chain: self.ca.as_ref().map(|ca| ca.pem().to_string()),
+        };
+        let runtime = lapin::runtime::default_runtime()
+            .map_err(|e| QueueError::Unavailable(format!("no async runtime for RabbitMQ: {e}")))?;
+        let connection =
+            Connection::connect_with_config(&with_heartbeat(&self.url), props, tls, runtime)
+                .await
+                .map_err(unavailable)?;
+        let publisher = connection.create_channel().await.map_err(unavailable)?;
+        publisher
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(unavailable)?;
+        self.declare(&publisher).await?;
+        let mut declarers = Vec::with_capacity(DECLARING_CHANNELS);
+        for _ in 0..DECLARING_CHANNELS {
+            declarers.push(Declarer {
+                channel: connection.create_channel().await.map_err(unavailable)?,
+                declarations: 0,
+            });
+        }
+        let transient = connection.create_channel().await.map_err(unavailable)?;
+        if let Ok(mut q) = self.reply_queues.lock() {
+            q.clear();
+        }
+        tracing::info!(connection = %self.connection_name, "connected to RabbitMQ");
+        Ok(Live {
+            connection,
+            publisher,
+            declarers,
+            declarations: 0,
+            transient,
+        })
+    }
+
+    /// The confirm-mode publishing channel, reconnecting when the old one is gone.
+    pub(super) async fn publisher(&self) -> Result<Channel, QueueError> {
+        let mut live = self.live.lock().await;
+        if let Some(l) = live.as_ref()
+            && l.connection.status().connected()
+            && l.publisher.status().connected()
+        {
+            return Ok(l.publisher.clone());
+        }
+        if live.is_some() {
+            tracing::warn!("RabbitMQ connection lost; reconnecting");
+        }
+        let fresh = self.open().await?;
+        let ch = fresh.publisher.clone();
+        *live = Some(fresh);
+        Ok(ch)
+    }
+
+    /// The channel reply queues are declared on: opened again when a refused declaration
+    /// closed it, and replaced by a fresh one every [`DECLARATIONS_PER_CHANNEL`] declarations
+    /// (the worn one closes once what is in flight on it has had its time).
+    pub(super) async fn declarer(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let mut live = self.live.lock().await;
+        let l = live
+            .as_mut()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        let turn = (l.declarations % DECLARING_CHANNELS as u64) as usize;
+        l.declarations += 1;
+        let connection = &l.connection;
+        let Some(d) = l.declarers.get_mut(turn) else {
+            return Err(QueueError::Unavailable("no declaring channel".into()));
+        };
+        let worn = d.declarations >= DECLARATIONS_PER_CHANNEL;
+        if worn || !d.channel.status().connected() {
+            let fresh = connection.create_channel().await.map_err(unavailable)?;
+            let old = std::mem::replace(&mut d.channel, fresh);
+            d.declarations = 0;
+            if worn {
+                let linger = self.timeout * 2;
+                tokio::spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    let _ = old.close(200, "replaced".into()).await;
+                });
+            }
+        }
+        d.declarations += 1;
+        Ok(d.channel.clone())
+    }
+
+    /// The channel of transient messages, opened again when it closed.
+    pub(super) async fn transient(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let mut live = self.live.lock().await;
+        let l = live
+            .as_mut()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        if !l.transient.status().connected() {
+            l.transient = l.connection.create_channel().await.map_err(unavailable)?;
+        }
+        Ok(l.transient.clone())
+    }
+
+    pub(super) async fn consumer_channel(&self) -> Result<Channel, QueueError> {
+        self.publisher().await?;
+        let live = self.live.lock().await;
+        let l = live
+            .as_ref()
+            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        l.connection.create_channel().await.map_err(unavailable)
+    }
+
+    /// A persistent, mandatory, confirmed publish; a returned message is an error.
+    pub(super) async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
+        match self
+            .publish_routed(exchange, routing_key, body, props)
+            .await?
+        {
+            Routed::Delivered => Ok(()),
+            Routed::Returned(why) => Err(QueueError::Rejected(why)),
+        }
+    }
+
+    /// A persistent, mandatory, confirmed publish that says whether it was routed.
+    pub(super) async fn publish_routed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<Routed, QueueError> {
+        self.bounded(
+            "a publish",
+            self.publish_confirmed(exchange, routing_key, body, props, true),
+        )
+        .await
+    }
+
+    /// A persistent, confirmed publish that the broker drops when no queue takes it (not
+    /// mandatory: nothing comes back).
+    pub(super) async fn publish_if_routed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+    ) -> Result<(), QueueError> {
+        self.bounded(
+            "a publish",
+            self.publish_confirmed(exchange, routing_key, body, props, false),
+        )
+        .await
+        .map(|_routed| ())
+    }
+
+    pub(super) async fn publish_confirmed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+        mandatory: bool,
+    ) -> Result<Routed, QueueError> {
+        let ch = self.publisher().await?;
+        let confirm = ch
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory,
+                    ..Default::default()
+                },
+                body,
+                props.with_delivery_mode(2),
+            )
+            .await
+            .map_err(unavailable)?
+            .await
+            .map_err(unavailable)?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(Routed::Delivered),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Ok(Routed::Returned(format!(
+                    "returned as unroutable ({} {})",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Confirmation::Nack(None) => Err(QueueError::Rejected("nacked by the broker".into())),
+            Confirmation::NotRequested => Err(QueueError::Unavailable(
+                "the channel is not in confirm mode".into(),
+            )),
+        }
+    }
+}
