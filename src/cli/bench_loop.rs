@@ -71,18 +71,21 @@ fn pids_named(comm: &str) -> Vec<u32> {
 fn rss_kib(comm: &str) -> u64 {
     pids_named(comm)
         .into_iter()
-        .filter_map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|pid| status_kib(pid, "VmRSS:"))
         .sum()
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:` for the peak), in KiB.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()
 }
 
 /// Declares `n` session reply queues the way a worker does (one status of a typical size
@@ -205,6 +208,7 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
         .timeout(Duration::from_secs(120))
         .build()?;
     let next = Arc::new(AtomicUsize::new(0));
+    let resident_before = status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
     let before = cpu_snapshot();
     let started = Instant::now();
     let clients = (0..opts.sessions.max(1)).map(|client| {
@@ -295,6 +299,14 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
         println!("  latency, later turns          {}", show(&later));
     }
     println!("  CPU per turn: {}", cpu_per(&before, &after, done));
+    let peak = status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
+    println!(
+        "  memory: resident {} MiB before, peak {} MiB with {} turns in flight: {:.1} KiB per turn in flight (front door, worker, fake model and HTTP clients together)",
+        resident_before / 1024,
+        peak / 1024,
+        opts.sessions,
+        peak.saturating_sub(resident_before) as f64 / opts.sessions.max(1) as f64
+    );
     Ok(())
 }
 
