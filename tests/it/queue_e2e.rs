@@ -527,17 +527,7 @@ pub(crate) fn count(keys: &[String], key: &str) -> usize {
 }
 
 fn rabbitmqctl_lines(args: &[&str]) -> Vec<String> {
-    let out = Command::new("rabbitmqctl")
-        .args(["-q", "--no-table-headers"])
-        .args(args)
-        .output()
-        .expect("rabbitmqctl runs");
-    assert!(
-        out.status.success(),
-        "rabbitmqctl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    crate::support::rabbitmqctl(&[&["-q", "--no-table-headers"], args].concat())
         .lines()
         .map(|l| l.trim().to_string())
         .collect()

@@ -10,6 +10,7 @@ use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::LongString;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use tokio::sync::{MappedMutexGuard, MutexGuard};
 
 use super::{RabbitBroker, unavailable};
 use crate::queue::QueueError;
@@ -125,15 +126,19 @@ impl RabbitBroker {
         Ok(ch)
     }
 
+    /// The connection, (re)connected, held while the caller picks or opens a channel.
+    async fn connected(&self) -> Result<MappedMutexGuard<'_, Live>, QueueError> {
+        self.publisher().await?;
+        MutexGuard::try_map(self.live.lock().await, Option::as_mut)
+            .map_err(|_| QueueError::Unavailable("not connected".into()))
+    }
+
     /// The channel reply queues are declared on: opened again when a refused declaration
     /// closed it, and replaced by a fresh one every [`DECLARATIONS_PER_CHANNEL`] declarations
     /// (the worn one closes once what is in flight on it has had its time).
     pub(super) async fn declarer(&self) -> Result<Channel, QueueError> {
-        self.publisher().await?;
-        let mut live = self.live.lock().await;
-        let l = live
-            .as_mut()
-            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        let mut live = self.connected().await?;
+        let l = &mut *live;
         let turn = (l.declarations % DECLARING_CHANNELS as u64) as usize;
         l.declarations += 1;
         let connection = &l.connection;
@@ -159,11 +164,7 @@ impl RabbitBroker {
 
     /// The channel of transient messages, opened again when it closed.
     pub(super) async fn transient(&self) -> Result<Channel, QueueError> {
-        self.publisher().await?;
-        let mut live = self.live.lock().await;
-        let l = live
-            .as_mut()
-            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        let mut l = self.connected().await?;
         if !l.transient.status().connected() {
             l.transient = l.connection.create_channel().await.map_err(unavailable)?;
         }
@@ -171,11 +172,7 @@ impl RabbitBroker {
     }
 
     pub(super) async fn consumer_channel(&self) -> Result<Channel, QueueError> {
-        self.publisher().await?;
-        let live = self.live.lock().await;
-        let l = live
-            .as_ref()
-            .ok_or_else(|| QueueError::Unavailable("not connected".into()))?;
+        let l = self.connected().await?;
         l.connection.create_channel().await.map_err(unavailable)
     }
 
