@@ -1,4 +1,4 @@
-//! The call limiter's stores (memory, Redis) pass one suite: slots are capped, expire unless
+//! The call limiter's stores (memory, Redis, Redis Cluster) pass one suite: slots are capped, expire unless
 //! renewed and come back when released; calls are spaced; a slow-down holds every caller; and
 //! [`CallLimiter`] waits within its bound, then gives up with `NoCapacity`.
 
@@ -33,6 +33,22 @@ async fn redis() -> Limits {
     .await
     .unwrap();
     (Arc::new(limits), Some(guard))
+}
+
+/// On the tests' three-master Redis Cluster, under a fresh namespace (the cluster goes away
+/// with the test process).
+async fn cluster() -> Limits {
+    let limits = RedisLimits::connect(
+        &crate::redis_cluster::cluster().await.urls,
+        &format!("aptix-test-{}", uuid::Uuid::new_v4().simple()),
+        &RedisOptions {
+            cluster: true,
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    (Arc::new(limits), None)
 }
 
 const TTL: Duration = Duration::from_secs(30);
@@ -218,7 +234,11 @@ async fn the_limiter_keeps_concurrency_and_spacing((limits, _g): Limits) {
 }
 
 for_each_backend!(
-    backends: [memory => super::memory(), redis => super::redis().await],
+    backends: [
+        memory => super::memory(),
+        redis => super::redis().await,
+        cluster => super::cluster().await,
+    ],
     tests: [
         slots_are_capped_and_come_back_when_released,
         a_slot_expires_unless_renewed,
