@@ -183,6 +183,7 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     );
     let fake = FakeOptions {
         latency: opts.latency,
+        forget_requests: true,
         ..FakeOptions::default()
     };
     let p = parts_with(config, fake).await?;

@@ -211,6 +211,8 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         stream_delay: Duration::from_millis(stream_delay_ms),
         break_streams,
         no_streaming,
+        // A server that runs for days keeps no record nobody reads.
+        forget_requests: true,
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await

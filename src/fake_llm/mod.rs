@@ -79,6 +79,9 @@ pub struct FakeOptions {
     pub no_streaming: bool,
     /// Break the first this many streamed answers halfway (see [`Reply::BrokenStream`]).
     pub break_streams: usize,
+    /// Keep no record of the requests (`requests()` and `traceparents()` stay empty), so a long
+    /// benchmark's memory is the product's, not the fake's.
+    pub forget_requests: bool,
 }
 
 /// A stored response: what a follow-up call must answer.
@@ -270,7 +273,9 @@ async fn create_response(
             );
         }
     }
-    if let Ok(mut t) = inner.traceparents.lock() {
+    if !inner.options.forget_requests
+        && let Ok(mut t) = inner.traceparents.lock()
+    {
         t.push(
             headers
                 .get(crate::trace::TRACEPARENT)
@@ -289,7 +294,9 @@ async fn create_response(
             );
         }
     };
-    if let Ok(mut r) = inner.requests.lock() {
+    if !inner.options.forget_requests
+        && let Ok(mut r) = inner.requests.lock()
+    {
         r.push(request.clone());
     }
     if !inner.options.latency.is_zero() {
