@@ -201,7 +201,7 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
     };
     let (stop_worker, worker) = p.start_worker(settings);
     let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = aptix_worker::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let base = format!("http://{}", listener.local_addr()?);
     p.app.spawn_http(&p.config, listener, stop.clone());
     let http = aptix_worker::tls::http_client_builder(None)?

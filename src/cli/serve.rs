@@ -93,8 +93,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let ops = match listen {
         Some(addr) => {
             check_exposure(&addr, &config.api_tokens)?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
+            let listener = aptix_worker::net::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
             let router = ops_router(app.http_state(&config));
@@ -131,9 +130,8 @@ async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode>
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let worker_task = worker.then(|| app.worker(&config).spawn(shutdown.clone()));
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener =
+        aptix_worker::net::listen(listen).with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, worker, "HTTP API listening");
     app.spawn_http(&config, listener, shutdown).await??;
     if let Some(t) = worker_task {
@@ -185,8 +183,7 @@ async fn run_files(
     let server = match listen {
         Some(addr) => {
             check_exposure(&addr, &config.api_tokens)?;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
+            let listener = aptix_worker::net::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(address = %listener.local_addr()?, "HTTP API listening while the files run");
             Some(app.spawn_http(&config, listener, shutdown.clone()))

@@ -147,7 +147,7 @@ impl FakeLlm {
         let app = Router::new()
             .route("/v1/responses", post(create_response))
             .with_state(inner.clone());
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let listener = crate::net::listen(addr)?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
