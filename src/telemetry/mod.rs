@@ -86,6 +86,9 @@ impl Drop for Telemetry {
     }
 }
 
+/// Targets kept quiet unless `RUST_LOG` asks for them.
+const QUIET_BY_DEFAULT: &str = "lapin::returned_messages=error";
+
 /// Installs the log subscriber (`RUST_LOG` if set, else `default_level`) and, when
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is set, span export for `service` (`OTEL_SERVICE_NAME`
 /// overrides it). Must run inside the tokio runtime when export is requested; an export set-up
@@ -98,8 +101,10 @@ pub fn init(
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
 
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // lapin warns about every message the broker returns and prints its body (a turn's
+    // result): we handle returned messages ourselves and say so without the content.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},{QUIET_BY_DEFAULT}")));
     let text = (format == LogFormat::Text).then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
