@@ -154,7 +154,7 @@ pub async fn cluster_store() -> RedisStore {
 }
 
 #[tokio::test]
-async fn a_session_s_keys_share_one_slot_and_sessions_spread_over_the_masters() {
+async fn a_session_s_keys_share_one_slot_and_sessions_land_on_many_slots() {
     let c = cluster().await;
     let store = cluster_store().await;
     let first = c.urls.split(',').next().unwrap().to_string();

@@ -110,26 +110,23 @@ impl RabbitBroker {
 
     /// The confirm-mode publishing channel, reconnecting when the old one is gone.
     pub(super) async fn publisher(&self) -> Result<Channel, QueueError> {
-        let mut live = self.live.lock().await;
-        if let Some(l) = live.as_ref()
-            && l.connection.status().connected()
-            && l.publisher.status().connected()
-        {
-            return Ok(l.publisher.clone());
-        }
-        if live.is_some() {
-            tracing::warn!("RabbitMQ connection lost; reconnecting");
-        }
-        let fresh = self.open().await?;
-        let ch = fresh.publisher.clone();
-        *live = Some(fresh);
-        Ok(ch)
+        Ok(self.connected().await?.publisher.clone())
     }
 
-    /// The connection, (re)connected, held while the caller picks or opens a channel.
+    /// The connection, held while the caller picks or opens a channel: one lock, and a new
+    /// connection first when the old one (or its publishing channel) is gone.
     async fn connected(&self) -> Result<MappedMutexGuard<'_, Live>, QueueError> {
-        self.publisher().await?;
-        MutexGuard::try_map(self.live.lock().await, Option::as_mut)
+        let mut live = self.live.lock().await;
+        let healthy = live
+            .as_ref()
+            .is_some_and(|l| l.connection.status().connected() && l.publisher.status().connected());
+        if !healthy {
+            if live.is_some() {
+                tracing::warn!("RabbitMQ connection lost; reconnecting");
+            }
+            *live = Some(self.open().await?);
+        }
+        MutexGuard::try_map(live, Option::as_mut)
             .map_err(|_| QueueError::Unavailable("not connected".into()))
     }
 
@@ -185,7 +182,7 @@ impl RabbitBroker {
         props: BasicProperties,
     ) -> Result<(), QueueError> {
         match self
-            .publish_routed(exchange, routing_key, body, props)
+            .publish_routed(exchange, routing_key, body, props, true)
             .await?
         {
             Routed::Delivered => Ok(()),
@@ -193,36 +190,22 @@ impl RabbitBroker {
         }
     }
 
-    /// A persistent, mandatory, confirmed publish that says whether it was routed.
+    /// A persistent, confirmed publish within the operation timeout. `mandatory`: a message no
+    /// queue takes comes back ([`Routed::Returned`]); otherwise the broker drops it and the
+    /// publish reads as delivered.
     pub(super) async fn publish_routed(
         &self,
         exchange: &str,
         routing_key: &str,
         body: &[u8],
         props: BasicProperties,
+        mandatory: bool,
     ) -> Result<Routed, QueueError> {
         self.bounded(
             "a publish",
-            self.publish_confirmed(exchange, routing_key, body, props, true),
+            self.publish_confirmed(exchange, routing_key, body, props, mandatory),
         )
         .await
-    }
-
-    /// A persistent, confirmed publish that the broker drops when no queue takes it (not
-    /// mandatory: nothing comes back).
-    pub(super) async fn publish_if_routed(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        props: BasicProperties,
-    ) -> Result<(), QueueError> {
-        self.bounded(
-            "a publish",
-            self.publish_confirmed(exchange, routing_key, body, props, false),
-        )
-        .await
-        .map(|_routed| ())
     }
 
     pub(super) async fn publish_confirmed(

@@ -241,57 +241,55 @@ impl RabbitBroker {
         slot.as_ref()
             .ok_or_else(|| QueueError::Unavailable("no event consumer".into()))
     }
+}
 
-    /// Sends a transient, unconfirmed message of a session straight to a waiting process's
-    /// event hub (`address`).
-    pub(super) async fn publish_direct(
-        &self,
-        address: &str,
-        session: &SessionId,
-        event: &str,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        let ch = self.transient().await?;
-        let headers = table(vec![
-            (SESSION_HEADER, text(session.as_str())),
-            (EVENT_HEADER, text(event)),
-        ]);
-        ch.basic_publish(
-            "".into(),
-            address.into(),
-            BasicPublishOptions::default(),
-            body,
-            BasicProperties::default()
-                .with_content_type(ShortString::from("application/json"))
-                .with_delivery_mode(1)
-                .with_headers(headers),
-        )
-        .await
-        .map(|_confirm| ())
-        .map_err(unavailable)
-    }
+/// Sends a transient, unconfirmed message of a session on `ch` (the transient channel) straight
+/// to a waiting process's event hub (`address`).
+pub(super) async fn publish_direct(
+    ch: &Channel,
+    address: &str,
+    session: &SessionId,
+    event: &str,
+    body: &[u8],
+) -> Result<(), QueueError> {
+    let headers = table(vec![
+        (SESSION_HEADER, text(session.as_str())),
+        (EVENT_HEADER, text(event)),
+    ]);
+    ch.basic_publish(
+        "".into(),
+        address.into(),
+        BasicPublishOptions::default(),
+        body,
+        BasicProperties::default()
+            .with_content_type(ShortString::from("application/json"))
+            .with_delivery_mode(1)
+            .with_headers(headers),
+    )
+    .await
+    .map(|_confirm| ())
+    .map_err(unavailable)
+}
 
-    /// Broadcasts a transient, unconfirmed message of a session to the event hubs bound to it
-    /// on `exchange`.
-    pub(super) async fn broadcast(
-        &self,
-        exchange: &str,
-        session: &SessionId,
-        props: BasicProperties,
-        body: &[u8],
-    ) -> Result<(), QueueError> {
-        let ch = self.transient().await?;
-        ch.basic_publish(
-            exchange.into(),
-            session.as_str().into(),
-            BasicPublishOptions::default(),
-            body,
-            props.with_delivery_mode(1),
-        )
-        .await
-        .map(|_confirm| ())
-        .map_err(unavailable)
-    }
+/// Broadcasts a transient, unconfirmed message of a session on `ch` (the transient channel) to
+/// the event hubs bound to it on `exchange`.
+pub(super) async fn broadcast(
+    ch: &Channel,
+    exchange: &str,
+    session: &SessionId,
+    props: BasicProperties,
+    body: &[u8],
+) -> Result<(), QueueError> {
+    ch.basic_publish(
+        exchange.into(),
+        session.as_str().into(),
+        BasicPublishOptions::default(),
+        body,
+        props.with_delivery_mode(1),
+    )
+    .await
+    .map(|_confirm| ())
+    .map_err(unavailable)
 }
 
 /// Every [`PRUNE_EVERY`]: forgets subscribers that are gone, and unbinds the hub's queue from

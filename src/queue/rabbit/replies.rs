@@ -14,7 +14,9 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Que
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use tokio::sync::mpsc;
 
-use super::hub::{LIVE_SUBSCRIBER_BUFFER, SUBSCRIBER_BUFFER, Subscriber};
+use super::hub::{
+    LIVE_SUBSCRIBER_BUFFER, SUBSCRIBER_BUFFER, Subscriber, broadcast, publish_direct,
+};
 use super::{RabbitBroker, Routed, table, text, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
@@ -190,22 +192,24 @@ impl ReplyBus for RabbitBroker {
                 .with_correlation_id(ShortString::from(correlation_id))
         };
         let notify = async {
+            let ch = self.transient().await?;
             if let Some(address) = reply_to {
-                self.publish_direct(address, session, "status", body)
-                    .await?;
+                publish_direct(&ch, address, session, "status", body).await?;
             }
-            self.broadcast(&self.topology.events(), session, props(), body)
-                .await
+            broadcast(&ch, &self.topology.events(), session, props(), body).await
         };
         self.bounded("a status broadcast", notify).await?;
         let queue = self.topology.reply_queue(session);
         if self.topology.reply_queues == ReplyQueues::OnSubscribe {
             // Only a session a client subscribed to has a queue; without one, the broker drops
             // the status (the store has it).
-            return self.publish_if_routed("", &queue, body, props()).await;
+            return self
+                .publish_routed("", &queue, body, props(), false)
+                .await
+                .map(|_dropped_or_queued| ());
         }
         self.ensure_reply_queue(session).await?;
-        match self.publish_routed("", &queue, body, props()).await? {
+        match self.publish_routed("", &queue, body, props(), true).await? {
             Routed::Delivered => Ok(()),
             // The reply queue expired since we declared it: declare it again, once.
             Routed::Returned(_) => {
@@ -275,13 +279,13 @@ impl ReplyBus for RabbitBroker {
         // On the transient channel that later carries the turn's status to its waiters and
         // watchers, so they get them in that order; nothing is confirmed or persisted.
         let send = async {
+            let ch = self.transient().await?;
             if let Some(address) = reply_to {
-                self.publish_direct(address, session, "live", body).await?;
+                publish_direct(&ch, address, session, "live", body).await?;
             }
             let props =
                 BasicProperties::default().with_content_type(ShortString::from("application/json"));
-            self.broadcast(&self.topology.live(), session, props, body)
-                .await
+            broadcast(&ch, &self.topology.live(), session, props, body).await
         };
         self.bounded("a live event", send).await
     }
