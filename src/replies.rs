@@ -25,8 +25,7 @@ pub async fn publish_status(
     view: &TurnStatusView,
     reply_to: Option<&str>,
 ) -> Result<(), QueueError> {
-    let body = serde_json::to_vec(view)
-        .map_err(|e| QueueError::Rejected(format!("cannot encode a turn status: {e}")))?;
+    let body = serde_json::to_vec(view).map_err(|e| QueueError::Encode(std::sync::Arc::new(e)))?;
     bus.publish_reply(&view.session_id, view.turn_id.as_str(), reply_to, &body)
         .await
 }

@@ -539,8 +539,8 @@ impl Worker {
                 info!(status = status.as_str(), "result published");
                 Disposition::Ack
             }
-            Err(QueueError::Rejected(m) | QueueError::Unavailable(m)) => {
-                warn!(error = %m, "could not publish the result; the job will run again and republish it");
+            Err(e) => {
+                warn!(error = %e, "could not publish the result; the job will run again and republish it");
                 Disposition::Requeue
             }
         }

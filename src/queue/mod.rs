@@ -21,9 +21,16 @@ pub use rabbit::RabbitBroker;
 /// them and does not report the job as accepted (or does not ack the delivery).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum QueueError {
-    /// The broker is unreachable or the connection/channel dropped.
+    /// The broker is unreachable, did not answer in time, or the connection is not usable.
     #[error("message broker unavailable: {0}")]
     Unavailable(String),
+    /// An AMQP operation failed (connection or channel closed, a refused declaration, an I/O
+    /// error); the client's error is kept as the source.
+    #[error("message broker unavailable: {0}")]
+    Amqp(#[source] lapin::Error),
+    /// A message could not be encoded.
+    #[error("a message cannot be encoded: {0}")]
+    Encode(#[source] std::sync::Arc<serde_json::Error>),
     /// The broker refused the message (nack) or could not route it (returned).
     #[error("message broker did not accept the message: {0}")]
     Rejected(String),

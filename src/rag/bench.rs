@@ -259,11 +259,11 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
         return Ok(());
     };
     let ns = format!("aptix-bench-{}", uuid::Uuid::new_v4().simple());
-    let client = redis::Client::open(url).map_err(|e| RagError::Unavailable(e.to_string()))?;
+    let client = redis::Client::open(url).map_err(RagError::Redis)?;
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
-        .map_err(|e| RagError::Unavailable(e.to_string()))?;
+        .map_err(RagError::Redis)?;
     // Baseline for Redis indexing: every chunk's text stored with one HSET, 500 per pipeline.
     let t = Instant::now();
     let all: Vec<&Chunk> = chunked.iter().flatten().collect();
@@ -275,7 +275,7 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
         }
         pipe.query_async::<()>(&mut conn)
             .await
-            .map_err(|e| RagError::Unavailable(e.to_string()))?;
+            .map_err(RagError::Redis)?;
     }
     let hset_time = t.elapsed();
     let redis = std::sync::Arc::new(RedisIndex::connect(url, &ns).await?);
@@ -294,10 +294,11 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     let redis_index = t.elapsed();
     let redis_q = time_queries(redis, &qs).await?;
     // Clean up the bench keys (SCAN, not KEYS: the Redis may be shared).
-    let cleanup = crate::store::RedisStore::connect(url, &ns, crate::store::Retention::default())
-        .await
-        .map_err(|e| RagError::Unavailable(e.to_string()))?;
-    if let Err(e) = cleanup.delete_namespace().await {
+    let cleaned = match crate::store::RedisStore::connect(url, &ns, Default::default()).await {
+        Ok(store) => store.delete_namespace().await.map(drop),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = cleaned {
         tracing::warn!(namespace = %ns, error = %e, "could not delete the benchmark's keys");
     }
     println!(

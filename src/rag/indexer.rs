@@ -189,8 +189,10 @@ pub async fn index_folder(
     opts: ChunkOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<IndexReport, RagError> {
-    let (files, skipped) = read_folder(folder)
-        .map_err(|e| RagError::Unavailable(format!("reading {}: {e}", folder.display())))?;
+    let (files, skipped) = read_folder(folder).map_err(|source| RagError::Folder {
+        path: folder.to_path_buf(),
+        source,
+    })?;
     let mut report = index_files(index, tenant, repo, &files, tags, true, opts, progress).await?;
     report.skipped.extend(skipped);
     Ok(report)

@@ -178,14 +178,33 @@ pub fn tokenize(text: &str) -> Vec<String> {
 }
 
 /// A failed index or retrieval operation.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum RagError {
-    /// The backend is unreachable or failed.
+    /// The backend is unusable (the in-memory index's lock is poisoned).
     #[error("index unavailable: {0}")]
     Unavailable(String),
-    /// Stored index data could not be read back.
+    /// Redis failed or did not answer in time; the client's error is kept as the source.
+    #[error("index unavailable: {0}")]
+    Redis(#[source] ::redis::RedisError),
+    /// Stored index data is not what the index wrote.
     #[error("index data is corrupt: {0}")]
     Corrupt(String),
+    /// A stored value could not be decoded; the decoder's error is kept as the source.
+    #[error("index data under {key} cannot be decoded: {source}")]
+    Decode {
+        /// The key whose value failed to decode.
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The folder to index could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Folder {
+        /// The folder.
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// One chunk in a term's posting list: how often the term occurs there, and the chunk's length
@@ -403,6 +422,39 @@ pub fn within_budget(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A folder that cannot be read is named in the error, with the I/O error as its source.
+    #[tokio::test]
+    async fn an_unreadable_folder_is_named_with_its_cause() {
+        let missing = std::env::temp_dir().join(format!("aptix-missing-{}", uuid::Uuid::new_v4()));
+        let index = MemoryIndex::new();
+        let Err(e) = index_folder(
+            &index,
+            "t",
+            "r",
+            &missing,
+            &[],
+            ChunkOptions::default(),
+            |_, _| {},
+        )
+        .await
+        else {
+            panic!("the folder does not exist");
+        };
+        assert!(
+            matches!(&e, RagError::Folder { path, .. } if *path == missing),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().contains(&missing.display().to_string()),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).expect("the cause is kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("an I/O error");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 
     fn meta() -> ChunkMeta {
         ChunkMeta {

@@ -89,11 +89,14 @@ pub struct RedisIndex {
 }
 
 fn unavailable(e: redis::RedisError) -> RagError {
-    RagError::Unavailable(e.to_string())
+    RagError::Redis(e)
 }
 
-fn corrupt(key: &str, e: serde_json::Error) -> RagError {
-    RagError::Corrupt(format!("{key}: {e}"))
+fn corrupt(key: &str, source: serde_json::Error) -> RagError {
+    RagError::Decode {
+        key: key.to_string(),
+        source,
+    }
 }
 
 /// Ids read per `HMGET`.

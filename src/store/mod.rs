@@ -40,7 +40,7 @@ impl Default for Retention {
 }
 
 /// A store operation that could not be done.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The backend is unreachable or failed; the operation may succeed if retried.
     #[error("session store unavailable: {0}")]
@@ -49,9 +49,21 @@ pub enum StoreError {
     /// client's error is kept as the source (its kind: timeout, refused, I/O, a script error).
     #[error("session store unavailable: {0}")]
     Redis(#[source] ::redis::RedisError),
-    /// Stored data could not be read back.
+    /// Stored data is not what the store wrote (a record missing that must exist, a value out
+    /// of place).
     #[error("session store data is corrupt: {0}")]
     Corrupt(String),
+    /// A stored value could not be decoded; the decoder's error is kept as the source.
+    #[error("session store data under {key} cannot be decoded: {source}")]
+    Decode {
+        /// The key whose value failed to decode.
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value could not be encoded for storing.
+    #[error("a value cannot be encoded for the session store: {0}")]
+    Encode(#[source] serde_json::Error),
     /// The writer no longer holds the session's lease; its write was rejected.
     #[error("the lease on session {0} was lost; the write was rejected")]
     Fenced(String),

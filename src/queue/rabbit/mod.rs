@@ -55,7 +55,7 @@ const TENANT_HEADER: &str = "x-aptix-tenant";
 const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
 
 fn unavailable(e: lapin::Error) -> QueueError {
-    QueueError::Unavailable(e.to_string())
+    QueueError::Amqp(e)
 }
 
 /// How long one broker operation may take unless configured otherwise.
@@ -479,5 +479,38 @@ impl JobQueue for RabbitBroker {
         }
         let _ = ch.close(200, "done".into()).await;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod cause_tests {
+    use std::time::Duration;
+
+    use super::RabbitBroker;
+    use crate::queue::{QueueError, Topology};
+
+    /// A failed AMQP operation keeps lapin's error as its source, so callers and logs can tell
+    /// a refused connection from a closed channel instead of reading a flattened message.
+    #[tokio::test]
+    async fn an_amqp_failure_keeps_its_cause() {
+        let broker = RabbitBroker::new(
+            "amqp://guest:guest@127.0.0.1:1/%2f",
+            Topology::new("cause"),
+            "aptix-cause-test",
+        )
+        .with_timeout(Duration::from_secs(2));
+        let Err(e) = broker.connect().await else {
+            panic!("nothing listens on port 1");
+        };
+        assert!(matches!(e, QueueError::Amqp(_)), "{e:?}");
+        assert!(
+            e.to_string().starts_with("message broker unavailable: "),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).expect("the cause is kept");
+        assert!(
+            source.downcast_ref::<lapin::Error>().is_some(),
+            "{source:?}"
+        );
     }
 }

@@ -179,12 +179,17 @@ fn decode<T: serde::de::DeserializeOwned>(
     key: &str,
     raw: Option<String>,
 ) -> Result<Option<T>, StoreError> {
-    raw.map(|s| serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("{key}: {e}"))))
-        .transpose()
+    raw.map(|s| {
+        serde_json::from_str(&s).map_err(|source| StoreError::Decode {
+            key: key.to_string(),
+            source,
+        })
+    })
+    .transpose()
 }
 
 fn encode<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| StoreError::Corrupt(format!("cannot encode: {e}")))
+    serde_json::to_string(v).map_err(StoreError::Encode)
 }
 
 #[async_trait::async_trait]
@@ -558,5 +563,37 @@ mod cause_tests {
             redis.is_io_error() || redis.is_connection_refusal(),
             "{redis:?}"
         );
+    }
+
+    /// A stored value that does not decode names its key and keeps the decoder's error, so an
+    /// operator can find the value and see what is wrong with it.
+    #[tokio::test]
+    async fn an_undecodable_value_names_its_key_and_keeps_its_cause() {
+        let url = std::env::var("APTIX_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
+        let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &ns, Retention::default())
+            .await
+            .expect("Redis must be running for this test");
+        let sid = crate::contract::SessionId::parse("s1").expect("valid id");
+        let key = store.key("session", &sid);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg("{not json")
+            .query_async(&mut store.conn())
+            .await
+            .expect("SET");
+        let e = crate::store::SessionStore::get_session(&store, &sid).await;
+        store.delete_namespace().await.expect("clean up");
+        let Err(e) = e else {
+            panic!("a corrupt session must not read as one: {e:?}");
+        };
+        assert!(
+            matches!(&e, StoreError::Decode { key: k, .. } if *k == key),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(&key), "{e}");
+        let source = std::error::Error::source(&e).expect("the cause is kept");
+        assert!(source.downcast_ref::<serde_json::Error>().is_some());
     }
 }
