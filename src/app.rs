@@ -203,8 +203,9 @@ impl App {
         })
     }
 
+    /// The worker of these parts, with the configuration's settings.
     pub fn worker(&self, config: &Config) -> Worker {
-        let settings = WorkerSettings {
+        self.worker_with(WorkerSettings {
             concurrency: u16::try_from(config.concurrency).unwrap_or(u16::MAX),
             max_attempts: config.max_attempts,
             turn_deadline: config.turn_deadline,
@@ -212,7 +213,11 @@ impl App {
             lane_wait: config.lane_wait,
             limits: config.limits,
             ..WorkerSettings::default()
-        };
+        })
+    }
+
+    /// The worker of these parts with `settings` of the caller's (benchmarks, tests).
+    pub fn worker_with(&self, settings: WorkerSettings) -> Worker {
         Worker::new(
             self.broker.clone(),
             self.pipeline.clone(),

@@ -18,10 +18,9 @@ use aptix_worker::config::Config;
 use aptix_worker::contract::{SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
 use aptix_worker::frontdoor::FrontDoor;
-use aptix_worker::pipeline::Pipeline;
 use aptix_worker::queue::{Broker, RabbitBroker, Topology};
 use aptix_worker::store::{RedisStore, SessionStore, TurnStatus, TurnStatusView};
-use aptix_worker::worker::{Worker, WorkerSettings};
+use aptix_worker::worker::WorkerSettings;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -43,7 +42,6 @@ pub(super) struct Parts {
     broker: Arc<dyn Broker>,
     store: Arc<dyn SessionStore>,
     topology: Topology,
-    pipeline: Pipeline,
     pub(super) config: Config,
     pub(super) app: App,
     pub(super) fake: FakeLlm,
@@ -55,12 +53,7 @@ impl Parts {
         &self,
         settings: WorkerSettings,
     ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-        let worker = Worker::new(
-            self.broker.clone(),
-            self.pipeline.clone(),
-            self.topology.clone(),
-            settings,
-        );
+        let worker = self.app.worker_with(settings);
         let stop = CancellationToken::new();
         let task = worker.spawn(stop.clone());
         (stop, task)
@@ -98,7 +91,6 @@ pub(super) async fn parts_with(config: &Config, fake: FakeOptions) -> anyhow::Re
         broker: app.broker.clone(),
         store: app.store.clone(),
         topology: app.topology.clone(),
-        pipeline: app.pipeline.clone(),
         config,
         app,
         fake,

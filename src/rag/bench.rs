@@ -165,6 +165,17 @@ async fn time_queries(
     Ok(times)
 }
 
+/// How long indexing `files` (all of them, as new) takes.
+async fn time_indexing(
+    index: &dyn ChunkIndex,
+    files: &[(String, String)],
+    copts: ChunkOptions,
+) -> Result<Duration, RagError> {
+    let t = Instant::now();
+    super::index_files(index, "bench", "bench", files, &[], true, copts, |_, _| {}).await?;
+    Ok(t.elapsed())
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -215,19 +226,7 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     );
 
     let memory = std::sync::Arc::new(MemoryIndex::new());
-    let t = Instant::now();
-    super::index_files(
-        memory.as_ref(),
-        "bench",
-        "bench",
-        &files,
-        &[],
-        true,
-        copts,
-        |_, _| {},
-    )
-    .await?;
-    let mem_index = t.elapsed();
+    let mem_index = time_indexing(memory.as_ref(), &files, copts).await?;
 
     // Baseline for queries: a brute-force scan over pre-tokenized chunks in memory.
     let scan_corpus: Vec<(Vec<String>, usize)> = chunked
@@ -279,19 +278,7 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     }
     let hset_time = t.elapsed();
     let redis = std::sync::Arc::new(RedisIndex::connect(url, &ns).await?);
-    let t = Instant::now();
-    super::index_files(
-        redis.as_ref(),
-        "bench",
-        "bench",
-        &files,
-        &[],
-        true,
-        copts,
-        |_, _| {},
-    )
-    .await?;
-    let redis_index = t.elapsed();
+    let redis_index = time_indexing(redis.as_ref(), &files, copts).await?;
     let redis_q = time_queries(redis, &qs).await?;
     // Clean up the bench keys (SCAN, not KEYS: the Redis may be shared).
     let cleaned = match crate::store::RedisStore::connect(url, &ns, Default::default()).await {

@@ -4,21 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aptix_worker::catalog::ModeCatalog;
+use aptix_worker::app::App;
+use aptix_worker::config::Config;
 use aptix_worker::contract::SessionId;
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
 use aptix_worker::frontdoor::FrontDoor;
-use aptix_worker::llm::LlmClient;
-use aptix_worker::pipeline::{Pipeline, PipelineSettings};
-use aptix_worker::queue::{JobQueue as _, MemoryBroker, ReplyBus as _, Topology};
-use aptix_worker::store::{MemoryStore, SessionStore, TurnStatus, TurnStatusView};
-use aptix_worker::worker::{Worker, WorkerSettings};
+use aptix_worker::queue::Broker;
+use aptix_worker::store::{TurnStatus, TurnStatusView};
+use aptix_worker::worker::Worker;
 use tokio_util::sync::CancellationToken;
 
+/// The embedded deployment (no URLs: in-memory broker and store) built as the binary builds
+/// it, against a fake model answering after `latency`, with a worker that gives in-flight
+/// turns `grace` to finish when it stops.
 async fn setup(
     latency: Duration,
     grace: Duration,
-) -> (Arc<MemoryBroker>, Worker, FrontDoor, FakeLlm) {
+) -> (Arc<dyn Broker>, Worker, FrontDoor, (App, FakeLlm)) {
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
         FakeOptions {
@@ -29,35 +31,20 @@ async fn setup(
     )
     .await
     .unwrap();
-    let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
-    let broker = Arc::new(MemoryBroker::new());
-    let llm = LlmClient::new(
-        &fake.base_url(),
-        None,
-        Duration::from_secs(2),
-        Duration::from_secs(30),
-        0,
-    )
-    .unwrap();
-    let pipeline = Pipeline::new(
-        store.clone(),
-        Arc::new(ModeCatalog::builtin()),
-        llm,
-        PipelineSettings::new("m"),
-    )
-    .unwrap();
-    let settings = WorkerSettings {
-        shutdown_grace: grace,
-        ..WorkerSettings::default()
-    };
-    let worker = Worker::new(broker.clone(), pipeline, Topology::new("t"), settings);
-    let door = FrontDoor::new(store, broker.clone(), Default::default());
-    (broker, worker, door, fake)
+    let base_url = fake.base_url();
+    let mut config =
+        Config::from_lookup(|k| (k == "APTIX_LLM_BASE_URL").then(|| base_url.clone())).unwrap();
+    config.llm_max_retries = 0;
+    config.shutdown_grace = grace;
+    let app = App::build(&config).await.unwrap();
+    let worker = app.worker(&config);
+    let door = app.front_door(&config);
+    (app.broker.clone(), worker, door, (app, fake))
 }
 
 #[tokio::test]
 async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
-    let (broker, worker, door, _fake) =
+    let (broker, worker, door, _kept) =
         setup(Duration::from_millis(500), Duration::from_secs(5)).await;
     let mut replies = broker
         .subscribe_replies(&SessionId::parse("s").unwrap())
@@ -83,7 +70,7 @@ async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
 
 #[tokio::test]
 async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
-    let (broker, worker, door, _fake) =
+    let (broker, worker, door, _kept) =
         setup(Duration::from_secs(3), Duration::from_millis(200)).await;
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
@@ -114,7 +101,7 @@ async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
 
 #[tokio::test]
 async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status() {
-    let (broker, worker, door, _fake) = setup(Duration::ZERO, Duration::from_secs(5)).await;
+    let (broker, worker, door, _kept) = setup(Duration::ZERO, Duration::from_secs(5)).await;
     let mut replies = broker
         .subscribe_replies(&SessionId::parse("s").unwrap())
         .await
@@ -148,11 +135,14 @@ async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status
         (view.turn_id.as_str(), view.status),
         ("t2", TurnStatus::Completed)
     );
-    assert_eq!(
-        broker.ready_len(),
-        0,
-        "the stray job was acked, not requeued"
-    );
     stop.cancel();
     task.await.unwrap();
+    // Once the worker is gone, a requeued or unacked job would be delivered again.
+    let mut deliveries = broker.consume(1).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), deliveries.recv())
+            .await
+            .is_err(),
+        "the stray job was acked, not requeued"
+    );
 }

@@ -201,49 +201,39 @@ impl RabbitBroker {
         props: BasicProperties,
         mandatory: bool,
     ) -> Result<Routed, QueueError> {
-        self.bounded(
-            "a publish",
-            self.publish_confirmed(exchange, routing_key, body, props, mandatory),
-        )
-        .await
-    }
-
-    pub(super) async fn publish_confirmed(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        body: &[u8],
-        props: BasicProperties,
-        mandatory: bool,
-    ) -> Result<Routed, QueueError> {
-        let ch = self.publisher().await?;
-        let confirm = ch
-            .basic_publish(
-                exchange.into(),
-                routing_key.into(),
-                BasicPublishOptions {
-                    mandatory,
-                    ..Default::default()
-                },
-                body,
-                props.with_delivery_mode(2),
-            )
-            .await
-            .map_err(unavailable)?
-            .await
-            .map_err(unavailable)?;
-        match confirm {
-            Confirmation::Ack(None) => Ok(Routed::Delivered),
-            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                Ok(Routed::Returned(format!(
-                    "returned as unroutable ({} {})",
-                    returned.reply_code, returned.reply_text
-                )))
+        self.bounded("a publish", async {
+            let ch = self.publisher().await?;
+            let confirm = ch
+                .basic_publish(
+                    exchange.into(),
+                    routing_key.into(),
+                    BasicPublishOptions {
+                        mandatory,
+                        ..Default::default()
+                    },
+                    body,
+                    props.with_delivery_mode(2),
+                )
+                .await
+                .map_err(unavailable)?
+                .await
+                .map_err(unavailable)?;
+            match confirm {
+                Confirmation::Ack(None) => Ok(Routed::Delivered),
+                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                    Ok(Routed::Returned(format!(
+                        "returned as unroutable ({} {})",
+                        returned.reply_code, returned.reply_text
+                    )))
+                }
+                Confirmation::Nack(None) => {
+                    Err(QueueError::Rejected("nacked by the broker".into()))
+                }
+                Confirmation::NotRequested => Err(QueueError::Unavailable(
+                    "the channel is not in confirm mode".into(),
+                )),
             }
-            Confirmation::Nack(None) => Err(QueueError::Rejected("nacked by the broker".into())),
-            Confirmation::NotRequested => Err(QueueError::Unavailable(
-                "the channel is not in confirm mode".into(),
-            )),
-        }
+        })
+        .await
     }
 }
