@@ -76,7 +76,7 @@ fn rss_kib(comm: &str) -> u64 {
 }
 
 /// A memory figure of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:` for the peak), in KiB.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
+pub(super) fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -153,20 +153,37 @@ pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The CPU seconds of the processes the bench watches, by label.
-fn cpu_snapshot() -> Vec<(&'static str, f64)> {
-    let sum = |pids: Vec<u32>| pids.into_iter().filter_map(cpu_seconds).sum::<f64>();
-    vec![
-        (
-            "aptix (front door + worker + fake model)",
-            sum(vec![std::process::id()]),
-        ),
-        ("RabbitMQ (beam.smp)", sum(pids_named("beam.smp"))),
-        ("Redis (redis-server)", sum(pids_named("redis-server"))),
-    ]
+/// CPU seconds of one watched process (or group of processes), labelled.
+pub(super) type CpuSnapshot = Vec<(String, f64)>;
+
+/// The CPU seconds of `watched` processes (label, pids), and of RabbitMQ and Redis.
+pub(super) fn cpu_snapshot(watched: &[(&str, Vec<u32>)]) -> CpuSnapshot {
+    let sum = |pids: &[u32]| pids.iter().copied().filter_map(cpu_seconds).sum::<f64>();
+    watched
+        .iter()
+        .map(|(label, pids)| (label.to_string(), sum(pids)))
+        .chain([
+            (
+                "RabbitMQ (beam.smp)".to_string(),
+                sum(&pids_named("beam.smp")),
+            ),
+            (
+                "Redis (redis-server)".to_string(),
+                sum(&pids_named("redis-server")),
+            ),
+        ])
+        .collect()
 }
 
-fn cpu_per(before: &[(&'static str, f64)], after: &[(&'static str, f64)], n: usize) -> String {
+/// This process alone, as the in-process runs watch it.
+fn in_process() -> Vec<(&'static str, Vec<u32>)> {
+    vec![(
+        "aptix (front door + worker + fake model)",
+        vec![std::process::id()],
+    )]
+}
+
+pub(super) fn cpu_per(before: &CpuSnapshot, after: &CpuSnapshot, n: usize) -> String {
     before
         .iter()
         .zip(after)
@@ -190,7 +207,7 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     let result = closed_loop(&p, opts).await;
     cleanup(&p).await;
     result?;
-    baseline(config, opts.baseline_messages.max(1)).await
+    baseline(config, opts.baseline_messages.max(1), &in_process()).await
 }
 
 async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Result<()> {
@@ -204,16 +221,51 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
     let listener = aptix_worker::net::listen(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
     let base = format!("http://{}", listener.local_addr()?);
     p.app.spawn_http(&p.config, listener, stop.clone());
+    let resident_before = status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
+    let watched = in_process();
+    let before = cpu_snapshot(&watched);
+    let driven = drive(&base, opts).await?;
+    let after = cpu_snapshot(&watched);
+    stop.cancel();
+    stop_worker.cancel();
+    let _ = worker.await;
+    driven.report(
+        opts,
+        p.config.reply_queues.as_str(),
+        "one process",
+        &before,
+        &after,
+    );
+    let peak = status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
+    println!(
+        "  memory: resident {} MiB before, peak {} MiB with {} turns in flight: {:.1} KiB per turn in flight (front door, worker, fake model and HTTP clients together)",
+        resident_before / 1024,
+        peak / 1024,
+        opts.sessions,
+        peak.saturating_sub(resident_before) as f64 / opts.sessions.max(1) as f64
+    );
+    Ok(())
+}
+
+/// What the clients of a closed loop saw.
+pub(super) struct Driven {
+    first: Vec<Duration>,
+    later: Vec<Duration>,
+    failed: usize,
+    elapsed: Duration,
+}
+
+/// `opts.sessions` clients, each sending its next turn through the synchronous endpoint of the
+/// front door at `base` as soon as the previous one answered, until `opts.turns` were sent.
+pub(super) async fn drive(base: &str, opts: &LoopOptions) -> anyhow::Result<Driven> {
     let http = aptix_worker::tls::http_client_builder(None)?
         .pool_max_idle_per_host(opts.sessions)
         .timeout(Duration::from_secs(120))
         .build()?;
     let next = Arc::new(AtomicUsize::new(0));
-    let resident_before = status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
-    let before = cpu_snapshot();
     let started = Instant::now();
     let clients = (0..opts.sessions.max(1)).map(|client| {
-        let (http, base, next) = (http.clone(), base.clone(), next.clone());
+        let (http, base, next) = (http.clone(), base.to_string(), next.clone());
         let (turns, fresh) = (opts.turns, opts.new_session_per_turn);
         tokio::spawn(async move {
             let mut first = Vec::new();
@@ -256,64 +308,82 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
             (first, later, failed)
         })
     });
-    let mut first = Vec::new();
-    let mut later = Vec::new();
-    let mut failed = 0;
+    let mut driven = Driven {
+        first: Vec::new(),
+        later: Vec::new(),
+        failed: 0,
+        elapsed: Duration::ZERO,
+    };
     for c in futures_util::future::join_all(clients).await {
         let (f, l, n) = c.context("a client task failed")?;
-        first.extend(f);
-        later.extend(l);
-        failed += n;
+        driven.first.extend(f);
+        driven.later.extend(l);
+        driven.failed += n;
     }
-    let elapsed = started.elapsed();
-    let after = cpu_snapshot();
-    stop.cancel();
-    stop_worker.cancel();
-    let _ = worker.await;
-    let done = first.len() + later.len();
-    let mut all: Vec<Duration> = first.iter().chain(later.iter()).copied().collect();
-    all.sort();
-    first.sort();
-    later.sort();
-    let show = percentiles;
-    println!(
-        "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {}, RabbitMQ + Redis, one process",
-        opts.sessions,
-        opts.turns,
-        if opts.new_session_per_turn {
-            "a new session per turn"
-        } else {
-            "one session per client"
-        },
-        opts.latency.as_millis(),
-        opts.concurrency,
-        p.config.reply_queues.as_str()
-    );
-    println!(
-        "  completed {done} / failed {failed} in {:.2} s: {:.1} turns/s",
-        elapsed.as_secs_f64(),
-        done as f64 / elapsed.as_secs_f64()
-    );
-    println!("  latency, all turns            {}", show(&all));
-    println!("  latency, first turn of a session {}", show(&first));
-    if !later.is_empty() {
-        println!("  latency, later turns          {}", show(&later));
+    driven.elapsed = started.elapsed();
+    driven.first.sort();
+    driven.later.sort();
+    Ok(driven)
+}
+
+impl Driven {
+    /// Turns that completed.
+    pub(super) fn done(&self) -> usize {
+        self.first.len() + self.later.len()
     }
-    println!("  CPU per turn: {}", cpu_per(&before, &after, done));
-    let peak = status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
-    println!(
-        "  memory: resident {} MiB before, peak {} MiB with {} turns in flight: {:.1} KiB per turn in flight (front door, worker, fake model and HTTP clients together)",
-        resident_before / 1024,
-        peak / 1024,
-        opts.sessions,
-        peak.saturating_sub(resident_before) as f64 / opts.sessions.max(1) as f64
-    );
-    Ok(())
+
+    /// Prints the run's shape, throughput, latencies and CPU per turn.
+    pub(super) fn report(
+        &self,
+        opts: &LoopOptions,
+        reply_queues: &str,
+        layout: &str,
+        before: &CpuSnapshot,
+        after: &CpuSnapshot,
+    ) {
+        let done = self.done();
+        let mut all: Vec<Duration> = self.first.iter().chain(&self.later).copied().collect();
+        all.sort();
+        println!(
+            "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
+            opts.sessions,
+            opts.turns,
+            if opts.new_session_per_turn {
+                "a new session per turn"
+            } else {
+                "one session per client"
+            },
+            opts.latency.as_millis(),
+            opts.concurrency,
+        );
+        println!(
+            "  completed {done} / failed {} in {:.2} s: {:.1} turns/s",
+            self.failed,
+            self.elapsed.as_secs_f64(),
+            done as f64 / self.elapsed.as_secs_f64()
+        );
+        println!("  latency, all turns            {}", percentiles(&all));
+        println!(
+            "  latency, first turn of a session {}",
+            percentiles(&self.first)
+        );
+        if !self.later.is_empty() {
+            println!(
+                "  latency, later turns          {}",
+                percentiles(&self.later)
+            );
+        }
+        println!("  CPU per turn: {}", cpu_per(before, after, done));
+    }
 }
 
 /// Bare quorum-queue publish + consume of `n` small messages: confirms pipelined (awaited in
 /// windows, not one by one), acks as they come — the best the broker does for this traffic.
-async fn baseline(config: &Config, n: usize) -> anyhow::Result<()> {
+pub(super) async fn baseline(
+    config: &Config,
+    n: usize,
+    watched: &[(&str, Vec<u32>)],
+) -> anyhow::Result<()> {
     let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
     let conn = lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
         .await
@@ -364,7 +434,7 @@ async fn baseline(config: &Config, n: usize) -> anyhow::Result<()> {
         got
     });
     let payload = vec![b'x'; 300];
-    let before = cpu_snapshot();
+    let before = cpu_snapshot(watched);
     let started = Instant::now();
     let mut window = Vec::with_capacity(1000);
     for _ in 0..n {
@@ -391,7 +461,7 @@ async fn baseline(config: &Config, n: usize) -> anyhow::Result<()> {
         .await
         .context("the baseline did not finish")??;
     let elapsed = started.elapsed();
-    let after = cpu_snapshot();
+    let after = cpu_snapshot(watched);
     let _ = publisher
         .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
         .await;

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 pub mod batch;
 pub mod bench;
 mod bench_loop;
+mod bench_procs;
 mod bench_stream;
 pub mod client;
 pub mod dlq;

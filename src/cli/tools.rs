@@ -109,6 +109,11 @@ pub struct BenchArgs {
     /// With --closed-loop: a new session for every turn (as `aptix batch` does).
     #[arg(long, requires = "closed_loop")]
     pub new_session_per_turn: bool,
+    /// With --closed-loop: run the fake model, the front door and the worker as separate
+    /// processes (`aptix fake-llm`, `aptix serve`, `aptix worker`), each with its own CPU per
+    /// turn and memory per turn in flight.
+    #[arg(long, requires = "closed_loop")]
+    pub processes: bool,
     /// With --closed-loop: messages of the bare publish/consume baseline.
     #[arg(long, default_value_t = 20_000, requires = "closed_loop")]
     pub baseline_messages: usize,
@@ -255,6 +260,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         in_flight,
         first_delta,
         closed_loop,
+        processes,
         new_session_per_turn,
         baseline_messages,
         reply_queues,
@@ -273,7 +279,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
             concurrency,
             baseline_messages,
         };
-        super::bench_loop::run(&config, &opts).await?;
+        if processes {
+            super::bench_procs::run(&config, &opts).await?;
+        } else {
+            super::bench_loop::run(&config, &opts).await?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if first_delta {

@@ -1,0 +1,221 @@
+//! `aptix bench --closed-loop --processes`: the closed loop against the product as an operator
+//! runs it — `aptix fake-llm`, `aptix serve` and `aptix worker` as separate processes of this
+//! binary on RabbitMQ and Redis, under a namespace of the run's own — so each process gets
+//! its own CPU per turn and its own memory per turn in flight. The clients run in this
+//! process, which is measured too (it is load, not product).
+
+use std::io::BufRead as _;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use aptix_worker::config::Config;
+use aptix_worker::queue::RabbitBroker;
+use aptix_worker::store::RedisStore;
+
+use super::bench_loop::{LoopOptions, baseline, cpu_snapshot, drive, status_kib};
+
+/// A child process of the run, killed when dropped.
+struct Proc {
+    label: &'static str,
+    child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Starts `cmd` with its log on a pipe and waits (up to 30 s) for a log line containing
+    /// `ready`; returns the process and that line. The rest of its log is read and dropped in
+    /// the background (a full pipe would stall it).
+    fn start(
+        label: &'static str,
+        cmd: &mut Command,
+        ready: &str,
+    ) -> anyhow::Result<(Self, String)> {
+        let mut child = cmd
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {label}"))?;
+        let stderr = child.stderr.take().context("stderr is piped")?;
+        let proc = Self { label, child };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ready = ready.to_string();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line.contains(&ready)
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .with_context(|| format!("{label} did not report that it was ready within 30 s"))?;
+        Ok((proc, line))
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory now, in KiB.
+    fn resident(&self) -> u64 {
+        status_kib(self.pid(), "VmRSS:").unwrap_or(0)
+    }
+
+    /// Peak resident memory, in KiB.
+    fn peak(&self) -> u64 {
+        status_kib(self.pid(), "VmHWM:").unwrap_or(0)
+    }
+}
+
+/// The `host:port` after `key` in a log line (`address=127.0.0.1:P`, `base_url=http://…`).
+fn address_after(line: &str, key: &str) -> Option<String> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| c.is_whitespace() || c == '"' || c == '/')
+        .unwrap_or(rest.len());
+    Some(rest[..end].to_string()).filter(|a| a.contains(':'))
+}
+
+/// Runs the closed loop against separate processes, then the baseline.
+pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
+    let (Some(amqp), Some(redis)) = (&config.amqp_url, &config.redis_url) else {
+        anyhow::bail!(
+            "the closed loop measures the services path: set APTIX_AMQP_URL and APTIX_REDIS_URL"
+        );
+    };
+    let exe = std::env::current_exe().context("finding this binary")?;
+    let namespace = format!(
+        "{}-bench-{}",
+        config.namespace,
+        uuid::Uuid::new_v4().simple()
+    );
+    let (fake, line) = Proc::start(
+        "the fake model",
+        Command::new(&exe).args([
+            "fake-llm",
+            "--listen",
+            "127.0.0.1:0",
+            "--latency-ms",
+            &opts.latency.as_millis().to_string(),
+        ]),
+        "fake Responses API listening",
+    )?;
+    let model = address_after(&line, "base_url=http://")
+        .context("the fake model's log does not name its address")?;
+    let product = |cmd: &mut Command| {
+        cmd.env("APTIX_NAMESPACE", &namespace)
+            .env("APTIX_LLM_BASE_URL", format!("http://{model}/v1"))
+            .env("APTIX_MODEL", "bench-model")
+            .env("APTIX_CONCURRENCY", opts.concurrency.to_string())
+            // Left-over reply queues (if the run is interrupted) vanish soon.
+            .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
+            .env_remove("OPENAI_API_KEY");
+    };
+    let mut serve_cmd = Command::new(&exe);
+    serve_cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    product(&mut serve_cmd);
+    let (serve, line) = Proc::start("aptix serve", &mut serve_cmd, "HTTP API listening")?;
+    let front_door =
+        address_after(&line, "address=").context("aptix serve's log does not name its address")?;
+    let mut worker_cmd = Command::new(&exe);
+    worker_cmd.arg("worker");
+    product(&mut worker_cmd);
+    let (worker, _) = Proc::start("aptix worker", &mut worker_cmd, "consuming turn jobs")?;
+
+    let result = measure(&front_door, opts, config, [&serve, &worker, &fake]).await;
+    drop((serve, worker, fake));
+    let mut topology = config.topology();
+    topology.namespace = namespace.clone();
+    let _ = RabbitBroker::new(amqp.expose(), topology, "aptix-bench-cleanup")
+        .delete_topology()
+        .await;
+    if let Ok(r) = RedisStore::connect(redis.expose(), &namespace, config.retention).await {
+        let _ = r.delete_namespace().await;
+    }
+    result?;
+    let this = [("the baseline's client", vec![std::process::id()])];
+    baseline(config, opts.baseline_messages.max(1), &this).await
+}
+
+/// Drives the clients against the front door at `address` and prints the figures.
+async fn measure(
+    address: &str,
+    opts: &LoopOptions,
+    config: &Config,
+    [serve, worker, fake]: [&Proc; 3],
+) -> anyhow::Result<()> {
+    let watched = vec![
+        (serve.label, vec![serve.pid()]),
+        (worker.label, vec![worker.pid()]),
+        (fake.label, vec![fake.pid()]),
+        ("the bench's clients", vec![std::process::id()]),
+    ];
+    let resident = (serve.resident(), worker.resident());
+    let before = cpu_snapshot(&watched);
+    let driven = drive(&format!("http://{address}"), opts).await?;
+    let after = cpu_snapshot(&watched);
+    driven.report(
+        opts,
+        config.reply_queues.as_str(),
+        "serve, worker and fake model as processes",
+        &before,
+        &after,
+    );
+    let grown = |before: u64, p: &Proc| p.peak().saturating_sub(before);
+    let (serve_grew, worker_grew) = (grown(resident.0, serve), grown(resident.1, worker));
+    let per_turn = |kib: u64| kib as f64 / opts.sessions.max(1) as f64;
+    println!(
+        "  memory with {} turns in flight: serve {} -> peak {} MiB ({:.1} KiB per turn), worker {} -> peak {} MiB ({:.1} KiB per turn); together {:.1} KiB per turn in flight",
+        opts.sessions,
+        resident.0 / 1024,
+        serve.peak() / 1024,
+        per_turn(serve_grew),
+        resident.1 / 1024,
+        worker.peak() / 1024,
+        per_turn(worker_grew),
+        per_turn(serve_grew + worker_grew),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address_after;
+
+    #[test]
+    fn addresses_are_read_from_either_log_line() {
+        assert_eq!(
+            address_after(
+                "INFO aptix::cli::serve: HTTP API listening address=127.0.0.1:4321 worker=false",
+                "address="
+            )
+            .as_deref(),
+            Some("127.0.0.1:4321")
+        );
+        assert_eq!(
+            address_after(
+                "INFO fake Responses API listening; Ctrl-C stops it base_url=http://127.0.0.1:99/v1",
+                "base_url=http://"
+            )
+            .as_deref(),
+            Some("127.0.0.1:99")
+        );
+        assert_eq!(address_after("no address here", "address="), None);
+    }
+}
