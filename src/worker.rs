@@ -32,10 +32,10 @@ use crate::contract::{
     parse_request,
 };
 use crate::metrics::Metrics;
-use crate::pipeline::{JobOutcome, Origin, Pipeline};
+use crate::pipeline::{JobOutcome, Origin, Pipeline, Settled};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::replies;
-use crate::store::{TurnRecord, TurnStatusView};
+use crate::store::TurnStatusView;
 use crate::tenants::Quotas;
 use crate::trace::TraceContext;
 
@@ -491,35 +491,25 @@ impl Worker {
     }
 
     /// Publishes the turn's status, as stored, to the session's replies. Only a result the
-    /// store holds is published: a client told of a result can always read it back.
+    /// store holds is published: a client told of a result can always read it back. A result
+    /// this run stored goes out with the status it was stored with; a stored result found
+    /// again (a duplicate job) is read back first, in case the turn has moved on since.
     async fn reply(
         &self,
         request: &AgentExecuteRequest,
         reply_to: Option<&str>,
-        result: InvokeResult<AgentExecuteResponse>,
+        settled: Settled,
         started: Option<Started>,
     ) -> Disposition {
-        let (sid, tid) = (request.session_id(), request.turn_id());
-        let record = match self.pipeline.store().get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The store is down: hold the delivery a moment before giving it back, so an
-                // outage does not turn into a redelivery loop.
-                warn!(error = %e, "cannot read the turn back before publishing its result; the job will run again");
-                tokio::time::sleep(self.settings.busy_delay).await;
-                return Disposition::Requeue;
-            }
+        let view = match settled.status {
+            Some(view) => view,
+            None => match self.current_status(request, &settled.result).await {
+                Ok(Some(view)) => view,
+                Ok(None) => return Disposition::Ack,
+                Err(requeue) => return requeue,
+            },
         };
-        let settled = |r: &TurnRecord| r.status.is_settled();
-        let Some(record) = record.filter(|r| settled(r) && r.result.as_ref() == Some(&result))
-        else {
-            // A duplicate job whose turn has moved on since (a continuation was accepted, or
-            // it expired): the run that settles the turn publishes its result.
-            warn!("the turn no longer holds this result; not publishing it");
-            return Disposition::Ack;
-        };
-        let status = record.status;
-        let view = TurnStatusView::from(&record);
+        let status = view.status;
         match replies::publish_status(self.broker.as_ref(), &view, reply_to).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
@@ -529,9 +519,9 @@ impl Worker {
                     // A continuation's record dates from the user turn, before the client ran
                     // its tools; only a user turn's wait is time spent queued.
                     let user_turn = matches!(request, AgentExecuteRequest::UserTurn(_));
-                    if let Some(wait) = Some(&record)
+                    if let Some(wait) = Some(&view)
                         .filter(|_| user_turn)
-                        .and_then(|r| started.since_rfc3339(&r.submitted_at))
+                        .and_then(|v| started.since_rfc3339(&v.submitted_at))
                     {
                         self.metrics.observe_queue_wait(wait);
                     }
@@ -542,6 +532,34 @@ impl Worker {
             Err(e) => {
                 warn!(error = %e, "could not publish the result; the job will run again and republish it");
                 Disposition::Requeue
+            }
+        }
+    }
+
+    /// The turn's status if it still holds `result` (settled); `None` when it moved on (a
+    /// continuation was accepted, or it expired): the run that settles it publishes its
+    /// result. `Err` (requeue, after a pause) when the store cannot be read.
+    async fn current_status(
+        &self,
+        request: &AgentExecuteRequest,
+        result: &InvokeResult<AgentExecuteResponse>,
+    ) -> Result<Option<TurnStatusView>, Disposition> {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let record = match self.pipeline.store().get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The store is down: hold the delivery a moment before giving it back, so an
+                // outage does not turn into a redelivery loop.
+                warn!(error = %e, "cannot read the turn back before publishing its result; the job will run again");
+                tokio::time::sleep(self.settings.busy_delay).await;
+                return Err(Disposition::Requeue);
+            }
+        };
+        match record.filter(|r| r.status.is_settled() && r.result.as_ref() == Some(result)) {
+            Some(r) => Ok(Some(TurnStatusView::from(&r))),
+            None => {
+                warn!("the turn no longer holds this result; not publishing it");
+                Ok(None)
             }
         }
     }

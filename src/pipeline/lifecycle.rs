@@ -10,8 +10,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::{
-    Interrupted, NoLease, Pipeline, RetryKind, RetryableFailure, Run, TurnResult, permanent,
-    store_failure,
+    Interrupted, NoLease, Pipeline, RetryKind, RetryableFailure, Run, Settled, TurnResult,
+    permanent, store_failure,
 };
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
@@ -19,7 +19,7 @@ use crate::contract::{
 };
 use crate::store::{
     Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord, TurnStatus,
-    now_rfc3339,
+    TurnStatusView, now_rfc3339,
 };
 use crate::tools::ModeEffect;
 
@@ -105,11 +105,11 @@ impl Pipeline {
     }
 
     /// Gives the lease back after a retryable failure so a retry can proceed at once.
-    pub(super) async fn retry_later(
+    pub(super) async fn retry_later<T>(
         &self,
         mut run: Run,
         failure: RetryableFailure,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<T, RetryableFailure> {
         match self.store.save(None, &run.record, run.lease(), true).await {
             Ok(()) => run.held.released_by_store(),
             Err(e) => {
@@ -248,7 +248,7 @@ impl Pipeline {
         response_id: String,
         mut text: String,
         api_warnings: Vec<ErrorMessage>,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         if progress.mode_changes > 0
             && let Some(welcome) = &self
                 .catalog
@@ -287,7 +287,7 @@ impl Pipeline {
         response_id: String,
         client_calls: Vec<ToolCall>,
         server_outputs: Vec<(String, String)>,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         let meta = self.meta(&run.session, &run.record.turn_id);
         let count = client_calls.len();
         let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None)
@@ -319,7 +319,7 @@ impl Pipeline {
         &self,
         mut run: Run,
         result: TurnResult,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         for e in result.errors() {
             warn!(code = %e.error_code, message = %e.message, "turn failed");
         }
@@ -335,7 +335,7 @@ impl Pipeline {
     /// Ends a turn that was asked to stop: `cancelled`, its failed `TURN_CANCELLED` result
     /// stored; the session's continuation state stays as it was before the turn, so the next
     /// turn works.
-    pub(super) async fn cancel_turn(&self, mut run: Run) -> Result<TurnResult, RetryableFailure> {
+    pub(super) async fn cancel_turn(&self, mut run: Run) -> Result<Settled, RetryableFailure> {
         info!("turn cancelled on request");
         run.record = run.record.cancelled();
         let result = run.record.result.clone().unwrap_or_else(|| {
@@ -387,7 +387,7 @@ impl Pipeline {
         mut run: Run,
         with_session: bool,
         result: TurnResult,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         let session = with_session.then_some(&run.session);
         if let Err(e) = self
             .store
@@ -397,7 +397,10 @@ impl Pipeline {
             return self.retry_later(run, store_failure(e)).await;
         }
         run.held.released_by_store();
-        Ok(result)
+        Ok(Settled {
+            status: Some(TurnStatusView::from(&run.record)),
+            result,
+        })
     }
 }
 

@@ -38,7 +38,9 @@ use crate::live::{LiveOutlet, LiveSettings, LiveTurn};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::rag::{RagBudget, RagQuery, Retriever};
-use crate::store::{Lease, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus};
+use crate::store::{
+    Lease, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView,
+};
 use crate::tools::ToolRegistry;
 
 /// A failure that may succeed if the turn is run again later (the queue retries it).
@@ -76,7 +78,7 @@ pub struct Origin<'a> {
 pub enum JobOutcome {
     /// The turn has a result, stored (a final answer, a wait for client tools, or a permanent
     /// failure): publish it, then acknowledge the job.
-    Done(TurnResult),
+    Done(Settled),
     /// The job is not its turn's — a payload that conflicts with the recorded one, a
     /// continuation for an unknown turn or for a turn that does not take it. Drop it without a
     /// reply: the turn's own run publishes the turn's status.
@@ -201,6 +203,27 @@ struct Rag {
 
 type TurnResult = InvokeResult<AgentExecuteResponse>;
 
+/// A turn's result as a run leaves it.
+#[derive(Debug)]
+pub struct Settled {
+    /// The result: a final answer, a wait for client tools, or a failure.
+    pub result: TurnResult,
+    /// The turn's status exactly as this run stored it with the result, when this run stored
+    /// it. `None` for a result read back from the store (a duplicate job's): whoever publishes
+    /// it reads the turn's current status first.
+    pub status: Option<TurnStatusView>,
+}
+
+impl Settled {
+    /// A result this run found stored rather than stored itself.
+    fn stored(result: TurnResult) -> Self {
+        Self {
+            result,
+            status: None,
+        }
+    }
+}
+
 fn permanent(code: ErrorCode, message: impl Into<String>) -> ErrorMessage {
     ErrorMessage::new(code, message)
 }
@@ -296,17 +319,28 @@ impl Pipeline {
     /// The request's artifacts plus, with retrieval configured, the chunks retrieved for the
     /// turn (scoped by its `ragScope`, in rank order, cut to the budget). Retrieval is
     /// advisory: when the index cannot be read the turn goes on with its artifacts alone.
-    async fn context_chunks(&self, sid: &SessionId, turn: &UserTurn) -> Vec<compose::ContextChunk> {
+    ///
+    /// Chunks are the session owner's: the tenant the front door marked the job with (it
+    /// admits only the owner's turns), else the owner the store records.
+    async fn context_chunks(
+        &self,
+        sid: &SessionId,
+        tenant: Option<&str>,
+        turn: &UserTurn,
+    ) -> Vec<compose::ContextChunk> {
         let artifacts = compose::artifact_chunks(turn);
         let Some(rag) = &self.rag else {
             return artifacts;
         };
-        let tenant = match self.store.owner(sid).await {
-            Ok(owner) => owner.unwrap_or_else(|| LOCAL_TENANT.to_string()),
-            Err(e) => {
-                warn!(error = %e, "cannot read the session's owner; no retrieval for this turn");
-                return artifacts;
-            }
+        let tenant = match tenant {
+            Some(t) => t.to_string(),
+            None => match self.store.owner(sid).await {
+                Ok(owner) => owner.unwrap_or_else(|| LOCAL_TENANT.to_string()),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the session's owner; no retrieval for this turn");
+                    return artifacts;
+                }
+            },
         };
         let mut text = turn.instruction().unwrap_or_default().to_string();
         // Artifact names without their extensions: `.md` would match every Markdown chunk.
@@ -394,7 +428,7 @@ impl Pipeline {
     /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
         match self.run_job(request, Origin::default()).await {
-            Ok(result) => Ok(result),
+            Ok(settled) => Ok(settled.result),
             Err(Interrupted::NotTheTurns(result)) => Ok(*result),
             Err(Interrupted::Busy(f) | Interrupted::Failed(f) | Interrupted::NoCapacity(f)) => {
                 Err(f)
@@ -438,7 +472,7 @@ impl Pipeline {
         &self,
         request: &AgentExecuteRequest,
         origin: Origin<'_>,
-    ) -> Result<TurnResult, Interrupted> {
+    ) -> Result<Settled, Interrupted> {
         let tenant = origin.tenant;
         let span =
             info_span!("turn", session_id = %request.session_id(), turn_id = %request.turn_id());
@@ -476,7 +510,7 @@ impl Pipeline {
         &self,
         request: &AgentExecuteRequest,
         error: ErrorMessage,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         let (sid, tid) = (request.session_id(), request.turn_id());
         let held = self
             .lease(sid, tid)
@@ -501,7 +535,7 @@ impl Pipeline {
             && let Some(result) = record.result.clone()
         {
             held.release().await;
-            return Ok(result);
+            return Ok(Settled::stored(result));
         }
         let session = match self.store.get_session(sid).await {
             Ok(s) => s,

@@ -39,30 +39,36 @@ impl Pipeline {
         }
         progress.iterations += 1;
         let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
-        let history: Vec<Value> = run
-            .session
-            .conversation
-            .iter()
-            .chain(progress.turn_items.iter())
-            .cloned()
-            .collect();
-        let body_for = |replay: bool| {
+        // The conversation so far, sent only when the call replays it (built on demand: it
+        // grows with the session).
+        let history = |run: &Run, progress: &TurnProgress| -> Vec<Value> {
+            run.session
+                .conversation
+                .iter()
+                .chain(progress.turn_items.iter())
+                .cloned()
+                .collect()
+        };
+        let body_for = |replayed: Option<&[Value]>| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
                 instructions: &instructions,
                 tools,
                 tool_choice: tools_mode.tool_choice.as_deref(),
-                continuation: match (previous, replay) {
-                    (_, true) => Continuation::Replay(&history),
-                    (Some(id), false) => Continuation::Previous(id),
-                    (None, false) => Continuation::Fresh,
+                continuation: match (previous, replayed) {
+                    (_, Some(history)) => Continuation::Replay(history),
+                    (Some(id), None) => Continuation::Previous(id),
+                    (None, None) => Continuation::Fresh,
                 },
                 input: &input,
             })
         };
         let replay = backend.agent.replay || run.session.replay;
-        let body = body_for(replay);
-        run.record.requests.push(body.clone());
+        let body = if replay {
+            body_for(Some(&history(run, progress)))
+        } else {
+            body_for(None)
+        };
         let started = std::time::Instant::now();
         let llm = &backend.agent.llm;
         let live = run.live.clone();
@@ -77,10 +83,12 @@ impl Pipeline {
             }
         };
         let sink: Option<EventSink<'_>> = run.live.is_some().then_some(&to_live as EventSink<'_>);
-        let Some(mut outcome) = self
+        let sent = self
             .unless_cancelled(&sid, &tid, llm.create_response_streamed(&body, sink))
-            .await
-        else {
+            .await;
+        // The transcript keeps every request sent, answered or not.
+        run.record.requests.push(body);
+        let Some(mut outcome) = sent else {
             return Ok(Err(CallEnd::Cancelled));
         };
         if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
@@ -88,9 +96,9 @@ impl Pipeline {
         {
             warn!(%msg, "model server does not store responses; switching this session to replay");
             run.session.replay = true;
-            let body = body_for(true);
-            run.record.requests.push(body.clone());
+            let body = body_for(Some(&history(run, progress)));
             outcome = llm.create_response_streamed(&body, sink).await;
+            run.record.requests.push(body);
         }
         info!(
             iteration = progress.iterations,

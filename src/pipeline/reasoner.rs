@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::backends;
 use super::compose;
 use super::{
-    CallEnd, Interrupted, Pipeline, RetryableFailure, Run, TurnResult, continuation_fingerprint,
+    CallEnd, Interrupted, Pipeline, RetryableFailure, Run, Settled, continuation_fingerprint,
     fingerprint, permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
@@ -34,11 +34,11 @@ impl Pipeline {
         turn: &UserTurn,
         tenant: Option<&str>,
         live: Option<Arc<LiveTurn>>,
-    ) -> Result<TurnResult, Interrupted> {
+    ) -> Result<Settled, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
         if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
-            return Ok(done);
+            return Ok(Settled::stored(done));
         }
         let held = self.lease(sid, tid).await?;
         // Another worker may have finished the turn while we waited for the lease.
@@ -54,7 +54,7 @@ impl Pipeline {
                 Ok(None) => {}
                 Ok(Some(done)) => {
                     held.release().await;
-                    return Ok(done);
+                    return Ok(Settled::stored(done));
                 }
                 Err(not_the_turns) => {
                     held.release().await;
@@ -141,7 +141,7 @@ impl Pipeline {
         if first_call {
             input.push(compose::system_message(&boot));
         }
-        let chunks = self.context_chunks(sid, turn).await;
+        let chunks = self.context_chunks(sid, tenant, turn).await;
         input.push(compose::user_message(
             &run.session.mode_key,
             turn,
@@ -160,7 +160,7 @@ impl Pipeline {
         &self,
         cont: &ToolContinuation,
         tenant: Option<&str>,
-    ) -> Result<TurnResult, Interrupted> {
+    ) -> Result<Settled, Interrupted> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
         let fp = continuation_fingerprint(cont);
         let submitted: Vec<String> = cont
@@ -170,7 +170,7 @@ impl Pipeline {
             .collect();
         // Err: the job's answer without running — the turn's stored result (a redelivery), or not
         // the turn's job at all.
-        type Answer = Box<Result<TurnResult, Interrupted>>;
+        type Answer = Box<Result<Settled, Interrupted>>;
         let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Answer> {
             let Some(record) = record else {
                 let unknown = InvokeResult::failure(permanent(
@@ -185,7 +185,7 @@ impl Pipeline {
                 && record.status != TurnStatus::Running
             {
                 self.metrics.duplicate_suppressed("worker");
-                return Err(Box::new(Ok(result.clone())));
+                return Err(Box::new(Ok(Settled::stored(result.clone()))));
             }
             // Awaiting client tools (a continuation run directly), queued for the continuation
             // the front door accepted, or running with the pending calls still recorded (a run
@@ -305,7 +305,7 @@ impl Pipeline {
         mut progress: TurnProgress,
         mut input: Vec<Value>,
         mut previous: Option<String>,
-    ) -> Result<TurnResult, RetryableFailure> {
+    ) -> Result<Settled, RetryableFailure> {
         let mut api_warnings: Vec<ErrorMessage> = Vec::new();
         loop {
             // Resume from a checkpoint (a re-run after a crash), or ask the model.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use aptix_worker::contract::{AgentExecuteResponse, ErrorCode, InvokeResult, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::store::TurnStatus;
+use aptix_worker::store::{TurnStatus, TurnStatusView};
 use serde_json::{Value, json};
 
 use crate::support::{Setup, harness, request};
@@ -837,9 +837,38 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
         .execute(&request(turn("s", "t", "x")), deadline)
         .await;
     assert!(
-        matches!(&done, JobOutcome::Done(r) if r.is_successful()),
+        matches!(&done, JobOutcome::Done(r) if r.result.is_successful()),
         "{done:?}"
     );
+    // The run that stored the result hands over the status exactly as stored, so the worker
+    // publishes it without reading the turn back.
+    let JobOutcome::Done(settled) = done else {
+        unreachable!()
+    };
+    let stored = h
+        .store
+        .get_turn(
+            &SessionId::parse("s").unwrap(),
+            &TurnId::parse("t").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(settled.status.as_ref().expect("stored by this run")).unwrap(),
+        serde_json::to_value(TurnStatusView::from(&stored)).unwrap()
+    );
+    // The same job again finds the result stored: it has no status of its own to hand over
+    // (the worker reads the turn's current one before publishing).
+    let again = h
+        .pipeline
+        .execute(&request(turn("s", "t", "x")), deadline)
+        .await;
+    let JobOutcome::Done(again) = again else {
+        panic!("{again:?}")
+    };
+    assert_eq!(again.result, settled.result);
+    assert!(again.status.is_none());
     // The same ids with another payload: not this turn's job, nothing to publish.
     let conflict = h
         .pipeline
