@@ -408,9 +408,14 @@ impl Worker {
                 .await
         };
         let failure = match outcome {
-            JobOutcome::Done(result) => {
+            JobOutcome::Done(settled) => {
                 return self
-                    .reply(request, delivery.reply_to.as_deref(), result, Some(started))
+                    .reply(
+                        request,
+                        delivery.reply_to.as_deref(),
+                        *settled,
+                        Some(started),
+                    )
                     .await;
             }
             // A duplicate or a race the front door could not see must not publish a "failed"

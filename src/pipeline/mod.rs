@@ -78,7 +78,7 @@ pub struct Origin<'a> {
 pub enum JobOutcome {
     /// The turn has a result, stored (a final answer, a wait for client tools, or a permanent
     /// failure): publish it, then acknowledge the job.
-    Done(Settled),
+    Done(Box<Settled>),
     /// The job is not its turn's — a payload that conflicts with the recorded one, a
     /// continuation for an unknown turn or for a turn that does not take it. Drop it without a
     /// reply: the turn's own run publishes the turn's status.
@@ -451,7 +451,7 @@ impl Pipeline {
         deadline: Duration,
     ) -> JobOutcome {
         match tokio::time::timeout(deadline, self.run_job(request, origin)).await {
-            Ok(Ok(result)) => JobOutcome::Done(result),
+            Ok(Ok(settled)) => JobOutcome::Done(Box::new(settled)),
             Ok(Err(Interrupted::NotTheTurns(result))) => {
                 JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())
             }
