@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tracing::{Instrument as _, info, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::catalog::ModeCatalog;
 use crate::config::LOCAL_TENANT;
@@ -377,12 +377,16 @@ impl Pipeline {
         let found = retrieved.len();
         let retrieved: Vec<_> = retrieved.iter().map(|s| s.chunk.to_context()).collect();
         let (chunks, cut) = crate::rag::within_budget(artifacts, retrieved, rag.budget);
-        info!(
-            %tenant,
-            retrieved = found,
-            used = found - cut.ids.len(),
-            "retrieved context"
-        );
+        if found > 0 {
+            info!(
+                %tenant,
+                retrieved = found,
+                used = found - cut.ids.len(),
+                "retrieved context"
+            );
+        } else {
+            debug!(%tenant, "nothing retrieved for the turn");
+        }
         if !cut.ids.is_empty() {
             info!(
                 cut_chunks = ?cut.ids,

@@ -6,7 +6,7 @@
 //! Owns: that one call. Must not: loop, run tools or settle the turn.
 
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
@@ -100,7 +100,9 @@ impl Pipeline {
             outcome = llm.create_response_streamed(&body, sink).await;
             run.record.requests.push(body);
         }
-        info!(
+        // Per call, so at debug: the model latency histogram and the turn's own lines carry
+        // what an operator needs at info.
+        debug!(
             iteration = progress.iterations,
             elapsed_ms = started.elapsed().as_millis() as u64,
             ok = outcome.is_ok(),
