@@ -42,23 +42,41 @@ impl Pipeline {
 
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
     pub(super) async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, NoLease> {
-        let holder = format!("{}/{tid}", self.settings.worker_id);
-        let ttl = self.settings.lease_ttl;
-        let Some(lease) = self
+        let holder = self.holder(tid);
+        match self
             .store
-            .acquire_lease(sid, &holder, ttl)
+            .acquire_lease(sid, &holder, self.settings.lease_ttl)
             .await
             .map_err(|e| NoLease::Failed(store_failure(e)))?
-        else {
-            info!("session is busy with another turn");
-            return Err(NoLease::Busy(RetryableFailure {
-                error: permanent(
-                    ErrorCode::SessionBusy,
-                    format!("session {sid} is running another turn; this one will run after it"),
-                ),
-                kind: RetryKind::Failure,
-            }));
-        };
+        {
+            Some(lease) => Ok(self.hold(sid, lease)),
+            None => Err(busy(sid)),
+        }
+    }
+
+    /// The start of a user turn's run: the session's lease, taken with the turn and the
+    /// session read under it in one store step (see [`SessionStore::begin_turn`]). The turn
+    /// comes back even when the session is busy, for a duplicate job's stored result.
+    pub(super) async fn begin(&self, sid: &SessionId, tid: &TurnId) -> Result<Begin, Interrupted> {
+        let begun = self
+            .store
+            .begin_turn(sid, tid, &self.holder(tid), self.settings.lease_ttl)
+            .await
+            .map_err(store_failure)?;
+        Ok(Begin {
+            turn: begun.turn,
+            held: begun.lease.map(|lease| self.hold(sid, lease)),
+            session: begun.session,
+        })
+    }
+
+    fn holder(&self, tid: &TurnId) -> String {
+        format!("{}/{tid}", self.settings.worker_id)
+    }
+
+    /// Keeps `lease` renewed in the background until the run gives it back.
+    fn hold(&self, sid: &SessionId, lease: Lease) -> HeldLease {
+        let ttl = self.settings.lease_ttl;
         let store = self.store.clone();
         let (sid2, lease2) = (sid.clone(), lease.clone());
         let renewer = tokio::spawn(async move {
@@ -76,13 +94,13 @@ impl Pipeline {
                 }
             }
         });
-        Ok(HeldLease {
+        HeldLease {
             lease,
             session: sid.clone(),
             store: self.store.clone(),
             renewer,
             given_back: false,
-        })
+        }
     }
 
     pub(super) fn new_session(&self, sid: &SessionId) -> SessionState {
@@ -119,21 +137,6 @@ impl Pipeline {
         }
         warn!(code = %failure.error.error_code, message = %failure.error.message, "turn will be retried later");
         Err(failure)
-    }
-
-    /// The stored result of a user turn that already ran, if any; a turn recorded with another
-    /// payload is not this job's turn.
-    pub(super) async fn stored_outcome(
-        &self,
-        sid: &SessionId,
-        tid: &TurnId,
-        fp: &str,
-    ) -> Result<Option<TurnResult>, Interrupted> {
-        let existing = self.store.get_turn(sid, tid).await.map_err(store_failure)?;
-        match existing {
-            Some(rec) => self.finished(&rec, fp),
-            None => Ok(None),
-        }
     }
 
     /// The stored result of `rec` if it is finished; `Err` when `rec` is another payload's turn.
@@ -402,6 +405,28 @@ impl Pipeline {
             result,
         })
     }
+}
+
+/// Why a run cannot have the session now: another run holds its lease.
+pub(super) fn busy(sid: &SessionId) -> NoLease {
+    info!("session is busy with another turn");
+    NoLease::Busy(RetryableFailure {
+        error: permanent(
+            ErrorCode::SessionBusy,
+            format!("session {sid} is running another turn; this one will run after it"),
+        ),
+        kind: RetryKind::Failure,
+    })
+}
+
+/// What a user turn's run starts from ([`Pipeline::begin`]).
+pub(super) struct Begin {
+    /// The turn as stored.
+    pub(super) turn: Option<TurnRecord>,
+    /// The session's lease, renewed; `None` when the session is busy.
+    pub(super) held: Option<HeldLease>,
+    /// The session as stored (read only with the lease).
+    pub(super) session: Option<SessionState>,
 }
 
 /// The session's lease while a run holds it: renewed in the background until the run gives it

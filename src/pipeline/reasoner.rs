@@ -37,39 +37,27 @@ impl Pipeline {
     ) -> Result<Settled, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
-        if let Some(done) = self.stored_outcome(sid, tid, &fp).await? {
-            return Ok(Settled::stored(done));
-        }
-        let held = self.lease(sid, tid).await?;
-        // Another worker may have finished the turn while we waited for the lease.
-        let existing = match self.store.get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e).into());
+        let begun = self.begin(sid, tid).await?;
+        // A turn that already ran (a duplicate or redelivered job) answers with its stored
+        // result; another payload's turn is not this job's.
+        if let Some(rec) = &begun.turn {
+            let answer = match self.finished(rec, &fp) {
+                Ok(None) => None,
+                Ok(Some(done)) => Some(Ok(Settled::stored(done))),
+                Err(not_the_turns) => Some(Err(not_the_turns)),
+            };
+            if let Some(answer) = answer {
+                if let Some(held) = begun.held {
+                    held.release().await;
+                }
+                return answer;
             }
+        }
+        let Some(held) = begun.held else {
+            return Err(super::lifecycle::busy(sid).into());
         };
-        if let Some(rec) = &existing {
-            match self.finished(rec, &fp) {
-                Ok(None) => {}
-                Ok(Some(done)) => {
-                    held.release().await;
-                    return Ok(Settled::stored(done));
-                }
-                Err(not_the_turns) => {
-                    held.release().await;
-                    return Err(not_the_turns);
-                }
-            }
-        }
+        let (existing, loaded) = (begun.turn, begun.session);
         let now = now_rfc3339();
-        let loaded = match self.store.get_session(sid).await {
-            Ok(s) => s,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e).into());
-            }
-        };
         // Contexts the front door should have refused fail the turn, stored like any result.
         let found = (self.backends)
             .contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())

@@ -78,17 +78,15 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
         let sid = SessionId::parse(format!("bench-{}", i % 64))
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let tid = TurnId::parse(format!("t{i}")).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        // begin: idempotency check, lease, re-check under the lease, session, running record
-        store.get_turn(&sid, &tid).await?;
-        let lease = store
-            .acquire_lease(&sid, "bench", Duration::from_secs(30))
-            .await?
+        // begin: the lease with the turn and the session read under it (one script), then
+        // the running record
+        let begun = store
+            .begin_turn(&sid, &tid, "bench", Duration::from_secs(30))
+            .await?;
+        let lease = begun
+            .lease
             .ok_or_else(|| StoreError::Corrupt("bench session unexpectedly busy".into()))?;
-        store.get_turn(&sid, &tid).await?;
-        let state = store
-            .get_session(&sid)
-            .await?
-            .unwrap_or_else(|| session(&sid));
+        let state = begun.session.unwrap_or_else(|| session(&sid));
         let mut rec = record(&sid, &tid);
         store.save(Some(&state), &rec, &lease, false).await?;
         // commit: result, status, session and lease release in one step

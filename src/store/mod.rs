@@ -69,6 +69,17 @@ pub enum StoreError {
     Fenced(String),
 }
 
+/// What [`SessionStore::begin_turn`] found.
+#[derive(Debug)]
+pub struct Begun {
+    /// The turn as stored.
+    pub turn: Option<TurnRecord>,
+    /// The session's lease; `None` when another holder has it (the session is busy).
+    pub lease: Option<Lease>,
+    /// The session as stored (`None` for a new session, and when the lease was not taken).
+    pub session: Option<SessionState>,
+}
+
 /// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and
 /// [`RedisStore`]; both pass one conformance suite (`tests/it/store_conformance.rs`).
 ///
@@ -140,6 +151,30 @@ pub trait SessionStore: Send + Sync + 'static {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<bool, StoreError>;
+    /// The start of a run of a user turn: takes the session's lease for `ttl` and reads the
+    /// turn and, with the lease, the session — the reads see everything written before the
+    /// lease was taken, so nothing can settle the turn between them and the run. The turn is
+    /// read even when another holder has the lease: a stored result may be all a duplicate
+    /// job needs. One round trip where the backend allows (Redis: one script).
+    async fn begin_turn(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Begun, StoreError> {
+        let lease = self.acquire_lease(session, holder, ttl).await?;
+        let turn = self.get_turn(session, turn).await?;
+        let session = match lease {
+            Some(_) => self.get_session(session).await?,
+            None => None,
+        };
+        Ok(Begun {
+            turn,
+            lease,
+            session,
+        })
+    }
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError>;
     /// Writes the turn record and, when given, the session state, in one atomic step checked

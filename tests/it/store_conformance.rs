@@ -298,6 +298,51 @@ async fn the_ledger_is_never_lost_by_a_later_save(s: Subject) {
     );
 }
 
+async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
+    let st = &s.store;
+    let tid = TurnId::parse("t").unwrap();
+    // Nothing stored yet: the lease, and nothing to read.
+    let first = st.begin_turn(&sid("s"), &tid, "w1", LONG).await.unwrap();
+    let lease = first.lease.expect("a free session's lease");
+    assert!(first.turn.is_none() && first.session.is_none());
+    // Another run of the session finds it busy, and no session is read for it.
+    let busy = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    assert!(busy.lease.is_none() && busy.session.is_none());
+    // What the first run stores (the ledger included) is what the next begin reads.
+    let mut state = session("s");
+    state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
+    let mut t = turn("s", "t");
+    st.save(Some(&state), &t, &lease, false).await.unwrap();
+    st.record_tool_output(&sid("s"), &tid, "call_1", "{\"ok\":1}", &lease)
+        .await
+        .unwrap();
+    t.tool_ledger.insert("call_1".into(), "{\"ok\":1}".into());
+    // Busy, yet the turn is read: a duplicate job may only need its stored result.
+    let busy = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    assert!(busy.lease.is_none() && busy.session.is_none());
+    assert_eq!(busy.turn.as_ref(), Some(&t));
+    t.status = TurnStatus::Completed;
+    st.save(None, &t, &lease, true).await.unwrap();
+    let next = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    let taken = next.lease.expect("released by the settling save");
+    assert!(taken.token > lease.token, "a new lease fences the old one");
+    assert_eq!(next.turn, Some(t.clone()));
+    assert_eq!(next.session, Some(state));
+    // The lease begin took is a lease like any other: it fences the old holder's writes.
+    assert!(matches!(
+        st.save(None, &t, &lease, false).await,
+        Err(StoreError::Fenced(_))
+    ));
+    st.save(None, &t, &taken, true).await.unwrap();
+    assert!(
+        st.acquire_lease(&sid("s"), "w3", LONG)
+            .await
+            .unwrap()
+            .is_some(),
+        "released"
+    );
+}
+
 async fn change_mode_appends_history(s: Subject) {
     let st = &s.store;
     let lease = st
@@ -513,6 +558,7 @@ for_each_backend!(
         renewal_keeps_a_lease_and_fails_once_lost,
         a_stale_holder_cannot_write,
         the_ledger_is_never_lost_by_a_later_save,
+        begin_takes_the_lease_and_reads_the_turn_and_session,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,
         the_first_tenant_owns_a_session,

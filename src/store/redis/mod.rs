@@ -24,8 +24,8 @@ use std::time::Duration;
 use redis::AsyncCommands as _;
 
 use super::{
-    BatchRecord, ContextIds, Lease, ModeChange, Retention, SessionState, SessionStore, StoreError,
-    TurnRecord,
+    BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, SessionState, SessionStore,
+    StoreError, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -360,6 +360,52 @@ impl SessionStore for RedisStore {
             token,
             holder: holder.to_string(),
         }))
+    }
+
+    async fn begin_turn(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Begun, StoreError> {
+        let turn_key = self.turn_key("turn", session, turn);
+        let session_key = self.key("session", session);
+        let (token, raw_turn, ledger, raw_session): (
+            Option<u64>,
+            Option<String>,
+            Vec<String>,
+            Option<String>,
+        ) = self
+            .scripts
+            .begin
+            .key(self.key("lease", session))
+            .key(self.key("fence", session))
+            .key(&turn_key)
+            .key(self.turn_key("ledger", session, turn))
+            .key(&session_key)
+            .arg(holder)
+            .arg(ms(ttl))
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut turn: Option<TurnRecord> = decode(&turn_key, raw_turn)?;
+        if let Some(r) = turn.as_mut() {
+            // The ledger hash is the source of truth for recorded tool outputs.
+            let mut pairs = ledger.into_iter();
+            while let (Some(call), Some(output)) = (pairs.next(), pairs.next()) {
+                r.tool_ledger.insert(call, output);
+            }
+        }
+        Ok(Begun {
+            turn,
+            lease: token.map(|token| Lease {
+                token,
+                holder: holder.to_string(),
+            }),
+            session: decode(&session_key, raw_session)?,
+        })
     }
 
     async fn renew_lease(

@@ -11,6 +11,20 @@ redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
 return token
 ";
 
+/// KEYS: lease, fence counter, turn, turn's ledger, session.
+/// ARGV: holder, lease TTL ms, counter TTL ms.
+/// Returns {token or false, turn JSON or false, ledger as field/value pairs, session JSON or
+/// false}; the session only when the lease was taken.
+const BEGIN: &str = r"
+local turn = redis.call('GET', KEYS[3])
+local ledger = redis.call('HGETALL', KEYS[4])
+if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+return {token, turn, ledger, redis.call('GET', KEYS[5])}
+";
+
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -79,6 +93,7 @@ return 1
 /// The store's Lua scripts, loaded once per store.
 pub(super) struct Scripts {
     pub(super) acquire: Script,
+    pub(super) begin: Script,
     pub(super) renew: Script,
     pub(super) release: Script,
     pub(super) save: Script,
@@ -94,6 +109,7 @@ impl Scripts {
     pub(super) fn load() -> Self {
         Self {
             acquire: Script::new(ACQUIRE),
+            begin: Script::new(BEGIN),
             renew: Script::new(RENEW),
             release: Script::new(RELEASE),
             save: Script::new(SAVE),
