@@ -57,7 +57,6 @@ impl Pipeline {
             return Err(super::lifecycle::busy(sid).into());
         };
         let (existing, loaded) = (begun.turn, begun.session);
-        let now = now_rfc3339();
         // Contexts the front door should have refused fail the turn, stored like any result.
         let found = (self.backends)
             .contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())
@@ -83,18 +82,35 @@ impl Pipeline {
             }
         };
         let boot = resolved.conversation.boot_prompt.clone();
+        // The session is written at the start of the run only when it is new or the turn
+        // changes it; otherwise the write that settles the turn is its next one.
+        let mut changed = loaded.is_none();
         let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
-        session.contexts = contexts;
-        if let Some(t) = tenant {
+        if session.contexts != contexts {
+            session.contexts = contexts;
+            changed = true;
+        }
+        if let Some(t) = tenant
+            && session.owner.as_deref() != Some(t)
+        {
             session.owner = Some(t.to_string());
+            changed = true;
         }
         // A session whose stored mode id is no longer in the catalog continues in the default.
         let mode = self.catalog.by_id_or_default(&session.mode_id).clone();
-        session.mode_key = mode.key.clone();
-        if let Some(ctx) = turn.solution_context_text() {
-            session.solution_context = Some(ctx.to_string());
+        if session.mode_key != mode.key {
+            session.mode_key = mode.key.clone();
+            changed = true;
         }
-        session.updated_at = now.clone();
+        if let Some(ctx) = turn.solution_context_text()
+            && session.solution_context.as_deref() != Some(ctx)
+        {
+            session.solution_context = Some(ctx.to_string());
+            changed = true;
+        }
+        if changed {
+            session.updated_at = now_rfc3339();
+        }
 
         let mut record = existing
             .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone()));
@@ -110,8 +126,9 @@ impl Pipeline {
             held,
             live,
         };
-        // The session exists (and the turn is running) before any tool can touch it.
-        if let Err(f) = self.persist(&run, true).await {
+        // The session exists, as this turn sees it, and the turn is running before any tool
+        // can touch them.
+        if let Err(f) = self.persist(&run, changed).await {
             return Ok(self.retry_later(run, f).await?);
         }
         info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
