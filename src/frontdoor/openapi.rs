@@ -435,26 +435,27 @@ named_schema!(
     })
 );
 
+/// The data of a live SSE event of a session: the turn, the event's index, and its one text
+/// field (`text` of a delta, `message` of a progress note).
+fn live_event_schema(field: &str) -> serde_json::Value {
+    json!({
+        "type": "object", "required": ["sessionId", "turnId", "index", field], "additionalProperties": false,
+        "properties": {
+            "sessionId": {"type": "string"}, "turnId": {"type": "string"},
+            "index": {"type": "integer", "minimum": 0}, field: {"type": "string"}}
+    })
+}
+
 named_schema!(
     /// The data of an SSE `delta` event of `GET /v1/sessions/{sessionId}/events`.
     SessionDeltaEvent,
-    json!({
-        "type": "object", "required": ["sessionId", "turnId", "index", "text"], "additionalProperties": false,
-        "properties": {
-            "sessionId": {"type": "string"}, "turnId": {"type": "string"},
-            "index": {"type": "integer", "minimum": 0}, "text": {"type": "string"}}
-    })
+    live_event_schema("text")
 );
 
 named_schema!(
     /// The data of an SSE `progress` event of `GET /v1/sessions/{sessionId}/events`.
     SessionProgressEvent,
-    json!({
-        "type": "object", "required": ["sessionId", "turnId", "index", "message"], "additionalProperties": false,
-        "properties": {
-            "sessionId": {"type": "string"}, "turnId": {"type": "string"},
-            "index": {"type": "integer", "minimum": 0}, "message": {"type": "string"}}
-    })
+    live_event_schema("message")
 );
 
 named_schema!(

@@ -53,25 +53,35 @@ pub(crate) async fn post_batch(
 }
 
 /// Looks up the caller's batch, or answers 404/503.
-pub(crate) async fn caller_batch(
-    state: &HttpState,
-    tenant: &str,
-    batch_id: &str,
-) -> Result<crate::store::BatchRecord, Response> {
-    let missing = || {
-        failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::BatchNotFound,
-            format!("batch {batch_id:?} does not exist"),
-        )
-    };
-    if crate::contract::ids::check_id(batch_id).is_err() {
-        return Err(missing());
-    }
-    match state.door.batch(tenant, batch_id).await {
-        Ok(Some(b)) => Ok(b),
-        Ok(None) => Err(missing()),
-        Err(e) => Err(unavailable(e)),
+/// The batch a request's path names, when the calling tenant submitted it: `404
+/// BATCH_NOT_FOUND` otherwise (another tenant's batch reads as missing), after the path's own
+/// `400` and the token's `401`.
+pub(crate) struct CallerBatch(crate::store::BatchRecord);
+
+impl axum::extract::FromRequestParts<HttpState> for CallerBatch {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        let ApiPath(batch_id) = ApiPath::<String>::from_request_parts(parts, state).await?;
+        let Tenant(tenant) = Tenant::from_request_parts(parts, state).await?;
+        let missing = || {
+            failure(
+                StatusCode::NOT_FOUND,
+                ErrorCode::BatchNotFound,
+                format!("batch {batch_id:?} does not exist"),
+            )
+        };
+        if crate::contract::ids::check_id(&batch_id).is_err() {
+            return Err(missing());
+        }
+        match state.door.batch(&tenant, &batch_id).await {
+            Ok(Some(b)) => Ok(Self(b)),
+            Ok(None) => Err(missing()),
+            Err(e) => Err(unavailable(e)),
+        }
     }
 }
 
@@ -87,13 +97,8 @@ pub(crate) async fn caller_batch(
     ))]
 pub(crate) async fn get_batch(
     State(state): State<HttpState>,
-    ApiPath(batch_id): ApiPath<String>,
-    Tenant(tenant): Tenant,
+    CallerBatch(batch): CallerBatch,
 ) -> Response {
-    let batch = match caller_batch(&state, &tenant, &batch_id).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
     progress(&state, &batch).await
 }
 
@@ -117,14 +122,9 @@ async fn progress(state: &HttpState, batch: &crate::store::BatchRecord) -> Respo
     ))]
 pub(crate) async fn get_batch_results(
     State(state): State<HttpState>,
-    ApiPath(batch_id): ApiPath<String>,
-    Tenant(tenant): Tenant,
+    CallerBatch(batch): CallerBatch,
 ) -> Response {
     use futures_util::StreamExt as _;
-    let batch = match caller_batch(&state, &tenant, &batch_id).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
     let lines = state.door.batch_results(batch).map(|chunk| {
         let chunk = chunk.map_err(|e| {
             // Headers are sent already: end the stream early; the client sees a short body.
@@ -160,13 +160,8 @@ pub(crate) async fn get_batch_results(
     ))]
 pub(crate) async fn cancel_batch(
     State(state): State<HttpState>,
-    ApiPath(batch_id): ApiPath<String>,
-    Tenant(tenant): Tenant,
+    CallerBatch(batch): CallerBatch,
 ) -> Response {
-    let batch = match caller_batch(&state, &tenant, &batch_id).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
     if let Err(refused) = state.door.cancel_batch(&batch).await {
         return refused.into_response();
     }
