@@ -113,7 +113,13 @@ pub struct SessionState {
     /// The model response the next call continues from. Only ever points at a response whose
     /// function calls were all answered (DESIGN.md §3).
     pub previous_response_id: Option<String>,
-    /// Conversation items so far, for replay continuation (servers that do not store responses).
+    /// Conversation items not yet in the store. The store keeps a session's conversation (the
+    /// items a replay continuation sends to servers that do not store responses) apart from
+    /// the session, append-only: a save that carries the session appends these items there,
+    /// and a session read back has none (read the conversation with
+    /// [`crate::store::SessionStore::conversation`]). Sessions stored before the conversation
+    /// moved out hold it here; it moves with their next save.
+    #[serde(default, skip_serializing)]
     pub conversation: Vec<Value>,
     /// Set once the model server answered `previous_response_not_found`: later calls replay.
     pub replay: bool,

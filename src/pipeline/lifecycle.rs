@@ -181,14 +181,19 @@ impl Pipeline {
     /// the lease: the start of a run, an accepted continuation, a checkpoint before tools run.
     pub(super) async fn persist(
         &self,
-        run: &Run,
+        run: &mut Run,
         with_session: bool,
     ) -> Result<(), RetryableFailure> {
         let session = with_session.then_some(&run.session);
         self.store
             .save(session, &run.record, run.lease(), false)
             .await
-            .map_err(store_failure)
+            .map_err(store_failure)?;
+        if with_session {
+            // The store holds them now.
+            run.session.conversation.clear();
+        }
+        Ok(())
     }
 
     /// Records one server tool's output in the turn's ledger before the next model call, so a
@@ -502,13 +507,13 @@ mod tests {
         let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
         let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
         let held = pipeline.lease(&sid, &tid).await.unwrap();
-        let run = Run {
+        let mut run = Run {
             session: pipeline.new_session(&sid),
             record: TurnRecord::queued(sid, tid, String::new(), "general".into()),
             held,
             live: None,
         };
-        pipeline.persist(&run, true).await.unwrap();
+        pipeline.persist(&mut run, true).await.unwrap();
         (store, pipeline, run)
     }
 

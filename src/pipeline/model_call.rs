@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
-use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent};
+use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
 use crate::catalog::ToolDef;
 use crate::config::LOCAL_TENANT;
 use crate::contract::{ErrorCode, InvokeResult};
@@ -39,15 +39,17 @@ impl Pipeline {
         }
         progress.iterations += 1;
         let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
-        // The conversation so far, sent only when the call replays it (built on demand: it
-        // grows with the session).
-        let history = |run: &Run, progress: &TurnProgress| -> Vec<Value> {
-            run.session
-                .conversation
-                .iter()
-                .chain(progress.turn_items.iter())
-                .cloned()
-                .collect()
+        // The conversation so far — as stored, then what the run has not stored yet — read
+        // only when the call replays it: it grows with the session.
+        let history = async |run: &Run, progress: &TurnProgress| {
+            let mut items = self
+                .store
+                .conversation(&run.session.session_id)
+                .await
+                .map_err(store_failure)?;
+            items.extend(run.session.conversation.iter().cloned());
+            items.extend(progress.turn_items.iter().cloned());
+            Ok::<_, RetryableFailure>(items)
         };
         let body_for = |replayed: Option<&[Value]>| {
             compose::request_body(&CallSpec {
@@ -65,7 +67,7 @@ impl Pipeline {
         };
         let replay = backend.agent.replay || run.session.replay;
         let body = if replay {
-            body_for(Some(&history(run, progress)))
+            body_for(Some(&history(run, progress).await?))
         } else {
             body_for(None)
         };
@@ -96,7 +98,7 @@ impl Pipeline {
         {
             warn!(%msg, "model server does not store responses; switching this session to replay");
             run.session.replay = true;
-            let body = body_for(Some(&history(run, progress)));
+            let body = body_for(Some(&history(run, progress).await?));
             outcome = llm.create_response_streamed(&body, sink).await;
             run.record.requests.push(body);
         }

@@ -120,7 +120,7 @@ impl Pipeline {
         if let Some(live) = &live {
             live.rerun(record.attempts);
         }
-        let run = Run {
+        let mut run = Run {
             session,
             record,
             held,
@@ -128,7 +128,7 @@ impl Pipeline {
         };
         // The session exists, as this turn sees it, and the turn is running before any tool
         // can touch them.
-        if let Err(f) = self.persist(&run, changed).await {
+        if let Err(f) = self.persist(&mut run, changed).await {
             return Ok(self.retry_later(run, f).await?);
         }
         info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
@@ -279,7 +279,7 @@ impl Pipeline {
                 .await?);
         }
         run.record.answered.extend(submitted);
-        if let Err(f) = self.persist(&run, false).await {
+        if let Err(f) = self.persist(&mut run, false).await {
             return Ok(self.retry_later(run, f).await?);
         }
         if run.record.checkpoint.is_some() {
@@ -356,7 +356,7 @@ impl Pipeline {
                                 response: response.clone(),
                                 progress: progress.clone(),
                             });
-                            if let Err(f) = self.persist(&run, false).await {
+                            if let Err(f) = self.persist(&mut run, false).await {
                                 return self.retry_later(run, f).await;
                             }
                             response

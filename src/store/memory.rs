@@ -21,6 +21,7 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<SessionId, SessionState>,
+    conversations: HashMap<SessionId, Vec<serde_json::Value>>,
     turns: HashMap<(SessionId, TurnId), TurnRecord>,
     order: HashMap<SessionId, Vec<TurnId>>,
     leases: HashMap<SessionId, (Lease, Instant)>,
@@ -223,6 +224,18 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
+    async fn conversation(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        Ok(self
+            .lock()?
+            .conversations
+            .get(session)
+            .cloned()
+            .unwrap_or_default())
+    }
+
     async fn save(
         &self,
         session: Option<&SessionState>,
@@ -236,7 +249,16 @@ impl SessionStore for MemoryStore {
             return Err(self.fenced(&turn.session_id));
         }
         if let Some(s) = session {
-            inner.sessions.insert(s.session_id.clone(), s.clone());
+            inner
+                .conversations
+                .entry(s.session_id.clone())
+                .or_default()
+                .extend(s.conversation.iter().cloned());
+            let stored = SessionState {
+                conversation: Vec::new(),
+                ..s.clone()
+            };
+            inner.sessions.insert(s.session_id.clone(), stored);
         }
         let key = (turn.session_id.clone(), turn.turn_id.clone());
         let mut record = turn.clone();

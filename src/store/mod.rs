@@ -12,6 +12,8 @@ pub mod redis;
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::contract::{SessionId, TurnId};
 
 pub use crate::state::{
@@ -177,8 +179,12 @@ pub trait SessionStore: Send + Sync + 'static {
     }
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError>;
+    /// The session's conversation as stored, oldest item first (empty for an unknown session).
+    async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
     /// Writes the turn record and, when given, the session state, in one atomic step checked
-    /// against the lease; with `release`, the lease is released in the same step.
+    /// against the lease; with `release`, the lease is released in the same step. The
+    /// session's pending conversation items are appended to its stored conversation in the
+    /// same step (the caller drops them once the save succeeded).
     async fn save(
         &self,
         session: Option<&SessionState>,
@@ -196,7 +202,7 @@ pub trait SessionStore: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<(), StoreError>;
     /// Changes the session's mode and appends the history entry (fenced); returns the new
-    /// state. The session must exist.
+    /// state, with no pending conversation items. The session must exist.
     async fn change_mode(
         &self,
         session: &SessionId,

@@ -105,6 +105,12 @@ async fn saves_and_reads_back_sessions_and_turns(s: Subject) {
     let mut t1 = turn("a", "t1");
     t1.status = TurnStatus::Completed;
     st.save(None, &t1, &lease, true).await.unwrap();
+    // The conversation is kept apart from the session: read back on its own, and a session
+    // read back carries no pending items.
+    assert_eq!(
+        st.conversation(&sid("a")).await.unwrap(),
+        std::mem::take(&mut state.conversation)
+    );
     assert_eq!(st.get_session(&sid("a")).await.unwrap(), Some(state));
     assert_eq!(
         st.get_turn(&sid("a"), &TurnId::parse("t1").unwrap())
@@ -327,6 +333,7 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     let taken = next.lease.expect("released by the settling save");
     assert!(taken.token > lease.token, "a new lease fences the old one");
     assert_eq!(next.turn, Some(t.clone()));
+    state.conversation.clear(); // stored apart from the session
     assert_eq!(next.session, Some(state));
     // The lease begin took is a lease like any other: it fences the old holder's writes.
     assert!(matches!(
@@ -340,6 +347,67 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
             .unwrap()
             .is_some(),
         "released"
+    );
+}
+
+async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) {
+    let st = &s.store;
+    let item = |n: u32| serde_json::json!({"role": "user", "content": format!("item {n}")});
+    assert!(st.conversation(&sid("s")).await.unwrap().is_empty());
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = session("s");
+    state.conversation = vec![item(1), item(2)];
+    st.save(Some(&state), &turn("s", "t1"), &lease, false)
+        .await
+        .unwrap();
+    // The next save carries only what is new; a save without the session appends nothing.
+    state.conversation = vec![item(3)];
+    st.save(Some(&state), &turn("s", "t2"), &lease, false)
+        .await
+        .unwrap();
+    st.save(None, &turn("s", "t2"), &lease, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)]
+    );
+    // A mode change keeps it, and hands back a session with nothing pending.
+    let change = ModeChange {
+        previous_mode: "general".into(),
+        new_mode: "ddr_authoring".into(),
+        timestamp: now_rfc3339(),
+        reason: "r".into(),
+        turn_id: TurnId::parse("t2").unwrap(),
+    };
+    let changed = st
+        .change_mode(&sid("s"), "X", change, &lease)
+        .await
+        .unwrap();
+    assert!(changed.conversation.is_empty());
+    // A stale holder's save appends nothing.
+    st.release_lease(&sid("s"), &lease).await.unwrap();
+    let _other = st
+        .acquire_lease(&sid("s"), "w2", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    state.conversation = vec![item(4)];
+    assert!(matches!(
+        st.save(Some(&state), &turn("s", "t3"), &lease, false).await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)]
+    );
+    assert!(
+        st.conversation(&sid("other")).await.unwrap().is_empty(),
+        "per session"
     );
 }
 
@@ -559,6 +627,7 @@ for_each_backend!(
         a_stale_holder_cannot_write,
         the_ledger_is_never_lost_by_a_later_save,
         begin_takes_the_lease_and_reads_the_turn_and_session,
+        the_conversation_grows_by_appends_and_only_under_the_lease,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,
         the_first_tenant_owns_a_session,

@@ -438,6 +438,17 @@ impl SessionStore for RedisStore {
         Ok(())
     }
 
+    async fn conversation(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        let key = self.key("conversation", session);
+        let raw: Vec<String> = self.conn().lrange(&key, 0, -1).await.map_err(unavailable)?;
+        raw.into_iter()
+            .map(|item| decode(&key, Some(item)).map(Option::unwrap_or_default))
+            .collect()
+    }
+
     async fn save(
         &self,
         session: Option<&SessionState>,
@@ -447,23 +458,25 @@ impl SessionStore for RedisStore {
     ) -> Result<(), StoreError> {
         let sid = &turn.session_id;
         let session_json = session.map(encode).transpose()?.unwrap_or_default();
-        let result: Result<i64, _> = self
-            .scripts
-            .save
+        let mut invocation = self.scripts.save.prepare_invoke();
+        invocation
             .key(self.key("lease", sid))
             .key(self.turn_key("turn", sid, &turn.turn_id))
             .key(self.key("turns", sid))
             .key(self.key("session", sid))
             .key(self.turn_key("ledger", sid, &turn.turn_id))
+            .key(self.key("conversation", sid))
             .arg(lease_value(lease))
             .arg(encode(turn)?)
             .arg(ms(self.retention.turns))
             .arg(if release { "1" } else { "0" })
             .arg(turn.turn_id.as_str())
             .arg(session_json)
-            .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn())
-            .await;
+            .arg(ms(self.retention.sessions));
+        for item in session.iter().flat_map(|s| &s.conversation) {
+            invocation.arg(encode(item)?);
+        }
+        let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
         result.map(|_| ()).map_err(|e| self.map_fenced(sid, e))
     }
 
@@ -503,17 +516,21 @@ impl SessionStore for RedisStore {
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
         state.apply_mode_change(new_mode_id, change);
-        let result: Result<i64, _> = self
-            .scripts
-            .set_session
+        let mut invocation = self.scripts.set_session.prepare_invoke();
+        invocation
             .key(self.key("lease", session))
             .key(self.key("session", session))
+            .key(self.key("conversation", session))
             .arg(lease_value(lease))
             .arg(encode(&state)?)
-            .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn())
-            .await;
+            .arg(ms(self.retention.sessions));
+        // A session stored before the conversation moved out still holds it: it moves now.
+        for item in &state.conversation {
+            invocation.arg(encode(item)?);
+        }
+        let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
         result.map_err(|e| self.map_fenced(session, e))?;
+        state.conversation.clear();
         Ok(state)
     }
 
@@ -641,5 +658,65 @@ mod cause_tests {
         assert!(e.to_string().contains(&key), "{e}");
         let source = std::error::Error::source(&e).expect("the cause is kept");
         assert!(source.downcast_ref::<serde_json::Error>().is_some());
+    }
+
+    /// A session stored by an earlier version holds its conversation inline: it reads back as
+    /// pending items, and its next save moves them to the conversation list, in order, before
+    /// the new ones — nothing is lost and nothing is doubled.
+    #[tokio::test]
+    async fn an_inline_conversation_moves_out_with_the_next_save() {
+        use crate::store::{SessionState, TurnRecord};
+        let url = std::env::var("APTIX_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
+        let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, &ns, Retention::default())
+            .await
+            .expect("Redis must be running for this test");
+        let sid = crate::contract::SessionId::parse("legacy").expect("valid id");
+        let old = serde_json::json!({
+            "sessionId": "legacy", "modeId": "M", "modeKey": "general", "modeHistory": [],
+            "previousResponseId": "resp_1", "replay": true, "solutionContext": null,
+            "owner": null, "createdAt": "2026-11-01T00:00:00Z", "updatedAt": "2026-11-01T00:00:00Z",
+            "conversation": [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+        });
+        let key = store.key("session", &sid);
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(old.to_string())
+            .query_async(&mut store.conn())
+            .await
+            .expect("SET");
+        let mut session: SessionState = crate::store::SessionStore::get_session(&store, &sid)
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(session.conversation.len(), 2, "read back as pending");
+        session
+            .conversation
+            .push(serde_json::json!({"role": "user", "content": "three"}));
+        let lease =
+            crate::store::SessionStore::acquire_lease(&store, &sid, "w", Duration::from_secs(30))
+                .await
+                .expect("lease")
+                .expect("free");
+        let tid = crate::contract::TurnId::parse("t").expect("valid id");
+        let turn = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
+        crate::store::SessionStore::save(&store, Some(&session), &turn, &lease, true)
+            .await
+            .expect("save");
+        let moved = crate::store::SessionStore::conversation(&store, &sid).await;
+        let raw: String = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut store.conn())
+            .await
+            .expect("GET");
+        store.delete_namespace().await.expect("clean up");
+        let contents: Vec<String> = moved
+            .expect("conversation")
+            .iter()
+            .map(|v| v["content"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(contents, ["one", "two", "three"]);
+        assert!(!raw.contains("\"conversation\""), "no longer inline: {raw}");
     }
 }

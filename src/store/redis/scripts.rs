@@ -36,19 +36,42 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 ";
 
-/// KEYS: lease, turn, turns index, session, ledger.
+/// Appends ARGV[first..] to the conversation list KEYS[key] (in slices: `unpack` has a stack
+/// limit) and keeps it as long as the session (TTL ms in ARGV[ttl]).
+macro_rules! append_conversation {
+    ($key:literal, $first:literal, $ttl:literal) => {
+        concat!(
+            "for i = ",
+            $first,
+            ", #ARGV, 500 do redis.call('RPUSH', KEYS[",
+            $key,
+            "], unpack(ARGV, i, math.min(i + 499, #ARGV))) end\n",
+            "redis.call('PEXPIRE', KEYS[",
+            $key,
+            "], ARGV[",
+            $ttl,
+            "])\n"
+        )
+    };
+}
+
+/// KEYS: lease, turn, turns index, session, ledger, conversation.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
-///       session TTL ms.
-const SAVE: &str = r"
+///       session TTL ms, then the session's conversation items to append (with a session).
+const SAVE: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
-if ARGV[6] ~= '' then redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7]) end
 if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-return 1
-";
+if ARGV[6] == '' then return 1 end
+redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
+",
+    append_conversation!("6", "8", "7"),
+    "return 1\n"
+);
 
 /// KEYS: turn, turns index. ARGV: turn JSON, turn TTL ms, turn id, index TTL ms.
 const CREATE_TURN: &str = r"
@@ -83,12 +106,16 @@ redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 ";
 
-/// KEYS: lease, session. ARGV: lease value, session JSON, TTL ms.
-const SET_SESSION: &str = r"
+/// KEYS: lease, session, conversation. ARGV: lease value, session JSON, TTL ms, then the
+/// session's conversation items to append.
+const SET_SESSION: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-return 1
-";
+",
+    append_conversation!("3", "4", "3"),
+    "return 1\n"
+);
 
 /// The store's Lua scripts, loaded once per store.
 pub(super) struct Scripts {
