@@ -1,0 +1,129 @@
+//! The Redis store's own tests: errors that keep their causes, and data written by earlier
+//! versions. Everything both stores must do is in the conformance suite (`tests/it`).
+
+use std::time::Duration;
+
+use super::{RedisOptions, RedisStore};
+use crate::store::{Retention, StoreError};
+
+/// A store error from Redis keeps the client's error as its source: callers and logs can
+/// tell a refused connection from a timeout, not only read a flattened message.
+#[tokio::test]
+async fn a_redis_failure_keeps_its_cause() {
+    let options = RedisOptions {
+        timeout: Duration::from_millis(500),
+        ca: None,
+        cluster: false,
+    };
+    let Err(e) =
+        RedisStore::connect_with("redis://127.0.0.1:1/", "ns", Retention::default(), &options)
+            .await
+    else {
+        panic!("nothing listens on port 1");
+    };
+    assert!(matches!(e, StoreError::Redis(_)), "{e:?}");
+    assert!(
+        e.to_string().starts_with("session store unavailable: "),
+        "{e}"
+    );
+    let source = std::error::Error::source(&e).expect("the cause is kept");
+    let redis = source
+        .downcast_ref::<redis::RedisError>()
+        .expect("the cause is the client's error");
+    assert!(
+        redis.is_io_error() || redis.is_connection_refusal(),
+        "{redis:?}"
+    );
+}
+
+/// A stored value that does not decode names its key and keeps the decoder's error, so an
+/// operator can find the value and see what is wrong with it.
+#[tokio::test]
+async fn an_undecodable_value_names_its_key_and_keeps_its_cause() {
+    let url = std::env::var("APTIX_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
+    let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
+    let store = RedisStore::connect(&url, &ns, Retention::default())
+        .await
+        .expect("Redis must be running for this test");
+    let sid = crate::contract::SessionId::parse("s1").expect("valid id");
+    let key = store.key("session", &sid);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("{not json")
+        .query_async(&mut store.conn())
+        .await
+        .expect("SET");
+    let e = crate::store::SessionStore::get_session(&store, &sid).await;
+    store.delete_namespace().await.expect("clean up");
+    let Err(e) = e else {
+        panic!("a corrupt session must not read as one: {e:?}");
+    };
+    assert!(
+        matches!(&e, StoreError::Decode { key: k, .. } if *k == key),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains(&key), "{e}");
+    let source = std::error::Error::source(&e).expect("the cause is kept");
+    assert!(source.downcast_ref::<serde_json::Error>().is_some());
+}
+
+/// A session stored by an earlier version holds its conversation inline: it reads back as
+/// pending items, and its next save moves them to the conversation list, in order, before
+/// the new ones — nothing is lost and nothing is doubled.
+#[tokio::test]
+async fn an_inline_conversation_moves_out_with_the_next_save() {
+    use crate::store::{SessionState, TurnRecord};
+    let url = std::env::var("APTIX_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
+    let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
+    let store = RedisStore::connect(&url, &ns, Retention::default())
+        .await
+        .expect("Redis must be running for this test");
+    let sid = crate::contract::SessionId::parse("legacy").expect("valid id");
+    let old = serde_json::json!({
+        "sessionId": "legacy", "modeId": "M", "modeKey": "general", "modeHistory": [],
+        "previousResponseId": "resp_1", "replay": true, "solutionContext": null,
+        "owner": null, "createdAt": "2026-11-01T00:00:00Z", "updatedAt": "2026-11-01T00:00:00Z",
+        "conversation": [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}]
+    });
+    let key = store.key("session", &sid);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(old.to_string())
+        .query_async(&mut store.conn())
+        .await
+        .expect("SET");
+    let mut session: SessionState = crate::store::SessionStore::get_session(&store, &sid)
+        .await
+        .expect("read")
+        .expect("stored");
+    assert_eq!(session.conversation.len(), 2, "read back as pending");
+    session
+        .conversation
+        .push(serde_json::json!({"role": "user", "content": "three"}));
+    let lease =
+        crate::store::SessionStore::acquire_lease(&store, &sid, "w", Duration::from_secs(30))
+            .await
+            .expect("lease")
+            .expect("free");
+    let tid = crate::contract::TurnId::parse("t").expect("valid id");
+    let turn = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
+    crate::store::SessionStore::save(&store, Some(&session), &turn, &lease, true)
+        .await
+        .expect("save");
+    let moved = crate::store::SessionStore::conversation(&store, &sid).await;
+    let raw: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut store.conn())
+        .await
+        .expect("GET");
+    store.delete_namespace().await.expect("clean up");
+    let contents: Vec<String> = moved
+        .expect("conversation")
+        .iter()
+        .map(|v| v["content"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(contents, ["one", "two", "three"]);
+    assert!(!raw.contains("\"conversation\""), "no longer inline: {raw}");
+}
