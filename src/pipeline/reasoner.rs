@@ -500,6 +500,9 @@ impl Pipeline {
         run.session.mode_id = changed.mode_id;
         run.session.mode_key = changed.mode_key;
         run.session.mode_history = changed.mode_history;
+        // The store's write of the new mode moved any conversation items the stored session
+        // still held inline (the only items pending before the turn settles).
+        run.session.conversation.clear();
         progress.mode_changes += 1;
         if progress.mode_changes == 2 {
             warn!("several mode changes in one turn; the last one wins");

@@ -281,3 +281,76 @@ async fn a_turn_longer_than_its_lease_keeps_it_by_renewal() {
     assert!(r.is_successful(), "{:?}", r.errors());
     assert_eq!(h.store.fenced_rejections(), 0);
 }
+
+/// A session stored by an earlier version holds its conversation inline. A turn on it — one
+/// that changes the mode, whose write moves the inline items to the conversation list, and
+/// whose model server no longer knows the session's last response, so the call replays —
+/// sends every earlier item once, in order, and leaves each of them stored once.
+#[tokio::test]
+async fn an_inline_conversation_is_replayed_and_kept_once_across_a_mode_change() {
+    let h = harness(redis_setup()).await;
+    let ns = h._redis.as_ref().unwrap().store.namespace().to_string();
+    let sid = SessionId::parse("legacy").unwrap();
+    let old = json!({
+        "sessionId": "legacy", "modeId": "3F8E4F377F7A4C189C7F6A8B9F945C11", "modeKey": "general",
+        "modeHistory": [], "previousResponseId": "resp_forgotten", "replay": false,
+        "solutionContext": null, "owner": null,
+        "createdAt": "2026-11-01T00:00:00Z", "updatedAt": "2026-11-01T00:00:00Z",
+        "conversation": [
+            {"role": "user", "content": "earlier question"},
+            {"role": "assistant", "content": "earlier answer"}
+        ]
+    });
+    let client = redis::Client::open(crate::support::redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{ns}:session:{{legacy}}"))
+        .arg(old.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    h.fake.push([
+        Reply::Calls(vec![(
+            "agent_change_mode".into(),
+            json!({"mode": "ddr_authoring", "branch": false, "reason": "DDR"}),
+        )]),
+        Reply::Text("switched".into()),
+    ]);
+    let r = h
+        .pipeline
+        .run(&request(turn("legacy", "t1", "go on")))
+        .await
+        .unwrap();
+    assert!(r.is_successful(), "{:?}", r.errors());
+    let earlier = |items: &[Value]| -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|i| i["content"].as_str())
+            .filter(|c| c.starts_with("earlier"))
+            .map(str::to_string)
+            .collect()
+    };
+    // The call that found its previous response forgotten replayed the earlier items once.
+    let replayed: Vec<Value> = h
+        .fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.get("previous_response_id").is_none())
+        .collect();
+    let first_replay = replayed.first().expect("a replayed call");
+    assert_eq!(
+        earlier(first_replay["input"].as_array().unwrap()),
+        ["earlier question", "earlier answer"]
+    );
+    // Stored once each, first, with the turn's own items after them.
+    let stored = h.store.conversation(&sid).await.unwrap();
+    assert_eq!(earlier(&stored), ["earlier question", "earlier answer"]);
+    assert_eq!(
+        earlier(&stored[..2]),
+        ["earlier question", "earlier answer"]
+    );
+    assert!(stored.len() > 2, "the turn's items follow: {stored:?}");
+    let session = h.store.get_session(&sid).await.unwrap().unwrap();
+    assert_eq!(session.mode_key, "ddr_authoring");
+    assert!(session.conversation.is_empty());
+}
