@@ -38,7 +38,10 @@ impl Proc {
         cmd: &mut Command,
         ready: &str,
     ) -> anyhow::Result<(Self, String)> {
+        // The processes log as deployed by default (`info`): their log is part of what a turn
+        // costs, and the lines that say they are ready are `info` lines.
         let mut child = cmd
+            .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -105,41 +108,9 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
         config.namespace,
         uuid::Uuid::new_v4().simple()
     );
-    let (fake, line) = Proc::start(
-        "the fake model",
-        Command::new(&exe).args([
-            "fake-llm",
-            "--listen",
-            "127.0.0.1:0",
-            "--latency-ms",
-            &opts.latency.as_millis().to_string(),
-        ]),
-        "fake Responses API listening",
-    )?;
-    let model = address_after(&line, "base_url=http://")
-        .context("the fake model's log does not name its address")?;
-    let product = |cmd: &mut Command| {
-        cmd.env("APTIX_NAMESPACE", &namespace)
-            .env("APTIX_LLM_BASE_URL", format!("http://{model}/v1"))
-            .env("APTIX_MODEL", "bench-model")
-            .env("APTIX_CONCURRENCY", opts.concurrency.to_string())
-            // Left-over reply queues (if the run is interrupted) vanish soon.
-            .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
-            .env_remove("OPENAI_API_KEY");
-    };
-    let mut serve_cmd = Command::new(&exe);
-    serve_cmd.args(["serve", "--listen", "127.0.0.1:0"]);
-    product(&mut serve_cmd);
-    let (serve, line) = Proc::start("aptix serve", &mut serve_cmd, "HTTP API listening")?;
-    let front_door =
-        address_after(&line, "address=").context("aptix serve's log does not name its address")?;
-    let mut worker_cmd = Command::new(&exe);
-    worker_cmd.arg("worker");
-    product(&mut worker_cmd);
-    let (worker, _) = Proc::start("aptix worker", &mut worker_cmd, "consuming turn jobs")?;
-
-    let result = measure(&front_door, opts, config, [&serve, &worker, &fake]).await;
-    drop((serve, worker, fake));
+    // Whatever happens (a process that does not start, a failed run), the run's queues and
+    // keys go afterwards.
+    let result = start_and_measure(&exe, &namespace, opts, config).await;
     let mut topology = config.topology();
     topology.namespace = namespace.clone();
     let _ = RabbitBroker::new(amqp.expose(), topology, "aptix-bench-cleanup")
@@ -151,6 +122,49 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     result?;
     let this = [("the baseline's client", vec![std::process::id()])];
     baseline(config, opts.baseline_messages.max(1), &this).await
+}
+
+/// Starts the fake model, `serve` and `worker` under `namespace`, runs the loop against them
+/// and stops them (dropping a [`Proc`] kills it).
+async fn start_and_measure(
+    exe: &std::path::Path,
+    namespace: &str,
+    opts: &LoopOptions,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let (fake, line) = Proc::start(
+        "the fake model",
+        Command::new(exe).args([
+            "fake-llm",
+            "--listen",
+            "127.0.0.1:0",
+            "--latency-ms",
+            &opts.latency.as_millis().to_string(),
+        ]),
+        "fake Responses API listening",
+    )?;
+    let model = address_after(&line, "base_url=http://")
+        .context("the fake model's log does not name its address")?;
+    let product = |cmd: &mut Command| {
+        cmd.env("APTIX_NAMESPACE", namespace)
+            .env("APTIX_LLM_BASE_URL", format!("http://{model}/v1"))
+            .env("APTIX_MODEL", "bench-model")
+            .env("APTIX_CONCURRENCY", opts.concurrency.to_string())
+            // Left-over reply queues (if the run is interrupted) vanish soon.
+            .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
+            .env_remove("OPENAI_API_KEY");
+    };
+    let mut serve_cmd = Command::new(exe);
+    serve_cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    product(&mut serve_cmd);
+    let (serve, line) = Proc::start("aptix serve", &mut serve_cmd, "HTTP API listening")?;
+    let front_door =
+        address_after(&line, "address=").context("aptix serve's log does not name its address")?;
+    let mut worker_cmd = Command::new(exe);
+    worker_cmd.arg("worker");
+    product(&mut worker_cmd);
+    let (worker, _) = Proc::start("aptix worker", &mut worker_cmd, "consuming turn jobs")?;
+    measure(&front_door, opts, config, [&serve, &worker, &fake]).await
 }
 
 /// Drives the clients against the front door at `address` and prints the figures.

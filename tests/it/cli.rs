@@ -1096,8 +1096,9 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
     defaults.delete_topology().await.unwrap();
 }
 
-/// The streaming and closed-loop benches run end to end on RabbitMQ and Redis and print their
-/// figures beside their baselines (the figures themselves are not checked: no timing here).
+/// The streaming and closed-loop benches (in one process, and against separate processes) run
+/// end to end on RabbitMQ and Redis and print their figures beside their baselines (the
+/// figures themselves are not checked: no timing here).
 #[test]
 fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     let run = |args: &[&str]| {
@@ -1143,5 +1144,29 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
     ] {
         assert!(lp.contains(line), "{line:?} missing from\n{lp}");
+    }
+    // The same loop against `serve`, `worker` and `fake-llm` processes, each measured.
+    let procs = run(&[
+        "bench",
+        "--closed-loop",
+        "--processes",
+        "--sessions",
+        "4",
+        "--turns",
+        "40",
+        "--baseline-messages",
+        "500",
+    ]);
+    for line in [
+        "serve, worker and fake model as processes",
+        "completed 40 / failed 0",
+        "latency, later turns",
+        "CPU per turn: aptix serve",
+        "aptix worker",
+        "the fake model",
+        "memory with 4 turns in flight: serve",
+        "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
+    ] {
+        assert!(procs.contains(line), "{line:?} missing from\n{procs}");
     }
 }
