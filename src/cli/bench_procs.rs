@@ -164,7 +164,12 @@ async fn start_and_measure(
     worker_cmd.arg("worker");
     product(&mut worker_cmd);
     let (worker, _) = Proc::start("aptix worker", &mut worker_cmd, "consuming turn jobs")?;
-    measure(&front_door, opts, config, [&serve, &worker, &fake]).await
+    // Ctrl-C ends the run here, so the processes are stopped and the run's queues and keys
+    // removed rather than left behind.
+    tokio::select! {
+        measured = measure(&front_door, opts, config, [&serve, &worker, &fake]) => measured,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+    }
 }
 
 /// Drives the clients against the front door at `address` and prints the figures.
