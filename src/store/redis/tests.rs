@@ -6,6 +6,16 @@ use std::time::Duration;
 use super::{RedisOptions, RedisStore};
 use crate::store::{Retention, StoreError};
 
+/// A store on the local Redis under a namespace of its own (the test deletes it).
+async fn fresh_store() -> RedisStore {
+    let url = std::env::var("APTIX_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
+    let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
+    RedisStore::connect(&url, &ns, Retention::default())
+        .await
+        .expect("Redis must be running for this test")
+}
+
 /// A store error from Redis keeps the client's error as its source: callers and logs can
 /// tell a refused connection from a timeout, not only read a flattened message.
 #[tokio::test]
@@ -40,12 +50,7 @@ async fn a_redis_failure_keeps_its_cause() {
 /// operator can find the value and see what is wrong with it.
 #[tokio::test]
 async fn an_undecodable_value_names_its_key_and_keeps_its_cause() {
-    let url = std::env::var("APTIX_TEST_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
-    let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
-    let store = RedisStore::connect(&url, &ns, Retention::default())
-        .await
-        .expect("Redis must be running for this test");
+    let store = fresh_store().await;
     let sid = crate::contract::SessionId::parse("s1").expect("valid id");
     let key = store.key("session", &sid);
     let _: () = redis::cmd("SET")
@@ -74,12 +79,7 @@ async fn an_undecodable_value_names_its_key_and_keeps_its_cause() {
 #[tokio::test]
 async fn an_inline_conversation_moves_out_with_the_next_save() {
     use crate::store::{SessionState, TurnRecord};
-    let url = std::env::var("APTIX_TEST_REDIS_URL")
-        .unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_string());
-    let ns = format!("aptix-unit-{}", uuid::Uuid::new_v4().simple());
-    let store = RedisStore::connect(&url, &ns, Retention::default())
-        .await
-        .expect("Redis must be running for this test");
+    let store = fresh_store().await;
     let sid = crate::contract::SessionId::parse("legacy").expect("valid id");
     let old = serde_json::json!({
         "sessionId": "legacy", "modeId": "M", "modeKey": "general", "modeHistory": [],
