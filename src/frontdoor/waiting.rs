@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::contract::{SessionId, TurnId};
 use crate::replies::{Replies, SessionEvents, Statuses, Waited, next_settled};
-use crate::state::TurnStatusView;
+use crate::state::{TurnStatus, TurnStatusView};
 use crate::store::{SessionStore, StoreError};
 
 /// The longest a wait on a subscription goes without reading the store: a status that never
@@ -52,7 +52,11 @@ pub(crate) async fn settled_or_deadline(
             Some(subscription) => {
                 let until = deadline.min(Instant::now() + RECHECK);
                 match next_settled(subscription, tid, until).await {
-                    Waited::Settled(view) => return Ok(Some(*view)),
+                    Waited::Settled(view) => match current(store, (sid, tid), *view).await? {
+                        Some(view) => return Ok(Some(view)),
+                        // A late copy of an earlier run's status: the turn has moved on.
+                        None => continue,
+                    },
                     Waited::TimedOut => {}
                     // The broker connection behind it was lost: the store tells from now on.
                     Waited::Closed => events = None,
@@ -69,5 +73,88 @@ pub(crate) async fn settled_or_deadline(
         if record.status.is_settled() || Instant::now() >= deadline {
             return Ok(Some(TurnStatusView::from(&record)));
         }
+    }
+}
+
+/// A settled status heard on a subscription, checked where it can be stale. Every settled
+/// status but one is final; `awaiting_client_tools` may be the late copy of a run whose calls
+/// were answered meanwhile (a client that polled the store can submit its continuation between
+/// the run's save and its publish). For that one the store decides: `None` when the turn has
+/// moved on (its continuation is queued or running), the stored status otherwise.
+pub(crate) async fn current(
+    store: &dyn SessionStore,
+    (sid, tid): (&SessionId, &TurnId),
+    view: TurnStatusView,
+) -> Result<Option<TurnStatusView>, StoreError> {
+    if view.status != TurnStatus::AwaitingClientTools {
+        return Ok(Some(view));
+    }
+    Ok(match store.get_turn(sid, tid).await? {
+        Some(record) if record.status.is_settled() => Some(TurnStatusView::from(&record)),
+        Some(_) => None,
+        // Gone from the store (expired): what was heard is all there is.
+        None => Some(view),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Subscription, settled_or_deadline};
+    use crate::contract::{SessionId, TurnId};
+    use crate::queue::{MemoryBroker, ReplyBus as _};
+    use crate::replies::publish_status;
+    use crate::state::{TurnRecord, TurnStatus, TurnStatusView};
+    use crate::store::{MemoryStore, SessionStore as _};
+
+    /// A waiter for a turn whose continuation was accepted does not answer with the late copy
+    /// of the earlier run's `awaiting_client_tools`: it waits for the continuation's status.
+    #[tokio::test]
+    async fn a_late_awaiting_status_of_an_earlier_run_is_not_the_answer() {
+        let store = MemoryStore::new();
+        let broker = MemoryBroker::new();
+        let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
+        // The continuation was accepted: the stored turn is queued again.
+        let mut record =
+            TurnRecord::queued(sid.clone(), tid.clone(), "fp".into(), "general".into());
+        record.attempts = 1;
+        store.create_turn(&record).await.unwrap();
+        let replies = broker.subscribe_replies(&sid).await.unwrap();
+        let mut stale = TurnStatusView::from(&record);
+        stale.status = TurnStatus::AwaitingClientTools;
+        publish_status(&broker, &stale, None).await.unwrap();
+        let waiting = tokio::spawn({
+            let (store, sid, tid) = (std::sync::Arc::new(store), sid.clone(), tid.clone());
+            let store2 = store.clone();
+            async move {
+                let got = settled_or_deadline(
+                    store.as_ref(),
+                    (&sid, &tid),
+                    Some(Subscription::Session(replies)),
+                    Instant::now() + Duration::from_secs(10),
+                )
+                .await;
+                (got, store2)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the stale status was taken as the answer"
+        );
+        // The continuation's run completes (stored, then published).
+        let mut done = TurnStatusView::from(&record);
+        done.status = TurnStatus::Completed;
+        done.attempts = 2;
+        publish_status(&broker, &done, None).await.unwrap();
+        let (got, _) = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("answers once the continuation's status arrives")
+            .unwrap();
+        let got = got.unwrap().expect("a status");
+        assert_eq!((got.status, got.attempts), (TurnStatus::Completed, 2));
     }
 }

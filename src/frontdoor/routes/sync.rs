@@ -14,7 +14,7 @@ use crate::frontdoor::extract::{
 };
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::frontdoor::waiting::{RECHECK, Subscription, settled_or_deadline};
+use crate::frontdoor::waiting::{RECHECK, Subscription, current, settled_or_deadline};
 use crate::live::LiveBody;
 use crate::replies::{Direct, SessionEvents, Watched, next_watched};
 use crate::state::TurnStatusView;
@@ -132,7 +132,14 @@ async fn relay_turn(
                     return unavailable_now("the client disconnected".into());
                 }
             }
-            Watched::Settled(view) => return outcome(sid, tid, Some(*view)),
+            Watched::Settled(view) => {
+                match current(state.store.as_ref(), (sid, tid), *view).await {
+                    Ok(Some(view)) => return outcome(sid, tid, Some(view)),
+                    // A late copy of an earlier run's status: the turn has moved on.
+                    Ok(None) => {}
+                    Err(e) => return unavailable_now(e.to_string()),
+                }
+            }
             // Quiet for a while: the store may know more (or the deadline came).
             Watched::TimedOut => match state.store.get_turn(sid, tid).await {
                 Ok(Some(r)) if r.status.is_settled() || tokio::time::Instant::now() >= deadline => {
