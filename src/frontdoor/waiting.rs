@@ -123,38 +123,23 @@ mod tests {
         record.attempts = 1;
         store.create_turn(&record).await.unwrap();
         let replies = broker.subscribe_replies(&sid).await.unwrap();
+        // The earlier run's status arrives late, ahead of the continuation's.
         let mut stale = TurnStatusView::from(&record);
         stale.status = TurnStatus::AwaitingClientTools;
         publish_status(&broker, &stale, None).await.unwrap();
-        let waiting = tokio::spawn({
-            let (store, sid, tid) = (std::sync::Arc::new(store), sid.clone(), tid.clone());
-            let store2 = store.clone();
-            async move {
-                let got = settled_or_deadline(
-                    store.as_ref(),
-                    (&sid, &tid),
-                    Some(Subscription::Session(replies)),
-                    Instant::now() + Duration::from_secs(10),
-                )
-                .await;
-                (got, store2)
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            !waiting.is_finished(),
-            "the stale status was taken as the answer"
-        );
-        // The continuation's run completes (stored, then published).
         let mut done = TurnStatusView::from(&record);
         done.status = TurnStatus::Completed;
         done.attempts = 2;
         publish_status(&broker, &done, None).await.unwrap();
-        let (got, _) = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("answers once the continuation's status arrives")
-            .unwrap();
-        let got = got.unwrap().expect("a status");
+        let got = settled_or_deadline(
+            &store,
+            (&sid, &tid),
+            Some(Subscription::Session(replies)),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+        .expect("a status");
         assert_eq!((got.status, got.attempts), (TurnStatus::Completed, 2));
     }
 }

@@ -166,16 +166,28 @@ pub trait SessionStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> Result<Begun, StoreError> {
         let lease = self.acquire_lease(session, holder, ttl).await?;
-        let turn = self.get_turn(session, turn).await?;
-        let session = match lease {
-            Some(_) => self.get_session(session).await?,
-            None => None,
+        let read = async {
+            let turn = self.get_turn(session, turn).await?;
+            let state = match lease {
+                Some(_) => self.get_session(session).await?,
+                None => None,
+            };
+            Ok((turn, state))
         };
-        Ok(Begun {
-            turn,
-            lease,
-            session,
-        })
+        match read.await {
+            Ok((turn, state)) => Ok(Begun {
+                turn,
+                lease,
+                session: state,
+            }),
+            Err(e) => {
+                // Nothing will run under a lease whose reads failed: give it back.
+                if let Some(lease) = &lease {
+                    let _ = self.release_lease(session, lease).await;
+                }
+                Err(e)
+            }
+        }
     }
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError>;

@@ -836,15 +836,12 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
         .pipeline
         .execute(&request(turn("s", "t", "x")), deadline)
         .await;
-    assert!(
-        matches!(&done, JobOutcome::Done(r) if r.result.is_successful()),
-        "{done:?}"
-    );
+    let JobOutcome::Done(settled) = done else {
+        panic!("{done:?}")
+    };
+    assert!(settled.result.is_successful(), "{settled:?}");
     // The run that stored the result hands over the status exactly as stored, so the worker
     // publishes it without reading the turn back.
-    let JobOutcome::Done(settled) = done else {
-        unreachable!()
-    };
     let stored = h
         .store
         .get_turn(

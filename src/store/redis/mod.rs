@@ -29,9 +29,11 @@ use super::{
 };
 use crate::contract::{SessionId, TurnId};
 
+mod codec;
 mod connection;
 mod scripts;
 
+use codec::{decode, encode, with_ledger};
 pub use connection::{DEFAULT_REDIS_TIMEOUT, RedisConnection, RedisOptions, connection};
 use scripts::Scripts;
 
@@ -175,23 +177,6 @@ impl RedisStore {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(
-    key: &str,
-    raw: Option<String>,
-) -> Result<Option<T>, StoreError> {
-    raw.map(|s| {
-        serde_json::from_str(&s).map_err(|source| StoreError::Decode {
-            key: key.to_string(),
-            source,
-        })
-    })
-    .transpose()
-}
-
-fn encode<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(StoreError::Encode)
-}
-
 #[async_trait::async_trait]
 impl SessionStore for RedisStore {
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError> {
@@ -215,12 +200,7 @@ impl SessionStore for RedisStore {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-        let mut record: Option<TurnRecord> = decode(&key, raw)?;
-        if let Some(r) = record.as_mut() {
-            // The ledger hash is the source of truth for recorded tool outputs.
-            r.tool_ledger.extend(ledger);
-        }
-        Ok(record)
+        with_ledger(&key, raw, ledger)
     }
 
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError> {
@@ -374,7 +354,7 @@ impl SessionStore for RedisStore {
         let (token, raw_turn, ledger, raw_session): (
             Option<u64>,
             Option<String>,
-            Vec<String>,
+            std::collections::BTreeMap<String, String>,
             Option<String>,
         ) = self
             .scripts
@@ -390,22 +370,27 @@ impl SessionStore for RedisStore {
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        let mut turn: Option<TurnRecord> = decode(&turn_key, raw_turn)?;
-        if let Some(r) = turn.as_mut() {
-            // The ledger hash is the source of truth for recorded tool outputs.
-            let mut pairs = ledger.into_iter();
-            while let (Some(call), Some(output)) = (pairs.next(), pairs.next()) {
-                r.tool_ledger.insert(call, output);
+        let lease = token.map(|token| Lease {
+            token,
+            holder: holder.to_string(),
+        });
+        let read = with_ledger(&turn_key, raw_turn, ledger)
+            .and_then(|turn| Ok((turn, decode(&session_key, raw_session)?)));
+        match read {
+            Ok((turn, session)) => Ok(Begun {
+                turn,
+                lease,
+                session,
+            }),
+            Err(e) => {
+                // Nothing will run under a lease whose reads failed: give it back rather than
+                // leave the session busy until it expires.
+                if let Some(lease) = &lease {
+                    let _ = self.release_lease(session, lease).await;
+                }
+                Err(e)
             }
         }
-        Ok(Begun {
-            turn,
-            lease: token.map(|token| Lease {
-                token,
-                holder: holder.to_string(),
-            }),
-            session: decode(&session_key, raw_session)?,
-        })
     }
 
     async fn renew_lease(

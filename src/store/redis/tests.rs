@@ -127,3 +127,31 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
     assert_eq!(contents, ["one", "two", "three"]);
     assert!(!raw.contains("\"conversation\""), "no longer inline: {raw}");
 }
+
+/// A begin whose reads fail (a turn that does not decode) gives its lease back: the session
+/// is not left busy until the lease expires.
+#[tokio::test]
+async fn a_begin_that_cannot_read_the_turn_gives_the_lease_back() {
+    use crate::store::SessionStore as _;
+    let store = fresh_store().await;
+    let sid = crate::contract::SessionId::parse("s1").expect("valid id");
+    let tid = crate::contract::TurnId::parse("t1").expect("valid id");
+    let _: () = redis::cmd("SET")
+        .arg(store.turn_key("turn", &sid, &tid))
+        .arg("{not json")
+        .query_async(&mut store.conn())
+        .await
+        .expect("SET");
+    let begun = store
+        .begin_turn(&sid, &tid, "w1", Duration::from_secs(30))
+        .await;
+    let again = store
+        .acquire_lease(&sid, "w2", Duration::from_secs(30))
+        .await;
+    store.delete_namespace().await.expect("clean up");
+    assert!(matches!(begun, Err(StoreError::Decode { .. })), "{begun:?}");
+    assert!(
+        again.expect("lease").is_some(),
+        "the failed begin kept the lease"
+    );
+}
