@@ -225,6 +225,35 @@ pub struct TurnProgress {
     pub mode_changes: usize,
 }
 
+/// A model request body exactly as it was sent: JSON text, stored and read back as is (it is
+/// written once, when the call is made, and never looked into by the pipeline again).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SentRequest(Box<serde_json::value::RawValue>);
+
+impl SentRequest {
+    /// Wraps a serialised body.
+    pub fn new(json: Box<serde_json::value::RawValue>) -> Self {
+        Self(json)
+    }
+
+    /// The body's JSON text.
+    pub fn json(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The body as a JSON value (for inspection; the pipeline does not need it).
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(self.0.get())
+    }
+}
+
+impl PartialEq for SentRequest {
+    fn eq(&self, other: &Self) -> bool {
+        self.json() == other.json()
+    }
+}
+
 /// A turn's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -248,8 +277,8 @@ pub struct TurnRecord {
     /// Outputs of server tools already run, per `call_id`: a re-run reuses them instead of
     /// running a tool twice.
     pub tool_ledger: BTreeMap<String, String>,
-    /// Request transcript: the model request bodies sent, in order.
-    pub requests: Vec<Value>,
+    /// Request transcript: the model request bodies sent, in order, as they were sent.
+    pub requests: Vec<SentRequest>,
     /// Times the turn was started (including continuations and retries).
     pub attempts: u32,
     /// Accepted (RFC 3339).

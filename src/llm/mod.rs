@@ -17,8 +17,8 @@ mod parse;
 mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
-pub use crate::state::{ModelResponse, OutputItem};
-use parse::parse_response;
+pub use crate::state::{ModelResponse, OutputItem, SentRequest};
+use parse::parse_bytes;
 
 /// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
@@ -184,31 +184,30 @@ impl LlmClient {
         self
     }
 
-    /// `POST /responses` with retries; returns the normalised answer.
-    pub async fn create_response(&self, body: &Value) -> Result<ModelResponse, LlmError> {
-        self.create_response_streamed(body, None).await
+    /// `POST /responses` with retries; returns the normalised answer. `model` names the
+    /// model the body asks for (for the call's span).
+    pub async fn create_response(
+        &self,
+        model: &str,
+        body: &SentRequest,
+    ) -> Result<ModelResponse, LlmError> {
+        self.create_response_streamed(model, body, None).await
     }
 
     /// [`LlmClient::create_response`], streamed when `sink` is given (and streaming is on):
     /// the text arrives at `sink` as the model writes it; the answer is the same.
     pub async fn create_response_streamed(
         &self,
-        body: &Value,
+        model: &str,
+        body: &SentRequest,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, LlmError> {
         let sink = sink.filter(|_| self.streaming);
-        let streamed;
-        let body = match sink {
-            Some(_) => {
-                let mut b = body.clone();
-                if let Some(o) = b.as_object_mut() {
-                    o.insert("stream".into(), Value::Bool(true));
-                }
-                streamed = b;
-                &streamed
-            }
-            None => body,
-        };
+        // Made once; each attempt sends the same bytes.
+        let payload = bytes::Bytes::from(match sink {
+            Some(_) => streamed(body.json()),
+            None => body.json().to_owned(),
+        });
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.min_backoff)
             .with_max_delay(Duration::from_secs(8))
@@ -224,7 +223,7 @@ impl LlmClient {
             {
                 sink(LlmEvent::Retrying { attempt: attempts });
             }
-            self.attempt(body, sink)
+            self.attempt(model, &payload, sink)
         })
         .retry(backoff)
         .when(|e: &AttemptError| e.retryable)
@@ -249,14 +248,11 @@ impl LlmClient {
     /// span); the model server gets that span as its parent in `traceparent`.
     async fn attempt(
         &self,
-        body: &Value,
+        model: &str,
+        payload: &bytes::Bytes,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         use tracing::Instrument as _;
-        let model = body
-            .get("model")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
         let span = tracing::info_span!("model_call", model);
         let traceparent = crate::trace::TraceContext::current().map(|t| t.within(&span).header());
         let _permit = match &self.limiter {
@@ -269,7 +265,7 @@ impl LlmClient {
             })?),
         };
         let sent = self
-            .send_once(body, traceparent, sink)
+            .send_once(payload, traceparent, sink)
             .instrument(span)
             .await;
         if let (Err(e), Some(limiter)) = (&sent, &self.limiter)
@@ -284,7 +280,7 @@ impl LlmClient {
 
     async fn send_once(
         &self,
-        body: &Value,
+        payload: &bytes::Bytes,
         traceparent: Option<String>,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
@@ -292,7 +288,8 @@ impl LlmClient {
         let mut req = self
             .http
             .post(format!("{}/responses", self.base_url))
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload.clone());
         if let Some(key) = &self.api_key {
             req = req.bearer_auth(key.expose());
         }
@@ -327,13 +324,7 @@ impl LlmClient {
             })
         })?;
         if (200..300).contains(&status) {
-            let value: Value = serde_json::from_slice(&bytes).map_err(|e| AttemptError {
-                retryable: false,
-                retry_after: None,
-                rate_limited: false,
-                error: LlmError::BadResponse(format!("the answer is not JSON ({e})")),
-            })?;
-            return parse_response(&value);
+            return parse_bytes(&bytes);
         }
         let (mut message, code) = error_message(&bytes, status);
         if sink.is_some() && status == 400 && message.to_ascii_lowercase().contains("stream") {
@@ -376,6 +367,15 @@ impl LlmClient {
 }
 
 /// A reqwest error's text without the URL (which may carry credentials in a query string).
+/// The body with `"stream": true` added (as its first member: a body is a JSON object).
+fn streamed(body: &str) -> String {
+    match body.strip_prefix('{').map(str::trim_start) {
+        Some(rest) if rest.starts_with('}') => format!("{{\"stream\":true{rest}"),
+        Some(rest) => format!("{{\"stream\":true,{rest}"),
+        None => body.to_owned(),
+    }
+}
+
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(url) = e.url() {
@@ -427,6 +427,18 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 mod serde_tests {
     use super::*;
     use crate::contract::Usage;
+
+    #[test]
+    fn a_streamed_body_asks_for_a_stream_and_keeps_the_rest() {
+        let body = r#"{"model":"m","input":[{"role":"user","content":"{x}"}]}"#;
+        let v: serde_json::Value = serde_json::from_str(&streamed(body)).expect("json");
+        assert_eq!(
+            v,
+            serde_json::json!({"stream": true, "model": "m", "input": [{"role": "user", "content": "{x}"}]})
+        );
+        let v: serde_json::Value = serde_json::from_str(&streamed("{ }")).expect("json");
+        assert_eq!(v, serde_json::json!({"stream": true}));
+    }
 
     #[test]
     fn model_responses_round_trip_through_json_for_checkpoints() {

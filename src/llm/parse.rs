@@ -1,48 +1,175 @@
 //! Normalising a Responses API `Response` object: output items (text, refusals, function
 //! calls, reasoning, unknown types), the items kept for replay, usage, and `failed` /
 //! `incomplete` statuses.
+//!
+//! The answer is read into borrowed wire types that name only the fields used: everything
+//! else (the echoed tools, instructions, metadata…) is skipped without being built, and
+//! strings without escapes are not copied until they become part of the result.
 
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
 use serde_json::Value;
 
 use super::{AttemptError, LlmError, ModelResponse, OutputItem};
 use crate::contract::Usage;
 
-/// Normalises a `Response` object.
+/// Normalises a `Response` object received as bytes (a non-streamed answer).
+pub(super) fn parse_bytes(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
+    let wire: Wire<'_> = serde_json::from_slice(bytes).map_err(|e| {
+        bad(if e.is_data() {
+            format!("the answer is not a Responses API response ({e})")
+        } else {
+            format!("the answer is not JSON ({e})")
+        })
+    })?;
+    normalise(wire)
+}
+
+/// Normalises a `Response` object already parsed (the terminal event of a stream).
 pub(super) fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
-    let bad = |m: String| AttemptError {
+    let wire = Wire::deserialize(v)
+        .map_err(|e| bad(format!("the answer is not a Responses API response ({e})")))?;
+    normalise(wire)
+}
+
+fn bad(message: String) -> AttemptError {
+    AttemptError {
         retryable: false,
         retry_after: None,
         rate_limited: false,
-        error: LlmError::BadResponse(m),
-    };
-    let id = v
-        .get("id")
-        .and_then(Value::as_str)
+        error: LlmError::BadResponse(message),
+    }
+}
+
+/// The fields of a `Response` this client reads.
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    id: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    status: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    incomplete_details: Option<Reason<'a>>,
+    #[serde(borrow, default)]
+    error: Option<WireError<'a>>,
+    #[serde(borrow, default)]
+    output: Option<Vec<Item<'a>>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Reason<'a> {
+    #[serde(borrow, default)]
+    reason: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireError<'a> {
+    #[serde(borrow, default)]
+    code: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    message: Option<Text<'a>>,
+}
+
+/// An output item: the fields of the kinds this client handles (a message's parts, a
+/// function call's); other kinds are reported by their type.
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    content: Option<Vec<Part<'a>>>,
+    #[serde(borrow, default)]
+    call_id: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    name: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    arguments: Option<Text<'a>>,
+}
+
+/// A part of a message's (or a reasoning item's) content.
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    text: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    refusal: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+}
+
+/// A string of the answer, borrowed from the answer where it holds no escapes. (`Cow`'s own
+/// `Deserialize` always copies, and `#[serde(borrow)]` does not reach into an `Option`.)
+struct Text<'a>(Cow<'a, str>);
+
+impl Text<'_> {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn text<'t>(t: &'t Option<Text<'_>>) -> Option<&'t str> {
+    t.as_ref().map(Text::as_str)
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Strings<'a>(PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Strings<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(Strings(PhantomData))
+    }
+}
+
+fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
+    let id = text(&v.id)
         .ok_or_else(|| bad("the answer has no response id".into()))?
         .to_string();
-    let status = v
-        .get("status")
-        .and_then(Value::as_str)
-        .unwrap_or("completed");
     let mut incomplete_reason = None;
-    match status {
+    match text(&v.status).unwrap_or("completed") {
         "completed" => {}
         "incomplete" => {
             incomplete_reason = Some(
-                v.pointer("/incomplete_details/reason")
-                    .and_then(Value::as_str)
+                v.incomplete_details
+                    .as_ref()
+                    .and_then(|d| text(&d.reason))
                     .unwrap_or("unknown")
                     .to_string(),
             );
         }
         "failed" => {
-            let code = v
-                .pointer("/error/code")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown");
-            let message = v
-                .pointer("/error/message")
-                .and_then(Value::as_str)
+            let error = v.error.as_ref();
+            let code = error.and_then(|e| text(&e.code)).unwrap_or("unknown");
+            let message = error
+                .and_then(|e| text(&e.message))
                 .unwrap_or("the model reported a failure");
             let retryable = matches!(code, "server_error" | "rate_limit_exceeded");
             return Err(AttemptError {
@@ -62,50 +189,41 @@ pub(super) fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
         other => return Err(bad(format!("unexpected response status {other:?}"))),
     }
     let output = v
-        .get("output")
-        .and_then(Value::as_array)
+        .output
         .ok_or_else(|| bad("the answer has no output array".into()))?;
-    let mut items = Vec::new();
+    let mut items = Vec::with_capacity(output.len());
     let mut replay_items = Vec::new();
     for item in output {
-        let kind = item.get("type").and_then(Value::as_str).unwrap_or("");
-        match kind {
+        match text(&item.kind).unwrap_or("") {
             "message" => {
                 let parts = item
-                    .get("content")
-                    .and_then(Value::as_array)
+                    .content
                     .ok_or_else(|| bad("a message item has no content".into()))?;
-                let mut text = String::new();
+                let mut joined = String::new();
                 for part in parts {
-                    match part.get("type").and_then(Value::as_str) {
-                        Some("output_text") => {
-                            text.push_str(part.get("text").and_then(Value::as_str).unwrap_or(""))
-                        }
+                    match text(&part.kind) {
+                        Some("output_text") => joined.push_str(text(&part.text).unwrap_or("")),
                         Some("refusal") => items.push(OutputItem::Refusal(
-                            part.get("refusal")
-                                .and_then(Value::as_str)
-                                .unwrap_or("")
-                                .to_string(),
+                            text(&part.refusal).unwrap_or("").to_string(),
                         )),
                         other => items.push(OutputItem::Unknown {
                             item_type: format!("message part {}", other.unwrap_or("(none)")),
                         }),
                     }
                 }
-                if !text.is_empty() {
-                    replay_items.push(serde_json::json!({"role": "assistant", "content": text}));
-                    items.push(OutputItem::Text(text));
+                if !joined.is_empty() {
+                    replay_items.push(serde_json::json!({"role": "assistant", "content": joined}));
+                    items.push(OutputItem::Text(joined));
                 }
             }
             "function_call" => {
-                let field = |k: &str| {
-                    item.get(k)
-                        .and_then(Value::as_str)
-                        .map(str::to_string)
+                let field = |v: Option<Text<'_>>, k: &str| {
+                    v.map(|t| t.0.into_owned())
                         .ok_or_else(|| bad(format!("a function_call item has no {k}")))
                 };
-                let (call_id, name, arguments) =
-                    (field("call_id")?, field("name")?, field("arguments")?);
+                let call_id = field(item.call_id, "call_id")?;
+                let name = field(item.name, "name")?;
+                let arguments = field(item.arguments, "arguments")?;
                 replay_items.push(serde_json::json!({
                     "type": "function_call", "call_id": call_id, "name": name, "arguments": arguments
                 }));
@@ -121,20 +239,17 @@ pub(super) fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
             }),
         }
     }
-    let n = |k: &str| {
-        v.pointer(&format!("/usage/{k}"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
+    let usage = v.usage.as_ref();
+    let n = |f: fn(&WireUsage) -> Option<u64>| usage.and_then(f).unwrap_or(0);
     Ok(ModelResponse {
         id,
         items,
         replay_items,
         incomplete_reason,
         usage: Usage {
-            prompt_tokens: n("input_tokens"),
-            completion_tokens: n("output_tokens"),
-            total_tokens: n("total_tokens"),
+            prompt_tokens: n(|u| u.input_tokens),
+            completion_tokens: n(|u| u.output_tokens),
+            total_tokens: n(|u| u.total_tokens),
         },
     })
 }
@@ -189,6 +304,77 @@ mod tests {
             r.replay_items[0]["call_id"],
             "call_unLAR8MvFNptuiZK6K6HCy5k"
         );
+    }
+
+    #[test]
+    fn bytes_and_parsed_values_read_alike() {
+        for name in [
+            "01_text_response_openai_python_live_snapshot.json",
+            "02_function_call_response.json",
+        ] {
+            let v = fixture(name);
+            let bytes = serde_json::to_vec(&v).expect("encodes");
+            assert_eq!(
+                parse_bytes(&bytes).expect("bytes parse"),
+                parse_response(&v).expect("value parses"),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn escaped_text_is_unescaped_and_unknown_fields_are_skipped() {
+        let body = br#"{"id":"resp_1","object":"response","status":"completed",
+            "tools":[{"type":"function","name":"x","parameters":{"type":"object"}}],
+            "metadata":{"k":"v"},"incomplete_details":null,"error":null,
+            "output":[
+              {"type":"web_search_call","id":"ws_1","status":"completed","action":{"query":"q"}},
+              {"type":"message","role":"assistant","content":[
+                {"type":"output_text","text":"line \"one\"\nline \u00e9","annotations":[{"type":"url_citation"}]},
+                {"type":"output_text","text":" and two"}]},
+              {"type":"function_call","call_id":"c\\1","name":"f","arguments":"{\"a\":1}"}],
+            "usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7,"input_tokens_details":{"cached_tokens":0}}}"#;
+        let r = parse_bytes(body).expect("parses");
+        assert_eq!(
+            r.items,
+            vec![
+                OutputItem::Unknown {
+                    item_type: "web_search_call".into()
+                },
+                OutputItem::Text("line \"one\"\nline \u{e9} and two".into()),
+                OutputItem::FunctionCall {
+                    call_id: "c\\1".into(),
+                    name: "f".into(),
+                    arguments: "{\"a\":1}".into(),
+                },
+            ]
+        );
+        assert_eq!(r.usage.total_tokens, 7);
+        assert_eq!(r.replay_items.len(), 2);
+    }
+
+    #[test]
+    fn answers_that_are_not_responses_are_named() {
+        let e = parse_bytes(b"<html>ok</html>").unwrap_err();
+        assert!(
+            matches!(&e.error, LlmError::BadResponse(m) if m.starts_with("the answer is not JSON")),
+            "{e:?}"
+        );
+        assert!(!e.retryable);
+        let e = parse_bytes(br#"{"id":"r","output":"text"}"#).unwrap_err();
+        assert!(
+            matches!(&e.error, LlmError::BadResponse(m) if m.starts_with("the answer is not a Responses API response")),
+            "{e:?}"
+        );
+        let e = parse_bytes(br#"{"output":[]}"#).unwrap_err();
+        assert!(matches!(&e.error, LlmError::BadResponse(m) if m.contains("no response id")));
+        let e = parse_bytes(br#"{"id":"r","status":"completed"}"#).unwrap_err();
+        assert!(matches!(&e.error, LlmError::BadResponse(m) if m.contains("no output array")));
+        let e = parse_bytes(
+            br#"{"id":"r","output":[{"type":"function_call","name":"f","arguments":"{}"}]}"#,
+        )
+        .unwrap_err();
+        assert!(matches!(&e.error, LlmError::BadResponse(m) if m.contains("no call_id")));
     }
 
     #[test]

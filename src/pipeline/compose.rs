@@ -5,12 +5,14 @@
 //! catalog block as `instructions` on every call, and either `previous_response_id` or the
 //! replayed conversation. Must not: call the model, run tools, loop or retry.
 
+use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
 use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog, ToolDef};
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 pub use crate::rag::ContextChunk;
+use crate::state::SentRequest;
 
 /// The boot prompt used when a turn names no conversation context.
 pub const DEFAULT_BOOT_PROMPT: &str = "You are the Aptix Reasoner, an assistant for software teams working with Aptix design records (DDRs), workflows and code. Answer in Markdown. Use only the material in [CONTEXT] as authoritative source content, cite chunks by Id or number, and say so when something you need is missing. Put machine-readable payloads in fenced code blocks with a language tag.";
@@ -64,44 +66,93 @@ pub struct CallSpec<'a> {
     pub input: &'a [Value],
 }
 
-/// The `CreateResponse` body for one call.
-pub fn request_body(spec: &CallSpec<'_>) -> Value {
-    let mut input: Vec<Value> = Vec::new();
-    let mut body = serde_json::Map::new();
-    body.insert("model".into(), json!(spec.model));
-    body.insert("instructions".into(), json!(spec.instructions));
-    match spec.continuation {
-        Continuation::Fresh => {}
-        Continuation::Previous(id) => {
-            body.insert("previous_response_id".into(), json!(id));
-        }
-        Continuation::Replay(items) => input.extend(items.iter().cloned()),
+/// The `CreateResponse` body for one call, serialised once: the same text is sent and kept
+/// in the turn's transcript.
+pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
+    let replayed = match spec.continuation {
+        Continuation::Replay(items) => items,
+        Continuation::Fresh | Continuation::Previous(_) => &[],
+    };
+    let body = Body {
+        model: spec.model,
+        instructions: spec.instructions,
+        previous_response_id: match spec.continuation {
+            Continuation::Previous(id) => Some(id),
+            Continuation::Fresh | Continuation::Replay(_) => None,
+        },
+        input: Input(replayed, spec.input),
+        tools: Tools(spec.tools),
+        tool_choice: spec.tool_choice.map(|name| FunctionChoice {
+            kind: "function",
+            name,
+        }),
+    };
+    // Infallible: every part is a string, a bool or a `Value` (whose map keys are strings),
+    // written to memory.
+    let json = serde_json::value::to_raw_value(&body)
+        .expect("a request body of strings and JSON values always serialises");
+    SentRequest::new(json)
+}
+
+/// The wire shape of a `CreateResponse` body, borrowing what it sends.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    instructions: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_response_id: Option<&'a str>,
+    input: Input<'a>,
+    #[serde(skip_serializing_if = "Tools::is_empty")]
+    tools: Tools<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<FunctionChoice<'a>>,
+}
+
+/// The replayed items, then the call's new ones, as one array.
+struct Input<'a>(&'a [Value], &'a [Value]);
+
+impl Serialize for Input<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().chain(self.1))
     }
-    input.extend(spec.input.iter().cloned());
-    body.insert("input".into(), Value::Array(input));
-    if !spec.tools.is_empty() {
-        let tools: Vec<Value> = spec
-            .tools
-            .iter()
-            .map(|t| {
-                json!({
-                    "type": "function",
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                    "strict": t.strict,
-                })
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
+}
+
+/// Flat function tools.
+struct Tools<'a>(&'a [&'a ToolDef]);
+
+impl Tools<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
-    if let Some(name) = spec.tool_choice {
-        body.insert(
-            "tool_choice".into(),
-            json!({"type": "function", "name": name}),
-        );
+}
+
+impl Serialize for Tools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|t| FunctionTool {
+            kind: "function",
+            name: &t.name,
+            description: &t.description,
+            parameters: &t.parameters,
+            strict: t.strict,
+        }))
     }
-    Value::Object(body)
+}
+
+#[derive(Serialize)]
+struct FunctionTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+    strict: bool,
+}
+
+#[derive(Serialize)]
+struct FunctionChoice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
 }
 
 /// The system message carrying the boot prompt (first call of a session only).
@@ -305,7 +356,9 @@ mod body_tests {
             tool_choice: Some("workspace_read_file"),
             continuation: Continuation::Previous("resp_1"),
             input: &input,
-        });
+        })
+        .to_value()
+        .expect("json");
         assert_eq!(
             body["tool_choice"],
             json!({"type": "function", "name": "workspace_read_file"})
@@ -321,9 +374,61 @@ mod body_tests {
                 continuation: Continuation::Fresh,
                 input: &input,
             }
-        });
+        })
+        .to_value()
+        .expect("json");
         assert!(none.get("tool_choice").is_none(), "omitted means auto");
         assert!(none.get("previous_response_id").is_none());
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+    use crate::catalog::ModeCatalog;
+
+    #[test]
+    fn a_replayed_body_sends_history_then_input_and_flat_tools_in_order() {
+        let catalog = ModeCatalog::builtin();
+        let tools = catalog.tools_for(catalog.default_mode());
+        let history = [json!({"role": "assistant", "content": "earlier"})];
+        let input = [json!({"role": "user", "content": "now \"quoted\""})];
+        let body = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools: &tools,
+            tool_choice: None,
+            continuation: Continuation::Replay(&history),
+            input: &input,
+        });
+        let v = body.to_value().expect("the body is JSON");
+        let keys: Vec<&str> = v
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["model", "instructions", "input", "tools"]);
+        assert_eq!(v["input"], json!([history[0], input[0]]));
+        let first = &tools[0];
+        assert_eq!(
+            v["tools"][0],
+            json!({"type": "function", "name": first.name, "description": first.description,
+                   "parameters": first.parameters, "strict": first.strict})
+        );
+        assert_eq!(v["tools"].as_array().map(Vec::len), Some(tools.len()));
+        let bare = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools: &[],
+            tool_choice: None,
+            continuation: Continuation::Fresh,
+            input: &input,
+        });
+        assert_eq!(
+            bare.json(),
+            r#"{"model":"m","instructions":"i","input":[{"role":"user","content":"now \"quoted\""}]}"#
+        );
     }
 }
 

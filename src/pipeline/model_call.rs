@@ -86,7 +86,11 @@ impl Pipeline {
         };
         let sink: Option<EventSink<'_>> = run.live.is_some().then_some(&to_live as EventSink<'_>);
         let sent = self
-            .unless_cancelled(&sid, &tid, llm.create_response_streamed(&body, sink))
+            .unless_cancelled(
+                &sid,
+                &tid,
+                llm.create_response_streamed(backend.model(), &body, sink),
+            )
             .await;
         // The transcript keeps every request sent, answered or not.
         run.record.requests.push(body);
@@ -99,7 +103,9 @@ impl Pipeline {
             warn!(%msg, "model server does not store responses; switching this session to replay");
             run.session.replay = true;
             let body = body_for(Some(&history(run, progress).await?));
-            outcome = llm.create_response_streamed(&body, sink).await;
+            outcome = llm
+                .create_response_streamed(backend.model(), &body, sink)
+                .await;
             run.record.requests.push(body);
         }
         // Per call, so at debug: the model latency histogram and the turn's own lines carry
