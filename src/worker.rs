@@ -531,7 +531,7 @@ impl Worker {
                         self.metrics.observe_queue_wait(wait);
                     }
                 }
-                info!(status = status.as_str(), "result published");
+                debug!(status = status.as_str(), "result published");
                 Disposition::Ack
             }
             Err(e) => {

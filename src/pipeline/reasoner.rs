@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::backends;
 use super::compose;
@@ -131,7 +131,14 @@ impl Pipeline {
         if let Err(f) = self.persist(&mut run, changed).await {
             return Ok(self.retry_later(run, f).await?);
         }
-        info!(mode = %mode.key, attempt = run.record.attempts, resumed = run.record.checkpoint.is_some(), "turn started");
+        // One line per turn at info is its end; a start is worth one only when it is a retry or
+        // a resumption (a turn that runs again).
+        let (attempt, resumed) = (run.record.attempts, run.record.checkpoint.is_some());
+        if attempt > 1 || resumed {
+            info!(mode = %mode.key, attempt, resumed, "turn started again");
+        } else {
+            debug!(mode = %mode.key, attempt, resumed, "turn started");
+        }
 
         if run.record.checkpoint.is_some() {
             // A crashed or retried run left a resume point: continue from it.

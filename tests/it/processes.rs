@@ -39,7 +39,11 @@ impl Processes {
             ("APTIX_LLM_MAX_RETRIES", "0".into()),
             ("APTIX_LEASE_SECS", "2".into()),
             ("APTIX_CONCURRENCY", "8".into()),
-            ("RUST_LOG", "info".into()),
+            // A turn's start and its publish are logged at debug; the tests count them.
+            (
+                "RUST_LOG",
+                "info,aptix_worker::worker=debug,aptix_worker::pipeline=debug".into(),
+            ),
             ("NO_COLOR", "1".into()),
         ];
         let env: Vec<(String, String)> = defaults
