@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, OnBusy, RequestLimits,
-    RequestRejected, ToolContinuation, UserTurn, parse_request,
+    RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{continuation_fingerprint, fingerprint};
@@ -25,7 +25,9 @@ pub mod openapi;
 pub mod routes;
 pub(crate) mod waiting;
 
-use crate::store::{ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView};
+use crate::store::{
+    Admission, ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView,
+};
 
 /// Why a request was not accepted.
 #[derive(Debug, thiserror::Error)]
@@ -184,9 +186,17 @@ impl FrontDoor {
                 &ContextIds::named_or_default(agent, conversation),
             )
             .await?;
-        let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
+        self.check_latched(turn, &latched)?;
+        Ok(latched)
+    }
+
+    /// Refuses, with `CONTEXT_MISMATCH`, a turn that names other contexts than the ones its
+    /// session latched.
+    fn check_latched(&self, turn: &UserTurn, latched: &ContextIds) -> Result<(), SubmitError> {
+        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+        let errors = context_mismatches(turn.session_id(), latched, agent, conversation);
         if errors.is_empty() {
-            Ok(latched)
+            Ok(())
         } else {
             Err(SubmitError::Invalid(RequestRejected {
                 errors,
@@ -207,34 +217,67 @@ impl FrontDoor {
     }
 
     /// Checks that `tenant` may submit `request`: a user turn needs the tenant's token quota
-    /// not to be spent, and claims its session for the tenant unless another tenant owns it; a
-    /// continuation (the rest of an accepted turn) needs the tenant to own the session. Another
-    /// tenant's session is reported exactly like a missing turn.
+    /// not to be spent (its session is claimed for the tenant as the turn is recorded, unless
+    /// another tenant owns it); a continuation (the rest of an accepted turn) needs the tenant
+    /// to own the session. Another tenant's session is reported exactly like a missing turn.
     pub async fn authorize(
         &self,
         tenant: &str,
         request: &AgentExecuteRequest,
     ) -> Result<(), SubmitError> {
-        let (sid, tid) = (request.session_id(), request.turn_id());
-        if matches!(request, AgentExecuteRequest::UserTurn(_))
-            && let Err(e) = self.quotas.check_tokens(tenant).await
-        {
-            if matches!(e, QuotaError::Exceeded(_)) {
-                self.metrics.turn_refused_by_policy("quota_exceeded");
+        match request {
+            AgentExecuteRequest::UserTurn(_) => {
+                if let Err(e) = self.quotas.check_tokens(tenant).await {
+                    if matches!(e, QuotaError::Exceeded(_)) {
+                        self.metrics.turn_refused_by_policy("quota_exceeded");
+                    }
+                    return Err(e.into());
+                }
+                Ok(())
             }
-            return Err(e.into());
+            AgentExecuteRequest::ToolContinuation(_) => {
+                match self.store.owner(request.session_id()).await? {
+                    Some(o) if o != tenant => {
+                        Err(not_found(request.session_id(), request.turn_id()))
+                    }
+                    _ => Ok(()),
+                }
+            }
         }
-        let owner = match request {
-            AgentExecuteRequest::UserTurn(_) => self.store.claim_owner(sid, tenant).await.map(Some),
-            AgentExecuteRequest::ToolContinuation(_) => self.store.owner(sid).await,
-        }?;
-        match owner {
-            Some(o) if o != tenant => Err(SubmitError::NotFound(ErrorMessage::new(
-                ErrorCode::TurnNotFound,
-                format!("turn {tid} does not exist in session {sid}"),
-            ))),
-            _ => Ok(()),
+    }
+
+    /// Records a new user turn as queued, with its session claimed for `tenant` and its
+    /// contexts latched: in one store step when the turn queues behind whatever the session
+    /// runs (`onBusy: enqueue`, the default); otherwise its onBusy policy acts between the
+    /// latch and the record. Returns the record that was there, if any.
+    async fn record_user_turn(
+        &self,
+        tenant: Option<&str>,
+        turn: &UserTurn,
+        fresh: &TurnRecord,
+    ) -> Result<Option<TurnRecord>, SubmitError> {
+        let (sid, tid) = (turn.session_id(), turn.turn_id());
+        if turn.on_busy() == OnBusy::Enqueue {
+            let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+            let wanted = ContextIds::named_or_default(agent, conversation);
+            return match self.store.admit_turn(tenant, &wanted, fresh).await? {
+                Admission::Turn(existing) => Ok(existing.map(|b| *b)),
+                Admission::OtherOwner => Err(not_found(sid, tid)),
+                Admission::OtherContexts(latched) => {
+                    // Leaving a field out means "the session's": still one it may run with.
+                    self.check_latched(turn, &latched)?;
+                    Ok(self.store.create_turn(fresh).await?)
+                }
+            };
         }
+        if let Some(tenant) = tenant
+            && self.store.claim_owner(sid, tenant).await? != tenant
+        {
+            return Err(not_found(sid, tid));
+        }
+        self.latch_contexts(turn).await?;
+        self.on_busy(turn).await?;
+        Ok(self.store.create_turn(fresh).await?)
     }
 
     /// Validates and enqueues a request body; returns the turn's status once the job is
@@ -295,23 +338,21 @@ impl FrontDoor {
             .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
         match request {
             AgentExecuteRequest::UserTurn(turn) => {
-                self.latch_contexts(turn).await?;
-                if turn.on_busy() != OnBusy::Enqueue {
-                    self.on_busy(turn).await?;
-                }
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
                     .replying_to(reply_to);
-                let created = match self.store.create_turn(&fresh).await {
+                let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {
                         // A write that timed out may still be applied later (a stalled link
                         // delivers it when it recovers): take it back the same way, so no turn
                         // is left recorded as queued without a job.
-                        if let Err(d) = self.store.discard_turn(&fresh).await {
+                        if matches!(e, SubmitError::Unavailable(_))
+                            && let Err(d) = self.store.discard_turn(&fresh).await
+                        {
                             tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a turn record whose write failed");
                         }
-                        return Err(e.into());
+                        return Err(e);
                     }
                 };
                 match created {
@@ -377,6 +418,14 @@ impl FrontDoor {
             }
         }
     }
+}
+
+/// The refusal for another tenant's session: the same as for a turn that does not exist.
+fn not_found(sid: &SessionId, tid: &TurnId) -> SubmitError {
+    SubmitError::NotFound(ErrorMessage::new(
+        ErrorCode::TurnNotFound,
+        format!("turn {tid} does not exist in session {sid}"),
+    ))
 }
 
 /// What accepting a continuation did to its turn.

@@ -82,6 +82,18 @@ pub struct Begun {
     pub session: Option<SessionState>,
 }
 
+/// What [`SessionStore::admit_turn`] found, and how far it went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Another tenant owns the session: nothing was written.
+    OtherOwner,
+    /// The session runs with these contexts, not the ones given: the turn was not recorded
+    /// (whether it may run with them is the caller's call).
+    OtherContexts(ContextIds),
+    /// The turn's record: `None` when this call created it, else the one that was there.
+    Turn(Option<Box<TurnRecord>>),
+}
+
 /// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and
 /// [`RedisStore`]; both pass one conformance suite (`tests/it/store_conformance.rs`).
 ///
@@ -102,6 +114,28 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
     async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError>;
+    /// Admits a new user turn in one step: claims the session for `owner` (when given) unless
+    /// it has an owner, latches `contexts` unless the session latched some, and creates `turn`
+    /// as [`SessionStore::create_turn`] does — stopping, with nothing more written, at an owner
+    /// that is not `owner` or at latched contexts that are not `contexts`. Not fenced.
+    async fn admit_turn(
+        &self,
+        owner: Option<&str>,
+        contexts: &ContextIds,
+        turn: &TurnRecord,
+    ) -> Result<Admission, StoreError> {
+        let session = &turn.session_id;
+        if let Some(tenant) = owner
+            && self.claim_owner(session, tenant).await? != tenant
+        {
+            return Ok(Admission::OtherOwner);
+        }
+        let latched = self.latch_contexts(session, contexts).await?;
+        if &latched != contexts {
+            return Ok(Admission::OtherContexts(latched));
+        }
+        Ok(Admission::Turn(self.create_turn(turn).await?.map(Box::new)))
+    }
     /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
     /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
     /// gone. Not fenced, like `create_turn`.

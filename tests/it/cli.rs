@@ -1027,7 +1027,11 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
             .env("APTIX_LOG_FORMAT", "json")
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
             .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-            .env("RUST_LOG", "info");
+            // The turn's start and publish lines (debug) too: every line must carry the trace.
+            .env(
+                "RUST_LOG",
+                "info,aptix_worker::pipeline=debug,aptix_worker::worker=debug",
+            );
     };
     let mut serve = aptix();
     serve.args(["serve", "--listen", "127.0.0.1:0"]);

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use aptix_worker::contract::{SessionId, TurnId};
 use aptix_worker::store::{
-    MemoryStore, ModeChange, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus,
-    now_rfc3339,
+    Admission, ContextIds, MemoryStore, ModeChange, SessionState, SessionStore, StoreError,
+    TurnRecord, TurnStatus, now_rfc3339,
 };
 
 use crate::support::{RedisGuard, redis_store};
@@ -44,6 +44,10 @@ pub async fn cluster() -> Subject {
 
 fn sid(s: &str) -> SessionId {
     SessionId::parse(s).unwrap()
+}
+
+fn tid(s: &str) -> TurnId {
+    TurnId::parse(s).unwrap()
 }
 
 fn session(id: &str) -> SessionState {
@@ -525,6 +529,63 @@ async fn create_turn_creates_once(s: Subject) {
     assert_eq!(st.list_turns(&sid("s")).await.unwrap().len(), 1);
 }
 
+async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subject) {
+    let st = &s.store;
+    let fast = ContextIds::named_or_default(Some("fast"), None);
+    // A new session: claimed, latched and recorded in one step.
+    assert_eq!(
+        st.admit_turn(Some("tenant-a"), &fast, &turn("s", "t1"))
+            .await
+            .unwrap(),
+        Admission::Turn(None)
+    );
+    assert_eq!(
+        st.owner(&sid("s")).await.unwrap().as_deref(),
+        Some("tenant-a")
+    );
+    assert_eq!(
+        st.latched_contexts(&sid("s")).await.unwrap(),
+        Some(fast.clone())
+    );
+    assert_eq!(st.list_turns(&sid("s")).await.unwrap().len(), 1);
+    // The same turn again: the record that is there, nothing written.
+    let mut again = turn("s", "t1");
+    again.fingerprint = "other".into();
+    match st
+        .admit_turn(Some("tenant-a"), &fast, &again)
+        .await
+        .unwrap()
+    {
+        Admission::Turn(Some(existing)) => assert_eq!(existing.fingerprint, "fp"),
+        other => panic!("expected the existing record, got {other:?}"),
+    }
+    // Another tenant: refused before anything is latched or recorded.
+    assert_eq!(
+        st.admit_turn(Some("tenant-b"), &ContextIds::default(), &turn("s", "t2"))
+            .await
+            .unwrap(),
+        Admission::OtherOwner
+    );
+    // Other contexts: the latched ones come back, and the turn is not recorded.
+    assert_eq!(
+        st.admit_turn(Some("tenant-a"), &ContextIds::default(), &turn("s", "t2"))
+            .await
+            .unwrap(),
+        Admission::OtherContexts(fast.clone())
+    );
+    assert_eq!(st.get_turn(&sid("s"), &tid("t2")).await.unwrap(), None);
+    assert_eq!(st.list_turns(&sid("s")).await.unwrap().len(), 1);
+    assert_eq!(st.latched_contexts(&sid("s")).await.unwrap(), Some(fast));
+    // Without an owner to claim (an embedded front door), a new session has none.
+    assert_eq!(
+        st.admit_turn(None, &ContextIds::default(), &turn("free", "t"))
+            .await
+            .unwrap(),
+        Admission::Turn(None)
+    );
+    assert_eq!(st.owner(&sid("free")).await.unwrap(), None);
+}
+
 async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
     let st = &s.store;
     let created = turn("s", "t");
@@ -632,6 +693,7 @@ for_each_backend!(
         racing_holders_take_turns_and_none_is_lost,
         the_first_tenant_owns_a_session,
         create_turn_creates_once,
+        admit_claims_latches_and_creates_or_stops_at_the_first_refusal,
         discard_takes_back_only_an_untouched_turn,
         replace_is_a_compare_and_set,
     ],

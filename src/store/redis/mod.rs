@@ -24,8 +24,8 @@ use std::time::Duration;
 use redis::AsyncCommands as _;
 
 use super::{
-    BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, SessionState, SessionStore,
-    StoreError, TurnRecord,
+    Admission, BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, SessionState,
+    SessionStore, StoreError, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -230,6 +230,45 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         decode(&key, existing)
+    }
+
+    async fn admit_turn(
+        &self,
+        owner: Option<&str>,
+        contexts: &ContextIds,
+        turn: &TurnRecord,
+    ) -> Result<Admission, StoreError> {
+        let (session, key) = (
+            &turn.session_id,
+            self.turn_key("turn", &turn.session_id, &turn.turn_id),
+        );
+        let contexts_key = self.key("contexts", session);
+        let (step, found): (i64, Option<String>) = self
+            .scripts
+            .admit_turn
+            .key(self.key("owner", session))
+            .key(&contexts_key)
+            .key(&key)
+            .key(self.key("turns", session))
+            .arg(owner.unwrap_or(""))
+            .arg(encode(contexts)?)
+            .arg(encode(turn)?)
+            .arg(ms(self.retention.turns))
+            .arg(turn.turn_id.as_str())
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match step {
+            0 => Ok(Admission::OtherOwner),
+            1 => decode(&contexts_key, found)?
+                .map(Admission::OtherContexts)
+                .ok_or_else(|| StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))),
+            2 | 3 => Ok(Admission::Turn(decode(&key, found)?.map(Box::new))),
+            other => Err(StoreError::Corrupt(format!(
+                "{key}: the admission script answered step {other}"
+            ))),
+        }
     }
 
     async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {
