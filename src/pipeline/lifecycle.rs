@@ -345,7 +345,7 @@ impl Pipeline {
     /// turn works.
     pub(super) async fn cancel_turn(&self, mut run: Run) -> Result<Settled, RetryableFailure> {
         info!("turn cancelled on request");
-        run.record = run.record.cancelled();
+        run.record = Box::new(run.record.cancelled());
         let result = run.record.result.clone().unwrap_or_else(|| {
             InvokeResult::failure(permanent(ErrorCode::TurnCancelled, "turn cancelled"))
         });
@@ -406,7 +406,7 @@ impl Pipeline {
         }
         run.held.released_by_store();
         Ok(Settled {
-            status: Some(TurnStatusView::from(&run.record)),
+            status: Some(TurnStatusView::from(run.record.as_ref())),
             result,
         })
     }
@@ -509,7 +509,12 @@ mod tests {
         let held = pipeline.lease(&sid, &tid).await.unwrap();
         let mut run = Run {
             session: pipeline.new_session(&sid),
-            record: TurnRecord::queued(sid, tid, String::new(), "general".into()),
+            record: Box::new(TurnRecord::queued(
+                sid,
+                tid,
+                String::new(),
+                "general".into(),
+            )),
             held,
             live: None,
         };

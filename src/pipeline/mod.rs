@@ -238,7 +238,8 @@ fn store_failure(e: StoreError) -> RetryableFailure {
 /// Everything one run of a turn works on while it holds the session's lease.
 struct Run {
     session: SessionState,
-    record: TurnRecord,
+    /// Boxed: a run moves through every step of the turn, and the record is its largest part.
+    record: Box<TurnRecord>,
     held: HeldLease,
     /// The turn's live output, when its request asked for streaming.
     live: Option<Arc<LiveTurn>>,
@@ -500,7 +501,9 @@ impl Pipeline {
                     }
                     result
                 }
-                AgentExecuteRequest::ToolContinuation(c) => self.run_continuation(c, tenant).await,
+                AgentExecuteRequest::ToolContinuation(c) => {
+                    Box::pin(self.run_continuation(c, tenant)).await
+                }
             }
         }
         .instrument(span)
@@ -551,7 +554,7 @@ impl Pipeline {
         record.status = TurnStatus::Running;
         let run = Run {
             session: session.unwrap_or_else(|| self.new_session(sid)),
-            record,
+            record: Box::new(record),
             held,
             live: None,
         };

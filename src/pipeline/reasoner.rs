@@ -70,7 +70,7 @@ impl Pipeline {
                 record.attempts += 1;
                 let run = Run {
                     session: loaded.unwrap_or_else(|| self.new_session(sid)),
-                    record,
+                    record: Box::new(record),
                     held,
                     live,
                 };
@@ -122,7 +122,7 @@ impl Pipeline {
         }
         let mut run = Run {
             session,
-            record,
+            record: Box::new(record),
             held,
             live,
         };
@@ -267,7 +267,7 @@ impl Pipeline {
         record.attempts += 1;
         let mut run = Run {
             session,
-            record,
+            record: Box::new(record),
             held,
             live: None,
         };
@@ -311,6 +311,12 @@ impl Pipeline {
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
+    ///
+    /// The steps that settle the turn, save a checkpoint or run a server tool are boxed: a
+    /// turn's task is as large as its largest state, and a turn spends its time in the model
+    /// call, which is small; unboxed, every waiting turn carried the size of the settling
+    /// states too (measured with `size_of_val` on a release build: 21.7 → 13 KB per turn's
+    /// task, with the record boxed in [`Run`]).
     pub(super) async fn reason(
         &self,
         mut run: Run,
@@ -336,7 +342,7 @@ impl Pipeline {
                                 self.settings.max_iterations
                             ),
                         ));
-                        return self.fail_turn(run, result).await;
+                        return Box::pin(self.fail_turn(run, result)).await;
                     }
                     let tools_mode = compose::tools_mode(&self.catalog, &progress);
                     let tools = self.catalog.tools_for(&tools_mode);
@@ -352,19 +358,21 @@ impl Pipeline {
                         )
                         .await
                     {
-                        Err(retryable) => return self.retry_later(run, retryable).await,
+                        Err(retryable) => return Box::pin(self.retry_later(run, retryable)).await,
                         Ok(Err(CallEnd::Failed(failed))) => {
-                            return self.fail_turn(run, *failed).await;
+                            return Box::pin(self.fail_turn(run, *failed)).await;
                         }
-                        Ok(Err(CallEnd::Cancelled)) => return self.cancel_turn(run).await,
+                        Ok(Err(CallEnd::Cancelled)) => {
+                            return Box::pin(self.cancel_turn(run)).await;
+                        }
                         Ok(Ok(response)) => {
                             // Saved before any tool runs: a re-run resumes here.
                             run.record.checkpoint = Some(Checkpoint {
                                 response: response.clone(),
                                 progress: progress.clone(),
                             });
-                            if let Err(f) = self.persist(&mut run, false).await {
-                                return self.retry_later(run, f).await;
+                            if let Err(f) = Box::pin(self.persist(&mut run, false)).await {
+                                return Box::pin(self.retry_later(run, f)).await;
                             }
                             response
                         }
@@ -409,11 +417,16 @@ impl Pipeline {
                         ErrorCode::LlmBadResponse,
                         "the model answered with neither text nor tool calls",
                     ));
-                    return self.fail_turn(run, result).await;
+                    return Box::pin(self.fail_turn(run, result)).await;
                 }
-                return self
-                    .complete_turn(run, progress, response.id, text, api_warnings)
-                    .await;
+                return Box::pin(self.complete_turn(
+                    run,
+                    progress,
+                    response.id,
+                    text,
+                    api_warnings,
+                ))
+                .await;
             }
 
             // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
@@ -445,20 +458,32 @@ impl Pipeline {
                         if let Some(live) = &run.live {
                             live.progress(format!("running the server tool {name}"));
                         }
-                        match self
-                            .server_tool_call(&mut run, &mut progress, &call_id, &name, &arguments)
-                            .await
+                        match Box::pin(self.server_tool_call(
+                            &mut run,
+                            &mut progress,
+                            &call_id,
+                            &name,
+                            &arguments,
+                        ))
+                        .await
                         {
                             Ok(out) => outputs.push((call_id, out)),
-                            Err(retryable) => return self.retry_later(run, retryable).await,
+                            Err(retryable) => {
+                                return Box::pin(self.retry_later(run, retryable)).await;
+                            }
                         }
                     }
                 }
             }
             if !client_calls.is_empty() {
-                return self
-                    .await_client_tools(run, progress, response.id, client_calls, outputs)
-                    .await;
+                return Box::pin(self.await_client_tools(
+                    run,
+                    progress,
+                    response.id,
+                    client_calls,
+                    outputs,
+                ))
+                .await;
             }
             input = outputs
                 .iter()
