@@ -189,10 +189,15 @@ async fn measure(
     let before = cpu_snapshot(&watched);
     let driven = drive(&format!("http://{address}"), opts).await?;
     let after = cpu_snapshot(&watched);
+    // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
+    let threads = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(n) => format!("serve, worker and fake model as processes of {n} runtime thread(s)"),
+        Err(_) => "serve, worker and fake model as processes, one runtime thread per core".into(),
+    };
     driven.report(
         opts,
         config.reply_queues.as_str(),
-        "serve, worker and fake model as processes",
+        &threads,
         &before,
         &after,
     );
