@@ -29,6 +29,7 @@ use super::{
 };
 use crate::contract::{SessionId, TurnId};
 
+mod admission;
 mod codec;
 mod connection;
 mod scripts;
@@ -88,25 +89,6 @@ impl RedisStore {
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
         })
-    }
-
-    /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
-    /// the session, and returns what it holds (one round trip).
-    async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
-        let (_, held, _): (Option<String>, String, i64) = redis::pipe()
-            .cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .cmd("GET")
-            .arg(key)
-            .cmd("PEXPIRE")
-            .arg(key)
-            .arg(ms(self.retention.sessions))
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(held)
     }
 
     /// Requests sent to Redis so far (a pipeline or a script counts once).
@@ -238,37 +220,7 @@ impl SessionStore for RedisStore {
         contexts: &ContextIds,
         turn: &TurnRecord,
     ) -> Result<Admission, StoreError> {
-        let (session, key) = (
-            &turn.session_id,
-            self.turn_key("turn", &turn.session_id, &turn.turn_id),
-        );
-        let contexts_key = self.key("contexts", session);
-        let (step, found): (i64, Option<String>) = self
-            .scripts
-            .admit_turn
-            .key(self.key("owner", session))
-            .key(&contexts_key)
-            .key(&key)
-            .key(self.key("turns", session))
-            .arg(owner.unwrap_or(""))
-            .arg(encode(contexts)?)
-            .arg(encode(turn)?)
-            .arg(ms(self.retention.turns))
-            .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        match step {
-            0 => Ok(Admission::OtherOwner),
-            1 => decode(&contexts_key, found)?
-                .map(Admission::OtherContexts)
-                .ok_or_else(|| StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))),
-            2 | 3 => Ok(Admission::Turn(decode(&key, found)?.map(Box::new))),
-            other => Err(StoreError::Corrupt(format!(
-                "{key}: the admission script answered step {other}"
-            ))),
-        }
+        self.admit(owner, contexts, turn).await
     }
 
     async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {

@@ -1,0 +1,68 @@
+//! A new turn's admission at the front door: the session's owner claimed and its contexts
+//! latched (each set once, then kept as long as the session), and the one script that claims,
+//! latches and records a queued turn in one round trip.
+
+use super::codec::{decode, encode};
+use super::{RedisStore, ms, unavailable};
+use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
+
+impl RedisStore {
+    /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
+    /// the session, and returns what it holds (one round trip).
+    pub(super) async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        let (_, held, _): (Option<String>, String, i64) = redis::pipe()
+            .cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .cmd("GET")
+            .arg(key)
+            .cmd("PEXPIRE")
+            .arg(key)
+            .arg(ms(self.retention.sessions))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(held)
+    }
+
+    /// [`crate::store::SessionStore::admit_turn`]: one script (`ADMIT_TURN`).
+    pub(super) async fn admit(
+        &self,
+        owner: Option<&str>,
+        contexts: &ContextIds,
+        turn: &TurnRecord,
+    ) -> Result<Admission, StoreError> {
+        let (session, key) = (
+            &turn.session_id,
+            self.turn_key("turn", &turn.session_id, &turn.turn_id),
+        );
+        let contexts_key = self.key("contexts", session);
+        let (step, found): (i64, Option<String>) = self
+            .scripts
+            .admit_turn
+            .key(self.key("owner", session))
+            .key(&contexts_key)
+            .key(&key)
+            .key(self.key("turns", session))
+            .arg(owner.unwrap_or(""))
+            .arg(encode(contexts)?)
+            .arg(encode(turn)?)
+            .arg(ms(self.retention.turns))
+            .arg(turn.turn_id.as_str())
+            .arg(ms(self.retention.sessions))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        match step {
+            0 => Ok(Admission::OtherOwner),
+            1 => decode(&contexts_key, found)?
+                .map(Admission::OtherContexts)
+                .ok_or_else(|| StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))),
+            2 | 3 => Ok(Admission::Turn(decode(&key, found)?.map(Box::new))),
+            other => Err(StoreError::Corrupt(format!(
+                "{key}: the admission script answered step {other}"
+            ))),
+        }
+    }
+}
