@@ -24,7 +24,7 @@ use crate::store::{
 use crate::tools::ModeEffect;
 
 /// How often a running model call looks for a cancel request.
-const CANCEL_POLL: Duration = Duration::from_millis(500);
+pub(super) const CANCEL_POLL: Duration = Duration::from_millis(500);
 
 impl Pipeline {
     /// The session part of a turn's answer.
@@ -364,26 +364,19 @@ impl Pipeline {
         }
     }
 
-    /// Runs `work` unless the turn is asked to stop first (looked for every
-    /// [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and with it an HTTP request in
-    /// flight.
+    /// Runs `work` unless the turn is asked to stop first (the pipeline's watch looks for every
+    /// waiting turn at once, every [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and
+    /// with it an HTTP request in flight.
     pub(super) async fn unless_cancelled<T>(
         &self,
         sid: &SessionId,
         tid: &TurnId,
         work: impl std::future::Future<Output = T>,
     ) -> Option<T> {
-        let watch = async {
-            loop {
-                tokio::time::sleep(CANCEL_POLL).await;
-                if self.cancel_requested(sid, tid).await {
-                    return;
-                }
-            }
-        };
+        let watched = self.cancels.watch(sid, tid);
         tokio::select! {
             out = work => Some(out),
-            () = watch => None,
+            () = watched.cancelled() => None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! answered.
 
 pub mod backends;
+mod cancel_watch;
 pub mod compose;
 mod lifecycle;
 mod model_call;
@@ -192,6 +193,8 @@ pub struct Pipeline {
     rag: Option<Rag>,
     quotas: crate::tenants::Quotas,
     live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
+    /// The turns waiting on the model, watched for a request to stop.
+    cancels: cancel_watch::CancelWatch,
 }
 
 /// Retrieval for the `[CONTEXT]` block.
@@ -290,6 +293,7 @@ impl Pipeline {
             DEFAULT_BOOT_PROMPT,
         );
         Ok(Self {
+            cancels: cancel_watch::CancelWatch::new(store.clone(), lifecycle::CANCEL_POLL),
             store,
             catalog,
             contexts: Arc::new(backends.known()),

@@ -170,6 +170,19 @@ pub trait SessionStore: Send + Sync + 'static {
         session: &SessionId,
         turn: &TurnId,
     ) -> Result<bool, StoreError>;
+    /// For each turn, whether it was asked to stop: [`SessionStore::cancel_requested`] for many
+    /// turns at once (the worker's watch over its turns in a model call), in as few requests
+    /// as the store can.
+    async fn cancels_requested(
+        &self,
+        turns: &[(SessionId, TurnId)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut asked = Vec::with_capacity(turns.len());
+        for (session, turn) in turns {
+            asked.push(self.cancel_requested(session, turn).await?);
+        }
+        Ok(asked)
+    }
     /// The contexts the session latched, if any.
     async fn latched_contexts(&self, session: &SessionId)
     -> Result<Option<ContextIds>, StoreError>;

@@ -586,6 +586,23 @@ async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subje
     assert_eq!(st.owner(&sid("free")).await.unwrap(), None);
 }
 
+async fn stop_requests_are_read_for_many_turns_at_once(s: Subject) {
+    let st = &s.store;
+    let turns: Vec<(SessionId, TurnId)> = (0..700)
+        .map(|i| (sid(&format!("s{}", i % 7)), tid(&format!("t{i}"))))
+        .collect();
+    for (session, turn) in turns.iter().step_by(3) {
+        st.request_cancel(session, turn).await.unwrap();
+    }
+    let asked = st.cancels_requested(&turns).await.unwrap();
+    let expected: Vec<bool> = (0..700).map(|i| i % 3 == 0).collect();
+    assert_eq!(
+        asked, expected,
+        "in the order asked, across sessions and chunks"
+    );
+    assert!(st.cancels_requested(&[]).await.unwrap().is_empty());
+}
+
 async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
     let st = &s.store;
     let created = turn("s", "t");
@@ -693,6 +710,7 @@ for_each_backend!(
         racing_holders_take_turns_and_none_is_lost,
         the_first_tenant_owns_a_session,
         create_turn_creates_once,
+        stop_requests_are_read_for_many_turns_at_once,
         admit_claims_latches_and_creates_or_stops_at_the_first_refusal,
         discard_takes_back_only_an_untouched_turn,
         replace_is_a_compare_and_set,

@@ -32,6 +32,7 @@ use crate::contract::{SessionId, TurnId};
 mod admission;
 mod codec;
 mod connection;
+mod many;
 mod scripts;
 
 use codec::{decode, encode, with_ledger};
@@ -301,6 +302,17 @@ impl SessionStore for RedisStore {
             .map_err(unavailable)
     }
 
+    async fn cancels_requested(
+        &self,
+        turns: &[(SessionId, TurnId)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let keys: Vec<String> = turns
+            .iter()
+            .map(|(sid, tid)| self.turn_key("cancel", sid, tid))
+            .collect();
+        self.read_many("EXISTS", &keys).await
+    }
+
     async fn latched_contexts(
         &self,
         session: &SessionId,
@@ -537,33 +549,15 @@ impl SessionStore for RedisStore {
         &self,
         ids: &[(SessionId, TurnId)],
     ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
-        let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(500) {
-            let keys: Vec<String> = chunk
-                .iter()
-                .map(|(sid, tid)| self.turn_key("turn", sid, tid))
-                .collect();
-            let raws: Vec<Option<String>> = if self.conn.is_cluster() {
-                futures_util::future::try_join_all(keys.iter().map(|key| {
-                    let mut conn = self.conn();
-                    async move { conn.get::<_, Option<String>>(key).await }
-                }))
-                .await
-                .map_err(unavailable)?
-            } else {
-                let mut pipe = redis::pipe();
-                for key in &keys {
-                    pipe.get(key);
-                }
-                pipe.query_async(&mut self.conn())
-                    .await
-                    .map_err(unavailable)?
-            };
-            for (key, raw) in keys.iter().zip(raws) {
-                out.push(decode(key, raw)?);
-            }
-        }
-        Ok(out)
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|(sid, tid)| self.turn_key("turn", sid, tid))
+            .collect();
+        let raws: Vec<Option<String>> = self.read_many("GET", &keys).await?;
+        keys.iter()
+            .zip(raws)
+            .map(|(key, raw)| decode(key, raw))
+            .collect()
     }
 }
 
