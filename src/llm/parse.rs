@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::{AttemptError, LlmError, ModelResponse, OutputItem};
 use crate::contract::Usage;
@@ -29,11 +30,10 @@ pub(super) fn parse_bytes(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
     normalise(wire)
 }
 
-/// Normalises a `Response` object already parsed (the terminal event of a stream).
+/// Normalises a `Response` object already parsed (the terminal event of a stream: one per
+/// call, so reading it again from its text costs little).
 pub(super) fn parse_response(v: &Value) -> Result<ModelResponse, AttemptError> {
-    let wire = Wire::deserialize(v)
-        .map_err(|e| bad(format!("the answer is not a Responses API response ({e})")))?;
-    normalise(wire)
+    parse_bytes(v.to_string().as_bytes())
 }
 
 fn bad(message: String) -> AttemptError {
@@ -56,8 +56,10 @@ struct Wire<'a> {
     incomplete_details: Option<Reason<'a>>,
     #[serde(borrow, default)]
     error: Option<WireError<'a>>,
+    /// Each item as its text: only the kinds this client handles are read further, so an item
+    /// of a kind it does not know can have any shape.
     #[serde(borrow, default)]
-    output: Option<Vec<Item<'a>>>,
+    output: Option<Vec<&'a RawValue>>,
     #[serde(default)]
     usage: Option<WireUsage>,
 }
@@ -76,12 +78,16 @@ struct WireError<'a> {
     message: Option<Text<'a>>,
 }
 
-/// An output item: the fields of the kinds this client handles (a message's parts, a
-/// function call's); other kinds are reported by their type.
+/// An output item's kind.
 #[derive(Deserialize)]
-struct Item<'a> {
+struct Kind<'a> {
     #[serde(rename = "type", borrow, default)]
     kind: Option<Text<'a>>,
+}
+
+/// The fields of the output items this client handles: a message's parts, a function call's.
+#[derive(Deserialize)]
+struct Item<'a> {
     #[serde(borrow, default)]
     content: Option<Vec<Part<'a>>>,
     #[serde(borrow, default)]
@@ -193,9 +199,20 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
         .ok_or_else(|| bad("the answer has no output array".into()))?;
     let mut items = Vec::with_capacity(output.len());
     let mut replay_items = Vec::new();
-    for item in output {
-        match text(&item.kind).unwrap_or("") {
+    for raw in output {
+        let kind: Kind<'_> = serde_json::from_str(raw.get())
+            .map_err(|e| bad(format!("an output item has no readable type ({e})")))?;
+        let kind = text(&kind.kind).unwrap_or("");
+        let known = || -> Result<Item<'_>, AttemptError> {
+            serde_json::from_str(raw.get()).map_err(|e| {
+                bad(format!(
+                    "a {kind} item does not match the Responses API ({e})"
+                ))
+            })
+        };
+        match kind {
             "message" => {
+                let item = known()?;
                 let parts = item
                     .content
                     .ok_or_else(|| bad("a message item has no content".into()))?;
@@ -217,6 +234,7 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
                 }
             }
             "function_call" => {
+                let item = known()?;
                 let field = |v: Option<Text<'_>>, k: &str| {
                     v.map(|t| t.0.into_owned())
                         .ok_or_else(|| bad(format!("a function_call item has no {k}")))
@@ -351,6 +369,30 @@ mod tests {
         );
         assert_eq!(r.usage.total_tokens, 7);
         assert_eq!(r.replay_items.len(), 2);
+    }
+
+    #[test]
+    fn an_item_of_an_unknown_kind_may_have_any_shape() {
+        let body = br#"{"id":"r","output":[
+            {"type":"future_call","content":"a string","name":7,"arguments":{"x":[1]}},
+            {"type":"message","content":[{"type":"output_text","text":"ok"}]}]}"#;
+        let r = parse_bytes(body).expect("parses");
+        assert_eq!(
+            r.items,
+            vec![
+                OutputItem::Unknown {
+                    item_type: "future_call".into()
+                },
+                OutputItem::Text("ok".into())
+            ]
+        );
+        // A kind this client handles must have its shape.
+        let e = parse_bytes(br#"{"id":"r","output":[{"type":"message","content":"text"}]}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&e.error, LlmError::BadResponse(m) if m.starts_with("a message item does not match")),
+            "{e:?}"
+        );
     }
 
     #[test]
