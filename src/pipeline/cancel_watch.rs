@@ -185,7 +185,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_poller_ends_with_the_pipeline() {
+    async fn the_poller_does_not_keep_the_watched_turns_alive() {
         let store = Arc::new(MemoryStore::new());
         let watch = CancelWatch::new(store, Duration::from_millis(5));
         let (s, t) = ids("s", "t");

@@ -26,11 +26,12 @@ impl RedisStore {
         Ok(held)
     }
 
-    /// [`crate::store::SessionStore::admit_turn`]: one script (`ADMIT_TURN`).
+    /// [`crate::store::SessionStore::admit_turn`] in one script (`ADMIT_TURN`); without an
+    /// owner and contexts, [`crate::store::SessionStore::create_turn`].
     pub(super) async fn admit(
         &self,
         owner: Option<&str>,
-        contexts: &ContextIds,
+        contexts: Option<&ContextIds>,
         turn: &TurnRecord,
     ) -> Result<Admission, StoreError> {
         let (session, key) = (
@@ -46,7 +47,10 @@ impl RedisStore {
             .key(&key)
             .key(self.key("turns", session))
             .arg(owner.unwrap_or(""))
-            .arg(encode(contexts)?)
+            .arg(match contexts {
+                Some(c) => encode(c)?,
+                None => String::new(),
+            })
             .arg(encode(turn)?)
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())

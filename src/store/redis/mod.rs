@@ -199,20 +199,13 @@ impl SessionStore for RedisStore {
     }
 
     async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError> {
-        let key = self.turn_key("turn", &turn.session_id, &turn.turn_id);
-        let existing: Option<String> = self
-            .scripts
-            .create_turn
-            .key(&key)
-            .key(self.key("turns", &turn.session_id))
-            .arg(encode(turn)?)
-            .arg(ms(self.retention.turns))
-            .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        decode(&key, existing)
+        match self.admit(None, None, turn).await? {
+            Admission::Turn(existing) => Ok(existing.map(|b| *b)),
+            other => Err(StoreError::Corrupt(format!(
+                "creating turn {} of session {} claimed or latched something: {other:?}",
+                turn.turn_id, turn.session_id
+            ))),
+        }
     }
 
     async fn admit_turn(
@@ -221,7 +214,7 @@ impl SessionStore for RedisStore {
         contexts: &ContextIds,
         turn: &TurnRecord,
     ) -> Result<Admission, StoreError> {
-        self.admit(owner, contexts, turn).await
+        self.admit(owner, Some(contexts), turn).await
     }
 
     async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {

@@ -74,9 +74,11 @@ redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 );
 
 /// KEYS: owner, contexts, turn, turns index.
-/// ARGV: tenant or '', contexts JSON, turn JSON, turn TTL ms, turn id, session TTL ms.
+/// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
+/// turn id, session TTL ms.
 /// Returns {0, owner} (another tenant's session), {1, latched contexts} (other contexts),
 /// {2, existing turn JSON}, or {3, false} (created); stops writing at the first refusal.
+/// Without a tenant and contexts it is the plain create-unless-it-exists of a turn record.
 const ADMIT_TURN: &str = r"
 if ARGV[1] ~= '' then
   redis.call('SET', KEYS[1], ARGV[1], 'NX')
@@ -84,26 +86,18 @@ if ARGV[1] ~= '' then
   local owner = redis.call('GET', KEYS[1])
   if owner ~= ARGV[1] then return {0, owner} end
 end
-redis.call('SET', KEYS[2], ARGV[2], 'NX')
-redis.call('PEXPIRE', KEYS[2], ARGV[6])
-local latched = redis.call('GET', KEYS[2])
-if latched ~= ARGV[2] then return {1, latched} end
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[2], 'NX')
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  local latched = redis.call('GET', KEYS[2])
+  if latched ~= ARGV[2] then return {1, latched} end
+end
 local existing = redis.call('GET', KEYS[3])
 if existing then return {2, existing} end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 redis.call('RPUSH', KEYS[4], ARGV[5])
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return {3, false}
-";
-
-/// KEYS: turn, turns index. ARGV: turn JSON, turn TTL ms, turn id, index TTL ms.
-const CREATE_TURN: &str = r"
-local existing = redis.call('GET', KEYS[1])
-if existing then return existing end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return false
 ";
 
 /// KEYS: turn, turns list. ARGV: the record as created, turn id.
@@ -148,7 +142,6 @@ pub(super) struct Scripts {
     pub(super) release: Script,
     pub(super) save: Script,
     pub(super) record_output: Script,
-    pub(super) create_turn: Script,
     pub(super) admit_turn: Script,
     pub(super) set_session: Script,
     pub(super) discard_turn: Script,
@@ -165,7 +158,6 @@ impl Scripts {
             release: Script::new(RELEASE),
             save: Script::new(SAVE),
             record_output: Script::new(RECORD_OUTPUT),
-            create_turn: Script::new(CREATE_TURN),
             admit_turn: Script::new(ADMIT_TURN),
             set_session: Script::new(SET_SESSION),
             discard_turn: Script::new(DISCARD_TURN),
