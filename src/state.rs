@@ -7,6 +7,7 @@
 //! model client, no HTTP.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -226,15 +227,16 @@ pub struct TurnProgress {
 }
 
 /// A model request body exactly as it was sent: JSON text, stored and read back as is (it is
-/// written once, when the call is made, and never looked into by the pipeline again).
+/// written once, when the call is made, and never looked into by the pipeline again). Shared:
+/// the HTTP request sends these bytes without copying them ([`SentRequest::bytes`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct SentRequest(Box<serde_json::value::RawValue>);
+pub struct SentRequest(#[serde(with = "shared_raw")] Arc<serde_json::value::RawValue>);
 
 impl SentRequest {
     /// Wraps a serialised body.
     pub fn new(json: Box<serde_json::value::RawValue>) -> Self {
-        Self(json)
+        Self(Arc::from(json))
     }
 
     /// The body's JSON text.
@@ -242,9 +244,39 @@ impl SentRequest {
         self.0.get()
     }
 
+    /// The body's bytes for an HTTP request, sharing this body's memory.
+    pub fn bytes(&self) -> bytes::Bytes {
+        bytes::Bytes::from_owner(SharedJson(Arc::clone(&self.0)))
+    }
+
     /// The body as a JSON value (for inspection; the pipeline does not need it).
     pub fn to_value(&self) -> Result<Value, serde_json::Error> {
         serde_json::from_str(self.0.get())
+    }
+}
+
+/// A shared JSON text seen as bytes (the owner behind [`SentRequest::bytes`]).
+struct SharedJson(Arc<serde_json::value::RawValue>);
+
+impl AsRef<[u8]> for SharedJson {
+    fn as_ref(&self) -> &[u8] {
+        self.0.get().as_bytes()
+    }
+}
+
+/// Raw JSON behind an `Arc`: written as is, read as a boxed raw value and then shared.
+mod shared_raw {
+    use std::sync::Arc;
+
+    use serde::{Deserialize as _, Deserializer, Serialize as _, Serializer};
+    use serde_json::value::RawValue;
+
+    pub(super) fn serialize<S: Serializer>(raw: &Arc<RawValue>, s: S) -> Result<S::Ok, S::Error> {
+        raw.as_ref().serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<RawValue>, D::Error> {
+        Box::<RawValue>::deserialize(d).map(Arc::from)
     }
 }
 
@@ -493,4 +525,32 @@ pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentRequest;
+
+    fn sent(text: &str) -> SentRequest {
+        SentRequest::new(serde_json::value::RawValue::from_string(text.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_sent_request_is_stored_and_read_back_as_the_exact_text() {
+        let text = r#"{"model":"m",  "input":[{"b":1,"a":2}]}"#;
+        let stored = serde_json::to_string(&vec![sent(text)]).unwrap();
+        assert_eq!(stored, format!("[{text}]"));
+        let read: Vec<SentRequest> = serde_json::from_str(&stored).unwrap();
+        assert_eq!(read[0].json(), text);
+    }
+
+    #[test]
+    fn the_bytes_sent_are_the_body_itself_not_a_copy() {
+        let body = sent(r#"{"model":"m","input":"hello"}"#);
+        let bytes = body.bytes();
+        assert_eq!(&bytes[..], body.json().as_bytes());
+        assert_eq!(bytes.as_ptr(), body.json().as_ptr());
+        // A clone of the record's body shares it too.
+        assert_eq!(body.clone().bytes().as_ptr(), body.json().as_ptr());
+    }
 }

@@ -203,11 +203,11 @@ impl LlmClient {
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, LlmError> {
         let sink = sink.filter(|_| self.streaming);
-        // Made once; each attempt sends the same bytes.
-        let payload = bytes::Bytes::from(match sink {
-            Some(_) => streamed(body.json()),
-            None => body.json().to_owned(),
-        });
+        // Made once; each attempt sends the same bytes (the body's own, unless streamed).
+        let payload = match sink {
+            Some(_) => bytes::Bytes::from(streamed(body.json())),
+            None => body.bytes(),
+        };
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.min_backoff)
             .with_max_delay(Duration::from_secs(8))
