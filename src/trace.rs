@@ -106,9 +106,13 @@ impl TraceContext {
         format!("00-{}-{}-{}", self.trace_id, self.span_id, self.flags)
     }
 
-    /// Runs `fut` as part of this trace: [`TraceContext::current`] returns it there.
-    pub async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
-        CURRENT.scope(self, fut).await
+    /// Runs `fut` as part of this trace: [`TraceContext::current`] returns it there. (Not an
+    /// `async fn`: one would hold `fut` twice, as its argument and inside the scope.)
+    pub fn scope<F: std::future::Future>(
+        self,
+        fut: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        CURRENT.scope(self, fut)
     }
 
     /// The context of the turn running on this task, if any.

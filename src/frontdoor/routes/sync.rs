@@ -45,6 +45,8 @@ pub(crate) async fn execute_sync(
         Ok(p) => p,
         Err(rejected) => return refused(rejected, StatusCode::OK),
     };
+    // The body's bytes share the connection's read buffer: not kept while the turn runs.
+    drop(body);
     let streaming = matches!(&parsed.request, AgentExecuteRequest::UserTurn(t) if t.streaming());
     if streaming {
         return stream_sync(state, tenant, parsed.request, trace, parsed.warnings);
@@ -104,8 +106,9 @@ async fn relay_turn(
     lines: &tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::convert::Infallible>>,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    let (mut events, accepted) = match submit_and_listen(state, tenant, request, trace, true).await
-    {
+    // Boxed: the submission's state is large and short-lived, the wait's small and long.
+    let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, true)).await;
+    let (mut events, accepted) = match submitted {
         Ok(submitted) => submitted,
         Err(failed) => return failed,
     };
@@ -170,7 +173,9 @@ pub(crate) async fn run_sync(
     trace: &TraceContext,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
     let (sid, tid) = (request.session_id(), request.turn_id());
-    let (events, accepted) = match submit_and_listen(state, tenant, request, trace, false).await {
+    // Boxed: the submission's state is large and short-lived, the wait's small and long.
+    let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, false)).await;
+    let (events, accepted) = match submitted {
         Ok(submitted) => submitted,
         Err(failed) => return failed,
     };

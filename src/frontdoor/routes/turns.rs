@@ -141,9 +141,13 @@ pub(crate) async fn get_turn(
             InvokeResult::success(TurnStatusView::from(&record)),
         );
     }
+    // Only where its results go is needed from here on; the record (with its transcript) is
+    // not held through the wait.
+    let reply_to = record.reply_to.clone();
+    drop(record);
     let deadline = tokio::time::Instant::now() + wait;
     let events = match direct {
-        Some(d) if d.address.is_none() || d.address == record.reply_to => {
+        Some(d) if d.address.is_none() || d.address == reply_to => {
             Some(Subscription::Direct(d.events))
         }
         _ => match state.broker.subscribe_events(&sid).await {
