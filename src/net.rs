@@ -3,11 +3,13 @@
 //! fleet reconnecting) overflow it — the kernel then drops their SYNs and each retries after
 //! 1, 2, 4, 8, 16 s, a half-minute tail for connections that were never refused.
 //!
-//! Owns: binding. Must not: know what is served.
+//! Accepted connections send small writes at once (`TCP_NODELAY`).
+//!
+//! Owns: binding, and readying accepted sockets. Must not: know what is served.
 
 use std::net::SocketAddr;
 
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 /// Pending connections asked of the kernel (which caps it at `net.core.somaxconn`).
 pub const LISTEN_BACKLOG: u32 = 8192;
@@ -25,6 +27,15 @@ pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// Readies an accepted connection: small writes (a streamed line, an event, the end of a
+/// response) leave at once instead of waiting, under Nagle's algorithm, for the peer to
+/// acknowledge the previous segment — which a peer delaying its ACKs holds for up to 40 ms.
+pub fn no_delay(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY on a connection");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[tokio::test]
@@ -35,5 +46,17 @@ mod tests {
         let (connected, accepted) =
             tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         assert!(connected.is_ok() && accepted.is_ok());
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_send_small_writes_at_once() {
+        let listener = super::listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let (stream, _) = accepted.unwrap();
+        assert!(!stream.nodelay().unwrap(), "the kernel's default is Nagle");
+        super::no_delay(&stream);
+        assert!(stream.nodelay().unwrap());
     }
 }

@@ -150,6 +150,8 @@ impl FakeLlm {
         let listener = crate::net::listen(addr)?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
+            use axum::serve::ListenerExt as _;
+            let listener = listener.tap_io(|tcp| crate::net::no_delay(tcp));
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "fake model server stopped");
             }

@@ -272,6 +272,7 @@ pub async fn serve_with(
                 }
             },
         };
+        crate::net::no_delay(&stream);
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         let conn = graceful.watch(conn.into_owned());

@@ -108,6 +108,7 @@ async fn cluster_connection(
         .filter(|u| !u.is_empty())
         .collect();
     let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+        .tcp_settings(tcp_settings())
         .connection_timeout(options.timeout)
         .response_timeout(options.timeout);
     if let Some(ca) = options
@@ -133,19 +134,28 @@ async fn cluster_connection(
     Ok(conn)
 }
 
+/// Every connection sends a command at once (`TCP_NODELAY`): with Nagle's algorithm a
+/// command written while an earlier one is unanswered waits for that answer's ACK, and many
+/// turns share one multiplexed connection.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
 async fn single_connection(
     url: &str,
     options: &RedisOptions,
 ) -> redis::RedisResult<ConnectionManager> {
+    use redis::IntoConnectionInfo as _;
+    let info = url.into_connection_info()?.set_tcp_settings(tcp_settings());
     let client = match &options.ca {
         Some(ca) if url.starts_with("rediss://") => redis::Client::build_with_tls(
-            url,
+            info,
             redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(ca.with_system_roots().into_bytes()),
             },
         )?,
-        _ => redis::Client::open(url)?,
+        _ => redis::Client::open(info)?,
     };
     // One plain connection first: it fails fast with the real cause (refused, a certificate
     // that is not trusted, a wrong password), where the manager would keep retrying.
@@ -180,4 +190,12 @@ pub(super) fn timed_out(after: Duration) -> redis::RedisError {
         std::io::ErrorKind::TimedOut,
         format!("Redis did not answer within {} ms", after.as_millis()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn connections_to_redis_do_not_wait_to_send_commands() {
+        assert!(super::tcp_settings().nodelay());
+    }
 }
