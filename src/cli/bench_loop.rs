@@ -41,6 +41,8 @@ pub struct LoopOptions {
     pub latency: Duration,
     /// Worker concurrency.
     pub concurrency: u16,
+    /// The clients' first turns are spread evenly over this (zero: all at once).
+    pub ramp_up: Duration,
     /// Messages of the baseline.
     pub baseline_messages: usize,
 }
@@ -267,7 +269,12 @@ pub(super) async fn drive(base: &str, opts: &LoopOptions) -> anyhow::Result<Driv
     let clients = (0..opts.sessions.max(1)).map(|client| {
         let (http, base, next) = (http.clone(), base.to_string(), next.clone());
         let (turns, fresh) = (opts.turns, opts.new_session_per_turn);
+        let start = started
+            + opts
+                .ramp_up
+                .mul_f64(client as f64 / opts.sessions.max(1) as f64);
         tokio::spawn(async move {
+            tokio::time::sleep_until(start.into()).await;
             let mut first = Vec::new();
             let mut later = Vec::new();
             let mut failed = 0usize;
@@ -345,8 +352,13 @@ impl Driven {
         let mut all: Vec<Duration> = self.first.iter().chain(&self.later).copied().collect();
         all.sort();
         println!(
-            "aptix bench --closed-loop: {} clients, {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
+            "aptix bench --closed-loop: {} clients (started {}), {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
             opts.sessions,
+            if opts.ramp_up.is_zero() {
+                "at once".to_string()
+            } else {
+                format!("over {} ms", opts.ramp_up.as_millis())
+            },
             opts.turns,
             if opts.new_session_per_turn {
                 "a new session per turn"

@@ -114,6 +114,11 @@ pub struct BenchArgs {
     /// turn and memory per turn in flight.
     #[arg(long, requires = "closed_loop")]
     pub processes: bool,
+    /// With --closed-loop: start the clients spread evenly over this many milliseconds
+    /// instead of all at once (all at once, against a model of fixed latency, the clients
+    /// stay in step: every turn arrives in a wave with the others).
+    #[arg(long, default_value_t = 0, requires = "closed_loop")]
+    pub ramp_up_ms: u64,
     /// With --closed-loop: messages of the bare publish/consume baseline.
     #[arg(long, default_value_t = 20_000, requires = "closed_loop")]
     pub baseline_messages: usize,
@@ -262,6 +267,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         closed_loop,
         processes,
         new_session_per_turn,
+        ramp_up_ms,
         baseline_messages,
         reply_queues,
     } = args;
@@ -277,6 +283,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
             new_session_per_turn,
             latency: Duration::from_millis(latency_ms),
             concurrency,
+            ramp_up: Duration::from_millis(ramp_up_ms),
             baseline_messages,
         };
         if processes {
