@@ -18,6 +18,8 @@ mod model_call;
 use lifecycle::HeldLease;
 mod reasoner;
 mod server_tools;
+#[cfg(test)]
+mod tests;
 
 pub use backends::{AgentBackend, Backends, Conversation};
 pub use compose::DEFAULT_BOOT_PROMPT;

@@ -24,7 +24,7 @@ use crate::contract::{
     UserTurn, check_tool_results,
 };
 use crate::live::LiveTurn;
-use crate::llm::OutputItem;
+use crate::llm::{ModelResponse, OutputItem};
 use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
@@ -127,8 +127,19 @@ impl Pipeline {
             live,
         };
         // The session exists, as this turn sees it, and the turn is running before any tool
-        // can touch them.
-        if let Err(f) = self.persist(&mut run, changed).await {
+        // can touch them. Retrieval only reads, so it goes out beside that write: one round
+        // trip for both instead of two in a row (a resumed run does not retrieve).
+        let resuming = run.record.checkpoint.is_some();
+        let retrieval = async {
+            if resuming {
+                Vec::new()
+            } else {
+                self.context_chunks(sid, tenant, turn).await
+            }
+        };
+        let (persisted, chunks) =
+            Box::pin(async { tokio::join!(self.persist(&mut run, changed), retrieval) }).await;
+        if let Err(f) = persisted {
             return Ok(self.retry_later(run, f).await?);
         }
         // One line per turn at info is its end; a start is worth one only when it is a retry or
@@ -140,7 +151,7 @@ impl Pipeline {
             debug!(mode = %mode.key, attempt, resumed, "turn started");
         }
 
-        if run.record.checkpoint.is_some() {
+        if resuming {
             // A crashed or retried run left a resume point: continue from it.
             let previous = None;
             return Ok(self
@@ -153,7 +164,6 @@ impl Pipeline {
         if first_call {
             input.push(compose::system_message(&boot));
         }
-        let chunks = self.context_chunks(sid, tenant, turn).await;
         input.push(compose::user_message(
             &run.session.mode_key,
             turn,
@@ -365,8 +375,12 @@ impl Pipeline {
                         Ok(Err(CallEnd::Cancelled)) => {
                             return Box::pin(self.cancel_turn(run)).await;
                         }
-                        Ok(Ok(response)) => {
-                            // Saved before any tool runs: a re-run resumes here.
+                        // An answer that calls tools is saved before any of them runs: a
+                        // re-run resumes here instead of running them twice. An answer without
+                        // calls settles the turn in the next write, so a checkpoint would be a
+                        // second write of the same turn one round trip earlier; a run that dies
+                        // in between asks the model again, as one that dies during the call.
+                        Ok(Ok(response)) if calls_tools(&response) => {
                             run.record.checkpoint = Some(Checkpoint {
                                 response: response.clone(),
                                 progress: progress.clone(),
@@ -376,6 +390,7 @@ impl Pipeline {
                             }
                             response
                         }
+                        Ok(Ok(response)) => response,
                     }
                 }
             };
@@ -544,4 +559,12 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// Whether the model's answer asks for a tool (server or client) to be run.
+fn calls_tools(response: &ModelResponse) -> bool {
+    response
+        .items
+        .iter()
+        .any(|i| matches!(i, OutputItem::FunctionCall { .. }))
 }

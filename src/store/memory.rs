@@ -16,6 +16,7 @@ use crate::contract::{SessionId, TurnId};
 pub struct MemoryStore {
     inner: Mutex<Inner>,
     fenced: AtomicU64,
+    saves: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +51,12 @@ impl MemoryStore {
         self.inner
             .lock()
             .map_err(|_| StoreError::Unavailable("in-memory store lock poisoned".into()))
+    }
+
+    /// How many turn writes ([`SessionStore::save`]) this store has taken: a turn's cost in
+    /// writes, which the pipeline keeps to as few as its guarantees need.
+    pub fn saves(&self) -> u64 {
+        self.saves.load(Ordering::Relaxed)
     }
 
     fn fenced(&self, session: &SessionId) -> StoreError {
@@ -248,6 +255,7 @@ impl SessionStore for MemoryStore {
             drop(inner);
             return Err(self.fenced(&turn.session_id));
         }
+        self.saves.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = session {
             inner
                 .conversations

@@ -1,0 +1,86 @@
+//! What a turn costs the store, driven end to end against the fake model.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Pipeline, PipelineSettings};
+use crate::catalog::ModeCatalog;
+use crate::contract::{AgentExecuteResponse, RequestLimits, parse_request};
+use crate::fake_llm::{FakeLlm, FakeOptions, Reply};
+use crate::llm::LlmClient;
+use crate::store::{MemoryStore, SessionStore};
+
+async fn pipeline_over(store: Arc<MemoryStore>) -> (FakeLlm, Pipeline) {
+    let fake = FakeLlm::start("127.0.0.1:0".parse().unwrap(), FakeOptions::default(), None)
+        .await
+        .unwrap();
+    let llm = LlmClient::new(
+        &fake.base_url(),
+        None,
+        Duration::from_secs(2),
+        Duration::from_secs(10),
+        0,
+    )
+    .unwrap();
+    let dyn_store: Arc<dyn SessionStore> = store;
+    let pipeline = Pipeline::new(
+        dyn_store,
+        Arc::new(ModeCatalog::builtin()),
+        llm,
+        PipelineSettings::new("gpt-test"),
+    )
+    .unwrap();
+    (fake, pipeline)
+}
+
+async fn run_turn(pipeline: &Pipeline, turn: &str) -> AgentExecuteResponse {
+    let body = json!({"sessionId": "s", "turnId": turn, "instruction": "go"}).to_string();
+    let request = parse_request(body.as_bytes(), &RequestLimits::default())
+        .unwrap()
+        .request;
+    let result = pipeline.run(&request).await.unwrap();
+    result.result().cloned().expect("a successful turn")
+}
+
+/// An answer without tool calls settles the turn in the write that follows it: the turn is
+/// written when it starts running and when it settles, with no checkpoint between (a
+/// checkpoint there would be the same turn written one round trip earlier). An answer that
+/// calls a tool is checkpointed before the tool runs, so a re-run does not run it twice.
+#[tokio::test]
+async fn only_an_answer_that_calls_tools_is_checkpointed() {
+    let store = Arc::new(MemoryStore::new());
+    let (fake, pipeline) = pipeline_over(store.clone()).await;
+    fake.push([
+        Reply::Text("Hello.".into()),
+        Reply::Calls(vec![(
+            "workspace_read_file".into(),
+            json!({"path": "a.md"}),
+        )]),
+    ]);
+
+    let before = store.saves();
+    let answer = run_turn(&pipeline, "t1").await;
+    assert!(
+        matches!(answer, AgentExecuteResponse::Final(_)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        store.saves() - before,
+        2,
+        "a final answer: the running turn and the settled turn"
+    );
+
+    let before = store.saves();
+    let answer = run_turn(&pipeline, "t2").await;
+    assert!(
+        matches!(answer, AgentExecuteResponse::ClientToolContinuation(_)),
+        "{answer:?}"
+    );
+    assert_eq!(
+        store.saves() - before,
+        3,
+        "an answer calling a tool: running, the checkpoint, then the turn waiting for the tool"
+    );
+}
