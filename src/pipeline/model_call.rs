@@ -1,7 +1,8 @@
 //! One model call as the reasoner (layer E) makes it through the client (layer C): the turn's
 //! contexts pick the backend, the cancel safe point comes first, a streaming turn's text goes
 //! to its live output, a server that does not store responses switches the session to replay,
-//! and the answer is accounted for (usage, the tenant's tokens, warnings).
+//! and the answer is accounted for (usage and warnings; its tokens are handed back as
+//! [`Spent`], counted against the tenant beside the turn's next write).
 //!
 //! Owns: that one call. Must not: loop, run tools or settle the turn.
 
@@ -27,7 +28,7 @@ impl Pipeline {
         tools: &[&ToolDef],
         input: Vec<Value>,
         previous: Option<&str>,
-    ) -> Result<Result<ModelResponse, CallEnd>, RetryableFailure> {
+    ) -> Result<Result<(ModelResponse, Spent), CallEnd>, RetryableFailure> {
         let backend = match self.backends.resolve(&run.session.contexts) {
             Ok(b) => b,
             Err(errors) => return Ok(Err(CallEnd::Failed(Box::new(backends::refused(errors))))),
@@ -144,8 +145,14 @@ impl Pipeline {
             }
         };
         progress.usage.add(response.usage);
-        let owner = run.session.owner.as_deref().unwrap_or(LOCAL_TENANT);
-        self.quotas.spend(owner, response.usage.total_tokens).await;
+        let spent = Spent {
+            tenant: run
+                .session
+                .owner
+                .clone()
+                .unwrap_or_else(|| LOCAL_TENANT.to_string()),
+            tokens: response.usage.total_tokens,
+        };
         progress.turn_items.extend(input);
         progress
             .turn_items
@@ -164,6 +171,21 @@ impl Pipeline {
                 .user_warnings
                 .push("The model declined part of this request.".into());
         }
-        Ok(Ok(response))
+        Ok(Ok((response, spent)))
     }
+
+    /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
+    /// against its tenant at the same time: one round trip for both instead of two in a row.
+    pub(super) async fn counting<T>(&self, spent: Spent, step: impl Future<Output = T>) -> T {
+        let (tenant, tokens) = (spent.tenant, spent.tokens);
+        tokio::join!(self.quotas.spend(&tenant, tokens), step).1
+    }
+}
+
+/// The tokens a model answer spent, not yet counted against the tenant: the caller counts
+/// them beside the write that follows the answer ([`Pipeline::counting`]).
+#[must_use = "the tenant's tokens are counted only by `Pipeline::counting`"]
+pub(super) struct Spent {
+    tenant: String,
+    tokens: u64,
 }

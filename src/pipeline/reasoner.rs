@@ -336,6 +336,9 @@ impl Pipeline {
     ) -> Result<Settled, RetryableFailure> {
         let mut api_warnings: Vec<ErrorMessage> = Vec::new();
         loop {
+            // The tokens of an answer without tool calls, counted beside the write that
+            // settles the turn.
+            let mut uncounted = None;
             // Resume from a checkpoint (a re-run after a crash), or ask the model.
             let response = match run.record.checkpoint.clone() {
                 Some(cp) if input.is_empty() => {
@@ -380,17 +383,22 @@ impl Pipeline {
                         // calls settles the turn in the next write, so a checkpoint would be a
                         // second write of the same turn one round trip earlier; a run that dies
                         // in between asks the model again, as one that dies during the call.
-                        Ok(Ok(response)) if calls_tools(&response) => {
+                        Ok(Ok((response, spent))) if calls_tools(&response) => {
                             run.record.checkpoint = Some(Checkpoint {
                                 response: response.clone(),
                                 progress: progress.clone(),
                             });
-                            if let Err(f) = Box::pin(self.persist(&mut run, false)).await {
+                            let saved =
+                                self.counting(spent, Box::pin(self.persist(&mut run, false)));
+                            if let Err(f) = saved.await {
                                 return Box::pin(self.retry_later(run, f)).await;
                             }
                             response
                         }
-                        Ok(Ok(response)) => response,
+                        Ok(Ok((response, spent))) => {
+                            uncounted = Some(spent);
+                            response
+                        }
                     }
                 }
             };
@@ -427,22 +435,27 @@ impl Pipeline {
                 if text.is_empty() {
                     text = refusals.join("\n\n");
                 }
-                if text.is_empty() {
-                    let result = InvokeResult::failure(permanent(
-                        ErrorCode::LlmBadResponse,
-                        "the model answered with neither text nor tool calls",
-                    ));
-                    return Box::pin(self.fail_turn(run, result)).await;
-                }
-                return Box::pin(self.complete_turn(
-                    run,
-                    progress,
-                    response.id,
-                    text,
-                    api_warnings,
-                ))
-                .await;
+                let settle = async {
+                    if text.is_empty() {
+                        let result = InvokeResult::failure(permanent(
+                            ErrorCode::LlmBadResponse,
+                            "the model answered with neither text nor tool calls",
+                        ));
+                        return self.fail_turn(run, result).await;
+                    }
+                    self.complete_turn(run, progress, response.id, text, api_warnings)
+                        .await
+                };
+                return match uncounted {
+                    Some(spent) => self.counting(spent, Box::pin(settle)).await,
+                    // A run resumed from its checkpoint: counted when the answer came.
+                    None => Box::pin(settle).await,
+                };
             }
+            debug_assert!(
+                uncounted.is_none(),
+                "an answer with calls is counted beside its checkpoint"
+            );
 
             // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
             // the one chosen before the loop.
