@@ -183,8 +183,8 @@ impl Pipeline {
 }
 
 /// The tokens a model answer spent, not yet counted against the tenant: the caller counts
-/// them beside the write that follows the answer ([`Pipeline::counting`]).
-#[must_use = "the tenant's tokens are counted only by `Pipeline::counting`"]
+/// them beside the write that follows the answer ([`Pipeline::counting`]); dropped, they are
+/// never counted.
 pub(super) struct Spent {
     tenant: String,
     tokens: u64,

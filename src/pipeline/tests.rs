@@ -35,13 +35,20 @@ async fn pipeline_over(store: Arc<MemoryStore>) -> (FakeLlm, Pipeline) {
     (fake, pipeline)
 }
 
-async fn run_turn(pipeline: &Pipeline, turn: &str) -> AgentExecuteResponse {
+/// Runs turn `turn` of session `s`: its answer, and how many turn writes the store took for it.
+async fn run_turn(
+    store: &MemoryStore,
+    pipeline: &Pipeline,
+    turn: &str,
+) -> (AgentExecuteResponse, u64) {
     let body = json!({"sessionId": "s", "turnId": turn, "instruction": "go"}).to_string();
     let request = parse_request(body.as_bytes(), &RequestLimits::default())
         .unwrap()
         .request;
+    let before = store.saves();
     let result = pipeline.run(&request).await.unwrap();
-    result.result().cloned().expect("a successful turn")
+    let answer = result.result().cloned().expect("a successful turn");
+    (answer, store.saves() - before)
 }
 
 /// An answer without tool calls settles the turn in the write that follows it: the turn is
@@ -60,27 +67,23 @@ async fn only_an_answer_that_calls_tools_is_checkpointed() {
         )]),
     ]);
 
-    let before = store.saves();
-    let answer = run_turn(&pipeline, "t1").await;
+    let (answer, writes) = run_turn(&store, &pipeline, "t1").await;
     assert!(
         matches!(answer, AgentExecuteResponse::Final(_)),
         "{answer:?}"
     );
     assert_eq!(
-        store.saves() - before,
-        2,
+        writes, 2,
         "a final answer: the running turn and the settled turn"
     );
 
-    let before = store.saves();
-    let answer = run_turn(&pipeline, "t2").await;
+    let (answer, writes) = run_turn(&store, &pipeline, "t2").await;
     assert!(
         matches!(answer, AgentExecuteResponse::ClientToolContinuation(_)),
         "{answer:?}"
     );
     assert_eq!(
-        store.saves() - before,
-        3,
+        writes, 3,
         "an answer calling a tool: running, the checkpoint, then the turn waiting for the tool"
     );
 }
