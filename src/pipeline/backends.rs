@@ -11,7 +11,9 @@ use std::sync::Arc;
 use crate::contexts::{DEFAULT_CONTEXT, KnownContexts, context_mismatches};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, UserTurn};
 use crate::llm::LlmClient;
-use crate::store::{ContextIds, SessionState, SessionStore, StoreError};
+#[cfg(doc)]
+use crate::store::SessionStore;
+use crate::store::{ContextIds, SessionState, StoreError};
 
 /// How the calls of one agent context are made.
 #[derive(Debug, Clone)]
@@ -149,34 +151,48 @@ pub(super) fn refused(errors: Vec<ErrorMessage>) -> super::TurnResult {
     })
 }
 
+/// The contexts a user turn asks for (its named ones, the default for the rest), or why they
+/// cannot be used (`UNKNOWN_CONTEXT`): what the run latches for a new session.
+pub(super) fn asked_for(
+    known: &KnownContexts,
+    turn: &UserTurn,
+) -> Result<ContextIds, Vec<ErrorMessage>> {
+    known.check(turn)?;
+    Ok(ContextIds::named_or_default(
+        turn.agent_context_id(),
+        turn.conversation_context_id(),
+    ))
+}
+
 impl Backends {
-    /// A user turn's contexts — the ones its session latched (latched now if this is the
-    /// session's first turn) — and what they map to. `Ok(Err(errors))` when the turn names
-    /// unknown contexts or other ones than the session's, or this process lacks them (the front
-    /// door refuses the first two; a job can still carry them when a differently configured
-    /// front door accepted it, or two first turns of one session raced).
-    pub(super) async fn contexts_of(
+    /// A user turn's contexts — the ones its session latched: the stored session's, or for a
+    /// new session the ones [`SessionStore::begin_turn`] latched from `asked` — and what they
+    /// map to. `Ok(Err(errors))` when the turn names unknown contexts or other ones than the
+    /// session's, or this process lacks them (the front door refuses the first two; a job can
+    /// still carry them when a differently configured front door accepted it, or two first
+    /// turns of one session raced). `Err` only when the store broke its contract (a new
+    /// session without latched contexts).
+    pub(super) fn contexts_of(
         &self,
-        store: &dyn SessionStore,
-        known: &KnownContexts,
+        asked: Result<ContextIds, Vec<ErrorMessage>>,
         turn: &UserTurn,
         session: Option<&SessionState>,
+        latched: Option<ContextIds>,
     ) -> Result<Result<(Resolved, ContextIds), Vec<ErrorMessage>>, StoreError> {
-        if let Err(errors) = known.check(turn) {
+        if let Err(errors) = asked {
             return Ok(Err(errors));
         }
-        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
-        let latched = match session {
-            Some(s) => s.contexts.clone(),
-            None => {
-                store
-                    .latch_contexts(
-                        turn.session_id(),
-                        &ContextIds::named_or_default(agent, conversation),
-                    )
-                    .await?
+        let latched = match (session, latched) {
+            (Some(s), _) => s.contexts.clone(),
+            (None, Some(latched)) => latched,
+            (None, None) => {
+                return Err(StoreError::Corrupt(format!(
+                    "session {}: the turn's begin latched no contexts for a new session",
+                    turn.session_id()
+                )));
             }
         };
+        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
         let errors = context_mismatches(turn.session_id(), &latched, agent, conversation);
         if !errors.is_empty() {
             return Ok(Err(errors));

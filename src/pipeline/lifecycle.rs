@@ -18,8 +18,8 @@ use crate::contract::{
     InvokeResult, SessionId, SessionMeta, ToolCall, TurnId,
 };
 use crate::store::{
-    Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord, TurnStatus,
-    TurnStatusView, now_rfc3339,
+    ContextIds, Lease, PendingTools, SessionState, SessionStore, TurnProgress, TurnRecord,
+    TurnStatus, TurnStatusView, now_rfc3339,
 };
 use crate::tools::ModeEffect;
 
@@ -56,17 +56,30 @@ impl Pipeline {
 
     /// The start of a user turn's run: the session's lease, taken with the turn and the
     /// session read under it in one store step (see [`SessionStore::begin_turn`]). The turn
-    /// comes back even when the session is busy, for a duplicate job's stored result.
-    pub(super) async fn begin(&self, sid: &SessionId, tid: &TurnId) -> Result<Begin, Interrupted> {
+    /// comes back even when the session is busy, for a duplicate job's stored result. A new
+    /// session latches `contexts` in the same step.
+    pub(super) async fn begin(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        contexts: Option<&ContextIds>,
+    ) -> Result<Begin, Interrupted> {
         let begun = self
             .store
-            .begin_turn(sid, tid, &self.holder(tid), self.settings.lease_ttl)
+            .begin_turn(
+                sid,
+                tid,
+                &self.holder(tid),
+                self.settings.lease_ttl,
+                contexts,
+            )
             .await
             .map_err(store_failure)?;
         Ok(Begin {
             turn: begun.turn,
             held: begun.lease.map(|lease| self.hold(sid, lease)),
             session: begun.session,
+            latched: begun.latched,
         })
     }
 
@@ -129,7 +142,7 @@ impl Pipeline {
         failure: RetryableFailure,
     ) -> Result<T, RetryableFailure> {
         match self.store.save(None, &run.record, run.lease(), true).await {
-            Ok(()) => run.held.released_by_store(),
+            Ok(_) => run.held.released_by_store(),
             Err(e) => {
                 warn!(error = %e, "could not save the turn before retrying it later");
                 run.held.release().await;
@@ -179,13 +192,15 @@ impl Pipeline {
 
     /// Writes the running turn (and the session, with `with_session`) under the lease, keeping
     /// the lease: the start of a run, an accepted continuation, a checkpoint before tools run.
+    /// Returns whether the turn had been asked to stop, read in the same step.
     pub(super) async fn persist(
         &self,
         run: &mut Run,
         with_session: bool,
-    ) -> Result<(), RetryableFailure> {
+    ) -> Result<bool, RetryableFailure> {
         let session = with_session.then_some(&run.session);
-        self.store
+        let saved = self
+            .store
             .save(session, &run.record, run.lease(), false)
             .await
             .map_err(store_failure)?;
@@ -193,7 +208,7 @@ impl Pipeline {
             // The store holds them now.
             run.session.conversation.clear();
         }
-        Ok(())
+        Ok(saved.stop_requested)
     }
 
     /// Records one server tool's output in the turn's ledger before the next model call, so a
@@ -425,6 +440,8 @@ pub(super) struct Begin {
     pub(super) held: Option<HeldLease>,
     /// The session as stored (read only with the lease).
     pub(super) session: Option<SessionState>,
+    /// A new session's contexts, latched by the begin step.
+    pub(super) latched: Option<ContextIds>,
 }
 
 /// The session's lease while a run holds it: renewed in the background until the run gives it
@@ -510,6 +527,7 @@ mod tests {
             )),
             held,
             live: None,
+            stop_read: None,
         };
         pipeline.persist(&mut run, true).await.unwrap();
         (store, pipeline, run)

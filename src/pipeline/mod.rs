@@ -248,6 +248,11 @@ struct Run {
     held: HeldLease,
     /// The turn's live output, when its request asked for streaming.
     live: Option<Arc<LiveTurn>>,
+    /// Whether the turn had been asked to stop, as the write just before the next model call
+    /// read it: that call's safe point takes it instead of asking the store again (one round
+    /// trip fewer before the call). Set only where nothing runs between that write and the
+    /// call; taken by the call.
+    stop_read: Option<bool>,
 }
 
 impl Run {
@@ -563,6 +568,7 @@ impl Pipeline {
             record: Box::new(record),
             held,
             live: None,
+            stop_read: None,
         };
         self.fail_turn(run, InvokeResult::failure(error)).await
     }

@@ -33,9 +33,14 @@ impl Pipeline {
             Ok(b) => b,
             Err(errors) => return Ok(Err(CallEnd::Failed(Box::new(backends::refused(errors))))),
         };
-        // The safe point: a turn asked to stop makes no further model call.
+        // The safe point: a turn asked to stop makes no further model call. The write just
+        // before may have read that already.
         let (sid, tid) = (run.record.session_id.clone(), run.record.turn_id.clone());
-        if self.cancel_requested(&sid, &tid).await {
+        let asked = match run.stop_read.take() {
+            Some(asked) => asked,
+            None => self.cancel_requested(&sid, &tid).await,
+        };
+        if asked {
             return Ok(Err(CallEnd::Cancelled));
         }
         progress.iterations += 1;

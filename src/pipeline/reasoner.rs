@@ -37,7 +37,10 @@ impl Pipeline {
     ) -> Result<Settled, Interrupted> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         let fp = fingerprint(turn);
-        let begun = self.begin(sid, tid).await?;
+        // The contexts the turn asks for are checked before anything is stored: only known
+        // ones are latched (in the begin step, for a new session).
+        let asked = backends::asked_for(&self.contexts, turn);
+        let begun = self.begin(sid, tid, asked.as_ref().ok()).await?;
         // A turn that already ran (a duplicate or redelivered job) answers with its stored
         // result; another payload's turn is not this job's.
         if let Some(rec) = &begun.turn {
@@ -58,9 +61,7 @@ impl Pipeline {
         };
         let (existing, loaded) = (begun.turn, begun.session);
         // Contexts the front door should have refused fail the turn, stored like any result.
-        let found = (self.backends)
-            .contexts_of(&*self.store, &self.contexts, turn, loaded.as_ref())
-            .await;
+        let found = (self.backends).contexts_of(asked, turn, loaded.as_ref(), begun.latched);
         let (resolved, contexts) = match found {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
@@ -73,6 +74,7 @@ impl Pipeline {
                     record: Box::new(record),
                     held,
                     live,
+                    stop_read: None,
                 };
                 return Ok(self.fail_turn(run, backends::refused(errors)).await?);
             }
@@ -125,6 +127,7 @@ impl Pipeline {
             record: Box::new(record),
             held,
             live,
+            stop_read: None,
         };
         // The session exists, as this turn sees it, and the turn is running before any tool
         // can touch them. Retrieval only reads, so it goes out beside that write: one round
@@ -139,8 +142,11 @@ impl Pipeline {
         };
         let (persisted, chunks) =
             Box::pin(async { tokio::join!(self.persist(&mut run, changed), retrieval) }).await;
-        if let Err(f) = persisted {
-            return Ok(self.retry_later(run, f).await?);
+        match persisted {
+            Err(f) => return Ok(self.retry_later(run, f).await?),
+            // A fresh run's next step is its model call, whose safe point this write answered.
+            Ok(asked) if !resuming => run.stop_read = Some(asked),
+            Ok(_) => {}
         }
         // One line per turn at info is its end; a start is worth one only when it is a retry or
         // a resumption (a turn that runs again).
@@ -280,6 +286,7 @@ impl Pipeline {
             record: Box::new(record),
             held,
             live: None,
+            stop_read: None,
         };
         if let Some(t) = tenant {
             run.session.owner = Some(t.to_string());
@@ -296,9 +303,10 @@ impl Pipeline {
                 .await?);
         }
         run.record.answered.extend(submitted);
-        if let Err(f) = self.persist(&mut run, false).await {
-            return Ok(self.retry_later(run, f).await?);
-        }
+        let asked = match self.persist(&mut run, false).await {
+            Ok(asked) => asked,
+            Err(f) => return Ok(self.retry_later(run, f).await?),
+        };
         if run.record.checkpoint.is_some() {
             return Ok(self
                 .reason(run, TurnProgress::default(), Vec::new(), None)
@@ -316,6 +324,8 @@ impl Pipeline {
             };
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
+        // The next step is the model call, whose safe point the write above answered.
+        run.stop_read = Some(asked);
         let previous = Some(pending.response_id.clone());
         Ok(self.reason(run, pending.progress, input, previous).await?)
     }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands as _;
 
 use super::{
-    RedisStore, Retention, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus,
+    ContextIds, RedisStore, Retention, SessionState, SessionStore, StoreError, TurnRecord,
+    TurnStatus,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -73,15 +74,22 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
     // Hot path: what the pipeline does to begin and to commit a turn.
     let before = commands_processed(&mut conn).await?;
     let trips_before = store.round_trips();
+    let contexts = ContextIds::default();
     let started = Instant::now();
     for i in 0..turns {
         let sid = SessionId::parse(format!("bench-{}", i % 64))
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let tid = TurnId::parse(format!("t{i}")).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        // begin: the lease with the turn and the session read under it (one script), then
-        // the running record
+        // begin: the lease with the turn and the session read under it (and a new session's
+        // contexts latched; one script), then the running record
         let begun = store
-            .begin_turn(&sid, &tid, "bench", Duration::from_secs(30))
+            .begin_turn(
+                &sid,
+                &tid,
+                "bench",
+                Duration::from_secs(30),
+                Some(&contexts),
+            )
             .await?;
         let lease = begun
             .lease

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    BatchRecord, ContextIds, Lease, ModeChange, SessionState, SessionStore, StoreError, TurnRecord,
+    BatchRecord, ContextIds, Lease, ModeChange, Saved, SessionState, SessionStore, StoreError,
+    TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -249,7 +250,7 @@ impl SessionStore for MemoryStore {
         turn: &TurnRecord,
         lease: &Lease,
         release: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Saved, StoreError> {
         let mut inner = self.lock()?;
         if !inner.holds(&turn.session_id, lease) {
             drop(inner);
@@ -286,11 +287,12 @@ impl SessionStore for MemoryStore {
                 .or_default()
                 .push(turn.turn_id.clone());
         }
+        let stop_requested = inner.cancels.contains(&key);
         inner.turns.insert(key, record);
         if release {
             inner.leases.remove(&turn.session_id);
         }
-        Ok(())
+        Ok(Saved { stop_requested })
     }
 
     async fn record_tool_output(

@@ -80,6 +80,16 @@ pub struct Begun {
     pub lease: Option<Lease>,
     /// The session as stored (`None` for a new session, and when the lease was not taken).
     pub session: Option<SessionState>,
+    /// For a new session (the lease taken, no session stored) when contexts to latch were
+    /// given: the session's latched contexts — those, unless it had latched others.
+    pub latched: Option<ContextIds>,
+}
+
+/// What [`SessionStore::save`] read in its step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Saved {
+    /// The turn had been asked to stop when it was written.
+    pub stop_requested: bool,
 }
 
 /// What [`SessionStore::admit_turn`] found, and how far it went.
@@ -204,13 +214,16 @@ pub trait SessionStore: Send + Sync + 'static {
     /// turn and, with the lease, the session — the reads see everything written before the
     /// lease was taken, so nothing can settle the turn between them and the run. The turn is
     /// read even when another holder has the lease: a stored result may be all a duplicate
-    /// job needs. One round trip where the backend allows (Redis: one script).
+    /// job needs. With the lease and no session stored, `contexts` (when given) are latched
+    /// as [`SessionStore::latch_contexts`] does and the latched ones come back. One round trip
+    /// where the backend allows (Redis: one script).
     async fn begin_turn(
         &self,
         session: &SessionId,
         turn: &TurnId,
         holder: &str,
         ttl: Duration,
+        contexts: Option<&ContextIds>,
     ) -> Result<Begun, StoreError> {
         let lease = self.acquire_lease(session, holder, ttl).await?;
         let read = async {
@@ -219,13 +232,20 @@ pub trait SessionStore: Send + Sync + 'static {
                 Some(_) => self.get_session(session).await?,
                 None => None,
             };
-            Ok((turn, state))
+            let latched = match (&lease, &state, contexts) {
+                (Some(_), None, Some(contexts)) => {
+                    Some(self.latch_contexts(session, contexts).await?)
+                }
+                _ => None,
+            };
+            Ok((turn, state, latched))
         };
         match read.await {
-            Ok((turn, state)) => Ok(Begun {
+            Ok((turn, state, latched)) => Ok(Begun {
                 turn,
                 lease,
                 session: state,
+                latched,
             }),
             Err(e) => {
                 // Nothing will run under a lease whose reads failed: give it back.
@@ -243,14 +263,16 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Writes the turn record and, when given, the session state, in one atomic step checked
     /// against the lease; with `release`, the lease is released in the same step. The
     /// session's pending conversation items are appended to its stored conversation in the
-    /// same step (the caller drops them once the save succeeded).
+    /// same step (the caller drops them once the save succeeded). Reads in that step whether
+    /// the turn was asked to stop ([`SessionStore::cancel_requested`]): a request made before
+    /// the write is seen, and one made after it meets the record as written.
     async fn save(
         &self,
         session: Option<&SessionState>,
         turn: &TurnRecord,
         lease: &Lease,
         release: bool,
-    ) -> Result<(), StoreError>;
+    ) -> Result<Saved, StoreError>;
     /// Records one server tool's output before the next model call (fenced).
     async fn record_tool_output(
         &self,

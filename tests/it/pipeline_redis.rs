@@ -354,3 +354,57 @@ async fn an_inline_conversation_is_replayed_and_kept_once_across_a_mode_change()
     assert_eq!(session.mode_key, "ddr_authoring");
     assert!(session.conversation.is_empty());
 }
+
+/// What a turn costs in Redis requests, counted by the store: three for an answer without tool
+/// calls — the begin step (the lease, the turn and the session read, and a new session's
+/// contexts latched), the write that marks the turn running, the write that settles it — for
+/// a session's first turn as for its later ones. Each is a round trip the turn waits for.
+#[tokio::test]
+async fn a_turn_answered_at_once_takes_three_round_trips_new_session_or_not() {
+    let h = harness(redis_setup()).await;
+    let store = &h._redis.as_ref().expect("a Redis harness").store;
+    for (n, t) in ["t1", "t2"].into_iter().enumerate() {
+        h.fake.push([Reply::Text(format!("answer {n}"))]);
+        let before = store.round_trips();
+        let r = h.pipeline.run(&request(turn("s", t, "go"))).await.unwrap();
+        assert!(
+            matches!(r.result(), Some(AgentExecuteResponse::Final(_))),
+            "{:?}",
+            r.errors()
+        );
+        assert_eq!(store.round_trips() - before, 3, "turn {t}");
+    }
+    // The first turn latched the session's contexts (the default ones) in its begin step.
+    let latched = h
+        .store
+        .latched_contexts(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(latched, Some(Default::default()));
+}
+
+/// A turn asked to stop before its run began (the front door recorded the request as a worker
+/// took the turn) makes no model call: the write that marks it running reads the request, and
+/// the run ends the turn cancelled — in the store, with either backend.
+#[tokio::test]
+async fn a_turn_asked_to_stop_before_its_run_makes_no_model_call() {
+    for kind in [StoreKind::Memory, StoreKind::Redis] {
+        let h = harness(Setup {
+            store: kind,
+            ..Setup::default()
+        })
+        .await;
+        let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t1").unwrap());
+        h.store.request_cancel(&sid, &tid).await.unwrap();
+        h.fake.push([Reply::Text("never asked".into())]);
+        let r = h
+            .pipeline
+            .run(&request(turn("s", "t1", "go")))
+            .await
+            .unwrap();
+        assert_eq!(r.errors()[0].error_code, ErrorCode::TurnCancelled, "{r:?}");
+        assert!(h.fake.requests().is_empty(), "the model was called");
+        let stored = h.store.get_turn(&sid, &tid).await.unwrap().unwrap();
+        assert_eq!(stored.status, TurnStatus::Cancelled);
+    }
+}

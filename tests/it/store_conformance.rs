@@ -312,11 +312,18 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     let st = &s.store;
     let tid = TurnId::parse("t").unwrap();
     // Nothing stored yet: the lease, and nothing to read.
-    let first = st.begin_turn(&sid("s"), &tid, "w1", LONG).await.unwrap();
+    let first = st
+        .begin_turn(&sid("s"), &tid, "w1", LONG, None)
+        .await
+        .unwrap();
     let lease = first.lease.expect("a free session's lease");
     assert!(first.turn.is_none() && first.session.is_none());
+    assert_eq!(first.latched, None, "no contexts were given to latch");
     // Another run of the session finds it busy, and no session is read for it.
-    let busy = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    let busy = st
+        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
     // What the first run stores (the ledger included) is what the next begin reads.
     let mut state = session("s");
@@ -328,12 +335,18 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
         .unwrap();
     t.tool_ledger.insert("call_1".into(), "{\"ok\":1}".into());
     // Busy, yet the turn is read: a duplicate job may only need its stored result.
-    let busy = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    let busy = st
+        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
     assert_eq!(busy.turn.as_ref(), Some(&t));
     t.status = TurnStatus::Completed;
     st.save(None, &t, &lease, true).await.unwrap();
-    let next = st.begin_turn(&sid("s"), &tid, "w2", LONG).await.unwrap();
+    let next = st
+        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
     let taken = next.lease.expect("released by the settling save");
     assert!(taken.token > lease.token, "a new lease fences the old one");
     assert_eq!(next.turn, Some(t.clone()));
@@ -352,6 +365,87 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
             .is_some(),
         "released"
     );
+}
+
+async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
+    let st = &s.store;
+    let fast = ContextIds::named_or_default(Some("fast"), None);
+    let slow = ContextIds::named_or_default(Some("slow"), None);
+    // A new session: the lease, and the given contexts latched in the same step.
+    let first = st
+        .begin_turn(&sid("s"), &tid("t1"), "w1", LONG, Some(&fast))
+        .await
+        .unwrap();
+    let lease = first.lease.expect("a free session's lease");
+    assert_eq!(first.latched, Some(fast.clone()));
+    assert_eq!(
+        st.latched_contexts(&sid("s")).await.unwrap(),
+        Some(fast.clone())
+    );
+    // Busy: nothing latched and nothing read back.
+    let busy = st
+        .begin_turn(&sid("other"), &tid("t1"), "w1", LONG, None)
+        .await
+        .unwrap();
+    assert!(busy.lease.is_some());
+    let busy = st
+        .begin_turn(&sid("other"), &tid("t2"), "w2", LONG, Some(&fast))
+        .await
+        .unwrap();
+    assert!(busy.lease.is_none() && busy.latched.is_none());
+    assert_eq!(st.latched_contexts(&sid("other")).await.unwrap(), None);
+    // Still no session stored, other contexts latched (the front door admitted them): those
+    // come back and stay.
+    st.release_lease(&sid("s"), &lease).await.unwrap();
+    let again = st
+        .begin_turn(&sid("s"), &tid("t1"), "w2", LONG, Some(&slow))
+        .await
+        .unwrap();
+    let lease = again.lease.expect("released");
+    assert_eq!(again.latched, Some(fast.clone()));
+    assert_eq!(
+        st.latched_contexts(&sid("s")).await.unwrap(),
+        Some(fast.clone())
+    );
+    // Once the session is stored, its own contexts are the run's: nothing is latched or read.
+    st.save(Some(&session("s")), &turn("s", "t1"), &lease, true)
+        .await
+        .unwrap();
+    let stored = st
+        .begin_turn(&sid("s"), &tid("t2"), "w3", LONG, Some(&slow))
+        .await
+        .unwrap();
+    assert!(stored.lease.is_some() && stored.session.is_some());
+    assert_eq!(stored.latched, None);
+    assert_eq!(st.latched_contexts(&sid("s")).await.unwrap(), Some(fast));
+}
+
+async fn a_save_reads_whether_the_turn_was_asked_to_stop(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let saved = st
+        .save(Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(!saved.stop_requested);
+    // Another turn's request is not this one's.
+    st.request_cancel(&sid("s"), &tid("other")).await.unwrap();
+    let saved = st.save(None, &t, &lease, false).await.unwrap();
+    assert!(!saved.stop_requested);
+    st.request_cancel(&sid("s"), &tid("t")).await.unwrap();
+    // With or without the session, keeping or releasing the lease, the request is read.
+    let saved = st
+        .save(Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(saved.stop_requested);
+    let saved = st.save(None, &t, &lease, true).await.unwrap();
+    assert!(saved.stop_requested);
 }
 
 async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) {
@@ -705,6 +799,8 @@ for_each_backend!(
         a_stale_holder_cannot_write,
         the_ledger_is_never_lost_by_a_later_save,
         begin_takes_the_lease_and_reads_the_turn_and_session,
+        begin_latches_a_new_sessions_contexts_and_only_then,
+        a_save_reads_whether_the_turn_was_asked_to_stop,
         the_conversation_grows_by_appends_and_only_under_the_lease,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,

@@ -24,7 +24,7 @@ use std::time::Duration;
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, SessionState,
+    Admission, BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, Saved, SessionState,
     SessionStore, StoreError, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
@@ -344,13 +344,17 @@ impl SessionStore for RedisStore {
         turn: &TurnId,
         holder: &str,
         ttl: Duration,
+        contexts: Option<&ContextIds>,
     ) -> Result<Begun, StoreError> {
         let turn_key = self.turn_key("turn", session, turn);
-        let session_key = self.key("session", session);
-        let (token, raw_turn, ledger, raw_session): (
+        let (session_key, contexts_key) =
+            (self.key("session", session), self.key("contexts", session));
+        let to_latch = contexts.map(encode).transpose()?.unwrap_or_default();
+        let (token, raw_turn, ledger, raw_session, raw_latched): (
             Option<u64>,
             Option<String>,
             std::collections::BTreeMap<String, String>,
+            Option<String>,
             Option<String>,
         ) = self
             .scripts
@@ -360,9 +364,11 @@ impl SessionStore for RedisStore {
             .key(&turn_key)
             .key(self.turn_key("ledger", session, turn))
             .key(&session_key)
+            .key(&contexts_key)
             .arg(holder)
             .arg(ms(ttl))
             .arg(ms(self.retention.sessions))
+            .arg(to_latch)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -370,13 +376,19 @@ impl SessionStore for RedisStore {
             token,
             holder: holder.to_string(),
         });
-        let read = with_ledger(&turn_key, raw_turn, ledger)
-            .and_then(|turn| Ok((turn, decode(&session_key, raw_session)?)));
+        let read = with_ledger(&turn_key, raw_turn, ledger).and_then(|turn| {
+            Ok((
+                turn,
+                decode(&session_key, raw_session)?,
+                decode(&contexts_key, raw_latched)?,
+            ))
+        });
         match read {
-            Ok((turn, session)) => Ok(Begun {
+            Ok((turn, session, latched)) => Ok(Begun {
                 turn,
                 lease,
                 session,
+                latched,
             }),
             Err(e) => {
                 // Nothing will run under a lease whose reads failed: give it back rather than
@@ -436,7 +448,7 @@ impl SessionStore for RedisStore {
         turn: &TurnRecord,
         lease: &Lease,
         release: bool,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Saved, StoreError> {
         let sid = &turn.session_id;
         let session_json = session.map(encode).transpose()?.unwrap_or_default();
         let mut invocation = self.scripts.save.prepare_invoke();
@@ -447,6 +459,7 @@ impl SessionStore for RedisStore {
             .key(self.key("session", sid))
             .key(self.turn_key("ledger", sid, &turn.turn_id))
             .key(self.key("conversation", sid))
+            .key(self.turn_key("cancel", sid, &turn.turn_id))
             .arg(lease_value(lease))
             .arg(encode(turn)?)
             .arg(ms(self.retention.turns))
@@ -458,7 +471,11 @@ impl SessionStore for RedisStore {
             invocation.arg(encode(item)?);
         }
         let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
-        result.map(|_| ()).map_err(|e| self.map_fenced(sid, e))
+        result
+            .map(|asked| Saved {
+                stop_requested: asked == 1,
+            })
+            .map_err(|e| self.map_fenced(sid, e))
     }
 
     async fn record_tool_output(

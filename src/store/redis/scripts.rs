@@ -11,18 +11,26 @@ redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
 return token
 ";
 
-/// KEYS: lease, fence counter, turn, turn's ledger, session.
-/// ARGV: holder, lease TTL ms, counter TTL ms.
+/// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts.
+/// ARGV: holder, lease TTL ms, counter TTL ms (and contexts TTL), contexts JSON or ''.
 /// Returns {token or false, turn JSON or false, ledger as field/value pairs, session JSON or
-/// false}; the session only when the lease was taken.
+/// false, latched contexts JSON or false}; the session only when the lease was taken, the
+/// contexts only then and for a session not stored yet, latching ARGV[4] unless some are.
 const BEGIN: &str = r"
 local turn = redis.call('GET', KEYS[3])
 local ledger = redis.call('HGETALL', KEYS[4])
-if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false, false} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
-return {token, turn, ledger, redis.call('GET', KEYS[5])}
+local session = redis.call('GET', KEYS[5])
+local latched = false
+if not session and ARGV[4] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[4], 'NX')
+  redis.call('PEXPIRE', KEYS[6], ARGV[3])
+  latched = redis.call('GET', KEYS[6])
+end
+return {token, turn, ledger, session, latched}
 ";
 
 const RENEW: &str = r"
@@ -55,9 +63,10 @@ macro_rules! append_conversation {
     };
 }
 
-/// KEYS: lease, turn, turns index, session, ledger, conversation.
+/// KEYS: lease, turn, turns index, session, ledger, conversation, the turn's stop request.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
 ///       session TTL ms, then the session's conversation items to append (with a session).
+/// Returns 1 when the turn has been asked to stop, else 0.
 const SAVE: &str = concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -66,11 +75,11 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-if ARGV[6] == '' then return 1 end
+if ARGV[6] == '' then return redis.call('EXISTS', KEYS[7]) end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 ",
     append_conversation!("6", "8", "7"),
-    "return 1\n"
+    "return redis.call('EXISTS', KEYS[7])\n"
 );
 
 /// KEYS: owner, contexts, turn, turns index.

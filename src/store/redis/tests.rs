@@ -143,7 +143,7 @@ async fn a_begin_that_cannot_read_the_turn_gives_the_lease_back() {
         .await
         .expect("SET");
     let begun = store
-        .begin_turn(&sid, &tid, "w1", Duration::from_secs(30))
+        .begin_turn(&sid, &tid, "w1", Duration::from_secs(30), None)
         .await;
     let again = store
         .acquire_lease(&sid, "w2", Duration::from_secs(30))
