@@ -210,7 +210,10 @@ impl Worker {
                     _ = shutdown.cancelled() => break 'outer,
                     next = deliveries.next() => match next {
                         Some(Some(delivery)) => {
-                            tracker.spawn(self.turn_task(delivery, shutdown.clone(), abandon.clone()));
+                            // Boxed: tokio copies a task's whole future into place when it
+                            // spawns it and again when it finishes; a pointer is cheaper to
+                            // copy than a waiting turn's state.
+                            tracker.spawn(Box::pin(self.turn_task(delivery, shutdown.clone(), abandon.clone())));
                         }
                         Some(None) | None => {
                             warn!("the broker stopped delivering (connection or channel lost); reconnecting");

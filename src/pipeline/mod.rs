@@ -466,7 +466,11 @@ impl Pipeline {
         request: &AgentExecuteRequest,
         deadline: Duration,
     ) -> JobOutcome {
-        match tokio::time::timeout(deadline, self.run_job(request, origin)).await {
+        // Boxed where it is made: the run is the largest state of a turn (~13 KB), and every
+        // layer above it (the deadline, the span, the worker's task) would otherwise move it
+        // again — tokio copies a task's whole future when it spawns it and when it finishes.
+        let run = Box::pin(self.run_job(request, origin));
+        match tokio::time::timeout(deadline, run).await {
             Ok(Ok(settled)) => JobOutcome::Done(Box::new(settled)),
             Ok(Err(Interrupted::NotTheTurns(result))) => {
                 JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())

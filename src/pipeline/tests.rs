@@ -87,3 +87,19 @@ async fn only_an_answer_that_calls_tools_is_checkpointed() {
         "an answer calling a tool: running, the checkpoint, then the turn waiting for the tool"
     );
 }
+
+/// Each turn in flight holds its run's future while it waits for the model (boxed once, in
+/// `execute_as`): at 10,000 turns in flight every KB of it is ~10 MB. A bound that fails when
+/// a new state makes it grow past it (it was ~13 KB when written).
+#[tokio::test]
+async fn a_turns_run_stays_under_16_kb() {
+    let (_fake, pipeline) = pipeline_over(Arc::new(MemoryStore::new())).await;
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
+    let request = parse_request(body.as_bytes(), &RequestLimits::default())
+        .unwrap()
+        .request;
+    let run = pipeline.run_job(&request, super::Origin::default());
+    let size = std::mem::size_of_val(&run);
+    eprintln!("a turn's run: {size} B");
+    assert!(size < 16 * 1024, "a turn's run grew to {size} B");
+}

@@ -5,9 +5,10 @@ use tokio_util::sync::CancellationToken;
 use super::{Worker, WorkerSettings};
 use crate::queue::{JobMeta, JobQueue as _, MemoryBroker, Topology};
 
-/// A turn's task is what each job in flight costs while it waits for the model: it must
-/// not carry copies of futures it is not running (an `async fn` that takes a future and
-/// awaits it holds two), nor the largest of the rarely taken paths.
+/// A turn's task is what each job in flight costs while it waits for the model, beside its
+/// run (boxed apart by `Pipeline::execute_as`, bounded in `pipeline::tests`): it must not carry
+/// copies of futures it is not running (an `async fn` that takes a future and awaits it holds
+/// two), nor the largest of the rarely taken paths.
 #[tokio::test]
 async fn the_task_a_turn_runs_on_stays_small() {
     let broker = Arc::new(MemoryBroker::new());
@@ -51,7 +52,7 @@ async fn the_task_a_turn_runs_on_stays_small() {
     let size = std::mem::size_of_val(&task);
     eprintln!("pipeline {turn} B, task {size} B");
     assert!(
-        size < turn + 4096,
+        size < turn + 12 * 1024,
         "the task ({size} B) is much larger than the turn it runs ({turn} B)"
     );
 }
