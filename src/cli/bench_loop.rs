@@ -45,6 +45,8 @@ pub struct LoopOptions {
     pub ramp_up: Duration,
     /// Messages of the baseline.
     pub baseline_messages: usize,
+    /// With processes: the one whose instructions per turn callgrind counts.
+    pub callgrind: Option<super::bench_callgrind::Counted>,
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.

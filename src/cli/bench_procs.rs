@@ -14,7 +14,11 @@ use aptix_worker::config::Config;
 use aptix_worker::queue::RabbitBroker;
 use aptix_worker::store::RedisStore;
 
+use super::bench_callgrind::{Callgrind, Counted};
 use super::bench_loop::{LoopOptions, baseline, cpu_snapshot, drive, status_kib};
+
+/// How long a process has to report that it is ready.
+const READY_WITHIN: Duration = Duration::from_secs(30);
 
 /// A child process of the run, killed when dropped.
 struct Proc {
@@ -30,13 +34,14 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    /// Starts `cmd` with its log on a pipe and waits (up to 30 s) for a log line containing
+    /// Starts `cmd` with its log on a pipe and waits (up to `within`) for a log line containing
     /// `ready`; returns the process and that line. The rest of its log is read and dropped in
     /// the background (a full pipe would stall it).
     fn start(
         label: &'static str,
         cmd: &mut Command,
         ready: &str,
+        within: Duration,
     ) -> anyhow::Result<(Self, String)> {
         // The processes log as deployed by default (`info`): their log is part of what a turn
         // costs, and the lines that say they are ready are `info` lines.
@@ -65,9 +70,12 @@ impl Proc {
                 }
             }
         });
-        let line = rx
-            .recv_timeout(Duration::from_secs(30))
-            .with_context(|| format!("{label} did not report that it was ready within 30 s"))?;
+        let line = rx.recv_timeout(within).with_context(|| {
+            format!(
+                "{label} did not report that it was ready within {} s",
+                within.as_secs()
+            )
+        })?;
         Ok((proc, line))
     }
 
@@ -142,6 +150,7 @@ async fn start_and_measure(
             &opts.latency.as_millis().to_string(),
         ]),
         "fake Responses API listening",
+        READY_WITHIN,
     )?;
     let model = address_after(&line, "base_url=http://")
         .context("the fake model's log does not name its address")?;
@@ -154,20 +163,40 @@ async fn start_and_measure(
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
             .env_remove("OPENAI_API_KEY");
     };
-    let mut serve_cmd = Command::new(exe);
-    serve_cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    let callgrind = opts.callgrind.map(Callgrind::new).transpose()?;
+    // Under valgrind a process starts many times slower.
+    let within = |which| match &callgrind {
+        Some(cg) if cg.counted == which => 6 * READY_WITHIN,
+        _ => READY_WITHIN,
+    };
+    let mut serve_cmd = Callgrind::command(
+        callgrind.as_ref(),
+        Counted::Serve,
+        exe,
+        &["serve", "--listen", "127.0.0.1:0"],
+    );
     product(&mut serve_cmd);
-    let (serve, line) = Proc::start("aptix serve", &mut serve_cmd, "HTTP API listening")?;
+    let (serve, line) = Proc::start(
+        "aptix serve",
+        &mut serve_cmd,
+        "HTTP API listening",
+        within(Counted::Serve),
+    )?;
     let front_door =
         address_after(&line, "address=").context("aptix serve's log does not name its address")?;
-    let mut worker_cmd = Command::new(exe);
-    worker_cmd.arg("worker");
+    let mut worker_cmd = Callgrind::command(callgrind.as_ref(), Counted::Worker, exe, &["worker"]);
     product(&mut worker_cmd);
-    let (worker, _) = Proc::start("aptix worker", &mut worker_cmd, "consuming turn jobs")?;
+    let (worker, _) = Proc::start(
+        "aptix worker",
+        &mut worker_cmd,
+        "consuming turn jobs",
+        within(Counted::Worker),
+    )?;
     // Ctrl-C ends the run here, so the processes are stopped and the run's queues and keys
     // removed rather than left behind.
+    let procs = [&serve, &worker, &fake];
     tokio::select! {
-        measured = measure(&front_door, opts, config, [&serve, &worker, &fake]) => measured,
+        measured = measure(&front_door, opts, config, procs, callgrind.as_ref()) => measured,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
     }
 }
@@ -178,6 +207,7 @@ async fn measure(
     opts: &LoopOptions,
     config: &Config,
     [serve, worker, fake]: [&Proc; 3],
+    callgrind: Option<&Callgrind>,
 ) -> anyhow::Result<()> {
     let watched = vec![
         (serve.label, vec![serve.pid()]),
@@ -186,9 +216,19 @@ async fn measure(
         ("the bench's clients", vec![std::process::id()]),
     ];
     let resident = (serve.resident(), worker.resident());
+    let counted = callgrind.map(|cg| match cg.counted {
+        Counted::Worker => (cg, worker),
+        Counted::Serve => (cg, serve),
+    });
+    if let Some((cg, p)) = counted {
+        cg.zero(p.pid())?;
+    }
     let before = cpu_snapshot(&watched);
     let driven = drive(&format!("http://{address}"), opts).await?;
     let after = cpu_snapshot(&watched);
+    let instructions = counted
+        .map(|(cg, p)| cg.instructions(p.pid()).map(|n| (p.label, n)))
+        .transpose()?;
     // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
     let threads = match std::env::var("TOKIO_WORKER_THREADS") {
         Ok(n) => format!("serve, worker and fake model as processes of {n} runtime thread(s)"),
@@ -215,6 +255,13 @@ async fn measure(
         per_turn(worker_grew),
         per_turn(serve_grew + worker_grew),
     );
+    if let Some((label, n)) = instructions {
+        let turns = opts.turns.max(1) as u64;
+        println!(
+            "  instructions per turn (callgrind): {label} {} ({n} for {turns} turns, from the first turn on; its CPU seconds above are valgrind's)",
+            n / turns
+        );
+    }
     Ok(())
 }
 

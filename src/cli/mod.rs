@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 pub mod batch;
 pub mod bench;
+mod bench_callgrind;
 mod bench_loop;
 mod bench_procs;
 mod bench_stream;

@@ -122,6 +122,11 @@ pub struct BenchArgs {
     /// With --closed-loop: messages of the bare publish/consume baseline.
     #[arg(long, default_value_t = 20_000, requires = "closed_loop")]
     pub baseline_messages: usize,
+    /// With --processes: run this process under valgrind's callgrind and report the
+    /// instructions it executes per turn (a CPU measure that does not move with the machine's
+    /// other load; use a few hundred turns and one client, `--sessions 1`). Needs valgrind.
+    #[arg(long, value_enum, requires = "processes")]
+    pub callgrind: Option<super::bench_callgrind::Counted>,
     /// Instead: leave this many idle session reply queues (one status each) on RabbitMQ and
     /// report the broker's resident memory per queue (for capacity planning).
     #[arg(long, conflicts_with_all = ["in_flight", "first_delta", "closed_loop"])]
@@ -269,6 +274,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         new_session_per_turn,
         ramp_up_ms,
         baseline_messages,
+        callgrind,
         reply_queues,
     } = args;
     let config = Config::from_env()?;
@@ -285,6 +291,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
             concurrency,
             ramp_up: Duration::from_millis(ramp_up_ms),
             baseline_messages,
+            callgrind,
         };
         if processes {
             super::bench_procs::run(&config, &opts).await?;

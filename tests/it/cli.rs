@@ -1173,4 +1173,33 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     ] {
         assert!(procs.contains(line), "{line:?} missing from\n{procs}");
     }
+    // One process under callgrind: its instructions per turn, counted while the turns ran.
+    let counted = run(&[
+        "bench",
+        "--closed-loop",
+        "--processes",
+        "--callgrind",
+        "worker",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--baseline-messages",
+        "100",
+    ]);
+    let per_turn: u64 = counted
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("instructions per turn (callgrind): aptix worker ")
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count in\n{counted}"));
+    // A turn parses a job, runs Lua scripts' replies, calls the model and publishes: far more
+    // than ten thousand instructions; a count that small was not taken over the turns.
+    assert!(
+        per_turn > 10_000,
+        "{per_turn} instructions per turn\n{counted}"
+    );
 }

@@ -1,0 +1,115 @@
+//! `aptix bench --closed-loop --processes --callgrind worker|serve`: one of the product's
+//! processes runs under valgrind's callgrind, and the run reports the instructions it executed
+//! per turn. Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
+//! what else the host does), the count repeats within a fraction of a percent for the same
+//! build, so two builds can be compared by a few hundred turns of each. Valgrind counts each
+//! byte a `rep movsb` copies as an instruction, so code that copies much weighs more than its
+//! share of seconds.
+//!
+//! Owns: wrapping the counted process and reading its count. Must not: drive the turns (that
+//! is the closed loop's).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context as _;
+
+/// The process whose instructions are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Counted {
+    /// `aptix worker`.
+    Worker,
+    /// `aptix serve`.
+    Serve,
+}
+
+/// Callgrind's output for one run: a directory of the run's own, removed when dropped.
+pub struct Callgrind {
+    pub counted: Counted,
+    dir: PathBuf,
+}
+
+impl Callgrind {
+    pub fn new(counted: Counted) -> anyhow::Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("aptix-callgrind-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self { counted, dir })
+    }
+
+    /// The command that runs `exe args…` under callgrind when `which` is the counted process,
+    /// else `exe args…`.
+    pub fn command(this: Option<&Self>, which: Counted, exe: &Path, args: &[&str]) -> Command {
+        match this {
+            Some(cg) if cg.counted == which => {
+                let mut cmd = Command::new("valgrind");
+                cmd.arg("--tool=callgrind")
+                    .arg(format!(
+                        "--callgrind-out-file={}",
+                        cg.dir.join("callgrind.out.%p").display()
+                    ))
+                    .arg(exe)
+                    .args(args);
+                cmd
+            }
+            _ => {
+                let mut cmd = Command::new(exe);
+                cmd.args(args);
+                cmd
+            }
+        }
+    }
+
+    /// Sets the counted process's counts to zero (`callgrind_control -z`).
+    pub fn zero(&self, pid: u32) -> anyhow::Result<()> {
+        control(pid, "-z")
+    }
+
+    /// The instructions the counted process executed since [`Callgrind::zero`]: has it write
+    /// its counts (`callgrind_control -d`) and reads their total.
+    pub fn instructions(&self, pid: u32) -> anyhow::Result<u64> {
+        control(pid, "-d")?;
+        // The dump is written by the process itself; its total is its last line.
+        for _ in 0..100 {
+            if let Some(total) = self.latest_total()? {
+                return Ok(total);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        anyhow::bail!("callgrind wrote no counts in {}", self.dir.display())
+    }
+
+    /// The total of the newest dump in the run's directory, once it is written out.
+    fn latest_total(&self) -> anyhow::Result<Option<u64>> {
+        let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&self.dir)?
+            .filter_map(Result::ok)
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        dumps.sort();
+        let Some((_, newest)) = dumps.last() else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(newest)?;
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix("totals:"))
+            .and_then(|v| v.trim().parse().ok()))
+    }
+}
+
+impl Drop for Callgrind {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn control(pid: u32, what: &str) -> anyhow::Result<()> {
+    let status = Command::new("callgrind_control")
+        .args([what, &pid.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .context("running callgrind_control (from valgrind)")?;
+    anyhow::ensure!(status.success(), "callgrind_control {what} {pid} failed");
+    Ok(())
+}
