@@ -6,6 +6,7 @@
 //! prompt text (the catalog block sent to the model is composed in `pipeline::compose`).
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 mod builtin;
@@ -120,6 +121,40 @@ pub struct ModeCatalog {
     modes: Vec<Mode>,
     tools: Vec<ToolDef>,
     default_index: usize,
+    /// Each mode's tools as the model request's `tools` array (aligned with `modes`; `None`
+    /// for a mode without tools): written once here instead of on every model call.
+    wire_tools: Vec<Option<Box<RawValue>>>,
+}
+
+/// A function tool as a `CreateResponse` body declares it.
+#[derive(Serialize)]
+struct FunctionTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+    strict: bool,
+}
+
+/// `tools` as a request body's `tools` array of function tools; `None` when there are none.
+fn wire_tools(tools: &[&ToolDef]) -> Result<Option<Box<RawValue>>, CatalogError> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let functions: Vec<FunctionTool<'_>> = tools
+        .iter()
+        .map(|t| FunctionTool {
+            kind: "function",
+            name: &t.name,
+            description: &t.description,
+            parameters: &t.parameters,
+            strict: t.strict,
+        })
+        .collect();
+    serde_json::value::to_raw_value(&functions)
+        .map(Some)
+        .map_err(|e| CatalogError(format!("the tools cannot be written as JSON: {e}")))
 }
 
 impl ModeCatalog {
@@ -220,10 +255,22 @@ impl ModeCatalog {
             }
         }
         let default_index = modes.iter().position(|m| m.is_default).unwrap_or(0);
+        let wire_tools = modes
+            .iter()
+            .map(|m| {
+                let offered: Vec<&ToolDef> = m
+                    .tools
+                    .iter()
+                    .filter_map(|n| tools.iter().find(|t| &t.name == n))
+                    .collect();
+                wire_tools(&offered)
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             modes,
             tools,
             default_index,
+            wire_tools,
         })
     }
 
@@ -292,6 +339,21 @@ impl ModeCatalog {
     /// The tools a mode offers, in the mode's order.
     pub fn tools_for(&self, mode: &Mode) -> Vec<&ToolDef> {
         mode.tools.iter().filter_map(|n| self.tool(n)).collect()
+    }
+
+    /// [`ModeCatalog::tools_for`] as a model request's `tools` array (JSON written when the
+    /// catalog was built); `None` when the mode offers none. A mode that is not this
+    /// catalog's (by key) gets its tools written now.
+    pub fn wire_tools(&self, mode: &Mode) -> Option<std::borrow::Cow<'_, RawValue>> {
+        match self.modes.iter().position(|m| m.key == mode.key) {
+            Some(i) => self.wire_tools[i]
+                .as_deref()
+                .map(std::borrow::Cow::Borrowed),
+            None => wire_tools(&self.tools_for(mode))
+                .ok()
+                .flatten()
+                .map(std::borrow::Cow::Owned),
+        }
     }
 }
 
@@ -367,6 +429,34 @@ mod tests {
         );
         // round-trips through the file format
         assert!(ModeCatalog::from_json(&c.to_json().to_string()).is_ok());
+    }
+
+    /// The `tools` array each mode sends, written when the catalog is built, is the mode's
+    /// tools in order as function tools — the same as writing them on every call would give.
+    #[test]
+    fn each_modes_tools_are_written_once_as_the_call_sends_them() {
+        let c = ModeCatalog::builtin();
+        for m in c.modes() {
+            let wire = c.wire_tools(m).expect("every mode offers tools");
+            assert!(matches!(wire, std::borrow::Cow::Borrowed(_)), "{}", m.key);
+            let sent: Value = serde_json::from_str(wire.get()).unwrap();
+            let expected: Vec<Value> = c
+                .tools_for(m)
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "name": t.name, "description": t.description,
+                           "parameters": t.parameters, "strict": t.strict})
+                })
+                .collect();
+            assert_eq!(sent, Value::Array(expected), "{}", m.key);
+        }
+        // A mode the catalog does not hold is written when asked; one without tools has none.
+        let mut other = c.default_mode().clone();
+        other.key = "elsewhere".into();
+        let wire = c.wire_tools(&other).expect("its tools");
+        assert!(matches!(wire, std::borrow::Cow::Owned(_)));
+        other.tools.clear();
+        assert!(c.wire_tools(&other).is_none());
     }
 
     #[test]

@@ -6,9 +6,10 @@
 //! replayed conversation. Must not: call the model, run tools, loop or retry.
 
 use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog, ToolDef};
+use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog};
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 pub use crate::rag::ContextChunk;
@@ -56,8 +57,9 @@ pub struct CallSpec<'a> {
     pub model: &'a str,
     /// The AGN-014 §6 block for the mode current at this call.
     pub instructions: &'a str,
-    /// The turn's tools (chosen before the loop).
-    pub tools: &'a [&'a ToolDef],
+    /// The turn's tools (chosen before the loop) as the `tools` array
+    /// ([`crate::catalog::ModeCatalog::wire_tools`]); `None` for none.
+    pub tools: Option<&'a RawValue>,
     /// A tool the model must call, if the mode forces one.
     pub tool_choice: Option<&'a str>,
     /// How the call continues the conversation.
@@ -81,7 +83,7 @@ pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
             Continuation::Fresh | Continuation::Replay(_) => None,
         },
         input: Input(replayed, spec.input),
-        tools: Tools(spec.tools),
+        tools: spec.tools,
         tool_choice: spec.tool_choice.map(|name| FunctionChoice {
             kind: "function",
             name,
@@ -102,8 +104,8 @@ struct Body<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     previous_response_id: Option<&'a str>,
     input: Input<'a>,
-    #[serde(skip_serializing_if = "Tools::is_empty")]
-    tools: Tools<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<FunctionChoice<'a>>,
 }
@@ -115,37 +117,6 @@ impl Serialize for Input<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(self.0.iter().chain(self.1))
     }
-}
-
-/// Flat function tools.
-struct Tools<'a>(&'a [&'a ToolDef]);
-
-impl Tools<'_> {
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl Serialize for Tools<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|t| FunctionTool {
-            kind: "function",
-            name: &t.name,
-            description: &t.description,
-            parameters: &t.parameters,
-            strict: t.strict,
-        }))
-    }
-}
-
-#[derive(Serialize)]
-struct FunctionTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    name: &'a str,
-    description: &'a str,
-    parameters: &'a Value,
-    strict: bool,
 }
 
 #[derive(Serialize)]
@@ -347,12 +318,13 @@ mod body_tests {
     #[test]
     fn a_forced_tool_becomes_tool_choice_function() {
         let catalog = ModeCatalog::builtin();
-        let tools = catalog.tools_for(catalog.default_mode());
+        let wire = catalog.wire_tools(catalog.default_mode());
+        let tools = wire.as_deref();
         let input = [json!({"role": "user", "content": "x"})];
         let body = request_body(&CallSpec {
             model: "m",
             instructions: "i",
-            tools: &tools,
+            tools,
             tool_choice: Some("workspace_read_file"),
             continuation: Continuation::Previous("resp_1"),
             input: &input,
@@ -369,7 +341,7 @@ mod body_tests {
             ..CallSpec {
                 model: "m",
                 instructions: "i",
-                tools: &tools,
+                tools,
                 tool_choice: None,
                 continuation: Continuation::Fresh,
                 input: &input,
@@ -391,12 +363,13 @@ mod wire_tests {
     fn a_replayed_body_sends_history_then_input_and_flat_tools_in_order() {
         let catalog = ModeCatalog::builtin();
         let tools = catalog.tools_for(catalog.default_mode());
+        let wire = catalog.wire_tools(catalog.default_mode());
         let history = [json!({"role": "assistant", "content": "earlier"})];
         let input = [json!({"role": "user", "content": "now \"quoted\""})];
         let body = request_body(&CallSpec {
             model: "m",
             instructions: "i",
-            tools: &tools,
+            tools: wire.as_deref(),
             tool_choice: None,
             continuation: Continuation::Replay(&history),
             input: &input,
@@ -420,7 +393,7 @@ mod wire_tests {
         let bare = request_body(&CallSpec {
             model: "m",
             instructions: "i",
-            tools: &[],
+            tools: None,
             tool_choice: None,
             continuation: Continuation::Fresh,
             input: &input,

@@ -12,7 +12,6 @@ use tracing::{debug, info, warn};
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
 use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
-use crate::catalog::ToolDef;
 use crate::config::LOCAL_TENANT;
 use crate::contract::{ErrorCode, InvokeResult};
 use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
@@ -25,7 +24,6 @@ impl Pipeline {
         run: &mut Run,
         progress: &mut TurnProgress,
         tools_mode: &crate::catalog::Mode,
-        tools: &[&ToolDef],
         input: Vec<Value>,
         previous: Option<&str>,
     ) -> Result<Result<(ModelResponse, Spent), CallEnd>, RetryableFailure> {
@@ -57,11 +55,12 @@ impl Pipeline {
             items.extend(progress.turn_items.iter().cloned());
             Ok::<_, RetryableFailure>(items)
         };
+        let tools = self.catalog.wire_tools(tools_mode);
         let body_for = |replayed: Option<&[Value]>| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
                 instructions: &instructions,
-                tools,
+                tools: tools.as_deref(),
                 tool_choice: tools_mode.tool_choice.as_deref(),
                 continuation: match (previous, replayed) {
                     (_, Some(history)) => Continuation::Replay(history),

@@ -368,14 +368,12 @@ impl Pipeline {
                         return Box::pin(self.fail_turn(run, result)).await;
                     }
                     let tools_mode = compose::tools_mode(&self.catalog, &progress);
-                    let tools = self.catalog.tools_for(&tools_mode);
                     let sent = std::mem::take(&mut input);
                     match self
                         .call_model(
                             &mut run,
                             &mut progress,
                             &tools_mode,
-                            &tools,
                             sent,
                             previous.as_deref(),
                         )
