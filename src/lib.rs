@@ -27,7 +27,7 @@
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
 //! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
-//! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
+//! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`hex`], [`net`]
 //! (listening sockets with a backlog for bursts),
 //! [`fake_llm`] (a faithful fake of the Responses API, for tests and demos).
 
@@ -38,6 +38,7 @@ pub mod contexts;
 pub mod contract;
 pub mod fake_llm;
 pub mod frontdoor;
+pub mod hex;
 pub mod limiter;
 pub mod live;
 pub mod llm;

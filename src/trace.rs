@@ -11,8 +11,6 @@
 //! Owns: parsing and minting contexts, and the context of the running turn (a task-local).
 //! Must not: log or export anything itself.
 
-use std::fmt::Write as _;
-
 /// The header name, in HTTP and on job messages.
 pub const TRACEPARENT: &str = "traceparent";
 
@@ -29,15 +27,12 @@ tokio::task_local! {
 }
 
 fn random_hex(bytes: usize) -> String {
-    let mut out = String::with_capacity(bytes * 2);
-    while out.len() < bytes * 2 {
-        for b in uuid::Uuid::new_v4().as_bytes() {
-            if out.len() < bytes * 2 {
-                let _ = write!(out, "{b:02x}");
-            }
-        }
+    let mut random = Vec::with_capacity(bytes);
+    while random.len() < bytes {
+        let take = (bytes - random.len()).min(16);
+        random.extend_from_slice(&uuid::Uuid::new_v4().as_bytes()[..take]);
     }
-    out
+    crate::hex::lower(&random)
 }
 
 fn lower_hex(s: &str, len: usize) -> bool {

@@ -278,11 +278,7 @@ fn short_hash(parts: &[&str]) -> String {
         h.update(p.as_bytes());
         h.update([0]);
     }
-    h.finalize()
-        .iter()
-        .take(12)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    aptix_worker::hex::lower(&h.finalize()[..12])
 }
 
 /// Gives a request stable ids: the same input in the same output folder maps to the same

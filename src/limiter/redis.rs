@@ -124,7 +124,7 @@ impl RedisLimits {
 
     fn key(&self, kind: &str, context: &str) -> String {
         // The context's keys share a hash tag: one cluster slot.
-        format!("{}:limit:{{{context}}}:{kind}", self.namespace)
+        [self.namespace.as_str(), ":limit:{", context, "}:", kind].concat()
     }
 
     async fn run<T: redis::FromRedisValue>(

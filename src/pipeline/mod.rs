@@ -273,12 +273,7 @@ pub fn continuation_fingerprint(cont: &ToolContinuation) -> String {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let digest = Sha256::digest(bytes);
-    digest.iter().fold(String::with_capacity(64), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
+    crate::hex::lower(&Sha256::digest(bytes))
 }
 
 impl Pipeline {

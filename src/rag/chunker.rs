@@ -101,13 +101,7 @@ pub fn chunk_id(repo: &str, path: &str, start: usize, end: usize, content: &str)
         h.update(part.as_bytes());
         h.update([0]);
     }
-    let hex: String = h
-        .finalize()
-        .iter()
-        .take(10)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("c_{hex}")
+    format!("c_{}", crate::hex::lower(&h.finalize()[..10]))
 }
 
 /// Cuts one file into chunks; `None` when its extension is not indexed.

@@ -47,10 +47,7 @@ pub struct SkippedFile {
 }
 
 fn content_hash(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex::lower(&Sha256::digest(text.as_bytes()))
 }
 
 /// Indexes `files` (relative path, contents) as `repo` for `tenant`. With `complete`, the

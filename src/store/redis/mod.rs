@@ -59,7 +59,10 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn lease_value(lease: &Lease) -> String {
-    format!("{}:{}", lease.token, lease.holder)
+    let mut value = lease.token.to_string();
+    value.push(':');
+    value.push_str(&lease.holder);
+    value
 }
 
 impl RedisStore {
@@ -108,12 +111,23 @@ impl RedisStore {
         &self.namespace
     }
 
+    // Keys are built by concatenation: a turn writes about twenty of them, and the formatting
+    // machinery costs several times a copy.
     fn key(&self, kind: &str, session: &SessionId) -> String {
-        format!("{}:{kind}:{{{session}}}", self.namespace)
+        [
+            self.namespace.as_str(),
+            ":",
+            kind,
+            ":{",
+            session.as_str(),
+            "}",
+        ]
+        .concat()
     }
 
     fn turn_key(&self, kind: &str, session: &SessionId, turn: &TurnId) -> String {
-        format!("{}:{kind}:{{{session}}}:{turn}", self.namespace)
+        let ns = self.namespace.as_str();
+        [ns, ":", kind, ":{", session.as_str(), "}:", turn.as_str()].concat()
     }
 
     fn map_fenced(&self, session: &SessionId, e: redis::RedisError) -> StoreError {
