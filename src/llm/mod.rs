@@ -101,11 +101,28 @@ impl AttemptError {
     }
 }
 
+/// Why a model client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The base URL does not make an http(s) endpoint URL.
+    #[error("the model server's base URL {url:?} is not an http(s) URL with a host: {reason}")]
+    BaseUrl {
+        /// The base URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The HTTP client could not be set up (e.g. its TLS roots).
+    #[error("the HTTP client could not be built: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
 /// A small Responses API client on reqwest.
 #[derive(Debug, Clone)]
 pub struct LlmClient {
     http: reqwest::Client,
-    base_url: String,
+    /// `<base URL>/responses`, parsed once: each call sends a copy.
+    endpoint: reqwest::Url,
     api_key: Option<Secret>,
     max_retries: usize,
     min_backoff: Duration,
@@ -122,7 +139,7 @@ impl LlmClient {
         connect_timeout: Duration,
         timeout: Duration,
         max_retries: usize,
-    ) -> Result<Self, reqwest::Error> {
+    ) -> Result<Self, ClientError> {
         Self::with_ca(
             base_url,
             api_key,
@@ -141,14 +158,15 @@ impl LlmClient {
         timeout: Duration,
         max_retries: usize,
         ca: Option<&crate::tls::ExtraCa>,
-    ) -> Result<Self, reqwest::Error> {
+    ) -> Result<Self, ClientError> {
+        let endpoint = responses_endpoint(base_url)?;
         let http = crate::tls::http_client_builder(ca)?
             .connect_timeout(connect_timeout)
             .timeout(timeout)
             .build()?;
         Ok(Self {
             http,
-            base_url: base_url.trim_end_matches('/').to_string(),
+            endpoint,
             api_key,
             max_retries,
             min_backoff: Duration::from_millis(500),
@@ -287,7 +305,7 @@ impl LlmClient {
         let unavailable = AttemptError::transient;
         let mut req = self
             .http
-            .post(format!("{}/responses", self.base_url))
+            .post(self.endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());
         if let Some(key) = &self.api_key {
@@ -374,6 +392,28 @@ fn streamed(body: &str) -> String {
         Some(rest) => format!("{{\"stream\":true,{rest}"),
         None => body.to_owned(),
     }
+}
+
+/// `<base_url>/responses`, the base checked to be an http(s) URL with a host.
+fn responses_endpoint(base_url: &str) -> Result<reqwest::Url, ClientError> {
+    let refuse = |reason: String| ClientError::BaseUrl {
+        url: base_url.to_string(),
+        reason,
+    };
+    let mut endpoint = reqwest::Url::parse(base_url).map_err(|e| refuse(e.to_string()))?;
+    if !matches!(endpoint.scheme(), "http" | "https") {
+        return Err(refuse(format!("its scheme is {}:", endpoint.scheme())));
+    }
+    if endpoint.host().is_none() {
+        return Err(refuse("it has no host".to_string()));
+    }
+    // An http(s) URL with a host always has path segments.
+    endpoint
+        .path_segments_mut()
+        .map_err(|()| refuse("it cannot have a path".to_string()))?
+        .pop_if_empty()
+        .push("responses");
+    Ok(endpoint)
 }
 
 fn without_url(e: &reqwest::Error) -> String {
@@ -467,5 +507,43 @@ mod serde_tests {
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<ModelResponse>(&text).unwrap(), r);
+    }
+}
+
+#[cfg(test)]
+mod endpoint_tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_is_the_base_url_and_responses_whatever_the_trailing_slash() {
+        for base in ["http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1/"] {
+            let endpoint = responses_endpoint(base).expect("a URL");
+            assert_eq!(endpoint.as_str(), "http://127.0.0.1:9/v1/responses");
+        }
+        let at_root = responses_endpoint("https://models.example").expect("a URL");
+        assert_eq!(at_root.as_str(), "https://models.example/responses");
+    }
+
+    #[test]
+    fn a_base_url_that_is_no_http_url_is_refused_when_the_client_is_built() {
+        for (base, says) in [
+            ("not a url", "relative URL without a base"),
+            ("ftp://example.com/v1", "its scheme is ftp:"),
+            ("http://", "empty host"),
+        ] {
+            let e = LlmClient::new(
+                base,
+                None,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+                0,
+            )
+            .expect_err(base);
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("{base:?}")) && text.contains(says),
+                "{base}: {text}"
+            );
+        }
     }
 }

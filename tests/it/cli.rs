@@ -156,6 +156,34 @@ fn a_bad_modes_file_stops_start_up_naming_the_entry() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+#[test]
+fn a_model_url_that_is_no_http_url_stops_start_up_naming_it() {
+    let mut child = aptix()
+        .args(["serve", "--worker", "--listen", "127.0.0.1:0"])
+        .env("APTIX_LLM_BASE_URL", "ftp://models.example/v1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // A server that starts anyway would never exit: give it a bounded time to refuse.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().expect("waits").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("aptix serve started with an ftp: model URL instead of refusing it");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().expect("exits");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the model server's base URL \"ftp://models.example/v1\"")
+            && stderr.contains("its scheme is ftp:"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn dlq_lists_and_requeues_dead_jobs() {
     use aptix_worker::queue::JobQueue as _;
