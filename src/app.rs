@@ -255,13 +255,16 @@ impl App {
 
     /// Serves the HTTP API of these parts on `listener` until `shutdown` is cancelled (the
     /// embedded server of `aptix run --listen`, `aptix batch` without `--url`, the tests).
+    /// Builds the router (the OpenAPI document with it) before it returns, so a request that
+    /// comes once it returned is served at once.
     pub fn spawn_http(
         &self,
         config: &Config,
         listener: tokio::net::TcpListener,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
-        tokio::spawn(serve(listener, router(self.http_state(config)), shutdown))
+        let router = router(self.http_state(config));
+        tokio::spawn(serve(listener, router, shutdown))
     }
 }
 

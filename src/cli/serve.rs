@@ -132,8 +132,11 @@ async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode>
     let worker_task = worker.then(|| app.worker(&config).spawn(shutdown.clone()));
     let listener =
         aptix_worker::net::listen(listen).with_context(|| format!("cannot listen on {listen}"))?;
-    tracing::info!(address = %listener.local_addr()?, worker, "HTTP API listening");
-    app.spawn_http(&config, listener, shutdown).await??;
+    let address = listener.local_addr()?;
+    // Said once the routes are built: from here a request is answered without delay.
+    let server = app.spawn_http(&config, listener, shutdown);
+    tracing::info!(%address, worker, "HTTP API listening");
+    server.await??;
     if let Some(t) = worker_task {
         let _ = t.await;
     }
@@ -185,8 +188,10 @@ async fn run_files(
             check_exposure(&addr, &config.api_tokens)?;
             let listener = aptix_worker::net::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
-            tracing::info!(address = %listener.local_addr()?, "HTTP API listening while the files run");
-            Some(app.spawn_http(&config, listener, shutdown.clone()))
+            let address = listener.local_addr()?;
+            let server = app.spawn_http(&config, listener, shutdown.clone());
+            tracing::info!(%address, "HTTP API listening while the files run");
+            Some(server)
         }
         None => None,
     };
