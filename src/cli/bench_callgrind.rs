@@ -23,18 +23,26 @@ pub enum Counted {
     Serve,
 }
 
-/// Callgrind's output for one run: a directory of the run's own, removed when dropped.
+/// Callgrind's output for one run: a directory of the run's own, removed when dropped, or
+/// one the caller named (`--callgrind-out`), kept for `callgrind_annotate`.
 pub struct Callgrind {
     pub counted: Counted,
     dir: PathBuf,
+    keep: bool,
 }
 
 impl Callgrind {
-    pub fn new(counted: Counted) -> anyhow::Result<Self> {
-        let dir =
-            std::env::temp_dir().join(format!("aptix-callgrind-{}", uuid::Uuid::new_v4().simple()));
+    pub fn new(counted: Counted, out: Option<&Path>) -> anyhow::Result<Self> {
+        let (dir, keep) = match out {
+            Some(dir) => (dir.to_path_buf(), true),
+            None => (
+                std::env::temp_dir()
+                    .join(format!("aptix-callgrind-{}", uuid::Uuid::new_v4().simple())),
+                false,
+            ),
+        };
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self { counted, dir })
+        Ok(Self { counted, dir, keep })
     }
 
     /// The command that runs `exe args…` under callgrind when `which` is the counted process,
@@ -65,41 +73,53 @@ impl Callgrind {
         control(pid, "-z")
     }
 
-    /// The instructions the counted process executed since [`Callgrind::zero`]: has it write
-    /// its counts (`callgrind_control -d`) and reads their total.
-    pub fn instructions(&self, pid: u32) -> anyhow::Result<u64> {
+    /// The instructions the counted process executed since [`Callgrind::zero`], and the dump
+    /// they were read from: has it write its counts (`callgrind_control -d`) and reads their
+    /// total. The dump stays when the directory is kept.
+    pub fn instructions(&self, pid: u32) -> anyhow::Result<(u64, PathBuf)> {
         control(pid, "-d")?;
         // The dump is written by the process itself; its total is its last line.
         for _ in 0..100 {
-            if let Some(total) = self.latest_total()? {
-                return Ok(total);
+            if let Some(found) = self.latest_total(pid)? {
+                return Ok(found);
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         anyhow::bail!("callgrind wrote no counts in {}", self.dir.display())
     }
 
-    /// The total of the newest dump in the run's directory, once it is written out.
-    fn latest_total(&self) -> anyhow::Result<Option<u64>> {
+    /// Whether the dumps stay after the run.
+    pub fn kept(&self) -> bool {
+        self.keep
+    }
+
+    /// The total of the process's newest dump (`callgrind.out.<pid>.<n>`), once it is written
+    /// out. Only the process's own dumps count: a kept directory may hold earlier runs'.
+    fn latest_total(&self, pid: u32) -> anyhow::Result<Option<(u64, PathBuf)>> {
+        let own = format!("callgrind.out.{pid}.");
         let mut dumps: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&self.dir)?
             .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&own))
             .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
             .collect();
         dumps.sort();
-        let Some((_, newest)) = dumps.last() else {
+        let Some((_, newest)) = dumps.pop() else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(newest)?;
+        let text = std::fs::read_to_string(&newest)?;
         Ok(text
             .lines()
             .find_map(|l| l.strip_prefix("totals:"))
-            .and_then(|v| v.trim().parse().ok()))
+            .and_then(|v| v.trim().parse().ok())
+            .map(|total| (total, newest)))
     }
 }
 
 impl Drop for Callgrind {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

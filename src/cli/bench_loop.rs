@@ -47,6 +47,8 @@ pub struct LoopOptions {
     pub baseline_messages: usize,
     /// With processes: the one whose instructions per turn callgrind counts.
     pub callgrind: Option<super::bench_callgrind::Counted>,
+    /// With callgrind: a directory to keep its profile in (else it is removed after the run).
+    pub callgrind_out: Option<std::path::PathBuf>,
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.

@@ -163,7 +163,10 @@ async fn start_and_measure(
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
             .env_remove("OPENAI_API_KEY");
     };
-    let callgrind = opts.callgrind.map(Callgrind::new).transpose()?;
+    let callgrind = opts
+        .callgrind
+        .map(|counted| Callgrind::new(counted, opts.callgrind_out.as_deref()))
+        .transpose()?;
     // Under valgrind a process starts many times slower.
     let within = |which| match &callgrind {
         Some(cg) if cg.counted == which => 6 * READY_WITHIN,
@@ -227,7 +230,10 @@ async fn measure(
     let driven = drive(&format!("http://{address}"), opts).await?;
     let after = cpu_snapshot(&watched);
     let instructions = counted
-        .map(|(cg, p)| cg.instructions(p.pid()).map(|n| (p.label, n)))
+        .map(|(cg, p)| {
+            cg.instructions(p.pid())
+                .map(|(n, dump)| (p.label, n, cg.kept().then_some(dump)))
+        })
         .transpose()?;
     // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
     let threads = match std::env::var("TOKIO_WORKER_THREADS") {
@@ -255,12 +261,18 @@ async fn measure(
         per_turn(worker_grew),
         per_turn(serve_grew + worker_grew),
     );
-    if let Some((label, n)) = instructions {
+    if let Some((label, n, kept)) = instructions {
         let turns = opts.turns.max(1) as u64;
         println!(
             "  instructions per turn (callgrind): {label} {} ({n} for {turns} turns, from the first turn on; its CPU seconds above are valgrind's)",
             n / turns
         );
+        if let Some(dump) = kept {
+            println!(
+                "  callgrind profile of the turns: {} (read it with callgrind_annotate; function names need a build that keeps its symbols, e.g. CARGO_PROFILE_RELEASE_STRIP=false)",
+                dump.display()
+            );
+        }
     }
     Ok(())
 }

@@ -127,6 +127,10 @@ pub struct BenchArgs {
     /// other load; use a few hundred turns and one client, `--sessions 1`). Needs valgrind.
     #[arg(long, value_enum, requires = "processes")]
     pub callgrind: Option<super::bench_callgrind::Counted>,
+    /// With --callgrind: keep callgrind's profile of the turns in this directory (for
+    /// `callgrind_annotate`) instead of removing it after the run.
+    #[arg(long, requires = "callgrind")]
+    pub callgrind_out: Option<std::path::PathBuf>,
     /// Instead: leave this many idle session reply queues (one status each) on RabbitMQ and
     /// report the broker's resident memory per queue (for capacity planning).
     #[arg(long, conflicts_with_all = ["in_flight", "first_delta", "closed_loop"])]
@@ -275,6 +279,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ramp_up_ms,
         baseline_messages,
         callgrind,
+        callgrind_out,
         reply_queues,
     } = args;
     let config = Config::from_env()?;
@@ -292,6 +297,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
             ramp_up: Duration::from_millis(ramp_up_ms),
             baseline_messages,
             callgrind,
+            callgrind_out,
         };
         if processes {
             super::bench_procs::run(&config, &opts).await?;

@@ -1201,13 +1201,18 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     ] {
         assert!(procs.contains(line), "{line:?} missing from\n{procs}");
     }
-    // One process under callgrind: its instructions per turn, counted while the turns ran.
+    // One process under callgrind: its instructions per turn, counted while the turns ran,
+    // and its profile kept where it was asked to be.
+    let kept =
+        std::env::temp_dir().join(format!("aptix-cg-test-{}", uuid::Uuid::new_v4().simple()));
     let counted = run(&[
         "bench",
         "--closed-loop",
         "--processes",
         "--callgrind",
         "worker",
+        "--callgrind-out",
+        kept.to_str().expect("a UTF-8 temp dir"),
         "--sessions",
         "1",
         "--turns",
@@ -1215,6 +1220,18 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "--baseline-messages",
         "100",
     ]);
+    let profile = counted
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("callgrind profile of the turns: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no kept profile named in\n{counted}"));
+    assert!(
+        profile.starts_with(kept.to_str().unwrap_or_default()),
+        "{profile}"
+    );
+    let dump = std::fs::read_to_string(profile).expect("the kept profile");
+    assert!(dump.lines().any(|l| l.starts_with("totals:")), "{profile}");
+    std::fs::remove_dir_all(&kept).expect("removes the kept profile");
     let per_turn: u64 = counted
         .lines()
         .find_map(|l| {
