@@ -27,8 +27,8 @@
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
 //! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
-//! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`hex`], [`net`]
-//! (listening sockets with a backlog for bursts),
+//! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
+//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text),
 //! [`fake_llm`] (a faithful fake of the Responses API, for tests and demos).
 
 pub mod app;
