@@ -326,14 +326,9 @@ fn check_id(id: &str) -> Result<(), String> {
 }
 
 fn check_base_url(url: &str) -> Result<(), String> {
-    match reqwest::Url::parse(url) {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
-        Ok(u) => Err(format!(
-            "baseUrl must be an http(s) URL with a host, not {}:",
-            u.scheme()
-        )),
-        Err(e) => Err(format!("baseUrl {url:?} is not a URL ({e})")),
-    }
+    super::model_base_url(url)
+        .map(|_| ())
+        .map_err(|why| format!("baseUrl {url:?} is not an http(s) URL with a host: {why}"))
 }
 
 #[cfg(test)]
@@ -465,7 +460,10 @@ mod tests {
                 r#"{{"agentContexts": [{{"id": "a", "baseUrl": "{url}", "apiKeyEnv": "OPENAI_KEY", "model": "m"}}]}}"#
             ));
             assert!(
-                e.contains("agentContexts[0]") && e.contains("baseUrl"),
+                e.contains("agentContexts[0]")
+                    && e.contains(&format!(
+                        "baseUrl {url:?} is not an http(s) URL with a host"
+                    )),
                 "{url}: {e}"
             );
         }

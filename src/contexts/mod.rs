@@ -20,6 +20,22 @@ use crate::state::ContextIds;
 
 pub use file::{AgentContext, Contexts, ContextsError, ConversationContext};
 
+/// An agent context's base URL, checked: an http(s) URL with a host. `Err` says what is wrong
+/// with it (the contexts file and the model client both refuse such a URL at start-up).
+pub fn model_base_url(url: &str) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("it is not a URL ({e})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "its scheme is {}:, not http or https",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host().is_none() {
+        return Err("it has no host".into());
+    }
+    Ok(parsed)
+}
+
 /// The id a request gets when it names no context.
 pub const DEFAULT_CONTEXT: &str = "default";
 

@@ -400,13 +400,7 @@ fn responses_endpoint(base_url: &str) -> Result<reqwest::Url, ClientError> {
         url: base_url.to_string(),
         reason,
     };
-    let mut endpoint = reqwest::Url::parse(base_url).map_err(|e| refuse(e.to_string()))?;
-    if !matches!(endpoint.scheme(), "http" | "https") {
-        return Err(refuse(format!("its scheme is {}:", endpoint.scheme())));
-    }
-    if endpoint.host().is_none() {
-        return Err(refuse("it has no host".to_string()));
-    }
+    let mut endpoint = crate::contexts::model_base_url(base_url).map_err(refuse)?;
     // An http(s) URL with a host always has path segments.
     endpoint
         .path_segments_mut()
