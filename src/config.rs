@@ -19,13 +19,18 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-/// An error and its causes on one line (`outer: inner: …`), for messages that are text.
-pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+/// An error and its causes on one line (`outer: inner: …`), for messages that are text. A
+/// cause whose text the line already ends with is not repeated: many errors (ours, lapin's)
+/// write their cause into their own message and also give it as their source.
+pub fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         cause = c.source();
     }
     text
@@ -462,6 +467,30 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    /// The line an operator reads names each cause once, however many layers repeat it.
+    #[test]
+    fn causes_already_in_the_message_are_not_repeated() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("broker unavailable: {0}")]
+        struct Repeats(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot set up RabbitMQ")]
+        struct Names(#[source] Box<dyn std::error::Error>);
+        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        assert_eq!(
+            with_causes(&Names(Box::new(Repeats(refused())))),
+            "cannot set up RabbitMQ: broker unavailable: refused"
+        );
+        // A cause that adds something is kept.
+        #[derive(Debug, thiserror::Error)]
+        #[error("broker unavailable")]
+        struct Hides(#[source] std::io::Error);
+        assert_eq!(
+            with_causes(&Names(Box::new(Hides(refused())))),
+            "cannot set up RabbitMQ: broker unavailable: refused"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 
+use aptix_worker::config::with_causes;
 use aptix_worker::telemetry::{self, LogFormat};
 
 use cli::Cli;
@@ -46,7 +47,7 @@ fn main() -> ExitCode {
         match telemetry::init(format, default_level, &format!("aptix-{service}")) {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("error: {:#}", anyhow::Error::from(e));
+                eprintln!("error: {}", with_causes(&e));
                 return ExitCode::from(2);
             }
         }
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
     match code {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", with_causes(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -25,6 +25,11 @@ pub struct FakeLlmArgs {
     /// Store no responses (every previous_response_id is unknown).
     #[arg(long)]
     pub stateless: bool,
+    /// Remember at most this many responses for previous_response_id (about 100 bytes each),
+    /// forgetting the oldest first: a forgotten one is previous_response_not_found, as an
+    /// expired one is on the real API, so a server left running keeps its memory bounded.
+    #[arg(long, default_value_t = 100_000)]
+    pub keep_responses: usize,
     /// The official OpenAPI document (JSON) to validate requests against.
     #[arg(long)]
     pub openapi: Option<PathBuf>,
@@ -204,6 +209,7 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         listen,
         latency_ms,
         stateless,
+        keep_responses,
         openapi,
         api_key_env,
         stream_pieces,
@@ -232,6 +238,7 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         no_streaming,
         // A server that runs for days keeps no record nobody reads.
         forget_requests: true,
+        keep_responses: Some(keep_responses),
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await

@@ -82,6 +82,10 @@ pub struct FakeOptions {
     /// Keep no record of the requests (`requests()` and `traceparents()` stay empty), so a long
     /// benchmark's memory is the product's, not the fake's.
     pub forget_requests: bool,
+    /// Remember at most this many responses for `previous_response_id`, forgetting the oldest
+    /// first (a forgotten one is `previous_response_not_found`, as an expired one is on the real
+    /// API); `None` remembers every one.
+    pub keep_responses: Option<usize>,
 }
 
 /// A stored response: what a follow-up call must answer.
@@ -90,12 +94,37 @@ struct Stored {
     pending_calls: Vec<String>,
 }
 
+/// The responses a follow-up may name, oldest first, up to a limit.
+#[derive(Debug, Default)]
+struct StoredResponses {
+    by_id: HashMap<String, Stored>,
+    order: VecDeque<String>,
+    limit: Option<usize>,
+}
+
+impl StoredResponses {
+    fn insert(&mut self, id: String, stored: Stored) {
+        if self.by_id.insert(id.clone(), stored).is_none() {
+            self.order.push_back(id);
+        }
+        while self.limit.is_some_and(|l| self.order.len() > l) {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<&Stored> {
+        self.by_id.get(id)
+    }
+}
+
 struct Inner {
     options: FakeOptions,
     script: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<Value>>,
     traceparents: Mutex<Vec<Option<String>>>,
-    stored: Mutex<HashMap<String, Stored>>,
+    stored: Mutex<StoredResponses>,
     counter: AtomicU64,
     schema: Option<RequestCheck>,
     /// Requests being answered now, and the most there ever were at once.
@@ -129,12 +158,16 @@ impl FakeLlm {
         options: FakeOptions,
         schema: Option<RequestCheck>,
     ) -> std::io::Result<Self> {
+        let stored = StoredResponses {
+            limit: options.keep_responses,
+            ..Default::default()
+        };
         let inner = Arc::new(Inner {
             options,
             script: Mutex::new(VecDeque::new()),
             requests: Mutex::new(Vec::new()),
             traceparents: Mutex::new(Vec::new()),
-            stored: Mutex::new(HashMap::new()),
+            stored: Mutex::new(stored),
             counter: AtomicU64::new(1),
             schema,
             in_flight: AtomicU64::new(0),

@@ -184,6 +184,36 @@ fn a_model_url_that_is_no_http_url_stops_start_up_naming_it() {
     );
 }
 
+/// A worker that cannot reach RabbitMQ stops with one line that says so, naming the cause
+/// once (lapin and our own error both spell it out and also hand it on as their source).
+#[test]
+fn a_worker_without_its_broker_says_why_once() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let out = aptix()
+        .arg("worker")
+        .env(
+            "APTIX_AMQP_URL",
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+        )
+        .env("APTIX_REDIS_URL", crate::support::redis_url())
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(line.contains("cannot set up RabbitMQ"), "{line}");
+    assert_eq!(
+        line.matches("Connection refused").count(),
+        1,
+        "the cause once: {line}"
+    );
+}
+
 #[tokio::test]
 async fn dlq_lists_and_requeues_dead_jobs() {
     use aptix_worker::queue::JobQueue as _;

@@ -721,6 +721,47 @@ async fn previous_response_not_found_falls_back_to_replay() {
     assert!(session.replay, "later turns replay straight away");
 }
 
+/// A fake left running keeps a bounded number of responses: past its limit the oldest is
+/// forgotten and answers `previous_response_not_found`, the newest still continue.
+#[tokio::test]
+async fn the_fake_forgets_its_oldest_responses_past_its_limit() {
+    let h = harness(Setup {
+        options: FakeOptions {
+            keep_responses: Some(2),
+            ..Default::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    let client = crate::support::http_client();
+    let url = format!("{}/responses", h.fake.base_url());
+    let call = |previous: Option<&str>| {
+        let mut body = json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "[MODE: general]\n\n[INSTRUCTION]\nhi"}]}]});
+        if let Some(p) = previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client.post(url).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = call(None).await;
+        assert_eq!(status, 200, "{body}");
+        ids.push(body["id"].as_str().unwrap().to_string());
+    }
+    let (status, body) = call(Some(&ids[0])).await;
+    assert_eq!(status, 400, "the oldest is forgotten: {body}");
+    assert_eq!(body["error"]["code"], "previous_response_not_found");
+    for kept in &ids[1..] {
+        let (status, body) = call(Some(kept)).await;
+        assert_eq!(status, 200, "{kept} is kept: {body}");
+    }
+}
+
 #[tokio::test]
 async fn a_replayed_turn_is_idempotent_and_conflicts_are_errors() {
     let h = harness(Setup::default()).await;
