@@ -79,8 +79,9 @@ pub struct FakeOptions {
     pub no_streaming: bool,
     /// Break the first this many streamed answers halfway (see [`Reply::BrokenStream`]).
     pub break_streams: usize,
-    /// Keep no record of the requests (`requests()` and `traceparents()` stay empty), so a long
-    /// benchmark's memory is the product's, not the fake's.
+    /// Keep no record of the requests (`requests()`, `traceparents()`, `arrivals()` and
+    /// `first_delta_times()` stay empty), so a long benchmark's memory is the product's, not
+    /// the fake's, and a server left running does not grow with its traffic.
     pub forget_requests: bool,
     /// Remember at most this many responses for `previous_response_id`, forgetting the oldest
     /// first (a forgotten one is `previous_response_not_found`, as an expired one is on the real
@@ -271,7 +272,9 @@ impl<'a> Answering<'a> {
     fn start(inner: &'a Inner) -> Self {
         let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         inner.peak_in_flight.fetch_max(now, Ordering::SeqCst);
-        if let Ok(mut a) = inner.arrivals.lock() {
+        if !inner.options.forget_requests
+            && let Ok(mut a) = inner.arrivals.lock()
+        {
             a.push(inner.started.elapsed());
         }
         Self(inner)
@@ -556,7 +559,9 @@ fn respond(inner: &Arc<Inner>, req: &Value, response: Value, broken: bool) -> Re
     let broken = broken || (nth as usize) < inner.options.break_streams;
     let inner = inner.clone();
     let on_first_delta = Box::new(move || {
-        if let Ok(mut t) = inner.first_deltas.lock() {
+        if !inner.options.forget_requests
+            && let Ok(mut t) = inner.first_deltas.lock()
+        {
             t.push(std::time::Instant::now());
         }
     });

@@ -762,6 +762,30 @@ async fn the_fake_forgets_its_oldest_responses_past_its_limit() {
     }
 }
 
+/// A fake told to forget its requests (as `aptix fake-llm` is) keeps nothing per request.
+#[tokio::test]
+async fn a_forgetful_fake_keeps_nothing_per_request() {
+    let h = harness(Setup {
+        options: FakeOptions {
+            forget_requests: true,
+            ..Default::default()
+        },
+        ..Setup::default()
+    })
+    .await;
+    h.fake.push([Reply::Text("one".into())]);
+    let r = h
+        .pipeline
+        .run(&request(turn("s", "t1", "first")))
+        .await
+        .unwrap();
+    assert_eq!(final_text(&r), "one");
+    assert!(h.fake.requests().is_empty());
+    assert!(h.fake.traceparents().is_empty());
+    assert!(h.fake.arrivals().is_empty());
+    assert_eq!(h.fake.peak_in_flight(), 1, "the request was answered");
+}
+
 #[tokio::test]
 async fn a_replayed_turn_is_idempotent_and_conflicts_are_errors() {
     let h = harness(Setup::default()).await;
