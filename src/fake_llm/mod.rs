@@ -358,7 +358,7 @@ async fn create_response(
     }
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
-    answer(&inner, &request, reply).await
+    answer(&inner, &request, body.len(), reply).await
 }
 
 /// The text of the last user message (for the default reply).
@@ -440,7 +440,8 @@ fn next_id(inner: &Inner, prefix: &str) -> String {
     )
 }
 
-async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
+/// Answers `req` (its body was `body_len` bytes) with `reply`.
+async fn answer(inner: &Arc<Inner>, req: &Value, body_len: usize, mut reply: Reply) -> Response {
     while let Reply::Delay(d, next) = reply {
         tokio::time::sleep(d).await;
         reply = *next;
@@ -504,7 +505,8 @@ async fn answer(inner: &Arc<Inner>, req: &Value, mut reply: Reply) -> Response {
     {
         s.insert(id.clone(), Stored { pending_calls });
     }
-    let input_tokens = (req.to_string().len() / 4) as u64;
+    // About four bytes of JSON per token, from the body as sent (not serialised again).
+    let input_tokens = (body_len / 4) as u64;
     let output_tokens = (Value::Array(output.clone()).to_string().len() / 4) as u64;
     let response = json!({
         "id": id,
