@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::request::default_id;
-use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
+use aptix_worker::contract::{AgentExecuteResponse, InvokeResult, text_without_bom};
 use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
 
 use super::client::ApiClient;
@@ -206,8 +206,7 @@ fn read_inputs(job: &BatchJob) -> anyhow::Result<Vec<Item>> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let contents = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {} (inputs must be UTF-8)", path.display()))?;
+            let contents = read_text(&path)?;
             items.push(Item {
                 custom_id: name.clone(),
                 request: json!({
@@ -227,8 +226,7 @@ fn read_inputs(job: &BatchJob) -> anyhow::Result<Vec<Item>> {
         }
         return Ok(items);
     }
-    let text = std::fs::read_to_string(&job.input)
-        .with_context(|| format!("reading {}", job.input.display()))?;
+    let text = read_text(&job.input)?;
     let mut items = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -254,6 +252,13 @@ fn read_inputs(job: &BatchJob) -> anyhow::Result<Vec<Item>> {
         });
     }
     Ok(items)
+}
+
+/// An input file's text, without the byte order mark it may begin with.
+fn read_text(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {} (inputs must be UTF-8)", path.display()))?;
+    Ok(text_without_bom(&text).to_owned())
 }
 
 /// Per output folder state: a random salt that makes this folder's turn ids its own, so a
@@ -525,6 +530,37 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_saved_behind_a_byte_order_mark_are_read_without_it() {
+        let root =
+            std::env::temp_dir().join(format!("aptix-bom-{}", uuid::Uuid::new_v4().simple()));
+        let folder = root.join("docs");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("a.md"), "\u{feff}# DDR-1 Alpha\n").unwrap();
+        let lines = root.join("batch.ndjson");
+        std::fs::write(
+            &lines,
+            "\u{feff}{\"customId\":\"x\",\"request\":{\"instruction\":\"hi\"}}\n",
+        )
+        .unwrap();
+        let job = |input: PathBuf| BatchJob {
+            input,
+            instruction: Some("Review".into()),
+            out: root.join("out"),
+            poll: Duration::from_millis(50),
+            max_tool_rounds: 1,
+        };
+        let from_folder = read_inputs(&job(folder)).unwrap();
+        assert_eq!(
+            from_folder[0].request["inputArtifacts"][0]["contents"],
+            "# DDR-1 Alpha\n"
+        );
+        let from_lines = read_inputs(&job(lines)).unwrap();
+        assert_eq!(from_lines[0].custom_id, "x");
+        assert_eq!(from_lines[0].request["instruction"], "hi");
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     #[test]
     fn result_files_are_safe_names_inside_the_folder() {

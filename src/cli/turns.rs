@@ -156,8 +156,8 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
 /// the final `InvokeResult`.
 async fn submit_streaming(client: &ApiClient, body: Vec<u8>) -> anyhow::Result<ExitCode> {
     use std::io::Write as _;
-    let mut request: serde_json::Value =
-        serde_json::from_slice(&body).context("the request file is not JSON")?;
+    let mut request: serde_json::Value = serde_json::from_slice(contract::without_bom(&body))
+        .context("the request file is not JSON")?;
     if let Some(o) = request.as_object_mut() {
         o.insert("streaming".into(), serde_json::Value::Bool(true));
     }

@@ -114,6 +114,8 @@ error_codes! {
     RouteNotFound = "ROUTE_NOT_FOUND",
     /// The route exists but not with this HTTP method.
     MethodNotAllowed = "METHOD_NOT_ALLOWED",
+    /// The body is compressed (`Content-Encoding: gzip`, `br`, …); the API reads uncompressed bodies only.
+    UnsupportedContentEncoding = "UNSUPPORTED_CONTENT_ENCODING",
     /// The queue or the store is unavailable; nothing was accepted. Retry later.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.

@@ -136,7 +136,7 @@ impl FrontDoor {
                 limits.max_bytes
             )));
         }
-        let text = std::str::from_utf8(body)
+        let text = std::str::from_utf8(crate::contract::without_bom(body))
             .map_err(|e| BatchError::Invalid(format!("the batch is not UTF-8 text: {e}")))?;
         let lines: Vec<(usize, &str)> = text
             .lines()

@@ -199,8 +199,19 @@ pub(crate) fn refused(rejected: crate::contract::RequestRejected, invalid: Statu
     answer::<()>(status, rejected.into_invoke_result())
 }
 
-/// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`.
+/// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`, and
+/// a compressed one a `415` with `UNSUPPORTED_CONTENT_ENCODING` (read as it is, it would only
+/// be reported as malformed).
 pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, Response> {
+    if let Some(coding) = content_coding(request.headers()) {
+        return Err(failure(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::UnsupportedContentEncoding,
+            format!(
+                "the body is sent with Content-Encoding: {coding}; this API reads uncompressed bodies only (send it without Content-Encoding)"
+            ),
+        ));
+    }
     axum::body::to_bytes(request.into_body(), limit)
         .await
         .map_err(|_| {
@@ -210,6 +221,21 @@ pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, R
                 format!("$: the request body is larger than the limit of {limit} bytes"),
             )
         })
+}
+
+/// The content coding a request body is sent with, other than `identity` (as the header
+/// spells it; one that is not text is shown escaped).
+fn content_coding(headers: &HeaderMap) -> Option<String> {
+    let codings: Vec<String> = headers
+        .get_all(axum::http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| match v.to_str() {
+            Ok(text) => text.split(',').map(|c| c.trim().to_string()).collect(),
+            Err(_) => vec![format!("{v:?}")],
+        })
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        .collect();
+    (!codings.is_empty()).then(|| codings.join(", "))
 }
 
 /// A session that does not exist, or is another tenant's (the two look the same).

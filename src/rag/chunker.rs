@@ -113,6 +113,8 @@ pub fn chunk_file(
     opts: ChunkOptions,
 ) -> Option<Vec<Chunk>> {
     let language = language_for(path)?;
+    // A file saved with a byte order mark would otherwise hide its first heading.
+    let text = crate::contract::text_without_bom(text);
     let lines: Vec<&str> = text.lines().collect();
     let max = opts.max_lines.max(1);
     let spans = if language == "markdown" {
@@ -236,6 +238,20 @@ mod tests {
         let text = "# A\ntext\n```sh\n# not a heading\n```\n## B\nmore";
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(markdown_sections(&lines), vec![(0, 5), (5, 7)]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_does_not_hide_the_first_heading() {
+        let text = "\u{feff}# DDR-107 Retries\n**Tags:** queue\nbody\n## Next\nmore\n";
+        let chunks = chunk_file("r", "notes.md", text, &[], ChunkOptions::default()).unwrap();
+        assert_eq!(chunks.len(), 2, "split at both headings");
+        assert_eq!(chunks[0].doc_id.as_deref(), Some("DDR-107"));
+        assert!(
+            chunks[0].content.starts_with("# DDR-107"),
+            "{:?}",
+            chunks[0].content
+        );
+        assert_eq!(chunks[0].tags, vec!["queue".to_string()]);
     }
 
     #[test]

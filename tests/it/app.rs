@@ -209,7 +209,21 @@ impl App {
         path: &str,
         body: impl Into<reqwest::Body>,
     ) -> (u16, Value) {
+        self.post_with(token, path, &[], body).await
+    }
+
+    /// A POST with extra request headers; the answer is checked against the API document.
+    pub async fn post_with(
+        &self,
+        token: Option<&str>,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Value) {
         let mut req = self.http.post(format!("{}{path}", self.base)).body(body);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(t) = token {
             req = req.bearer_auth(t);
         }

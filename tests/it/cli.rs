@@ -138,6 +138,19 @@ fn validate_reports_every_violation_and_exits_non_zero() {
 }
 
 #[test]
+fn validate_reads_a_request_file_saved_behind_a_byte_order_mark() {
+    let file =
+        std::env::temp_dir().join(format!("aptix-bom-{}.json", uuid::Uuid::new_v4().simple()));
+    let request = std::fs::read("examples/requests/user-turn.json").unwrap();
+    std::fs::write(&file, [&b"\xEF\xBB\xBF"[..], &request].concat()).unwrap();
+    let out = aptix().arg("validate").arg(&file).output().expect("runs");
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("\"successful\": true"), "{stdout}");
+}
+
+#[test]
 fn a_bad_modes_file_stops_start_up_naming_the_entry() {
     let dir = std::env::temp_dir().join(format!("aptix-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

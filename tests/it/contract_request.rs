@@ -688,6 +688,29 @@ fn bodies_that_are_not_json_objects_are_malformed() {
 }
 
 #[test]
+fn a_byte_order_mark_before_the_body_is_skipped_and_anywhere_else_is_malformed() {
+    let body = serde_json::to_vec(&user_turn()).unwrap();
+    let with_bom = [&b"\xEF\xBB\xBF"[..], &body].concat();
+    let parsed =
+        parse_request(&with_bom, &RequestLimits::default()).expect("a leading BOM is skipped");
+    assert_eq!(parsed.request.session_id().as_str(), "s-1");
+    // After whitespace, or twice, it is no longer the text's first character: not JSON.
+    for bad in [
+        [&b" \xEF\xBB\xBF"[..], &body].concat(),
+        [&b"\xEF\xBB\xBF\xEF\xBB\xBF"[..], &body].concat(),
+    ] {
+        let rejected = parse_request(&bad, &RequestLimits::default()).unwrap_err();
+        assert_eq!(rejected.errors[0].error_code, ErrorCode::MalformedJson);
+    }
+    // Inside a string it is content, kept as sent.
+    let inside = with(user_turn(), "/instruction", json!("\u{feff}hello"));
+    let AgentExecuteRequest::UserTurn(turn) = assert_ok(inside) else {
+        panic!("a user turn");
+    };
+    assert_eq!(turn.instruction(), Some("\u{feff}hello"));
+}
+
+#[test]
 fn rejected_requests_become_failed_invoke_results() {
     let rejected = parse_request(b"{}", &RequestLimits::default()).unwrap_err();
     let result: aptix_worker::contract::InvokeResult<()> = rejected.into_invoke_result();

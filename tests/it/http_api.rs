@@ -104,6 +104,112 @@ async fn an_oversized_body_is_413() {
     assert_eq!((status, code(&body)), (413, "PAYLOAD_TOO_LARGE"));
 }
 
+/// `text` as a Windows editor or PowerShell 5 saves it: behind a UTF-8 byte order mark.
+fn with_bom(text: &str) -> Vec<u8> {
+    [&b"\xEF\xBB\xBF"[..], text.as_bytes()].concat()
+}
+
+#[tokio::test]
+async fn a_body_behind_a_byte_order_mark_is_read_on_every_route() {
+    let app = spawn_app(RequestLimits::default()).await;
+    app.fake
+        .push([Reply::Text("one".into()), Reply::Text("two".into())]);
+    let turn = json!({"sessionId": "bom", "turnId": "t", "instruction": "hi"}).to_string();
+    let (status, body) = app.post(Some("tok-a"), with_bom(&turn)).await;
+    assert_eq!(status, 202, "{body}");
+    // Only one mark, and only first: a second one is not JSON.
+    let (status, body) = app
+        .post(
+            Some("tok-a"),
+            with_bom(&String::from_utf8(with_bom(&turn)).unwrap()),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (400, "MALFORMED_JSON"));
+    // The mark is not part of the payload: the same turn without it is the same turn.
+    let (status, body) = app.post(Some("tok-a"), turn).await;
+    assert_eq!(status, 202, "the same payload, not a conflict: {body}");
+    assert_eq!(
+        app.settled("tok-a", "bom", "t").await["status"],
+        "completed"
+    );
+    let sync = json!({"sessionId": "bom", "turnId": "t2", "instruction": "again"}).to_string();
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/api/ai/agent/execute", with_bom(&sync))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["successful"], true, "{body}");
+    let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/batches", with_bom(&line))
+        .await;
+    assert_eq!(status, 202);
+    assert_eq!(body["result"]["accepted"], 1, "{body}");
+    let index = json!({"repo": "bom", "files": [{"path": "a.md", "contents": "# A\ntext"}]});
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/index", with_bom(&index.to_string()))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["indexed"], 1);
+}
+
+#[tokio::test]
+async fn a_compressed_body_is_415_on_every_route_and_nothing_runs() {
+    let app = spawn_app(RequestLimits::default()).await;
+    let turn = json!({"sessionId": "gz", "turnId": "t", "instruction": "hi"}).to_string();
+    let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
+    let index = json!({"repo": "gz", "files": [{"path": "a.md", "contents": "# A"}]}).to_string();
+    for (path, body) in [
+        ("/v1/turns", &turn),
+        ("/api/ai/agent/execute", &turn),
+        ("/v1/batches", &line),
+        ("/v1/index", &index),
+    ] {
+        for coding in ["gzip", "br", "identity, deflate"] {
+            let (status, answer) = app
+                .post_with(
+                    Some("tok-a"),
+                    path,
+                    &[("content-encoding", coding)],
+                    body.clone(),
+                )
+                .await;
+            assert_eq!(
+                (status, code(&answer)),
+                (415, "UNSUPPORTED_CONTENT_ENCODING"),
+                "{path} {coding}: {answer}"
+            );
+            let message = answer["errors"][0]["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!(
+                    "Content-Encoding: {}",
+                    coding.trim_start_matches("identity, ")
+                )),
+                "{message}"
+            );
+        }
+    }
+    // `identity` is no coding at all.
+    let (status, body) = app
+        .post_with(
+            Some("tok-a"),
+            "/v1/turns",
+            &[("content-encoding", "identity")],
+            turn,
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let (status, _) = app.get(Some("tok-a"), "/v1/sessions/gz/turns/t").await;
+    assert_eq!(status, 200);
+    // Only that one turn was accepted: the refused ones left nothing behind.
+    let (status, body) = app.get(Some("tok-a"), "/v1/sessions/gz").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["result"]["turns"].as_array().map(Vec::len),
+        Some(1),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn conflicts_and_wrong_continuations() {
     let app = spawn_app(RequestLimits::default()).await;

@@ -14,7 +14,8 @@ use crate::contract::codes::ErrorCode;
 use crate::contract::ids::{SessionId, TurnId};
 use crate::contract::invoke::ErrorMessage;
 
-/// Parses a request body (bytes as received) against the limits.
+/// Parses a request body (bytes as received, a leading byte order mark skipped) against the
+/// limits.
 pub fn parse_request(
     body: &[u8],
     limits: &RequestLimits,
@@ -32,7 +33,7 @@ pub fn parse_request(
             warnings: Vec::new(),
         });
     }
-    let value: Value = match serde_json::from_slice(body) {
+    let value: Value = match serde_json::from_slice(crate::contract::without_bom(body)) {
         Ok(v) => v,
         Err(e) => {
             return Err(RequestRejected {

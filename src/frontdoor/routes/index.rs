@@ -44,12 +44,13 @@ impl IndexRequest {
     /// Reads and checks a body: JSON of this shape, `repo` an id, every path relative. The
     /// errors are what a 400 answer lists.
     pub fn parse(body: &[u8]) -> Result<Self, Vec<ErrorMessage>> {
-        let req: Self = serde_json::from_slice(body).map_err(|e| {
-            vec![ErrorMessage::new(
-                ErrorCode::MalformedJson,
-                format!("$: not an index request ({e})"),
-            )]
-        })?;
+        let req: Self =
+            serde_json::from_slice(crate::contract::without_bom(body)).map_err(|e| {
+                vec![ErrorMessage::new(
+                    ErrorCode::MalformedJson,
+                    format!("$: not an index request ({e})"),
+                )]
+            })?;
         let mut errors = Vec::new();
         if let Err(e) = crate::contract::ids::check_id(&req.repo) {
             errors.push(ErrorMessage::new(
@@ -84,6 +85,7 @@ impl IndexRequest {
         (status = 400, description = "Malformed body, bad repo name or path", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
         (status = 503, description = "Index unavailable", body = Failure),
     ))]
 pub(crate) async fn post_index(

@@ -26,7 +26,8 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
 /// The original platform's synchronous endpoint: enqueue, wait, answer `200` with the
 /// `InvokeResult<AgentExecuteResponse>` (failed for invalid requests and failed turns), or with
 /// `"streaming": true` an NDJSON stream whose last line is
-/// `{"kind":"final","index":99999,"final": <InvokeResult>}`. Only 401 and 413 are not 200.
+/// `{"kind":"final","index":99999,"final": <InvokeResult>}`. Only 401, 413 and 415 are not
+/// 200.
 #[utoipa::path(post, path = "/api/ai/agent/execute", tag = "compatibility",
     request_body(content = api_doc::AgentExecuteRequest, content_type = "application/json"),
     responses(
@@ -34,6 +35,7 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
             content((ExecuteResult = "application/json"), (api_doc::StreamLine = "application/x-ndjson"))),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
     ))]
 pub(crate) async fn execute_sync(
     State(state): State<HttpState>,
