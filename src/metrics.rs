@@ -21,6 +21,15 @@ type ContextLabel = [(&'static str, String); 1];
 type TenantLabel = [(&'static str, String); 1];
 /// `tenant="…",quota="…"`.
 type QuotaLabels = [(&'static str, String); 2];
+/// `route="<route template>",method="…",status="<code>"`.
+type RequestLabels = [(&'static str, String); 3];
+/// `route="<route template>"`.
+type RouteLabel = [(&'static str, String); 1];
+/// Histograms by route, each with [`request_buckets`].
+type RouteHistograms = Family<RouteLabel, Histogram, fn() -> Histogram>;
+
+/// The `route` label of a request no route matched: one series for every unknown path.
+pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Every metric of the process.
 pub struct Metrics {
@@ -47,6 +56,8 @@ pub struct Metrics {
     tenant_waiting: Family<TenantLabel, Gauge>,
     tenant_tokens: Family<TenantLabel, Counter>,
     quota_rejections: Family<QuotaLabels, Counter>,
+    http_requests: Family<RequestLabels, Counter>,
+    http_duration: RouteHistograms,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -64,6 +75,21 @@ impl Default for Metrics {
 /// Buckets from 5 ms to about 22 minutes.
 fn seconds_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.005, 2.0, 19)
+}
+
+/// Buckets from 1 ms to about 17 minutes: a health check takes well under a millisecond, the
+/// synchronous endpoint as long as the turn.
+fn request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 21))
+}
+
+/// A method's label: the standard ones by name, any other as `other` (a client may send any
+/// token as a method; the label must not grow with them).
+fn method_label(method: &str) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+    ];
+    KNOWN.into_iter().find(|m| *m == method).unwrap_or("other")
 }
 
 impl Metrics {
@@ -220,6 +246,18 @@ impl Metrics {
             "User turns the front door refused because their tenant's quota was spent",
             quota_rejections.clone(),
         );
+        let http_requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by route template, method and status code",
+            http_requests.clone(),
+        );
+        let http_duration = RouteHistograms::new_with_constructor(request_buckets);
+        registry.register(
+            "http_request_duration_seconds",
+            "Time from an HTTP request's arrival to its answer's status and headers, by route template (a streamed body goes on after it)",
+            http_duration.clone(),
+        );
         Self {
             registry,
             turns,
@@ -244,7 +282,25 @@ impl Metrics {
             tenant_waiting,
             tenant_tokens,
             quota_rejections,
+            http_requests,
+            http_duration,
         }
+    }
+
+    /// An HTTP request was answered: `route` is the route's template (the same few series
+    /// whatever ids a path carries; [`UNMATCHED_ROUTE`] for a path no route has), `took` the
+    /// time until the answer's status and headers (a stream's body goes on after it).
+    pub fn http_answered(&self, route: &str, method: &str, status: u16, took: Duration) {
+        self.http_requests
+            .get_or_create(&[
+                ("route", route.to_string()),
+                ("method", method_label(method).to_string()),
+                ("status", status.to_string()),
+            ])
+            .inc();
+        self.http_duration
+            .get_or_create(&[("route", route.to_string())])
+            .observe(took.as_secs_f64());
     }
 
     /// A turn result was published with this status.
@@ -476,5 +532,30 @@ mod tests {
         assert!(text.contains("aptix_turns_in_flight 1"));
         assert!(text.contains("aptix_fenced_writes_rejected_total 4"));
         assert!(m.encode().contains("aptix_turns_in_flight 0"));
+    }
+
+    #[test]
+    fn http_answers_are_counted_by_route_method_and_status_with_bounded_labels() {
+        let m = Metrics::new();
+        m.http_answered("/v1/turns", "POST", 202, Duration::from_millis(3));
+        m.http_answered("/v1/turns", "POST", 202, Duration::from_millis(4));
+        m.http_answered("/v1/turns", "POST", 400, Duration::from_micros(200));
+        m.http_answered(UNMATCHED_ROUTE, "BREW", 404, Duration::from_micros(50));
+        let text = m.encode();
+        for line in [
+            "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"202\"} 2",
+            "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"400\"} 1",
+            "aptix_http_requests_total{route=\"unmatched\",method=\"other\",status=\"404\"} 1",
+            "aptix_http_request_duration_seconds_count{route=\"/v1/turns\"} 3",
+            // 0.2 ms is in the first bucket (1 ms), 3 and 4 ms in the 4 ms one.
+            "aptix_http_request_duration_seconds_bucket{le=\"0.001\",route=\"/v1/turns\"} 1",
+            "aptix_http_request_duration_seconds_bucket{le=\"0.004\",route=\"/v1/turns\"} 3",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        assert!(
+            !text.contains("BREW"),
+            "a method outside the standard ones is `other`"
+        );
     }
 }

@@ -121,8 +121,37 @@ pub fn router(state: HttpState) -> Router {
         // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::Extension(OpenApiJson(api)))
-        .with_state(state);
-    with_http_layers(router)
+        .with_state(state.clone());
+    counted(with_http_layers(router), state.metrics)
+}
+
+/// Counts every answer of `router` in `metrics` (`aptix_http_requests_total`,
+/// `aptix_http_request_duration_seconds`) by route template, method and status — outside the
+/// other layers, so a handler's panic counts as the `500` it is answered with.
+fn counted(router: Router, metrics: Arc<crate::metrics::Metrics>) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let metrics = metrics.clone();
+            async move {
+                let started = std::time::Instant::now();
+                let route = request
+                    .extensions()
+                    .get::<axum::extract::MatchedPath>()
+                    .cloned();
+                let method = request.method().clone();
+                let response = next.run(request).await;
+                metrics.http_answered(
+                    route
+                        .as_ref()
+                        .map_or(crate::metrics::UNMATCHED_ROUTE, |r| r.as_str()),
+                    method.as_str(),
+                    response.status().as_u16(),
+                    started.elapsed(),
+                );
+                response
+            }
+        },
+    ))
 }
 
 /// The header that carries a request's id, in and out.
@@ -215,7 +244,8 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Respo
 
 /// Only `/healthz`, `/readyz` and `/metrics`: what a standalone worker serves.
 pub fn ops_router(state: HttpState) -> Router {
-    with_http_layers(
+    let metrics_of = state.metrics.clone();
+    let router = with_http_layers(
         Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
@@ -223,7 +253,8 @@ pub fn ops_router(state: HttpState) -> Router {
             .fallback(no_route)
             .method_not_allowed_fallback(wrong_method)
             .with_state(state),
-    )
+    );
+    counted(router, metrics_of)
 }
 
 /// How long a client may take to send a request's headers, and how long an idle keep-alive

@@ -211,6 +211,43 @@ async fn a_compressed_body_is_415_on_every_route_and_nothing_runs() {
 }
 
 #[tokio::test]
+async fn every_answer_is_counted_by_route_template_not_by_path() {
+    let app = spawn_app(RequestLimits::default()).await;
+    app.fake.push([Reply::Text("Done.".into())]);
+    let turn = json!({"sessionId": "m", "turnId": "t", "instruction": "hi"}).to_string();
+    assert_eq!(app.post(Some("tok-a"), turn.clone()).await.0, 202);
+    assert_eq!(app.post(Some("tok-a"), "not json").await.0, 400);
+    assert_eq!(app.post(None, turn).await.0, 401);
+    app.settled("tok-a", "m", "t").await;
+    let (status, _) = app.get(Some("tok-a"), "/v1/sessions/m/turns/other").await;
+    assert_eq!(status, 404);
+    for path in ["/no/such/1", "/no/such/2"] {
+        let resp = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 404);
+    }
+    let text = app.metrics_text().await;
+    for line in [
+        "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"202\"} 1",
+        "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"400\"} 1",
+        "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"401\"} 1",
+        "aptix_http_requests_total{route=\"/v1/sessions/{sessionId}/turns/{turnId}\",method=\"GET\",status=\"200\"} 1",
+        "aptix_http_requests_total{route=\"/v1/sessions/{sessionId}/turns/{turnId}\",method=\"GET\",status=\"404\"} 1",
+        "aptix_http_requests_total{route=\"unmatched\",method=\"GET\",status=\"404\"} 2",
+        "aptix_http_request_duration_seconds_count{route=\"/v1/turns\"} 3",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+    // Paths with ids or unknown paths never become series of their own.
+    assert!(!text.contains("/no/such"), "{text}");
+    assert!(!text.contains("sessions/m/"), "{text}");
+}
+
+#[tokio::test]
 async fn conflicts_and_wrong_continuations() {
     let app = spawn_app(RequestLimits::default()).await;
     app.fake.push([Reply::Text("a".into())]);
