@@ -122,46 +122,19 @@ pub fn router(state: HttpState) -> Router {
         .layer(DefaultBodyLimit::disable())
         .layer(axum::Extension(OpenApiJson(api)))
         .with_state(state.clone());
-    counted(with_http_layers(router), state.metrics)
-}
-
-/// Counts every answer of `router` in `metrics` (`aptix_http_requests_total`,
-/// `aptix_http_request_duration_seconds`) by route template, method and status — outside the
-/// other layers, so a handler's panic counts as the `500` it is answered with.
-fn counted(router: Router, metrics: Arc<crate::metrics::Metrics>) -> Router {
-    router.layer(axum::middleware::from_fn(
-        move |request: axum::extract::Request, next: axum::middleware::Next| {
-            let metrics = metrics.clone();
-            async move {
-                let started = std::time::Instant::now();
-                let route = request
-                    .extensions()
-                    .get::<axum::extract::MatchedPath>()
-                    .cloned();
-                let method = request.method().clone();
-                let response = next.run(request).await;
-                metrics.http_answered(
-                    route
-                        .as_ref()
-                        .map_or(crate::metrics::UNMATCHED_ROUTE, |r| r.as_str()),
-                    method.as_str(),
-                    response.status().as_u16(),
-                    started.elapsed(),
-                );
-                response
-            }
-        },
-    ))
+    with_http_layers(router, state.metrics)
 }
 
 /// The header that carries a request's id, in and out.
 pub const REQUEST_ID: &str = "x-request-id";
 
-/// What every router gets, outermost first: a request id (the client's `x-request-id`, else a
-/// fresh UUID) set on the request and echoed on the answer; a span per request carrying the
-/// method, the route and the id, closed by one access-log line with status and latency; and a
-/// panic in a handler turned into a `500` `InvokeResult` with `INTERNAL`.
-pub fn with_http_layers(router: Router) -> Router {
+/// What every router gets, outermost first: each answer counted in `metrics`
+/// (`aptix_http_requests_total`, `aptix_http_request_duration_seconds`, by route template,
+/// method and status); a request id (the client's `x-request-id`, else a fresh UUID) set on the
+/// request and echoed on the answer; a span per request carrying the method, the route and the
+/// id, closed by one access-log line with status and latency; and a panic in a handler turned
+/// into a `500` `InvokeResult` with `INTERNAL` (counted as such).
+pub fn with_http_layers(router: Router, metrics: Arc<crate::metrics::Metrics>) -> Router {
     use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
     let header = axum::http::HeaderName::from_static(REQUEST_ID);
     let trace = tower_http::trace::TraceLayer::new_for_http()
@@ -195,7 +168,7 @@ pub fn with_http_layers(router: Router) -> Router {
         })
         .on_request(())
         .on_response(
-            |response: &Response, latency: Duration, _span: &tracing::Span| {
+            |response: &Response<_>, latency: Duration, _span: &tracing::Span| {
                 tracing::info!(
                     status = response.status().as_u16(),
                     latency_ms = latency.as_secs_f64() * 1000.0,
@@ -204,11 +177,16 @@ pub fn with_http_layers(router: Router) -> Router {
             },
         )
         .on_failure(());
-    router
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
-        .layer(trace)
-        .layer(PropagateRequestIdLayer::new(header.clone()))
-        .layer(SetRequestIdLayer::new(header, MakeRequestUuid))
+    // One stack, put on the routes at once: each `Router::layer` call wraps every route in a
+    // box of its own, cloned and called through for each request.
+    router.layer(
+        tower::ServiceBuilder::new()
+            .layer(super::counted::CountedLayer(metrics))
+            .layer(SetRequestIdLayer::new(header.clone(), MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::new(header))
+            .layer(trace)
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked)),
+    )
 }
 
 /// The answer when a handler panicked: the details go to the log, not to the client.
@@ -244,8 +222,8 @@ async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> Respo
 
 /// Only `/healthz`, `/readyz` and `/metrics`: what a standalone worker serves.
 pub fn ops_router(state: HttpState) -> Router {
-    let metrics_of = state.metrics.clone();
-    let router = with_http_layers(
+    let counted_in = state.metrics.clone();
+    with_http_layers(
         Router::new()
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
@@ -253,8 +231,8 @@ pub fn ops_router(state: HttpState) -> Router {
             .fallback(no_route)
             .method_not_allowed_fallback(wrong_method)
             .with_state(state),
-    );
-    counted(router, metrics_of)
+        counted_in,
+    )
 }
 
 /// How long a client may take to send a request's headers, and how long an idle keep-alive

@@ -18,6 +18,7 @@ use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
 use crate::trace::TraceContext;
 pub mod batch;
 pub mod cancel;
+mod counted;
 pub mod extract;
 pub mod http;
 pub mod live_buffer;

@@ -3,6 +3,7 @@
 //! different continuations wins, unknown contexts never get in, and a job the worker refuses
 //! before running still settles its turn in the store.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::contract::{SessionId, TurnId, parse_request};
@@ -379,10 +380,12 @@ async fn boom() -> &'static str {
 #[tokio::test]
 async fn a_panicking_handler_gets_an_internal_invoke_result() {
     use aptix_worker::frontdoor::http::{serve, with_http_layers};
+    let metrics = Arc::new(aptix_worker::metrics::Metrics::new());
     let router = with_http_layers(
         axum::Router::new()
             .route("/boom", axum::routing::get(boom))
             .route("/fine", axum::routing::get(|| async { "fine" })),
+        metrics.clone(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -402,6 +405,12 @@ async fn a_panicking_handler_gets_an_internal_invoke_result() {
     );
     let resp = http.get(format!("{base}/fine")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 200);
+    // The panic is counted as the 500 it was answered with.
+    let text = metrics.encode();
+    assert!(
+        text.contains("aptix_http_requests_total{route=\"/boom\",method=\"GET\",status=\"500\"} 1"),
+        "{text}"
+    );
     stop.cancel();
 }
 
@@ -654,6 +663,7 @@ async fn slow_and_idle_clients_are_cut_off_but_slow_answers_are_not() {
                     "late"
                 }),
             ),
+        Default::default(),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
