@@ -23,16 +23,13 @@ pub use response::{
 pub use tool_match::{ToolResultsMismatch, check_tool_results};
 
 /// The byte order mark, U+FEFF.
-const BOM: char = '\u{feff}';
+const BOM: &str = "\u{feff}";
 
 /// `bytes` without the UTF-8 byte order mark it may begin with. RFC 8259 lets a JSON reader
 /// skip one, the original platform's reader does, and files saved by some Windows editors and
 /// by PowerShell 5 start with one: it is encoding, not content. Anywhere else it is content.
 pub fn without_bom(bytes: &[u8]) -> &[u8] {
-    let mut mark = [0; 3];
-    bytes
-        .strip_prefix(BOM.encode_utf8(&mut mark).as_bytes())
-        .unwrap_or(bytes)
+    bytes.strip_prefix(BOM.as_bytes()).unwrap_or(bytes)
 }
 
 /// `text` without the byte order mark it may begin with (see [`without_bom`]).

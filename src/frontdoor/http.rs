@@ -112,6 +112,7 @@ fn document(api: utoipa::openapi::OpenApi, contexts: &KnownContexts) -> serde_js
 /// The router with every route.
 pub fn router(state: HttpState) -> Router {
     let (router, api) = parts();
+    let counted_in = state.metrics.clone();
     let doc = document(api, state.door.contexts());
     let api = Arc::new(serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string()));
     let router = router
@@ -121,8 +122,8 @@ pub fn router(state: HttpState) -> Router {
         // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
         .layer(DefaultBodyLimit::disable())
         .layer(axum::Extension(OpenApiJson(api)))
-        .with_state(state.clone());
-    with_http_layers(router, state.metrics)
+        .with_state(state);
+    with_http_layers(router, counted_in)
 }
 
 /// The header that carries a request's id, in and out.
