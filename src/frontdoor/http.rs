@@ -118,12 +118,13 @@ pub fn router(state: HttpState) -> Router {
     let router = router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
-        // Bodies are read (and limited) by the handler, so an oversized body still gets an
-        // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
-        .layer(DefaultBodyLimit::disable())
-        .layer(axum::Extension(OpenApiJson(api)))
         .with_state(state);
-    with_http_layers(router, counted_in)
+    // Bodies are read (and limited) by the handler, so an oversized body still gets an
+    // `InvokeResult` with `PAYLOAD_TOO_LARGE`.
+    let inner = tower::ServiceBuilder::new()
+        .layer(DefaultBodyLimit::disable())
+        .layer(axum::Extension(OpenApiJson(api)));
+    layered(router, counted_in, inner)
 }
 
 /// The header that carries a request's id, in and out.
@@ -136,6 +137,23 @@ pub const REQUEST_ID: &str = "x-request-id";
 /// id, closed by one access-log line with status and latency; and a panic in a handler turned
 /// into a `500` `InvokeResult` with `INTERNAL` (counted as such).
 pub fn with_http_layers(router: Router, metrics: Arc<crate::metrics::Metrics>) -> Router {
+    layered(router, metrics, tower::layer::util::Identity::new())
+}
+
+/// [`with_http_layers`] with `inner` (layers of the router's own) innermost, all in one stack.
+fn layered<L>(router: Router, metrics: Arc<crate::metrics::Metrics>, inner: L) -> Router
+where
+    L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<
+            axum::extract::Request,
+            Response = Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<axum::extract::Request>>::Future: Send + 'static,
+{
     use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
     let header = axum::http::HeaderName::from_static(REQUEST_ID);
     let trace = tower_http::trace::TraceLayer::new_for_http()
@@ -186,7 +204,8 @@ pub fn with_http_layers(router: Router, metrics: Arc<crate::metrics::Metrics>) -
             .layer(SetRequestIdLayer::new(header.clone(), MakeRequestUuid))
             .layer(PropagateRequestIdLayer::new(header))
             .layer(trace)
-            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked)),
+            .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked))
+            .layer(inner),
     )
 }
 
