@@ -12,15 +12,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
-use aptix_worker::contract::request::default_id;
-use aptix_worker::contract::{AgentExecuteResponse, InvokeResult, text_without_bom};
+use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
 
+use super::batch_inputs::{assign_ids, read_inputs, salt};
 use super::client::ApiClient;
 use super::index::{repo_name, upload_index};
 use super::progress::ProgressBar;
@@ -165,12 +164,6 @@ pub struct BatchOutcome {
     pub failed: Vec<(String, String)>,
 }
 
-/// One input of a batch: its customId and the request (ids filled in by [`assign_ids`]).
-struct Item {
-    custom_id: String,
-    request: Value,
-}
-
 /// The result file of an input: its customId made safe as a file name, plus `.json`.
 pub fn result_file(out: &Path, custom_id: &str) -> PathBuf {
     let safe: String = custom_id
@@ -186,117 +179,6 @@ pub fn result_file(out: &Path, custom_id: &str) -> PathBuf {
     let safe = safe.trim_start_matches('.');
     let safe = if safe.is_empty() { "_" } else { safe };
     out.join(format!("{safe}.json"))
-}
-
-/// Reads the inputs of a batch.
-fn read_inputs(job: &BatchJob) -> anyhow::Result<Vec<Item>> {
-    if job.input.is_dir() {
-        let Some(instruction) = &job.instruction else {
-            bail!("--instruction is required when the input is a folder");
-        };
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&job.input)
-            .with_context(|| format!("reading {}", job.input.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "md"))
-            .collect();
-        files.sort();
-        let mut items = Vec::with_capacity(files.len());
-        for path in files {
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let contents = read_text(&path)?;
-            items.push(Item {
-                custom_id: name.clone(),
-                request: json!({
-                    "instruction": instruction,
-                    "inputArtifacts": [{
-                        "relativePath": name,
-                        "fileName": name,
-                        "contents": contents,
-                        "origin": "user",
-                        "language": "markdown"
-                    }]
-                }),
-            });
-        }
-        if items.is_empty() {
-            bail!("no *.md files in {}", job.input.display());
-        }
-        return Ok(items);
-    }
-    let text = read_text(&job.input)?;
-    let mut items = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", job.input.display(), n + 1))?;
-        let Some(custom_id) = v["customId"].as_str() else {
-            bail!(
-                "{} line {}: a string customId is required",
-                job.input.display(),
-                n + 1
-            );
-        };
-        let mut request = v["request"].clone();
-        if let (Some(instruction), Some(obj)) = (&job.instruction, request.as_object_mut()) {
-            obj.entry("instruction")
-                .or_insert_with(|| Value::String(instruction.clone()));
-        }
-        items.push(Item {
-            custom_id: custom_id.to_string(),
-            request,
-        });
-    }
-    Ok(items)
-}
-
-/// An input file's text, without the byte order mark it may begin with.
-fn read_text(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading {} (inputs must be UTF-8)", path.display()))?;
-    Ok(text_without_bom(&text).to_owned())
-}
-
-/// Per output folder state: a random salt that makes this folder's turn ids its own, so a
-/// re-run after a crash finds the turns it submitted instead of running them again.
-fn salt(out: &Path) -> anyhow::Result<String> {
-    let file = out.join(".aptix-batch-state.json");
-    if let Ok(text) = std::fs::read_to_string(&file)
-        && let Ok(v) = serde_json::from_str::<Value>(&text)
-        && let Some(s) = v["salt"].as_str()
-    {
-        return Ok(s.to_string());
-    }
-    let s = uuid::Uuid::new_v4().simple().to_string();
-    std::fs::write(&file, json!({"salt": s}).to_string())
-        .with_context(|| format!("writing {}", file.display()))?;
-    Ok(s)
-}
-
-fn short_hash(parts: &[&str]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update([0]);
-    }
-    aptix_worker::hex::lower(&h.finalize()[..12])
-}
-
-/// Gives a request stable ids: the same input in the same output folder maps to the same
-/// session and turn, and a new attempt after a failure to a new turn.
-fn assign_ids(item: &mut Item, salt: &str, attempt: u64) {
-    let body = item.request.to_string();
-    let sid = format!("batch-{}", short_hash(&[salt, &item.custom_id]));
-    let tid = format!("t{attempt}-{}", short_hash(&[salt, &item.custom_id, &body]));
-    // Ids the input already has (in either spelling) are kept.
-    if let Some(obj) = item.request.as_object_mut() {
-        default_id(obj, "sessionId", "SessionId", || sid);
-        default_id(obj, "turnId", "TurnId", || tid);
-    }
 }
 
 /// What a result file holds: the API's result line, the batch it came from and the attempt
@@ -332,7 +214,7 @@ async fn result_lines(client: &ApiClient, batch_id: &str) -> anyhow::Result<Vec<
 /// progress, answers `workspace_read_file` calls from the input folder, writes one result file
 /// per input and `summary.json`, and reports what failed.
 pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<BatchOutcome> {
-    let mut items = read_inputs(job)?;
+    let mut items = read_inputs(&job.input, job.instruction.as_deref())?;
     std::fs::create_dir_all(&job.out).with_context(|| format!("creating {}", job.out.display()))?;
     let salt = salt(&job.out)?;
     let mut outcome = BatchOutcome {
@@ -532,68 +414,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn inputs_saved_behind_a_byte_order_mark_are_read_without_it() {
-        let root =
-            std::env::temp_dir().join(format!("aptix-bom-{}", uuid::Uuid::new_v4().simple()));
-        let folder = root.join("docs");
-        std::fs::create_dir_all(&folder).unwrap();
-        std::fs::write(folder.join("a.md"), "\u{feff}# DDR-1 Alpha\n").unwrap();
-        let lines = root.join("batch.ndjson");
-        std::fs::write(
-            &lines,
-            "\u{feff}{\"customId\":\"x\",\"request\":{\"instruction\":\"hi\"}}\n",
-        )
-        .unwrap();
-        let job = |input: PathBuf| BatchJob {
-            input,
-            instruction: Some("Review".into()),
-            out: root.join("out"),
-            poll: Duration::from_millis(50),
-            max_tool_rounds: 1,
-        };
-        let from_folder = read_inputs(&job(folder)).unwrap();
-        assert_eq!(
-            from_folder[0].request["inputArtifacts"][0]["contents"],
-            "# DDR-1 Alpha\n"
-        );
-        let from_lines = read_inputs(&job(lines)).unwrap();
-        assert_eq!(from_lines[0].custom_id, "x");
-        assert_eq!(from_lines[0].request["instruction"], "hi");
-        let _ = std::fs::remove_dir_all(&root);
-    }
-
-    #[test]
     fn result_files_are_safe_names_inside_the_folder() {
         let out = Path::new("/tmp/out");
         assert_eq!(result_file(out, "ddr-1.md"), out.join("ddr-1.md.json"));
         assert_eq!(result_file(out, "../x/y"), out.join("_x_y.json"));
         assert_eq!(result_file(out, "a b"), out.join("a_b.json"));
         assert_eq!(result_file(out, "..."), out.join("_.json"));
-    }
-
-    #[test]
-    fn ids_are_stable_per_salt_and_change_per_attempt() {
-        let item = || Item {
-            custom_id: "a.md".into(),
-            request: json!({"instruction": "x"}),
-        };
-        let (mut a, mut b, mut c, mut d) = (item(), item(), item(), item());
-        assign_ids(&mut a, "s1", 0);
-        assign_ids(&mut b, "s1", 0);
-        assign_ids(&mut c, "s1", 1);
-        assign_ids(&mut d, "s2", 0);
-        assert_eq!(a.request, b.request);
-        assert_eq!(a.request["sessionId"], c.request["sessionId"]);
-        assert_ne!(a.request["turnId"], c.request["turnId"]);
-        assert_ne!(a.request["sessionId"], d.request["sessionId"]);
-        // Ids given in the input are kept, whichever spelling they use.
-        let mut given = Item {
-            custom_id: "b.md".into(),
-            request: json!({"SessionId": "mine", "instruction": "x"}),
-        };
-        assign_ids(&mut given, "s1", 0);
-        assert_eq!(given.request["SessionId"], "mine");
-        assert!(given.request.get("sessionId").is_none());
-        assert!(given.request["turnId"].as_str().unwrap().starts_with("t0-"));
     }
 }

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod batch;
+mod batch_inputs;
 pub mod bench;
 mod bench_callgrind;
 mod bench_loop;
