@@ -87,9 +87,11 @@ pub(super) fn read_inputs(input: &Path, instruction: Option<&str>) -> anyhow::Re
 
 /// An input file's text, without the byte order mark it may begin with.
 fn read_text(path: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(path)
+    let mut text = std::fs::read_to_string(path)
         .with_context(|| format!("reading {} (inputs must be UTF-8)", path.display()))?;
-    Ok(text_without_bom(&text).to_owned())
+    let mark = text.len() - text_without_bom(&text).len();
+    text.drain(..mark);
+    Ok(text)
 }
 
 /// Per output folder state: a random salt that makes this folder's turn ids its own, so a

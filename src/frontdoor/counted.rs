@@ -64,7 +64,8 @@ where
     }
 }
 
-/// What is recorded once the answer is there.
+/// What is recorded once the answer is there — or, when the client goes away first and the
+/// answer is dropped unfinished, as [`CLIENT_CLOSED`].
 struct Record {
     metrics: Arc<Metrics>,
     route: Option<MatchedPath>,
@@ -72,12 +73,37 @@ struct Record {
     started: Instant,
 }
 
+/// The status counted for a request whose client closed the connection before it was answered
+/// (as nginx logs it): an abandoned synchronous wait or long-poll still shows.
+pub(crate) const CLIENT_CLOSED: u16 = 499;
+
+impl Record {
+    fn count(&self, status: u16) {
+        self.metrics.http_answered(
+            self.route
+                .as_ref()
+                .map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
+            self.method.as_str(),
+            status,
+            self.started.elapsed(),
+        );
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// The wrapped service's answer, counted when it is ready.
+    /// The wrapped service's answer, counted when it is ready (or dropped before).
     pub(crate) struct CountedAnswer<F> {
         #[pin]
         answer: F,
         record: Option<Record>,
+    }
+
+    impl<F> PinnedDrop for CountedAnswer<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(r) = this.project().record.take() {
+                r.count(CLIENT_CLOSED);
+            }
+        }
     }
 }
 
@@ -90,15 +116,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let answer = std::task::ready!(this.answer.poll(cx));
-        if let (Ok(response), Some(r)) = (&answer, this.record.take()) {
-            r.metrics.http_answered(
-                r.route
-                    .as_ref()
-                    .map_or(UNMATCHED_ROUTE, MatchedPath::as_str),
-                r.method.as_str(),
-                response.status().as_u16(),
-                r.started.elapsed(),
-            );
+        if let Some(r) = this.record.take()
+            && let Ok(response) = &answer
+        {
+            r.count(response.status().as_u16());
         }
         Poll::Ready(answer)
     }

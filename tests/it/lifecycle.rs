@@ -414,6 +414,44 @@ async fn a_panicking_handler_gets_an_internal_invoke_result() {
     stop.cancel();
 }
 
+/// A request whose client gives up before the answer still shows in the metrics, as 499.
+#[tokio::test]
+async fn a_request_the_client_abandons_is_counted_as_499() {
+    use aptix_worker::frontdoor::http::{serve, with_http_layers};
+    let metrics = Arc::new(aptix_worker::metrics::Metrics::new());
+    let router = with_http_layers(
+        axum::Router::new().route(
+            "/slow/{id}",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "late"
+            }),
+        ),
+        metrics.clone(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(serve(listener, router, stop.clone()));
+    let gave_up = crate::support::http_client()
+        .get(format!("{base}/slow/1"))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client timed out");
+    let line = "aptix_http_requests_total{route=\"/slow/{id}\",method=\"GET\",status=\"499\"} 1";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !metrics.encode().contains(line) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not counted: {}",
+            metrics.encode()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+}
+
 /// Reply queues expire when unused; publishing to one does not keep it alive. A session that
 /// comes back after its queue expired must find its results in the queue again, whether the
 /// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
