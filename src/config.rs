@@ -20,8 +20,9 @@ pub struct ConfigError {
 }
 
 /// An error and its causes on one line (`outer: inner: …`), for messages that are text. A
-/// cause whose text the line already ends with is not repeated: many errors (ours, lapin's)
-/// write their cause into their own message and also give it as their source.
+/// cause whose text the line already ends with is not repeated: some clients' errors (lapin's,
+/// redis-rs's) write their cause into their own message and also give it as their source.
+/// (Ours do one or the other, never both: `tests/it/errors.rs`.)
 pub fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();

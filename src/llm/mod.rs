@@ -112,9 +112,16 @@ pub enum ClientError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The HTTP client could not be set up (e.g. its TLS roots).
+    /// The HTTP client could not be set up (e.g. its TLS roots); reqwest's error is written
+    /// into the message, not returned as the source.
     #[error("the HTTP client could not be built: {0}")]
-    Http(#[from] reqwest::Error),
+    Http(reqwest::Error),
+}
+
+impl From<reqwest::Error> for ClientError {
+    fn from(e: reqwest::Error) -> Self {
+        Self::Http(e)
+    }
 }
 
 /// A small Responses API client on reqwest.

@@ -19,18 +19,22 @@ pub use rabbit::RabbitBroker;
 
 /// A queue operation that failed. Publishing failures are never swallowed: the caller sees
 /// them and does not report the job as accepted (or does not ack the delivery).
+///
+/// A variant that wraps a client's error writes it into its message and does not also return
+/// it as [`source`](std::error::Error::source), so a reporter that walks the chain names each
+/// cause once (as with every error type of this crate).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum QueueError {
     /// The broker is unreachable, did not answer in time, or the connection is not usable.
     #[error("message broker unavailable: {0}")]
     Unavailable(String),
     /// An AMQP operation failed (connection or channel closed, a refused declaration, an I/O
-    /// error); the client's error is kept as the source.
+    /// error); the client's error is kept for callers that match on it.
     #[error("message broker unavailable: {0}")]
-    Amqp(#[source] lapin::Error),
+    Amqp(lapin::Error),
     /// A message could not be encoded.
     #[error("a message cannot be encoded: {0}")]
-    Encode(#[source] std::sync::Arc<serde_json::Error>),
+    Encode(std::sync::Arc<serde_json::Error>),
     /// The broker refused the message (nack) or could not route it (returned).
     #[error("message broker did not accept the message: {0}")]
     Rejected(String),

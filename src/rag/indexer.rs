@@ -186,9 +186,9 @@ pub async fn index_folder(
     opts: ChunkOptions,
     progress: impl FnMut(usize, usize),
 ) -> Result<IndexReport, RagError> {
-    let (files, skipped) = read_folder(folder).map_err(|source| RagError::Folder {
+    let (files, skipped) = read_folder(folder).map_err(|error| RagError::Folder {
         path: folder.to_path_buf(),
-        source,
+        error,
     })?;
     let mut report = index_files(index, tenant, repo, &files, tags, true, opts, progress).await?;
     report.skipped.extend(skipped);

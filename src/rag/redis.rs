@@ -92,10 +92,10 @@ fn unavailable(e: redis::RedisError) -> RagError {
     RagError::Redis(e)
 }
 
-fn corrupt(key: &str, source: serde_json::Error) -> RagError {
+fn corrupt(key: &str, error: serde_json::Error) -> RagError {
     RagError::Decode {
         key: key.to_string(),
-        source,
+        error,
     }
 }
 

@@ -48,24 +48,25 @@ pub enum StoreError {
     #[error("session store unavailable: {0}")]
     Unavailable(String),
     /// Redis failed or did not answer in time; the operation may succeed if retried. The
-    /// client's error is kept as the source (its kind: timeout, refused, I/O, a script error).
+    /// client's error is kept (its kind: timeout, refused, I/O, a script error) and written
+    /// into the message, not returned as the source.
     #[error("session store unavailable: {0}")]
-    Redis(#[source] ::redis::RedisError),
+    Redis(::redis::RedisError),
     /// Stored data is not what the store wrote (a record missing that must exist, a value out
     /// of place).
     #[error("session store data is corrupt: {0}")]
     Corrupt(String),
-    /// A stored value could not be decoded; the decoder's error is kept as the source.
-    #[error("session store data under {key} cannot be decoded: {source}")]
+    /// A stored value could not be decoded.
+    #[error("session store data under {key} cannot be decoded: {error}")]
     Decode {
         /// The key whose value failed to decode.
         key: String,
-        #[source]
-        source: serde_json::Error,
+        /// The decoder's error (written into the message).
+        error: serde_json::Error,
     },
     /// A value could not be encoded for storing.
     #[error("a value cannot be encoded for the session store: {0}")]
-    Encode(#[source] serde_json::Error),
+    Encode(serde_json::Error),
     /// The writer no longer holds the session's lease; its write was rejected.
     #[error("the lease on session {0} was lost; the write was rejected")]
     Fenced(String),

@@ -63,7 +63,13 @@ pub enum QuotaError {
     Exceeded(#[from] QuotaExceeded),
     /// The counts cannot be read; nothing is accepted rather than spending past the quota.
     #[error("the tenant's quota cannot be checked: {0}")]
-    Unavailable(#[from] LimitStoreError),
+    Unavailable(LimitStoreError),
+}
+
+impl From<LimitStoreError> for QuotaError {
+    fn from(e: LimitStoreError) -> Self {
+        Self::Unavailable(e)
+    }
 }
 
 /// What `GET /v1/tenant/usage` shows.

@@ -35,6 +35,7 @@ mod contract_props;
 mod contract_request;
 mod contract_response;
 mod direct_replies;
+mod errors;
 mod http_api;
 mod lifecycle;
 mod limiter;

@@ -8,9 +8,9 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(
     raw: Option<String>,
 ) -> Result<Option<T>, StoreError> {
     raw.map(|s| {
-        serde_json::from_str(&s).map_err(|source| StoreError::Decode {
+        serde_json::from_str(&s).map_err(|error| StoreError::Decode {
             key: key.to_string(),
-            source,
+            error,
         })
     })
     .transpose()
