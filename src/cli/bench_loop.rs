@@ -6,6 +6,8 @@
 //! seconds per turn of every process it can see: this one (front door, worker and the fake
 //! model), RabbitMQ and Redis. In the same run, the baseline: bare quorum-queue
 //! publish + consume with pipelined publisher confirms and acks, and RabbitMQ's CPU per message.
+//! Each run ends with its verdict against the throughput target and what bounds the figure
+//! ([`super::bench_verdict`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,7 +28,8 @@ use aptix_worker::fake_llm::FakeOptions;
 use aptix_worker::queue::{QueueError, RabbitBroker, ReplyBus as _};
 use aptix_worker::worker::WorkerSettings;
 
-use super::bench::{cleanup, parts_with, percentiles};
+use super::bench::{cleanup, parts_with, percentile, percentiles};
+use super::bench_verdict::{Measured, verdict};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -390,6 +393,18 @@ impl Driven {
             );
         }
         println!("  CPU per turn: {}", cpu_per(before, after, done));
+        let spent: f64 = before.iter().zip(after).map(|((_, b), (_, a))| a - b).sum();
+        let measured = Measured {
+            rate: done as f64 / self.elapsed.as_secs_f64(),
+            clients: opts.sessions,
+            model: opts.latency,
+            p50: percentile(&all, 0.5),
+            cpu_ms_per_turn: spent * 1000.0 / done.max(1) as f64,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        for line in verdict(&measured) {
+            println!("  {line}");
+        }
     }
 }
 

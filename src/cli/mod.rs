@@ -19,6 +19,7 @@ mod bench_callgrind;
 mod bench_loop;
 mod bench_procs;
 mod bench_stream;
+mod bench_verdict;
 pub mod client;
 pub mod dlq;
 pub mod index;

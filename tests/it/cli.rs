@@ -1216,6 +1216,9 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "latency, first turn of a session",
         "CPU per turn: aptix",
         "RabbitMQ (beam.smp)",
+        "target >= 2000 turns/s: ",
+        "ms per turn across the watched processes",
+        "bound by ",
         "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
     ] {
         assert!(lp.contains(line), "{line:?} missing from\n{lp}");
@@ -1240,6 +1243,8 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "aptix worker",
         "the fake model",
         "memory with 4 turns in flight: serve",
+        "target >= 2000 turns/s: ",
+        "bound by ",
         "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
     ] {
         assert!(procs.contains(line), "{line:?} missing from\n{procs}");
