@@ -1,4 +1,4 @@
-//! `aptix bench --closed-loop --processes --callgrind worker|serve`: one of the product's
+//! `aptix bench --closed-loop --processes --callgrind worker|serve|fake-llm`: one of the
 //! processes runs under valgrind's callgrind, and the run reports the instructions it executed
 //! per turn. Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
 //! what else the host does), the count repeats within a fraction of a percent for the same
@@ -21,6 +21,9 @@ pub enum Counted {
     Worker,
     /// `aptix serve`.
     Serve,
+    /// `aptix fake-llm`, the bench's stand-in for the model (part of the harness, not the
+    /// product, but it shares the cores).
+    FakeLlm,
 }
 
 /// Callgrind's output for one run: a directory of the run's own, removed when dropped, or

@@ -140,17 +140,32 @@ async fn start_and_measure(
     opts: &LoopOptions,
     config: &Config,
 ) -> anyhow::Result<()> {
+    let callgrind = opts
+        .callgrind
+        .map(|counted| Callgrind::new(counted, opts.callgrind_out.as_deref()))
+        .transpose()?;
+    // Under valgrind a process starts many times slower.
+    let within = |which| match &callgrind {
+        Some(cg) if cg.counted == which => 6 * READY_WITHIN,
+        _ => READY_WITHIN,
+    };
+    let latency = opts.latency.as_millis().to_string();
     let (fake, line) = Proc::start(
         "the fake model",
-        Command::new(exe).args([
-            "fake-llm",
-            "--listen",
-            "127.0.0.1:0",
-            "--latency-ms",
-            &opts.latency.as_millis().to_string(),
-        ]),
+        &mut Callgrind::command(
+            callgrind.as_ref(),
+            Counted::FakeLlm,
+            exe,
+            &[
+                "fake-llm",
+                "--listen",
+                "127.0.0.1:0",
+                "--latency-ms",
+                &latency,
+            ],
+        ),
         "fake Responses API listening",
-        READY_WITHIN,
+        within(Counted::FakeLlm),
     )?;
     let model = address_after(&line, "base_url=http://")
         .context("the fake model's log does not name its address")?;
@@ -162,15 +177,6 @@ async fn start_and_measure(
             // Left-over reply queues (if the run is interrupted) vanish soon.
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
             .env_remove("OPENAI_API_KEY");
-    };
-    let callgrind = opts
-        .callgrind
-        .map(|counted| Callgrind::new(counted, opts.callgrind_out.as_deref()))
-        .transpose()?;
-    // Under valgrind a process starts many times slower.
-    let within = |which| match &callgrind {
-        Some(cg) if cg.counted == which => 6 * READY_WITHIN,
-        _ => READY_WITHIN,
     };
     let mut serve_cmd = Callgrind::command(
         callgrind.as_ref(),
@@ -222,6 +228,7 @@ async fn measure(
     let counted = callgrind.map(|cg| match cg.counted {
         Counted::Worker => (cg, worker),
         Counted::Serve => (cg, serve),
+        Counted::FakeLlm => (cg, fake),
     });
     if let Some((cg, p)) = counted {
         cg.zero(p.pid())?;
