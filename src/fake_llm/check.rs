@@ -10,8 +10,14 @@ use serde_json::Value;
 use super::{Inner, RequestCheck};
 
 /// The schema check for `CreateResponse` from the official OpenAPI document.
-#[cfg(feature = "schema-check")]
 pub fn create_response_validator(openapi_json: &Path) -> Result<RequestCheck, String> {
+    component_validator(openapi_json, "CreateResponse")
+}
+
+/// The schema check for one of the official OpenAPI document's component schemas (e.g.
+/// `CreateResponse` for what we send, `Response` for what the fake answers).
+#[cfg(feature = "schema-check")]
+pub fn component_validator(openapi_json: &Path, component: &str) -> Result<RequestCheck, String> {
     use serde_json::json;
     use std::sync::Arc;
     let text = std::fs::read_to_string(openapi_json)
@@ -23,11 +29,11 @@ pub fn create_response_validator(openapi_json: &Path) -> Result<RequestCheck, St
     }
     let schema = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$ref": "#/components/schemas/CreateResponse",
+        "$ref": format!("#/components/schemas/{component}"),
         "components": doc.get("components").cloned().unwrap_or(Value::Null),
     });
     let validator = jsonschema::validator_for(&schema)
-        .map_err(|e| format!("cannot compile CreateResponse: {e}"))?;
+        .map_err(|e| format!("cannot compile {component}: {e}"))?;
     Ok(Arc::new(move |body: &Value| {
         match validator.iter_errors(body).next() {
             None => Ok(()),
@@ -38,7 +44,7 @@ pub fn create_response_validator(openapi_json: &Path) -> Result<RequestCheck, St
 
 /// Without the `schema-check` feature there is no JSON Schema engine in the build.
 #[cfg(not(feature = "schema-check"))]
-pub fn create_response_validator(_openapi_json: &Path) -> Result<RequestCheck, String> {
+pub fn component_validator(_openapi_json: &Path, _component: &str) -> Result<RequestCheck, String> {
     Err("this build has no JSON Schema engine: build with `--features schema-check` to check requests against the OpenAPI document".into())
 }
 

@@ -21,10 +21,11 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 mod check;
+mod response;
 mod stream;
 
 use check::check_request;
-pub use check::create_response_validator;
+pub use check::{component_validator, create_response_validator};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -358,7 +359,7 @@ async fn create_response(
     }
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
-    answer(&inner, &request, body.len(), reply).await
+    answer(&inner, request, body.len(), reply).await
 }
 
 /// The text of the last user message (for the default reply).
@@ -440,8 +441,9 @@ fn next_id(inner: &Inner, prefix: &str) -> String {
     )
 }
 
-/// Answers `req` (its body was `body_len` bytes) with `reply`.
-async fn answer(inner: &Arc<Inner>, req: &Value, body_len: usize, mut reply: Reply) -> Response {
+/// Answers `req` (its body was `body_len` bytes) with `reply`. The request is taken: the
+/// fields the response echoes (instructions, tools, …) move into it rather than being copied.
+async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: Reply) -> Response {
     while let Reply::Delay(d, next) = reply {
         tokio::time::sleep(d).await;
         reply = *next;
@@ -479,13 +481,9 @@ async fn answer(inner: &Arc<Inner>, req: &Value, body_len: usize, mut reply: Rep
             headers.insert("content-type", HeaderValue::from_static("application/json"));
             return (StatusCode::OK, headers, "{\"id\": \"resp_trunc").into_response();
         }
-        Reply::Failed(code) => {
-            let id = next_id(inner, "resp");
-            let failed = json!({"id": id, "object": "response", "status": "failed", "output": [], "error": {"code": code, "message": "The model failed to generate a response."}});
-            return respond(inner, req, failed, false);
-        }
+        Reply::Failed(_) => ("failed", vec![], None),
         Reply::BrokenStream(t) => {
-            if !streams(req) {
+            if !streams(&req) {
                 return error_response(StatusCode::INTERNAL_SERVER_ERROR, "The server had an error while processing your request.", None, None);
             }
             ("completed", vec![message(inner, text_part(t))], None)
@@ -505,41 +503,23 @@ async fn answer(inner: &Arc<Inner>, req: &Value, body_len: usize, mut reply: Rep
     {
         s.insert(id.clone(), Stored { pending_calls });
     }
-    // About four bytes of JSON per token, from the body as sent (not serialised again).
-    let input_tokens = (body_len / 4) as u64;
-    let output_tokens = (Value::Array(output.clone()).to_string().len() / 4) as u64;
-    let response = json!({
-        "id": id,
-        "object": "response",
-        "created_at": time::OffsetDateTime::now_utc().unix_timestamp(),
-        "status": status,
-        "error": null,
-        "incomplete_details": incomplete.map(|r| json!({"reason": r})),
-        "instructions": req.get("instructions").cloned().unwrap_or(Value::Null),
-        "max_output_tokens": req.get("max_output_tokens").cloned().unwrap_or(Value::Null),
-        "model": req.get("model").cloned().unwrap_or(Value::Null),
-        "output": output,
-        "parallel_tool_calls": true,
-        "previous_response_id": req.get("previous_response_id").cloned().unwrap_or(Value::Null),
-        "reasoning": {"effort": null, "summary": null},
-        "store": !inner.options.stateless,
-        "temperature": 1.0,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": req.get("tool_choice").cloned().unwrap_or(json!("auto")),
-        "tools": req.get("tools").cloned().unwrap_or(json!([])),
-        "top_p": 1.0,
-        "truncation": "disabled",
-        "usage": {
-            "input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": input_tokens + output_tokens
-        },
-        "user": null,
-        "metadata": {}
-    });
-    respond(inner, req, response, broken)
+    let stream = streams(&req);
+    let error = match &reply {
+        Reply::Failed(code) => {
+            json!({"code": code, "message": "The model failed to generate a response."})
+        }
+        _ => Value::Null,
+    };
+    let answered = response::Answered {
+        id,
+        status,
+        error,
+        incomplete,
+        output,
+        stored: !inner.options.stateless,
+        body_len,
+    };
+    respond_as(inner, stream, answered.into_object(&mut req), broken)
 }
 
 /// Whether the request asked for a streamed answer.
@@ -547,9 +527,9 @@ fn streams(req: &Value) -> bool {
     req.get("stream").and_then(Value::as_bool) == Some(true)
 }
 
-/// The response object as JSON, or streamed as the API's events when the request asked so.
-fn respond(inner: &Arc<Inner>, req: &Value, response: Value, broken: bool) -> Response {
-    if !streams(req) {
+/// The response object as JSON, or streamed as the API's events when `stream`.
+fn respond_as(inner: &Arc<Inner>, stream: bool, response: Value, broken: bool) -> Response {
+    if !stream {
         return Json(response).into_response();
     }
     let pieces = match inner.options.stream_pieces {

@@ -762,6 +762,91 @@ async fn the_fake_forgets_its_oldest_responses_past_its_limit() {
     }
 }
 
+/// The fake answers like the real API: each kind of non-streamed answer is a valid `Response`
+/// by the official OpenAPI document, and echoes the request's settings (instructions, model,
+/// tools, tool choice, the previous response) as the API does.
+#[tokio::test]
+async fn the_fakes_answers_are_valid_responses_that_echo_the_request() {
+    let h = harness(Setup::default()).await;
+    let valid = aptix_worker::fake_llm::component_validator(
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/openai/openapi.json"
+        )),
+        "Response",
+    )
+    .expect("the official Response schema compiles");
+    // The live API answers `"user": null` where the document says a string (the recorded
+    // answer in the fixtures does): that one drift aside, a real answer is valid, and so must
+    // the fake's be.
+    let valid = move |answer: &Value| {
+        let mut answer = answer.clone();
+        if let Some(o) = answer.as_object_mut()
+            && o.get("user") == Some(&Value::Null)
+        {
+            o.remove("user");
+        }
+        valid(&answer)
+    };
+    let live: Value = serde_json::from_str(include_str!(
+        "../fixtures/openai/examples/01_text_response_openai_python_live_snapshot.json"
+    ))
+    .unwrap();
+    assert!(valid(&live).is_ok(), "{:?}", valid(&live));
+    let client = crate::support::http_client();
+    let url = format!("{}/responses", h.fake.base_url());
+    let tool = json!({"type": "function", "name": "lookup", "description": "Looks up a word.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"], "additionalProperties": false},
+        "strict": true});
+    let mut previous: Option<String> = None;
+    for reply in [
+        Reply::Text("plain".into()),
+        Reply::Calls(vec![("lookup".into(), json!({"q": "x"}))]),
+        Reply::Refusal("no".into()),
+        Reply::Incomplete("cut".into()),
+        Reply::Empty,
+        Reply::Failed("server_error".into()),
+    ] {
+        let kind = format!("{reply:?}");
+        h.fake.push([reply]);
+        let mut body = json!({"model": "m-1", "instructions": "Be brief.", "tools": [tool],
+            "tool_choice": "auto", "max_output_tokens": 300,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]});
+        if let Some(p) = &previous {
+            body["previous_response_id"] = json!(p);
+        }
+        let r = client.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{kind}");
+        let answer: Value = r.json().await.unwrap();
+        if let Err((error, path)) = valid(&answer) {
+            panic!("{kind}: not a valid Response: {error} at {path}\n{answer:#}");
+        }
+        assert_eq!(answer["object"], "response", "{kind}");
+        if answer["status"] == "failed" {
+            continue;
+        }
+        for field in [
+            "instructions",
+            "model",
+            "tools",
+            "tool_choice",
+            "max_output_tokens",
+        ] {
+            assert_eq!(answer[field], body[field], "{kind}: {field} is echoed");
+        }
+        assert_eq!(
+            answer["previous_response_id"],
+            previous.as_deref().map_or(Value::Null, |p| json!(p)),
+            "{kind}"
+        );
+        // Function calls leave the response waiting for their outputs: the next request
+        // would have to answer them, so continue from a response without calls.
+        if answer["output"][0]["type"] != "function_call" {
+            previous = answer["id"].as_str().map(str::to_string);
+        }
+    }
+}
+
 /// A fake told to forget its requests (as `aptix fake-llm` is) keeps nothing per request.
 #[tokio::test]
 async fn a_forgetful_fake_keeps_nothing_per_request() {

@@ -1,0 +1,92 @@
+//! The fake's `Response` object, field for field as the live API answers (the recorded answers
+//! in `tests/fixtures/openai/examples`): the request's settings echoed, usage estimated.
+//!
+//! Owns: the object's fields. Must not: decide what the answer says (the reply is the caller's).
+
+use serde_json::{Value, json};
+
+/// What the answer to one request is, before it becomes a `Response` object.
+pub(super) struct Answered<'a> {
+    /// `resp_…`.
+    pub id: String,
+    /// `completed`, `incomplete` or `failed`.
+    pub status: &'a str,
+    /// The error of a failed response, else null.
+    pub error: Value,
+    /// Why the response is incomplete, if it is.
+    pub incomplete: Option<&'a str>,
+    /// The output items.
+    pub output: Vec<Value>,
+    /// Whether the fake stores responses (`store` in the object).
+    pub stored: bool,
+    /// The request body's length, for the input token estimate.
+    pub body_len: usize,
+}
+
+impl Answered<'_> {
+    /// The `Response` object. The request's settings that the object echoes (instructions,
+    /// model, tools, …) are moved out of `req`, not copied.
+    ///
+    /// Built as a map of values rather than with `json!`: the macro turns each value it is
+    /// given into a `Value` again by serialising it, which copied the echoed tools deeply for
+    /// every answer.
+    pub(super) fn into_object(self, req: &mut Value) -> Value {
+        // About four bytes of JSON per token, from the body as sent (not serialised again).
+        let input_tokens = (self.body_len / 4) as u64;
+        let output_tokens = serde_json::to_vec(&self.output).map_or(0, |b| b.len() / 4) as u64;
+        let mut echo = |field: &str, absent: Value| match req.get_mut(field) {
+            Some(v) => v.take(),
+            None => absent,
+        };
+        let fields: [(&str, Value); 23] = [
+            ("id", self.id.into()),
+            ("object", "response".into()),
+            (
+                "created_at",
+                time::OffsetDateTime::now_utc().unix_timestamp().into(),
+            ),
+            ("status", self.status.into()),
+            ("error", self.error),
+            (
+                "incomplete_details",
+                self.incomplete
+                    .map_or(Value::Null, |r| json!({"reason": r})),
+            ),
+            ("instructions", echo("instructions", Value::Null)),
+            ("max_output_tokens", echo("max_output_tokens", Value::Null)),
+            ("model", echo("model", Value::Null)),
+            ("output", Value::Array(self.output)),
+            ("parallel_tool_calls", true.into()),
+            (
+                "previous_response_id",
+                echo("previous_response_id", Value::Null),
+            ),
+            ("reasoning", json!({"effort": null, "summary": null})),
+            ("store", self.stored.into()),
+            ("temperature", 1.0.into()),
+            ("text", json!({"format": {"type": "text"}})),
+            ("tool_choice", echo("tool_choice", "auto".into())),
+            ("tools", echo("tools", Value::Array(Vec::new()))),
+            ("top_p", 1.0.into()),
+            ("truncation", "disabled".into()),
+            (
+                "usage",
+                json!({
+                    "input_tokens": input_tokens,
+                    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                    "output_tokens": output_tokens,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": input_tokens + output_tokens
+                }),
+            ),
+            ("user", Value::Null),
+            ("metadata", json!({})),
+        ];
+        Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+        )
+    }
+}
