@@ -106,7 +106,7 @@ fn document(api: utoipa::openapi::OpenApi, contexts: &KnownContexts) -> serde_js
             schemas.insert(name.to_string(), schema);
         }
     }
-    api_doc::add_links(&mut doc);
+    super::links::add_links(&mut doc);
     doc
 }
 

@@ -21,6 +21,7 @@ pub mod cancel;
 mod counted;
 pub mod extract;
 pub mod http;
+mod links;
 pub mod live_buffer;
 pub mod openapi;
 pub mod routes;
