@@ -1295,4 +1295,29 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         per_turn > 10_000,
         "{per_turn} instructions per turn\n{counted}"
     );
+    // The bench's own model can be counted the same way (it shares the cores).
+    let fake = run(&[
+        "bench",
+        "--closed-loop",
+        "--processes",
+        "--callgrind",
+        "fake-llm",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--baseline-messages",
+        "100",
+    ]);
+    let answer: u64 = fake
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("instructions per turn (callgrind): the fake model ")
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no instruction count for the fake model in\n{fake}"));
+    // Reading a request and writing a Response object: well over ten thousand instructions.
+    assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
 }
