@@ -84,9 +84,9 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
     if req.get("model").and_then(Value::as_str).is_none() {
         return Err(reject("Missing required parameter: 'model'.", "model"));
     }
-    let items: Vec<Value> = match req.get("input") {
-        Some(Value::String(_)) | None => Vec::new(),
-        Some(Value::Array(a)) => a.clone(),
+    let items: &[Value] = match req.get("input") {
+        Some(Value::String(_)) | None => &[],
+        Some(Value::Array(a)) => a,
         Some(_) => return Err(reject("Invalid type for 'input'.", "input")),
     };
     let mut outputs: Vec<String> = Vec::new();

@@ -367,8 +367,7 @@ fn last_user_text(req: &Value) -> String {
     let items = req
         .get("input")
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+        .map_or(&[][..], Vec::as_slice);
     for item in items.iter().rev() {
         if item.get("role").and_then(Value::as_str) == Some("user") {
             return match item.get("content") {
