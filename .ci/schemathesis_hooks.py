@@ -1,6 +1,9 @@
 """Schemathesis hooks for aptix-worker's CI run.
 
 - Batches are NDJSON (one BatchLine per line): teach the fuzzer to send them.
+- Two answers are NDJSON too (a batch's results, the streamed synchronous turn), documented
+  with the schema of one line: every line is checked against it, since schemathesis validates
+  one value per answer.
 - Two request rules cannot be said in JSON Schema (the schema's description names them):
   `resultJson` holds a JSON text, and base64 artifacts must decode. Generated bodies
   (every phase) are mended to respect them, so the "schema-valid request rejected" check only
@@ -9,6 +12,7 @@
 import base64
 import json
 
+import jsonschema_rs
 import schemathesis
 
 
@@ -16,6 +20,42 @@ import schemathesis
 def ndjson(ctx, value):
     lines = value if isinstance(value, list) else [value]
     return "\n".join(json.dumps(line) for line in lines).encode()
+
+
+_line_validators = {}
+
+
+def _line_validator(operation, status):
+    """The documented schema of one NDJSON line of `operation`'s answer with `status`."""
+    key = (operation.method, operation.path, status)
+    if key not in _line_validators:
+        document = operation.schema.raw_schema
+        responses = operation.definition.raw.get("responses", {})
+        content = responses.get(str(status), {}).get("content", {})
+        schema = content.get("application/x-ndjson", {}).get("schema")
+        _line_validators[key] = (
+            None
+            if schema is None
+            else jsonschema_rs.validator_for(
+                {**schema, "components": document.get("components", {})}
+            )
+        )
+    return _line_validators[key]
+
+
+@schemathesis.deserializer("application/x-ndjson")
+def ndjson_lines(ctx, response):
+    """Checks every line against the documented line schema; gives schemathesis the last one."""
+    lines = [json.loads(line) for line in response.content.decode("utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise NotImplementedError("an empty NDJSON answer has no line to check")
+    validator = _line_validator(ctx.operation, response.status_code)
+    for number, line in enumerate(lines, 1):
+        if validator is not None:
+            errors = [str(e) for e in validator.iter_errors(line)]
+            if errors:
+                raise ValueError(f"line {number} does not match the documented line schema: {errors[0]}")
+    return lines[-1]
 
 
 def _reject_constant(name):
