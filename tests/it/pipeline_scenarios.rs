@@ -847,6 +847,69 @@ async fn the_fakes_answers_are_valid_responses_that_echo_the_request() {
     }
 }
 
+/// Streamed, the fake writes events the document describes: every `data:` line of its stream
+/// is a valid `ResponseStreamEvent`, for text and function call answers alike, and the stream
+/// ends with `response.completed` carrying the whole response. Two things the live API writes
+/// and the document does not allow are allowed here, as the recorded stream in the fixtures
+/// has them: `"user": null` and, before the response completes, `"usage": null`.
+#[tokio::test]
+async fn the_fakes_streamed_events_are_valid_stream_events() {
+    let h = harness(Setup::default()).await;
+    let check = aptix_worker::fake_llm::component_validator(
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/openai/openapi.json"
+        )),
+        "ResponseStreamEvent",
+    )
+    .expect("the official ResponseStreamEvent schema compiles");
+    let valid = move |event: &Value| {
+        let mut event = event.clone();
+        let in_progress = event["type"] != "response.completed";
+        if let Some(r) = event.get_mut("response").and_then(Value::as_object_mut) {
+            if r.get("user") == Some(&Value::Null) {
+                r.remove("user");
+            }
+            if in_progress && r.get("usage") == Some(&Value::Null) {
+                r.remove("usage");
+            }
+        }
+        check(&event)
+    };
+    let client = crate::support::http_client();
+    let url = format!("{}/responses", h.fake.base_url());
+    for reply in [
+        Reply::Text("a streamed answer in a few pieces".into()),
+        Reply::Calls(vec![("lookup".into(), json!({"q": "x"}))]),
+    ] {
+        let kind = format!("{reply:?}");
+        h.fake.push([reply]);
+        let body = json!({"model": "m-1", "stream": true, "tools": [{"type": "function", "name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"], "additionalProperties": false},
+            "strict": true}],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]});
+        let r = client.post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{kind}");
+        let text = r.text().await.unwrap();
+        let events: Vec<Value> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).expect("each data line is JSON"))
+            .collect();
+        assert!(events.len() > 3, "{kind}: {text}");
+        for event in &events {
+            if let Err((error, path)) = valid(event) {
+                panic!("{kind}: not a valid stream event: {error} at {path}\n{event:#}");
+            }
+        }
+        let last = events.last().expect("events");
+        assert_eq!(last["type"], "response.completed", "{kind}");
+        assert_eq!(last["response"]["status"], "completed", "{kind}");
+        assert_eq!(last["response"]["model"], "m-1", "{kind}");
+    }
+}
+
 /// A fake told to forget its requests (as `aptix fake-llm` is) keeps nothing per request.
 #[tokio::test]
 async fn a_forgetful_fake_keeps_nothing_per_request() {
