@@ -1280,15 +1280,16 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     let dump = std::fs::read_to_string(profile).expect("the kept profile");
     assert!(dump.lines().any(|l| l.starts_with("totals:")), "{profile}");
     std::fs::remove_dir_all(&kept).expect("removes the kept profile");
-    let per_turn: u64 = counted
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("instructions per turn (callgrind): aptix worker ")
-        })
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no instruction count in\n{counted}"));
+    // The count a run printed for the process labelled `label`.
+    let instructions = |out: &str, label: &str| -> u64 {
+        let prefix = format!("instructions per turn (callgrind): {label} ");
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no instruction count for {label} in\n{out}"))
+    };
+    let per_turn = instructions(&counted, "aptix worker");
     // A turn parses a job, runs Lua scripts' replies, calls the model and publishes: far more
     // than ten thousand instructions; a count that small was not taken over the turns.
     assert!(
@@ -1309,15 +1310,7 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "--baseline-messages",
         "100",
     ]);
-    let answer: u64 = fake
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("instructions per turn (callgrind): the fake model ")
-        })
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no instruction count for the fake model in\n{fake}"));
+    let answer = instructions(&fake, "the fake model");
     // Reading a request and writing a Response object: well over ten thousand instructions.
     assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
 }
