@@ -116,6 +116,8 @@ error_codes! {
     MethodNotAllowed = "METHOD_NOT_ALLOWED",
     /// The body is compressed (`Content-Encoding: gzip`, `br`, …); the API reads uncompressed bodies only.
     UnsupportedContentEncoding = "UNSUPPORTED_CONTENT_ENCODING",
+    /// The body's `Content-Type` is not what the route reads (`application/json`; NDJSON for a batch), or names a charset other than UTF-8. A body sent without `Content-Type` is read as the route's type.
+    UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE",
     /// The queue or the store is unavailable; nothing was accepted. Retry later.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.

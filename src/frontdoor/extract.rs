@@ -104,25 +104,39 @@ impl axum::extract::FromRequestParts<HttpState> for Tenant {
     }
 }
 
-/// Which limit a route's body is read within.
+/// How a route reads its body: within which limit, as which media type.
 pub(crate) trait BodyLimit {
+    /// What the body must be sent as.
+    const MEDIA: Media;
     /// The limit, in bytes.
     fn bytes(state: &HttpState) -> usize;
 }
 
-/// A single request: `APTIX_MAX_BODY_BYTES`.
+/// A single request (JSON): `APTIX_MAX_BODY_BYTES`.
 pub(crate) struct RequestSized;
 
 impl BodyLimit for RequestSized {
+    const MEDIA: Media = Media::Json;
     fn bytes(state: &HttpState) -> usize {
         state.limits.max_body_bytes
     }
 }
 
-/// A batch or an index upload: `APTIX_MAX_BATCH_BYTES`.
+/// A batch (NDJSON): `APTIX_MAX_BATCH_BYTES`.
 pub(crate) struct BatchSized;
 
 impl BodyLimit for BatchSized {
+    const MEDIA: Media = Media::Ndjson;
+    fn bytes(state: &HttpState) -> usize {
+        state.batch_limits.max_bytes
+    }
+}
+
+/// An index upload (one JSON document): `APTIX_MAX_BATCH_BYTES`.
+pub(crate) struct IndexSized;
+
+impl BodyLimit for IndexSized {
+    const MEDIA: Media = Media::Json;
     fn bytes(state: &HttpState) -> usize {
         state.batch_limits.max_bytes
     }
@@ -136,6 +150,9 @@ impl<L: BodyLimit> axum::extract::FromRequest<HttpState> for LimitedBody<L> {
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &HttpState) -> Result<Self, Response> {
+        if let Some(refused) = L::MEDIA.refusal(request.headers()) {
+            return Err(refused);
+        }
         read_body(request, L::bytes(state))
             .await
             .map(|body| Self(body, std::marker::PhantomData))
@@ -236,6 +253,83 @@ fn content_coding(headers: &HeaderMap) -> Option<String> {
         .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
         .collect();
     (!codings.is_empty()).then(|| codings.join(", "))
+}
+
+/// The media type a route reads its body as. A request that names another one in its
+/// `Content-Type` is answered `415 UNSUPPORTED_MEDIA_TYPE` before its body is read (a form or
+/// a text body would otherwise only be reported as malformed JSON); one that names none is read
+/// as the route's type, as clients that leave the header out expect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Media {
+    /// `application/json`, or a JSON-based `application/<name>+json`.
+    Json,
+    /// Newline-delimited JSON: `application/x-ndjson` (also spelt `application/ndjson`,
+    /// `application/jsonl`, `application/x-jsonlines`).
+    Ndjson,
+}
+
+impl Media {
+    /// The type a client should send.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Json => "application/json",
+            Self::Ndjson => "application/x-ndjson",
+        }
+    }
+
+    /// Whether `essence` (a lowercase `type/subtype`) is this media type.
+    fn is(self, essence: &str) -> bool {
+        match self {
+            Self::Json => {
+                essence == "application/json"
+                    || essence
+                        .strip_prefix("application/")
+                        .is_some_and(|sub| sub.len() > "+json".len() && sub.ends_with("+json"))
+            }
+            Self::Ndjson => matches!(
+                essence,
+                "application/x-ndjson"
+                    | "application/ndjson"
+                    | "application/jsonl"
+                    | "application/x-jsonlines"
+            ),
+        }
+    }
+
+    /// The `415` for a request whose `Content-Type` is neither absent nor this type with no
+    /// charset other than UTF-8 (the only one the API reads); `None` when it may be read.
+    pub(crate) fn refusal(self, headers: &HeaderMap) -> Option<Response> {
+        let value = headers.get(axum::http::header::CONTENT_TYPE)?;
+        let refuse = |sent: &str, why: &str| {
+            Some(failure(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::UnsupportedMediaType,
+                format!(
+                    "the body is sent with Content-Type: {sent}; {why} (send it with Content-Type: {})",
+                    self.name()
+                ),
+            ))
+        };
+        let Ok(text) = value.to_str() else {
+            return refuse(&format!("{value:?}"), "the header is not text");
+        };
+        let mut parts = text.split(';');
+        let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        if !self.is(&essence) {
+            return refuse(text, &format!("this route reads {}", self.name()));
+        }
+        let other_charset = parts
+            .filter_map(|param| param.split_once('='))
+            .filter(|(name, _)| name.trim().eq_ignore_ascii_case("charset"))
+            .map(|(_, value)| value.trim().trim_matches('"'))
+            .any(|charset| {
+                !charset.eq_ignore_ascii_case("utf-8") && !charset.eq_ignore_ascii_case("utf8")
+            });
+        if other_charset {
+            return refuse(text, "this API reads UTF-8 bodies only");
+        }
+        None
+    }
 }
 
 /// A session that does not exist, or is another tenant's (the two look the same).

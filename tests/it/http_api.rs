@@ -211,6 +211,119 @@ async fn a_compressed_body_is_415_on_every_route_and_nothing_runs() {
 }
 
 #[tokio::test]
+async fn a_body_sent_as_another_media_type_is_415_and_nothing_runs() {
+    let app = spawn_app(RequestLimits::default()).await;
+    let turn = |t: &str| json!({"sessionId": "ct", "turnId": t, "instruction": "hi"}).to_string();
+    let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
+    let index = json!({"repo": "ct", "files": [{"path": "a.md", "contents": "# A"}]}).to_string();
+    let refused = [
+        ("/v1/turns", turn("r"), "text/plain", "application/json"),
+        (
+            "/v1/turns",
+            turn("r"),
+            "application/x-www-form-urlencoded",
+            "application/json",
+        ),
+        (
+            "/api/ai/agent/execute",
+            turn("r"),
+            "application/json; charset=iso-8859-1",
+            "application/json",
+        ),
+        (
+            "/api/ai/agent/execute",
+            turn("r"),
+            "application/x-ndjson",
+            "application/json",
+        ),
+        (
+            "/v1/index",
+            index.clone(),
+            "text/markdown",
+            "application/json",
+        ),
+        (
+            "/v1/index",
+            index.clone(),
+            "application/+json",
+            "application/json",
+        ),
+        (
+            "/v1/batches",
+            line.clone(),
+            "application/json",
+            "application/x-ndjson",
+        ),
+        (
+            "/v1/batches",
+            line.clone(),
+            "text/csv",
+            "application/x-ndjson",
+        ),
+    ];
+    for (path, body, sent, wanted) in refused {
+        let (status, answer) = app
+            .post_with(Some("tok-a"), path, &[("content-type", sent)], body)
+            .await;
+        assert_eq!(
+            (status, code(&answer)),
+            (415, "UNSUPPORTED_MEDIA_TYPE"),
+            "{path} {sent}: {answer}"
+        );
+        let message = answer["errors"][0]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("Content-Type: {sent};"))
+                && message.contains(&format!("Content-Type: {wanted})")),
+            "{path} {sent}: {message}"
+        );
+    }
+    // Nothing was accepted by the refused requests.
+    let (status, _) = app.get(Some("tok-a"), "/v1/sessions/ct").await;
+    assert_eq!(status, 404);
+
+    // The route's own type in any spelling, a UTF-8 charset, or no Content-Type at all.
+    for (t, sent) in [
+        ("a", Some("application/json")),
+        ("b", Some("Application/JSON; charset=\"UTF-8\"")),
+        ("c", Some("application/problem+json")),
+        ("d", None),
+    ] {
+        let headers: Vec<(&str, &str)> = sent.map(|v| ("content-type", v)).into_iter().collect();
+        let (status, body) = app
+            .post_with(Some("tok-a"), "/v1/turns", &headers, turn(t))
+            .await;
+        assert_eq!(status, 202, "{sent:?}: {body}");
+    }
+    for sent in ["application/x-ndjson; charset=utf-8", "application/jsonl"] {
+        let (status, body) = app
+            .post_with(
+                Some("tok-a"),
+                "/v1/batches",
+                &[("content-type", sent)],
+                line.clone(),
+            )
+            .await;
+        assert_eq!(status, 202, "{sent}: {body}");
+    }
+    let (status, body) = app
+        .post_with(
+            Some("tok-a"),
+            "/v1/index",
+            &[("content-type", "application/json; charset=utf-8")],
+            index,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = app.get(Some("tok-a"), "/v1/sessions/ct").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["result"]["turns"].as_array().map(Vec::len),
+        Some(4),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn every_answer_is_counted_by_route_template_not_by_path() {
     let app = spawn_app(RequestLimits::default()).await;
     app.fake.push([Reply::Text("Done.".into())]);

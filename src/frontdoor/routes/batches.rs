@@ -24,7 +24,7 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
         (status = 400, description = "No lines, or not UTF-8", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
-        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure),
     ))]
 pub(crate) async fn post_batch(

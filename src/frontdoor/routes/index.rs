@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
 use crate::frontdoor::extract::{
-    BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
+    HttpState, IndexSized, LimitedBody, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::rag::IndexReport;
@@ -85,13 +85,13 @@ impl IndexRequest {
         (status = 400, description = "Malformed body, bad repo name or path", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
-        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Index unavailable", body = Failure),
     ))]
 pub(crate) async fn post_index(
     State(state): State<HttpState>,
     Tenant(tenant): Tenant,
-    LimitedBody(body, _): LimitedBody<BatchSized>,
+    LimitedBody(body, _): LimitedBody<IndexSized>,
 ) -> Response {
     let req = match IndexRequest::parse(&body) {
         Ok(r) => r,

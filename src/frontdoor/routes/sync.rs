@@ -35,7 +35,7 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
             content((ExecuteResult = "application/json"), (api_doc::StreamLine = "application/x-ndjson"))),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
-        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
     ))]
 pub(crate) async fn execute_sync(
     State(state): State<HttpState>,

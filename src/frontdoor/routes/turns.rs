@@ -27,7 +27,7 @@ use crate::store::TurnStatusView;
         (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
         (status = 409, description = "Same ids, different payload; or the turn is not awaiting client tools", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
-        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity)", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
         (status = 429, description = "QUOTA_EXCEEDED: the tenant's daily token quota is spent (a new user turn); the message and Retry-After say when it resets", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds until the quota resets"))),
         (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
