@@ -20,14 +20,23 @@ use crate::state::TurnStatusView;
 
 /// Publishes `view` as the session's latest news of its turn, correlated by the turn id, and
 /// sends it to the front door at `reply_to` (the one that waits for it) when there is one.
+/// With `watched` false (the store knew of no watcher when the status was stored) only
+/// `reply_to` and a session's every-session reply queue get it.
 pub async fn publish_status(
     bus: &dyn ReplyBus,
     view: &TurnStatusView,
     reply_to: Option<&str>,
+    watched: bool,
 ) -> Result<(), QueueError> {
     let body = serde_json::to_vec(view).map_err(|e| QueueError::Encode(std::sync::Arc::new(e)))?;
-    bus.publish_reply(&view.session_id, view.turn_id.as_str(), reply_to, &body)
-        .await
+    bus.publish_reply(
+        &view.session_id,
+        view.turn_id.as_str(),
+        reply_to,
+        watched,
+        &body,
+    )
+    .await
 }
 
 /// A subscription statuses can be read from: the bodies of [`ReplyBus::subscribe_events`] or

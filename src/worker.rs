@@ -528,7 +528,8 @@ impl Worker {
             },
         };
         let status = view.status;
-        match replies::publish_status(self.broker.as_ref(), &view, reply_to).await {
+        let watched = settled.watched;
+        match replies::publish_status(self.broker.as_ref(), &view, reply_to, watched).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());

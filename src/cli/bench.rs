@@ -19,6 +19,7 @@ use aptix_worker::contract::{SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::queue::{Broker, RabbitBroker, Topology};
+use aptix_worker::store::watch::WatchMark;
 use aptix_worker::store::{RedisStore, SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::WorkerSettings;
 
@@ -147,7 +148,10 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         .collect::<Result<_, _>>()?;
     // One merged stream of replies, stamped on arrival.
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, TurnStatusView)>();
+    let mut marks = Vec::with_capacity(sessions.len());
     for sid in &sessions {
+        // Watched, as a client that subscribes marks its session (see `WatchMark`).
+        marks.push(WatchMark::hold(p.store.clone(), sid.clone(), p.config.reply_queue_ttl).await?);
         let mut replies = p.broker.subscribe_replies(sid).await?;
         let tx = tx.clone();
         tokio::spawn(async move {

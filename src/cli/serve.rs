@@ -18,6 +18,7 @@ use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::http::{self, check_exposure, ops_router};
 use aptix_worker::replies::Waited;
 use aptix_worker::store::TurnStatusView;
+use aptix_worker::store::watch::WatchMark;
 
 use super::workspace::client_tool;
 
@@ -209,6 +210,14 @@ async fn run_files(
             }
         };
         let mut request = parsed.request;
+        // Marked watched first, so that the workers send the session's statuses to its reply
+        // queue (kept marked for as long as the queue outlives its last consumer).
+        let _mark = WatchMark::hold(
+            app.store.clone(),
+            request.session_id().clone(),
+            config.reply_queue_ttl,
+        )
+        .await?;
         let mut replies = app.broker.subscribe_replies(request.session_id()).await?;
         // Act as the client for continuations we can serve, a few rounds at most.
         let mut rounds = 0;

@@ -80,9 +80,13 @@ impl FrontDoor {
                     }
                     let view = TurnStatusView::from(&cancelled);
                     // Stored first: a client that misses the event reads the status.
-                    if let Err(e) =
-                        publish_status(self.broker.as_ref(), &view, cancelled.reply_to.as_deref())
-                            .await
+                    if let Err(e) = publish_status(
+                        self.broker.as_ref(),
+                        &view,
+                        cancelled.reply_to.as_deref(),
+                        true,
+                    )
+                    .await
                     {
                         tracing::warn!(session_id = %sid, turn_id = %tid, error = %e, "a cancelled turn's status could not be published; it is stored");
                     }

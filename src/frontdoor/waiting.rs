@@ -126,11 +126,11 @@ mod tests {
         // The earlier run's status arrives late, ahead of the continuation's.
         let mut stale = TurnStatusView::from(&record);
         stale.status = TurnStatus::AwaitingClientTools;
-        publish_status(&broker, &stale, None).await.unwrap();
+        publish_status(&broker, &stale, None, true).await.unwrap();
         let mut done = TurnStatusView::from(&record);
         done.status = TurnStatus::Completed;
         done.attempts = 2;
-        publish_status(&broker, &done, None).await.unwrap();
+        publish_status(&broker, &done, None, true).await.unwrap();
         let got = settled_or_deadline(
             &store,
             (&sid, &tid),

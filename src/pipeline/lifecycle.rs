@@ -405,17 +405,19 @@ impl Pipeline {
         result: TurnResult,
     ) -> Result<Settled, RetryableFailure> {
         let session = with_session.then_some(&run.session);
-        if let Err(e) = self
+        let saved = match self
             .store
             .save(session, &run.record, run.lease(), true)
             .await
         {
-            return self.retry_later(run, store_failure(e)).await;
-        }
+            Ok(saved) => saved,
+            Err(e) => return self.retry_later(run, store_failure(e)).await,
+        };
         run.held.released_by_store();
         Ok(Settled {
             status: Some(TurnStatusView::from(run.record.as_ref())),
             result,
+            watched: saved.watched,
         })
     }
 }

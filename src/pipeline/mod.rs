@@ -217,6 +217,12 @@ pub struct Settled {
     /// it. `None` for a result read back from the store (a duplicate job's): whoever publishes
     /// it reads the turn's current status first.
     pub status: Option<TurnStatusView>,
+    /// Whether the session may have watchers besides the front door waiting for the turn: it
+    /// was marked watched when this run stored the result (see [`Saved::watched`]). `true`
+    /// for a result read back from the store.
+    ///
+    /// [`Saved::watched`]: crate::store::Saved::watched
+    pub watched: bool,
 }
 
 impl Settled {
@@ -225,6 +231,7 @@ impl Settled {
         Self {
             result,
             status: None,
+            watched: true,
         }
     }
 }

@@ -299,6 +299,8 @@ impl ReplyBus for MemoryBroker {
         session: &SessionId,
         _correlation_id: &str,
         _reply_to: Option<&str>,
+        // In one process a status sent to nobody costs nothing: every subscriber gets it.
+        _watched: bool,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
@@ -456,7 +458,7 @@ mod tests {
         for i in 0..5 {
             let body = format!("{i}");
             broker
-                .publish_reply(&sid("s"), "t", None, body.as_bytes())
+                .publish_reply(&sid("s"), "t", None, true, body.as_bytes())
                 .await
                 .unwrap();
         }
@@ -477,7 +479,10 @@ mod tests {
             let s = sid(&format!("s{i}"));
             // A waiter that came and went, and a result nobody consumed.
             let waiter = broker.subscribe_direct(&s, false).await.unwrap();
-            broker.publish_reply(&s, "t", None, b"{}").await.unwrap();
+            broker
+                .publish_reply(&s, "t", None, true, b"{}")
+                .await
+                .unwrap();
             drop(waiter);
         }
         // Waiters that left are forgotten; unconsumed queues stay until they expire.
@@ -492,12 +497,12 @@ mod tests {
         }
         assert_eq!(broker.sessions_held(), 1_100);
         broker
-            .publish_reply(&sid("y"), "t", None, b"{}")
+            .publish_reply(&sid("y"), "t", None, true, b"{}")
             .await
             .unwrap();
         for _ in 0..super::SWEEP_EVERY {
             broker
-                .publish_reply(&sid("y"), "t", None, b"{}")
+                .publish_reply(&sid("y"), "t", None, true, b"{}")
                 .await
                 .unwrap();
         }

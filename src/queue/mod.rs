@@ -367,11 +367,16 @@ pub struct Direct {
 pub trait ReplyBus: Send + Sync + 'static {
     /// Publishes a turn status to the session's reply queue (confirmed), to the front doors
     /// watching the session, and to the direct address `reply_to` when the job named one.
+    /// `watched` false says nobody announced themselves as a watcher of the session (see
+    /// [`crate::store::SessionStore::mark_watched`]): a broker that pays for a publish that
+    /// reaches nobody then sends it only to `reply_to` and, with
+    /// [`ReplyQueues::EverySession`], to the session's reply queue.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
         reply_to: Option<&str>,
+        watched: bool,
         body: &[u8],
     ) -> Result<(), QueueError>;
     /// Consumes a session's reply queue (what `aptix watch` prints).

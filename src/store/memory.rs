@@ -32,6 +32,8 @@ struct Inner {
     contexts: HashMap<SessionId, ContextIds>,
     cancels: std::collections::HashSet<(SessionId, TurnId)>,
     batches: HashMap<String, BatchRecord>,
+    /// Sessions marked watched, until when (expired ones are dropped at the next mark).
+    watched: HashMap<SessionId, Instant>,
 }
 
 impl Inner {
@@ -292,7 +294,24 @@ impl SessionStore for MemoryStore {
         if release {
             inner.leases.remove(&turn.session_id);
         }
-        Ok(Saved { stop_requested })
+        let now = Instant::now();
+        let watched = inner
+            .watched
+            .get(&turn.session_id)
+            .is_some_and(|until| *until > now);
+        Ok(Saved {
+            stop_requested,
+            watched,
+        })
+    }
+
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let now = Instant::now();
+        inner.watched.retain(|_, until| *until > now);
+        let until = inner.watched.entry(session.clone()).or_insert(now);
+        *until = (*until).max(now + ttl);
+        Ok(())
     }
 
     async fn record_tool_output(

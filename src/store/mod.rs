@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod memory;
 pub mod redis;
+pub mod watch;
 
 use std::time::Duration;
 
@@ -91,6 +92,9 @@ pub struct Begun {
 pub struct Saved {
     /// The turn had been asked to stop when it was written.
     pub stop_requested: bool,
+    /// Someone may be watching the session: it was marked ([`SessionStore::mark_watched`])
+    /// when the turn was written.
+    pub watched: bool,
 }
 
 /// What [`SessionStore::admit_turn`] found, and how far it went.
@@ -274,6 +278,13 @@ pub trait SessionStore: Send + Sync + 'static {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
+    /// Marks the session as watched for at least `ttl` from now (a mark that lasts longer is
+    /// left as it is). A worker sends a session's statuses to the session's watchers and to
+    /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
+    /// whoever subscribes marks the session first and again while it stays (see
+    /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
+    /// follows the subscription, one saved after it is sent.
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
     /// Records one server tool's output before the next model call (fenced).
     async fn record_tool_output(
         &self,

@@ -101,6 +101,7 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
         )
         .await
         .unwrap();
+    let started = std::time::Instant::now();
     let poll = long_poll(&app, &sid);
     app.wait_for_model_calls(1).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -113,4 +114,11 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
     }
     let polled = poll.await.unwrap();
     assert_eq!(polled["result"]["status"], "completed", "{polled}");
+    // Heard from the worker's broadcast (the session was marked watched before it was
+    // bound), not from the store read a long-poll makes every 15 s in case it missed one.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the long-poll answered only after {:?}",
+        started.elapsed()
+    );
 }

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::contract::SessionId;
-use aptix_worker::queue::{Broker, Deliveries, Delivery, JobMeta, MemoryBroker, SessionEvent};
+use aptix_worker::queue::{
+    Broker, Deliveries, Delivery, JobMeta, MemoryBroker, ReplyBus as _, SessionEvent,
+};
 
 use crate::support::{RabbitGuard, rabbit};
 
@@ -164,15 +166,15 @@ async fn replies_reach_the_session_subscriber_in_order(s: Subject) {
     let other = SessionId::parse("s-2").unwrap();
     let mut r = s.broker.subscribe_replies(&sid).await.unwrap();
     s.broker
-        .publish_reply(&sid, "t1", None, b"one")
+        .publish_reply(&sid, "t1", None, true, b"one")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&other, "t9", None, b"not mine")
+        .publish_reply(&other, "t9", None, true, b"not mine")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t2", None, b"two")
+        .publish_reply(&sid, "t2", None, true, b"two")
         .await
         .unwrap();
     for expected in [&b"one"[..], b"two"] {
@@ -190,11 +192,11 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
     let mut b = s.broker.subscribe_events(&sid).await.unwrap();
     let mut queue = s.broker.subscribe_replies(&sid).await.unwrap();
     s.broker
-        .publish_reply(&sid, "t1", None, b"one")
+        .publish_reply(&sid, "t1", None, true, b"one")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t2", None, b"two")
+        .publish_reply(&sid, "t2", None, true, b"two")
         .await
         .unwrap();
     for rx in [&mut a, &mut b, &mut queue] {
@@ -217,7 +219,7 @@ async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s
     s.broker.publish_live(&sid, None, b"d0").await.unwrap();
     s.broker.publish_live(&sid, None, b"d1").await.unwrap();
     s.broker
-        .publish_reply(&sid, "t", None, b"result")
+        .publish_reply(&sid, "t", None, true, b"result")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -274,7 +276,7 @@ async fn a_direct_subscriber_hears_the_jobs_that_name_it(s: Subject) {
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t", address.as_deref(), b"result")
+        .publish_reply(&sid, "t", address.as_deref(), true, b"result")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -312,11 +314,11 @@ async fn a_direct_subscriber_hears_the_jobs_that_name_it(s: Subject) {
         // A broker that needs the address delivers nothing else directly: a job that named
         // no one (or another process) is heard through the session's watchers only.
         s.broker
-            .publish_reply(&sid, "t2", None, b"elsewhere")
+            .publish_reply(&sid, "t2", None, true, b"elsewhere")
             .await
             .unwrap();
         s.broker
-            .publish_reply(&sid, "t3", Some("amq.gen-someone-else"), b"not here")
+            .publish_reply(&sid, "t3", Some("amq.gen-someone-else"), true, b"not here")
             .await
             .unwrap();
         assert!(
@@ -353,14 +355,14 @@ async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
 ) {
     let sid = SessionId::parse(format!("on-sub-{}", uuid::Uuid::new_v4().simple())).unwrap();
     broker
-        .publish_reply(&sid, "t1", None, b"before")
+        .publish_reply(&sid, "t1", None, true, b"before")
         .await
         .unwrap();
     assert!(!queue_exists(&sid).await, "a status declared the queue");
     let mut replies = broker.subscribe_replies(&sid).await.unwrap();
     assert!(queue_exists(&sid).await);
     broker
-        .publish_reply(&sid, "t2", None, b"after")
+        .publish_reply(&sid, "t2", None, true, b"after")
         .await
         .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), replies.recv())
@@ -370,7 +372,7 @@ async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
     drop(replies);
     tokio::time::sleep(Duration::from_millis(300)).await;
     broker
-        .publish_reply(&sid, "t3", None, b"later")
+        .publish_reply(&sid, "t3", None, true, b"later")
         .await
         .unwrap();
     let mut again = broker.subscribe_replies(&sid).await.unwrap();
@@ -413,4 +415,47 @@ async fn on_subscribe_reply_queues_on_rabbitmq() {
         async |sid: &SessionId| crate::support::queue_exists(&topology.reply_queue(sid)).await,
     )
     .await;
+}
+
+/// On RabbitMQ a status of a session nobody marked watched goes to the front door its job
+/// named and nowhere else: a broadcast with no watcher bound and a publish to an on-subscribe
+/// reply queue that no client declared would cost the broker for nobody. Marked watched, it
+/// goes everywhere. (The embedded broker delivers to every subscriber of its process either
+/// way, which costs nothing.)
+#[tokio::test]
+async fn an_unwatched_status_goes_only_to_the_front_door_its_job_named() {
+    let topology = on_subscribe_topology();
+    let guard = RabbitGuard {
+        broker: crate::support::rabbit_broker(&topology, "unwatched").await,
+        topology: topology.clone(),
+    };
+    let broker = guard.broker.clone();
+    let sid = SessionId::parse(format!("unwatched-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    // A watcher bound without marking the session, and a reply queue declared without it.
+    let mut events = broker.subscribe_events(&sid).await.unwrap();
+    let mut queue = broker.subscribe_replies(&sid).await.unwrap();
+    let mut direct = broker.subscribe_direct(&sid, false).await.unwrap();
+    let address = direct.address.clone();
+    assert!(address.is_some());
+    broker
+        .publish_reply(&sid, "t1", address.as_deref(), false, b"unwatched")
+        .await
+        .unwrap();
+    broker
+        .publish_reply(&sid, "t2", address.as_deref(), true, b"watched")
+        .await
+        .unwrap();
+    let within = Duration::from_secs(5);
+    for expected in [&b"unwatched"[..], b"watched"] {
+        let got = tokio::time::timeout(within, direct.events.recv())
+            .await
+            .expect("in time")
+            .expect("open");
+        assert_eq!(got, SessionEvent::Status(expected.to_vec()));
+    }
+    // Each hears first (and only) the watched one: the unwatched one was not sent there.
+    let heard = tokio::time::timeout(within, events.recv()).await.unwrap();
+    assert_eq!(heard.as_deref(), Some(&b"watched"[..]));
+    let queued = tokio::time::timeout(within, queue.recv()).await.unwrap();
+    assert_eq!(queued.as_deref(), Some(&b"watched"[..]));
 }

@@ -567,7 +567,7 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
     let body = br#"{"turnId":"t"}"#;
     guard
         .broker
-        .publish_reply(&sid0, "t", None, body)
+        .publish_reply(&sid0, "t", None, true, body)
         .await
         .unwrap();
     for rx in [&mut streams[0], &mut twin] {
@@ -611,7 +611,7 @@ async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
     let mut after = guard.broker.subscribe_events(&sid).await.unwrap();
     guard
         .broker
-        .publish_reply(&sid, "t", None, b"{}")
+        .publish_reply(&sid, "t", None, true, b"{}")
         .await
         .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
@@ -650,12 +650,12 @@ async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
     .unwrap();
     guard
         .broker
-        .publish_reply(&old, "t1", None, b"one")
+        .publish_reply(&old, "t1", None, true, b"one")
         .await
         .expect("published to the queue as it is");
     guard
         .broker
-        .publish_reply(&old, "t2", None, b"two")
+        .publish_reply(&old, "t2", None, true, b"two")
         .await
         .unwrap();
     // The refusal closed only the declaring channel: jobs still go out, and a new session's
@@ -663,7 +663,7 @@ async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
     guard.broker.publish_job(b"{}").await.unwrap();
     guard
         .broker
-        .publish_reply(&fresh, "t", None, b"three")
+        .publish_reply(&fresh, "t", None, true, b"three")
         .await
         .unwrap();
     assert_eq!(
@@ -701,7 +701,7 @@ async fn a_full_reply_queue_drops_its_oldest_statuses() {
     for body in [&b"1"[..], b"2", b"3"] {
         guard
             .broker
-            .publish_reply(&sid, "t", None, body)
+            .publish_reply(&sid, "t", None, true, body)
             .await
             .unwrap();
     }

@@ -448,6 +448,71 @@ async fn a_save_reads_whether_the_turn_was_asked_to_stop(s: Subject) {
     assert!(saved.stop_requested);
 }
 
+async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let saved = st.save(None, &t, &lease, false).await.unwrap();
+    assert!(!saved.watched, "no one marked the session");
+    // Another session's mark is not this one's.
+    st.mark_watched(&sid("other"), LONG).await.unwrap();
+    assert!(!st.save(None, &t, &lease, false).await.unwrap().watched);
+    st.mark_watched(&sid("s"), LONG).await.unwrap();
+    // With or without the session, keeping or releasing the lease, the mark is read.
+    let saved = st
+        .save(Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(saved.watched);
+    // A shorter mark does not shorten a longer one.
+    st.mark_watched(&sid("s"), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(st.save(None, &t, &lease, true).await.unwrap().watched);
+    // A mark lapses.
+    let lease = st
+        .acquire_lease(&sid("u"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    st.mark_watched(&sid("u"), Duration::from_millis(100))
+        .await
+        .unwrap();
+    let u = turn("u", "t");
+    assert!(st.save(None, &u, &lease, false).await.unwrap().watched);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!st.save(None, &u, &lease, false).await.unwrap().watched);
+}
+
+async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped(s: Subject) {
+    use aptix_worker::store::watch::WatchMark;
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(&sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let linger = Duration::from_millis(200);
+    let mark = WatchMark::hold(st.clone(), sid("s"), linger).await.unwrap();
+    // Held for several times the mark's own lifetime: renewed meanwhile.
+    for _ in 0..4 {
+        tokio::time::sleep(linger).await;
+        assert!(st.save(None, &t, &lease, false).await.unwrap().watched);
+    }
+    drop(mark);
+    // It lasts at least `linger` after the holder has gone, then lapses.
+    tokio::time::sleep(linger / 2).await;
+    assert!(st.save(None, &t, &lease, false).await.unwrap().watched);
+    tokio::time::sleep(linger * 3).await;
+    assert!(!st.save(None, &t, &lease, false).await.unwrap().watched);
+}
+
 async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) {
     let st = &s.store;
     let item = |n: u32| serde_json::json!({"role": "user", "content": format!("item {n}")});
@@ -801,6 +866,8 @@ for_each_backend!(
         begin_takes_the_lease_and_reads_the_turn_and_session,
         begin_latches_a_new_sessions_contexts_and_only_then,
         a_save_reads_whether_the_turn_was_asked_to_stop,
+        a_save_reads_whether_the_session_is_marked_watched,
+        a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped,
         the_conversation_grows_by_appends_and_only_under_the_lease,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,

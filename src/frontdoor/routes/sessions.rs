@@ -18,6 +18,7 @@ use crate::live::{LiveBody, LiveEvent};
 use crate::queue::{SessionEvent, SessionEvents};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
+use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
 
 /// `<turnId>:<index>` (a live event) or `<turnId>` (a result), as sent in `id:`.
 fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
@@ -36,6 +37,8 @@ fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
 struct Lingering {
     events: Option<SessionEvents>,
     buffer: Arc<LiveBuffer>,
+    /// The session stays marked watched while the stream lives, and a while after.
+    _mark: WatchMark,
 }
 
 impl Lingering {
@@ -218,6 +221,12 @@ pub(crate) async fn session_events(
         Ok(owner) if owner != tenant => return not_found_session(&session_id),
         Ok(_) => {}
     }
+    // Marked before subscribing: a status stored before the mark is not sent to the stream
+    // (as one published before it subscribed), one stored after it is.
+    let mark = match WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await {
+        Ok(mark) => mark,
+        Err(e) => return unavailable(e),
+    };
     let events = match state.broker.subscribe_live(&sid).await {
         Ok(e) => e,
         Err(e) => return unavailable(e),
@@ -256,6 +265,7 @@ pub(crate) async fn session_events(
     let events = Lingering {
         events: Some(events),
         buffer: state.live_buffer.clone(),
+        _mark: mark,
     };
     let buffer = state.live_buffer.clone();
     let stream = futures_util::stream::unfold(

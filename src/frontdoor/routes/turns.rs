@@ -16,6 +16,7 @@ use crate::frontdoor::extract::{
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::frontdoor::waiting::{Subscription, settled_or_deadline};
 use crate::store::TurnStatusView;
+use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
 
 /// Submit a turn (a user turn or a tool continuation).
 #[utoipa::path(post, path = "/v1/turns", tag = "turns",
@@ -147,28 +148,38 @@ pub(crate) async fn get_turn(
     let reply_to = record.reply_to.clone();
     drop(record);
     let deadline = tokio::time::Instant::now() + wait;
+    // Held through the wait when the session's events are subscribed to.
+    let mut _mark = None;
     let events = match direct {
         Some(d) if d.address.is_none() || d.address == reply_to => {
             Some(Subscription::Direct(d.events))
         }
-        _ => match state.broker.subscribe_events(&sid).await {
-            // Bound after the first read: read again before waiting.
-            Ok(replies) => match state.store.get_turn(&sid, &tid).await {
+        _ => {
+            // Marked watched before subscribing, so that a worker broadcasts a result it
+            // stores from now on; one stored before is found by the read that follows.
+            match WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await {
+                Ok(mark) => _mark = Some(mark),
                 Err(e) => return unavailable(e),
-                Ok(None) => return not_found_turn(&sid, &tid),
-                Ok(Some(r)) if r.status.is_settled() => {
-                    return answer(
-                        StatusCode::OK,
-                        InvokeResult::success(TurnStatusView::from(&r)),
-                    );
-                }
-                Ok(Some(_)) => Some(Subscription::Session(replies)),
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
-                None
             }
-        },
+            match state.broker.subscribe_events(&sid).await {
+                // Bound after the first read: read again before waiting.
+                Ok(replies) => match state.store.get_turn(&sid, &tid).await {
+                    Err(e) => return unavailable(e),
+                    Ok(None) => return not_found_turn(&sid, &tid),
+                    Ok(Some(r)) if r.status.is_settled() => {
+                        return answer(
+                            StatusCode::OK,
+                            InvokeResult::success(TurnStatusView::from(&r)),
+                        );
+                    }
+                    Ok(Some(_)) => Some(Subscription::Session(replies)),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
+                    None
+                }
+            }
+        }
     };
     match settled_or_deadline(state.store.as_ref(), (&sid, &tid), events, deadline).await {
         Err(e) => unavailable(e),

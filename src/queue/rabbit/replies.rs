@@ -176,14 +176,17 @@ fn precondition_failed(e: &lapin::Error) -> bool {
 
 #[async_trait::async_trait]
 impl ReplyBus for RabbitBroker {
-    /// Sends the status to the waiting front door (when the job named one) and to the
-    /// session's watchers, then to the session's reply queue, confirmed — declaring the queue
-    /// (again) when needed.
+    /// Sends the status to the waiting front door (when the job named one) and, when the
+    /// session is watched, to its watchers, then to the session's reply queue, confirmed —
+    /// declaring the queue (again) when needed. An unwatched session's status is neither
+    /// broadcast nor sent to an on-subscribe reply queue: a watcher or subscriber marks the
+    /// session before it binds, so the broker would route those publishes nowhere.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
         reply_to: Option<&str>,
+        watched: bool,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let props = || {
@@ -191,18 +194,27 @@ impl ReplyBus for RabbitBroker {
                 .with_content_type(ShortString::from("application/json"))
                 .with_correlation_id(ShortString::from(correlation_id))
         };
-        let notify = async {
-            let ch = self.transient().await?;
-            if let Some(address) = reply_to {
-                publish_direct(&ch, address, session, "status", body).await?;
-            }
-            broadcast(&ch, &self.topology.events(), session, props(), body).await
-        };
-        self.bounded("a status broadcast", notify).await?;
+        if reply_to.is_some() || watched {
+            let notify = async {
+                let ch = self.transient().await?;
+                if let Some(address) = reply_to {
+                    publish_direct(&ch, address, session, "status", body).await?;
+                }
+                if watched {
+                    broadcast(&ch, &self.topology.events(), session, props(), body).await?;
+                }
+                Ok(())
+            };
+            self.bounded("a status broadcast", notify).await?;
+        }
         let queue = self.topology.reply_queue(session);
         if self.topology.reply_queues == ReplyQueues::OnSubscribe {
-            // Only a session a client subscribed to has a queue; without one, the broker drops
-            // the status (the store has it).
+            if !watched {
+                return Ok(());
+            }
+            // Only a session a client subscribed to has a queue; without one (a mark that
+            // outlived it, or one set for watchers only), the broker drops the status (the
+            // store has it).
             return self
                 .publish_routed("", &queue, body, props(), false)
                 .await

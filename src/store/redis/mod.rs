@@ -474,6 +474,7 @@ impl SessionStore for RedisStore {
             .key(self.turn_key("ledger", sid, &turn.turn_id))
             .key(self.key("conversation", sid))
             .key(self.turn_key("cancel", sid, &turn.turn_id))
+            .key(self.key("watched", sid))
             .arg(lease_value(lease))
             .arg(encode(turn)?)
             .arg(ms(self.retention.turns))
@@ -486,10 +487,23 @@ impl SessionStore for RedisStore {
         }
         let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
         result
-            .map(|asked| Saved {
-                stop_requested: asked == 1,
+            .map(|read| Saved {
+                stop_requested: read & 1 == 1,
+                watched: read & 2 == 2,
             })
             .map_err(|e| self.map_fenced(sid, e))
+    }
+
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
+        let _: i64 = self
+            .scripts
+            .mark_watched
+            .key(self.key("watched", session))
+            .arg(ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn record_tool_output(

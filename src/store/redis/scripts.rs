@@ -63,10 +63,11 @@ macro_rules! append_conversation {
     };
 }
 
-/// KEYS: lease, turn, turns index, session, ledger, conversation, the turn's stop request.
+/// KEYS: lease, turn, turns index, session, ledger, conversation, the turn's stop request,
+///       the session's watch mark.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
 ///       session TTL ms, then the session's conversation items to append (with a session).
-/// Returns 1 when the turn has been asked to stop, else 0.
+/// Returns 1 when the turn has been asked to stop, plus 2 when the session is marked watched.
 const SAVE: &str = concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -75,12 +76,22 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-if ARGV[6] == '' then return redis.call('EXISTS', KEYS[7]) end
+local read = redis.call('EXISTS', KEYS[7]) + 2 * redis.call('EXISTS', KEYS[8])
+if ARGV[6] == '' then return read end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 ",
     append_conversation!("6", "8", "7"),
-    "return redis.call('EXISTS', KEYS[7])\n"
+    "return read\n"
 );
+
+/// KEYS: the session's watch mark. ARGV: TTL ms.
+/// Sets the mark to last ARGV[1] from now unless it lasts longer already.
+const MARK_WATCHED: &str = r"
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+end
+return 1
+";
 
 /// KEYS: owner, contexts, turn, turns index.
 /// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
@@ -155,6 +166,7 @@ pub(super) struct Scripts {
     pub(super) set_session: Script,
     pub(super) discard_turn: Script,
     pub(super) replace_turn: Script,
+    pub(super) mark_watched: Script,
 }
 
 impl Scripts {
@@ -171,6 +183,7 @@ impl Scripts {
             set_session: Script::new(SET_SESSION),
             discard_turn: Script::new(DISCARD_TURN),
             replace_turn: Script::new(REPLACE_TURN),
+            mark_watched: Script::new(MARK_WATCHED),
         }
     }
 }
