@@ -3,13 +3,33 @@
 
 use redis::FromRedisValue;
 
+use super::codec::decode;
 use super::{RedisStore, unavailable};
-use crate::store::StoreError;
+use crate::contract::{SessionId, TurnId};
+use crate::store::{StoreError, TurnRecord};
 
 /// Keys per pipelined request.
 const CHUNK: usize = 500;
 
 impl RedisStore {
+    /// [`crate::store::SessionStore::get_turns`]: one pipeline of GETs per 500 turns (on a
+    /// cluster, one GET per turn, sent together). Tool ledgers are not merged in: callers of
+    /// this read statuses and results, not a turn's internals.
+    pub(super) async fn turn_records(
+        &self,
+        ids: &[(SessionId, TurnId)],
+    ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|(sid, tid)| self.turn_key("turn", sid, tid))
+            .collect();
+        let raws: Vec<Option<String>> = self.read_many("GET", &keys).await?;
+        keys.iter()
+            .zip(raws)
+            .map(|(key, raw)| decode(key, raw))
+            .collect()
+    }
+
     /// `command key` (a one-key read: `GET`, `EXISTS`) for every key, answers in key order.
     pub(super) async fn read_many<T: FromRedisValue + Send>(
         &self,

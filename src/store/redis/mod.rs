@@ -580,22 +580,11 @@ impl SessionStore for RedisStore {
         decode(&key, raw)
     }
 
-    /// One pipeline of GETs per 500 turns (on a cluster, where a pipeline must stay within one
-    /// slot, one GET per turn, sent together). Tool ledgers are not merged in: callers of this
-    /// read statuses and results, not a turn's internals.
     async fn get_turns(
         &self,
         ids: &[(SessionId, TurnId)],
     ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
-        let keys: Vec<String> = ids
-            .iter()
-            .map(|(sid, tid)| self.turn_key("turn", sid, tid))
-            .collect();
-        let raws: Vec<Option<String>> = self.read_many("GET", &keys).await?;
-        keys.iter()
-            .zip(raws)
-            .map(|(key, raw)| decode(key, raw))
-            .collect()
+        self.turn_records(ids).await
     }
 }
 
