@@ -33,6 +33,9 @@ impl Drop for Proc {
     }
 }
 
+/// How many of a process's last log lines are shown when it ends before it is ready.
+const LAST_LINES: usize = 20;
+
 impl Proc {
     /// Starts `cmd` with its log on a pipe and waits (up to `within`) for a log line containing
     /// `ready`; returns the process and that line. The rest of its log is read and dropped in
@@ -54,29 +57,49 @@ impl Proc {
             .spawn()
             .with_context(|| format!("starting {label}"))?;
         let stderr = child.stderr.take().context("stderr is piped")?;
-        let proc = Self { label, child };
+        let mut proc = Self { label, child };
         let (tx, rx) = std::sync::mpsc::channel();
         let ready = ready.to_string();
         std::thread::spawn(move || {
             let mut tx = Some(tx);
+            // Until it is ready, its last lines are kept to say why, should it not get there.
+            let mut last = std::collections::VecDeque::with_capacity(LAST_LINES);
             for line in std::io::BufReader::new(stderr)
                 .lines()
                 .map_while(Result::ok)
             {
-                if line.contains(&ready)
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(line);
+                let Some(sender) = tx.take() else { continue };
+                if line.contains(&ready) {
+                    let _ = sender.send(Ok(line));
+                    continue;
                 }
+                if last.len() == LAST_LINES {
+                    last.pop_front();
+                }
+                last.push_back(line);
+                tx = Some(sender);
+            }
+            if let Some(sender) = tx {
+                let _ = sender.send(Err(Vec::from(last)));
             }
         });
-        let line = rx.recv_timeout(within).with_context(|| {
-            format!(
+        match rx.recv_timeout(within) {
+            Ok(Ok(line)) => Ok((proc, line)),
+            Ok(Err(last)) => {
+                let status = proc
+                    .child
+                    .wait()
+                    .map_or_else(|e| format!("cannot be waited for: {e}"), |s| s.to_string());
+                anyhow::bail!(
+                    "{label} ended before it was ready ({status}); its last lines:\n{}",
+                    last.join("\n")
+                )
+            }
+            Err(_) => anyhow::bail!(
                 "{label} did not report that it was ready within {} s",
                 within.as_secs()
-            )
-        })?;
-        Ok((proc, line))
+            ),
+        }
     }
 
     fn pid(&self) -> u32 {
