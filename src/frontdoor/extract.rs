@@ -296,8 +296,9 @@ impl Media {
         }
     }
 
-    /// The `415` for a request whose `Content-Type` is neither absent nor this type with no
-    /// charset other than UTF-8 (the only one the API reads); `None` when it may be read.
+    /// The `415` for a request whose `Content-Type` is neither absent (or empty) nor this type
+    /// with no charset other than UTF-8 (the only one the API reads); `None` when it may be
+    /// read.
     pub(crate) fn refusal(self, headers: &HeaderMap) -> Option<Response> {
         let value = headers.get(axum::http::header::CONTENT_TYPE)?;
         let refuse = |sent: &str, why: &str| {
@@ -313,6 +314,10 @@ impl Media {
         let Ok(text) = value.to_str() else {
             return refuse(&format!("{value:?}"), "the header is not text");
         };
+        if text.trim().is_empty() {
+            // An empty header names no type, as an absent one does.
+            return None;
+        }
         let mut parts = text.split(';');
         let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
         if !self.is(&essence) {

@@ -281,12 +281,13 @@ async fn a_body_sent_as_another_media_type_is_415_and_nothing_runs() {
     let (status, _) = app.get(Some("tok-a"), "/v1/sessions/ct").await;
     assert_eq!(status, 404);
 
-    // The route's own type in any spelling, a UTF-8 charset, or no Content-Type at all.
+    // The route's own type in any spelling, a UTF-8 charset, or no (or an empty) Content-Type.
     for (t, sent) in [
         ("a", Some("application/json")),
         ("b", Some("Application/JSON; charset=\"UTF-8\"")),
         ("c", Some("application/problem+json")),
-        ("d", None),
+        ("d", Some("")),
+        ("e", None),
     ] {
         let headers: Vec<(&str, &str)> = sent.map(|v| ("content-type", v)).into_iter().collect();
         let (status, body) = app
@@ -318,7 +319,7 @@ async fn a_body_sent_as_another_media_type_is_415_and_nothing_runs() {
     assert_eq!(status, 200);
     assert_eq!(
         body["result"]["turns"].as_array().map(Vec::len),
-        Some(4),
+        Some(5),
         "{body}"
     );
 }
