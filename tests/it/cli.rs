@@ -1024,6 +1024,7 @@ async fn assert_one_exported_tree(
     exported: &Arc<Mutex<Vec<ExportedSpan>>>,
     trace_id: &str,
     model_parent: &str,
+    logs: &dyn Fn() -> String,
 ) {
     let find = |name: &str| {
         exported
@@ -1033,15 +1034,17 @@ async fn assert_one_exported_tree(
             .find(|s| s.name == name && s.trace_id == trace_id)
             .cloned()
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    // Both processes export every 100 ms; the deadline only bounds a loaded machine.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while ["http", "job", "model_call"]
         .iter()
         .any(|n| find(n).is_none())
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "spans exported: {:#?}",
-            exported.lock().unwrap()
+            "spans exported: {:#?}\nthe processes' logs (an export that failed is logged):\n{}",
+            exported.lock().unwrap(),
+            logs()
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
@@ -1110,9 +1113,10 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
     let serve = Listening::start(&mut serve);
     let port = serve.port;
     let mut worker = aptix();
-    worker.arg("worker");
+    worker.args(["worker", "--listen", "127.0.0.1:0"]);
     env(&mut worker);
-    let mut worker = worker.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Its log is read as it is written (a pipe left unread would stall the worker once full).
+    let mut worker = Listening::start(&mut worker);
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let answer: serde_json::Value = crate::support::http_client()
         .post(format!("http://127.0.0.1:{port}/api/ai/agent/execute"))
@@ -1139,14 +1143,21 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
     // With span export built in (feature `otel`, which the README's test command turns on),
     // the collector holds one tree of that trace, across both processes.
     #[cfg(feature = "otel")]
-    assert_one_exported_tree(&exported, trace_id, parts[2]).await;
+    assert_one_exported_tree(&exported, trace_id, parts[2], &|| {
+        format!(
+            "serve:\n{}\nworker:\n{}",
+            serve.lines().join("\n"),
+            worker.lines().join("\n")
+        )
+    })
+    .await;
     // Every log line of the turn in the worker carries the trace id.
-    sigterm(worker.id());
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut worker.stderr.take().unwrap(), &mut stderr).unwrap();
-    let _ = worker.wait();
-    let turn_lines: Vec<serde_json::Value> = stderr
-        .lines()
+    sigterm(worker.child.id());
+    let _ = worker.child.wait();
+    let lines = worker.lines_after_exit();
+    let stderr = lines.join("\n");
+    let turn_lines: Vec<serde_json::Value> = lines
+        .iter()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|l| l["spans"].to_string().contains("trace-t"))
         .collect();
@@ -1169,6 +1180,68 @@ async fn trace_context_crosses_the_queue_from_serve_to_worker_to_the_model() {
         "aptix-test-cleanup",
     );
     defaults.delete_topology().await.unwrap();
+}
+
+/// A collector that refuses the spans does not fail silently: the exporting process logs the
+/// failed export, at error level and with the collector's answer, and keeps serving.
+#[cfg(feature = "otel")]
+#[tokio::test]
+async fn a_collector_that_refuses_spans_is_reported_in_the_log() {
+    let refusals = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = refusals.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { axum::http::StatusCode::BAD_REQUEST }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let collector = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut serve = aptix();
+    serve
+        .args(["serve", "--worker", "--listen", "127.0.0.1:0"])
+        .env("APTIX_LOG_FORMAT", "json")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &collector)
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("RUST_LOG", "info");
+    let serve = Listening::start(&mut serve);
+    let health = crate::support::http_client()
+        .get(format!("{}/healthz", serve.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let failed = loop {
+        let found = serve
+            .lines()
+            .into_iter()
+            .find(|l| l.contains("BatchSpanProcessor.ExportError"));
+        if let Some(line) = found {
+            break line;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed export logged ({} refused):\n{}",
+            refusals.load(std::sync::atomic::Ordering::SeqCst),
+            serve.lines().join("\n")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let line: serde_json::Value = serde_json::from_str(&failed).expect("a JSON log line");
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert!(line["error"].to_string().contains("400"), "{line}");
+    assert!(refusals.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    // Still serving.
+    let again = crate::support::http_client()
+        .get(format!("{}/healthz", serve.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
 }
 
 /// The streaming and closed-loop benches (in one process, and against separate processes) run
