@@ -106,7 +106,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    app.worker(&config).run(shutdown).await;
+    // On a task of the runtime, not on this thread (the one `block_on` parks between polls):
+    // each delivery would otherwise wake this thread, which would hand the turn's task over
+    // to a runtime thread, waking that one too.
+    if let Err(e) = app.worker(&config).spawn(shutdown).await {
+        tracing::error!(error = %e, "the worker's consume loop ended abnormally");
+        return Ok(ExitCode::FAILURE);
+    }
     if let Some(ops) = ops {
         let _ = ops.await;
     }
