@@ -48,6 +48,7 @@ pub mod pipeline;
 pub mod queue;
 pub mod rag;
 pub mod replies;
+pub mod sched;
 pub mod secret;
 pub mod state;
 pub mod store;

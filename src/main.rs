@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, FromArgMatches as _};
 
 use aptix_worker::config::with_causes;
+use aptix_worker::sched::{self, CpuScheduling};
 use aptix_worker::telemetry::{self, LogFormat};
 
 use cli::Cli;
@@ -34,6 +35,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Before the runtime starts its threads, so that they (and lapin's) inherit the class.
+    let scheduling = if cli.command.long_running() {
+        match CpuScheduling::from_env() {
+            Ok(class) => Some((class, class.apply())),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -52,6 +65,16 @@ fn main() -> ExitCode {
             }
         }
     };
+    match scheduling {
+        Some((CpuScheduling::Batch, Ok(()))) => {
+            tracing::info!("CPU scheduling: SCHED_BATCH ({})", sched::VAR);
+        }
+        // The process works as it would with `normal`; say so rather than stop.
+        Some((_, Err(e))) => {
+            tracing::warn!(error = %with_causes(&e), "CPU scheduling left as normal");
+        }
+        _ => {}
+    }
     let code = runtime.block_on(cli::run(cli));
     // Flush the spans still queued while the runtime that sends them is alive.
     {

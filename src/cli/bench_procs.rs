@@ -266,10 +266,16 @@ async fn measure(
         })
         .transpose()?;
     // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
-    let threads = match std::env::var("TOKIO_WORKER_THREADS") {
+    let mut threads = match std::env::var("TOKIO_WORKER_THREADS") {
         Ok(n) => format!("serve, worker and fake model as processes of {n} runtime thread(s)"),
         Err(_) => "serve, worker and fake model as processes, one runtime thread per core".into(),
     };
+    // Serve and worker read APTIX_CPU_SCHEDULING (an unknown class would have stopped them at
+    // start); the fake model and the clients keep the normal class.
+    if aptix_worker::sched::CpuScheduling::from_env()? == aptix_worker::sched::CpuScheduling::Batch
+    {
+        threads.push_str(", serve and worker in SCHED_BATCH (APTIX_CPU_SCHEDULING=batch)");
+    }
     driven.report(
         opts,
         config.reply_queues.as_str(),

@@ -123,6 +123,12 @@ impl Command {
             _ => "info",
         }
     }
+
+    /// Whether this is one of the long-running processes that `APTIX_CPU_SCHEDULING` applies
+    /// to (the front door, the worker, or both in one process).
+    pub fn long_running(&self) -> bool {
+        matches!(self, Self::Run(_) | Self::Serve(_) | Self::Worker(_))
+    }
 }
 
 /// Runs the command.

@@ -137,3 +137,92 @@ impl Processes {
             .collect()
     }
 }
+
+/// Each thread of process `pid`: its name and its scheduling policy as the kernel reports it
+/// (`/proc/<pid>/task/<tid>/stat`, field 41: 0 normal, 3 batch).
+#[cfg(target_os = "linux")]
+fn thread_policies(pid: u32) -> Vec<(String, u32)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap();
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // The fields after the name, which ends with the last ')': field 3 is the first.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        threads.push((name.trim().to_string(), fields[41 - 3].parse().unwrap()));
+    }
+    threads
+}
+
+/// `APTIX_CPU_SCHEDULING=batch` puts every thread of `aptix serve` and `aptix worker` in
+/// SCHED_BATCH — the runtime's and lapin's I/O thread included, as the kernel reports them —
+/// and says so in the log; the processes run turns as before. Without it, every thread keeps
+/// the normal class. A class it does not know stops a long-running process, naming the
+/// variable; a client command does not read it.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn cpu_scheduling_batch_reaches_every_thread_of_serve_and_worker() {
+    const BATCH: u32 = 3;
+    const NORMAL: u32 = 0;
+    let turn = |session: &str| {
+        format!(r#"{{"sessionId": "{session}", "turnId": "t", "instruction": "hello"}}"#)
+    };
+    let batch = Processes::start(vec![("APTIX_CPU_SCHEDULING", "batch".into())], &[], 1).await;
+    batch.submit(turn("sched-batch")).await;
+    batch.wait_completed("sched-batch").await;
+    for process in [&batch.serve, &batch.workers[0]] {
+        let threads = thread_policies(process.child.id());
+        assert!(
+            threads.iter().any(|(name, _)| name == "lapin-io-loop"),
+            "{threads:?}"
+        );
+        assert!(
+            threads.iter().all(|(_, policy)| *policy == BATCH),
+            "{threads:?}"
+        );
+        assert!(
+            process
+                .lines()
+                .iter()
+                .any(|l| l.contains("CPU scheduling: SCHED_BATCH")),
+            "{:?}",
+            process.lines()
+        );
+    }
+    drop(batch);
+
+    let normal = Processes::start(Vec::new(), &[], 1).await;
+    normal.submit(turn("sched-normal")).await;
+    normal.wait_completed("sched-normal").await;
+    for process in [&normal.serve, &normal.workers[0]] {
+        let threads = thread_policies(process.child.id());
+        assert!(
+            threads.iter().all(|(_, policy)| *policy == NORMAL),
+            "{threads:?}"
+        );
+    }
+    drop(normal);
+
+    let out = crate::support::aptix()
+        .arg("worker")
+        .env("APTIX_CPU_SCHEDULING", "fifo")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("APTIX_CPU_SCHEDULING") && stderr.contains("fifo"),
+        "{stderr}"
+    );
+    let out = crate::support::aptix()
+        .arg("modes")
+        .env("APTIX_CPU_SCHEDULING", "fifo")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
