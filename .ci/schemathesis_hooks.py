@@ -46,7 +46,10 @@ def _line_validator(operation, status):
 @schemathesis.deserializer("application/x-ndjson")
 def ndjson_lines(ctx, response):
     """Checks every line against the documented line schema; gives schemathesis the last one."""
-    lines = [json.loads(line) for line in response.content.decode("utf-8").splitlines() if line.strip()]
+    # Lines end at "\n" only: str.splitlines() would also split at U+0085, U+2028 and other
+    # characters a JSON string may hold unescaped.
+    text = response.content.decode("utf-8")
+    lines = [json.loads(line) for line in text.split("\n") if line.strip()]
     if not lines:
         raise NotImplementedError("an empty NDJSON answer has no line to check")
     validator = _line_validator(ctx.operation, response.status_code)
