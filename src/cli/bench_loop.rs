@@ -162,24 +162,47 @@ pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// CPU seconds of one watched process (or group of processes), labelled.
-pub(super) type CpuSnapshot = Vec<(String, f64)>;
+/// Context switches of every thread of process `pid` so far, voluntary (it waited) and
+/// involuntary (it was preempted) together.
+fn context_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.filter_map(Result::ok) {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue; // the thread ended since the directory was read
+        };
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
 
-/// The CPU seconds of `watched` processes (label, pids), and of RabbitMQ and Redis.
+/// What one watched process (or group of processes) has used so far.
+pub(super) struct Usage {
+    label: String,
+    cpu_seconds: f64,
+    switches: u64,
+}
+
+/// The usage of each watched process, in order.
+pub(super) type CpuSnapshot = Vec<Usage>;
+
+/// The usage of `watched` processes (label, pids), and of RabbitMQ and Redis.
 pub(super) fn cpu_snapshot(watched: &[(&str, Vec<u32>)]) -> CpuSnapshot {
-    let sum = |pids: &[u32]| pids.iter().copied().filter_map(cpu_seconds).sum::<f64>();
+    let usage = |label: &str, pids: &[u32]| Usage {
+        label: label.to_string(),
+        cpu_seconds: pids.iter().copied().filter_map(cpu_seconds).sum(),
+        switches: pids.iter().copied().filter_map(context_switches).sum(),
+    };
     watched
         .iter()
-        .map(|(label, pids)| (label.to_string(), sum(pids)))
+        .map(|(label, pids)| usage(label, pids))
         .chain([
-            (
-                "RabbitMQ (beam.smp)".to_string(),
-                sum(&pids_named("beam.smp")),
-            ),
-            (
-                "Redis (redis-server)".to_string(),
-                sum(&pids_named("redis-server")),
-            ),
+            usage("RabbitMQ (beam.smp)", &pids_named("beam.smp")),
+            usage("Redis (redis-server)", &pids_named("redis-server")),
         ])
         .collect()
 }
@@ -196,7 +219,24 @@ pub(super) fn cpu_per(before: &CpuSnapshot, after: &CpuSnapshot, n: usize) -> St
     before
         .iter()
         .zip(after)
-        .map(|((label, b), (_, a))| format!("{label} {:.3} ms", (a - b) * 1000.0 / n.max(1) as f64))
+        .map(|(b, a)| {
+            let ms = (a.cpu_seconds - b.cpu_seconds) * 1000.0 / n.max(1) as f64;
+            format!("{} {ms:.3} ms", b.label)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Context switches per unit of work (all threads of each process): each is a hand-over
+/// between threads or a preemption, and on shared cores they cost as much as the work.
+pub(super) fn switches_per(before: &CpuSnapshot, after: &CpuSnapshot, n: usize) -> String {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            let per = a.switches.saturating_sub(b.switches) as f64 / n.max(1) as f64;
+            format!("{} {per:.2}", b.label)
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -393,7 +433,15 @@ impl Driven {
             );
         }
         println!("  CPU per turn: {}", cpu_per(before, after, done));
-        let spent: f64 = before.iter().zip(after).map(|((_, b), (_, a))| a - b).sum();
+        println!(
+            "  context switches per turn: {}",
+            switches_per(before, after, done)
+        );
+        let spent: f64 = before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| a.cpu_seconds - b.cpu_seconds)
+            .sum();
         let measured = Measured {
             rate: done as f64 / self.elapsed.as_secs_f64(),
             clients: opts.sessions,
