@@ -547,15 +547,19 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
     // A second subscriber of the same session shares the binding.
     let sid0 = SessionId::parse(key(0)).unwrap();
     let mut twin = guard.broker.subscribe_events(&sid0).await.unwrap();
-    // The broker's listing can lag behind a busy broker: ask again for a few seconds.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while consumers_tagged(&tag) != 1 && std::time::Instant::now() < deadline {
+    // The broker's listing can lag behind a busy broker (and each `rabbitmqctl` call takes a
+    // second or more on a loaded machine): ask again for up to 20 s, judging the last answer.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut seen = consumers_tagged(&tag);
+    while seen != 1 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
+        seen = consumers_tagged(&tag);
     }
     assert_eq!(
-        consumers_tagged(&tag),
+        seen,
         1,
-        "one consumer for every subscriber"
+        "one consumer for every subscriber; the consumers listed:\n{}",
+        rabbitmqctl_lines(&["list_consumers", "queue_name", "consumer_tag"]).join("\n")
     );
     let keys = binding_keys();
     assert!(
