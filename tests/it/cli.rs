@@ -1324,6 +1324,17 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     ] {
         assert!(procs.contains(line), "{line:?} missing from\n{procs}");
     }
+    // The worker hands every turn between threads: its count of switches cannot be zero.
+    let switches = procs
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("context switches per turn: "))
+        .unwrap_or_else(|| panic!("no context switch line in\n{procs}"));
+    let worker: f64 = switches
+        .split(", ")
+        .find_map(|p| p.strip_prefix("aptix worker "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no worker figure in {switches:?}"));
+    assert!(worker > 0.0, "{switches}");
     // One process under callgrind: its instructions per turn, counted while the turns ran,
     // and its profile kept where it was asked to be.
     let kept =

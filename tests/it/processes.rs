@@ -145,8 +145,14 @@ fn thread_policies(pid: u32) -> Vec<(String, u32)> {
     let mut threads = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let dir = task.unwrap().path();
-        let name = std::fs::read_to_string(dir.join("comm")).unwrap();
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap();
+        // A thread that ended since the directory was read (an idle blocking-pool thread,
+        // say) has no files left to read: it is not one of the process's threads any more.
+        let (Ok(name), Ok(stat)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("stat")),
+        ) else {
+            continue;
+        };
         // The fields after the name, which ends with the last ')': field 3 is the first.
         let fields: Vec<&str> = stat
             .rsplit_once(')')
