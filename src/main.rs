@@ -69,9 +69,9 @@ fn main() -> ExitCode {
         Some((CpuScheduling::Batch, Ok(()))) => {
             tracing::info!("CPU scheduling: SCHED_BATCH ({})", sched::VAR);
         }
-        // The process works as it would with `normal`; say so rather than stop.
+        // The process works in the class it was started in; say so rather than stop.
         Some((_, Err(e))) => {
-            tracing::warn!(error = %with_causes(&e), "CPU scheduling left as normal");
+            tracing::warn!(error = %with_causes(&e), "CPU scheduling class left as it was");
         }
         _ => {}
     }

@@ -232,3 +232,73 @@ async fn cpu_scheduling_batch_reaches_every_thread_of_serve_and_worker() {
         .unwrap();
     assert!(out.status.success(), "{out:?}");
 }
+
+/// When the kernel refuses `APTIX_CPU_SCHEDULING=batch` the process says so and works on in
+/// the class it started in. The refusal is made real: the process starts in `SCHED_IDLE`,
+/// which an unprivileged thread may leave only within its `RLIMIT_NICE` (set to nothing here),
+/// and without `CAP_SYS_NICE` (dropped from the bounding set when the tests run as root).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_refused_cpu_scheduling_class_is_a_warning_and_the_process_serves_on() {
+    const IDLE: u32 = 5;
+    let mut wrapped = std::process::Command::new("chrt");
+    wrapped.args(["--idle", "0"]);
+    // SAFETY: geteuid reads the calling process's effective user id; it cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        wrapped.args([
+            "setpriv",
+            "--inh-caps=-sys_nice",
+            "--bounding-set=-sys_nice",
+        ]);
+    }
+    wrapped
+        .args(["prlimit", "--nice=0:0"])
+        .arg(env!("CARGO_BIN_EXE_aptix"))
+        .args(["serve", "--worker", "--listen", "127.0.0.1:0"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("APTIX_CPU_SCHEDULING", "batch")
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1");
+    for var in ["APTIX_AMQP_URL", "APTIX_REDIS_URL", "APTIX_LLM_BASE_URL"] {
+        wrapped.env_remove(var);
+    }
+    let serve = Listening::start(&mut wrapped);
+    let warning = serve
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("CPU scheduling class left as it was"));
+    let Some(warning) = warning else {
+        panic!("no warning: {:?}", serve.lines());
+    };
+    assert!(
+        warning.contains("WARN")
+            && warning.contains("cannot apply APTIX_CPU_SCHEDULING=batch")
+            && warning.contains("os error 1"),
+        "{warning}"
+    );
+    assert!(
+        !serve
+            .lines()
+            .iter()
+            .any(|l| l.contains("CPU scheduling: SCHED_BATCH")),
+        "{:?}",
+        serve.lines()
+    );
+    let threads = thread_policies(serve.child.id());
+    assert!(
+        threads.iter().all(|(_, policy)| *policy == IDLE),
+        "{threads:?}"
+    );
+    // It still runs turns: one, in the embedded queue and store, answered by the model.
+    let resp = http_client()
+        .post(format!("{}/api/ai/agent/execute", serve.url()))
+        .body(r#"{"sessionId": "sched-refused", "turnId": "t", "instruction": "hello"}"#)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"final\""), "{body}");
+}
