@@ -167,13 +167,37 @@ pub(crate) fn unauthorized() -> Response {
     )
 }
 
+/// The `Retry-After` of a 503: the store or the broker it needs is down, and the process
+/// reconnects on the next request, so a client may try again in about a second.
+pub(crate) const RETRY_UNAVAILABLE_SECS: u64 = 1;
+
+/// A 503 for a request that needed the store or the broker: logged with its cause, answered
+/// with `Retry-After` and a message that claims nothing about what happened (a write may have
+/// been partly made: an index upload, a batch whose record could not be updated).
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> Response {
-    tracing::warn!(error = %e, "dependency unavailable");
-    failure(
-        StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::ServiceUnavailable,
+    unavailable_saying(e, "the service is temporarily unavailable; try again")
+}
+
+/// A 503 for a submission refused before anything was stored or enqueued.
+pub(crate) fn unavailable_unaccepted(e: impl std::fmt::Display) -> Response {
+    unavailable_saying(
+        e,
         "the service is temporarily unavailable; nothing was accepted, try again",
     )
+}
+
+fn unavailable_saying(e: impl std::fmt::Display, message: &str) -> Response {
+    tracing::warn!(error = %e, "dependency unavailable");
+    let mut response = failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::ServiceUnavailable,
+        message,
+    );
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        RETRY_UNAVAILABLE_SECS.into(),
+    );
+    response
 }
 
 /// The caller's W3C trace context, or a new trace; its id is logged with the request.

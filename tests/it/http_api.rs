@@ -1093,8 +1093,17 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 503);
+    // A client is told when to try again, and that trying again is safe.
+    assert_eq!(resp.headers()["retry-after"], "1");
     let body: Value = resp.json().await.unwrap();
     assert_eq!(code(&body), "SERVICE_UNAVAILABLE");
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was accepted"),
+        "{body}"
+    );
     // Nothing was accepted, so nothing is left behind waiting for a job.
     assert!(
         store
@@ -1102,6 +1111,21 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
             .await
             .unwrap()
             .is_empty()
+    );
+    // A read that needs the broker (a session's events) is a 503 with Retry-After too, whose
+    // message does not talk of accepting anything.
+    let resp = http
+        .get(format!("{base}/v1/sessions/s/events"))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(
+        body["errors"][0]["message"], "the service is temporarily unavailable; try again",
+        "{body}"
     );
     let resp = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 503);

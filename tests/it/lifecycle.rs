@@ -591,6 +591,13 @@ async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
         "{:?}",
         started.elapsed()
     );
+    // A read is refused as promptly, without claiming anything about acceptance.
+    let (status, body) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t1").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["errors"][0]["message"],
+        "the service is temporarily unavailable; try again"
+    );
     let started = std::time::Instant::now();
     let (status, body) = app.get(None, "/readyz").await;
     assert!(

@@ -25,7 +25,8 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn post_batch(
     State(state): State<HttpState>,
@@ -94,7 +95,8 @@ impl axum::extract::FromRequestParts<HttpState> for CallerBatch {
         (status = 200, description = "Counts by status", body = api_doc::InvokeResult<BatchProgress>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn get_batch(
     State(state): State<HttpState>,
@@ -157,7 +159,8 @@ pub(crate) async fn get_batch_results(
         (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn cancel_batch(
     State(state): State<HttpState>,

@@ -86,7 +86,8 @@ impl IndexRequest {
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
-        (status = 503, description = "Index unavailable", body = Failure),
+        (status = 503, description = "Index unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn post_index(
     State(state): State<HttpState>,

@@ -138,7 +138,8 @@ pub(crate) struct TurnSummary {
         (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such session (or another tenant's)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn get_session(
     State(state): State<HttpState>,
@@ -204,7 +205,8 @@ pub(crate) async fn get_session(
         (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's a SessionDeltaEvent, a progress event's a SessionProgressEvent", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Another tenant's session", body = Failure),
-        (status = 503, description = "Broker unavailable", body = Failure),
+        (status = 503, description = "Broker unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn session_events(
     State(state): State<HttpState>,

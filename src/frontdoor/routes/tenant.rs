@@ -14,7 +14,8 @@ use crate::tenants::TenantUsage;
     responses(
         (status = 200, description = "The tenant's counts and limits", body = api_doc::InvokeResult<TenantUsage>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 503, description = "The counters cannot be read", body = Failure),
+        (status = 503, description = "The counters cannot be read", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn get_usage(State(state): State<HttpState>, Tenant(tenant): Tenant) -> Response {
     match state.door.quotas().usage(&tenant).await {

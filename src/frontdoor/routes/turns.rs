@@ -11,7 +11,7 @@ use crate::contract::{ErrorCode, InvokeResult};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, Traced, answer, failure,
-    ids, not_found_turn, refused, unavailable,
+    ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::frontdoor::waiting::{Subscription, settled_or_deadline};
@@ -31,7 +31,8 @@ use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
         (status = 429, description = "QUOTA_EXCEEDED: the tenant's daily token quota is spent (a new user turn); the message and Retry-After say when it resets", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds until the quota resets"))),
-        (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure),
+        (status = 503, description = "Queue or store unavailable; nothing accepted", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn post_turn(
     State(state): State<HttpState>,
@@ -66,7 +67,7 @@ impl IntoResponse for SubmitError {
     /// with a message that says nothing was accepted.
     fn into_response(self) -> Response {
         match self {
-            Self::Unavailable(m) => unavailable(m),
+            Self::Unavailable(m) => unavailable_unaccepted(m),
             refused => {
                 let status = StatusCode::from_u16(refused.http_status())
                     .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -95,7 +96,8 @@ impl IntoResponse for SubmitError {
         (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn get_turn(
     State(state): State<HttpState>,
@@ -203,7 +205,8 @@ pub(crate) async fn get_turn(
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
         (status = 409, description = "The turn has finished (TURN_ALREADY_FINISHED, naming its status)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn cancel_turn(
     State(state): State<HttpState>,
