@@ -48,6 +48,11 @@ pub struct BatchArgs {
     /// Index this folder first, so turns see related documents in their context.
     #[arg(long)]
     pub index: Option<PathBuf>,
+    /// How long to keep trying when the API cannot be reached or answers 502, 503 or 504 (a
+    /// front door restarting, RabbitMQ or Redis failing over), in seconds; 0 gives up at once.
+    /// The batch goes on on the server meanwhile.
+    #[arg(long, default_value_t = 300)]
+    pub retry_for_secs: u64,
 }
 
 /// `aptix batch`.
@@ -60,6 +65,7 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
         token,
         poll_ms,
         index,
+        retry_for_secs,
     } = args;
     let out = out.unwrap_or_else(|| {
         let name = input
@@ -92,7 +98,8 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
             format!("http://{addr}")
         }
     };
-    let client = ApiClient::new(&url, token);
+    // Every request of a batch is safe to send again: its turns are named by their ids.
+    let client = ApiClient::new(&url, token).with_patience(Duration::from_secs(retry_for_secs));
     let indexed = match &index {
         Some(folder) => upload_index(&client, folder, &repo_name(folder, None), &[])
             .await
@@ -300,71 +307,13 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
                 .map(Path::to_path_buf)
                 .unwrap_or_default()
         };
-        let mut rounds: BTreeMap<String, u32> = BTreeMap::new();
-        let mut bar = ProgressBar::new();
-        loop {
-            let (status, answer) = client.get(&format!("/v1/batches/{batch_id}")).await?;
-            if status != 200 {
-                bail!("GET /v1/batches/{batch_id} answered {status}: {answer}");
-            }
-            let progress: InvokeResult<BatchProgress> =
-                serde_json::from_value(answer).context("the batch's progress cannot be read")?;
-            let p = progress
-                .result()
-                .context("the API answered without the batch's progress")?;
-            let failed = p.failed + p.rejected + p.expired;
-            let done = p.completed + failed;
-            bar.show(done, pending.len(), failed, p.running, false);
-            if p.queued + p.running == 0 {
-                if p.awaiting_client_tools == 0 {
-                    bar.show(done, pending.len(), failed, 0, true);
-                    break;
-                }
-                // Act as the client for calls it can serve; give up on an item after a few rounds.
-                let mut answered = 0;
-                for line in result_lines(client, &batch_id).await? {
-                    let (Some(id), Some(sid), Some(tid)) =
-                        (&line.custom_id, &line.session_id, &line.turn_id)
-                    else {
-                        continue;
-                    };
-                    let Some(AgentExecuteResponse::ClientToolContinuation(waiting)) =
-                        line.result.as_ref().and_then(InvokeResult::result)
-                    else {
-                        continue;
-                    };
-                    let r = rounds.entry(id.clone()).or_default();
-                    *r += 1;
-                    if *r > job.max_tool_rounds {
-                        continue;
-                    }
-                    let tool_results: Vec<Value> = waiting
-                        .tool_calls()
-                        .map(|c| client_tool(&workspace, c))
-                        .collect();
-                    let cont =
-                        json!({"sessionId": sid, "turnId": tid, "toolResults": tool_results});
-                    let (status, answer) = client
-                        .post("/v1/turns", cont.to_string().into_bytes())
-                        .await?;
-                    if status != 202 {
-                        tracing::warn!(%status, %answer, "a continuation was refused");
-                    } else {
-                        answered += 1;
-                    }
-                }
-                if answered == 0 {
-                    bar.show(done, pending.len(), failed, 0, true);
-                    break;
-                }
-            }
-            tokio::time::sleep(job.poll).await;
-        }
-        let mut results: BTreeMap<String, BatchResultLine> = result_lines(client, &batch_id)
-            .await?
-            .into_iter()
-            .filter_map(|line| Some((line.custom_id.clone()?, line)))
-            .collect();
+        // Accepted: from here on a failure leaves the batch running on the server.
+        let followed = follow(client, &batch_id, pending.len(), &workspace, job).await;
+        let mut results = followed.with_context(|| {
+            format!(
+                "batch {batch_id} goes on on the server without this command: run it again with the same arguments to collect its results"
+            )
+        })?;
         for (item, _) in &pending {
             let line = results
                 .remove(&item.custom_id)
@@ -407,6 +356,82 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
     std::fs::write(&file, serde_json::to_string_pretty(&summary)? + "\n")
         .with_context(|| format!("writing {}", file.display()))?;
     Ok(outcome)
+}
+
+/// Follows an accepted batch of `expected` items until none is queued or running, showing
+/// progress and answering the `workspace_read_file` calls it can from `workspace` (for the
+/// job's `max_tool_rounds` rounds per item, polling at its pace); the result lines by customId.
+async fn follow(
+    client: &ApiClient,
+    batch_id: &str,
+    expected: usize,
+    workspace: &Path,
+    job: &BatchJob,
+) -> anyhow::Result<BTreeMap<String, BatchResultLine>> {
+    let mut rounds: BTreeMap<String, u32> = BTreeMap::new();
+    let mut bar = ProgressBar::new();
+    loop {
+        let (status, answer) = client.get(&format!("/v1/batches/{batch_id}")).await?;
+        if status != 200 {
+            bail!("GET /v1/batches/{batch_id} answered {status}: {answer}");
+        }
+        let progress: InvokeResult<BatchProgress> =
+            serde_json::from_value(answer).context("the batch's progress cannot be read")?;
+        let p = progress
+            .result()
+            .context("the API answered without the batch's progress")?;
+        let failed = p.failed + p.rejected + p.expired;
+        let done = p.completed + failed;
+        bar.show(done, expected, failed, p.running, false);
+        if p.queued + p.running == 0 {
+            if p.awaiting_client_tools == 0 {
+                bar.show(done, expected, failed, 0, true);
+                break;
+            }
+            // Act as the client for calls it can serve; give up on an item after a few rounds.
+            let mut answered = 0;
+            for line in result_lines(client, batch_id).await? {
+                let (Some(id), Some(sid), Some(tid)) =
+                    (&line.custom_id, &line.session_id, &line.turn_id)
+                else {
+                    continue;
+                };
+                let Some(AgentExecuteResponse::ClientToolContinuation(waiting)) =
+                    line.result.as_ref().and_then(InvokeResult::result)
+                else {
+                    continue;
+                };
+                let r = rounds.entry(id.clone()).or_default();
+                *r += 1;
+                if *r > job.max_tool_rounds {
+                    continue;
+                }
+                let tool_results: Vec<Value> = waiting
+                    .tool_calls()
+                    .map(|c| client_tool(workspace, c))
+                    .collect();
+                let cont = json!({"sessionId": sid, "turnId": tid, "toolResults": tool_results});
+                let (status, answer) = client
+                    .post("/v1/turns", cont.to_string().into_bytes())
+                    .await?;
+                if status != 202 {
+                    tracing::warn!(%status, %answer, "a continuation was refused");
+                } else {
+                    answered += 1;
+                }
+            }
+            if answered == 0 {
+                bar.show(done, expected, failed, 0, true);
+                break;
+            }
+        }
+        tokio::time::sleep(job.poll).await;
+    }
+    Ok(result_lines(client, batch_id)
+        .await?
+        .into_iter()
+        .filter_map(|line| Some((line.custom_id.clone()?, line)))
+        .collect::<BTreeMap<String, BatchResultLine>>())
 }
 
 #[cfg(test)]

@@ -4,9 +4,23 @@
 //! Owns: requests to a running front door and reading its answers (JSON, NDJSON, Server-Sent
 //! Events). Must not: reach RabbitMQ or Redis directly.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context as _, bail};
+use backon::{BackoffBuilder as _, ExponentialBuilder};
 use futures_util::StreamExt as _;
 use serde_json::Value;
+
+/// A line on stderr about the connection, on a line of its own under a redrawn progress bar.
+fn note(text: &str) {
+    use std::io::IsTerminal as _;
+    let lead = if std::io::stderr().is_terminal() {
+        "\n"
+    } else {
+        ""
+    };
+    eprintln!("{lead}{text}");
+}
 
 /// A small client of the HTTP API.
 #[derive(Debug, Clone)]
@@ -14,6 +28,49 @@ pub struct ApiClient {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
+    /// How long a request keeps being sent again while the API cannot be reached or answers
+    /// that it is unavailable (zero: once).
+    patience: Duration,
+}
+
+/// The longest pause between two tries of an unavailable API, whatever its `Retry-After`.
+const LONGEST_PAUSE: Duration = Duration::from_secs(10);
+
+/// Why a try of a request is worth another one: the API could not be reached (refused,
+/// reset, timed out: a front door restarting, a proxy between deployments), or answered that it
+/// or what it needs is unavailable for now. `None` for an answer, or a request that cannot be
+/// sent at all.
+fn transient(outcome: &reqwest::Result<reqwest::Response>) -> Option<String> {
+    match outcome {
+        Ok(resp) => matches!(resp.status().as_u16(), 502..=504)
+            .then(|| format!("answers {}", resp.status())),
+        Err(e) if e.is_builder() || e.is_redirect() => None,
+        Err(e) => Some(format!("cannot be reached ({})", root_cause(e))),
+    }
+}
+
+/// The innermost cause of an error: reqwest's own message ("error sending request") says
+/// less than the refused connection under it.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    cause.to_string()
+}
+
+/// The pause an answer asks for in its `Retry-After` (seconds), if it does.
+fn retry_after(outcome: &reqwest::Result<reqwest::Response>) -> Option<Duration> {
+    let resp = outcome.as_ref().ok()?;
+    let secs: u64 = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs))
 }
 
 impl ApiClient {
@@ -26,6 +83,69 @@ impl ApiClient {
             },
             base: base.trim_end_matches('/').to_string(),
             token,
+            patience: Duration::ZERO,
+        }
+    }
+
+    /// This client, sending a request again for up to `patience` while the API cannot be
+    /// reached or answers 502, 503 or 504, with pauses growing from a quarter of a second to
+    /// ten (or as its `Retry-After` asks), saying so on stderr. Only for requests that are
+    /// safe to send twice: the batch command's, whose turns are named by their ids.
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// Sends `req`, again while the failure is [`transient`] and the client's patience lasts;
+    /// the last outcome. A request whose body cannot be copied is sent once.
+    async fn respond(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let started = Instant::now();
+        let mut pauses = ExponentialBuilder::new()
+            .with_min_delay(Duration::from_millis(250))
+            .with_max_delay(LONGEST_PAUSE)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let mut waiting_since: Option<Instant> = None;
+        loop {
+            let Some(attempt) = req.try_clone() else {
+                return req
+                    .send()
+                    .await
+                    .with_context(|| format!("cannot reach the API at {}", self.base));
+            };
+            let outcome = attempt.send().await;
+            let Some(why) = transient(&outcome) else {
+                if let Some(since) = waiting_since {
+                    note(&format!(
+                        "the API at {} answers again (after {:.0} s)",
+                        self.base,
+                        since.elapsed().as_secs_f64()
+                    ));
+                }
+                return outcome.with_context(|| format!("cannot reach the API at {}", self.base));
+            };
+            let pause = retry_after(&outcome)
+                .or_else(|| pauses.next())
+                .unwrap_or(LONGEST_PAUSE)
+                .min(LONGEST_PAUSE);
+            if started.elapsed() + pause > self.patience {
+                let gave_up = match waiting_since {
+                    Some(_) => format!(" (gave up after {:.0} s)", started.elapsed().as_secs_f64()),
+                    None => String::new(),
+                };
+                return outcome
+                    .with_context(|| format!("cannot reach the API at {}{gave_up}", self.base));
+            }
+            if waiting_since.is_none() {
+                waiting_since = Some(Instant::now());
+                note(&format!(
+                    "the API at {} {why}; trying again for up to {} s",
+                    self.base,
+                    self.patience.as_secs()
+                ));
+            }
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -40,10 +160,7 @@ impl ApiClient {
 
     /// Sends `req`; the HTTP status and the JSON answer.
     pub async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
+        let resp = self.respond(req).await?;
         let status = resp.status().as_u16();
         let body = resp
             .json()
@@ -139,10 +256,8 @@ impl ApiClient {
     /// GETs an NDJSON answer as one JSON value per line.
     pub async fn get_ndjson(&self, path: &str) -> anyhow::Result<Vec<Value>> {
         let resp = self
-            .request(reqwest::Method::GET, path)
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
+            .respond(self.request(reqwest::Method::GET, path))
+            .await?;
         let status = resp.status();
         let text = resp.text().await.context("reading the answer")?;
         if !status.is_success() {
@@ -233,6 +348,94 @@ mod sse_tests {
         assert_eq!(
             decoder.push(b"\n"),
             vec![("message".to_string(), "half".to_string())]
+        );
+    }
+}
+
+#[cfg(test)]
+mod patience_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse as _;
+
+    use super::ApiClient;
+
+    /// An API whose first `unavailable` answers are `503` with `Retry-After: 1`, then `200`;
+    /// its address and the count of requests it got.
+    async fn flaky_api(unavailable: usize) -> (String, Arc<AtomicUsize>) {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let count = seen.clone();
+        let app = axum::Router::new().route(
+            "/x",
+            axum::routing::get(move || {
+                let n = count.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n < unavailable {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            [("retry-after", "1")],
+                            r#"{"successful":false}"#,
+                        )
+                            .into_response()
+                    } else {
+                        (StatusCode::OK, r#"{"successful":true}"#).into_response()
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, seen)
+    }
+
+    #[tokio::test]
+    async fn a_patient_client_waits_out_503s_as_retry_after_asks() {
+        let (base, seen) = flaky_api(2).await;
+        let client = ApiClient::new(&base, None).with_patience(Duration::from_secs(30));
+        let started = Instant::now();
+        let (status, body) = client.get("/x").await.unwrap();
+        assert_eq!((status, body["successful"].as_bool()), (200, Some(true)));
+        assert_eq!(seen.load(Ordering::SeqCst), 3);
+        // Two pauses of the one second each answer asked for, not the quarter second the
+        // client's own backoff starts with.
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn without_patience_or_past_it_the_503_is_the_answer() {
+        let (base, seen) = flaky_api(usize::MAX).await;
+        let (status, _) = ApiClient::new(&base, None).get("/x").await.unwrap();
+        assert_eq!((status, seen.load(Ordering::SeqCst)), (503, 1));
+        // A patience shorter than the pause asked for: tried once more at most, then given up.
+        let client = ApiClient::new(&base, None).with_patience(Duration::from_millis(1500));
+        let (status, _) = client.get("/x").await.unwrap();
+        assert_eq!(status, 503);
+        assert_eq!(seen.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_patient_client_gives_up_on_an_api_nobody_answers_for_saying_how_long_it_tried() {
+        // A port nothing listens on: every try is refused.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let client = ApiClient::new(&format!("http://127.0.0.1:{port}"), None)
+            .with_patience(Duration::from_secs(1));
+        let err = client.get("/x").await.unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("cannot reach the API") && text.contains("gave up after"),
+            "{text}"
         );
     }
 }

@@ -84,6 +84,20 @@ impl Processes {
         self.workers.push(worker);
     }
 
+    /// Stops `serve` (killed, as a crash or a redeploy would) and, after `down`, starts it
+    /// again on the same port.
+    pub fn restart_serve(&mut self, down: Duration) {
+        let port = self.serve.port;
+        let _ = self.serve.child.kill();
+        let _ = self.serve.child.wait();
+        std::thread::sleep(down);
+        self.serve = Listening::start(Self::command(&self.env).args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ]));
+    }
+
     /// Submits a turn (as the local tenant); it must be accepted.
     pub async fn submit(&self, body: String) {
         let resp = http_client()
@@ -301,4 +315,93 @@ async fn a_refused_cpu_scheduling_class_is_a_warning_and_the_process_serves_on()
     let body = resp.text().await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"final\""), "{body}");
+}
+
+/// `aptix batch` rides out its front door going away: `serve` is killed while the batch's
+/// turns are with the model and comes back on the same port seconds later. The command says it
+/// is waiting for the API, carries on when it answers, and every document completes, each
+/// turn run once.
+#[tokio::test]
+async fn a_batch_rides_out_a_front_door_restart() {
+    use std::io::BufRead as _;
+    let llm = Listening::start(crate::support::aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        "1500",
+    ]));
+    let mut p = Processes::start(
+        vec![("APTIX_LLM_BASE_URL", format!("{}/v1", llm.url()))],
+        &[],
+        1,
+    )
+    .await;
+    let root = std::env::temp_dir().join(format!("aptix-ride-{}", uuid::Uuid::new_v4().simple()));
+    let (input, out) = (root.join("in"), root.join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    for i in 0..4 {
+        std::fs::write(
+            input.join(format!("doc-{i}.md")),
+            format!("# Doc {i}\n\nText {i}.\n"),
+        )
+        .unwrap();
+    }
+    let mut batch = crate::support::aptix()
+        .arg("batch")
+        .arg(&input)
+        .args(["--instruction", "Summarise", "--poll-ms", "100"])
+        .args(["--retry-for-secs", "60", "--url", &p.serve.url(), "--out"])
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = batch.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if line.contains("4 accepted") {
+                let _ = tx.send(());
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the batch was accepted");
+    // The turns are with the model (1.5 s); the front door is gone for 3 s.
+    p.restart_serve(Duration::from_secs(3));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = batch.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = batch.kill();
+            panic!("the batch did not finish: {:?}", reader.join());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut batch.stdout.take().unwrap(), &mut stdout).unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(status.success(), "{stdout}\n{stderr:#?}");
+    assert!(stdout.contains("4 input(s): 4 completed now"), "{stdout}");
+    let said = |needle: &str| stderr.iter().any(|l| l.contains(needle));
+    assert!(
+        said("cannot be reached") && said("trying again for up to 60 s") && said("answers again"),
+        "{stderr:#?}"
+    );
+    for i in 0..4 {
+        let saved = std::fs::read_to_string(out.join(format!("doc-{i}.md.json"))).unwrap();
+        assert!(saved.contains("\"completed\""), "{saved}");
+    }
+    // One model call per document: nothing was submitted or run twice.
+    assert_eq!(p.logged("turn completed").iter().sum::<usize>(), 4);
+    std::fs::remove_dir_all(&root).unwrap();
 }
