@@ -149,6 +149,11 @@ impl ApiClient {
         }
     }
 
+    /// The API's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// A request to `path` with the bearer token, if any.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let req = self.http.request(method, format!("{}{path}", self.base));
@@ -216,41 +221,39 @@ impl ApiClient {
         Ok(status)
     }
 
-    /// Follows a session's Server-Sent Events, calling `on_event` with each event's name and
-    /// data until the stream ends or `on_event` returns `false`. `on_subscribed` runs once the
-    /// server has subscribed (it answers only then), so nothing published afterwards is missed.
-    pub async fn watch(
+    /// Subscribes to a session's Server-Sent Events, from after `last_event_id` when
+    /// reconnecting. The server answers once it has subscribed, so nothing published
+    /// afterwards is missed. `Err(Lost)` when the API cannot be reached or answers 502, 503 or
+    /// 504 (worth trying again); any other refusal is an error.
+    pub async fn subscribe(
         &self,
         session_id: &str,
-        on_subscribed: impl FnOnce(),
-        mut on_event: impl FnMut(&str, &str) -> bool,
-    ) -> anyhow::Result<()> {
-        let resp = self
+        last_event_id: Option<&str>,
+    ) -> anyhow::Result<Result<EventStream, Lost>> {
+        let mut req = self
             .request(
                 reqwest::Method::GET,
                 &format!("/v1/sessions/{session_id}/events"),
             )
-            .header("accept", "text/event-stream")
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the API at {}", self.base))?;
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let outcome = req.send().await;
+        if let Some(why) = transient(&outcome) {
+            return Ok(Err(Lost(why)));
+        }
+        let resp = outcome.with_context(|| format!("cannot reach the API at {}", self.base))?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
             bail!("the API refused the subscription ({status}): {body}");
         }
-        on_subscribed();
-        let mut stream = resp.bytes_stream();
-        let mut decoder = SseDecoder::default();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.context("the event stream broke")?;
-            for (event, data) in decoder.push(&chunk) {
-                if !on_event(&event, &data) {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
+        Ok(Ok(EventStream {
+            bytes: Box::pin(resp.bytes_stream()),
+            decoder: SseDecoder::default(),
+            ready: std::collections::VecDeque::new(),
+        }))
     }
 
     /// GETs an NDJSON answer as one JSON value per line.
@@ -270,20 +273,61 @@ impl ApiClient {
     }
 }
 
+/// Why a subscription ended, or could not start, in a way worth trying again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lost(pub String);
+
+/// A session's events as they arrive.
+pub struct EventStream {
+    bytes:
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    decoder: SseDecoder,
+    ready: std::collections::VecDeque<SseEvent>,
+}
+
+impl EventStream {
+    /// The next event; `Err(Lost)` when the stream broke or the server ended it (a front door
+    /// shutting down ends its streams).
+    pub async fn next(&mut self) -> Result<SseEvent, Lost> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(event);
+            }
+            match self.bytes.next().await {
+                Some(Ok(chunk)) => self.ready.extend(self.decoder.push(&chunk)),
+                Some(Err(e)) => {
+                    return Err(Lost(format!("the event stream broke ({})", root_cause(&e))));
+                }
+                None => return Err(Lost("the event stream ended".into())),
+            }
+        }
+    }
+}
+
+/// One Server-Sent Event: its name (`message` when it has none), the stream's last event id
+/// when it was dispatched, and its data (its `data:` lines joined by newlines).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub name: String,
+    pub id: Option<String>,
+    pub data: String,
+}
+
 /// Reads Server-Sent Events from a byte stream that the network cuts anywhere, even inside a
 /// multi-byte character: bytes are kept until a line is complete, and only whole lines are
-/// decoded. Yields each event's name (`message` when it has none) and data (its `data:` lines
-/// joined by newlines); other fields and comments (keep-alives) are skipped.
+/// decoded. Yields each event with the last event id seen so far (an `id:` line sets it until
+/// the next one, as the standard says); other fields and comments (keep-alives) are skipped.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
     pending: Vec<u8>,
     event: Option<String>,
     data: Option<String>,
+    last_id: Option<String>,
 }
 
 impl SseDecoder {
-    /// Feeds bytes as they arrived; returns the name and data of every event they completed.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<(String, String)> {
+    /// Feeds bytes as they arrived; returns every event they completed.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
@@ -297,10 +341,20 @@ impl SseDecoder {
             if line.is_empty() {
                 let event = self.event.take();
                 if let Some(data) = self.data.take() {
-                    events.push((event.unwrap_or_else(|| "message".into()), data));
+                    events.push(SseEvent {
+                        name: event.unwrap_or_else(|| "message".into()),
+                        id: self.last_id.clone(),
+                        data,
+                    });
                 }
             } else if let Some(value) = line.strip_prefix("event:") {
                 self.event = Some(value.trim_start().to_string());
+            } else if let Some(value) = line.strip_prefix("id:") {
+                // An id with a NUL in it is ignored, as the standard says.
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                if !value.contains('\0') {
+                    self.last_id = Some(value.to_string());
+                }
             } else if let Some(value) = line.strip_prefix("data:") {
                 let value = value.strip_prefix(' ').unwrap_or(value);
                 match &mut self.data {
@@ -318,7 +372,15 @@ impl SseDecoder {
 
 #[cfg(test)]
 mod sse_tests {
-    use super::SseDecoder;
+    use super::{SseDecoder, SseEvent};
+
+    fn event(name: &str, id: Option<&str>, data: &str) -> SseEvent {
+        SseEvent {
+            name: name.into(),
+            id: id.map(Into::into),
+            data: data.into(),
+        }
+    }
 
     #[test]
     fn characters_split_across_chunks_arrive_whole() {
@@ -328,14 +390,12 @@ mod sse_tests {
         for byte in stream.as_bytes() {
             events.extend(decoder.push(std::slice::from_ref(byte)));
         }
+        // The id stays the stream's last one until another `id:` line.
         assert_eq!(
             events,
             vec![
-                (
-                    "turn".to_string(),
-                    "{\"instruction\":\"Grüße, 你好 🚀\"}".to_string()
-                ),
-                ("message".to_string(), "a\nb".to_string())
+                event("turn", Some("t1"), "{\"instruction\":\"Grüße, 你好 🚀\"}"),
+                event("message", Some("t1"), "a\nb")
             ]
         );
     }
@@ -345,9 +405,10 @@ mod sse_tests {
         let mut decoder = SseDecoder::default();
         assert!(decoder.push(b"data: half").is_empty());
         assert!(decoder.push(b"\n").is_empty());
+        assert_eq!(decoder.push(b"\n"), vec![event("message", None, "half")]);
         assert_eq!(
-            decoder.push(b"\n"),
-            vec![("message".to_string(), "half".to_string())]
+            decoder.push(b"id: t2:4\nevent: delta\ndata: x\n\n"),
+            vec![event("delta", Some("t2:4"), "x")]
         );
     }
 }

@@ -27,6 +27,7 @@ pub mod progress;
 pub mod serve;
 pub mod tools;
 pub mod turns;
+pub mod watch;
 pub mod workspace;
 
 /// The command line.
@@ -70,7 +71,7 @@ pub enum Command {
     Enqueue(turns::EnqueueArgs),
     /// Print a session's turn results as the HTTP API publishes them (Server-Sent Events;
     /// Ctrl-C stops).
-    Watch(turns::WatchArgs),
+    Watch(watch::WatchArgs),
     /// Submit one request file to the HTTP API and print its result (or, with --no-wait, its
     /// accepted status).
     Submit(turns::SubmitArgs),
@@ -141,7 +142,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Openapi => tools::openapi().await,
         Command::Index(args) => index::index(args).await,
         Command::Enqueue(args) => turns::enqueue(args).await,
-        Command::Watch(args) => turns::watch(args).await,
+        Command::Watch(args) => watch::watch(args).await,
         Command::Submit(args) => turns::submit(args).await,
         Command::Status(args) => turns::status(args).await,
         Command::Cancel(args) => turns::cancel(args).await,

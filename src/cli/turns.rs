@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tokio_util::sync::CancellationToken;
 
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
@@ -14,7 +13,6 @@ use aptix_worker::contract::{self, InvokeResult};
 use aptix_worker::store::{TurnStatus, TurnStatusView};
 
 use super::client::ApiClient;
-use super::serve::stop_on_signal;
 
 /// Arguments of `aptix submit`.
 #[derive(Debug, clap::Args)]
@@ -49,22 +47,6 @@ pub struct StatusArgs {
     /// Bearer token.
     #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-}
-
-/// Arguments of `aptix watch`.
-#[derive(Debug, clap::Args)]
-pub struct WatchArgs {
-    /// The session id.
-    pub session_id: String,
-    /// The API's base URL.
-    #[arg(long, env = "APTIX_URL", default_value = "http://127.0.0.1:8080")]
-    pub url: String,
-    /// Bearer token.
-    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Stop after this many events.
-    #[arg(long)]
-    pub count: Option<usize>,
 }
 
 /// Arguments of `aptix enqueue`.
@@ -229,54 +211,6 @@ async fn turn_request(
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// `aptix watch`.
-pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let WatchArgs {
-        session_id,
-        url,
-        token,
-        count,
-    } = args;
-    let client = ApiClient::new(&url, token);
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
-    let mut seen = 0usize;
-    let subscribed = || eprintln!("watching session {session_id}; Ctrl-C stops");
-    // Results print as JSON lines; a streaming turn's text prints as it arrives, before its
-    // result, and progress notes go to stderr.
-    let mut texted = false;
-    let watch = client.watch(&session_id, subscribed, |event, data| {
-        use std::io::Write as _;
-        let value: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-        match event {
-            "delta" => {
-                let mut out = std::io::stdout().lock();
-                let _ = out.write_all(value["text"].as_str().unwrap_or_default().as_bytes());
-                let _ = out.flush();
-                texted = true;
-                true
-            }
-            "progress" => {
-                eprintln!("[{}]", value["message"].as_str().unwrap_or_default());
-                true
-            }
-            _ => {
-                if std::mem::take(&mut texted) {
-                    println!();
-                }
-                println!("{data}");
-                seen += 1;
-                count.is_none_or(|c| seen < c)
-            }
-        }
-    });
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        r = watch => r?,
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// `aptix enqueue`.

@@ -778,10 +778,22 @@ fn watch_prints_characters_split_across_network_reads_whole() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = std::thread::spawn(move || {
-        let (mut conn, _) = listener.accept().unwrap();
-        conn.set_nodelay(true).unwrap();
-        let mut request = [0u8; 4096];
-        let _ = conn.read(&mut request).unwrap();
+        // The session's listing first (what settled before the watch is not news): none yet.
+        let mut conn = loop {
+            let (mut conn, _) = listener.accept().unwrap();
+            conn.set_nodelay(true).unwrap();
+            let mut request = [0u8; 4096];
+            let n = conn.read(&mut request).unwrap();
+            if request[..n].starts_with(b"GET /v1/sessions/s/events ") {
+                break conn;
+            }
+            let body = r#"{"successful":false,"errors":[{"errorCode":"SESSION_NOT_FOUND","message":"no"}]}"#;
+            let answer = format!(
+                "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(answer.as_bytes()).unwrap();
+        };
         let head =
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
         conn.write_all(head.as_bytes()).unwrap();

@@ -405,3 +405,116 @@ async fn a_batch_rides_out_a_front_door_restart() {
     assert_eq!(p.logged("turn completed").iter().sum::<usize>(), 4);
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// `aptix watch` follows a session through its front door restarting: the stream is lost, the
+/// command says so, subscribes again when the front door is back, prints the result that
+/// settled while it was away, then the next one as it is published — each once.
+#[tokio::test]
+async fn watch_follows_a_session_through_a_front_door_restart() {
+    use std::io::BufRead as _;
+    let llm = Listening::start(crate::support::aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        "1000",
+    ]));
+    let mut p = Processes::start(
+        vec![("APTIX_LLM_BASE_URL", format!("{}/v1", llm.url()))],
+        &[],
+        1,
+    )
+    .await;
+    let turn = |tid: &str| {
+        format!(r#"{{"sessionId": "followed", "turnId": "{tid}", "instruction": "hello"}}"#)
+    };
+    // A result from before the watch starts is not news.
+    p.submit(turn("t0")).await;
+    p.get_json("/v1/sessions/followed/turns/t0?wait=20").await;
+    let mut watch = crate::support::aptix()
+        .args([
+            "watch",
+            "followed",
+            "--count",
+            "3",
+            "--retry-for-secs",
+            "60",
+        ])
+        .args(["--url", &p.serve.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = watch.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line.clone());
+            lines.push(line);
+        }
+        lines
+    });
+    let wait_for = |needle: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!("no line with {needle:?} on the watch's stderr"),
+            }
+        }
+    };
+    wait_for("watching session followed");
+    // One result heard live.
+    p.submit(turn("t1")).await;
+    p.get_json("/v1/sessions/followed/turns/t1?wait=20").await;
+    // One that settles while the front door is down (the model takes a second, the front
+    // door is away for three).
+    p.submit(turn("t2")).await;
+    p.restart_serve(Duration::from_secs(3));
+    wait_for("watching session followed again");
+    // One after it came back.
+    p.submit(turn("t3")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = watch.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = watch.kill();
+            panic!("the watch did not end: {:?}", reader.join());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut watch.stdout.take().unwrap(), &mut stdout).unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(status.success(), "{stdout}\n{stderr:#?}");
+    let printed: Vec<(String, String)> = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["turnId"].as_str().unwrap().to_string(),
+                v["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected = |t: &str| (t.to_string(), "completed".to_string());
+    assert_eq!(
+        printed,
+        [expected("t1"), expected("t2"), expected("t3")],
+        "{stdout}\n{stderr:#?}"
+    );
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains("trying again for up to 60 s")),
+        "{stderr:#?}"
+    );
+}
