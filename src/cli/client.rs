@@ -90,7 +90,8 @@ impl ApiClient {
     /// This client, sending a request again for up to `patience` while the API cannot be
     /// reached or answers 502, 503 or 504, with pauses growing from a quarter of a second to
     /// ten (or as its `Retry-After` asks), saying so on stderr. Only for requests that are
-    /// safe to send twice: the batch command's, whose turns are named by their ids.
+    /// safe to send twice: reads, and submissions whose turns are named by their ids (a turn
+    /// sent again with the same ids and payload is recognised, not run twice).
     pub fn with_patience(mut self, patience: Duration) -> Self {
         self.patience = patience;
         self

@@ -32,6 +32,11 @@ pub struct SubmitArgs {
     /// then the result (through the synchronous endpoint, with `"streaming": true`).
     #[arg(long)]
     pub stream: bool,
+    /// How long to keep trying when the API cannot be reached or answers 502, 503 or 504 (a
+    /// front door restarting), in seconds; 0 gives up at once. Sending the same request again
+    /// is safe: its ids name the turn. (Not for `--stream`, whose text would be lost.)
+    #[arg(long, default_value_t = 300)]
+    pub retry_for_secs: u64,
 }
 
 /// Arguments of `aptix status`.
@@ -73,12 +78,14 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         token,
         no_wait,
         stream,
+        retry_for_secs,
     } = args;
     let body = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     let client = ApiClient::new(&url, token);
     if stream {
         return submit_streaming(&client, body).await;
     }
+    let client = client.with_patience(std::time::Duration::from_secs(retry_for_secs));
     let (status, accepted) = client.post("/v1/turns", body).await?;
     if status != 202 || no_wait {
         println!("{}", serde_json::to_string_pretty(&accepted)?);

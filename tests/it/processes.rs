@@ -518,3 +518,64 @@ async fn watch_follows_a_session_through_a_front_door_restart() {
         "{stderr:#?}"
     );
 }
+
+/// `aptix submit` waits out its front door restarting while it waits for the result: the turn
+/// runs on, and the command prints its result once the front door answers again.
+#[tokio::test]
+async fn submit_waits_out_a_front_door_restart() {
+    let llm = Listening::start(crate::support::aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        "2000",
+    ]));
+    let mut p = Processes::start(
+        vec![("APTIX_LLM_BASE_URL", format!("{}/v1", llm.url()))],
+        &[],
+        1,
+    )
+    .await;
+    let file = std::env::temp_dir().join(format!(
+        "aptix-submit-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(
+        &file,
+        r#"{"sessionId": "submitted", "turnId": "t", "instruction": "hello"}"#,
+    )
+    .unwrap();
+    let submit = crate::support::aptix()
+        .arg("submit")
+        .arg(&file)
+        .args(["--retry-for-secs", "60", "--url", &p.serve.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Accepted, and with the model: the command is waiting on the front door.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while p.get_json("/v1/sessions/submitted/turns/t").await["result"]["status"] != "running" {
+        assert!(std::time::Instant::now() < deadline, "the turn never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.restart_serve(Duration::from_secs(3));
+    let out = tokio::task::spawn_blocking(move || submit.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let result: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(result["successful"], true, "{stdout}");
+    assert_eq!(result["result"]["turnId"], "t", "{stdout}");
+    assert!(
+        stderr.contains("trying again for up to 60 s") && stderr.contains("answers again"),
+        "{stderr}"
+    );
+    assert_eq!(p.logged("turn completed").iter().sum::<usize>(), 1);
+    std::fs::remove_file(&file).unwrap();
+}
