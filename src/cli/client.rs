@@ -34,7 +34,18 @@ pub struct ApiClient {
 }
 
 /// The longest pause between two tries of an unavailable API, whatever its `Retry-After`.
-const LONGEST_PAUSE: Duration = Duration::from_secs(10);
+pub const LONGEST_PAUSE: Duration = Duration::from_secs(10);
+
+/// Pauses between tries of an API that is away: from a quarter of a second, growing, to
+/// [`LONGEST_PAUSE`], with jitter so that many clients do not come back at once.
+pub fn pauses() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(LONGEST_PAUSE)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
 
 /// Why a try of a request is worth another one: the API could not be reached (refused,
 /// reset, timed out: a front door restarting, a proxy between deployments), or answered that it
@@ -101,12 +112,7 @@ impl ApiClient {
     /// the last outcome. A request whose body cannot be copied is sent once.
     async fn respond(&self, req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
         let started = Instant::now();
-        let mut pauses = ExponentialBuilder::new()
-            .with_min_delay(Duration::from_millis(250))
-            .with_max_delay(LONGEST_PAUSE)
-            .with_jitter()
-            .without_max_times()
-            .build();
+        let mut pauses = pauses();
         let mut waiting_since: Option<Instant> = None;
         loop {
             let Some(attempt) = req.try_clone() else {

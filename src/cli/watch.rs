@@ -8,11 +8,10 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use backon::{BackoffBuilder as _, ExponentialBuilder};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{ApiClient, Lost, SseEvent};
+use super::client::{ApiClient, LONGEST_PAUSE, Lost, SseEvent, pauses};
 use super::serve::stop_on_signal;
 
 /// Arguments of `aptix watch`.
@@ -227,16 +226,6 @@ async fn catch_up(
     Ok(Ok(true))
 }
 
-/// Pauses between tries: from a quarter of a second to ten.
-fn pauses() -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::new()
-        .with_min_delay(Duration::from_millis(250))
-        .with_max_delay(Duration::from_secs(10))
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
 /// Follows the session until `count` results were printed (or for good), trying for up to
 /// `patience` each time the API cannot be reached or the stream is lost.
 async fn follow(
@@ -312,7 +301,7 @@ async fn follow(
             );
             Instant::now()
         });
-        let pause = waits.next().unwrap_or(Duration::from_secs(10));
+        let pause = waits.next().unwrap_or(LONGEST_PAUSE);
         if since.elapsed() + pause > patience {
             anyhow::bail!(
                 "session {session_id} at {}: {why} (gave up after {:.0} s)",
