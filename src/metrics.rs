@@ -4,9 +4,12 @@
 //! anything. One [`Metrics`] is built per process and shared (`Arc`) by every part; parts built
 //! without one (library users, tests) get a private registry nobody scrapes.
 
+use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,10 +24,19 @@ type ContextLabel = [(&'static str, String); 1];
 type TenantLabel = [(&'static str, String); 1];
 /// `tenant="…",quota="…"`.
 type QuotaLabels = [(&'static str, String); 2];
-/// `route="<route template>",method="…",status="<code>"`.
-type RequestLabels = [(&'static str, String); 3];
+/// `route="<route template>",method="…",status="<code>"`. Built per request without
+/// allocating: the route is an interned [`Arc<str>`], the method one of a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: Arc<str>,
+    method: &'static str,
+    status: u16,
+}
 /// `route="<route template>"`.
-type RouteLabel = [(&'static str, String); 1];
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabel {
+    route: Arc<str>,
+}
 /// Histograms by route, each with [`request_buckets`].
 type RouteHistograms = Family<RouteLabel, Histogram, fn() -> Histogram>;
 
@@ -58,6 +70,9 @@ pub struct Metrics {
     quota_rejections: Family<QuotaLabels, Counter>,
     http_requests: Family<RequestLabels, Counter>,
     http_duration: RouteHistograms,
+    /// The route templates seen, so a request's labels share one copy of its route's name.
+    /// As few as the routes, plus [`UNMATCHED_ROUTE`].
+    routes: RwLock<HashSet<Arc<str>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -284,6 +299,7 @@ impl Metrics {
             quota_rejections,
             http_requests,
             http_duration,
+            routes: RwLock::default(),
         }
     }
 
@@ -291,16 +307,35 @@ impl Metrics {
     /// whatever ids a path carries; [`UNMATCHED_ROUTE`] for a path no route has), `took` the
     /// time until the answer's status and headers (a stream's body goes on after it).
     pub fn http_answered(&self, route: &str, method: &str, status: u16, took: Duration) {
-        self.http_requests
-            .get_or_create(&[
-                ("route", route.to_string()),
-                ("method", method_label(method).to_string()),
-                ("status", status.to_string()),
-            ])
-            .inc();
+        let route = self.route_name(route);
         self.http_duration
-            .get_or_create(&[("route", route.to_string())])
+            .get_or_create(&RouteLabel {
+                route: route.clone(),
+            })
             .observe(took.as_secs_f64());
+        self.http_requests
+            .get_or_create(&RequestLabels {
+                route,
+                method: method_label(method),
+                status,
+            })
+            .inc();
+    }
+
+    /// The one shared copy of a route template's name.
+    fn route_name(&self, route: &str) -> Arc<str> {
+        if let Some(known) = self.routes.read().ok().and_then(|r| r.get(route).cloned()) {
+            return known;
+        }
+        let name: Arc<str> = Arc::from(route);
+        if let Ok(mut routes) = self.routes.write() {
+            // Another request may have added it meanwhile: keep the first copy.
+            if let Some(known) = routes.get(route) {
+                return known.clone();
+            }
+            routes.insert(name.clone());
+        }
+        name
     }
 
     /// A turn result was published with this status.
