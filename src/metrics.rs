@@ -541,6 +541,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_route_template_is_named_once_however_many_answers_it_has() {
+        let m = Metrics::new();
+        for status in [200, 200, 404] {
+            m.http_answered("/v1/turns", "POST", status, Duration::from_millis(3));
+        }
+        m.http_answered(UNMATCHED_ROUTE, "BREW", 404, Duration::from_millis(1));
+        let a = m.route_name("/v1/turns");
+        assert!(Arc::ptr_eq(&a, &m.route_name("/v1/turns")));
+        assert_eq!(m.routes.read().unwrap().len(), 2);
+        let text = m.encode();
+        for line in [
+            "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"200\"} 2",
+            "aptix_http_requests_total{route=\"/v1/turns\",method=\"POST\",status=\"404\"} 1",
+            "aptix_http_requests_total{route=\"unmatched\",method=\"other\",status=\"404\"} 1",
+            "aptix_http_request_duration_seconds_count{route=\"/v1/turns\"} 3",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
+    }
+
+    #[test]
     fn exposition_names_every_family_with_labels() {
         let m = Metrics::new();
         m.turn_finished("completed");
