@@ -579,3 +579,56 @@ async fn submit_waits_out_a_front_door_restart() {
     assert_eq!(p.logged("turn completed").iter().sum::<usize>(), 1);
     std::fs::remove_file(&file).unwrap();
 }
+
+/// A client of the synchronous endpoint (the IDE) whose front door restarts mid-turn sends the
+/// same request again, to the front door that is back: it gets the turn's result as soon as
+/// the turn settles (its job named the front door that went away), and the turn ran once.
+#[tokio::test]
+async fn the_synchronous_endpoint_sent_again_after_a_front_door_restart_answers_the_same_turn() {
+    let llm = Listening::start(crate::support::aptix().args([
+        "fake-llm",
+        "--listen",
+        "127.0.0.1:0",
+        "--latency-ms",
+        "2000",
+    ]));
+    let mut p = Processes::start(
+        vec![("APTIX_LLM_BASE_URL", format!("{}/v1", llm.url()))],
+        &[],
+        1,
+    )
+    .await;
+    let body = r#"{"sessionId": "ide", "turnId": "t", "instruction": "hello"}"#;
+    let execute = |url: String| async move {
+        http_client()
+            .post(format!("{url}/api/ai/agent/execute"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+    };
+    let first = tokio::spawn(execute(p.serve.url()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while p.get_json("/v1/sessions/ide/turns/t").await["result"]["status"] != "running" {
+        assert!(std::time::Instant::now() < deadline, "the turn never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    p.restart_serve(Duration::from_millis(500));
+    // The first wait ended with its front door.
+    assert!(first.await.unwrap().is_err());
+    let sent = std::time::Instant::now();
+    let resp = execute(p.serve.url()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // Heard of as it settled (the model answers within two seconds of the turn's start), not
+    // found in the store at the wait's next recheck, fifteen seconds on.
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        sent.elapsed()
+    );
+    let answer: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(answer["successful"], true, "{answer}");
+    assert_eq!(answer["result"]["kind"], "final", "{answer}");
+    assert_eq!(answer["result"]["turnId"], "t", "{answer}");
+    assert_eq!(p.logged("turn completed").iter().sum::<usize>(), 1);
+}

@@ -14,10 +14,11 @@ use crate::frontdoor::extract::{
 };
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
+use crate::frontdoor::routes::turns::{Heard, through_the_session};
 use crate::frontdoor::waiting::{RECHECK, Subscription, current, settled_or_deadline};
 use crate::live::LiveBody;
 use crate::replies::{Direct, SessionEvents, Watched, next_watched};
-use crate::state::TurnStatusView;
+use crate::state::{TurnStatus, TurnStatusView};
 use crate::trace::TraceContext;
 
 /// The longest the synchronous endpoint waits for a result.
@@ -120,6 +121,10 @@ async fn relay_turn(
         return r;
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    if accepted.status == TurnStatus::Running {
+        // Its text went to the front door that accepted it; its result comes here.
+        return wait_elsewhere(state, (sid, tid), deadline).await;
+    }
     let until = || deadline.min(tokio::time::Instant::now() + RECHECK);
     loop {
         match next_watched(&mut events, Some(tid), until()).await {
@@ -189,7 +194,32 @@ pub(crate) async fn run_sync(
         return r;
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
+    if accepted.status == TurnStatus::Running {
+        return wait_elsewhere(state, (sid, tid), deadline).await;
+    }
     let events = Some(Subscription::Direct(events));
+    match settled_or_deadline(state.store.as_ref(), (sid, tid), events, deadline).await {
+        Ok(view) => outcome(sid, tid, view),
+        Err(e) => unavailable_now(e.to_string()),
+    }
+}
+
+/// The wait for a turn that was already running when its request came (sent again after the
+/// front door that accepted it went away, say): its job named that front door, so its
+/// statuses do not come here directly. Hears of it through the session instead, as a
+/// long-poll of a turn accepted elsewhere does, instead of finding it in the store only at the
+/// next recheck.
+async fn wait_elsewhere(
+    state: &HttpState,
+    (sid, tid): (&SessionId, &TurnId),
+    deadline: tokio::time::Instant,
+) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    let (events, _mark) = match through_the_session(state, sid, tid).await {
+        Err(e) => return unavailable_now(e.to_string()),
+        Ok(Heard::Gone) => return outcome(sid, tid, None),
+        Ok(Heard::Settled(view)) => return outcome(sid, tid, Some(*view)),
+        Ok(Heard::Waiting(events, mark)) => (events, mark),
+    };
     match settled_or_deadline(state.store.as_ref(), (sid, tid), events, deadline).await {
         Ok(view) => outcome(sid, tid, view),
         Err(e) => unavailable_now(e.to_string()),

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::parse_request;
-use crate::contract::{ErrorCode, InvokeResult};
+use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, Traced, answer, failure,
@@ -15,8 +15,8 @@ use crate::frontdoor::extract::{
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::frontdoor::waiting::{Subscription, settled_or_deadline};
-use crate::store::TurnStatusView;
 use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
+use crate::store::{StoreError, TurnStatusView};
 
 /// Submit a turn (a user turn or a tool continuation).
 #[utoipa::path(post, path = "/v1/turns", tag = "turns",
@@ -156,38 +156,58 @@ pub(crate) async fn get_turn(
         Some(d) if d.address.is_none() || d.address == reply_to => {
             Some(Subscription::Direct(d.events))
         }
-        _ => {
-            // Marked watched before subscribing, so that a worker broadcasts a result it
-            // stores from now on; one stored before is found by the read that follows.
-            match WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await {
-                Ok(mark) => _mark = Some(mark),
-                Err(e) => return unavailable(e),
+        _ => match through_the_session(&state, &sid, &tid).await {
+            Err(e) => return unavailable(e),
+            Ok(Heard::Gone) => return not_found_turn(&sid, &tid),
+            Ok(Heard::Settled(view)) => {
+                return answer(StatusCode::OK, InvokeResult::success(*view));
             }
-            match state.broker.subscribe_events(&sid).await {
-                // Bound after the first read: read again before waiting.
-                Ok(replies) => match state.store.get_turn(&sid, &tid).await {
-                    Err(e) => return unavailable(e),
-                    Ok(None) => return not_found_turn(&sid, &tid),
-                    Ok(Some(r)) if r.status.is_settled() => {
-                        return answer(
-                            StatusCode::OK,
-                            InvokeResult::success(TurnStatusView::from(&r)),
-                        );
-                    }
-                    Ok(Some(_)) => Some(Subscription::Session(replies)),
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead");
-                    None
-                }
+            Ok(Heard::Waiting(events, mark)) => {
+                _mark = Some(mark);
+                events
             }
-        }
+        },
     };
     match settled_or_deadline(state.store.as_ref(), (&sid, &tid), events, deadline).await {
         Err(e) => unavailable(e),
         Ok(None) => not_found_turn(&sid, &tid),
         Ok(Some(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
     }
+}
+
+/// What [`through_the_session`] found.
+pub(crate) enum Heard {
+    /// The turn settled meanwhile.
+    Settled(Box<TurnStatusView>),
+    /// The turn no longer exists.
+    Gone,
+    /// Still unsettled: its statuses come on the session's events (`None` when they cannot
+    /// be subscribed to: the wait reads the store), while the watch mark is held.
+    Waiting(Option<Subscription>, WatchMark),
+}
+
+/// Sets up hearing of a turn whose statuses do not come to this process directly (its job
+/// named another front door, or none): marks the session watched, so that a worker broadcasts
+/// what it stores from now on, binds this process to the session's events, and reads the turn
+/// again, since it may have settled before the binding.
+pub(crate) async fn through_the_session(
+    state: &HttpState,
+    sid: &SessionId,
+    tid: &TurnId,
+) -> Result<Heard, StoreError> {
+    let mark = WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await?;
+    let events = match state.broker.subscribe_events(sid).await {
+        Ok(replies) => Some(Subscription::Session(replies)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot subscribe to the session's results; the wait reads the store instead");
+            None
+        }
+    };
+    Ok(match state.store.get_turn(sid, tid).await? {
+        None => Heard::Gone,
+        Some(r) if r.status.is_settled() => Heard::Settled(Box::new(TurnStatusView::from(&r))),
+        Some(_) => Heard::Waiting(events, mark),
+    })
 }
 
 /// Cancel a turn: a queued turn, or one waiting for client tools, is `cancelled` at once
