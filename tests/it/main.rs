@@ -46,6 +46,7 @@ mod queue_conformance;
 mod queue_e2e;
 mod rag;
 mod redis_cluster;
+mod restarts;
 mod store_conformance;
 mod streaming;
 mod tenants;
