@@ -135,13 +135,10 @@ async fn settled_turns(
     client: &ApiClient,
     session_id: &str,
 ) -> anyhow::Result<Result<Vec<Listed>, Lost>> {
-    let path = format!("/v1/sessions/{session_id}");
-    let body = match client.get(&path).await {
-        Err(e) => return Ok(Err(Lost(format!("{e:#}")))),
-        Ok((404, _)) => return Ok(Ok(Vec::new())),
-        Ok((200, body)) => body,
-        Ok((status @ 502..=504, _)) => return Ok(Err(Lost(format!("answers {status}")))),
-        Ok((status, body)) => anyhow::bail!("GET {path} answered {status}: {body}"),
+    let body = match fetch(client, &format!("/v1/sessions/{session_id}")).await? {
+        Ok(Some(body)) => body,
+        Ok(None) => return Ok(Ok(Vec::new())),
+        Err(lost) => return Ok(Err(lost)),
     };
     let turns = body["result"]["turns"]
         .as_array()
@@ -172,26 +169,36 @@ async fn note_earlier(
             continue;
         }
         match turn_view(client, session_id, &listed.0).await? {
-            Ok(view) => follower.shown.extend(shown_key(&view)),
+            Ok(view) => follower.shown.extend(view.as_ref().and_then(shown_key)),
             Err(lost) => return Ok(Err(lost)),
         }
     }
     Ok(Ok(()))
 }
 
-/// A turn's status view (`Err(Lost)` when the API cannot answer now).
+/// A JSON answer of the API: `None` for a 404 (a session not created yet, a turn expired
+/// since the session was listed), `Err(Lost)` when the API cannot answer now; any other
+/// refusal is an error.
+async fn fetch(client: &ApiClient, path: &str) -> anyhow::Result<Result<Option<Value>, Lost>> {
+    match client.get(path).await {
+        Err(e) => Ok(Err(Lost(format!("{e:#}")))),
+        Ok((200, answer)) => Ok(Ok(Some(answer))),
+        Ok((404, _)) => Ok(Ok(None)),
+        Ok((status @ 502..=504, _)) => Ok(Err(Lost(format!("answers {status}")))),
+        Ok((status, body)) => anyhow::bail!("GET {path} answered {status}: {body}"),
+    }
+}
+
+/// A turn's status view (`None`: it no longer exists).
 async fn turn_view(
     client: &ApiClient,
     session_id: &str,
     turn_id: &str,
-) -> anyhow::Result<Result<Value, Lost>> {
+) -> anyhow::Result<Result<Option<Value>, Lost>> {
     let path = format!("/v1/sessions/{session_id}/turns/{turn_id}");
-    match client.get(&path).await {
-        Err(e) => Ok(Err(Lost(format!("{e:#}")))),
-        Ok((200, answer)) => Ok(Ok(answer["result"].clone())),
-        Ok((status @ 502..=504, _)) => Ok(Err(Lost(format!("answers {status}")))),
-        Ok((status, body)) => anyhow::bail!("GET {path} answered {status}: {body}"),
-    }
+    Ok(fetch(client, &path)
+        .await?
+        .map(|answer| answer.map(|a| a["result"].clone())))
 }
 
 /// Prints the results that settled while no stream was open: each settled turn's latest
@@ -211,7 +218,8 @@ async fn catch_up(
             continue;
         }
         let view = match turn_view(client, session_id, &listed.0).await? {
-            Ok(view) => view,
+            Ok(Some(view)) => view,
+            Ok(None) => continue,
             Err(lost) => return Ok(Err(lost)),
         };
         let event = SseEvent {
