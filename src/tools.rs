@@ -268,12 +268,23 @@ mod tests {
             reply_to: None,
         };
         let lease = store
-            .acquire_lease(&sid, "test", std::time::Duration::from_secs(60))
+            .acquire_lease(
+                &crate::store::Grant::for_tests(),
+                &sid,
+                "test",
+                std::time::Duration::from_secs(60),
+            )
             .await
             .unwrap()
             .unwrap();
         store
-            .save(Some(&session), &turn, &lease, false)
+            .save(
+                &crate::store::Grant::for_tests(),
+                Some(&session),
+                &turn,
+                &lease,
+                false,
+            )
             .await
             .unwrap();
         let registry = ToolRegistry::builtin(catalog);

@@ -239,6 +239,7 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         // A server that runs for days keeps no record nobody reads.
         forget_requests: true,
         keep_responses: Some(keep_responses),
+        stamp_answers: false,
     };
     let fake = FakeLlm::start(listen, options, schema)
         .await
@@ -258,7 +259,7 @@ pub async fn bench_store(args: BenchStoreArgs) -> anyhow::Result<ExitCode> {
         .redis_url
         .map(|u| u.expose().to_string())
         .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
-    aptix_worker::store::bench::run(&url, turns).await?;
+    aptix_worker::pipeline::lifecycle::bench::run(&url, turns).await?;
     Ok(ExitCode::SUCCESS)
 }
 

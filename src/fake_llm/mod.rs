@@ -84,6 +84,9 @@ pub struct FakeOptions {
     /// `first_delta_times()` stay empty), so a long benchmark's memory is the product's, not
     /// the fake's, and a server left running does not grow with its traffic.
     pub forget_requests: bool,
+    /// End every text answer with its response id in brackets (`… [resp_…]`), so a test can
+    /// tell which of several answers a client was given.
+    pub stamp_answers: bool,
     /// Remember at most this many responses for `previous_response_id`, forgetting the oldest
     /// first (a forgotten one is `previous_response_not_found`, as an expired one is on the real
     /// API); `None` remembers every one.
@@ -452,8 +455,15 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
             "id": next_id(inner, "msg"), "type": "message", "status": "completed", "role": "assistant", "content": [part]
         })
     };
-    let text_part =
-        |t: &str| json!({"type": "output_text", "text": t, "annotations": [], "logprobs": []});
+    let id = next_id(inner, "resp");
+    let text_part = |t: &str| {
+        let text = if inner.options.stamp_answers {
+            format!("{t} [{id}]")
+        } else {
+            t.to_string()
+        };
+        json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+    };
     let (status, output, incomplete): (&str, Vec<Value>, Option<&str>) = match &reply {
         Reply::Text(t) => ("completed", vec![message(inner, text_part(t))], None),
         Reply::Refusal(r) => ("completed", vec![message(inner, json!({"type": "refusal", "refusal": r}))], None),
@@ -490,7 +500,6 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
         Reply::Delay(..) => unreachable!("delays are unwrapped above"),
     };
     let broken = matches!(reply, Reply::BrokenStream(_));
-    let id = next_id(inner, "resp");
     let pending_calls: Vec<String> = output
         .iter()
         .filter(|o| o["type"] == "function_call")

@@ -74,10 +74,9 @@ impl FrontDoor {
                 }
                 TurnStatus::Queued | TurnStatus::AwaitingClientTools => {
                     self.store.request_cancel(sid, tid).await?;
-                    let cancelled = record.clone().cancelled();
-                    if !self.store.replace_turn(&record, &cancelled).await? {
+                    let Some(cancelled) = self.intake.cancel_waiting(&record).await? else {
                         continue;
-                    }
+                    };
                     let view = TurnStatusView::from(&cancelled);
                     // Stored first: a client that misses the event reads the status.
                     if let Err(e) = publish_status(

@@ -12,7 +12,7 @@ use crate::contract::{
     RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
 };
 use crate::metrics::Metrics;
-use crate::pipeline::{continuation_fingerprint, fingerprint};
+use crate::pipeline::{Intake, continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, JobMeta, QueueError};
 use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
 use crate::trace::TraceContext;
@@ -115,7 +115,9 @@ impl From<QueueError> for SubmitError {
 /// Accepts requests.
 #[derive(Clone)]
 pub struct FrontDoor {
+    /// For reads; every write of a turn goes through `intake` (layer F).
     store: Arc<dyn SessionStore>,
+    intake: Intake,
     broker: Arc<dyn Broker>,
     limits: RequestLimits,
     contexts: KnownContexts,
@@ -131,6 +133,7 @@ impl FrontDoor {
         limits: RequestLimits,
     ) -> Self {
         Self {
+            intake: Intake::new(store.clone()),
             store,
             broker,
             limits,
@@ -262,13 +265,13 @@ impl FrontDoor {
         if turn.on_busy() == OnBusy::Enqueue {
             let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
             let wanted = ContextIds::named_or_default(agent, conversation);
-            return match self.store.admit_turn(tenant, &wanted, fresh).await? {
+            return match self.intake.admit(tenant, &wanted, fresh).await? {
                 Admission::Turn(existing) => Ok(existing.map(|b| *b)),
                 Admission::OtherOwner => Err(not_found(sid, tid)),
                 Admission::OtherContexts(latched) => {
                     // Leaving a field out means "the session's": still one it may run with.
                     self.check_latched(turn, &latched)?;
-                    Ok(self.store.create_turn(fresh).await?)
+                    Ok(self.intake.create(fresh).await?)
                 }
             };
         }
@@ -279,7 +282,7 @@ impl FrontDoor {
         }
         self.latch_contexts(turn).await?;
         self.on_busy(turn).await?;
-        Ok(self.store.create_turn(fresh).await?)
+        Ok(self.intake.create(fresh).await?)
     }
 
     /// Validates and enqueues a request body; returns the turn's status once the job is
@@ -350,7 +353,7 @@ impl FrontDoor {
                         // delivers it when it recovers): take it back the same way, so no turn
                         // is left recorded as queued without a job.
                         if matches!(e, SubmitError::Unavailable(_))
-                            && let Err(d) = self.store.discard_turn(&fresh).await
+                            && let Err(d) = self.intake.take_back(&fresh).await
                         {
                             tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a turn record whose write failed");
                         }
@@ -378,7 +381,7 @@ impl FrontDoor {
                 if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                     // Not accepted: take back the record so no turn waits for a job that does
                     // not exist (unless a concurrent resubmission already moved it on).
-                    if let Err(d) = self.store.discard_turn(&fresh).await {
+                    if let Err(d) = self.intake.take_back(&fresh).await {
                         tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not discard the record of a turn whose job was not accepted; a resubmission enqueues it");
                     }
                     return Err(e.into());
@@ -393,7 +396,7 @@ impl FrontDoor {
                         if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                             // Not accepted: put the turn back to waiting for its tools, unless
                             // something moved it on meanwhile.
-                            match self.store.replace_turn(&after, &before).await {
+                            match self.intake.take_back_continuation(&after, &before).await {
                                 Ok(true) => {}
                                 Ok(false) => {
                                     tracing::warn!(session_id = %sid, turn_id = %tid, "a continuation whose job was not accepted could not be taken back: the turn moved on")
@@ -496,20 +499,22 @@ impl FrontDoor {
                     ),
                 )));
             }
-            let mut after = before.clone().replying_to(reply_to);
-            after.status = TurnStatus::Queued;
-            after.continuation = Some(fp.to_string());
-            let replaced = match self.store.replace_turn(&before, &after).await {
-                Ok(replaced) => replaced,
+            let queued = match self.intake.queue_continuation(&before, fp, reply_to).await {
+                Ok(queued) => queued,
                 Err(e) => {
-                    // The write may still be applied later: undo it the same way.
-                    if let Err(d) = self.store.replace_turn(&after, &before).await {
+                    // The write may have been applied (or be applied later, by a stalled
+                    // link): take it back the same way, a compare-and-set that writes nothing
+                    // if anything acted on it.
+                    let mut after = before.clone().replying_to(reply_to);
+                    after.status = TurnStatus::Queued;
+                    after.continuation = Some(fp.to_string());
+                    if let Err(d) = self.intake.take_back_continuation(&after, &before).await {
                         tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a continuation whose write failed");
                     }
                     return Err(e.into());
                 }
             };
-            if replaced {
+            if let Some(after) = queued {
                 return Ok(Acceptance::Moved {
                     before: Box::new(before),
                     after: Box::new(after),

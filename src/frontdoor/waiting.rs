@@ -121,7 +121,10 @@ mod tests {
         let mut record =
             TurnRecord::queued(sid.clone(), tid.clone(), "fp".into(), "general".into());
         record.attempts = 1;
-        store.create_turn(&record).await.unwrap();
+        store
+            .create_turn(&crate::store::Grant::for_tests(), &record)
+            .await
+            .unwrap();
         let replies = broker.subscribe_replies(&sid).await.unwrap();
         // The earlier run's status arrives late, ahead of the continuation's.
         let mut stale = TurnStatusView::from(&record);

@@ -12,10 +12,8 @@
 pub mod backends;
 mod cancel_watch;
 pub mod compose;
-mod lifecycle;
+pub mod lifecycle;
 mod model_call;
-
-use lifecycle::HeldLease;
 mod reasoner;
 mod server_tools;
 #[cfg(test)]
@@ -23,6 +21,8 @@ mod tests;
 
 pub use backends::{AgentBackend, Backends, Conversation};
 pub use compose::DEFAULT_BOOT_PROMPT;
+pub use lifecycle::Intake;
+use lifecycle::Run;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,9 +41,7 @@ use crate::live::{LiveOutlet, LiveSettings, LiveTurn};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::rag::{RagBudget, RagQuery, Retriever};
-use crate::store::{
-    Lease, SessionState, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView,
-};
+use crate::store::{SessionStore, StoreError, TurnStatusView};
 use crate::tools::ToolRegistry;
 
 /// A failure that may succeed if the turn is run again later (the queue retries it).
@@ -244,27 +242,6 @@ fn store_failure(e: StoreError) -> RetryableFailure {
     RetryableFailure {
         error: ErrorMessage::new(ErrorCode::Internal, format!("{e}")),
         kind: RetryKind::Failure,
-    }
-}
-
-/// Everything one run of a turn works on while it holds the session's lease.
-struct Run {
-    session: SessionState,
-    /// Boxed: a run moves through every step of the turn, and the record is its largest part.
-    record: Box<TurnRecord>,
-    held: HeldLease,
-    /// The turn's live output, when its request asked for streaming.
-    live: Option<Arc<LiveTurn>>,
-    /// Whether the turn had been asked to stop, as the write just before the next model call
-    /// read it: that call's safe point takes it instead of asking the store again (one round
-    /// trip fewer before the call). Set only where nothing runs between that write and the
-    /// call; taken by the call.
-    stop_read: Option<bool>,
-}
-
-impl Run {
-    fn lease(&self) -> &Lease {
-        self.held.lease()
     }
 }
 
@@ -525,57 +502,5 @@ impl Pipeline {
         }
         .instrument(span)
         .await
-    }
-
-    /// Fails a turn for good after its retries ran out (the queue calls this before it
-    /// dead-letters the job), so the failure is stored and published like any result. Returns
-    /// the stored result instead when the turn already finished.
-    pub async fn give_up(
-        &self,
-        request: &AgentExecuteRequest,
-        error: ErrorMessage,
-    ) -> Result<Settled, RetryableFailure> {
-        let (sid, tid) = (request.session_id(), request.turn_id());
-        let held = self
-            .lease(sid, tid)
-            .await
-            .map_err(NoLease::into_retryable)?;
-        let record = match self.store.get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e));
-            }
-        };
-        let fp = match request {
-            AgentExecuteRequest::UserTurn(t) => fingerprint(t),
-            AgentExecuteRequest::ToolContinuation(_) => String::new(),
-        };
-        let mut record = match record {
-            Some(r) => r,
-            None => TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()),
-        };
-        if record.status.is_final()
-            && let Some(result) = record.result.clone()
-        {
-            held.release().await;
-            return Ok(Settled::stored(result));
-        }
-        let session = match self.store.get_session(sid).await {
-            Ok(s) => s,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e));
-            }
-        };
-        record.status = TurnStatus::Running;
-        let run = Run {
-            session: session.unwrap_or_else(|| self.new_session(sid)),
-            record: Box::new(record),
-            held,
-            live: None,
-            stop_read: None,
-        };
-        self.fail_turn(run, InvokeResult::failure(error)).await
     }
 }

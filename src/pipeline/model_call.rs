@@ -27,14 +27,17 @@ impl Pipeline {
         input: Vec<Value>,
         previous: Option<&str>,
     ) -> Result<Result<(ModelResponse, Spent), CallEnd>, RetryableFailure> {
-        let backend = match self.backends.resolve(&run.session.contexts) {
+        let backend = match self.backends.resolve(&run.session().contexts) {
             Ok(b) => b,
             Err(errors) => return Ok(Err(CallEnd::Failed(Box::new(backends::refused(errors))))),
         };
         // The safe point: a turn asked to stop makes no further model call. The write just
         // before may have read that already.
-        let (sid, tid) = (run.record.session_id.clone(), run.record.turn_id.clone());
-        let asked = match run.stop_read.take() {
+        let (sid, tid) = (
+            run.record().session_id.clone(),
+            run.record().turn_id.clone(),
+        );
+        let asked = match run.take_stop_read() {
             Some(asked) => asked,
             None => self.cancel_requested(&sid, &tid).await,
         };
@@ -42,16 +45,16 @@ impl Pipeline {
             return Ok(Err(CallEnd::Cancelled));
         }
         progress.iterations += 1;
-        let instructions = compose::mode_block(&self.catalog, &run.session.mode_key);
+        let instructions = compose::mode_block(&self.catalog, &run.session().mode_key);
         // The conversation so far — as stored, then what the run has not stored yet — read
         // only when the call replays it: it grows with the session.
         let history = async |run: &Run, progress: &TurnProgress| {
             let mut items = self
                 .store
-                .conversation(&run.session.session_id)
+                .conversation(&run.session().session_id)
                 .await
                 .map_err(store_failure)?;
-            items.extend(run.session.conversation.iter().cloned());
+            items.extend(run.session().conversation.iter().cloned());
             items.extend(progress.turn_items.iter().cloned());
             Ok::<_, RetryableFailure>(items)
         };
@@ -70,7 +73,7 @@ impl Pipeline {
                 input: &input,
             })
         };
-        let replay = backend.agent.replay || run.session.replay;
+        let replay = backend.agent.replay || run.session().replay;
         let body = if replay {
             body_for(Some(&history(run, progress).await?))
         } else {
@@ -78,7 +81,7 @@ impl Pipeline {
         };
         let started = std::time::Instant::now();
         let llm = &backend.agent.llm;
-        let live = run.live.clone();
+        let live = run.live().cloned();
         let to_live = move |e: LlmEvent| {
             if let Some(live) = &live {
                 match e {
@@ -89,7 +92,7 @@ impl Pipeline {
                 }
             }
         };
-        let sink: Option<EventSink<'_>> = run.live.is_some().then_some(&to_live as EventSink<'_>);
+        let sink: Option<EventSink<'_>> = run.live().is_some().then_some(&to_live as EventSink<'_>);
         let sent = self
             .unless_cancelled(
                 &sid,
@@ -98,7 +101,7 @@ impl Pipeline {
             )
             .await;
         // The transcript keeps every request sent, answered or not.
-        run.record.requests.push(body);
+        run.note_request(body);
         let Some(mut outcome) = sent else {
             return Ok(Err(CallEnd::Cancelled));
         };
@@ -106,12 +109,12 @@ impl Pipeline {
             && !replay
         {
             warn!(%msg, "model server does not store responses; switching this session to replay");
-            run.session.replay = true;
+            run.switch_to_replay();
             let body = body_for(Some(&history(run, progress).await?));
             outcome = llm
                 .create_response_streamed(backend.model(), &body, sink)
                 .await;
-            run.record.requests.push(body);
+            run.note_request(body);
         }
         // Per call, so at debug: the model latency histogram and the turn's own lines carry
         // what an operator needs at info.
@@ -151,7 +154,7 @@ impl Pipeline {
         progress.usage.add(response.usage);
         let spent = Spent {
             tenant: run
-                .session
+                .session()
                 .owner
                 .clone()
                 .unwrap_or_else(|| LOCAL_TENANT.to_string()),

@@ -25,8 +25,7 @@ use crate::contract::{
 };
 use crate::live::LiveTurn;
 use crate::llm::{ModelResponse, OutputItem};
-use crate::store::{Checkpoint, StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
-use crate::tools::ModeEffect;
+use crate::store::{StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 
 impl Pipeline {
     pub(super) async fn run_user_turn(
@@ -65,18 +64,14 @@ impl Pipeline {
         let (resolved, contexts) = match found {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
-                let mut record = existing.unwrap_or_else(|| {
+                let record = existing.unwrap_or_else(|| {
                     TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new())
                 });
-                record.attempts += 1;
-                let run = Run {
-                    session: loaded.unwrap_or_else(|| self.new_session(sid)),
-                    record: Box::new(record),
-                    held,
-                    live,
-                    stop_read: None,
-                };
-                return Ok(self.fail_turn(run, backends::refused(errors)).await?);
+                let session = loaded.unwrap_or_else(|| self.new_session(sid));
+                let refused = backends::refused(errors);
+                return Ok(self
+                    .fail_at_start(held, record, session, live, refused)
+                    .await?);
             }
             Err(e) => {
                 held.release().await;
@@ -114,25 +109,12 @@ impl Pipeline {
             session.updated_at = now_rfc3339();
         }
 
-        let mut record = existing
+        let record = existing
             .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone()));
-        record.status = TurnStatus::Running;
-        record.mode_key = mode.key.clone();
-        record.attempts += 1;
-        if let Some(live) = &live {
-            live.rerun(record.attempts);
-        }
-        let mut run = Run {
-            session,
-            record: Box::new(record),
-            held,
-            live,
-            stop_read: None,
-        };
         // The session exists, as this turn sees it, and the turn is running before any tool
         // can touch them. Retrieval only reads, so it goes out beside that write: one round
         // trip for both instead of two in a row (a resumed run does not retrieve).
-        let resuming = run.record.checkpoint.is_some();
+        let resuming = record.checkpoint.is_some();
         let retrieval = async {
             if resuming {
                 Vec::new()
@@ -140,17 +122,12 @@ impl Pipeline {
                 self.context_chunks(sid, tenant, turn).await
             }
         };
-        let (persisted, chunks) =
-            Box::pin(async { tokio::join!(self.persist(&mut run, changed), retrieval) }).await;
-        match persisted {
-            Err(f) => return Ok(self.retry_later(run, f).await?),
-            // A fresh run's next step is its model call, whose safe point this write answered.
-            Ok(asked) if !resuming => run.stop_read = Some(asked),
-            Ok(_) => {}
-        }
+        let start = self.start_user_turn(held, record, session, changed, live);
+        let (started, chunks) = Box::pin(async { tokio::join!(start, retrieval) }).await;
+        let run = started?;
         // One line per turn at info is its end; a start is worth one only when it is a retry or
         // a resumption (a turn that runs again).
-        let (attempt, resumed) = (run.record.attempts, run.record.checkpoint.is_some());
+        let (attempt, resumed) = (run.record().attempts, resuming);
         if attempt > 1 || resumed {
             info!(mode = %mode.key, attempt, resumed, "turn started again");
         } else {
@@ -165,22 +142,22 @@ impl Pipeline {
                 .await?);
         }
         let first_call =
-            run.session.previous_response_id.is_none() && run.session.conversation.is_empty();
+            run.session().previous_response_id.is_none() && run.session().conversation.is_empty();
         let mut input = Vec::new();
         if first_call {
             input.push(compose::system_message(&boot));
         }
         input.push(compose::user_message(
-            &run.session.mode_key,
+            &run.session().mode_key,
             turn,
-            run.session.solution_context.as_deref(),
+            run.session().solution_context.as_deref(),
             &chunks,
         ));
         let progress = TurnProgress {
             tools_mode_key: mode.key.clone(),
             ..Default::default()
         };
-        let previous = run.session.previous_response_id.clone();
+        let previous = run.session().previous_response_id.clone();
         Ok(self.reason(run, progress, input, previous).await?)
     }
 
@@ -252,7 +229,7 @@ impl Pipeline {
                 return Err(store_failure(e).into());
             }
         };
-        let mut record = match check(reread) {
+        let record = match check(reread) {
             Ok(r) => r,
             Err(answer) => {
                 held.release().await;
@@ -279,35 +256,17 @@ impl Pipeline {
             .iter()
             .map(|c| c.tool_call_id.clone())
             .collect();
-        record.status = TurnStatus::Running;
-        record.attempts += 1;
-        let mut run = Run {
-            session,
-            record: Box::new(record),
-            held,
-            live: None,
-            stop_read: None,
-        };
-        if let Some(t) = tenant {
-            run.session.owner = Some(t.to_string());
-        }
-        run.session.mode_key = self
-            .catalog
-            .by_id_or_default(&run.session.mode_id)
-            .key
-            .clone();
+        let mut run = self.open_continuation(held, record, session, tenant);
         if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
             warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
             return Ok(self
                 .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
                 .await?);
         }
-        run.record.answered.extend(submitted);
-        let asked = match self.persist(&mut run, false).await {
-            Ok(asked) => asked,
-            Err(f) => return Ok(self.retry_later(run, f).await?),
-        };
-        if run.record.checkpoint.is_some() {
+        if let Err(f) = self.accept_tool_results(&mut run, submitted).await {
+            return Err(self.hand_back(run, f).await.into());
+        }
+        if run.record().checkpoint.is_some() {
             return Ok(self
                 .reason(run, TurnProgress::default(), Vec::new(), None)
                 .await?);
@@ -324,8 +283,8 @@ impl Pipeline {
             };
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
-        // The next step is the model call, whose safe point the write above answered.
-        run.stop_read = Some(asked);
+        // The next step is the model call, whose safe point the write above answered (kept
+        // in the run by `accept_tool_results`).
         let previous = Some(pending.response_id.clone());
         Ok(self.reason(run, pending.progress, input, previous).await?)
     }
@@ -350,7 +309,7 @@ impl Pipeline {
             // settles the turn.
             let mut uncounted = None;
             // Resume from a checkpoint (a re-run after a crash), or ask the model.
-            let response = match run.record.checkpoint.clone() {
+            let response = match run.record().checkpoint.clone() {
                 Some(cp) if input.is_empty() => {
                     info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
                     progress = cp.progress;
@@ -379,7 +338,9 @@ impl Pipeline {
                         )
                         .await
                     {
-                        Err(retryable) => return Box::pin(self.retry_later(run, retryable)).await,
+                        Err(retryable) => {
+                            return Err(Box::pin(self.hand_back(run, retryable)).await);
+                        }
                         Ok(Err(CallEnd::Failed(failed))) => {
                             return Box::pin(self.fail_turn(run, *failed)).await;
                         }
@@ -392,14 +353,9 @@ impl Pipeline {
                         // second write of the same turn one round trip earlier; a run that dies
                         // in between asks the model again, as one that dies during the call.
                         Ok(Ok((response, spent))) if calls_tools(&response) => {
-                            run.record.checkpoint = Some(Checkpoint {
-                                response: response.clone(),
-                                progress: progress.clone(),
-                            });
-                            let saved =
-                                self.counting(spent, Box::pin(self.persist(&mut run, false)));
-                            if let Err(f) = saved.await {
-                                return Box::pin(self.retry_later(run, f)).await;
+                            let saved = Box::pin(self.checkpoint(&mut run, &response, &progress));
+                            if let Err(f) = self.counting(spent, saved).await {
+                                return Err(Box::pin(self.hand_back(run, f)).await);
                             }
                             response
                         }
@@ -491,7 +447,7 @@ impl Pipeline {
                         }
                     }
                     Some(ToolLocation::Server) => {
-                        if let Some(live) = &run.live {
+                        if let Some(live) = run.live() {
                             live.progress(format!("running the server tool {name}"));
                         }
                         match Box::pin(self.server_tool_call(
@@ -505,7 +461,7 @@ impl Pipeline {
                         {
                             Ok(out) => outputs.push((call_id, out)),
                             Err(retryable) => {
-                                return Box::pin(self.retry_later(run, retryable)).await;
+                                return Err(Box::pin(self.hand_back(run, retryable)).await);
                             }
                         }
                     }
@@ -543,42 +499,26 @@ impl Pipeline {
         let step = self
             .run_server_tool(run, progress, call_id, name, arguments)
             .await?;
-        if let Some(effect) = step.effect {
-            self.apply_mode_change(run, progress, effect).await?;
+        if !step.record {
+            return Ok(step.output);
         }
-        if step.record {
-            self.record_tool_output(run, call_id, &step.output).await?;
-            // The checkpoint's progress must include this tool's result for a resumed run.
-            if let Some(cp) = run.record.checkpoint.as_mut() {
-                cp.progress = progress.clone();
+        let changed = self
+            .record_tool_output(run, call_id, &step.output, step.effect)
+            .await?;
+        // The next calls of this turn carry the new mode; the last change wins.
+        if changed {
+            progress.mode_changes += 1;
+            if progress.mode_changes == 2 {
+                warn!("several mode changes in one turn; the last one wins");
+                progress.user_warnings.push(
+                    "The mode was changed more than once in this turn; the last change applies."
+                        .into(),
+                );
             }
         }
+        // The checkpoint's progress must include this tool's result for a resumed run.
+        run.note_progress(progress);
         Ok(step.output)
-    }
-
-    /// Applies a mode change (written under the lease, with its history entry): the next calls
-    /// of this turn carry the new mode; the last change wins.
-    async fn apply_mode_change(
-        &self,
-        run: &mut Run,
-        progress: &mut TurnProgress,
-        effect: ModeEffect,
-    ) -> Result<(), RetryableFailure> {
-        let changed = self.change_mode(run, effect).await?;
-        run.session.mode_id = changed.mode_id;
-        run.session.mode_key = changed.mode_key;
-        run.session.mode_history = changed.mode_history;
-        // The store's write of the new mode moved any conversation items the stored session
-        // still held inline (the only items pending before the turn settles).
-        run.session.conversation.clear();
-        progress.mode_changes += 1;
-        if progress.mode_changes == 2 {
-            warn!("several mode changes in one turn; the last one wins");
-            progress.user_warnings.push(
-                "The mode was changed more than once in this turn; the last change applies.".into(),
-            );
-        }
-        Ok(())
     }
 }
 

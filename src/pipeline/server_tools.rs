@@ -39,7 +39,7 @@ impl Pipeline {
             effect,
             record,
         };
-        if let Some(out) = run.record.tool_ledger.get(call_id).cloned() {
+        if let Some(out) = run.record().tool_ledger.get(call_id).cloned() {
             info!(tool = %name, call_id, "reusing the recorded output of a server tool");
             let listed = progress
                 .server_tool_results
@@ -63,9 +63,9 @@ impl Pipeline {
             return Ok(step(missing.to_string(), None, false));
         };
         let ctx = ToolContext {
-            session_id: run.session.session_id.clone(),
-            turn_id: run.record.turn_id.clone(),
-            current_mode_key: run.session.mode_key.clone(),
+            session_id: run.session().session_id.clone(),
+            turn_id: run.record().turn_id.clone(),
+            current_mode_key: run.session().mode_key.clone(),
         };
         let started = std::time::Instant::now();
         let outcome = tool.run(&ctx, arguments).await;

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    BatchRecord, ContextIds, Lease, ModeChange, Saved, SessionState, SessionStore, StoreError,
-    TurnRecord,
+    BatchRecord, ContextIds, Grant, Lease, Saved, SessionState, SessionStore, StoreError,
+    ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -91,7 +91,11 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.order.get(session).cloned().unwrap_or_default())
     }
 
-    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError> {
+    async fn create_turn(
+        &self,
+        _grant: &Grant,
+        turn: &TurnRecord,
+    ) -> Result<Option<TurnRecord>, StoreError> {
         let mut inner = self.lock()?;
         let key = (turn.session_id.clone(), turn.turn_id.clone());
         if let Some(existing) = inner.turns.get(&key) {
@@ -106,7 +110,7 @@ impl SessionStore for MemoryStore {
         Ok(None)
     }
 
-    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {
+    async fn discard_turn(&self, _grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock()?;
         let key = (turn.session_id.clone(), turn.turn_id.clone());
         if inner.turns.get(&key) != Some(turn) {
@@ -121,6 +125,7 @@ impl SessionStore for MemoryStore {
 
     async fn replace_turn(
         &self,
+        _grant: &Grant,
         current: &TurnRecord,
         new: &TurnRecord,
     ) -> Result<bool, StoreError> {
@@ -186,6 +191,7 @@ impl SessionStore for MemoryStore {
 
     async fn acquire_lease(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         holder: &str,
         ttl: Duration,
@@ -212,6 +218,7 @@ impl SessionStore for MemoryStore {
 
     async fn renew_lease(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         lease: &Lease,
         ttl: Duration,
@@ -226,7 +233,12 @@ impl SessionStore for MemoryStore {
         Ok(true)
     }
 
-    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError> {
+    async fn release_lease(
+        &self,
+        _grant: &Grant,
+        session: &SessionId,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
         if inner.leases.get(session).is_some_and(|(l, _)| l == lease) {
             inner.leases.remove(session);
@@ -248,6 +260,7 @@ impl SessionStore for MemoryStore {
 
     async fn save(
         &self,
+        _grant: &Grant,
         session: Option<&SessionState>,
         turn: &TurnRecord,
         lease: &Lease,
@@ -316,45 +329,46 @@ impl SessionStore for MemoryStore {
 
     async fn record_tool_output(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
-        call_id: &str,
-        output: &str,
+        entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<SessionState>, StoreError> {
+        let ToolOutput {
+            call_id,
+            output,
+            mode_change,
+        } = entry;
         let mut inner = self.lock()?;
         if !inner.holds(session, lease) {
             drop(inner);
             return Err(self.fenced(session));
         }
-        let record = inner
-            .turns
-            .get_mut(&(session.clone(), turn.clone()))
-            .ok_or_else(|| StoreError::Corrupt(format!("turn {session}/{turn} does not exist")))?;
-        record
-            .tool_ledger
-            .insert(call_id.to_string(), output.to_string());
-        Ok(())
-    }
-
-    async fn change_mode(
-        &self,
-        session: &SessionId,
-        new_mode_id: &str,
-        change: ModeChange,
-        lease: &Lease,
-    ) -> Result<SessionState, StoreError> {
-        let mut inner = self.lock()?;
-        if !inner.holds(session, lease) {
-            drop(inner);
-            return Err(self.fenced(session));
+        let key = (session.clone(), turn.clone());
+        if !inner.turns.contains_key(&key) {
+            return Err(StoreError::Corrupt(format!(
+                "turn {session}/{turn} does not exist"
+            )));
         }
-        let state = inner
-            .sessions
-            .get_mut(session)
-            .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
-        state.apply_mode_change(new_mode_id, change);
-        Ok(state.clone())
+        // Both checks come before either write: the step is whole or not at all.
+        let changed = match mode_change {
+            Some((mode_id, change)) => {
+                let mut state = inner.sessions.get(session).cloned().ok_or_else(|| {
+                    StoreError::Corrupt(format!("session {session} does not exist"))
+                })?;
+                state.apply_mode_change(mode_id, change.clone());
+                inner.sessions.insert(session.clone(), state.clone());
+                Some(state)
+            }
+            None => None,
+        };
+        if let Some(record) = inner.turns.get_mut(&key) {
+            record
+                .tool_ledger
+                .insert(call_id.to_string(), output.to_string());
+        }
+        Ok(changed)
     }
 
     fn fenced_rejections(&self) -> u64 {

@@ -6,7 +6,6 @@
 //! retention. Must not: call the model or run tools. Workers are stateless: everything a turn
 //! needs to resume (pending client tool calls, recorded server tool outputs) is stored here.
 
-pub mod bench;
 pub mod memory;
 pub mod redis;
 pub mod watch;
@@ -23,6 +22,31 @@ pub use crate::state::{
 };
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+
+/// The right to write a turn's state: every store method that moves a turn (admits, creates,
+/// takes back or replaces its record, takes, renews or gives back the session's lease, saves
+/// the turn and its session, records a server tool's output) takes one.
+///
+/// AGN-027 layer F ([`crate::pipeline::lifecycle`]) is the one place that makes a grant, so
+/// the compiler holds every other module to reading: the front door and the pipeline's other
+/// layers move a turn only through F's transitions. `lifecycle`'s tests check that no other
+/// file of `src/` calls [`Grant::layer_f`]; integration tests of the stores themselves get one
+/// from [`Grant::for_tests`] (feature `test-support`).
+#[derive(Debug)]
+pub struct Grant(());
+
+impl Grant {
+    /// Layer F's grant. Called in `src/pipeline/lifecycle/` only (a test checks).
+    pub(crate) const fn layer_f() -> Self {
+        Self(())
+    }
+
+    /// A grant for tests that exercise a store directly (the conformance suite).
+    #[cfg(any(test, feature = "test-support"))]
+    pub const fn for_tests() -> Self {
+        Self(())
+    }
+}
 
 /// Retention of stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +95,18 @@ pub enum StoreError {
     /// The writer no longer holds the session's lease; its write was rejected.
     #[error("the lease on session {0} was lost; the write was rejected")]
     Fenced(String),
+}
+
+/// One server tool's output for the turn's ledger ([`SessionStore::record_tool_output`]), with
+/// the mode change the tool makes, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolOutput<'a> {
+    /// The model's `call_id` of the tool call.
+    pub call_id: &'a str,
+    /// What the tool answered the model.
+    pub output: &'a str,
+    /// The new mode's catalog id and its history entry (`agent_change_mode`).
+    pub mode_change: Option<(&'a str, &'a ModeChange)>,
 }
 
 /// What [`SessionStore::begin_turn`] found.
@@ -128,13 +164,18 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError>;
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
-    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError>;
+    async fn create_turn(
+        &self,
+        grant: &Grant,
+        turn: &TurnRecord,
+    ) -> Result<Option<TurnRecord>, StoreError>;
     /// Admits a new user turn in one step: claims the session for `owner` (when given) unless
     /// it has an owner, latches `contexts` unless the session latched some, and creates `turn`
     /// as [`SessionStore::create_turn`] does — stopping, with nothing more written, at an owner
     /// that is not `owner` or at latched contexts that are not `contexts`. Not fenced.
     async fn admit_turn(
         &self,
+        grant: &Grant,
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
@@ -149,18 +190,21 @@ pub trait SessionStore: Send + Sync + 'static {
         if &latched != contexts {
             return Ok(Admission::OtherContexts(latched));
         }
-        Ok(Admission::Turn(self.create_turn(turn).await?.map(Box::new)))
+        Ok(Admission::Turn(
+            self.create_turn(grant, turn).await?.map(Box::new),
+        ))
     }
     /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
     /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
     /// gone. Not fenced, like `create_turn`.
-    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError>;
+    async fn discard_turn(&self, grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError>;
     /// Replaces a turn record only if it is still exactly `current` (compare-and-set); `false`
     /// when it changed or is gone, and nothing was written. Not fenced: the front door uses it
     /// to move a turn that waits for client tools back to `queued` when it accepts their
     /// results, and to undo that when the job was not accepted.
     async fn replace_turn(
         &self,
+        grant: &Grant,
         current: &TurnRecord,
         new: &TurnRecord,
     ) -> Result<bool, StoreError>;
@@ -204,6 +248,7 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,
+        grant: &Grant,
         session: &SessionId,
         holder: &str,
         ttl: Duration,
@@ -211,6 +256,7 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Extends a held lease; `false` when it was lost (expired and maybe taken by another).
     async fn renew_lease(
         &self,
+        grant: &Grant,
         session: &SessionId,
         lease: &Lease,
         ttl: Duration,
@@ -224,13 +270,14 @@ pub trait SessionStore: Send + Sync + 'static {
     /// where the backend allows (Redis: one script).
     async fn begin_turn(
         &self,
+        grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
     ) -> Result<Begun, StoreError> {
-        let lease = self.acquire_lease(session, holder, ttl).await?;
+        let lease = self.acquire_lease(grant, session, holder, ttl).await?;
         let read = async {
             let turn = self.get_turn(session, turn).await?;
             let state = match lease {
@@ -255,14 +302,19 @@ pub trait SessionStore: Send + Sync + 'static {
             Err(e) => {
                 // Nothing will run under a lease whose reads failed: give it back.
                 if let Some(lease) = &lease {
-                    let _ = self.release_lease(session, lease).await;
+                    let _ = self.release_lease(grant, session, lease).await;
                 }
                 Err(e)
             }
         }
     }
     /// Gives a lease back (no effect when it was already lost).
-    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError>;
+    async fn release_lease(
+        &self,
+        grant: &Grant,
+        session: &SessionId,
+        lease: &Lease,
+    ) -> Result<(), StoreError>;
     /// The session's conversation as stored, oldest item first (empty for an unknown session).
     async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
     /// Writes the turn record and, when given, the session state, in one atomic step checked
@@ -273,6 +325,7 @@ pub trait SessionStore: Send + Sync + 'static {
     /// the write is seen, and one made after it meets the record as written.
     async fn save(
         &self,
+        grant: &Grant,
         session: Option<&SessionState>,
         turn: &TurnRecord,
         lease: &Lease,
@@ -285,24 +338,19 @@ pub trait SessionStore: Send + Sync + 'static {
     /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
     /// follows the subscription, one saved after it is sent.
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
-    /// Records one server tool's output before the next model call (fenced).
+    /// Records one server tool's output in the turn's ledger before the next model call and,
+    /// when the tool changed the session's mode, the new mode and its history entry — in one
+    /// atomic step checked against the lease, so a resumed run finds both or neither. Returns
+    /// the session as it now is after a mode change (with no pending conversation items; the
+    /// session must exist), `None` without one.
     async fn record_tool_output(
         &self,
+        grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
-        call_id: &str,
-        output: &str,
+        entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<(), StoreError>;
-    /// Changes the session's mode and appends the history entry (fenced); returns the new
-    /// state, with no pending conversation items. The session must exist.
-    async fn change_mode(
-        &self,
-        session: &SessionId,
-        new_mode_id: &str,
-        change: ModeChange,
-        lease: &Lease,
-    ) -> Result<SessionState, StoreError>;
+    ) -> Result<Option<SessionState>, StoreError>;
     /// How many writes were rejected because their lease was stale.
     fn fenced_rejections(&self) -> u64;
     /// Stores a batch (kept as long as turn records).

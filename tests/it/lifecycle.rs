@@ -14,6 +14,9 @@ use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, code, spawn};
 
+/// The right to write turn state directly, as these tests of the store do.
+const G: &aptix_worker::store::Grant = &aptix_worker::store::Grant::for_tests();
+
 async fn app_on(backend: Backend) -> App {
     spawn(AppOptions {
         backend,
@@ -226,12 +229,10 @@ async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend)
     let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
     app.store.claim_owner(&sid, "tenant-a").await.unwrap();
     app.store
-        .create_turn(&TurnRecord::queued(
-            sid.clone(),
-            tid.clone(),
-            fingerprint(turn),
-            String::new(),
-        ))
+        .create_turn(
+            G,
+            &TurnRecord::queued(sid.clone(), tid.clone(), fingerprint(turn), String::new()),
+        )
         .await
         .unwrap();
     app.broker

@@ -48,6 +48,7 @@ mod rag;
 mod redis_cluster;
 mod restarts;
 mod store_conformance;
+mod store_faults;
 mod streaming;
 mod tenants;
 mod tls;

@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 
 use crate::support::{Setup, harness, request};
 
+/// The right to write turn state directly, as these tests of the store do.
+const G: &aptix_worker::store::Grant = &aptix_worker::store::Grant::for_tests();
+
 type Result = InvokeResult<AgentExecuteResponse>;
 
 fn turn(session: &str, turn: &str, instruction: &str) -> Value {
@@ -1065,7 +1068,7 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
     let sid = SessionId::parse("s").unwrap();
     let lease = h
         .store
-        .acquire_lease(&sid, "someone else", Duration::from_secs(30))
+        .acquire_lease(G, &sid, "someone else", Duration::from_secs(30))
         .await
         .unwrap()
         .expect("the session is free");
@@ -1074,7 +1077,7 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
         .execute(&request(turn("s", "t2", "y")), deadline)
         .await;
     assert!(matches!(busy, JobOutcome::Busy), "{busy:?}");
-    h.store.release_lease(&sid, &lease).await.unwrap();
+    h.store.release_lease(G, &sid, &lease).await.unwrap();
     // A model that does not answer within the deadline: a failure to retry.
     h.fake.push([Reply::Delay(
         Duration::from_secs(5),

@@ -9,10 +9,13 @@ use std::time::Duration;
 use aptix_worker::contract::{SessionId, TurnId};
 use aptix_worker::store::{
     Admission, ContextIds, MemoryStore, ModeChange, SessionState, SessionStore, StoreError,
-    TurnRecord, TurnStatus, now_rfc3339,
+    ToolOutput, TurnRecord, TurnStatus, now_rfc3339,
 };
 
 use crate::support::{RedisGuard, redis_store};
+
+/// The right to write turn state directly, as these tests of the store do.
+const G: &aptix_worker::store::Grant = &aptix_worker::store::Grant::for_tests();
 
 /// A store under test and whatever keeps its backing data alive (and cleans it up).
 pub struct Subject {
@@ -94,21 +97,21 @@ async fn saves_and_reads_back_sessions_and_turns(s: Subject) {
     let st = &s.store;
     assert!(st.get_session(&sid("a")).await.unwrap().is_none());
     let lease = st
-        .acquire_lease(&sid("a"), "w1", LONG)
+        .acquire_lease(G, &sid("a"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     let mut state = session("a");
     state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
-    st.save(Some(&state), &turn("a", "t1"), &lease, false)
+    st.save(G, Some(&state), &turn("a", "t1"), &lease, false)
         .await
         .unwrap();
-    st.save(None, &turn("a", "t2"), &lease, false)
+    st.save(G, None, &turn("a", "t2"), &lease, false)
         .await
         .unwrap();
     let mut t1 = turn("a", "t1");
     t1.status = TurnStatus::Completed;
-    st.save(None, &t1, &lease, true).await.unwrap();
+    st.save(G, None, &t1, &lease, true).await.unwrap();
     // The conversation is kept apart from the session: read back on its own, and a session
     // read back carries no pending items.
     assert_eq!(
@@ -142,42 +145,42 @@ async fn saves_and_reads_back_sessions_and_turns(s: Subject) {
 async fn a_lease_is_exclusive_until_released_or_expired(s: Subject) {
     let st = &s.store;
     let a = st
-        .acquire_lease(&sid("s"), "w1", Duration::from_millis(600))
+        .acquire_lease(G, &sid("s"), "w1", Duration::from_millis(600))
         .await
         .unwrap()
         .expect("free");
     assert!(
-        st.acquire_lease(&sid("s"), "w2", LONG)
+        st.acquire_lease(G, &sid("s"), "w2", LONG)
             .await
             .unwrap()
             .is_none(),
         "busy"
     );
     assert!(
-        st.acquire_lease(&sid("other"), "w2", LONG)
+        st.acquire_lease(G, &sid("other"), "w2", LONG)
             .await
             .unwrap()
             .is_some(),
         "per session"
     );
-    st.release_lease(&sid("s"), &a).await.unwrap();
+    st.release_lease(G, &sid("s"), &a).await.unwrap();
     let b = st
-        .acquire_lease(&sid("s"), "w2", Duration::from_millis(600))
+        .acquire_lease(G, &sid("s"), "w2", Duration::from_millis(600))
         .await
         .unwrap()
         .expect("released");
     assert!(b.token > a.token, "tokens grow");
     // A non-holder's release does nothing.
-    st.release_lease(&sid("s"), &a).await.unwrap();
+    st.release_lease(G, &sid("s"), &a).await.unwrap();
     assert!(
-        st.acquire_lease(&sid("s"), "w3", LONG)
+        st.acquire_lease(G, &sid("s"), "w3", LONG)
             .await
             .unwrap()
             .is_none()
     );
     tokio::time::sleep(Duration::from_millis(800)).await;
     let c = st
-        .acquire_lease(&sid("s"), "w3", LONG)
+        .acquire_lease(G, &sid("s"), "w3", LONG)
         .await
         .unwrap()
         .expect("expired");
@@ -189,15 +192,15 @@ async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
     // Generous margins: the suite runs in parallel on a 2-core machine.
     let ttl = Duration::from_millis(700);
     let a = st
-        .acquire_lease(&sid("s"), "w1", ttl)
+        .acquire_lease(G, &sid("s"), "w1", ttl)
         .await
         .unwrap()
         .unwrap();
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(st.renew_lease(&sid("s"), &a, ttl).await.unwrap());
+        assert!(st.renew_lease(G, &sid("s"), &a, ttl).await.unwrap());
         assert!(
-            st.acquire_lease(&sid("s"), "w2", ttl)
+            st.acquire_lease(G, &sid("s"), "w2", ttl)
                 .await
                 .unwrap()
                 .is_none()
@@ -205,12 +208,12 @@ async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
     }
     tokio::time::sleep(Duration::from_millis(900)).await;
     let _b = st
-        .acquire_lease(&sid("s"), "w2", LONG)
+        .acquire_lease(G, &sid("s"), "w2", LONG)
         .await
         .unwrap()
         .expect("expired");
     assert!(
-        !st.renew_lease(&sid("s"), &a, ttl).await.unwrap(),
+        !st.renew_lease(G, &sid("s"), &a, ttl).await.unwrap(),
         "a lost lease cannot be renewed"
     );
 }
@@ -218,34 +221,44 @@ async fn renewal_keeps_a_lease_and_fails_once_lost(s: Subject) {
 async fn a_stale_holder_cannot_write(s: Subject) {
     let st = &s.store;
     let a = st
-        .acquire_lease(&sid("s"), "w1", Duration::from_millis(500))
+        .acquire_lease(G, &sid("s"), "w1", Duration::from_millis(500))
         .await
         .unwrap()
         .unwrap();
-    st.save(Some(&session("s")), &turn("s", "t"), &a, false)
+    st.save(G, Some(&session("s")), &turn("s", "t"), &a, false)
         .await
         .unwrap();
     // w1 pauses past its lease; w2 takes over and writes.
     tokio::time::sleep(Duration::from_millis(700)).await;
     let b = st
-        .acquire_lease(&sid("s"), "w2", LONG)
+        .acquire_lease(G, &sid("s"), "w2", LONG)
         .await
         .unwrap()
         .unwrap();
     let mut newer = turn("s", "t");
     newer.attempts = 2;
-    st.save(None, &newer, &b, false).await.unwrap();
+    st.save(G, None, &newer, &b, false).await.unwrap();
     let before = st.fenced_rejections();
     let mut stale = turn("s", "t");
     stale.status = TurnStatus::Completed;
     let tid = TurnId::parse("t").unwrap();
     assert!(matches!(
-        st.save(Some(&session("s")), &stale, &a, true).await,
+        st.save(G, Some(&session("s")), &stale, &a, true).await,
         Err(StoreError::Fenced(_))
     ));
     assert!(matches!(
-        st.record_tool_output(&sid("s"), &tid, "call_1", "{}", &a)
-            .await,
+        st.record_tool_output(
+            G,
+            &sid("s"),
+            &tid,
+            ToolOutput {
+                call_id: "call_1",
+                output: "{}",
+                mode_change: None
+            },
+            &a
+        )
+        .await,
         Err(StoreError::Fenced(_))
     ));
     let change = ModeChange {
@@ -256,8 +269,18 @@ async fn a_stale_holder_cannot_write(s: Subject) {
         turn_id: tid.clone(),
     };
     assert!(matches!(
-        st.change_mode(&sid("s"), "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", change, &a)
-            .await,
+        st.record_tool_output(
+            G,
+            &sid("s"),
+            &tid,
+            ToolOutput {
+                call_id: "call_2",
+                output: "{}",
+                mode_change: Some(("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", &change))
+            },
+            &a
+        )
+        .await,
         Err(StoreError::Fenced(_))
     ));
     assert_eq!(
@@ -278,7 +301,7 @@ async fn a_stale_holder_cannot_write(s: Subject) {
     );
     // and the stale release did not free w2's lease
     assert!(
-        st.acquire_lease(&sid("s"), "w3", LONG)
+        st.acquire_lease(G, &sid("s"), "w3", LONG)
             .await
             .unwrap()
             .is_none()
@@ -288,19 +311,29 @@ async fn a_stale_holder_cannot_write(s: Subject) {
 async fn the_ledger_is_never_lost_by_a_later_save(s: Subject) {
     let st = &s.store;
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     let t = turn("s", "t");
-    st.save(Some(&session("s")), &t, &lease, false)
+    st.save(G, Some(&session("s")), &t, &lease, false)
         .await
         .unwrap();
     let tid = TurnId::parse("t").unwrap();
-    st.record_tool_output(&sid("s"), &tid, "call_1", "{\"ok\":1}", &lease)
-        .await
-        .unwrap();
-    st.save(None, &t, &lease, false).await.unwrap(); // an older copy without the entry
+    st.record_tool_output(
+        G,
+        &sid("s"),
+        &tid,
+        ToolOutput {
+            call_id: "call_1",
+            output: "{\"ok\":1}",
+            mode_change: None,
+        },
+        &lease,
+    )
+    .await
+    .unwrap();
+    st.save(G, None, &t, &lease, false).await.unwrap(); // an older copy without the entry
     let stored = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
     assert_eq!(
         stored.tool_ledger.get("call_1").map(String::as_str),
@@ -313,7 +346,7 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     let tid = TurnId::parse("t").unwrap();
     // Nothing stored yet: the lease, and nothing to read.
     let first = st
-        .begin_turn(&sid("s"), &tid, "w1", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None)
         .await
         .unwrap();
     let lease = first.lease.expect("a free session's lease");
@@ -321,7 +354,7 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     assert_eq!(first.latched, None, "no contexts were given to latch");
     // Another run of the session finds it busy, and no session is read for it.
     let busy = st
-        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
@@ -329,22 +362,32 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     let mut state = session("s");
     state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
     let mut t = turn("s", "t");
-    st.save(Some(&state), &t, &lease, false).await.unwrap();
-    st.record_tool_output(&sid("s"), &tid, "call_1", "{\"ok\":1}", &lease)
-        .await
-        .unwrap();
+    st.save(G, Some(&state), &t, &lease, false).await.unwrap();
+    st.record_tool_output(
+        G,
+        &sid("s"),
+        &tid,
+        ToolOutput {
+            call_id: "call_1",
+            output: "{\"ok\":1}",
+            mode_change: None,
+        },
+        &lease,
+    )
+    .await
+    .unwrap();
     t.tool_ledger.insert("call_1".into(), "{\"ok\":1}".into());
     // Busy, yet the turn is read: a duplicate job may only need its stored result.
     let busy = st
-        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
     assert_eq!(busy.turn.as_ref(), Some(&t));
     t.status = TurnStatus::Completed;
-    st.save(None, &t, &lease, true).await.unwrap();
+    st.save(G, None, &t, &lease, true).await.unwrap();
     let next = st
-        .begin_turn(&sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
         .await
         .unwrap();
     let taken = next.lease.expect("released by the settling save");
@@ -354,12 +397,12 @@ async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
     assert_eq!(next.session, Some(state));
     // The lease begin took is a lease like any other: it fences the old holder's writes.
     assert!(matches!(
-        st.save(None, &t, &lease, false).await,
+        st.save(G, None, &t, &lease, false).await,
         Err(StoreError::Fenced(_))
     ));
-    st.save(None, &t, &taken, true).await.unwrap();
+    st.save(G, None, &t, &taken, true).await.unwrap();
     assert!(
-        st.acquire_lease(&sid("s"), "w3", LONG)
+        st.acquire_lease(G, &sid("s"), "w3", LONG)
             .await
             .unwrap()
             .is_some(),
@@ -373,7 +416,7 @@ async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
     let slow = ContextIds::named_or_default(Some("slow"), None);
     // A new session: the lease, and the given contexts latched in the same step.
     let first = st
-        .begin_turn(&sid("s"), &tid("t1"), "w1", LONG, Some(&fast))
+        .begin_turn(G, &sid("s"), &tid("t1"), "w1", LONG, Some(&fast))
         .await
         .unwrap();
     let lease = first.lease.expect("a free session's lease");
@@ -384,21 +427,21 @@ async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
     );
     // Busy: nothing latched and nothing read back.
     let busy = st
-        .begin_turn(&sid("other"), &tid("t1"), "w1", LONG, None)
+        .begin_turn(G, &sid("other"), &tid("t1"), "w1", LONG, None)
         .await
         .unwrap();
     assert!(busy.lease.is_some());
     let busy = st
-        .begin_turn(&sid("other"), &tid("t2"), "w2", LONG, Some(&fast))
+        .begin_turn(G, &sid("other"), &tid("t2"), "w2", LONG, Some(&fast))
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.latched.is_none());
     assert_eq!(st.latched_contexts(&sid("other")).await.unwrap(), None);
     // Still no session stored, other contexts latched (the front door admitted them): those
     // come back and stay.
-    st.release_lease(&sid("s"), &lease).await.unwrap();
+    st.release_lease(G, &sid("s"), &lease).await.unwrap();
     let again = st
-        .begin_turn(&sid("s"), &tid("t1"), "w2", LONG, Some(&slow))
+        .begin_turn(G, &sid("s"), &tid("t1"), "w2", LONG, Some(&slow))
         .await
         .unwrap();
     let lease = again.lease.expect("released");
@@ -408,11 +451,11 @@ async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
         Some(fast.clone())
     );
     // Once the session is stored, its own contexts are the run's: nothing is latched or read.
-    st.save(Some(&session("s")), &turn("s", "t1"), &lease, true)
+    st.save(G, Some(&session("s")), &turn("s", "t1"), &lease, true)
         .await
         .unwrap();
     let stored = st
-        .begin_turn(&sid("s"), &tid("t2"), "w3", LONG, Some(&slow))
+        .begin_turn(G, &sid("s"), &tid("t2"), "w3", LONG, Some(&slow))
         .await
         .unwrap();
     assert!(stored.lease.is_some() && stored.session.is_some());
@@ -423,48 +466,48 @@ async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
 async fn a_save_reads_whether_the_turn_was_asked_to_stop(s: Subject) {
     let st = &s.store;
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     let t = turn("s", "t");
     let saved = st
-        .save(Some(&session("s")), &t, &lease, false)
+        .save(G, Some(&session("s")), &t, &lease, false)
         .await
         .unwrap();
     assert!(!saved.stop_requested);
     // Another turn's request is not this one's.
     st.request_cancel(&sid("s"), &tid("other")).await.unwrap();
-    let saved = st.save(None, &t, &lease, false).await.unwrap();
+    let saved = st.save(G, None, &t, &lease, false).await.unwrap();
     assert!(!saved.stop_requested);
     st.request_cancel(&sid("s"), &tid("t")).await.unwrap();
     // With or without the session, keeping or releasing the lease, the request is read.
     let saved = st
-        .save(Some(&session("s")), &t, &lease, false)
+        .save(G, Some(&session("s")), &t, &lease, false)
         .await
         .unwrap();
     assert!(saved.stop_requested);
-    let saved = st.save(None, &t, &lease, true).await.unwrap();
+    let saved = st.save(G, None, &t, &lease, true).await.unwrap();
     assert!(saved.stop_requested);
 }
 
 async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
     let st = &s.store;
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     let t = turn("s", "t");
-    let saved = st.save(None, &t, &lease, false).await.unwrap();
+    let saved = st.save(G, None, &t, &lease, false).await.unwrap();
     assert!(!saved.watched, "no one marked the session");
     // Another session's mark is not this one's.
     st.mark_watched(&sid("other"), LONG).await.unwrap();
-    assert!(!st.save(None, &t, &lease, false).await.unwrap().watched);
+    assert!(!st.save(G, None, &t, &lease, false).await.unwrap().watched);
     st.mark_watched(&sid("s"), LONG).await.unwrap();
     // With or without the session, keeping or releasing the lease, the mark is read.
     let saved = st
-        .save(Some(&session("s")), &t, &lease, false)
+        .save(G, Some(&session("s")), &t, &lease, false)
         .await
         .unwrap();
     assert!(saved.watched);
@@ -473,10 +516,10 @@ async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(st.save(None, &t, &lease, true).await.unwrap().watched);
+    assert!(st.save(G, None, &t, &lease, true).await.unwrap().watched);
     // A mark lapses.
     let lease = st
-        .acquire_lease(&sid("u"), "w1", LONG)
+        .acquire_lease(G, &sid("u"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
@@ -484,16 +527,16 @@ async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
         .await
         .unwrap();
     let u = turn("u", "t");
-    assert!(st.save(None, &u, &lease, false).await.unwrap().watched);
+    assert!(st.save(G, None, &u, &lease, false).await.unwrap().watched);
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert!(!st.save(None, &u, &lease, false).await.unwrap().watched);
+    assert!(!st.save(G, None, &u, &lease, false).await.unwrap().watched);
 }
 
 async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped(s: Subject) {
     use aptix_worker::store::watch::WatchMark;
     let st = &s.store;
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
@@ -505,14 +548,14 @@ async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped(s: Su
     // Held for several times the mark's own lifetime: renewed meanwhile.
     for _ in 0..4 {
         tokio::time::sleep(linger).await;
-        assert!(st.save(None, &t, &lease, false).await.unwrap().watched);
+        assert!(st.save(G, None, &t, &lease, false).await.unwrap().watched);
     }
     drop(mark);
     // It lasts at least `linger` after the holder has gone, then lapses.
     tokio::time::sleep(linger / 2).await;
-    assert!(st.save(None, &t, &lease, false).await.unwrap().watched);
+    assert!(st.save(G, None, &t, &lease, false).await.unwrap().watched);
     tokio::time::sleep(linger * 2).await;
-    assert!(!st.save(None, &t, &lease, false).await.unwrap().watched);
+    assert!(!st.save(G, None, &t, &lease, false).await.unwrap().watched);
 }
 
 async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) {
@@ -520,21 +563,21 @@ async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) 
     let item = |n: u32| serde_json::json!({"role": "user", "content": format!("item {n}")});
     assert!(st.conversation(&sid("s")).await.unwrap().is_empty());
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     let mut state = session("s");
     state.conversation = vec![item(1), item(2)];
-    st.save(Some(&state), &turn("s", "t1"), &lease, false)
+    st.save(G, Some(&state), &turn("s", "t1"), &lease, false)
         .await
         .unwrap();
     // The next save carries only what is new; a save without the session appends nothing.
     state.conversation = vec![item(3)];
-    st.save(Some(&state), &turn("s", "t2"), &lease, false)
+    st.save(G, Some(&state), &turn("s", "t2"), &lease, false)
         .await
         .unwrap();
-    st.save(None, &turn("s", "t2"), &lease, false)
+    st.save(G, None, &turn("s", "t2"), &lease, false)
         .await
         .unwrap();
     assert_eq!(
@@ -550,20 +593,32 @@ async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) 
         turn_id: TurnId::parse("t2").unwrap(),
     };
     let changed = st
-        .change_mode(&sid("s"), "X", change, &lease)
+        .record_tool_output(
+            G,
+            &sid("s"),
+            &TurnId::parse("t2").unwrap(),
+            ToolOutput {
+                call_id: "call_m",
+                output: "{}",
+                mode_change: Some(("X", &change)),
+            },
+            &lease,
+        )
         .await
-        .unwrap();
+        .unwrap()
+        .expect("the mode changed");
     assert!(changed.conversation.is_empty());
     // A stale holder's save appends nothing.
-    st.release_lease(&sid("s"), &lease).await.unwrap();
+    st.release_lease(G, &sid("s"), &lease).await.unwrap();
     let _other = st
-        .acquire_lease(&sid("s"), "w2", LONG)
+        .acquire_lease(G, &sid("s"), "w2", LONG)
         .await
         .unwrap()
         .unwrap();
     state.conversation = vec![item(4)];
     assert!(matches!(
-        st.save(Some(&state), &turn("s", "t3"), &lease, false).await,
+        st.save(G, Some(&state), &turn("s", "t3"), &lease, false)
+            .await,
         Err(StoreError::Fenced(_))
     ));
     assert_eq!(
@@ -579,11 +634,11 @@ async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) 
 async fn change_mode_appends_history(s: Subject) {
     let st = &s.store;
     let lease = st
-        .acquire_lease(&sid("s"), "w1", LONG)
+        .acquire_lease(G, &sid("s"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
-    st.save(Some(&session("s")), &turn("s", "t"), &lease, false)
+    st.save(G, Some(&session("s")), &turn("s", "t"), &lease, false)
         .await
         .unwrap();
     let tid = TurnId::parse("t").unwrap();
@@ -595,14 +650,26 @@ async fn change_mode_appends_history(s: Subject) {
         turn_id: tid.clone(),
     };
     let state = st
-        .change_mode(
+        .record_tool_output(
+            G,
             &sid("s"),
-            "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22",
-            change.clone(),
+            &tid,
+            ToolOutput {
+                call_id: "call_mode",
+                output: "{\"success\":true}",
+                mode_change: Some(("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", &change)),
+            },
             &lease,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .expect("the mode changed");
+    // The ledger entry was written in the same step.
+    let recorded = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!(
+        recorded.tool_ledger.get("call_mode").map(String::as_str),
+        Some("{\"success\":true}")
+    );
     assert_eq!(
         (state.mode_key.as_str(), state.mode_id.as_str()),
         ("ddr_authoring", "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22")
@@ -610,12 +677,23 @@ async fn change_mode_appends_history(s: Subject) {
     let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
     assert_eq!(stored.mode_history, vec![change.clone()]);
     let missing = st
-        .acquire_lease(&sid("nobody"), "w1", LONG)
+        .acquire_lease(G, &sid("nobody"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
     assert!(matches!(
-        st.change_mode(&sid("nobody"), "X", change, &missing).await,
+        st.record_tool_output(
+            G,
+            &sid("nobody"),
+            &tid,
+            ToolOutput {
+                call_id: "call_x",
+                output: "{}",
+                mode_change: Some(("X", &change))
+            },
+            &missing
+        )
+        .await,
         Err(StoreError::Corrupt(_))
     ));
 }
@@ -629,7 +707,7 @@ async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
         tasks.spawn(async move {
             let lease = loop {
                 if let Some(l) = st
-                    .acquire_lease(&sid("hot"), &format!("w{i}"), LONG)
+                    .acquire_lease(G, &sid("hot"), &format!("w{i}"), LONG)
                     .await
                     .unwrap()
                 {
@@ -646,7 +724,7 @@ async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
             inside.fetch_sub(1, Ordering::SeqCst);
             let mut t = turn("hot", &format!("t{i}"));
             t.status = TurnStatus::Completed;
-            st.save(None, &t, &lease, true).await.unwrap();
+            st.save(G, None, &t, &lease, true).await.unwrap();
             done.fetch_add(1, Ordering::SeqCst);
         });
     }
@@ -678,11 +756,11 @@ async fn the_first_tenant_owns_a_session(s: Subject) {
 
 async fn create_turn_creates_once(s: Subject) {
     let st = &s.store;
-    assert_eq!(st.create_turn(&turn("s", "t")).await.unwrap(), None);
+    assert_eq!(st.create_turn(G, &turn("s", "t")).await.unwrap(), None);
     let mut second = turn("s", "t");
     second.fingerprint = "other".into();
     let existing = st
-        .create_turn(&second)
+        .create_turn(G, &second)
         .await
         .unwrap()
         .expect("already there");
@@ -695,7 +773,7 @@ async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subje
     let fast = ContextIds::named_or_default(Some("fast"), None);
     // A new session: claimed, latched and recorded in one step.
     assert_eq!(
-        st.admit_turn(Some("tenant-a"), &fast, &turn("s", "t1"))
+        st.admit_turn(G, Some("tenant-a"), &fast, &turn("s", "t1"))
             .await
             .unwrap(),
         Admission::Turn(None)
@@ -713,7 +791,7 @@ async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subje
     let mut again = turn("s", "t1");
     again.fingerprint = "other".into();
     match st
-        .admit_turn(Some("tenant-a"), &fast, &again)
+        .admit_turn(G, Some("tenant-a"), &fast, &again)
         .await
         .unwrap()
     {
@@ -722,16 +800,26 @@ async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subje
     }
     // Another tenant: refused before anything is latched or recorded.
     assert_eq!(
-        st.admit_turn(Some("tenant-b"), &ContextIds::default(), &turn("s", "t2"))
-            .await
-            .unwrap(),
+        st.admit_turn(
+            G,
+            Some("tenant-b"),
+            &ContextIds::default(),
+            &turn("s", "t2")
+        )
+        .await
+        .unwrap(),
         Admission::OtherOwner
     );
     // Other contexts: the latched ones come back, and the turn is not recorded.
     assert_eq!(
-        st.admit_turn(Some("tenant-a"), &ContextIds::default(), &turn("s", "t2"))
-            .await
-            .unwrap(),
+        st.admit_turn(
+            G,
+            Some("tenant-a"),
+            &ContextIds::default(),
+            &turn("s", "t2")
+        )
+        .await
+        .unwrap(),
         Admission::OtherContexts(fast.clone())
     );
     assert_eq!(st.get_turn(&sid("s"), &tid("t2")).await.unwrap(), None);
@@ -739,7 +827,7 @@ async fn admit_claims_latches_and_creates_or_stops_at_the_first_refusal(s: Subje
     assert_eq!(st.latched_contexts(&sid("s")).await.unwrap(), Some(fast));
     // Without an owner to claim (an embedded front door), a new session has none.
     assert_eq!(
-        st.admit_turn(None, &ContextIds::default(), &turn("free", "t"))
+        st.admit_turn(G, None, &ContextIds::default(), &turn("free", "t"))
             .await
             .unwrap(),
         Admission::Turn(None)
@@ -767,9 +855,9 @@ async fn stop_requests_are_read_for_many_turns_at_once(s: Subject) {
 async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
     let st = &s.store;
     let created = turn("s", "t");
-    st.create_turn(&created).await.unwrap();
-    st.create_turn(&turn("s", "keep")).await.unwrap();
-    assert!(st.discard_turn(&created).await.unwrap());
+    st.create_turn(G, &created).await.unwrap();
+    st.create_turn(G, &turn("s", "keep")).await.unwrap();
+    assert!(st.discard_turn(G, &created).await.unwrap());
     assert!(
         st.get_turn(&sid("s"), &created.turn_id)
             .await
@@ -784,19 +872,19 @@ async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
         .map(|t| t.to_string())
         .collect();
     assert_eq!(left, vec!["keep"]);
-    assert!(!st.discard_turn(&created).await.unwrap(), "already gone");
+    assert!(!st.discard_turn(G, &created).await.unwrap(), "already gone");
     // A turn a worker already moved on is not taken back.
-    st.create_turn(&created).await.unwrap();
+    st.create_turn(G, &created).await.unwrap();
     let lease = st
-        .acquire_lease(&sid("s"), "w", Duration::from_secs(5))
+        .acquire_lease(G, &sid("s"), "w", Duration::from_secs(5))
         .await
         .unwrap()
         .unwrap();
     let mut moved_on = created.clone();
     moved_on.status = TurnStatus::Completed;
     moved_on.attempts += 1;
-    st.save(None, &moved_on, &lease, true).await.unwrap();
-    assert!(!st.discard_turn(&created).await.unwrap());
+    st.save(G, None, &moved_on, &lease, true).await.unwrap();
+    assert!(!st.discard_turn(G, &created).await.unwrap());
     assert_eq!(
         st.get_turn(&sid("s"), &created.turn_id)
             .await
@@ -812,7 +900,7 @@ async fn replace_is_a_compare_and_set(s: Subject) {
     let mut waiting = turn("s", "t");
     waiting.status = TurnStatus::AwaitingClientTools;
     assert!(
-        !st.replace_turn(&waiting, &waiting).await.unwrap(),
+        !st.replace_turn(G, &waiting, &waiting).await.unwrap(),
         "a missing turn is not created"
     );
     assert!(
@@ -821,19 +909,19 @@ async fn replace_is_a_compare_and_set(s: Subject) {
             .unwrap()
             .is_none()
     );
-    st.create_turn(&waiting).await.unwrap();
+    st.create_turn(G, &waiting).await.unwrap();
     let mut first = waiting.clone();
     first.status = TurnStatus::Queued;
     first.continuation = Some("one".into());
     let mut second = first.clone();
     second.continuation = Some("two".into());
     // Both writers read `waiting`; only the first to write wins.
-    assert!(st.replace_turn(&waiting, &first).await.unwrap());
-    assert!(!st.replace_turn(&waiting, &second).await.unwrap());
+    assert!(st.replace_turn(G, &waiting, &first).await.unwrap());
+    assert!(!st.replace_turn(G, &waiting, &second).await.unwrap());
     let stored = st.get_turn(&sid("s"), &waiting.turn_id).await.unwrap();
     assert_eq!(stored.as_ref(), Some(&first));
     // Undo works from the record as written.
-    assert!(st.replace_turn(&first, &waiting).await.unwrap());
+    assert!(st.replace_turn(G, &first, &waiting).await.unwrap());
     assert_eq!(
         st.get_turn(&sid("s"), &waiting.turn_id).await.unwrap(),
         Some(waiting.clone())
@@ -844,7 +932,7 @@ async fn replace_is_a_compare_and_set(s: Subject) {
         next.status = TurnStatus::Queued;
         next.continuation = Some(format!("c{i}"));
         let (st, waiting) = (st.clone(), waiting.clone());
-        tokio::spawn(async move { st.replace_turn(&waiting, &next).await.unwrap() })
+        tokio::spawn(async move { st.replace_turn(G, &waiting, &next).await.unwrap() })
     });
     let mut won = 0;
     for a in attempts {

@@ -24,8 +24,8 @@ use std::time::Duration;
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, BatchRecord, Begun, ContextIds, Lease, ModeChange, Retention, Saved, SessionState,
-    SessionStore, StoreError, TurnRecord,
+    Admission, BatchRecord, Begun, ContextIds, Grant, Lease, Retention, Saved, SessionState,
+    SessionStore, StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -93,6 +93,24 @@ impl RedisStore {
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// The store's Lua scripts by name, each with the SHA1 that `EVALSHA` sends for it: what an
+    /// operator sees in `MONITOR` or `SLOWLOG`, and how the fault-injection tests tell the
+    /// writes of a turn apart on the wire.
+    pub fn script_hashes(&self) -> Vec<(&'static str, String)> {
+        self.scripts.hashes()
+    }
+
+    /// Loads every script into the server's script cache (what each script's first `EVALSHA`
+    /// on a server that lacks it otherwise does after a `NOSCRIPT` answer). On a cluster this
+    /// reaches one node; connect to each node to load them everywhere.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        for script in self.scripts.all() {
+            script.load_async(&mut conn).await.map_err(unavailable)?;
+        }
+        Ok(())
     }
 
     /// Requests sent to Redis so far (a pipeline or a script counts once).
@@ -212,7 +230,11 @@ impl SessionStore for RedisStore {
             .collect()
     }
 
-    async fn create_turn(&self, turn: &TurnRecord) -> Result<Option<TurnRecord>, StoreError> {
+    async fn create_turn(
+        &self,
+        _grant: &Grant,
+        turn: &TurnRecord,
+    ) -> Result<Option<TurnRecord>, StoreError> {
         match self.admit(None, None, turn).await? {
             Admission::Turn(existing) => Ok(existing.map(|b| *b)),
             other => Err(StoreError::Corrupt(format!(
@@ -224,6 +246,7 @@ impl SessionStore for RedisStore {
 
     async fn admit_turn(
         &self,
+        _grant: &Grant,
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
@@ -231,7 +254,7 @@ impl SessionStore for RedisStore {
         self.admit(owner, Some(contexts), turn).await
     }
 
-    async fn discard_turn(&self, turn: &TurnRecord) -> Result<bool, StoreError> {
+    async fn discard_turn(&self, _grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError> {
         let discarded: i64 = self
             .scripts
             .discard_turn
@@ -247,6 +270,7 @@ impl SessionStore for RedisStore {
 
     async fn replace_turn(
         &self,
+        _grant: &Grant,
         current: &TurnRecord,
         new: &TurnRecord,
     ) -> Result<bool, StoreError> {
@@ -331,6 +355,7 @@ impl SessionStore for RedisStore {
 
     async fn acquire_lease(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         holder: &str,
         ttl: Duration,
@@ -354,6 +379,7 @@ impl SessionStore for RedisStore {
 
     async fn begin_turn(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
         holder: &str,
@@ -408,7 +434,7 @@ impl SessionStore for RedisStore {
                 // Nothing will run under a lease whose reads failed: give it back rather than
                 // leave the session busy until it expires.
                 if let Some(lease) = &lease {
-                    let _ = self.release_lease(session, lease).await;
+                    let _ = self.release_lease(_grant, session, lease).await;
                 }
                 Err(e)
             }
@@ -417,6 +443,7 @@ impl SessionStore for RedisStore {
 
     async fn renew_lease(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         lease: &Lease,
         ttl: Duration,
@@ -433,7 +460,12 @@ impl SessionStore for RedisStore {
         Ok(ok == 1)
     }
 
-    async fn release_lease(&self, session: &SessionId, lease: &Lease) -> Result<(), StoreError> {
+    async fn release_lease(
+        &self,
+        _grant: &Grant,
+        session: &SessionId,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
         let _: i64 = self
             .scripts
             .release
@@ -458,6 +490,7 @@ impl SessionStore for RedisStore {
 
     async fn save(
         &self,
+        _grant: &Grant,
         session: Option<&SessionState>,
         turn: &TurnRecord,
         lease: &Lease,
@@ -508,56 +541,52 @@ impl SessionStore for RedisStore {
 
     async fn record_tool_output(
         &self,
+        _grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
-        call_id: &str,
-        output: &str,
+        entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<(), StoreError> {
-        let result: Result<i64, _> = self
-            .scripts
-            .record_output
+    ) -> Result<Option<SessionState>, StoreError> {
+        let ToolOutput {
+            call_id,
+            output,
+            mode_change,
+        } = entry;
+        // With a mode change, the session is read and changed here and written by the script
+        // with the ledger entry. Read-modify-write is safe: only the lease holder writes the
+        // session, and the script writes nothing if the lease moved on in between.
+        let state = match mode_change {
+            Some((mode_id, change)) => {
+                let mut state = self.get_session(session).await?.ok_or_else(|| {
+                    StoreError::Corrupt(format!("session {session} does not exist"))
+                })?;
+                state.apply_mode_change(mode_id, change.clone());
+                Some(state)
+            }
+            None => None,
+        };
+        let mut invocation = self.scripts.record_output.prepare_invoke();
+        invocation
             .key(self.key("lease", session))
             .key(self.turn_key("ledger", session, turn))
+            .key(self.key("session", session))
+            .key(self.key("conversation", session))
             .arg(lease_value(lease))
             .arg(call_id)
             .arg(output)
             .arg(ms(self.retention.turns))
-            .invoke_async(&mut self.conn())
-            .await;
-        result.map(|_| ()).map_err(|e| self.map_fenced(session, e))
-    }
-
-    async fn change_mode(
-        &self,
-        session: &SessionId,
-        new_mode_id: &str,
-        change: ModeChange,
-        lease: &Lease,
-    ) -> Result<SessionState, StoreError> {
-        // Read-modify-write is safe: only the lease holder writes the session, and the write
-        // below is rejected if the lease moved on in between.
-        let mut state = self
-            .get_session(session)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("session {session} does not exist")))?;
-        state.apply_mode_change(new_mode_id, change);
-        let mut invocation = self.scripts.set_session.prepare_invoke();
-        invocation
-            .key(self.key("lease", session))
-            .key(self.key("session", session))
-            .key(self.key("conversation", session))
-            .arg(lease_value(lease))
-            .arg(encode(&state)?)
+            .arg(state.as_ref().map(encode).transpose()?.unwrap_or_default())
             .arg(ms(self.retention.sessions));
         // A session stored before the conversation moved out still holds it: it moves now.
-        for item in &state.conversation {
+        for item in state.iter().flat_map(|s| &s.conversation) {
             invocation.arg(encode(item)?);
         }
         let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
         result.map_err(|e| self.map_fenced(session, e))?;
-        state.conversation.clear();
-        Ok(state)
+        Ok(state.map(|mut s| {
+            s.conversation.clear();
+            s
+        }))
     }
 
     fn fenced_rejections(&self) -> u64 {

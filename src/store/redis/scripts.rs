@@ -135,22 +135,19 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 ";
 
-/// KEYS: lease, ledger. ARGV: lease value, call id, output, TTL ms.
-const RECORD_OUTPUT: &str = r"
+/// KEYS: lease, ledger, session, conversation.
+/// ARGV: lease value, call id, output, turn TTL ms, session JSON or '' (no mode change),
+///       session TTL ms, then the session's conversation items to append (with a session).
+/// The ledger entry and the session's new mode are written together or not at all.
+const RECORD_OUTPUT: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return 1
-";
-
-/// KEYS: lease, session, conversation. ARGV: lease value, session JSON, TTL ms, then the
-/// session's conversation items to append.
-const SET_SESSION: &str = concat!(
-    r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+if ARGV[5] == '' then return 1 end
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[6])
 ",
-    append_conversation!("3", "4", "3"),
+    append_conversation!("4", "7", "6"),
     "return 1\n"
 );
 
@@ -163,13 +160,41 @@ pub(super) struct Scripts {
     pub(super) save: Script,
     pub(super) record_output: Script,
     pub(super) admit_turn: Script,
-    pub(super) set_session: Script,
     pub(super) discard_turn: Script,
     pub(super) replace_turn: Script,
     pub(super) mark_watched: Script,
 }
 
 impl Scripts {
+    /// Each script by name, with the SHA1 Redis knows it by (what `EVALSHA` names in
+    /// `MONITOR` or `SLOWLOG`).
+    pub(super) fn hashes(&self) -> Vec<(&'static str, String)> {
+        self.named()
+            .into_iter()
+            .map(|(name, script)| (name, script.get_hash().to_string()))
+            .collect()
+    }
+
+    /// Every script.
+    pub(super) fn all(&self) -> Vec<&Script> {
+        self.named().into_iter().map(|(_, script)| script).collect()
+    }
+
+    fn named(&self) -> [(&'static str, &Script); 10] {
+        [
+            ("acquire", &self.acquire),
+            ("begin", &self.begin),
+            ("renew", &self.renew),
+            ("release", &self.release),
+            ("save", &self.save),
+            ("record_output", &self.record_output),
+            ("admit_turn", &self.admit_turn),
+            ("discard_turn", &self.discard_turn),
+            ("replace_turn", &self.replace_turn),
+            ("mark_watched", &self.mark_watched),
+        ]
+    }
+
     /// Every script, ready to be invoked (Redis caches them by hash on first use).
     pub(super) fn load() -> Self {
         Self {
@@ -180,7 +205,6 @@ impl Scripts {
             save: Script::new(SAVE),
             record_output: Script::new(RECORD_OUTPUT),
             admit_turn: Script::new(ADMIT_TURN),
-            set_session: Script::new(SET_SESSION),
             discard_turn: Script::new(DISCARD_TURN),
             replace_turn: Script::new(REPLACE_TURN),
             mark_watched: Script::new(MARK_WATCHED),

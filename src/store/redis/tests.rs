@@ -97,16 +97,28 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
     session
         .conversation
         .push(serde_json::json!({"role": "user", "content": "three"}));
-    let lease =
-        crate::store::SessionStore::acquire_lease(&store, &sid, "w", Duration::from_secs(30))
-            .await
-            .expect("lease")
-            .expect("free");
+    let lease = crate::store::SessionStore::acquire_lease(
+        &store,
+        &crate::store::Grant::for_tests(),
+        &sid,
+        "w",
+        Duration::from_secs(30),
+    )
+    .await
+    .expect("lease")
+    .expect("free");
     let tid = crate::contract::TurnId::parse("t").expect("valid id");
     let turn = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
-    crate::store::SessionStore::save(&store, Some(&session), &turn, &lease, true)
-        .await
-        .expect("save");
+    crate::store::SessionStore::save(
+        &store,
+        &crate::store::Grant::for_tests(),
+        Some(&session),
+        &turn,
+        &lease,
+        true,
+    )
+    .await
+    .expect("save");
     let moved = crate::store::SessionStore::conversation(&store, &sid).await;
     let raw: String = redis::cmd("GET")
         .arg(&key)
@@ -138,10 +150,22 @@ async fn a_begin_that_cannot_read_the_turn_gives_the_lease_back() {
         .await
         .expect("SET");
     let begun = store
-        .begin_turn(&sid, &tid, "w1", Duration::from_secs(30), None)
+        .begin_turn(
+            &crate::store::Grant::for_tests(),
+            &sid,
+            &tid,
+            "w1",
+            Duration::from_secs(30),
+            None,
+        )
         .await;
     let again = store
-        .acquire_lease(&sid, "w2", Duration::from_secs(30))
+        .acquire_lease(
+            &crate::store::Grant::for_tests(),
+            &sid,
+            "w2",
+            Duration::from_secs(30),
+        )
         .await;
     store.delete_namespace().await.expect("clean up");
     assert!(matches!(begun, Err(StoreError::Decode { .. })), "{begun:?}");

@@ -1,16 +1,17 @@
 //! `aptix bench-store`: Redis round trips and time per turn on the store's hot path (begin and
-//! commit of a turn, as the pipeline does them) against a bare `SET`+`GET` baseline measured in
+//! commit of a turn, as layer F does them) against a bare `SET`+`GET` baseline measured in
 //! the same run. Commands are counted with Redis's own `total_commands_processed`.
 
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands as _;
 
-use super::{
+use super::GRANT;
+use crate::contract::{SessionId, TurnId};
+use crate::store::{
     ContextIds, RedisStore, Retention, SessionState, SessionStore, StoreError, TurnRecord,
     TurnStatus,
 };
-use crate::contract::{SessionId, TurnId};
 
 async fn commands_processed(
     conn: &mut redis::aio::MultiplexedConnection,
@@ -38,8 +39,8 @@ fn session(id: &SessionId) -> SessionState {
         solution_context: None,
         contexts: Default::default(),
         owner: None,
-        created_at: super::now_rfc3339(),
-        updated_at: super::now_rfc3339(),
+        created_at: crate::store::now_rfc3339(),
+        updated_at: crate::store::now_rfc3339(),
     }
 }
 
@@ -84,6 +85,7 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
         // contexts latched; one script), then the running record
         let begun = store
             .begin_turn(
+                &GRANT,
                 &sid,
                 &tid,
                 "bench",
@@ -96,10 +98,12 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
             .ok_or_else(|| StoreError::Corrupt("bench session unexpectedly busy".into()))?;
         let state = begun.session.unwrap_or_else(|| session(&sid));
         let mut rec = record(&sid, &tid);
-        store.save(Some(&state), &rec, &lease, false).await?;
+        store
+            .save(&GRANT, Some(&state), &rec, &lease, false)
+            .await?;
         // commit: result, status, session and lease release in one step
         rec.status = TurnStatus::Completed;
-        store.save(Some(&state), &rec, &lease, true).await?;
+        store.save(&GRANT, Some(&state), &rec, &lease, true).await?;
     }
     let hot = started.elapsed();
     let hot_cmds = commands_processed(&mut conn).await? - before - 1;

@@ -1,0 +1,982 @@
+//! The turn lifecycle (AGN-027 layer F: persistence is terminal). The one module that writes a
+//! turn's state: it alone makes the store's [`Grant`], so every other module — the reasoner,
+//! the model call, the server tools, the worker, the front door — moves a turn only through the
+//! transitions here. A run's turn and session are held in a [`Run`] whose fields only this
+//! module can change.
+//!
+//! The transitions, each **one atomic store step** (one Lua script on Redis, one lock on the
+//! embedded store), checked against the session's lease:
+//!
+//! | transition | what the step writes |
+//! |---|---|
+//! | begin ([`Pipeline::begin`]) | the lease taken (and a new session's contexts latched), read with the turn and session |
+//! | start ([`Pipeline::start_user_turn`], [`Pipeline::accept_tool_results`]) | the turn `running`, its attempt counted (and the session, when the turn changes it) |
+//! | checkpoint ([`Pipeline::checkpoint`]) | a model answer that calls tools, before any of them runs |
+//! | record a tool output ([`Pipeline::record_tool_output`]) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
+//! | complete / await client tools / fail / cancel | the turn's result and status, the session (conversation head, items, mode), the lease given back |
+//! | hand back ([`Pipeline::hand_back`]) | after a failure that was not a write: the record as this run last stored it, the lease given back |
+//!
+//! and at the front door ([`Intake`]): admit a new turn, take back one whose job was not
+//! accepted, queue a continuation (and take it back), cancel a waiting turn — each a
+//! compare-and-set on the stored record.
+//!
+//! **A write whose answer is lost is never undone or overwritten.** When a step fails (an
+//! error, a broken connection, a timeout), the store holds the turn either as it was before
+//! the step or as the step left it — never half of it — and this run cannot tell which. From
+//! then on the run writes nothing more of the turn: it gives the lease back by a
+//! compare-and-delete on its own fencing token (a no-op when the step had already released
+//! it, or when another run holds the lease) and the job runs again; the next run reads what
+//! is stored and goes on from there (a stored result is published again, a checkpoint is
+//! resumed, a recorded tool output is reused).
+//!
+//! Owns: the turn's state transitions in the store, the lease, the first shape of a session.
+//! Must not: call the model or run tools.
+
+mod intake;
+
+pub mod bench;
+pub use intake::Intake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::{
+    Interrupted, NoLease, Pipeline, RetryKind, RetryableFailure, Settled, TurnResult, fingerprint,
+    permanent, store_failure,
+};
+use crate::contract::{
+    AgentExecuteRequest, AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage,
+    FinalResponse, InvokeResult, SessionId, SessionMeta, ToolCall, TurnId,
+};
+use crate::live::LiveTurn;
+use crate::llm::ModelResponse;
+use crate::state::SentRequest;
+use crate::store::{
+    Checkpoint, ContextIds, Grant, Lease, PendingTools, Saved, SessionState, SessionStore,
+    ToolOutput, TurnProgress, TurnRecord, TurnStatus, TurnStatusView, now_rfc3339,
+};
+use crate::tools::ModeEffect;
+
+/// Layer F's grant: the right to call the store's turn-state writes. Nowhere else in `src/`
+/// makes one (see the test `only_layer_f_makes_a_grant`).
+const GRANT: Grant = Grant::layer_f();
+
+/// How often a running model call looks for a cancel request.
+pub(super) const CANCEL_POLL: Duration = Duration::from_millis(500);
+
+/// Everything one run of a turn works on while it holds the session's lease: the turn and the
+/// session as this run last stored them (plus what it has not stored yet: the requests it sent,
+/// conversation items of the turn), the lease, and its live output. Other layers read it; only
+/// this module changes it, in the transitions that write it.
+pub(super) struct Run {
+    session: SessionState,
+    /// Boxed: a run moves through every step of the turn, and the record is its largest part.
+    record: Box<TurnRecord>,
+    held: HeldLease,
+    /// The turn's live output, when its request asked for streaming.
+    live: Option<Arc<LiveTurn>>,
+    /// Whether the turn had been asked to stop, as the write just before the next model call
+    /// read it: that call's safe point takes it instead of asking the store again (one round
+    /// trip fewer before the call). Set only where nothing runs between that write and the
+    /// call; taken by the call.
+    stop_read: Option<bool>,
+    /// A write of this run failed: the store holds the turn as it was before that step or as
+    /// the step left it, and this run cannot tell which — so it writes nothing more.
+    unsure: bool,
+}
+
+impl Run {
+    fn open(
+        session: SessionState,
+        record: TurnRecord,
+        held: HeldLease,
+        live: Option<Arc<LiveTurn>>,
+    ) -> Self {
+        Self {
+            session,
+            record: Box::new(record),
+            held,
+            live,
+            stop_read: None,
+            unsure: false,
+        }
+    }
+
+    /// The session as the run sees it.
+    pub(super) fn session(&self) -> &SessionState {
+        &self.session
+    }
+
+    /// The turn as the run sees it.
+    pub(super) fn record(&self) -> &TurnRecord {
+        &self.record
+    }
+
+    /// The turn's live output, if it streams.
+    pub(super) fn live(&self) -> Option<&Arc<LiveTurn>> {
+        self.live.as_ref()
+    }
+
+    /// The lease the run holds.
+    #[cfg(test)]
+    fn lease(&self) -> &Lease {
+        self.held.lease()
+    }
+
+    /// Whether the turn had been asked to stop, as the last write read it, if nothing has run
+    /// since (see [`Run::stop_read`]).
+    pub(super) fn take_stop_read(&mut self) -> Option<bool> {
+        self.stop_read.take()
+    }
+
+    /// Keeps a request sent to the model in the turn's transcript (stored with the next write).
+    pub(super) fn note_request(&mut self, body: SentRequest) {
+        self.record.requests.push(body);
+    }
+
+    /// The model server does not store responses: the session replays its conversation from
+    /// now on (stored with the write that settles the turn).
+    pub(super) fn switch_to_replay(&mut self) {
+        self.session.replay = true;
+    }
+
+    /// The turn's progress after a server tool's output was recorded, for its checkpoint
+    /// (stored with the next write; a resumed run finds the output in the ledger either way).
+    pub(super) fn note_progress(&mut self, progress: &TurnProgress) {
+        if let Some(cp) = self.record.checkpoint.as_mut() {
+            cp.progress = progress.clone();
+        }
+    }
+}
+
+impl Pipeline {
+    /// The session part of a turn's answer.
+    pub(super) fn meta(&self, session: &SessionState, turn_id: &TurnId) -> SessionMeta {
+        SessionMeta {
+            session_id: session.session_id.clone(),
+            turn_id: turn_id.clone(),
+            mode_display_name: self
+                .catalog
+                .by_id_or_default(&session.mode_id)
+                .display_name
+                .clone(),
+        }
+    }
+
+    /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
+    pub(super) async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, NoLease> {
+        let holder = self.holder(tid);
+        match self
+            .store
+            .acquire_lease(&GRANT, sid, &holder, self.settings.lease_ttl)
+            .await
+            .map_err(|e| NoLease::Failed(store_failure(e)))?
+        {
+            Some(lease) => Ok(self.hold(sid, lease)),
+            None => Err(busy(sid)),
+        }
+    }
+
+    /// The start of a user turn's run: the session's lease, taken with the turn and the
+    /// session read under it in one store step (see [`SessionStore::begin_turn`]). The turn
+    /// comes back even when the session is busy, for a duplicate job's stored result. A new
+    /// session latches `contexts` in the same step.
+    pub(super) async fn begin(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        contexts: Option<&ContextIds>,
+    ) -> Result<Begin, Interrupted> {
+        let begun = self
+            .store
+            .begin_turn(
+                &GRANT,
+                sid,
+                tid,
+                &self.holder(tid),
+                self.settings.lease_ttl,
+                contexts,
+            )
+            .await
+            .map_err(store_failure)?;
+        Ok(Begin {
+            turn: begun.turn,
+            held: begun.lease.map(|lease| self.hold(sid, lease)),
+            session: begun.session,
+            latched: begun.latched,
+        })
+    }
+
+    fn holder(&self, tid: &TurnId) -> String {
+        format!("{}/{tid}", self.settings.worker_id)
+    }
+
+    /// Keeps `lease` renewed in the background until the run gives it back.
+    fn hold(&self, sid: &SessionId, lease: Lease) -> HeldLease {
+        let ttl = self.settings.lease_ttl;
+        let store = self.store.clone();
+        let (sid2, lease2) = (sid.clone(), lease.clone());
+        let renewer = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                match store.renew_lease(&GRANT, &sid2, &lease2, ttl).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        warn!(session_id = %sid2, "session lease lost; further writes of this turn will be rejected");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!(session_id = %sid2, error = %e, "could not renew the session lease")
+                    }
+                }
+            }
+        });
+        HeldLease {
+            lease,
+            session: sid.clone(),
+            store: self.store.clone(),
+            renewer,
+            given_back: false,
+        }
+    }
+
+    pub(super) fn new_session(&self, sid: &SessionId) -> SessionState {
+        let mode = self.catalog.default_mode();
+        let now = now_rfc3339();
+        SessionState {
+            session_id: sid.clone(),
+            mode_id: mode.id.clone(),
+            mode_key: mode.key.clone(),
+            mode_history: Vec::new(),
+            previous_response_id: None,
+            conversation: Vec::new(),
+            replay: false,
+            solution_context: None,
+            contexts: Default::default(),
+            owner: None,
+            created_at: now.clone(),
+            updated_at: now,
+        }
+    }
+
+    /// The one write of a run's turn (and, with `with_session`, its session) through
+    /// [`SessionStore::save`]; with `release`, the lease is given back in the same step. A
+    /// failure marks the run unsure (see [`Run::unsure`]).
+    async fn write(
+        &self,
+        run: &mut Run,
+        with_session: bool,
+        release: bool,
+    ) -> Result<Saved, RetryableFailure> {
+        if run.unsure {
+            return Err(store_failure(crate::store::StoreError::Unavailable(
+                "an earlier write of this run went unanswered; the run writes nothing more".into(),
+            )));
+        }
+        let session = with_session.then_some(&run.session);
+        match self
+            .store
+            .save(&GRANT, session, &run.record, run.held.lease(), release)
+            .await
+        {
+            Ok(saved) => {
+                if with_session {
+                    // The store holds them now.
+                    run.session.conversation.clear();
+                }
+                if release {
+                    run.held.released_by_store();
+                }
+                Ok(saved)
+            }
+            Err(e) => {
+                run.unsure = true;
+                Err(store_failure(e))
+            }
+        }
+    }
+
+    /// Starts a run of a user turn: the turn (the stored record, or a new one) becomes
+    /// `running` with its attempt counted, and is written with the session when `changed` (a
+    /// new session, or one the turn changes). A fresh run's next step is its model call, whose
+    /// safe point this write answers (whether the turn had been asked to stop). A write that
+    /// fails hands the turn back.
+    pub(super) async fn start_user_turn(
+        &self,
+        held: HeldLease,
+        mut record: TurnRecord,
+        session: SessionState,
+        changed: bool,
+        live: Option<Arc<LiveTurn>>,
+    ) -> Result<Run, RetryableFailure> {
+        record.status = TurnStatus::Running;
+        record.mode_key = session.mode_key.clone();
+        record.attempts += 1;
+        if let Some(live) = &live {
+            live.rerun(record.attempts);
+        }
+        let mut run = Run::open(session, record, held, live);
+        match self.write(&mut run, changed, false).await {
+            Ok(saved) => {
+                if run.record.checkpoint.is_none() {
+                    run.stop_read = Some(saved.stop_requested);
+                }
+                Ok(run)
+            }
+            Err(f) => Err(self.hand_back(run, f).await),
+        }
+    }
+
+    /// Fails a user turn at the start of a run (its contexts cannot run), as an attempt.
+    pub(super) async fn fail_at_start(
+        &self,
+        held: HeldLease,
+        mut record: TurnRecord,
+        session: SessionState,
+        live: Option<Arc<LiveTurn>>,
+        result: TurnResult,
+    ) -> Result<Settled, RetryableFailure> {
+        record.attempts += 1;
+        self.fail_turn(Run::open(session, record, held, live), result)
+            .await
+    }
+
+    /// A run of a continuation for a turn waiting for client tools (nothing written yet): the
+    /// turn `running` with its attempt counted, the session's owner and mode key as the run
+    /// sees them. Next: [`Pipeline::accept_tool_results`], or a failure.
+    pub(super) fn open_continuation(
+        &self,
+        held: HeldLease,
+        mut record: TurnRecord,
+        mut session: SessionState,
+        tenant: Option<&str>,
+    ) -> Run {
+        record.status = TurnStatus::Running;
+        record.attempts += 1;
+        if let Some(t) = tenant {
+            session.owner = Some(t.to_string());
+        }
+        session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
+        Run::open(session, record, held, None)
+    }
+
+    /// Records that the client's results for these calls were accepted, with the turn
+    /// `running`. Returns whether the turn had been asked to stop, read in the same step.
+    pub(super) async fn accept_tool_results(
+        &self,
+        run: &mut Run,
+        submitted: Vec<String>,
+    ) -> Result<bool, RetryableFailure> {
+        run.record.answered.extend(submitted);
+        let saved = self.write(run, false, false).await?;
+        run.stop_read = Some(saved.stop_requested);
+        Ok(saved.stop_requested)
+    }
+
+    /// Saves a model answer that calls tools before any of them runs, so a re-run resumes
+    /// from it instead of running them twice.
+    pub(super) async fn checkpoint(
+        &self,
+        run: &mut Run,
+        response: &ModelResponse,
+        progress: &TurnProgress,
+    ) -> Result<(), RetryableFailure> {
+        run.record.checkpoint = Some(Checkpoint {
+            response: response.clone(),
+            progress: progress.clone(),
+        });
+        self.write(run, false, false).await.map(|_| ())
+    }
+
+    /// Records one server tool's output in the turn's ledger before the next model call and,
+    /// when the tool changes the mode, the session's new mode with its history entry — one
+    /// step, so a resumed run finds both (it neither runs the tool nor changes the mode again)
+    /// or neither (it runs the tool again). Returns whether the mode changed.
+    pub(super) async fn record_tool_output(
+        &self,
+        run: &mut Run,
+        call_id: &str,
+        output: &str,
+        effect: Option<ModeEffect>,
+    ) -> Result<bool, RetryableFailure> {
+        if run.unsure {
+            return Err(store_failure(crate::store::StoreError::Unavailable(
+                "an earlier write of this run went unanswered; the run writes nothing more".into(),
+            )));
+        }
+        let mode = effect.as_ref().map(|e| (e.mode_id.as_str(), &e.change));
+        let recorded = self
+            .store
+            .record_tool_output(
+                &GRANT,
+                &run.session.session_id,
+                &run.record.turn_id,
+                ToolOutput {
+                    call_id,
+                    output,
+                    mode_change: mode,
+                },
+                run.held.lease(),
+            )
+            .await;
+        let changed = match recorded {
+            Ok(changed) => changed,
+            Err(e) if effect.is_some() => {
+                run.unsure = true;
+                tracing::error!(error = %e, session_id = %run.session.session_id, "agent_change_mode could not persist the mode");
+                return Err(RetryableFailure {
+                    error: permanent(
+                        ErrorCode::ToolUnavailable,
+                        format!(
+                            "{}: ModeChangeTool failed to change the session mode.",
+                            crate::catalog::CHANGE_MODE_TOOL
+                        ),
+                    ),
+                    kind: RetryKind::Failure,
+                });
+            }
+            Err(e) => {
+                run.unsure = true;
+                return Err(store_failure(e));
+            }
+        };
+        run.record
+            .tool_ledger
+            .insert(call_id.to_string(), output.to_string());
+        let Some(stored) = changed else {
+            return Ok(false);
+        };
+        run.session.mode_id = stored.mode_id;
+        run.session.mode_key = stored.mode_key;
+        run.session.mode_history = stored.mode_history;
+        run.session.updated_at = stored.updated_at;
+        // The step moved any conversation items the stored session still held inline (the
+        // only items pending before the turn settles).
+        run.session.conversation.clear();
+        Ok(true)
+    }
+
+    /// Hands the turn back to the queue after a retryable failure, giving the lease back so a
+    /// retry can proceed at once; returns the failure for the caller to report.
+    ///
+    /// After a failure that was not a write (the model, a tool, no capacity), the store holds
+    /// exactly what this run last wrote: the record is written once more as the run holds it
+    /// (with the requests it sent), releasing the lease in the same step. After a failed write
+    /// the run cannot know what the store holds, so it writes nothing of the turn: it only
+    /// gives the lease back if it still holds it, and the next run reads what is there.
+    pub(super) async fn hand_back(
+        &self,
+        mut run: Run,
+        failure: RetryableFailure,
+    ) -> RetryableFailure {
+        if run.unsure {
+            warn!("a write of this turn went unanswered; leaving the turn as the store holds it");
+            run.held.release().await;
+        } else if let Err(e) = self.write(&mut run, false, true).await {
+            warn!(error = %e, "could not save the turn before handing it back");
+            run.held.release().await;
+        }
+        warn!(code = %failure.error.error_code, message = %failure.error.message, "turn will be retried later");
+        failure
+    }
+
+    /// The stored result of `rec` if it is finished; `Err` when `rec` is another payload's turn.
+    pub(super) fn finished(
+        &self,
+        rec: &TurnRecord,
+        fp: &str,
+    ) -> Result<Option<TurnResult>, Interrupted> {
+        if rec.fingerprint != fp {
+            return Err(Interrupted::NotTheTurns(Box::new(InvokeResult::failure(
+                permanent(
+                    ErrorCode::TurnConflict,
+                    format!(
+                        "turn {} already exists in session {} with a different payload",
+                        rec.turn_id, rec.session_id
+                    ),
+                ),
+            ))));
+        }
+        // A cancelled turn's status was published when it was cancelled: its job is dropped.
+        if rec.status == TurnStatus::Cancelled
+            && let Some(result) = &rec.result
+        {
+            info!("the turn was cancelled; dropping its job");
+            return Err(Interrupted::NotTheTurns(Box::new(result.clone())));
+        }
+        let done = rec.status.is_settled() || rec.pending.is_some();
+        match (&rec.result, done) {
+            (Some(result), true) => {
+                info!(
+                    status = rec.status.as_str(),
+                    "turn already ran; returning its stored result"
+                );
+                self.metrics.duplicate_suppressed("worker");
+                Ok(Some(result.clone()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    pub(super) async fn complete_turn(
+        &self,
+        mut run: Run,
+        progress: TurnProgress,
+        response_id: String,
+        mut text: String,
+        api_warnings: Vec<ErrorMessage>,
+    ) -> Result<Settled, RetryableFailure> {
+        if progress.mode_changes > 0
+            && let Some(welcome) = &self
+                .catalog
+                .by_id_or_default(&run.session.mode_id)
+                .welcome_message
+        {
+            text = format!("{welcome}\n\n{text}");
+        }
+        let iterations = progress.iterations;
+        let response = AgentExecuteResponse::Final(FinalResponse {
+            meta: self.meta(&run.session, &run.record.turn_id),
+            primary_output_text: text,
+            files: Vec::new(),
+            tool_results: progress.server_tool_results,
+            user_warnings: progress.user_warnings,
+            usage: Some(progress.usage),
+        });
+        let result = InvokeResult::success(response).with_warnings(api_warnings);
+        run.session.previous_response_id = Some(response_id);
+        run.session.conversation.extend(progress.turn_items);
+        run.session.updated_at = now_rfc3339();
+        run.record.status = TurnStatus::Completed;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        let result = self.settle(run, true, result).await?;
+        info!(iterations, "turn completed");
+        Ok(result)
+    }
+
+    pub(super) async fn await_client_tools(
+        &self,
+        mut run: Run,
+        progress: TurnProgress,
+        response_id: String,
+        client_calls: Vec<ToolCall>,
+        server_outputs: Vec<(String, String)>,
+    ) -> Result<Settled, RetryableFailure> {
+        let meta = self.meta(&run.session, &run.record.turn_id);
+        let count = client_calls.len();
+        let Some(continuation) = ClientToolContinuation::new(meta, client_calls.clone(), None)
+        else {
+            let failure = RetryableFailure {
+                error: permanent(ErrorCode::Internal, "no client tool calls to wait for"),
+                kind: RetryKind::Failure,
+            };
+            return Err(self.hand_back(run, failure).await);
+        };
+        let result =
+            InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
+        run.record.status = TurnStatus::AwaitingClientTools;
+        run.record.pending = Some(PendingTools {
+            response_id,
+            client_calls,
+            server_outputs,
+            progress,
+        });
+        run.record.checkpoint = None;
+        run.record.result = Some(result.clone());
+        // The session's continuation id is *not* moved to this response: its calls are
+        // unanswered. The session is saved for what changed (replay flag, latched context).
+        let result = self.settle(run, true, result).await?;
+        info!(calls = count, "turn waits for client tools");
+        Ok(result)
+    }
+
+    pub(super) async fn fail_turn(
+        &self,
+        mut run: Run,
+        result: TurnResult,
+    ) -> Result<Settled, RetryableFailure> {
+        for e in result.errors() {
+            warn!(code = %e.error_code, message = %e.message, "turn failed");
+        }
+        run.record.status = TurnStatus::Failed;
+        run.record.pending = None;
+        run.record.checkpoint = None;
+        run.record.completed_at = Some(now_rfc3339());
+        run.record.result = Some(result.clone());
+        // The session's continuation state is left as it was before the turn.
+        self.settle(run, false, result).await
+    }
+
+    /// Ends a turn that was asked to stop: `cancelled`, its failed `TURN_CANCELLED` result
+    /// stored; the session's continuation state stays as it was before the turn, so the next
+    /// turn works.
+    pub(super) async fn cancel_turn(&self, mut run: Run) -> Result<Settled, RetryableFailure> {
+        info!("turn cancelled on request");
+        run.record = Box::new(run.record.cancelled());
+        let result = run.record.result.clone().unwrap_or_else(|| {
+            InvokeResult::failure(permanent(ErrorCode::TurnCancelled, "turn cancelled"))
+        });
+        self.settle(run, false, result).await
+    }
+
+    /// Whether the turn was asked to stop (a store that cannot answer counts as "no": the
+    /// next safe point asks again).
+    pub(super) async fn cancel_requested(&self, sid: &SessionId, tid: &TurnId) -> bool {
+        match self.store.cancel_requested(sid, tid).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                warn!(error = %e, "cannot tell whether the turn was cancelled; going on");
+                false
+            }
+        }
+    }
+
+    /// Runs `work` unless the turn is asked to stop first (the pipeline's watch looks for every
+    /// waiting turn at once, every [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and
+    /// with it an HTTP request in flight.
+    pub(super) async fn unless_cancelled<T>(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let watched = self.cancels.watch(sid, tid);
+        tokio::select! {
+            out = work => Some(out),
+            () = watched.cancelled() => None,
+        }
+    }
+
+    /// The write that ends this run of the turn: the record (and the session, with
+    /// `with_session`) saved and the lease given back in one step. A write that fails hands the
+    /// turn back without writing anything more: the store holds the turn either as it was
+    /// before this step or as settled by it, and the next run goes on from whichever it finds.
+    async fn settle(
+        &self,
+        mut run: Run,
+        with_session: bool,
+        result: TurnResult,
+    ) -> Result<Settled, RetryableFailure> {
+        let saved = match self.write(&mut run, with_session, true).await {
+            Ok(saved) => saved,
+            Err(f) => return Err(self.hand_back(run, f).await),
+        };
+        Ok(Settled {
+            status: Some(TurnStatusView::from(run.record.as_ref())),
+            result,
+            watched: saved.watched,
+        })
+    }
+
+    /// Fails a turn for good after its retries ran out (the queue calls this before it
+    /// dead-letters the job), so the failure is stored and published like any result. Returns
+    /// the stored result instead when the turn already finished.
+    pub async fn give_up(
+        &self,
+        request: &AgentExecuteRequest,
+        error: ErrorMessage,
+    ) -> Result<Settled, RetryableFailure> {
+        let (sid, tid) = (request.session_id(), request.turn_id());
+        let held = self
+            .lease(sid, tid)
+            .await
+            .map_err(NoLease::into_retryable)?;
+        let record = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                held.release().await;
+                return Err(store_failure(e));
+            }
+        };
+        let fp = match request {
+            AgentExecuteRequest::UserTurn(t) => fingerprint(t),
+            AgentExecuteRequest::ToolContinuation(_) => String::new(),
+        };
+        let mut record = match record {
+            Some(r) => r,
+            None => TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()),
+        };
+        if record.status.is_final()
+            && let Some(result) = record.result.clone()
+        {
+            held.release().await;
+            return Ok(Settled::stored(result));
+        }
+        let session = match self.store.get_session(sid).await {
+            Ok(s) => s,
+            Err(e) => {
+                held.release().await;
+                return Err(store_failure(e));
+            }
+        };
+        record.status = TurnStatus::Running;
+        let session = session.unwrap_or_else(|| self.new_session(sid));
+        let run = Run::open(session, record, held, None);
+        self.fail_turn(run, InvokeResult::failure(error)).await
+    }
+}
+
+/// Why a run cannot have the session now: another run holds its lease.
+pub(super) fn busy(sid: &SessionId) -> NoLease {
+    info!("session is busy with another turn");
+    NoLease::Busy(RetryableFailure {
+        error: permanent(
+            ErrorCode::SessionBusy,
+            format!("session {sid} is running another turn; this one will run after it"),
+        ),
+        kind: RetryKind::Failure,
+    })
+}
+
+/// What a user turn's run starts from ([`Pipeline::begin`]).
+pub(super) struct Begin {
+    /// The turn as stored.
+    pub(super) turn: Option<TurnRecord>,
+    /// The session's lease, renewed; `None` when the session is busy.
+    pub(super) held: Option<HeldLease>,
+    /// The session as stored (read only with the lease).
+    pub(super) session: Option<SessionState>,
+    /// A new session's contexts, latched by the begin step.
+    pub(super) latched: Option<ContextIds>,
+}
+
+/// The session's lease while a run holds it: renewed in the background until the run gives it
+/// back — explicitly ([`HeldLease::release`]) or in the store's write that settles the turn
+/// ([`HeldLease::released_by_store`]). A run that is abandoned without either (its task
+/// cancelled, its process gone) stops renewing and leaves the lease to expire after its TTL, as
+/// a crashed worker would: no write of the abandoned run can land after that (fencing).
+pub(super) struct HeldLease {
+    lease: Lease,
+    session: SessionId,
+    store: Arc<dyn SessionStore>,
+    renewer: tokio::task::JoinHandle<()>,
+    given_back: bool,
+}
+
+impl HeldLease {
+    /// The lease, for the writes made under it.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Gives the lease back now if the run still holds it (a compare-and-delete on its own
+    /// token: a no-op when a step already released it or another run took it over); a store
+    /// that cannot be reached lets it expire instead.
+    pub(super) async fn release(mut self) {
+        self.given_back = true;
+        self.renewer.abort();
+        if let Err(e) = self
+            .store
+            .release_lease(&GRANT, &self.session, &self.lease)
+            .await
+        {
+            warn!(session_id = %self.session, error = %e, "could not give the session lease back; it expires on its own");
+        }
+    }
+
+    /// The store released the lease in the write that settled the turn.
+    fn released_by_store(&mut self) {
+        self.given_back = true;
+        self.renewer.abort();
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        self.renewer.abort();
+        if !self.given_back {
+            tracing::debug!(session_id = %self.session, "run abandoned; its session lease expires on its own");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{GRANT, Run};
+    use crate::catalog::ModeCatalog;
+    use crate::contract::{ErrorCode, SessionId, TurnId};
+    use crate::llm::LlmClient;
+    use crate::pipeline::{Pipeline, PipelineSettings};
+    use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, now_rfc3339};
+    use crate::tools::ModeEffect;
+
+    /// A pipeline over a memory store, and a started run of turn `t` of session `s`.
+    async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
+        let store = Arc::new(MemoryStore::new());
+        let catalog = Arc::new(ModeCatalog::builtin());
+        let llm = LlmClient::new(
+            "http://127.0.0.1:9/v1",
+            None,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0,
+        )
+        .unwrap();
+        let dyn_store: Arc<dyn SessionStore> = store.clone();
+        let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+        let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
+        let held = pipeline.lease(&sid, &tid).await.unwrap();
+        let record = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
+        let session = pipeline.new_session(&sid);
+        let run = pipeline
+            .start_user_turn(held, record, session, true, None)
+            .await
+            .unwrap();
+        (store, pipeline, run)
+    }
+
+    fn to_ddr(catalog: &ModeCatalog) -> ModeEffect {
+        ModeEffect {
+            mode_id: catalog.by_key("ddr_authoring").unwrap().id.clone(),
+            change: ModeChange {
+                previous_mode: "general".into(),
+                new_mode: "ddr_authoring".into(),
+                timestamp: now_rfc3339(),
+                reason: "DDR work".into(),
+                turn_id: TurnId::parse("t").unwrap(),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mode_change_persists_with_its_history_and_its_ledger_entry() {
+        let (store, pipeline, mut run) = running().await;
+        let changed = pipeline
+            .record_tool_output(
+                &mut run,
+                "call_1",
+                "{}",
+                Some(to_ddr(&ModeCatalog::builtin())),
+            )
+            .await
+            .unwrap();
+        assert!(changed);
+        assert_eq!(run.session().mode_key, "ddr_authoring");
+        let sid = SessionId::parse("s").unwrap();
+        let stored = store.get_session(&sid).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.mode_key.as_str(), stored.mode_history.len()),
+            ("ddr_authoring", 1)
+        );
+        assert_eq!(stored.mode_history[0].reason, "DDR work");
+        let turn = store
+            .get_turn(&sid, &TurnId::parse("t").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            turn.tool_ledger.get("call_1").map(String::as_str),
+            Some("{}")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_mode_change_that_cannot_persist_is_a_retryable_tool_failure_and_writes_nothing() {
+        let (store, pipeline, mut run) = running().await;
+        // Another holder took over the session: the step is fenced.
+        let sid = SessionId::parse("s").unwrap();
+        store
+            .release_lease(&GRANT, &sid, run.lease())
+            .await
+            .unwrap();
+        store
+            .acquire_lease(&GRANT, &sid, "other", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        let failure = pipeline
+            .record_tool_output(
+                &mut run,
+                "call_1",
+                "{}",
+                Some(to_ddr(&ModeCatalog::builtin())),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(failure.error.error_code, ErrorCode::ToolUnavailable);
+        assert_eq!(
+            failure.error.message,
+            "agent_change_mode: ModeChangeTool failed to change the session mode."
+        );
+        let stored = store.get_session(&sid).await.unwrap().unwrap();
+        assert_eq!(stored.mode_key, "general", "nothing was written");
+        let turn = store
+            .get_turn(&sid, &TurnId::parse("t").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(turn.tool_ledger.is_empty(), "nor the ledger entry");
+    }
+
+    #[tokio::test]
+    async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
+        let (store, pipeline, mut run) = running().await;
+        let sid = SessionId::parse("s").unwrap();
+        let tid = TurnId::parse("t").unwrap();
+        // The lease moves on (the run's writes are fenced) and comes back free: a write that
+        // followed the failed one would now land.
+        store
+            .release_lease(&GRANT, &sid, run.lease())
+            .await
+            .unwrap();
+        let other = store
+            .acquire_lease(&GRANT, &sid, "other", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            pipeline
+                .record_tool_output(&mut run, "call_1", "{}", None)
+                .await
+                .is_err()
+        );
+        store.release_lease(&GRANT, &sid, &other).await.unwrap();
+        let before = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+        let failure = crate::pipeline::RetryableFailure {
+            error: crate::contract::ErrorMessage::new(ErrorCode::LlmUnavailable, "later"),
+            kind: crate::pipeline::RetryKind::Failure,
+        };
+        pipeline.hand_back(run, failure).await;
+        let after = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+        assert_eq!(
+            serde_json::to_value(&before).unwrap(),
+            serde_json::to_value(&after).unwrap(),
+            "the hand-back wrote nothing"
+        );
+    }
+
+    /// Only layer F makes the store's grant: no other file of `src/` names its constructor.
+    #[test]
+    fn only_layer_f_makes_a_grant() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    if text.contains(concat!("Grant::", "layer_f(")) {
+                        found.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = Vec::new();
+        walk(&src, &mut found);
+        found.sort();
+        let allowed = [src.join("pipeline/lifecycle/mod.rs").display().to_string()];
+        assert_eq!(
+            found, allowed,
+            "only layer F (and the grant's definition) make a grant"
+        );
+    }
+}
