@@ -1,13 +1,14 @@
 //! The agent pipeline, one file per layer of AGN-027: [`compose`] (B: the model request, the
 //! boot prompt and the `[CONTEXT]` block), the model call in [`crate::llm`] (C),
-//! `server_tools` (D: one server tool call, recorded in the turn's ledger), `reasoner` (E:
-//! the only loop; mode changes are applied there) and `lifecycle` (F: the lease and the writes
-//! that settle a turn). This file holds the entry points ([`Pipeline::run`],
-//! [`Pipeline::give_up`]), the settings and retrieval for the context block.
+//! `server_tools` (D: one server tool call, or its output replayed from the turn's ledger),
+//! `reasoner` (E: the only loop; mode changes are decided there) and [`lifecycle`] (F: the only
+//! writer of a turn's state — the lease and every transition, each one atomic store step). This
+//! file holds the entry points ([`Pipeline::run`], [`Pipeline::execute`]), the settings and
+//! retrieval for the context block.
 //!
 //! A failure fails the **turn**, never the session: the session's continuation id is only moved
 //! forward when a turn reaches a point where every function call of the last response has been
-//! answered.
+//! answered, and only in the step that stores the answer its client is given.
 
 pub mod backends;
 mod cancel_watch;

@@ -3,8 +3,9 @@
 //! and decides whether the turn is done, waits for client tools, or fails. User turns and
 //! tool continuations both enter here.
 //!
-//! Owns: the loop, iteration limits, replay of the conversation, mode changes. Must not: write
-//! the turn's final state itself (that is [`super::lifecycle`]).
+//! Owns: the loop, iteration limits, replay of the conversation, mode changes (decided here,
+//! stored by layer F with the tool's output). Must not: write the turn's state — it moves the
+//! run only through [`super::lifecycle`]'s transitions (F alone holds the store's grant).
 
 use std::sync::Arc;
 

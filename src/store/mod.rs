@@ -1,9 +1,10 @@
-//! Persistence of session and turn state (AGN-027 layer F): what the pipeline reads before a
-//! turn and writes while and after it runs. The shapes themselves live in [`crate::state`]
-//! (re-exported here).
+//! Persistence of session and turn state: the storage under AGN-027 layer F
+//! ([`crate::pipeline::lifecycle`], the one module that decides a turn's transitions and holds
+//! the [`Grant`] every turn-state write takes). Each write is one atomic step. The shapes
+//! themselves live in [`crate::state`] (re-exported here).
 //!
 //! Owns: the [`SessionStore`] trait, its two implementations ([`memory`], [`redis`]) and
-//! retention. Must not: call the model or run tools. Workers are stateless: everything a turn
+//! retention. Must not: call the model or run tools, or decide a turn's transitions. Workers are stateless: everything a turn
 //! needs to resume (pending client tool calls, recorded server tool outputs) is stored here.
 
 pub mod memory;

@@ -147,12 +147,7 @@ fn command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
 }
 
 /// Relays one connection, counting writes client → server and cutting where the plan says.
-async fn relay(
-    client: TcpStream,
-    server: TcpStream,
-    plan: Arc<Mutex<Plan>>,
-    on_cut: OnCut,
-) {
+async fn relay(client: TcpStream, server: TcpStream, plan: Arc<Mutex<Plan>>, on_cut: OnCut) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let dropped = CancellationToken::new();

@@ -1,0 +1,183 @@
+//! Layer F's transitions over the embedded store.
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{GRANT, Run};
+use crate::catalog::ModeCatalog;
+use crate::contract::{ErrorCode, SessionId, TurnId};
+use crate::llm::LlmClient;
+use crate::pipeline::{Pipeline, PipelineSettings};
+use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, now_rfc3339};
+use crate::tools::ModeEffect;
+
+/// A pipeline over a memory store, and a started run of turn `t` of session `s`.
+async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
+    let store = Arc::new(MemoryStore::new());
+    let catalog = Arc::new(ModeCatalog::builtin());
+    let llm = LlmClient::new(
+        "http://127.0.0.1:9/v1",
+        None,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        0,
+    )
+    .unwrap();
+    let dyn_store: Arc<dyn SessionStore> = store.clone();
+    let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+    let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
+    let held = pipeline.lease(&sid, &tid).await.unwrap();
+    let record = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
+    let session = pipeline.new_session(&sid);
+    let run = pipeline
+        .start_user_turn(held, record, session, true, None)
+        .await
+        .unwrap();
+    (store, pipeline, run)
+}
+
+fn to_ddr(catalog: &ModeCatalog) -> ModeEffect {
+    ModeEffect {
+        mode_id: catalog.by_key("ddr_authoring").unwrap().id.clone(),
+        change: ModeChange {
+            previous_mode: "general".into(),
+            new_mode: "ddr_authoring".into(),
+            timestamp: now_rfc3339(),
+            reason: "DDR work".into(),
+            turn_id: TurnId::parse("t").unwrap(),
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_mode_change_persists_with_its_history_and_its_ledger_entry() {
+    let (store, pipeline, mut run) = running().await;
+    let changed = pipeline
+        .record_tool_output(
+            &mut run,
+            "call_1",
+            "{}",
+            Some(to_ddr(&ModeCatalog::builtin())),
+        )
+        .await
+        .unwrap();
+    assert!(changed);
+    assert_eq!(run.session().mode_key, "ddr_authoring");
+    let sid = SessionId::parse("s").unwrap();
+    let stored = store.get_session(&sid).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.mode_key.as_str(), stored.mode_history.len()),
+        ("ddr_authoring", 1)
+    );
+    assert_eq!(stored.mode_history[0].reason, "DDR work");
+    let turn = store
+        .get_turn(&sid, &TurnId::parse("t").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        turn.tool_ledger.get("call_1").map(String::as_str),
+        Some("{}")
+    );
+}
+
+#[tokio::test]
+async fn a_mode_change_that_cannot_persist_is_a_retryable_tool_failure_and_writes_nothing() {
+    let (store, pipeline, mut run) = running().await;
+    // Another holder took over the session: the step is fenced.
+    let sid = SessionId::parse("s").unwrap();
+    store
+        .release_lease(&GRANT, &sid, run.lease())
+        .await
+        .unwrap();
+    store
+        .acquire_lease(&GRANT, &sid, "other", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let failure = pipeline
+        .record_tool_output(
+            &mut run,
+            "call_1",
+            "{}",
+            Some(to_ddr(&ModeCatalog::builtin())),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(failure.error.error_code, ErrorCode::ToolUnavailable);
+    assert_eq!(
+        failure.error.message,
+        "agent_change_mode: ModeChangeTool failed to change the session mode."
+    );
+    let stored = store.get_session(&sid).await.unwrap().unwrap();
+    assert_eq!(stored.mode_key, "general", "nothing was written");
+    let turn = store
+        .get_turn(&sid, &TurnId::parse("t").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(turn.tool_ledger.is_empty(), "nor the ledger entry");
+}
+
+#[tokio::test]
+async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
+    let (store, pipeline, mut run) = running().await;
+    let sid = SessionId::parse("s").unwrap();
+    let tid = TurnId::parse("t").unwrap();
+    // The lease moves on (the run's writes are fenced) and comes back free: a write that
+    // followed the failed one would now land.
+    store
+        .release_lease(&GRANT, &sid, run.lease())
+        .await
+        .unwrap();
+    let other = store
+        .acquire_lease(&GRANT, &sid, "other", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        pipeline
+            .record_tool_output(&mut run, "call_1", "{}", None)
+            .await
+            .is_err()
+    );
+    store.release_lease(&GRANT, &sid, &other).await.unwrap();
+    let before = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+    let failure = crate::pipeline::RetryableFailure {
+        error: crate::contract::ErrorMessage::new(ErrorCode::LlmUnavailable, "later"),
+        kind: crate::pipeline::RetryKind::Failure,
+    };
+    pipeline.hand_back(run, failure).await;
+    let after = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+    assert_eq!(
+        serde_json::to_value(&before).unwrap(),
+        serde_json::to_value(&after).unwrap(),
+        "the hand-back wrote nothing"
+    );
+}
+
+/// Only layer F makes the store's grant: no other file of `src/` names its constructor.
+#[test]
+fn only_layer_f_makes_a_grant() {
+    fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                if text.contains(concat!("Grant::", "layer_f(")) {
+                    found.push(path.display().to_string());
+                }
+            }
+        }
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    walk(&src, &mut found);
+    found.sort();
+    let allowed = [src.join("pipeline/lifecycle/mod.rs").display().to_string()];
+    assert_eq!(
+        found, allowed,
+        "only layer F (and the grant's definition) make a grant"
+    );
+}
