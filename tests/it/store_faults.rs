@@ -692,3 +692,75 @@ async fn a_cut_at_any_write_of_a_turn_loses_nothing_on_a_redis_cluster() {
     every_cut(&proxies, &url, true).await;
     drop(cluster);
 }
+
+/// A cancel of a queued turn whose compare-and-set ran but whose answer was lost: the front
+/// door reads the record back, finds the turn cancelled by its own step, and still publishes
+/// the cancelled status (before, the client got an error, a second cancel found the turn
+/// cancelled, and no subscriber ever heard of it).
+#[tokio::test]
+async fn a_cancel_whose_answer_is_lost_still_publishes_the_cancelled_status() {
+    use aptix_worker::contract::{RequestLimits, TurnId};
+    use aptix_worker::frontdoor::FrontDoor;
+    use aptix_worker::frontdoor::cancel::Cancelled;
+    use aptix_worker::queue::{MemoryBroker, ReplyBus as _};
+    use aptix_worker::trace::TraceContext;
+
+    let target = crate::support::redis_url();
+    preload(&target).await;
+    let probe = RedisStore::connect(&target, "probe", Retention::default())
+        .await
+        .expect("Redis must be running for this test");
+    let mut proxies = Proxies::new(write_scripts(&probe));
+    let (l, port) = listener().await;
+    proxies.serve(
+        l,
+        target
+            .trim_start_matches("redis://")
+            .trim_end_matches('/')
+            .to_string(),
+    );
+    let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
+    let store: Arc<dyn SessionStore> = Arc::new(
+        RedisStore::connect_with(
+            &format!("redis://127.0.0.1:{port}/"),
+            &ns,
+            Retention::default(),
+            &RedisOptions {
+                timeout: Duration::from_secs(2),
+                ..RedisOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let broker = Arc::new(MemoryBroker::new());
+    let door = FrontDoor::new(store.clone(), broker.clone(), RequestLimits::default());
+    let sid = SessionId::parse("cancel-lost").unwrap();
+    let tid = TurnId::parse("t1").unwrap();
+    let turn = request(json!({"sessionId": sid.as_str(), "turnId": "t1", "instruction": "hi"}));
+    proxies.arm(None);
+    door.submit_for("tenant-a", &turn, &TraceContext::new_root(), None)
+        .await
+        .expect("accepted");
+    let mut replies = broker.subscribe_replies(&sid).await.unwrap();
+    // The writes so far: the admission. The next is the cancel's compare-and-set.
+    let admitted = proxies.seen().len();
+    assert_eq!(proxies.seen(), ["admit_turn"]);
+    proxies.arm(Some((1, Cut::After)));
+    let cancelled = door
+        .cancel("tenant-a", &sid, &tid)
+        .await
+        .expect("the cancel is answered: its step was applied");
+    assert!(proxies.fired() && admitted == 1);
+    let Cancelled::Done(view) = cancelled else {
+        panic!("a queued turn is cancelled at once: {cancelled:?}");
+    };
+    assert_eq!(view.status, aptix_worker::store::TurnStatus::Cancelled);
+    let published = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .expect("the cancelled status is published")
+        .expect("a reply");
+    let published: Value = serde_json::from_slice(&published).unwrap();
+    assert_eq!(published["status"], "cancelled", "{published}");
+    assert_eq!(published["turnId"], "t1", "{published}");
+}

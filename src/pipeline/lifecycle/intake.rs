@@ -78,13 +78,36 @@ impl Intake {
 
     /// Cancels a turn that is queued or waits for client tools and no worker holds: `record`,
     /// as read, becomes `cancelled` in one compare-and-set. Returns the cancelled record, or
-    /// `None` when the turn changed since it was read (decide again).
+    /// `None` when the turn changed since it was read (decide again). A step whose answer is
+    /// lost is not retried blindly: the record is read back, and a turn this step cancelled
+    /// comes back cancelled, so its status is still published.
     pub async fn cancel_waiting(
         &self,
         record: &TurnRecord,
     ) -> Result<Option<TurnRecord>, StoreError> {
         let cancelled = record.clone().cancelled();
-        let replaced = self.store.replace_turn(&GRANT, record, &cancelled).await?;
-        Ok(replaced.then_some(cancelled))
+        match self.store.replace_turn(&GRANT, record, &cancelled).await {
+            Ok(replaced) => Ok(replaced.then_some(cancelled)),
+            // The answer was lost: read what is there. Cancelled by this step, it goes on as
+            // cancelled (its status must still be published); otherwise it was not applied, or
+            // the turn moved on.
+            Err(e) => match self
+                .store
+                .get_turn(&record.session_id, &record.turn_id)
+                .await
+            {
+                Ok(Some(now)) if same(&now, &cancelled) => Ok(Some(cancelled)),
+                Ok(Some(now)) if !same(&now, record) => Ok(None),
+                _ => Err(e),
+            },
+        }
+    }
+}
+
+/// Whether two records are the same as stored (their JSON).
+fn same(a: &TurnRecord, b: &TurnRecord) -> bool {
+    match (serde_json::to_value(a), serde_json::to_value(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
