@@ -29,7 +29,7 @@ use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
-    parse_request,
+    SessionId, TurnId, parse_request,
 };
 use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Origin, Pipeline, Settled};
@@ -352,29 +352,7 @@ impl Worker {
             self.metrics.redelivered();
         }
         let disposition = match parse_request(&delivery.body, &self.settings.limits) {
-            Err(rejected) => {
-                let reason = rejected
-                    .errors
-                    .first()
-                    .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
-                    .unwrap_or_else(|| "unparseable job".into());
-                error!(%reason, bytes = delivery.body.len(), "poison message; dead-lettering it");
-                match self
-                    .broker
-                    .publish_dead(&delivery.body, delivery.attempt, &reason)
-                    .await
-                {
-                    Ok(()) => {
-                        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        self.metrics.dead_lettered();
-                        Disposition::Ack
-                    }
-                    Err(e) => {
-                        error!(error = %e, "could not dead-letter a poison message");
-                        Disposition::Requeue
-                    }
-                }
-            }
+            Err(rejected) => self.unreadable(&delivery, rejected.errors).await,
             Ok(parsed) => {
                 // The trace the front door started (or joined) goes on here; a job published
                 // without one starts its own.
@@ -405,6 +383,59 @@ impl Worker {
         }
     }
 
+    /// A job this worker cannot read: dead-lettered. When it names a turn that was accepted
+    /// and is still queued or was running (the front door read it under other limits, say),
+    /// that turn is failed first with the reasons and its status published, so it does not stay
+    /// `queued` behind a job that is gone.
+    async fn unreadable(&self, delivery: &Delivery, errors: Vec<ErrorMessage>) -> Disposition {
+        let reason = errors
+            .first()
+            .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
+            .unwrap_or_else(|| "unparseable job".into());
+        error!(%reason, bytes = delivery.body.len(), "poison message; dead-lettering it");
+        let ids = job_ids(&delivery.body);
+        let settled = match &ids {
+            Some((sid, tid)) => {
+                let why = "the front door accepted this turn, but the worker cannot read its job \
+                           (are the two configured with the same APTIX_MAX_* limits?)";
+                let errors = errors.into_iter().map(|e| e.with_details(why)).collect();
+                match self.pipeline.fail_unreadable(sid, tid, errors).await {
+                    Ok(settled) => settled,
+                    Err(e) => {
+                        warn!(code = %e.error.error_code, message = %e.error.message, "could not fail the turn of an unreadable job; trying again later");
+                        let next = delivery.attempt + 1;
+                        return self
+                            .republish(delivery, delivery.attempt, self.topology.delay_for(next))
+                            .await;
+                    }
+                }
+            }
+            None => None,
+        };
+        if let Err(e) = self
+            .broker
+            .publish_dead(&delivery.body, delivery.attempt, &reason)
+            .await
+        {
+            error!(error = %e, "could not dead-letter a poison message");
+            return Disposition::Requeue;
+        }
+        self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        self.metrics.dead_lettered();
+        match (ids, settled) {
+            (Some((sid, tid)), Some(settled)) => {
+                let turn = TurnOf {
+                    session: &sid,
+                    turn: &tid,
+                    user_turn: false,
+                };
+                self.reply(turn, delivery.reply_to.as_deref(), settled, None)
+                    .await
+            }
+            _ => Disposition::Ack,
+        }
+    }
+
     async fn run_job(&self, request: &AgentExecuteRequest, delivery: &Delivery) -> Disposition {
         let started = Started::now();
         let outcome = {
@@ -424,7 +455,7 @@ impl Worker {
             JobOutcome::Done(settled) => {
                 return self
                     .reply(
-                        request,
+                        request.into(),
                         delivery.reply_to.as_deref(),
                         *settled,
                         Some(started),
@@ -490,7 +521,7 @@ impl Worker {
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         self.metrics.dead_lettered();
-        self.reply(request, delivery.reply_to.as_deref(), result, None)
+        self.reply(request.into(), delivery.reply_to.as_deref(), result, None)
             .await
     }
 
@@ -514,7 +545,7 @@ impl Worker {
     /// again (a duplicate job) is read back first, in case the turn has moved on since.
     async fn reply(
         &self,
-        request: &AgentExecuteRequest,
+        request: TurnOf<'_>,
         reply_to: Option<&str>,
         settled: Settled,
         started: Option<Started>,
@@ -537,7 +568,7 @@ impl Worker {
                     self.metrics.observe_turn_duration(started.at.elapsed());
                     // A continuation's record dates from the user turn, before the client ran
                     // its tools; only a user turn's wait is time spent queued.
-                    let user_turn = matches!(request, AgentExecuteRequest::UserTurn(_));
+                    let user_turn = request.user_turn;
                     if let Some(wait) = Some(&view)
                         .filter(|_| user_turn)
                         .and_then(|v| started.since_rfc3339(&v.submitted_at))
@@ -560,10 +591,10 @@ impl Worker {
     /// result. `Err` (requeue, after a pause) when the store cannot be read.
     async fn current_status(
         &self,
-        request: &AgentExecuteRequest,
+        request: TurnOf<'_>,
         result: &InvokeResult<AgentExecuteResponse>,
     ) -> Result<Option<TurnStatusView>, Disposition> {
-        let (sid, tid) = (request.session_id(), request.turn_id());
+        let (sid, tid) = (request.session, request.turn);
         let record = match self.pipeline.store().get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
@@ -582,6 +613,41 @@ impl Worker {
             }
         }
     }
+}
+
+/// The turn a job is for, as its reply needs it.
+#[derive(Clone, Copy)]
+struct TurnOf<'a> {
+    session: &'a SessionId,
+    turn: &'a TurnId,
+    /// A user turn (its queue wait is measured), not a continuation.
+    user_turn: bool,
+}
+
+impl<'a> From<&'a AgentExecuteRequest> for TurnOf<'a> {
+    fn from(request: &'a AgentExecuteRequest) -> Self {
+        Self {
+            session: request.session_id(),
+            turn: request.turn_id(),
+            user_turn: matches!(request, AgentExecuteRequest::UserTurn(_)),
+        }
+    }
+}
+
+/// The session and turn ids of a job the parser refused, when its body still names valid ones
+/// (a JSON object with `sessionId` and `turnId`, in either spelling the parser accepts).
+fn job_ids(body: &[u8]) -> Option<(SessionId, TurnId)> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let field = |camel: &str, pascal: &str| {
+        value
+            .get(camel)
+            .or_else(|| value.get(pascal))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    let sid = SessionId::parse(field("sessionId", "SessionId")?).ok()?;
+    let tid = TurnId::parse(field("turnId", "TurnId")?).ok()?;
+    Some((sid, tid))
 }
 
 #[cfg(test)]

@@ -253,6 +253,58 @@ async fn a_poison_message_is_dead_lettered_and_the_worker_keeps_serving() {
     w.task.await.unwrap();
 }
 
+/// A job the front door accepted but the worker cannot read (the two run with different
+/// `APTIX_MAX_*` limits) fails its turn with the parser's reasons, published like any result,
+/// and is dead-lettered: the turn does not stay `queued` behind a job that is gone.
+#[tokio::test]
+async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
+    let d = Deployment::new(FakeOptions::default()).await;
+    let narrow = WorkerSettings {
+        limits: aptix_worker::contract::RequestLimits {
+            max_instruction_bytes: 10,
+            ..Default::default()
+        },
+        ..settings()
+    };
+    let w = d.worker("w1", narrow, Duration::from_secs(10)).await;
+    let mut replies = d.replies("s").await;
+    d.door
+        .submit(&submit_body(
+            json!({"sessionId": "s", "turnId": "t", "instruction": "a longer instruction than ten bytes"}),
+        ))
+        .await
+        .expect("the front door's limits take it");
+    let reply = next_reply(&mut replies, 10).await;
+    assert_eq!(
+        (reply.turn_id.as_str(), reply.status),
+        ("t", TurnStatus::Failed)
+    );
+    let result = serde_json::to_value(&reply.result).unwrap();
+    assert_eq!(
+        result["errors"][0]["errorCode"], "PAYLOAD_TOO_LARGE",
+        "{result}"
+    );
+    assert!(
+        result["errors"][0]["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("APTIX_MAX_")),
+        "{result}"
+    );
+    assert_eq!(d.status("s", "t").await, TurnStatus::Failed);
+    let mut dead = Vec::new();
+    for _ in 0..50 {
+        dead.extend(d.rabbit.broker.drain_dead(10).await.unwrap());
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].1.starts_with("unparseable job: PAYLOAD_TOO_LARGE"), "{dead:?}");
+    w.stop.cancel();
+    w.task.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_turn_for_a_busy_session_runs_after_the_first_in_order() {
     let d = Deployment::new(FakeOptions {

@@ -146,3 +146,40 @@ async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status
         "the stray job was acked, not requeued"
     );
 }
+
+/// On the embedded broker too: a job the worker's limits refuse fails its turn (published) and
+/// is dead-lettered, instead of leaving the turn `queued`.
+#[tokio::test]
+async fn a_job_the_worker_cannot_read_fails_its_turn() {
+    let fake = FakeLlm::start("127.0.0.1:0".parse().unwrap(), FakeOptions::default(), None)
+        .await
+        .unwrap();
+    let base_url = fake.base_url();
+    let config =
+        Config::from_lookup(|k| (k == "APTIX_LLM_BASE_URL").then(|| base_url.clone())).unwrap();
+    let app = App::build(&config).await.unwrap();
+    let door = app.front_door(&config);
+    let mut narrow = config.clone();
+    narrow.limits.max_instruction_bytes = 10;
+    let worker = app.worker(&narrow);
+    let mut replies = app
+        .broker
+        .subscribe_replies(&SessionId::parse("s").unwrap())
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let task = worker.spawn(stop.clone());
+    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"more than ten bytes"}"#)
+        .await
+        .expect("accepted by the front door's limits");
+    let reply = tokio::time::timeout(Duration::from_secs(5), replies.recv())
+        .await
+        .expect("a reply in time")
+        .unwrap();
+    let view: TurnStatusView = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(view.status, TurnStatus::Failed);
+    let dead = app.broker.drain_dead(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    stop.cancel();
+    task.await.unwrap();
+}

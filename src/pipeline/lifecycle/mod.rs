@@ -700,7 +700,7 @@ impl Pipeline {
             AgentExecuteRequest::UserTurn(t) => fingerprint(t),
             AgentExecuteRequest::ToolContinuation(_) => String::new(),
         };
-        let mut record = match record {
+        let record = match record {
             Some(r) => r,
             None => TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new()),
         };
@@ -710,7 +710,49 @@ impl Pipeline {
             held.release().await;
             return Ok(Settled::stored(result));
         }
-        let session = match self.store.get_session(sid).await {
+        self.fail_held(held, record, InvokeResult::failure(error))
+            .await
+    }
+
+    /// Fails the turn of a job the worker cannot read (the front door accepted it under
+    /// other limits, say), so that it does not stay `queued` behind a job that is gone: only a
+    /// turn that is queued, or was running when a run of it died. `None` when there is no such
+    /// turn (none recorded, settled, or waiting for client tools).
+    pub async fn fail_unreadable(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        errors: Vec<ErrorMessage>,
+    ) -> Result<Option<Settled>, RetryableFailure> {
+        let held = self
+            .lease(sid, tid)
+            .await
+            .map_err(NoLease::into_retryable)?;
+        let record = match self.store.get_turn(sid, tid).await {
+            Ok(r) => r,
+            Err(e) => {
+                held.release().await;
+                return Err(store_failure(e));
+            }
+        };
+        let waiting = |r: &TurnRecord| matches!(r.status, TurnStatus::Queued | TurnStatus::Running);
+        let (Some(record), Some(result)) = (record.filter(waiting), InvokeResult::failures(errors))
+        else {
+            held.release().await;
+            return Ok(None);
+        };
+        self.fail_held(held, record, result).await.map(Some)
+    }
+
+    /// Fails `record`'s turn for good under `held`, with the session as stored.
+    async fn fail_held(
+        &self,
+        held: HeldLease,
+        mut record: TurnRecord,
+        result: TurnResult,
+    ) -> Result<Settled, RetryableFailure> {
+        let sid = record.session_id.clone();
+        let session = match self.store.get_session(&sid).await {
             Ok(s) => s,
             Err(e) => {
                 held.release().await;
@@ -718,9 +760,9 @@ impl Pipeline {
             }
         };
         record.status = TurnStatus::Running;
-        let session = session.unwrap_or_else(|| self.new_session(sid));
+        let session = session.unwrap_or_else(|| self.new_session(&sid));
         let run = Run::open(session, record, held, None);
-        self.fail_turn(run, InvokeResult::failure(error)).await
+        self.fail_turn(run, result).await
     }
 }
 
