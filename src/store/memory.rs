@@ -117,8 +117,18 @@ impl SessionStore for MemoryStore {
             return Ok(false);
         }
         inner.turns.remove(&key);
-        if let Some(order) = inner.order.get_mut(&turn.session_id) {
+        let sid = &turn.session_id;
+        if let Some(order) = inner.order.get_mut(sid) {
             order.retain(|t| t != &turn.turn_id);
+        }
+        // A session left with no turn and no state was never run: what its admission claimed
+        // and latched goes with the turn, as if nothing had been accepted.
+        let unused =
+            inner.order.get(sid).is_none_or(Vec::is_empty) && !inner.sessions.contains_key(sid);
+        if unused {
+            inner.order.remove(sid);
+            inner.owners.remove(sid);
+            inner.contexts.remove(sid);
         }
         Ok(true)
     }

@@ -300,7 +300,10 @@ async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert!(dead[0].1.starts_with("unparseable job: PAYLOAD_TOO_LARGE"), "{dead:?}");
+    assert!(
+        dead[0].1.starts_with("unparseable job: PAYLOAD_TOO_LARGE"),
+        "{dead:?}"
+    );
     w.stop.cancel();
     w.task.await.unwrap();
 }

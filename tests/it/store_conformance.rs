@@ -895,6 +895,41 @@ async fn discard_takes_back_only_an_untouched_turn(s: Subject) {
     );
 }
 
+/// Taking back a session's only turn (its job was never accepted) lets go of the owner and
+/// contexts its admission set: the session is as if nothing had been accepted. With another
+/// turn, or state from a run, they stay.
+async fn taking_back_a_first_turn_lets_go_of_what_its_admission_latched(s: Subject) {
+    let st = &s.store;
+    let fast = ContextIds::named_or_default(Some("fast"), None);
+    let first = turn("new", "t1");
+    let admitted = st
+        .admit_turn(G, Some("tenant-a"), &fast, &first)
+        .await
+        .unwrap();
+    assert_eq!(admitted, Admission::Turn(None));
+    assert!(st.discard_turn(G, &first).await.unwrap());
+    assert_eq!(st.owner(&sid("new")).await.unwrap(), None);
+    assert_eq!(st.latched_contexts(&sid("new")).await.unwrap(), None);
+    // Another tenant and other contexts may now have the session id.
+    let slow = ContextIds::named_or_default(Some("slow"), None);
+    assert_eq!(
+        st.admit_turn(G, Some("tenant-b"), &slow, &first)
+            .await
+            .unwrap(),
+        Admission::Turn(None)
+    );
+    // With another turn left, what was latched stays.
+    st.admit_turn(G, Some("tenant-b"), &slow, &turn("new", "t2"))
+        .await
+        .unwrap();
+    assert!(st.discard_turn(G, &first).await.unwrap());
+    assert_eq!(
+        st.owner(&sid("new")).await.unwrap().as_deref(),
+        Some("tenant-b")
+    );
+    assert_eq!(st.latched_contexts(&sid("new")).await.unwrap(), Some(slow));
+}
+
 async fn replace_is_a_compare_and_set(s: Subject) {
     let st = &s.store;
     let mut waiting = turn("s", "t");
@@ -966,6 +1001,7 @@ for_each_backend!(
         stop_requests_are_read_for_many_turns_at_once,
         admit_claims_latches_and_creates_or_stops_at_the_first_refusal,
         discard_takes_back_only_an_untouched_turn,
+        taking_back_a_first_turn_lets_go_of_what_its_admission_latched,
         replace_is_a_compare_and_set,
     ],
 );

@@ -260,6 +260,9 @@ impl SessionStore for RedisStore {
             .discard_turn
             .key(self.turn_key("turn", &turn.session_id, &turn.turn_id))
             .key(self.key("turns", &turn.session_id))
+            .key(self.key("session", &turn.session_id))
+            .key(self.key("owner", &turn.session_id))
+            .key(self.key("contexts", &turn.session_id))
             .arg(encode(turn)?)
             .arg(turn.turn_id.as_str())
             .invoke_async(&mut self.conn())
