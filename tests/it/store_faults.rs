@@ -56,13 +56,14 @@ struct Plan {
     fired: bool,
 }
 
-/// What to do (once, on a thread of its own) when the cut fires.
+/// What to do (once) when the cut fires, before the connection is dropped: it runs on the
+/// relay's task, so it must be quick (spawn what takes long).
 type OnCut = Arc<Mutex<Option<Box<dyn Fn() + Send>>>>;
 
 /// One or more proxies (one per Redis node) sharing one plan and one count.
 struct Proxies {
     plan: Arc<Mutex<Plan>>,
-    /// Called (on a thread of its own) when the cut fires, after the connection is dropped.
+    /// Called when the cut fires, before the connection is dropped.
     on_cut: OnCut,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -225,12 +226,12 @@ async fn relay(client: TcpStream, server: TcpStream, plan: Arc<Mutex<Plan>>, on_
             }
         }
     }
+    if fired_here && let Some(f) = on_cut.lock().unwrap().take() {
+        f();
+    }
     dropped.cancel();
     let _ = answers.await;
     drop((cr, sw));
-    if fired_here && let Some(f) = on_cut.lock().unwrap().take() {
-        std::thread::spawn(f);
-    }
 }
 
 /// A Redis server of the test's own, with an append-only file fsynced at every write.
@@ -258,7 +259,9 @@ impl AofRedis {
         spawn_aof(self.port, &self.dir, &self.child);
     }
 
-    /// SIGKILL now, and start again from the append-only file (on a thread: the caller goes on).
+    /// SIGKILL now (before the client hears anything), and start again from the append-only
+    /// file on a thread of its own (the caller goes on; its retries meet a Redis that is down,
+    /// then back).
     fn crash_and_restart(&self) -> impl Fn() + Send + 'static {
         let (port, dir, child) = (self.port, self.dir.clone(), self.child.clone());
         move || {
@@ -266,7 +269,8 @@ impl AofRedis {
                 let _ = c.kill();
                 let _ = c.wait();
             }
-            spawn_aof(port, &dir, &child);
+            let (dir, child) = (dir.clone(), child.clone());
+            std::thread::spawn(move || spawn_aof(port, &dir, &child));
         }
     }
 }
