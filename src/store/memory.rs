@@ -121,13 +121,12 @@ impl SessionStore for MemoryStore {
         if let Some(order) = inner.order.get_mut(sid) {
             order.retain(|t| t != &turn.turn_id);
         }
-        // A session left with no turn and no state was never run: what its admission claimed
-        // and latched goes with the turn, as if nothing had been accepted.
+        // A session left with no turn and no state was never run: the contexts its admission
+        // latched go with the turn (a job accepted after all latches them again as it begins).
         let unused =
             inner.order.get(sid).is_none_or(Vec::is_empty) && !inner.sessions.contains_key(sid);
         if unused {
             inner.order.remove(sid);
-            inner.owners.remove(sid);
             inner.contexts.remove(sid);
         }
         Ok(true)

@@ -197,9 +197,9 @@ pub trait SessionStore: Send + Sync + 'static {
     }
     /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
     /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
-    /// gone. When that leaves the session with no turn and no state (it never ran), the owner
-    /// and contexts its admission claimed and latched are let go in the same step. Not fenced,
-    /// like `create_turn`.
+    /// gone. When that leaves the session with no turn and no state (it never ran), the
+    /// contexts its admission latched are let go in the same step (the owner it claimed stays:
+    /// a job accepted after all runs as that tenant's). Not fenced, like `create_turn`.
     async fn discard_turn(&self, grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError>;
     /// Replaces a turn record only if it is still exactly `current` (compare-and-set); `false`
     /// when it changed or is gone, and nothing was written. Not fenced: the front door uses it

@@ -261,7 +261,6 @@ impl SessionStore for RedisStore {
             .key(self.turn_key("turn", &turn.session_id, &turn.turn_id))
             .key(self.key("turns", &turn.session_id))
             .key(self.key("session", &turn.session_id))
-            .key(self.key("owner", &turn.session_id))
             .key(self.key("contexts", &turn.session_id))
             .arg(encode(turn)?)
             .arg(turn.turn_id.as_str())

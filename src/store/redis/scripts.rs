@@ -120,15 +120,15 @@ redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return {3, false}
 ";
 
-/// KEYS: turn, turns list, session, owner, latched contexts. ARGV: the record as created,
-/// turn id. A session left with no turn and no state was never run: its owner and contexts,
-/// set by the admission, go with the turn.
+/// KEYS: turn, turns list, session, latched contexts. ARGV: the record as created, turn id.
+/// A session left with no turn and no state was never run: the contexts its admission latched
+/// go with the turn (a job accepted after all latches them again when it begins).
 const DISCARD_TURN: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 if redis.call('LLEN', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('DEL', KEYS[4], KEYS[5])
+  redis.call('DEL', KEYS[4])
 end
 return 1
 ";
