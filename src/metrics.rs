@@ -156,7 +156,7 @@ impl Metrics {
         let job_retries = Family::<Labels, Counter>::default();
         registry.register(
             "job_retries",
-            "Jobs sent back for a delayed retry, by reason (transient, session_busy)",
+            "Jobs sent back for a delayed retry, by reason (transient, session_busy, model_capacity, reply_unpublished)",
             job_retries.clone(),
         );
         let redeliveries = Counter::default();
@@ -196,7 +196,12 @@ impl Metrics {
         for kind in ["input", "output"] {
             tokens.get_or_create(&[("kind", kind)]).inc_by(0);
         }
-        for reason in ["transient", "session_busy", "model_capacity"] {
+        for reason in [
+            "transient",
+            "session_busy",
+            "model_capacity",
+            "reply_unpublished",
+        ] {
             job_retries.get_or_create(&[("reason", reason)]).inc_by(0);
         }
         let context_calls = Family::<ContextLabel, Gauge>::default();
@@ -378,7 +383,8 @@ impl Metrics {
         self.model_retries.inc();
     }
 
-    /// A job goes back for a delayed retry (`transient` or `session_busy`).
+    /// A job goes back for a delayed retry (`transient`, `session_busy`, `model_capacity`, or
+    /// `reply_unpublished`: its result is stored but could not be published yet).
     pub fn job_retry(&self, reason: &'static str) {
         self.job_retries.get_or_create(&[("reason", reason)]).inc();
     }

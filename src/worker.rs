@@ -429,8 +429,7 @@ impl Worker {
                     turn: &tid,
                     user_turn: false,
                 };
-                self.reply(turn, delivery.reply_to.as_deref(), settled, None)
-                    .await
+                self.reply(turn, delivery, settled, None).await
             }
             _ => Disposition::Ack,
         }
@@ -454,12 +453,7 @@ impl Worker {
         let failure = match outcome {
             JobOutcome::Done(settled) => {
                 return self
-                    .reply(
-                        request.into(),
-                        delivery.reply_to.as_deref(),
-                        *settled,
-                        Some(started),
-                    )
+                    .reply(request.into(), delivery, *settled, Some(started))
                     .await;
             }
             // A duplicate or a race the front door could not see must not publish a "failed"
@@ -521,8 +515,7 @@ impl Worker {
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         self.metrics.dead_lettered();
-        self.reply(request.into(), delivery.reply_to.as_deref(), result, None)
-            .await
+        self.reply(request.into(), delivery, result, None).await
     }
 
     async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
@@ -533,7 +526,10 @@ impl Worker {
         {
             Ok(()) => Disposition::Ack,
             Err(e) => {
+                // Held a moment before it goes back: a broker that takes nothing would
+                // otherwise see the same job again at once, over and over.
                 warn!(error = %e, "could not schedule the retry; requeueing");
+                tokio::time::sleep(self.settings.busy_delay).await;
                 Disposition::Requeue
             }
         }
@@ -546,10 +542,11 @@ impl Worker {
     async fn reply(
         &self,
         request: TurnOf<'_>,
-        reply_to: Option<&str>,
+        delivery: &Delivery,
         settled: Settled,
         started: Option<Started>,
     ) -> Disposition {
+        let reply_to = delivery.reply_to.as_deref();
         let view = match settled.status {
             Some(view) => view,
             None => match self.current_status(request, &settled.result).await {
@@ -580,8 +577,13 @@ impl Worker {
                 Disposition::Ack
             }
             Err(e) => {
-                warn!(error = %e, "could not publish the result; the job will run again and republish it");
-                Disposition::Requeue
+                // The job runs again after the first retry delay and publishes the stored
+                // result then (a reply queue whose node is down, say, until the node is back):
+                // never at once, which would turn an outage into a loop of failed publishes.
+                let delay = self.topology.delay_for(1);
+                warn!(error = %e, delay_ms = delay.as_millis() as u64, "could not publish the result; the job will run again and publish it");
+                self.metrics.job_retry("reply_unpublished");
+                self.republish(delivery, delivery.attempt, delay).await
             }
         }
     }

@@ -44,6 +44,7 @@ mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;
 mod queue_e2e;
+mod rabbit_cluster;
 mod rag;
 mod redis_cluster;
 mod restarts;

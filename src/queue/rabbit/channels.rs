@@ -3,13 +3,16 @@
 //! four for declaring reply queues; each reopened when it closed, the whole connection when it
 //! dropped. And the confirmed publish itself.
 //!
-//! Owns: connecting (TLS, heartbeat, the topology declared on connect) and the channels. Must
-//! not: know what the messages mean.
+//! Owns: connecting (to the first node of a cluster that answers; TLS, heartbeat, the topology
+//! declared on connect) and the channels, a nacked publishing channel retired. Must not: know
+//! what the messages mean.
 
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::LongString;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use std::sync::atomic::Ordering;
+
 use tokio::sync::{MappedMutexGuard, MutexGuard};
 
 use super::{RabbitBroker, unavailable};
@@ -75,12 +78,7 @@ impl RabbitBroker {
             identity: None,
             cert_chain: self.ca.as_ref().map(|ca| ca.pem().to_string()),
         };
-        let runtime = lapin::runtime::default_runtime()
-            .map_err(|e| QueueError::Unavailable(format!("no async runtime for RabbitMQ: {e}")))?;
-        let connection =
-            Connection::connect_with_config(&with_heartbeat(&self.url), props, tls, runtime)
-                .await
-                .map_err(unavailable)?;
+        let connection = self.connect_any(props, tls).await?;
         let publisher = connection.create_channel().await.map_err(unavailable)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
@@ -106,6 +104,50 @@ impl RabbitBroker {
             declarations: 0,
             transient,
         })
+    }
+
+    /// A connection to the first node that answers, starting from the one connected to last;
+    /// the error of the last node tried when none does.
+    async fn connect_any(
+        &self,
+        props: ConnectionProperties,
+        tls: lapin::tcp::OwnedTLSConfig,
+    ) -> Result<Connection, QueueError> {
+        let nodes = self.urls.len().max(1);
+        let first = self.first.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for i in 0..nodes {
+            let at = (first + i) % nodes;
+            let Some(url) = self.urls.get(at) else {
+                continue;
+            };
+            let runtime = lapin::runtime::default_runtime().map_err(|e| {
+                QueueError::Unavailable(format!("no async runtime for RabbitMQ: {e}"))
+            })?;
+            match Connection::connect_with_config(
+                &with_heartbeat(url),
+                props.clone(),
+                tls.clone(),
+                runtime,
+            )
+            .await
+            {
+                Ok(connection) => {
+                    self.first.store(at, Ordering::Relaxed);
+                    if nodes > 1 {
+                        tracing::info!(node = at + 1, of = nodes, "connected to a RabbitMQ node");
+                    }
+                    return Ok(connection);
+                }
+                Err(e) => {
+                    if nodes > 1 {
+                        tracing::warn!(node = at + 1, of = nodes, error = %e, "a RabbitMQ node did not answer; trying the next");
+                    }
+                    last_error = Some(unavailable(e));
+                }
+            }
+        }
+        Err(last_error.unwrap_or_else(|| QueueError::Unavailable("no RabbitMQ URL".into())))
     }
 
     /// The confirm-mode publishing channel, reconnecting when the old one is gone.
@@ -193,6 +235,12 @@ impl RabbitBroker {
     /// A persistent, confirmed publish within the operation timeout. `mandatory`: a message no
     /// queue takes comes back ([`Routed::Returned`]); otherwise the broker drops it and the
     /// publish reads as delivered.
+    ///
+    /// A nack retires the publishing channel and the message is published once more on a fresh
+    /// one: a channel keeps, per quorum queue, the leader it last knew, and one that met a
+    /// leader as it died goes on being refused after a new leader is elected (seen on a
+    /// three-node cluster: every publish nacked for as long as the old leader's node was down)
+    /// while a fresh channel is taken at once.
     pub(super) async fn publish_routed(
         &self,
         exchange: &str,
@@ -202,38 +250,80 @@ impl RabbitBroker {
         mandatory: bool,
     ) -> Result<Routed, QueueError> {
         self.bounded("a publish", async {
-            let ch = self.publisher().await?;
-            let confirm = ch
-                .basic_publish(
-                    exchange.into(),
-                    routing_key.into(),
-                    BasicPublishOptions {
-                        mandatory,
-                        ..Default::default()
-                    },
-                    body,
-                    props.with_delivery_mode(2),
-                )
-                .await
-                .map_err(unavailable)?
-                .await
-                .map_err(unavailable)?;
-            match confirm {
-                Confirmation::Ack(None) => Ok(Routed::Delivered),
-                Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
-                    Ok(Routed::Returned(format!(
-                        "returned as unroutable ({} {})",
-                        returned.reply_code, returned.reply_text
-                    )))
-                }
-                Confirmation::Nack(None) => {
-                    Err(QueueError::Rejected("nacked by the broker".into()))
-                }
-                Confirmation::NotRequested => Err(QueueError::Unavailable(
-                    "the channel is not in confirm mode".into(),
-                )),
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let ch = self.publisher().await?;
+                let confirm = ch
+                    .basic_publish(
+                        exchange.into(),
+                        routing_key.into(),
+                        BasicPublishOptions {
+                            mandatory,
+                            ..Default::default()
+                        },
+                        body,
+                        props.clone().with_delivery_mode(2),
+                    )
+                    .await
+                    .map_err(unavailable)?
+                    .await
+                    .map_err(unavailable)?;
+                return match confirm {
+                    Confirmation::Ack(None) => Ok(Routed::Delivered),
+                    Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                        Ok(Routed::Returned(format!(
+                            "returned as unroutable ({} {})",
+                            returned.reply_code, returned.reply_text
+                        )))
+                    }
+                    Confirmation::Nack(None) => {
+                        self.retire_publisher(&ch).await;
+                        if tries < 2 {
+                            tracing::warn!(
+                                exchange,
+                                routing_key,
+                                "a publish was nacked; publishing it again on a fresh channel"
+                            );
+                            continue;
+                        }
+                        Err(QueueError::Rejected("nacked by the broker".into()))
+                    }
+                    Confirmation::NotRequested => Err(QueueError::Unavailable(
+                        "the channel is not in confirm mode".into(),
+                    )),
+                };
             }
         })
         .await
+    }
+
+    /// Replaces the publishing channel `nacked` (unless another caller did already) with a
+    /// fresh confirm-mode channel; the old one is closed once what is in flight on it has had
+    /// its time. Nothing is replaced when the connection itself is gone (the next publish
+    /// reconnects).
+    async fn retire_publisher(&self, nacked: &Channel) {
+        let mut live = self.live.lock().await;
+        let Some(l) = live.as_mut() else { return };
+        if l.publisher.id() != nacked.id() || !l.connection.status().connected() {
+            return;
+        }
+        let fresh = match l.connection.create_channel().await {
+            Ok(ch) => ch,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not open a publishing channel; reconnecting at the next publish");
+                return;
+            }
+        };
+        if let Err(e) = fresh.confirm_select(ConfirmSelectOptions::default()).await {
+            tracing::warn!(error = %e, "could not put a new publishing channel in confirm mode");
+            return;
+        }
+        let old = std::mem::replace(&mut l.publisher, fresh);
+        let linger = self.timeout * 2;
+        tokio::spawn(async move {
+            tokio::time::sleep(linger).await;
+            let _ = old.close(200, "replaced".into()).await;
+        });
     }
 }

@@ -61,9 +61,27 @@ fn unavailable(e: lapin::Error) -> QueueError {
 /// How long one broker operation may take unless configured otherwise.
 pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The node URLs a (possibly comma-separated) `APTIX_AMQP_URL` names, in order.
+pub fn node_urls(url: &str) -> Vec<String> {
+    let urls: Vec<String> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_string)
+        .collect();
+    if urls.is_empty() {
+        vec![url.to_string()]
+    } else {
+        urls
+    }
+}
+
 /// Turn jobs and replies on RabbitMQ.
 pub struct RabbitBroker {
-    url: String,
+    /// The nodes' URLs: one, or several of one cluster (`APTIX_AMQP_URL` comma-separated).
+    urls: Vec<String>,
+    /// Which of `urls` to try first: the one connected to last (moved on when it fails).
+    first: std::sync::atomic::AtomicUsize,
     topology: Topology,
     connection_name: String,
     live: Mutex<Option<Live>>,
@@ -134,10 +152,14 @@ fn attempt_of(props: &BasicProperties) -> u32 {
 }
 
 impl RabbitBroker {
-    /// A broker for `url`; connects lazily and again after any connection loss.
+    /// A broker for `url`; connects lazily and again after any connection loss. `url` may name
+    /// several nodes of one cluster, comma-separated (`amqp://…@h1:5672/%2f,amqp://…@h2:5672/%2f`):
+    /// the broker connects to the first that answers, starting from the one it was last
+    /// connected to, and moves on to the next when that one goes.
     pub fn new(url: &str, topology: Topology, connection_name: &str) -> Self {
         Self {
-            url: url.to_string(),
+            urls: node_urls(url),
+            first: std::sync::atomic::AtomicUsize::new(0),
             reply_queues: StdMutex::new(DeclaredQueues::new(
                 topology.reply_queue_ttl / 2,
                 DECLARED_QUEUES_CAP,
