@@ -352,7 +352,8 @@ impl Worker {
             self.metrics.redelivered();
         }
         let disposition = match parse_request(&delivery.body, &self.settings.limits) {
-            Err(rejected) => self.unreadable(&delivery, rejected.errors).await,
+            // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
+            Err(rejected) => Box::pin(self.unreadable(&delivery, rejected.errors)).await,
             Ok(parsed) => {
                 // The trace the front door started (or joined) goes on here; a job published
                 // without one starts its own.
@@ -494,7 +495,8 @@ impl Worker {
         );
         error!(%reason, "retry limit reached; failing the turn and dead-lettering the job");
         let final_error = ErrorMessage::new(failure.error_code, reason.clone());
-        let result = match self.pipeline.give_up(request, final_error).await {
+        // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
+        let result = match Box::pin(self.pipeline.give_up(request, final_error)).await {
             Ok(r) => r,
             // The failure cannot be stored, and nothing is published that is not stored: try
             // again later, at the same attempt, until the store answers.
