@@ -116,6 +116,8 @@ impl RabbitCluster {
             .env("RABBITMQ_CONFIG_FILE", self.dir.join("rabbitmq"))
             .env("RABBITMQ_ENABLED_PLUGINS_FILE", self.dir.join("plugins"))
             .env("RABBITMQ_CONF_ENV_FILE", self.dir.join("env.conf"))
+            .env("ERL_CRASH_DUMP", base.join("erl_crash.dump"))
+            .current_dir(&base)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -128,6 +130,10 @@ impl RabbitCluster {
         let out = Command::new("/usr/lib/rabbitmq/bin/rabbitmqctl")
             .args(["-n", &self.nodes[i].name])
             .args(args)
+            // A CLI that cannot reach a node (one the test killed) may leave a crash dump:
+            // in the cluster's directory, not the repository.
+            .current_dir(&self.dir)
+            .env("ERL_CRASH_DUMP", self.dir.join("erl_crash.dump"))
             .env("HOME", self.dir.join("home"))
             .env("RABBITMQ_CTL_DIST_PORT_MIN", self.cli_ports.0.to_string())
             .env("RABBITMQ_CTL_DIST_PORT_MAX", self.cli_ports.1.to_string())
