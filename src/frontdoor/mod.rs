@@ -499,21 +499,11 @@ impl FrontDoor {
                     ),
                 )));
             }
-            let queued = match self.intake.queue_continuation(&before, fp, reply_to).await {
-                Ok(queued) => queued,
-                Err(e) => {
-                    // The write may have been applied (or be applied later, by a stalled
-                    // link): take it back the same way, a compare-and-set that writes nothing
-                    // if anything acted on it.
-                    let mut after = before.clone().replying_to(reply_to);
-                    after.status = TurnStatus::Queued;
-                    after.continuation = Some(fp.to_string());
-                    if let Err(d) = self.intake.take_back_continuation(&after, &before).await {
-                        tracing::warn!(session_id = %sid, turn_id = %tid, error = %d, "could not take back a continuation whose write failed");
-                    }
-                    return Err(e.into());
-                }
-            };
+            // A write that failed is taken back by the intake itself.
+            let queued = self
+                .intake
+                .queue_continuation(&before, fp, reply_to)
+                .await?;
             if let Some(after) = queued {
                 return Ok(Acceptance::Moved {
                     before: Box::new(before),

@@ -51,7 +51,10 @@ impl Intake {
 
     /// Queues a continuation (its fingerprint `fp`) for a turn that waits for client tools:
     /// `before`, as read, becomes `queued` for it in one compare-and-set. Returns the queued
-    /// record, or `None` when the turn changed since it was read (decide again).
+    /// record, or `None` when the turn changed since it was read (decide again). A step whose
+    /// answer is lost may have been applied (or be applied later, by a stalled link): it is
+    /// taken back the same way, a compare-and-set that writes nothing if anything acted on it,
+    /// and the error is returned.
     pub async fn queue_continuation(
         &self,
         before: &TurnRecord,
@@ -61,8 +64,15 @@ impl Intake {
         let mut after = before.clone().replying_to(reply_to);
         after.status = TurnStatus::Queued;
         after.continuation = Some(fp.to_string());
-        let replaced = self.store.replace_turn(&GRANT, before, &after).await?;
-        Ok(replaced.then_some(after))
+        match self.store.replace_turn(&GRANT, before, &after).await {
+            Ok(replaced) => Ok(replaced.then_some(after)),
+            Err(e) => {
+                if let Err(d) = self.take_back_continuation(&after, before).await {
+                    tracing::warn!(session_id = %before.session_id, turn_id = %before.turn_id, error = %d, "could not take back a continuation whose write failed");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Takes back a queued continuation whose job was not accepted (or whose write went

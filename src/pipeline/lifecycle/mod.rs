@@ -133,6 +133,16 @@ impl Run {
         self.stop_read.take()
     }
 
+    /// `Err` once a write of this run failed (see [`Run::unsure`]): it writes nothing more.
+    fn may_write(&self) -> Result<(), RetryableFailure> {
+        if self.unsure {
+            return Err(store_failure(crate::store::StoreError::Unavailable(
+                "an earlier write of this run went unanswered; the run writes nothing more".into(),
+            )));
+        }
+        Ok(())
+    }
+
     /// Keeps a request sent to the model in the turn's transcript (stored with the next write).
     pub(super) fn note_request(&mut self, body: SentRequest) {
         self.record.requests.push(body);
@@ -273,11 +283,7 @@ impl Pipeline {
         with_session: bool,
         release: bool,
     ) -> Result<Saved, RetryableFailure> {
-        if run.unsure {
-            return Err(store_failure(crate::store::StoreError::Unavailable(
-                "an earlier write of this run went unanswered; the run writes nothing more".into(),
-            )));
-        }
+        run.may_write()?;
         let session = with_session.then_some(&run.session);
         match self
             .store
@@ -404,11 +410,7 @@ impl Pipeline {
         output: &str,
         effect: Option<ModeEffect>,
     ) -> Result<bool, RetryableFailure> {
-        if run.unsure {
-            return Err(store_failure(crate::store::StoreError::Unavailable(
-                "an earlier write of this run went unanswered; the run writes nothing more".into(),
-            )));
-        }
+        run.may_write()?;
         let mode = effect.as_ref().map(|e| (e.mode_id.as_str(), &e.change));
         let recorded = self
             .store

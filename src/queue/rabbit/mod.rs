@@ -62,7 +62,7 @@ fn unavailable(e: lapin::Error) -> QueueError {
 pub const DEFAULT_AMQP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The node URLs a (possibly comma-separated) `APTIX_AMQP_URL` names, in order.
-pub fn node_urls(url: &str) -> Vec<String> {
+fn node_urls(url: &str) -> Vec<String> {
     let urls: Vec<String> = url
         .split(',')
         .map(str::trim)
@@ -536,5 +536,19 @@ mod cause_tests {
             format!("message broker unavailable: {inner}")
         );
         assert!(std::error::Error::source(&e).is_none(), "said once");
+    }
+}
+
+#[cfg(test)]
+mod url_tests {
+    use super::node_urls;
+
+    #[test]
+    fn a_url_list_names_each_node_in_order() {
+        assert_eq!(
+            node_urls("amqp://u:p@h1:5672/%2f, amqp://u:p@h2:5673/%2f,"),
+            ["amqp://u:p@h1:5672/%2f", "amqp://u:p@h2:5673/%2f"]
+        );
+        assert_eq!(node_urls("amqp://h/%2f"), ["amqp://h/%2f"]);
     }
 }
