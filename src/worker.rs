@@ -11,10 +11,12 @@
 //! | result (final, continuation, or a permanent failure) | stored by the pipeline, published to the session's replies, acked |
 //! | session busy | republished with a short delay (not counted as a retry), acked |
 //! | transient failure (model, store, tool unavailable; turn deadline) | republished with a growing delay, acked; past the retry limit: failed for good, result published, dead-lettered |
-//! | unparseable message | dead-lettered at once, acked |
+//! | unparseable message | dead-lettered at once, acked; when it names a queued turn (the front door read it under other limits), that turn is failed with the parser's reasons and published first |
+//! | result stored but not publishable (a reply queue whose node is down) | republished after the first retry delay (not counted), acked; it publishes the stored result then |
 //!
 //! A message is acked only after the result is committed and the reply (or the retry, or the
-//! dead-letter copy) is confirmed by the broker; otherwise it is requeued.
+//! dead-letter copy) is confirmed by the broker; otherwise it is requeued (after a pause when
+//! the broker refused the retry itself).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

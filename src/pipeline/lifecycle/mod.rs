@@ -718,8 +718,9 @@ impl Pipeline {
 
     /// Fails the turn of a job the worker cannot read (the front door accepted it under
     /// other limits, say), so that it does not stay `queued` behind a job that is gone: only a
-    /// turn that is queued, or was running when a run of it died. `None` when there is no such
-    /// turn (none recorded, settled, or waiting for client tools).
+    /// turn that is queued, or was running when a run of it died. A turn that ended already
+    /// answers with its stored result (to publish again); `None` when there is no turn, or it
+    /// waits for client tools.
     pub async fn fail_unreadable(
         &self,
         sid: &SessionId,
@@ -737,13 +738,23 @@ impl Pipeline {
                 return Err(store_failure(e));
             }
         };
-        let waiting = |r: &TurnRecord| matches!(r.status, TurnStatus::Queued | TurnStatus::Running);
-        let (Some(record), Some(result)) = (record.filter(waiting), InvokeResult::failures(errors))
-        else {
-            held.release().await;
-            return Ok(None);
-        };
-        self.fail_held(held, record, result).await.map(Some)
+        match (record, InvokeResult::failures(errors)) {
+            (Some(record), Some(result))
+                if matches!(record.status, TurnStatus::Queued | TurnStatus::Running) =>
+            {
+                self.fail_held(held, record, result).await.map(Some)
+            }
+            // Settled already (by an earlier delivery of this job whose dead-lettering failed,
+            // say): its stored result, so that it is published again rather than never.
+            (Some(record), _) if record.status.is_final() => {
+                held.release().await;
+                Ok(record.result.map(Settled::stored))
+            }
+            _ => {
+                held.release().await;
+                Ok(None)
+            }
+        }
     }
 
     /// Fails `record`'s turn for good under `held`, with the session as stored.
