@@ -280,14 +280,29 @@ async fn submit(app: &crate::app::App, sid: &str, tid: &str) -> Result<(), Strin
     }
 }
 
-/// The cluster's node that the app connected to first (its first URL) hosts the reply queues
-/// of the sessions that started before, and leads the job queue (declared from there). It is
-/// SIGKILLed for `outage`; meanwhile new sessions and those sessions' next turns are
-/// submitted. Checked: every quorum queue has a member on each node; submissions are accepted
-/// throughout but for an election's seconds; no connection nears the channel limit; every
-/// accepted turn completes once; after the node returns, each old session's reply queue holds
-/// its next turn's result.
-async fn a_node_down_for(outage: Duration) {
+/// Serialises the tests that start a cluster.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Which node a test kills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Victim {
+    /// The node the app is connected to (its first URL): it leads the job queue (declared from
+    /// there) and hosts the reply queues of the sessions that started before.
+    Connected,
+    /// Only the job queue's leader: the queues were declared from the third node before the
+    /// app connected to the first.
+    LeaderOnly,
+}
+
+/// A node of the cluster (see [`Victim`]) is SIGKILLed for `outage`; meanwhile new sessions
+/// and the next turns of sessions that started before are submitted. Checked: every quorum
+/// queue has a member on each node; submissions are accepted throughout but for an
+/// election's seconds; no connection nears the channel limit; every accepted turn completes;
+/// after the node returns, each old session's reply queue holds its next turn's result.
+async fn a_node_down_for(outage: Duration, victim: Victim) {
+    // One cluster at a time: three Erlang VMs each are a lot for the two cores CI has, beside
+    // the rest of the suite, and these tests bound how long things may take.
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
     // The product's logs of this test (shown when it fails), on this test's thread only.
     let _logs = tracing::subscriber::set_default(
         tracing_subscriber::fmt()
@@ -299,8 +314,27 @@ async fn a_node_down_for(outage: Duration) {
         .await
         .unwrap()
         .unwrap_or_else(|e| panic!("the RabbitMQ cluster for the test did not start: {e}"));
+    let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
+    let victim_index = match victim {
+        Victim::Connected => 0,
+        Victim::LeaderOnly => {
+            // The queues are declared from the third node: their leaders live there.
+            let mut topology = aptix_worker::queue::Topology::new(&ns);
+            topology.retry_delays = crate::support::test_topology().retry_delays;
+            let third = cluster.urls().split(',').nth(2).unwrap().to_string();
+            let declarer = aptix_worker::queue::RabbitBroker::new(&third, topology, "declarer");
+            aptix_worker::queue::JobQueue::check(&declarer)
+                .await
+                .expect("the third node declares the topology");
+            2
+        }
+    };
     let app = spawn(AppOptions {
         amqp_url: Some(cluster.urls()),
+        extra_env: vec![("APTIX_NAMESPACE", ns)],
+        // Unused reply queues expire; the tests' 30 s would let the old sessions' queues go
+        // (with what they hold) before the outage ends. Production keeps them an hour.
+        reply_queue_ttl: Some(Duration::from_secs(600)),
         ..AppOptions::default()
     })
     .await;
@@ -329,8 +363,11 @@ async fn a_node_down_for(outage: Duration) {
         );
     }
     let (_, leader) = cluster.members_and_leader(&jobs).unwrap();
-    eprintln!("the job queue's leader: {leader}; killing node 0");
-    cluster.kill(0).unwrap();
+    eprintln!("the job queue's leader: {leader}; killing node {victim_index} ({victim:?})");
+    if victim == Victim::LeaderOnly {
+        assert!(leader.ends_with("n3@localhost"), "{leader}");
+    }
+    cluster.kill(victim_index).unwrap();
     let started = Instant::now();
     let (mut accepted, mut refused) = (Vec::new(), Vec::new());
     let (mut n, mut next_old) = (0, 0);
@@ -369,7 +406,7 @@ async fn a_node_down_for(outage: Duration) {
         })
         .map(|t| t.lines().count())
         .sum::<usize>();
-    cluster.restart(0).unwrap();
+    cluster.restart(victim_index).unwrap();
     for (sid, tid) in &accepted {
         let result = app.settled("tok-a", sid, tid).await;
         assert_eq!(result["status"], "completed", "{sid}/{tid}: {result}");
@@ -429,10 +466,15 @@ async fn a_node_down_for(outage: Duration) {
 
 #[tokio::test]
 async fn a_node_down_for_20_s_stops_nothing() {
-    a_node_down_for(Duration::from_secs(20)).await;
+    a_node_down_for(Duration::from_secs(20), Victim::Connected).await;
 }
 
 #[tokio::test]
 async fn a_node_down_for_60_s_stops_nothing() {
-    a_node_down_for(Duration::from_secs(60)).await;
+    a_node_down_for(Duration::from_secs(60), Victim::Connected).await;
+}
+
+#[tokio::test]
+async fn the_job_queue_s_leader_down_for_20_s_elsewhere_stops_nothing() {
+    a_node_down_for(Duration::from_secs(20), Victim::LeaderOnly).await;
 }
