@@ -678,6 +678,26 @@ impl Pipeline {
         })
     }
 
+    /// The session's lease and, under it, the turn as stored (a run outside a job's normal
+    /// path: giving a turn up, failing an unreadable job's turn).
+    async fn lease_and_read(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+    ) -> Result<(HeldLease, Option<TurnRecord>), RetryableFailure> {
+        let held = self
+            .lease(sid, tid)
+            .await
+            .map_err(NoLease::into_retryable)?;
+        match self.store.get_turn(sid, tid).await {
+            Ok(record) => Ok((held, record)),
+            Err(e) => {
+                held.release().await;
+                Err(store_failure(e))
+            }
+        }
+    }
+
     /// Fails a turn for good after its retries ran out (the queue calls this before it
     /// dead-letters the job), so the failure is stored and published like any result. Returns
     /// the stored result instead when the turn already finished.
@@ -687,17 +707,7 @@ impl Pipeline {
         error: ErrorMessage,
     ) -> Result<Settled, RetryableFailure> {
         let (sid, tid) = (request.session_id(), request.turn_id());
-        let held = self
-            .lease(sid, tid)
-            .await
-            .map_err(NoLease::into_retryable)?;
-        let record = match self.store.get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e));
-            }
-        };
+        let (held, record) = self.lease_and_read(sid, tid).await?;
         let fp = match request {
             AgentExecuteRequest::UserTurn(t) => fingerprint(t),
             AgentExecuteRequest::ToolContinuation(_) => String::new(),
@@ -727,17 +737,7 @@ impl Pipeline {
         tid: &TurnId,
         errors: Vec<ErrorMessage>,
     ) -> Result<Option<Settled>, RetryableFailure> {
-        let held = self
-            .lease(sid, tid)
-            .await
-            .map_err(NoLease::into_retryable)?;
-        let record = match self.store.get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e));
-            }
-        };
+        let (held, record) = self.lease_and_read(sid, tid).await?;
         match (record, InvokeResult::failures(errors)) {
             (Some(record), Some(result))
                 if matches!(record.status, TurnStatus::Queued | TurnStatus::Running) =>
