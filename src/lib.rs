@@ -12,10 +12,11 @@
 //!   and the reply bus, and the two brokers: RabbitMQ, or the embedded in-memory one.
 //! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
 //! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
-//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F), and `backends`
-//!   (a turn's contexts → its model client, model and boot prompt); each model call holds to
-//!   its agent context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block
-//!   from [`rag`].
+//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F: the only writer
+//!   of a turn's state, each transition one atomic store step), and `backends` (a turn's
+//!   contexts → its model client, model and boot prompt); each model call holds to its agent
+//!   context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block from
+//!   [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing.
 //! - [`replies`] — a settled status published to the session's reply queue, to the front door
