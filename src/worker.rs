@@ -415,27 +415,32 @@ impl Worker {
             }
             None => None,
         };
+        // The turn's status goes out before the job is dead-lettered: a publish that fails
+        // runs the job again (its turn has ended: the stored status is published then), and the
+        // dead-letter queue gets one copy, once the status is out.
+        if let (Some((sid, tid)), Some(settled)) = (&ids, settled) {
+            let turn = TurnOf {
+                session: sid,
+                turn: tid,
+                user_turn: false,
+            };
+            if let Err(later) = self.publish_settled(turn, delivery, settled, None).await {
+                return later;
+            }
+        }
         if let Err(e) = self
             .broker
             .publish_dead(&delivery.body, delivery.attempt, &reason)
             .await
         {
             error!(error = %e, "could not dead-letter a poison message");
+            // Held a moment first, as a refused retry is: no loop of failed publishes.
+            tokio::time::sleep(self.settings.busy_delay).await;
             return Disposition::Requeue;
         }
         self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         self.metrics.dead_lettered();
-        match (ids, settled) {
-            (Some((sid, tid)), Some(settled)) => {
-                let turn = TurnOf {
-                    session: &sid,
-                    turn: &tid,
-                    user_turn: false,
-                };
-                self.reply(turn, delivery, settled, None).await
-            }
-            _ => Disposition::Ack,
-        }
+        Disposition::Ack
     }
 
     async fn run_job(&self, request: &AgentExecuteRequest, delivery: &Delivery) -> Disposition {
@@ -550,13 +555,32 @@ impl Worker {
         settled: Settled,
         started: Option<Started>,
     ) -> Disposition {
+        match self
+            .publish_settled(request, delivery, settled, started)
+            .await
+        {
+            Ok(()) => Disposition::Ack,
+            Err(later) => later,
+        }
+    }
+
+    /// [`Worker::reply`] without the ack: `Ok` once the status is published (or there is
+    /// nothing of this job's to publish), else what to do with the job instead (run it again
+    /// later, which publishes the stored result then).
+    async fn publish_settled(
+        &self,
+        request: TurnOf<'_>,
+        delivery: &Delivery,
+        settled: Settled,
+        started: Option<Started>,
+    ) -> Result<(), Disposition> {
         let reply_to = delivery.reply_to.as_deref();
         let view = match settled.status {
             Some(view) => view,
             None => match self.current_status(request, &settled.result).await {
                 Ok(Some(view)) => view,
-                Ok(None) => return Disposition::Ack,
-                Err(requeue) => return requeue,
+                Ok(None) => return Ok(()),
+                Err(requeue) => return Err(requeue),
             },
         };
         let status = view.status;
@@ -578,7 +602,7 @@ impl Worker {
                     }
                 }
                 debug!(status = status.as_str(), "result published");
-                Disposition::Ack
+                Ok(())
             }
             Err(e) => {
                 // The job runs again after the first retry delay and publishes the stored
@@ -587,7 +611,7 @@ impl Worker {
                 let delay = self.topology.delay_for(1);
                 warn!(error = %e, delay_ms = delay.as_millis() as u64, "could not publish the result; the job will run again and publish it");
                 self.metrics.job_retry("reply_unpublished");
-                self.republish(delivery, delivery.attempt, delay).await
+                Err(self.republish(delivery, delivery.attempt, delay).await)
             }
         }
     }
