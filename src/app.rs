@@ -57,19 +57,29 @@ impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Part<T> for Result<T,
     }
 }
 
-/// Live events go out through the broker's live exchange.
-struct BrokerLive(Arc<dyn Broker>);
+/// Live events are kept in the store for a while (a client that reconnects to any front door
+/// gets what it missed from there), then go out through the broker's live exchange. Kept
+/// first: a reconnecting client subscribes before it reads what is kept, so every event is in
+/// one or the other.
+struct BrokerLive {
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn SessionStore>,
+}
 
 #[async_trait::async_trait]
 impl crate::live::LiveOutlet for BrokerLive {
     async fn publish_live(
         &self,
         session: &crate::contract::SessionId,
+        turn: &crate::contract::TurnId,
         reply_to: Option<&str>,
         event: Vec<u8>,
     ) {
-        if let Err(e) = self.0.publish_live(session, reply_to, &event).await {
-            // Live output is best effort: the turn's result is published as always.
+        // Live output is best effort: the turn's result is stored and published as always.
+        if let Err(e) = self.store.keep_live(session, turn, &event).await {
+            tracing::debug!(session_id = %session, error = %e, "a live event was not kept");
+        }
+        if let Err(e) = self.broker.publish_live(session, reply_to, &event).await {
             tracing::debug!(session_id = %session, error = %e, "a live event was not published");
         }
     }
@@ -183,7 +193,10 @@ impl App {
             .with_metrics(metrics.clone())
             .with_quotas(quotas.clone())
             .with_live(
-                Arc::new(BrokerLive(broker.clone())),
+                Arc::new(BrokerLive {
+                    broker: broker.clone(),
+                    store: store.clone(),
+                }),
                 crate::live::LiveSettings::default(),
             )
             .with_rag(
@@ -249,7 +262,6 @@ impl App {
             chunk_options: ChunkOptions {
                 max_lines: config.chunk_lines,
             },
-            live_buffer: Default::default(),
         }
     }
 
@@ -359,5 +371,7 @@ pub fn redis_options(config: &Config) -> RedisOptions {
         timeout: config.dependency_timeout,
         ca: config.tls_ca.clone(),
         cluster: config.redis_cluster,
+        min_replicas: config.redis_min_replicas,
+        replica_timeout: config.redis_replica_timeout,
     }
 }

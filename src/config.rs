@@ -9,6 +9,13 @@ use std::time::Duration;
 use crate::contract::RequestLimits;
 pub use crate::secret::Secret;
 
+/// Turns one worker runs at once unless `APTIX_CONCURRENCY` says otherwise. A turn spends
+/// nearly all its time waiting on the model, so a worker is bound by how many it holds, not
+/// by CPU: 256 turns in flight take ~14 MiB (~55 KiB each, `aptix bench --in-flight`) and keep
+/// a 200 ms model busy at ~1,200 turns/s. Model servers are protected by each agent context's
+/// own limits, not by this number.
+pub const DEFAULT_CONCURRENCY: usize = 256;
+
 /// A configuration variable that could not be used.
 #[derive(Debug, thiserror::Error)]
 #[error("configuration variable {var}: {problem}")]
@@ -53,6 +60,11 @@ pub struct Config {
     /// `APTIX_REDIS_CLUSTER`: `APTIX_REDIS_URL` names nodes of a Redis Cluster
     /// (comma-separated).
     pub redis_cluster: bool,
+    /// `APTIX_REDIS_MIN_REPLICAS`: replicas that must hold a settled turn (and a new fencing
+    /// token) before its status is published and its job acknowledged (`WAIT`); 0: off.
+    pub redis_min_replicas: u32,
+    /// `APTIX_REDIS_REPLICA_TIMEOUT_MS`: how long to wait for them.
+    pub redis_replica_timeout: Duration,
     /// `APTIX_LLM_BASE_URL`: Responses API base; `None` = the embedded fake model.
     pub llm_base_url: Option<String>,
     /// `OPENAI_API_KEY`: the model server's key.
@@ -67,7 +79,7 @@ pub struct Config {
     pub llm_max_retries: usize,
     /// `APTIX_MAX_ITERATIONS`: model calls one turn may make.
     pub max_iterations: usize,
-    /// `APTIX_CONCURRENCY`: turns one worker runs at once.
+    /// `APTIX_CONCURRENCY`: turns one worker runs at once ([`DEFAULT_CONCURRENCY`]).
     pub concurrency: usize,
     /// `APTIX_CONTEXTS_FILE`: agent and conversation contexts (read and checked at start-up;
     /// the built-in `default`s are added where the file has none).
@@ -105,7 +117,7 @@ pub struct Config {
     /// `APTIX_REPLY_QUEUE_MAX_LENGTH`: the most statuses a reply queue holds (the oldest are
     /// dropped beyond it).
     pub reply_queue_max_length: u32,
-    /// `APTIX_REPLY_QUEUES`: `every-session` (default) or `on-subscribe`.
+    /// `APTIX_REPLY_QUEUES`: `async-turns` (default), `every-session` or `on-subscribe`.
     pub reply_queues: crate::queue::ReplyQueues,
     /// `APTIX_RETRY_DELAYS_MS`: the wait before each retry of a failed job, in order (the
     /// last one repeats); one delay queue each.
@@ -178,6 +190,18 @@ impl Config {
             amqp_url: get("APTIX_AMQP_URL").map(Secret::new),
             redis_url: get("APTIX_REDIS_URL").map(Secret::new),
             redis_cluster: flag(&get, "APTIX_REDIS_CLUSTER")?,
+            redis_min_replicas: match get("APTIX_REDIS_MIN_REPLICAS") {
+                None => 0,
+                Some(v) => v.trim().parse().map_err(|_| ConfigError {
+                    var: "APTIX_REDIS_MIN_REPLICAS",
+                    problem: format!("{v:?} is not a number of replicas (0 turns it off)"),
+                })?,
+            },
+            redis_replica_timeout: Duration::from_millis(positive(
+                &get,
+                "APTIX_REDIS_REPLICA_TIMEOUT_MS",
+                crate::store::redis::DEFAULT_REPLICA_TIMEOUT.as_millis() as u64,
+            )?),
             llm_base_url: get("APTIX_LLM_BASE_URL").map(|u| u.trim_end_matches('/').to_string()),
             api_key: get("OPENAI_API_KEY").map(Secret::new),
             model: get("APTIX_MODEL").unwrap_or_else(|| "gpt-4o-mini".to_string()),
@@ -189,7 +213,7 @@ impl Config {
             )?),
             llm_max_retries: number(&get, "APTIX_LLM_MAX_RETRIES", 2)?,
             max_iterations: positive(&get, "APTIX_MAX_ITERATIONS", 8)?,
-            concurrency: positive(&get, "APTIX_CONCURRENCY", 16)?,
+            concurrency: positive(&get, "APTIX_CONCURRENCY", DEFAULT_CONCURRENCY)?,
             modes_file: get("APTIX_MODES_FILE"),
             contexts: match get("APTIX_CONTEXTS_FILE") {
                 None => crate::contexts::Contexts::empty(),
@@ -246,7 +270,7 @@ impl Config {
             )?),
             reply_queue_max_length: positive(&get, "APTIX_REPLY_QUEUE_MAX_LENGTH", 1000u32)?,
             reply_queues: match get("APTIX_REPLY_QUEUES") {
-                None => crate::queue::ReplyQueues::EverySession,
+                None => crate::queue::ReplyQueues::AsyncTurns,
                 Some(v) => v.trim().parse().map_err(|why: String| ConfigError {
                     var: "APTIX_REPLY_QUEUES",
                     problem: why,
@@ -500,6 +524,34 @@ mod tests {
         assert_eq!(c.namespace, "aptix");
         assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
         assert_eq!(c.limits, RequestLimits::default());
+        assert_eq!(c.concurrency, DEFAULT_CONCURRENCY);
+        assert_eq!(c.reply_queues, crate::queue::ReplyQueues::AsyncTurns);
+        assert_eq!(
+            c.topology().reply_queues,
+            crate::queue::ReplyQueues::AsyncTurns
+        );
+    }
+
+    #[test]
+    fn reply_queue_settings_parse_and_say_which_statuses_declare_a_queue() {
+        use crate::queue::ReplyQueues::{AsyncTurns, EverySession, OnSubscribe};
+        for (text, mode, for_wanted, for_unwanted) in [
+            ("every-session", EverySession, true, true),
+            ("async-turns", AsyncTurns, true, false),
+            ("on-subscribe", OnSubscribe, false, false),
+        ] {
+            let c = cfg(&[("APTIX_REPLY_QUEUES", text)]).unwrap();
+            assert_eq!(c.reply_queues, mode);
+            assert_eq!(mode.as_str(), text);
+            assert_eq!(
+                (mode.declared_for(true), mode.declared_for(false)),
+                (for_wanted, for_unwanted),
+                "{text}"
+            );
+        }
+        let e = cfg(&[("APTIX_REPLY_QUEUES", "sometimes")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_REPLY_QUEUES");
+        assert!(e.problem.contains("async-turns"), "{}", e.problem);
     }
 
     #[test]
@@ -527,6 +579,13 @@ mod tests {
         assert_eq!(e.var, "APTIX_CONCURRENCY");
         let e = cfg(&[("APTIX_NAMESPACE", "a b")]).unwrap_err();
         assert_eq!(e.var, "APTIX_NAMESPACE");
+        let e = cfg(&[("APTIX_REDIS_MIN_REPLICAS", "one")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_REDIS_MIN_REPLICAS");
+        let e = cfg(&[("APTIX_REDIS_REPLICA_TIMEOUT_MS", "0")]).unwrap_err();
+        assert_eq!(e.var, "APTIX_REDIS_REPLICA_TIMEOUT_MS");
+        let c = cfg(&[("APTIX_REDIS_MIN_REPLICAS", "2")]).unwrap();
+        assert_eq!(c.redis_min_replicas, 2);
+        assert_eq!(cfg(&[]).unwrap().redis_min_replicas, 0, "off by default");
     }
 
     #[test]

@@ -22,9 +22,16 @@ use crate::contract::{SessionId, TurnId};
 /// Delivers a session's live events (transient, best effort).
 #[async_trait::async_trait]
 pub trait LiveOutlet: Send + Sync + 'static {
-    /// Publishes one event of `session` to its watchers and to the front door at `reply_to`
-    /// (the one waiting for the turn, when there is one); failures are the outlet's to log.
-    async fn publish_live(&self, session: &SessionId, reply_to: Option<&str>, event: Vec<u8>);
+    /// Publishes one event of `turn` of `session` to its watchers and to the front door at
+    /// `reply_to` (the one waiting for the turn, when there is one); failures are the outlet's
+    /// to log.
+    async fn publish_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        reply_to: Option<&str>,
+        event: Vec<u8>,
+    );
 }
 
 /// How live text is batched.
@@ -110,7 +117,7 @@ impl LiveTurn {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(batch(
             outlet,
-            (session.clone(), turn.to_string()),
+            (session.clone(), turn.clone()),
             reply_to.map(str::to_string),
             settings,
             rx,
@@ -164,7 +171,7 @@ impl LiveTurn {
 
 async fn batch(
     outlet: Arc<dyn LiveOutlet>,
-    (session, turn): (SessionId, String),
+    (session, turn): (SessionId, TurnId),
     reply_to: Option<String>,
     settings: LiveSettings,
     mut rx: mpsc::UnboundedReceiver<Msg>,
@@ -178,7 +185,7 @@ async fn batch(
     let publish = |index: &mut u64, body: LiveBody| {
         let event = LiveEvent {
             session_id: session.to_string(),
-            turn_id: turn.clone(),
+            turn_id: turn.to_string(),
             index: *index,
             body,
         };
@@ -193,7 +200,7 @@ async fn batch(
                 _ = tokio::time::sleep_until(at) => {
                     let text = std::mem::take(&mut waiting);
                     let body = publish(&mut index, LiveBody::Delta { text });
-                    outlet.publish_live(&session, to, body).await;
+                    outlet.publish_live(&session, &turn, to, body).await;
                     last_sent = Some(tokio::time::Instant::now());
                     deadline = None;
                     continue;
@@ -213,7 +220,7 @@ async fn batch(
                 let quiet = last_sent.is_none_or(|at| now >= at + settings.flush_every);
                 if (quiet && deadline.is_none()) || waiting.chars().count() >= settings.max_chars {
                     if let Some(body) = flush_text(&mut waiting, &mut index) {
-                        outlet.publish_live(&session, to, body).await;
+                        outlet.publish_live(&session, &turn, to, body).await;
                     }
                     last_sent = Some(now);
                     deadline = None;
@@ -227,19 +234,19 @@ async fn batch(
                     "the turn runs again (run {attempt}): the text streamed so far is replaced by what follows"
                 );
                 let body = publish(&mut index, LiveBody::Progress { message });
-                outlet.publish_live(&session, to, body).await;
+                outlet.publish_live(&session, &turn, to, body).await;
             }
             Some(Msg::Progress(message)) => {
                 if let Some(body) = flush_text(&mut waiting, &mut index) {
-                    outlet.publish_live(&session, to, body).await;
+                    outlet.publish_live(&session, &turn, to, body).await;
                 }
                 deadline = None;
                 let body = publish(&mut index, LiveBody::Progress { message });
-                outlet.publish_live(&session, to, body).await;
+                outlet.publish_live(&session, &turn, to, body).await;
             }
             None => {
                 if let Some(body) = flush_text(&mut waiting, &mut index) {
-                    outlet.publish_live(&session, to, body).await;
+                    outlet.publish_live(&session, &turn, to, body).await;
                 }
                 return;
             }
@@ -259,6 +266,7 @@ mod tests {
         async fn publish_live(
             &self,
             _session: &SessionId,
+            _turn: &TurnId,
             _reply_to: Option<&str>,
             event: Vec<u8>,
         ) {

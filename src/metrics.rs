@@ -156,7 +156,7 @@ impl Metrics {
         let job_retries = Family::<Labels, Counter>::default();
         registry.register(
             "job_retries",
-            "Jobs sent back for a delayed retry, by reason (transient, session_busy, model_capacity, reply_unpublished)",
+            "Jobs sent back for a delayed retry, by reason (transient, session_busy, model_capacity, reply_unpublished, result_unreplicated)",
             job_retries.clone(),
         );
         let redeliveries = Counter::default();
@@ -201,6 +201,7 @@ impl Metrics {
             "session_busy",
             "model_capacity",
             "reply_unpublished",
+            "result_unreplicated",
         ] {
             job_retries.get_or_create(&[("reason", reason)]).inc_by(0);
         }
@@ -384,7 +385,9 @@ impl Metrics {
     }
 
     /// A job goes back for a delayed retry (`transient`, `session_busy`, `model_capacity`, or
-    /// `reply_unpublished`: its result is stored but could not be published yet).
+    /// `reply_unpublished`: its result is stored but could not be published yet;
+    /// `result_unreplicated`: stored, but not yet on the replicas `APTIX_REDIS_MIN_REPLICAS`
+    /// requires).
     pub fn job_retry(&self, reason: &'static str) {
         self.job_retries.get_or_create(&[("reason", reason)]).inc();
     }

@@ -15,25 +15,26 @@ use tokio::time::Instant;
 use crate::contract::TurnId;
 use crate::live::LiveEvent;
 use crate::queue::QueueError;
-pub use crate::queue::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
+pub use crate::queue::{Audience, Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::state::TurnStatusView;
 
 /// Publishes `view` as the session's latest news of its turn, correlated by the turn id, and
 /// sends it to the front door at `reply_to` (the one that waits for it) when there is one.
-/// With `watched` false (the store knew of no watcher when the status was stored) only
-/// `reply_to` and a session's every-session reply queue get it.
+/// `audience` says who else may want it ([`Audience`]): with `watched` false (the store knew
+/// of no watcher when the status was stored) only `reply_to` and a reply queue the topology
+/// keeps for the session get it.
 pub async fn publish_status(
     bus: &dyn ReplyBus,
     view: &TurnStatusView,
     reply_to: Option<&str>,
-    watched: bool,
+    audience: Audience,
 ) -> Result<(), QueueError> {
     let body = serde_json::to_vec(view).map_err(|e| QueueError::Encode(std::sync::Arc::new(e)))?;
     bus.publish_reply(
         &view.session_id,
         view.turn_id.as_str(),
         reply_to,
-        watched,
+        audience,
         &body,
     )
     .await

@@ -12,7 +12,7 @@
 //! | session busy | republished with a short delay (not counted as a retry), acked |
 //! | transient failure (model, store, tool unavailable; turn deadline) | republished with a growing delay, acked; past the retry limit: failed for good, result published, dead-lettered |
 //! | unparseable message | dead-lettered at once, acked; when it names a queued turn (the front door read it under other limits), that turn is failed with the parser's reasons and published first |
-//! | result stored but not publishable (a reply queue whose node is down) | republished after the first retry delay (not counted), acked; it publishes the stored result then |
+//! | result stored but not publishable (a reply queue whose node is down), or not yet on the replicas `APTIX_REDIS_MIN_REPLICAS` requires | republished after the first retry delay (not counted), acked; it publishes the stored result then |
 //!
 //! A message is acked only after the result is committed and the reply (or the retry, or the
 //! dead-letter copy) is confirmed by the broker; otherwise it is requeued (after a pause when
@@ -583,9 +583,26 @@ impl Worker {
                 Err(requeue) => return Err(requeue),
             },
         };
+        if let Err(e) = self
+            .pipeline
+            .store()
+            .confirm_replicated(request.session)
+            .await
+        {
+            // Stored on the primary only: a failover now could lose it, so nobody is told
+            // yet. The job runs again after the first retry delay and publishes the stored
+            // result once the replicas have it.
+            let delay = self.topology.delay_for(1);
+            warn!(error = %e, delay_ms = delay.as_millis() as u64, "the result is not on enough Redis replicas yet; the job will run again and publish it");
+            self.metrics.job_retry("result_unreplicated");
+            return Err(self.republish(delivery, delivery.attempt, delay).await);
+        }
         let status = view.status;
-        let watched = settled.watched;
-        match replies::publish_status(self.broker.as_ref(), &view, reply_to, watched).await {
+        let audience = replies::Audience {
+            watched: settled.watched,
+            reply_queue_wanted: delivery.reply_queue_wanted,
+        };
+        match replies::publish_status(self.broker.as_ref(), &view, reply_to, audience).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());

@@ -134,7 +134,13 @@ pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> 
                 let sid = SessionId::parse(format!("idle-{i}"))
                     .map_err(|e| QueueError::Rejected(e.to_string()))?;
                 broker
-                    .publish_reply(&sid, "t", None, true, body.as_bytes())
+                    .publish_reply(
+                        &sid,
+                        "t",
+                        None,
+                        aptix_worker::queue::Audience::ANYONE,
+                        body.as_bytes(),
+                    )
                     .await?;
             }
         })

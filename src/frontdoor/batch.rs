@@ -365,7 +365,7 @@ impl FrontDoor {
                 tenant,
                 &request,
                 &crate::trace::TraceContext::new_root(),
-                None,
+                super::Pickup::in_batch(),
             )
             .await;
         let errors = match submitted {

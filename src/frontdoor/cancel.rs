@@ -14,7 +14,7 @@
 
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
 use crate::frontdoor::{FrontDoor, SubmitError};
-use crate::replies::publish_status;
+use crate::replies::{Audience, publish_status};
 use crate::store::{BatchRecord, TurnStatus, TurnStatusView};
 
 /// What a cancel request came to.
@@ -78,12 +78,17 @@ impl FrontDoor {
                         continue;
                     };
                     let view = TurnStatusView::from(&cancelled);
+                    // On the replicas the deployment requires before anyone is told (a
+                    // failover could otherwise bring the turn back as waiting).
+                    self.store.confirm_replicated(sid).await?;
                     // Stored first: a client that misses the event reads the status.
                     if let Err(e) = publish_status(
                         self.broker.as_ref(),
                         &view,
                         cancelled.reply_to.as_deref(),
-                        true,
+                        // Whether the submitter wanted a reply queue is not in the record; a
+                        // cancel is rare enough to keep one wherever the topology might.
+                        Audience::ANYONE,
                     )
                     .await
                     {

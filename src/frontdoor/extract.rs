@@ -48,8 +48,6 @@ pub struct HttpState {
     pub index: Arc<dyn ChunkIndex>,
     /// How indexed files are cut.
     pub chunk_options: ChunkOptions,
-    /// Recent live events, for SSE clients that reconnect.
-    pub live_buffer: Arc<super::live_buffer::LiveBuffer>,
 }
 
 /// The longest long-poll wait accepted.

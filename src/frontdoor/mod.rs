@@ -22,7 +22,6 @@ mod counted;
 pub mod extract;
 pub mod http;
 mod links;
-pub mod live_buffer;
 pub mod openapi;
 pub mod routes;
 pub(crate) mod waiting;
@@ -109,6 +108,44 @@ impl From<StoreError> for SubmitError {
 impl From<QueueError> for SubmitError {
     fn from(e: QueueError) -> Self {
         Self::Unavailable(e.to_string())
+    }
+}
+
+/// How a submitter will come for a turn's result.
+#[derive(Debug, Clone, Copy)]
+pub struct Pickup<'a> {
+    /// This process's direct reply address, when it waits for the turn (see
+    /// [`crate::queue::ReplyBus::subscribe_direct`]).
+    pub reply_to: Option<&'a str>,
+    /// Whether the submitter may read the session's reply queue later
+    /// ([`JobMeta::reply_queue_wanted`]).
+    pub reply_queue_wanted: bool,
+}
+
+impl<'a> Pickup<'a> {
+    /// A turn submitted to be read later (`POST /v1/turns`, `aptix turns submit`): by status
+    /// reads, long-polls, streams or the session's reply queue; `reply_to` when this process
+    /// may also wait for it.
+    pub fn later(reply_to: Option<&'a str>) -> Self {
+        Self {
+            reply_to,
+            reply_queue_wanted: true,
+        }
+    }
+    /// A turn whose answer goes out in the HTTP response that submitted it (the synchronous
+    /// endpoint), through this process's direct address.
+    pub fn in_response(reply_to: Option<&'a str>) -> Self {
+        Self {
+            reply_to,
+            reply_queue_wanted: false,
+        }
+    }
+    /// A batch line: its result is read from the batch.
+    pub fn in_batch() -> Self {
+        Self {
+            reply_to: None,
+            reply_queue_wanted: false,
+        }
     }
 }
 
@@ -306,22 +343,22 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
     ) -> Result<TurnStatusView, SubmitError> {
-        self.enqueue_request(request, trace, None, None).await
+        self.enqueue_request(request, trace, None, Pickup::later(None))
+            .await
     }
 
     /// Checks that `tenant` may submit `request` ([`FrontDoor::authorize`]) and enqueues it as
     /// the tenant's: on its lane when its running turns are capped, its tokens counted to it.
-    /// `reply_to` is this process's direct reply address when it may wait for the turn (see
-    /// [`crate::queue::ReplyBus::subscribe_direct`]).
+    /// `pickup` says how the submitter will come for the result.
     pub async fn submit_for(
         &self,
         tenant: &str,
         request: &AgentExecuteRequest,
         trace: &TraceContext,
-        reply_to: Option<&str>,
+        pickup: Pickup<'_>,
     ) -> Result<TurnStatusView, SubmitError> {
         self.authorize(tenant, request).await?;
-        self.enqueue_request(request, trace, Some(tenant), reply_to)
+        self.enqueue_request(request, trace, Some(tenant), pickup)
             .await
     }
 
@@ -330,11 +367,14 @@ impl FrontDoor {
         request: &AgentExecuteRequest,
         trace: &TraceContext,
         tenant: Option<&str>,
-        reply_to: Option<&str>,
+        pickup: Pickup<'_>,
     ) -> Result<TurnStatusView, SubmitError> {
         // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
-        let meta = JobMeta::new(Some(traceparent.as_str()), tenant).replying_to(reply_to);
+        let reply_to = pickup.reply_to;
+        let meta = JobMeta::new(Some(traceparent.as_str()), tenant)
+            .replying_to(reply_to)
+            .wanting_reply_queue(pickup.reply_queue_wanted);
         let lane = self.quotas.lane_of(tenant);
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;

@@ -106,7 +106,7 @@ mod tests {
     use super::{Subscription, settled_or_deadline};
     use crate::contract::{SessionId, TurnId};
     use crate::queue::{MemoryBroker, ReplyBus as _};
-    use crate::replies::publish_status;
+    use crate::replies::{Audience, publish_status};
     use crate::state::{TurnRecord, TurnStatus, TurnStatusView};
     use crate::store::{MemoryStore, SessionStore as _};
 
@@ -129,11 +129,15 @@ mod tests {
         // The earlier run's status arrives late, ahead of the continuation's.
         let mut stale = TurnStatusView::from(&record);
         stale.status = TurnStatus::AwaitingClientTools;
-        publish_status(&broker, &stale, None, true).await.unwrap();
+        publish_status(&broker, &stale, None, Audience::ANYONE)
+            .await
+            .unwrap();
         let mut done = TurnStatusView::from(&record);
         done.status = TurnStatus::Completed;
         done.attempts = 2;
-        publish_status(&broker, &done, None, true).await.unwrap();
+        publish_status(&broker, &done, None, Audience::ANYONE)
+            .await
+            .unwrap();
         let got = settled_or_deadline(
             &store,
             (&sid, &tid),

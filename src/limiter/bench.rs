@@ -191,8 +191,7 @@ pub async fn run(
     let namespace = format!("aptix-bench-{}", uuid::Uuid::new_v4().simple());
     let options = RedisOptions {
         timeout: Duration::from_secs(5),
-        ca: None,
-        cluster: false,
+        ..RedisOptions::default()
     };
     let store: Arc<dyn LimitStore> =
         Arc::new(RedisLimits::connect(url, &namespace, &options).await?);

@@ -300,7 +300,7 @@ impl ReplyBus for MemoryBroker {
         _correlation_id: &str,
         _reply_to: Option<&str>,
         // In one process a status sent to nobody costs nothing: every subscriber gets it.
-        _watched: bool,
+        audience: super::Audience,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let mut state = self.lock()?;
@@ -330,8 +330,10 @@ impl ReplyBus for MemoryBroker {
             }
             state.subscribers.remove(session);
         }
-        let on_subscribe = state.reply_queues == Some(super::ReplyQueues::OnSubscribe);
-        if on_subscribe && !state.replies.contains_key(session) {
+        let declared = state
+            .reply_queues
+            .is_none_or(|q| q.declared_for(audience.reply_queue_wanted));
+        if !declared && !state.replies.contains_key(session) {
             return Ok(()); // nobody subscribed: the session has no queue
         }
         let max = state.reply_max_length;
@@ -444,7 +446,7 @@ mod tests {
 
     use super::MemoryBroker;
     use crate::contract::SessionId;
-    use crate::queue::ReplyBus;
+    use crate::queue::{Audience, ReplyBus};
 
     fn sid(s: &str) -> SessionId {
         SessionId::parse(s).expect("valid id")
@@ -458,7 +460,7 @@ mod tests {
         for i in 0..5 {
             let body = format!("{i}");
             broker
-                .publish_reply(&sid("s"), "t", None, true, body.as_bytes())
+                .publish_reply(&sid("s"), "t", None, Audience::ANYONE, body.as_bytes())
                 .await
                 .unwrap();
         }
@@ -480,7 +482,7 @@ mod tests {
             // A waiter that came and went, and a result nobody consumed.
             let waiter = broker.subscribe_direct(&s, false).await.unwrap();
             broker
-                .publish_reply(&s, "t", None, true, b"{}")
+                .publish_reply(&s, "t", None, Audience::ANYONE, b"{}")
                 .await
                 .unwrap();
             drop(waiter);
@@ -497,12 +499,12 @@ mod tests {
         }
         assert_eq!(broker.sessions_held(), 1_100);
         broker
-            .publish_reply(&sid("y"), "t", None, true, b"{}")
+            .publish_reply(&sid("y"), "t", None, Audience::ANYONE, b"{}")
             .await
             .unwrap();
         for _ in 0..super::SWEEP_EVERY {
             broker
-                .publish_reply(&sid("y"), "t", None, true, b"{}")
+                .publish_reply(&sid("y"), "t", None, Audience::ANYONE, b"{}")
                 .await
                 .unwrap();
         }

@@ -47,6 +47,13 @@ pub enum ReplyQueues {
     /// client that comes later finds every status there. Costs the broker one queue declaration
     /// per new session (the dearest thing a new session costs it).
     EverySession,
+    /// The default: sessions with a turn submitted to be read later
+    /// ([`JobMeta::reply_queue_wanted`]: `POST /v1/turns`, `aptix turns submit`) get their
+    /// queue as with [`ReplyQueues::EverySession`]; a synchronous call's or a batch line's
+    /// status goes to the queue only when a client subscribed (as with
+    /// [`ReplyQueues::OnSubscribe`]): nobody reads those from a reply queue, and a new
+    /// session per document is the batch shape, where declarations would bound throughput.
+    AsyncTurns,
     /// Sessions a client subscribed to: the queue is declared by the subscriber
     /// ([`ReplyBus::subscribe_replies`]) and gets the statuses published from then on; the
     /// worker publishes a session's status to its queue only when it exists and never declares
@@ -55,10 +62,21 @@ pub enum ReplyQueues {
 }
 
 impl ReplyQueues {
+    /// Whether the worker declares the session's reply queue for a status of a job whose
+    /// submitter does (`true`) or does not want one ([`JobMeta::reply_queue_wanted`]).
+    pub fn declared_for(self, reply_queue_wanted: bool) -> bool {
+        match self {
+            Self::EverySession => true,
+            Self::AsyncTurns => reply_queue_wanted,
+            Self::OnSubscribe => false,
+        }
+    }
+
     /// The setting's value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::EverySession => "every-session",
+            Self::AsyncTurns => "async-turns",
             Self::OnSubscribe => "on-subscribe",
         }
     }
@@ -69,9 +87,10 @@ impl std::str::FromStr for ReplyQueues {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "every-session" => Ok(Self::EverySession),
+            "async-turns" => Ok(Self::AsyncTurns),
             "on-subscribe" => Ok(Self::OnSubscribe),
             other => Err(format!(
-                "{other:?} is not one of every-session, on-subscribe"
+                "{other:?} is not one of async-turns, every-session, on-subscribe"
             )),
         }
     }
@@ -103,7 +122,7 @@ impl Topology {
             retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
             reply_queue_ttl: Duration::from_secs(3600),
             reply_queue_max_length: 1000,
-            reply_queues: ReplyQueues::EverySession,
+            reply_queues: ReplyQueues::AsyncTurns,
             lanes: Vec::new(),
         }
     }
@@ -163,6 +182,11 @@ pub struct JobMeta {
     /// The direct reply address of the front door that waits for the result (see
     /// [`ReplyBus::subscribe_direct`]), when one does.
     pub reply_to: Option<String>,
+    /// Whether the submitter may come back for the session's statuses in its reply queue
+    /// (a turn submitted to be read later), so that [`ReplyQueues::AsyncTurns`] declares
+    /// the queue. `false` for a synchronous call or a batch line, whose answer is read from
+    /// the HTTP response or the batch. Jobs without the header (older front doors) say `true`.
+    pub reply_queue_wanted: bool,
 }
 
 impl JobMeta {
@@ -173,12 +197,20 @@ impl JobMeta {
             traceparent: traceparent.map(str::to_string),
             tenant: tenant.map(str::to_string),
             reply_to: None,
+            reply_queue_wanted: true,
         }
     }
 
     /// The same headers naming a direct reply address.
     pub fn replying_to(mut self, address: Option<&str>) -> Self {
         self.reply_to = address.map(str::to_string);
+        self
+    }
+
+    /// The same headers saying whether the submitter may read the session's reply queue
+    /// later ([`JobMeta::reply_queue_wanted`]).
+    pub fn wanting_reply_queue(mut self, wanted: bool) -> Self {
+        self.reply_queue_wanted = wanted;
         self
     }
 
@@ -207,6 +239,9 @@ pub struct Delivery {
     pub lane: Option<String>,
     /// The direct reply address of a front door waiting for the result, if one is.
     pub reply_to: Option<String>,
+    /// Whether the submitter may read the session's reply queue later
+    /// ([`JobMeta::reply_queue_wanted`]).
+    pub reply_queue_wanted: bool,
     acker: Box<dyn Acker>,
 }
 
@@ -234,6 +269,7 @@ impl Delivery {
             tenant: None,
             lane: None,
             reply_to: None,
+            reply_queue_wanted: true,
             acker,
         }
     }
@@ -244,6 +280,7 @@ impl Delivery {
         self.traceparent = meta.traceparent;
         self.tenant = meta.tenant;
         self.reply_to = meta.reply_to;
+        self.reply_queue_wanted = meta.reply_queue_wanted;
         self
     }
 
@@ -260,6 +297,7 @@ impl Delivery {
             traceparent: self.traceparent.clone(),
             tenant: self.tenant.clone(),
             reply_to: self.reply_to.clone(),
+            reply_queue_wanted: self.reply_queue_wanted,
         }
     }
 
@@ -361,22 +399,43 @@ pub struct Direct {
     pub events: SessionEvents,
 }
 
+/// Who, besides a front door waiting at a direct address, a status may be for
+/// ([`ReplyBus::publish_reply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Audience {
+    /// Somebody announced themselves as a watcher of the session (see
+    /// [`crate::store::SessionStore::mark_watched`]) when the status was stored: `false` lets a
+    /// broker that pays for a publish reaching nobody skip the broadcast and an on-subscribe
+    /// reply queue.
+    pub watched: bool,
+    /// The job's submitter may come back for the session's reply queue
+    /// ([`JobMeta::reply_queue_wanted`]).
+    pub reply_queue_wanted: bool,
+}
+
+impl Audience {
+    /// Anyone who may want it: watchers, and a reply queue wherever the topology keeps one.
+    pub const ANYONE: Self = Self {
+        watched: true,
+        reply_queue_wanted: true,
+    };
+}
+
 /// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
 /// means, and waiting for one, is [`crate::replies`]).
 #[async_trait::async_trait]
 pub trait ReplyBus: Send + Sync + 'static {
     /// Publishes a turn status to the session's reply queue (confirmed), to the front doors
     /// watching the session, and to the direct address `reply_to` when the job named one.
-    /// `watched` false says nobody announced themselves as a watcher of the session (see
-    /// [`crate::store::SessionStore::mark_watched`]): a broker that pays for a publish that
-    /// reaches nobody then sends it only to `reply_to` and, with
-    /// [`ReplyQueues::EverySession`], to the session's reply queue.
+    /// The session's reply queue is declared for it when the topology's [`ReplyQueues`] says
+    /// so for `audience`; otherwise the status reaches a queue a client subscribed to, if the
+    /// session is watched. An unwatched session's status is not broadcast.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
         reply_to: Option<&str>,
-        watched: bool,
+        audience: Audience,
         body: &[u8],
     ) -> Result<(), QueueError>;
     /// Consumes a session's reply queue (what `aptix watch` prints).

@@ -20,6 +20,9 @@ pub struct MemoryStore {
     saves: AtomicU64,
 }
 
+/// A streaming turn's latest live events, and until when they are kept.
+type KeptLive = (Instant, std::collections::VecDeque<Vec<u8>>);
+
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<SessionId, SessionState>,
@@ -34,6 +37,8 @@ struct Inner {
     batches: HashMap<String, BatchRecord>,
     /// Sessions marked watched, until when (expired ones are dropped at the next mark).
     watched: HashMap<SessionId, Instant>,
+    /// Streaming turns' latest live events, kept until when.
+    live: HashMap<(SessionId, TurnId), KeptLive>,
 }
 
 impl Inner {
@@ -325,6 +330,44 @@ impl SessionStore for MemoryStore {
             stop_requested,
             watched,
         })
+    }
+
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let now = Instant::now();
+        if inner.live.len() >= 1024 {
+            inner.live.retain(|_, (until, _)| *until > now);
+        }
+        let (until, events) = inner
+            .live
+            .entry((session.clone(), turn.clone()))
+            .or_insert_with(|| (now, std::collections::VecDeque::new()));
+        *until = now + super::LIVE_KEPT;
+        events.push_back(event.to_vec());
+        while events.len() > super::LIVE_EVENTS_PER_TURN {
+            events.pop_front();
+        }
+        Ok(())
+    }
+
+    async fn kept_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let inner = self.lock()?;
+        let now = Instant::now();
+        Ok(inner
+            .live
+            .get(&(session.clone(), turn.clone()))
+            .filter(|(until, _)| *until > now)
+            .map(|(_, events)| events.iter().cloned().collect())
+            .unwrap_or_default())
     }
 
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {

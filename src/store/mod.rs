@@ -96,7 +96,29 @@ pub enum StoreError {
     /// The writer no longer holds the session's lease; its write was rejected.
     #[error("the lease on session {0} was lost; the write was rejected")]
     Fenced(String),
+    /// Fewer replicas than `APTIX_REDIS_MIN_REPLICAS` acknowledged the session's writes in
+    /// time: they are on the primary, and a failover now could lose them, so they do not count
+    /// yet (the turn runs again later and finds what is stored).
+    #[error(
+        "session {session}'s writes reached {acked} of the {wanted} replicas required within {} ms",
+        waited.as_millis()
+    )]
+    NotReplicated {
+        /// The session.
+        session: String,
+        /// `APTIX_REDIS_MIN_REPLICAS`.
+        wanted: u32,
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// How long the store waited.
+        waited: Duration,
+    },
 }
+
+/// Live events kept per turn ([`SessionStore::keep_live`]).
+pub const LIVE_EVENTS_PER_TURN: usize = 512;
+/// How long a turn's live events are kept after its latest.
+pub const LIVE_KEPT: Duration = Duration::from_secs(60);
 
 /// One server tool's output for the turn's ledger ([`SessionStore::record_tool_output`]), with
 /// the mode change the tool makes, if any.
@@ -341,6 +363,30 @@ pub trait SessionStore: Send + Sync + 'static {
     /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
     /// follows the subscription, one saved after it is sent.
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
+    /// Keeps one live event of a streaming turn (its JSON, [`crate::live::LiveEvent`]) for
+    /// [`LIVE_KEPT`] after the turn's latest, the newest [`LIVE_EVENTS_PER_TURN`] of each
+    /// turn: a client that reconnects to any front door with `Last-Event-ID` gets the text it
+    /// missed from here. Not turn state: an event not kept costs such a client some text.
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError>;
+    /// The live events kept of a turn ([`SessionStore::keep_live`]), oldest first.
+    async fn kept_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// Returns once everything stored for `session` so far is held by as many replicas as the
+    /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
+    /// called after a turn settles (before its status is published and its job acknowledged)
+    /// and after a lease is taken (a new fencing token). Stores without replicas have nothing
+    /// to wait for.
+    async fn confirm_replicated(&self, _session: &SessionId) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Records one server tool's output in the turn's ledger before the next model call and,
     /// when the tool changed the session's mode, the new mode and its history entry — in one
     /// atomic step checked against the lease, so a resumed run finds both or neither. Returns

@@ -533,8 +533,7 @@ async fn slots_in_use(d: &Processes, context: &str) -> u32 {
         &d.namespace,
         &aptix_worker::store::redis::RedisOptions {
             timeout: Duration::from_secs(3),
-            ca: None,
-            cluster: false,
+            ..Default::default()
         },
     )
     .await

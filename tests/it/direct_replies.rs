@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use aptix_worker::contract::{RequestLimits, parse_request};
 use aptix_worker::fake_llm::FakeOptions;
-use aptix_worker::frontdoor::FrontDoor;
+use aptix_worker::frontdoor::{FrontDoor, Pickup};
 use aptix_worker::trace::TraceContext;
 use serde_json::{Value, json};
 
@@ -97,7 +97,7 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
             "tenant-a",
             &request,
             &TraceContext::new_root(),
-            Some("amq.gen-another-front-door"),
+            Pickup::later(Some("amq.gen-another-front-door")),
         )
         .await
         .unwrap();

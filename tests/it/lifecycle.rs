@@ -4,7 +4,7 @@
 //! before running still settles its turn in the store.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aptix_worker::contract::{SessionId, TurnId, parse_request};
 use aptix_worker::fake_llm::Reply;
@@ -456,12 +456,14 @@ async fn a_request_the_client_abandons_is_counted_as_499() {
 /// Reply queues expire when unused; publishing to one does not keep it alive. A session that
 /// comes back after its queue expired must find its results in the queue again, whether the
 /// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
-/// or not (plain polling). RabbitMQ only: the embedded broker's queues do not expire.
+/// or not (plain polling) — with `APTIX_REPLY_QUEUES=every-session`, which keeps a queue for
+/// every status. RabbitMQ only: the embedded broker's queues do not expire.
 #[tokio::test]
 async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
     let ttl = Duration::from_millis(1500);
     let app = spawn(AppOptions {
         reply_queue_ttl: Some(ttl),
+        extra_env: vec![("APTIX_REPLY_QUEUES", "every-session".into())],
         ..AppOptions::default()
     })
     .await;
@@ -545,9 +547,74 @@ async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
     assert_eq!(turn_ids_in_queue().await, ["t3"]);
 }
 
+/// At the default `APTIX_REPLY_QUEUES=async-turns`, a turn submitted with `POST /v1/turns`
+/// leaves its status in the session's reply queue for a client that subscribes later
+/// (`aptix watch`); a synchronous call and a batch line, whose answers are read from the HTTP
+/// response and the batch, do not make the broker keep a queue for their sessions.
+async fn by_default_only_turns_submitted_to_be_read_later_keep_a_reply_queue(backend: Backend) {
+    let app = app_on(backend).await;
+    // Read later: submitted, settled, then subscribed to.
+    app.post(
+        Some("tok-a"),
+        json!({"sessionId": "later", "turnId": "t", "instruction": "x"}).to_string(),
+    )
+    .await;
+    app.settled("tok-a", "later", "t").await;
+    // Answered in the response.
+    let resp = app
+        .http
+        .post(format!("{}/api/ai/agent/execute", app.base))
+        .bearer_auth("tok-a")
+        .body(json!({"sessionId": "sync", "turnId": "t", "instruction": "x"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["successful"], true, "{body}");
+    // A batch line, read from the batch.
+    let line = json!({"customId": "doc", "request": {"sessionId": "line", "instruction": "x"}});
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/batches", line.to_string())
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["result"]["batchId"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, body) = app.get(Some("tok-a"), &format!("/v1/batches/{id}")).await;
+        if body["result"]["completed"] == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the batch did not finish: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first_status = |session: &'static str| {
+        let broker = app.broker.clone();
+        async move {
+            let sid = SessionId::parse(session).unwrap();
+            let mut replies = broker.subscribe_replies(&sid).await.unwrap();
+            tokio::time::timeout(Duration::from_millis(800), replies.recv())
+                .await
+                .ok()
+                .flatten()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        }
+    };
+    let kept = first_status("later")
+        .await
+        .expect("the status waits in the queue");
+    assert_eq!(kept["status"], "completed", "{kept}");
+    for session in ["sync", "line"] {
+        assert_eq!(first_status(session).await, None, "{session} kept a queue");
+    }
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
+        by_default_only_turns_submitted_to_be_read_later_keep_a_reply_queue,
         a_continuation_reads_queued_as_soon_as_it_is_accepted,
         of_two_different_continuations_exactly_one_is_accepted,
         unknown_contexts_are_refused_at_the_front_door,
@@ -580,7 +647,7 @@ async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
     assert_eq!(done["result"]["status"], "completed");
 
     proxy.stall(true);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
     assert_eq!(
         (status, code(&body)),
@@ -599,7 +666,7 @@ async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
         body["errors"][0]["message"],
         "the service is temporarily unavailable; try again"
     );
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let (status, body) = app.get(None, "/readyz").await;
     assert!(
         started.elapsed() < Duration::from_millis(1500),
@@ -656,7 +723,7 @@ async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
     let (status, _) = app.post(Some("tok-a"), turn("t1")).await;
     assert_eq!(status, 202);
     proxy.stall(true);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
     assert_eq!(
         (status, code(&body)),
@@ -674,7 +741,7 @@ async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
         app.store.get_turn(&sid, &t2).await.unwrap().is_none(),
         "a turn whose job was not confirmed is not left queued"
     );
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let (status, body) = app.get(None, "/readyz").await;
     assert!(
         started.elapsed() < Duration::from_millis(1500),

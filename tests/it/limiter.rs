@@ -26,8 +26,7 @@ async fn redis() -> Limits {
         guard.store.namespace(),
         &RedisOptions {
             timeout: Duration::from_secs(3),
-            ca: None,
-            cluster: false,
+            ..Default::default()
         },
     )
     .await

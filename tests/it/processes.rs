@@ -73,6 +73,12 @@ impl Processes {
         c
     }
 
+    /// Starts one more front door on the same broker and store (for tests of several front
+    /// doors behind a balancer).
+    pub fn start_serve(&self) -> Listening {
+        Listening::start(Self::command(&self.env).args(["serve", "--listen", "127.0.0.1:0"]))
+    }
+
     /// Starts one more worker and waits until it consumes.
     pub fn add_worker(&mut self) {
         let worker =

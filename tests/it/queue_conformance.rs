@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use aptix_worker::contract::SessionId;
 use aptix_worker::queue::{
-    Broker, Deliveries, Delivery, JobMeta, MemoryBroker, ReplyBus as _, SessionEvent,
+    Audience, Broker, Deliveries, Delivery, JobMeta, MemoryBroker, ReplyBus as _, SessionEvent,
 };
 
 use crate::support::{RabbitGuard, rabbit};
@@ -93,6 +93,7 @@ async fn a_retry_arrives_after_its_delay_with_its_headers(s: Subject) {
         traceparent: Some(TRACEPARENT.into()),
         tenant: Some(CAPPED.into()),
         reply_to: Some("a-waiting-front-door".into()),
+        reply_queue_wanted: false,
     };
     s.broker
         .publish_retry(b"later", Duration::from_millis(200), &meta)
@@ -166,15 +167,15 @@ async fn replies_reach_the_session_subscriber_in_order(s: Subject) {
     let other = SessionId::parse("s-2").unwrap();
     let mut r = s.broker.subscribe_replies(&sid).await.unwrap();
     s.broker
-        .publish_reply(&sid, "t1", None, true, b"one")
+        .publish_reply(&sid, "t1", None, Audience::ANYONE, b"one")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&other, "t9", None, true, b"not mine")
+        .publish_reply(&other, "t9", None, Audience::ANYONE, b"not mine")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t2", None, true, b"two")
+        .publish_reply(&sid, "t2", None, Audience::ANYONE, b"two")
         .await
         .unwrap();
     for expected in [&b"one"[..], b"two"] {
@@ -192,11 +193,11 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
     let mut b = s.broker.subscribe_events(&sid).await.unwrap();
     let mut queue = s.broker.subscribe_replies(&sid).await.unwrap();
     s.broker
-        .publish_reply(&sid, "t1", None, true, b"one")
+        .publish_reply(&sid, "t1", None, Audience::ANYONE, b"one")
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t2", None, true, b"two")
+        .publish_reply(&sid, "t2", None, Audience::ANYONE, b"two")
         .await
         .unwrap();
     for rx in [&mut a, &mut b, &mut queue] {
@@ -219,7 +220,7 @@ async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s
     s.broker.publish_live(&sid, None, b"d0").await.unwrap();
     s.broker.publish_live(&sid, None, b"d1").await.unwrap();
     s.broker
-        .publish_reply(&sid, "t", None, true, b"result")
+        .publish_reply(&sid, "t", None, Audience::ANYONE, b"result")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -276,7 +277,7 @@ async fn a_direct_subscriber_hears_the_jobs_that_name_it(s: Subject) {
         .await
         .unwrap();
     s.broker
-        .publish_reply(&sid, "t", address.as_deref(), true, b"result")
+        .publish_reply(&sid, "t", address.as_deref(), Audience::ANYONE, b"result")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -314,11 +315,17 @@ async fn a_direct_subscriber_hears_the_jobs_that_name_it(s: Subject) {
         // A broker that needs the address delivers nothing else directly: a job that named
         // no one (or another process) is heard through the session's watchers only.
         s.broker
-            .publish_reply(&sid, "t2", None, true, b"elsewhere")
+            .publish_reply(&sid, "t2", None, Audience::ANYONE, b"elsewhere")
             .await
             .unwrap();
         s.broker
-            .publish_reply(&sid, "t3", Some("amq.gen-someone-else"), true, b"not here")
+            .publish_reply(
+                &sid,
+                "t3",
+                Some("amq.gen-someone-else"),
+                Audience::ANYONE,
+                b"not here",
+            )
             .await
             .unwrap();
         assert!(
@@ -355,14 +362,14 @@ async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
 ) {
     let sid = SessionId::parse(format!("on-sub-{}", uuid::Uuid::new_v4().simple())).unwrap();
     broker
-        .publish_reply(&sid, "t1", None, true, b"before")
+        .publish_reply(&sid, "t1", None, Audience::ANYONE, b"before")
         .await
         .unwrap();
     assert!(!queue_exists(&sid).await, "a status declared the queue");
     let mut replies = broker.subscribe_replies(&sid).await.unwrap();
     assert!(queue_exists(&sid).await);
     broker
-        .publish_reply(&sid, "t2", None, true, b"after")
+        .publish_reply(&sid, "t2", None, Audience::ANYONE, b"after")
         .await
         .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), replies.recv())
@@ -372,7 +379,7 @@ async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
     drop(replies);
     tokio::time::sleep(Duration::from_millis(300)).await;
     broker
-        .publish_reply(&sid, "t3", None, true, b"later")
+        .publish_reply(&sid, "t3", None, Audience::ANYONE, b"later")
         .await
         .unwrap();
     let mut again = broker.subscribe_replies(&sid).await.unwrap();
@@ -424,6 +431,10 @@ async fn on_subscribe_reply_queues_on_rabbitmq() {
 /// way, which costs nothing.)
 #[tokio::test]
 async fn an_unwatched_status_goes_only_to_the_front_door_its_job_named() {
+    const UNWATCHED: Audience = Audience {
+        watched: false,
+        reply_queue_wanted: true,
+    };
     let topology = on_subscribe_topology();
     let guard = RabbitGuard {
         broker: crate::support::rabbit_broker(&topology, "unwatched").await,
@@ -438,11 +449,11 @@ async fn an_unwatched_status_goes_only_to_the_front_door_its_job_named() {
     let address = direct.address.clone();
     assert!(address.is_some());
     broker
-        .publish_reply(&sid, "t1", address.as_deref(), false, b"unwatched")
+        .publish_reply(&sid, "t1", address.as_deref(), UNWATCHED, b"unwatched")
         .await
         .unwrap();
     broker
-        .publish_reply(&sid, "t2", address.as_deref(), true, b"watched")
+        .publish_reply(&sid, "t2", address.as_deref(), Audience::ANYONE, b"watched")
         .await
         .unwrap();
     let within = Duration::from_secs(5);

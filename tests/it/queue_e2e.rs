@@ -626,7 +626,13 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
     let body = br#"{"turnId":"t"}"#;
     guard
         .broker
-        .publish_reply(&sid0, "t", None, true, body)
+        .publish_reply(
+            &sid0,
+            "t",
+            None,
+            aptix_worker::queue::Audience::ANYONE,
+            body,
+        )
         .await
         .unwrap();
     for rx in [&mut streams[0], &mut twin] {
@@ -670,7 +676,13 @@ async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
     let mut after = guard.broker.subscribe_events(&sid).await.unwrap();
     guard
         .broker
-        .publish_reply(&sid, "t", None, true, b"{}")
+        .publish_reply(
+            &sid,
+            "t",
+            None,
+            aptix_worker::queue::Audience::ANYONE,
+            b"{}",
+        )
         .await
         .unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
@@ -709,12 +721,24 @@ async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
     .unwrap();
     guard
         .broker
-        .publish_reply(&old, "t1", None, true, b"one")
+        .publish_reply(
+            &old,
+            "t1",
+            None,
+            aptix_worker::queue::Audience::ANYONE,
+            b"one",
+        )
         .await
         .expect("published to the queue as it is");
     guard
         .broker
-        .publish_reply(&old, "t2", None, true, b"two")
+        .publish_reply(
+            &old,
+            "t2",
+            None,
+            aptix_worker::queue::Audience::ANYONE,
+            b"two",
+        )
         .await
         .unwrap();
     // The refusal closed only the declaring channel: jobs still go out, and a new session's
@@ -722,7 +746,13 @@ async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
     guard.broker.publish_job(b"{}").await.unwrap();
     guard
         .broker
-        .publish_reply(&fresh, "t", None, true, b"three")
+        .publish_reply(
+            &fresh,
+            "t",
+            None,
+            aptix_worker::queue::Audience::ANYONE,
+            b"three",
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -760,7 +790,7 @@ async fn a_full_reply_queue_drops_its_oldest_statuses() {
     for body in [&b"1"[..], b"2", b"3"] {
         guard
             .broker
-            .publish_reply(&sid, "t", None, true, body)
+            .publish_reply(&sid, "t", None, aptix_worker::queue::Audience::ANYONE, body)
             .await
             .unwrap();
     }

@@ -735,6 +735,38 @@ async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
     assert_eq!(s.store.list_turns(&sid("hot")).await.unwrap().len(), 16);
 }
 
+/// A streaming turn's live events are kept for reconnecting clients: the newest
+/// `LIVE_EVENTS_PER_TURN` of each turn, oldest first, apart from other turns.
+async fn the_newest_live_events_of_a_turn_are_kept_in_order(s: Subject) {
+    use aptix_worker::store::LIVE_EVENTS_PER_TURN;
+    let (a, b) = (tid("a"), tid("b"));
+    let total = LIVE_EVENTS_PER_TURN + 20;
+    for i in 0..total {
+        s.store
+            .keep_live(&sid("s"), &a, format!("{i}").as_bytes())
+            .await
+            .unwrap();
+    }
+    s.store.keep_live(&sid("s"), &b, b"other").await.unwrap();
+    let kept: Vec<String> = s
+        .store
+        .kept_live(&sid("s"), &a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e).unwrap())
+        .collect();
+    let expected: Vec<String> = (total - LIVE_EVENTS_PER_TURN..total)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(kept, expected);
+    assert_eq!(
+        s.store.kept_live(&sid("s"), &b).await.unwrap(),
+        vec![b"other".to_vec()]
+    );
+    assert!(s.store.kept_live(&sid("t"), &a).await.unwrap().is_empty());
+}
+
 async fn the_first_tenant_owns_a_session(s: Subject) {
     let st = &s.store;
     assert_eq!(st.owner(&sid("s")).await.unwrap(), None);
@@ -982,6 +1014,7 @@ for_each_backend!(
         cluster => super::cluster().await,
     ],
     tests: [
+        the_newest_live_events_of_a_turn_are_kept_in_order,
         saves_and_reads_back_sessions_and_turns,
         a_lease_is_exclusive_until_released_or_expired,
         renewal_keeps_a_lease_and_fails_once_lost,

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use aptix_worker::catalog::ModeCatalog;
 use aptix_worker::contract::{AgentExecuteRequest, AgentExecuteResponse, SessionId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
+use aptix_worker::frontdoor::Pickup;
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{JobOutcome, Pipeline, PipelineSettings};
 use aptix_worker::store::redis::{RedisOptions, RedisStore};
@@ -743,9 +744,14 @@ async fn a_cancel_whose_answer_is_lost_still_publishes_the_cancelled_status() {
     let tid = TurnId::parse("t1").unwrap();
     let turn = request(json!({"sessionId": sid.as_str(), "turnId": "t1", "instruction": "hi"}));
     proxies.arm(None);
-    door.submit_for("tenant-a", &turn, &TraceContext::new_root(), None)
-        .await
-        .expect("accepted");
+    door.submit_for(
+        "tenant-a",
+        &turn,
+        &TraceContext::new_root(),
+        Pickup::later(None),
+    )
+    .await
+    .expect("accepted");
     let mut replies = broker.subscribe_replies(&sid).await.unwrap();
     // The writes so far: the admission. The next is the cancel's compare-and-set.
     let admitted = proxies.seen().len();

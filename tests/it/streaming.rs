@@ -102,7 +102,9 @@ fn answer_of(lines: &[(Instant, Value)]) -> String {
 }
 
 async fn deltas_come_in_order_before_the_final_line_and_make_up_the_answer(backend: Backend) {
-    let app = app(backend, pieces(6, 10), Vec::new()).await;
+    // A reply queue for every session, so the synchronous call's session has one to look at.
+    let every = vec![("APTIX_REPLY_QUEUES", "every-session".to_string())];
+    let app = app(backend, pieces(6, 10), every).await;
     let lines = stream_lines(&app, streaming_turn("s", "t", "tell me")).await;
     let shown = deltas(&lines);
     assert!(shown.len() >= 2, "{lines:?}");

@@ -1,8 +1,6 @@
 //! `GET /v1/sessions/{sessionId}` (mode, mode history, turns) and its Server-Sent Events
 //! (`/events`: one event per turn result published for the session).
 
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,13 +10,24 @@ use crate::contract::{InvokeResult, SessionId, TurnId};
 use crate::frontdoor::extract::{
     ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
 };
-use crate::frontdoor::live_buffer::{self, LiveBuffer};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::live::{LiveBody, LiveEvent};
 use crate::queue::{SessionEvent, SessionEvents};
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
 use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
+
+/// The kept live events (JSON, oldest first) after `index`, once each and in order.
+fn missed_since(kept: &[Vec<u8>], index: u64) -> Vec<LiveEvent> {
+    let mut missed: Vec<LiveEvent> = kept
+        .iter()
+        .filter_map(|body| serde_json::from_slice::<LiveEvent>(body).ok())
+        .filter(|e| e.index > index)
+        .collect();
+    missed.sort_by_key(|e| e.index);
+    missed.dedup_by_key(|e| e.index);
+    missed
+}
 
 /// `<turnId>:<index>` (a live event) or `<turnId>` (a result), as sent in `id:`.
 fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
@@ -32,43 +41,11 @@ fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
     TurnId::parse(turn).ok().map(|t| (t, index))
 }
 
-/// An SSE client's subscription; when the client goes away it goes on recording the session's
-/// live events for [`live_buffer::LINGER`] (or until a result arrives), for the client's return.
-struct Lingering {
-    events: Option<SessionEvents>,
-    buffer: Arc<LiveBuffer>,
-    /// The session stays marked watched while the stream lives, and a while after.
+/// An SSE client's subscription, with the session marked watched while it lives (and a while
+/// after).
+struct Watching {
+    events: SessionEvents,
     _mark: WatchMark,
-}
-
-impl Lingering {
-    async fn recv(&mut self) -> Option<SessionEvent> {
-        self.events.as_mut()?.recv().await
-    }
-}
-
-impl Drop for Lingering {
-    fn drop(&mut self) {
-        let (Some(mut events), Ok(rt)) =
-            (self.events.take(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let buffer = self.buffer.clone();
-        rt.spawn(async move {
-            let until = tokio::time::Instant::now() + live_buffer::LINGER;
-            while let Ok(Some(next)) = tokio::time::timeout_at(until, events.recv()).await {
-                match next {
-                    SessionEvent::Live(body) => {
-                        if let Ok(live) = serde_json::from_slice::<LiveEvent>(&body) {
-                            buffer.record(&live);
-                        }
-                    }
-                    SessionEvent::Status(_) => return,
-                }
-            }
-        });
-    }
 }
 
 /// A session event as Server-Sent Event (none for a body that cannot be read).
@@ -233,8 +210,9 @@ pub(crate) async fn session_events(
         Ok(e) => e,
         Err(e) => return unavailable(e),
     };
-    // A reconnecting client gets what it missed: the rest of its turn's text as far as this
-    // process kept it, and the turn's result if it has settled since.
+    // A reconnecting client gets what it missed: the rest of its turn's text as far as the
+    // store keeps it (whichever front door it was connected to), and the turn's result if it
+    // has settled since. Subscribed first: an event kept after this read is sent live.
     let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -243,7 +221,11 @@ pub(crate) async fn session_events(
     let mut skip = None;
     if let Some((tid, index)) = last {
         if let Some(index) = index {
-            let missed = state.live_buffer.after(sid.as_str(), tid.as_str(), index);
+            let kept = match state.store.kept_live(&sid, &tid).await {
+                Ok(kept) => kept,
+                Err(e) => return unavailable(e),
+            };
+            let missed = missed_since(&kept, index);
             let upto = missed.last().map_or(index, |e| e.index);
             first.extend(
                 missed
@@ -264,34 +246,29 @@ pub(crate) async fn session_events(
             Err(e) => return unavailable(e),
         }
     }
-    let events = Lingering {
-        events: Some(events),
-        buffer: state.live_buffer.clone(),
+    let events = Watching {
+        events,
         _mark: mark,
     };
-    let buffer = state.live_buffer.clone();
     let stream = futures_util::stream::unfold(
         (first.into_iter(), events),
         move |(mut first, mut events)| {
-            let (buffer, skip) = (buffer.clone(), skip.clone());
+            let skip = skip.clone();
             async move {
                 loop {
                     let (next, replayed) = match first.next() {
                         Some(e) => (e, true),
-                        None => (events.recv().await?, false),
+                        None => (events.events.recv().await?, false),
                     };
+                    // Sent already, from what the store kept.
                     if !replayed
                         && let SessionEvent::Live(body) = &next
+                        && let Some((turn, upto)) = &skip
                         && let Ok(live) = serde_json::from_slice::<LiveEvent>(body)
+                        && live.turn_id == *turn
+                        && live.index <= *upto
                     {
-                        buffer.record(&live);
-                        // Sent already, from the buffer.
-                        if skip
-                            .as_ref()
-                            .is_some_and(|(t, upto)| *t == live.turn_id && live.index <= *upto)
-                        {
-                            continue;
-                        }
+                        continue;
                     }
                     if let Some(event) = sse_event(next) {
                         return Some((Ok::<_, std::convert::Infallible>(event), (first, events)));

@@ -244,7 +244,12 @@ async fn submit_and_listen(
         .map_err(|e| unavailable_now(e.to_string()))?;
     let accepted = state
         .door
-        .submit_for(tenant, request, trace, address.as_deref())
+        .submit_for(
+            tenant,
+            request,
+            trace,
+            crate::frontdoor::Pickup::in_response(address.as_deref()),
+        )
         .await
         .map_err(|refused| refused.into_invoke_result())?;
     Ok((events, accepted))

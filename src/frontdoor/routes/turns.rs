@@ -51,7 +51,12 @@ pub(crate) async fn post_turn(
     });
     match state
         .door
-        .submit_for(&tenant, &parsed.request, &trace, address.as_deref())
+        .submit_for(
+            &tenant,
+            &parsed.request,
+            &trace,
+            crate::frontdoor::Pickup::later(address.as_deref()),
+        )
         .await
     {
         Ok(view) => answer(

@@ -186,8 +186,28 @@ impl Pipeline {
             .await
             .map_err(|e| NoLease::Failed(store_failure(e)))?
         {
-            Some(lease) => Ok(self.hold(sid, lease)),
+            Some(lease) => self
+                .replicated(sid, self.hold(sid, lease))
+                .await
+                .map_err(NoLease::Failed),
             None => Err(busy(sid)),
+        }
+    }
+
+    /// `held`, once its fencing token is on as many replicas as the deployment requires
+    /// ([`SessionStore::confirm_replicated`](crate::store::SessionStore::confirm_replicated));
+    /// else given back.
+    async fn replicated(
+        &self,
+        sid: &SessionId,
+        held: HeldLease,
+    ) -> Result<HeldLease, RetryableFailure> {
+        match self.store.confirm_replicated(sid).await {
+            Ok(()) => Ok(held),
+            Err(e) => {
+                held.release().await;
+                Err(store_failure(e))
+            }
         }
     }
 
@@ -214,16 +234,29 @@ impl Pipeline {
             )
             .await
             .map_err(store_failure)?;
+        let held = match begun.lease {
+            Some(lease) => Some(self.replicated(sid, self.hold(sid, lease)).await?),
+            None => None,
+        };
         Ok(Begin {
             turn: begun.turn,
-            held: begun.lease.map(|lease| self.hold(sid, lease)),
+            held,
             session: begun.session,
             latched: begun.latched,
         })
     }
 
+    /// Who takes a lease: this worker, the turn, and this taking of it. The last part makes
+    /// every lease value unique, so a run is fenced out by its own lease value, not only by its
+    /// token: a failover that loses the latest fencing token (and the lease) cannot give a
+    /// later run of the same turn on this worker the very value an earlier run still writes
+    /// with.
     fn holder(&self, tid: &TurnId) -> String {
-        format!("{}/{tid}", self.settings.worker_id)
+        format!(
+            "{}/{tid}/{}",
+            self.settings.worker_id,
+            uuid::Uuid::new_v4().simple()
+        )
     }
 
     /// Keeps `lease` renewed in the background until the run gives it back.

@@ -53,6 +53,8 @@ const ATTEMPT_HEADER: &str = "x-aptix-attempt";
 const REASON_HEADER: &str = "x-aptix-reason";
 const TENANT_HEADER: &str = "x-aptix-tenant";
 const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
+/// Present (`none`) on a job whose submitter will not read the session's reply queue.
+const REPLY_QUEUE_HEADER: &str = "x-aptix-reply-queue";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e)
@@ -115,6 +117,9 @@ fn job_headers(meta: &JobMeta) -> FieldTable {
     if let Some(r) = &meta.reply_to {
         headers.push((REPLY_TO_HEADER, text(r)));
     }
+    if !meta.reply_queue_wanted {
+        headers.push((REPLY_QUEUE_HEADER, text("none")));
+    }
     table(headers)
 }
 
@@ -133,6 +138,7 @@ fn meta_of(props: &BasicProperties) -> JobMeta {
         traceparent: text_header(props, crate::trace::TRACEPARENT),
         tenant: text_header(props, TENANT_HEADER),
         reply_to: text_header(props, REPLY_TO_HEADER),
+        reply_queue_wanted: text_header(props, REPLY_QUEUE_HEADER).as_deref() != Some("none"),
     }
 }
 

@@ -20,7 +20,7 @@ use super::hub::{
 use super::{RabbitBroker, Routed, table, text, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
-use crate::queue::{Direct, Replies, ReplyBus, ReplyQueues, SessionEvents};
+use crate::queue::{Audience, Direct, Replies, ReplyBus, SessionEvents};
 
 /// Reply queues a process remembers having declared, at most this many (the oldest are
 /// forgotten first and simply declared again when used).
@@ -178,15 +178,16 @@ fn precondition_failed(e: &lapin::Error) -> bool {
 impl ReplyBus for RabbitBroker {
     /// Sends the status to the waiting front door (when the job named one) and, when the
     /// session is watched, to its watchers, then to the session's reply queue, confirmed —
-    /// declaring the queue (again) when needed. An unwatched session's status is neither
-    /// broadcast nor sent to an on-subscribe reply queue: a watcher or subscriber marks the
-    /// session before it binds, so the broker would route those publishes nowhere.
+    /// declaring the queue (again) when the topology keeps one for this audience. Otherwise an
+    /// unwatched session's status is neither broadcast nor sent to a reply queue: a watcher or
+    /// subscriber marks the session before it binds, so the broker would route those
+    /// publishes nowhere.
     async fn publish_reply(
         &self,
         session: &SessionId,
         correlation_id: &str,
         reply_to: Option<&str>,
-        watched: bool,
+        audience: Audience,
         body: &[u8],
     ) -> Result<(), QueueError> {
         let props = || {
@@ -194,6 +195,7 @@ impl ReplyBus for RabbitBroker {
                 .with_content_type(ShortString::from("application/json"))
                 .with_correlation_id(ShortString::from(correlation_id))
         };
+        let watched = audience.watched;
         if reply_to.is_some() || watched {
             let notify = async {
                 let ch = self.transient().await?;
@@ -208,7 +210,11 @@ impl ReplyBus for RabbitBroker {
             self.bounded("a status broadcast", notify).await?;
         }
         let queue = self.topology.reply_queue(session);
-        if self.topology.reply_queues == ReplyQueues::OnSubscribe {
+        if !self
+            .topology
+            .reply_queues
+            .declared_for(audience.reply_queue_wanted)
+        {
             if !watched {
                 return Ok(());
             }

@@ -70,6 +70,11 @@ pub struct RedisOptions {
     /// The URL names nodes of a Redis Cluster (several, comma-separated: any reachable one
     /// is enough to find the rest).
     pub cluster: bool,
+    /// Replicas that must hold a settled turn (and a new fencing token) before it counts
+    /// (`WAIT`); 0: none, the primary's acknowledgement is enough.
+    pub min_replicas: u32,
+    /// How long to wait for them (kept below `timeout`, which bounds the answer).
+    pub replica_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -78,9 +83,14 @@ impl Default for RedisOptions {
             timeout: DEFAULT_REDIS_TIMEOUT,
             ca: None,
             cluster: false,
+            min_replicas: 0,
+            replica_timeout: DEFAULT_REPLICA_TIMEOUT,
         }
     }
 }
+
+/// How long a write may wait for its replicas unless configured otherwise.
+pub const DEFAULT_REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A self-reconnecting connection whose connection attempts and answers are bounded by our
 /// own setting, not left to the client library's defaults; `rediss://` URLs use TLS, trusting

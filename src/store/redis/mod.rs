@@ -13,6 +13,8 @@
 //! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
 //! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
+//! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | a minute after the latest |
+//! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
 //! key still holds the writer's `<token>:<holder>`; a stale writer gets `FENCED` and nothing is
@@ -36,7 +38,9 @@ mod many;
 mod scripts;
 
 use codec::{decode, encode, with_ledger};
-pub use connection::{DEFAULT_REDIS_TIMEOUT, RedisConnection, RedisOptions, connection};
+pub use connection::{
+    DEFAULT_REDIS_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, RedisConnection, RedisOptions, connection,
+};
 use scripts::Scripts;
 
 /// Session state in Redis.
@@ -48,6 +52,55 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     fenced: std::sync::Arc<AtomicU64>,
     round_trips: std::sync::Arc<AtomicU64>,
+    replication: Option<std::sync::Arc<Replication>>,
+}
+
+/// `WAIT` for replicas (`APTIX_REDIS_MIN_REPLICAS`), on a connection of its own: `WAIT` blocks
+/// the connection it is sent on until the replicas answer, and every other command of the
+/// process shares the main one.
+struct Replication {
+    conn: std::sync::RwLock<RedisConnection>,
+    /// When the connection was last made again (see [`Replication::renew`]).
+    renewed: tokio::sync::Mutex<std::time::Instant>,
+    url: String,
+    options: RedisOptions,
+    min: u32,
+    timeout: Duration,
+}
+
+impl Replication {
+    fn conn(&self) -> RedisConnection {
+        self.conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Makes the connection again after it failed, at most once a second. A cluster
+    /// connection that mostly sends `WAIT` to a slot's primary may keep the slot map from
+    /// before a failover and time out against the dead node for good (seen in
+    /// `tests/it/redis_failover.rs`); a new one reads the map afresh.
+    async fn renew(&self) {
+        let Ok(mut renewed) = self.renewed.try_lock() else {
+            return; // another caller is at it
+        };
+        if renewed.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        *renewed = std::time::Instant::now();
+        match connection(&self.url, &self.options).await {
+            Ok(conn) => {
+                *self
+                    .conn
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
+                tracing::info!("made the Redis connection for replica acknowledgements again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot make the Redis connection for replica acknowledgements again")
+            }
+        }
+    }
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -85,6 +138,21 @@ impl RedisStore {
         options: &RedisOptions,
     ) -> Result<Self, StoreError> {
         let conn = connection(url, options).await.map_err(unavailable)?;
+        let replication = match options.min_replicas {
+            0 => None,
+            min => Some(std::sync::Arc::new(Replication {
+                conn: std::sync::RwLock::new(connection(url, options).await.map_err(unavailable)?),
+                renewed: tokio::sync::Mutex::new(std::time::Instant::now()),
+                url: url.to_string(),
+                options: options.clone(),
+                min,
+                // The wait must end before the answer's own bound does.
+                timeout: options
+                    .replica_timeout
+                    .min(options.timeout.mul_f32(0.8))
+                    .max(Duration::from_millis(1)),
+            })),
+        };
         Ok(Self {
             conn,
             namespace: namespace.to_string(),
@@ -92,6 +160,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(Scripts::load()),
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
+            replication,
         })
     }
 
@@ -527,6 +596,108 @@ impl SessionStore for RedisStore {
                 watched: read & 2 == 2,
             })
             .map_err(|e| self.map_fenced(sid, e))
+    }
+
+    /// One write of our own to the session's primary (a marker key that lives a few seconds),
+    /// then `WAIT` on the same connection: replication is one ordered stream, so once the
+    /// replicas hold the marker they hold every write to that primary before it — the turn's
+    /// settle or fencing token, whichever connection or process wrote it. On a cluster the
+    /// `WAIT` goes to the primary of the session's slot only.
+    async fn confirm_replicated(&self, session: &SessionId) -> Result<(), StoreError> {
+        let Some(r) = &self.replication else {
+            return Ok(());
+        };
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let marker = self.key("replicated", session);
+        let timeout_ms = r.timeout.as_millis() as u64;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(r.min).arg(timeout_ms);
+        let waited: Result<i64, StoreError> = async {
+            Ok(match r.conn() {
+                RedisConnection::Single(mut c) => {
+                    let (acked,): (i64,) = redis::pipe()
+                        .set_options(
+                            &marker,
+                            1,
+                            redis::SetOptions::default()
+                                .with_expiration(redis::SetExpiry::PX(5000)),
+                        )
+                        .ignore()
+                        .add_command(wait)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(unavailable)?;
+                    acked
+                }
+                RedisConnection::Cluster(mut c) => {
+                    let _: () = redis::cmd("SET")
+                        .arg(&marker)
+                        .arg(1)
+                        .arg("PX")
+                        .arg(5000)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(unavailable)?;
+                    use redis::cluster_routing::{
+                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                    };
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(&marker, SlotAddr::Master),
+                    ));
+                    let answer = c.route_command(wait, route).await.map_err(unavailable)?;
+                    redis::from_redis_value(answer)
+                        .map_err(|e| StoreError::Unavailable(format!("WAIT answered: {e}")))?
+                }
+            })
+        }
+        .await;
+        let acked = match waited {
+            Ok(acked) => acked,
+            Err(e) => {
+                r.renew().await;
+                return Err(e);
+            }
+        };
+        let acked = u32::try_from(acked).unwrap_or(0);
+        if acked < r.min {
+            return Err(StoreError::NotReplicated {
+                session: session.to_string(),
+                wanted: r.min,
+                acked,
+                waited: r.timeout,
+            });
+        }
+        Ok(())
+    }
+
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError> {
+        let key = self.turn_key("live", session, turn);
+        let keep = super::LIVE_EVENTS_PER_TURN as isize;
+        let () = redis::pipe()
+            .rpush(&key, event)
+            .ignore()
+            .ltrim(&key, -keep, -1)
+            .ignore()
+            .pexpire(&key, ms(super::LIVE_KEPT) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn kept_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let key = self.turn_key("live", session, turn);
+        self.conn().lrange(&key, 0, -1).await.map_err(unavailable)
     }
 
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {

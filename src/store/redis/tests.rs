@@ -22,8 +22,7 @@ async fn fresh_store() -> RedisStore {
 async fn a_redis_failure_keeps_its_cause() {
     let options = RedisOptions {
         timeout: Duration::from_millis(500),
-        ca: None,
-        cluster: false,
+        ..RedisOptions::default()
     };
     let Err(e) =
         RedisStore::connect_with("redis://127.0.0.1:1/", "ns", Retention::default(), &options)
