@@ -9,11 +9,148 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 /// The document, with `<<` merge keys resolved as Compose resolves them.
 fn compose() -> Yaml {
-    let text =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docker-compose.yml"))
-            .unwrap();
-    let docs = YamlLoader::load_from_str(&text).expect("docker-compose.yml is YAML");
+    compose_file("docker-compose.yml")
+}
+
+/// A Compose file of the repository, merge keys resolved.
+fn compose_file(path: &str) -> Yaml {
+    let text = repo_file(path);
+    let docs = YamlLoader::load_from_str(&text).unwrap_or_else(|e| panic!("{path} is YAML: {e}"));
     merged(&docs[0])
+}
+
+fn repo_file(path: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The names of the settings the README documents (`APTIX_…` in its tables).
+fn documented(readme: &str, var: &str) -> bool {
+    readme.contains(&format!("`{var}`"))
+}
+
+/// `ops/compose.cluster.yml`: three RabbitMQ nodes of one cluster that every process is
+/// given, a Redis primary and replica with a Sentinel majority and a balancer that follows the
+/// primary, two front doors behind a balancer that checks their readiness, and scalable
+/// workers; every file it mounts exists and every setting it sets is documented.
+#[test]
+fn the_cluster_compose_file_has_every_part_of_a_deployment_beyond_one_machine() {
+    let doc = compose_file("ops/compose.cluster.yml");
+    let services = &doc["services"];
+    let readme = repo_file("README.md");
+    let nodes = ["rabbitmq1", "rabbitmq2", "rabbitmq3"];
+    let mut cookies = Vec::new();
+    for node in nodes {
+        let s = &services[node];
+        assert_eq!(
+            s["hostname"].as_str(),
+            Some(node),
+            "node names follow hostnames"
+        );
+        cookies.push(
+            s["environment"]["RABBITMQ_ERLANG_COOKIE"]
+                .as_str()
+                .map(String::from),
+        );
+    }
+    assert!(
+        cookies.iter().all(|c| c.is_some() && *c == cookies[0]),
+        "one cookie"
+    );
+    let rabbit_conf = repo_file("ops/cluster/rabbitmq.conf");
+    for node in nodes {
+        assert!(
+            rabbit_conf.contains(&format!("= rabbit@{node}")),
+            "{node} is a peer"
+        );
+    }
+    for name in ["api1", "api2", "worker"] {
+        let env = &services[name]["environment"];
+        let amqp = env["APTIX_AMQP_URL"].as_str().unwrap();
+        let urls: Vec<&str> = amqp.split(',').collect();
+        assert_eq!(urls.len(), 3, "{name}: every node: {amqp}");
+        for node in nodes {
+            assert!(amqp.contains(&format!("@{node}:5672")), "{name}: {node}");
+        }
+        assert_eq!(
+            env["APTIX_REDIS_URL"].as_str(),
+            Some("redis://redis-lb:6379/")
+        );
+        assert_eq!(env["APTIX_REDIS_MIN_REPLICAS"].as_str(), Some("1"));
+        for (k, _) in env.as_hash().unwrap() {
+            let k = k.as_str().unwrap();
+            assert!(
+                documented(&readme, k),
+                "{name} sets {k}, which the README does not document"
+            );
+        }
+        assert_eq!(
+            services[name]["build"]["dockerfile"].as_str(),
+            Some("ops/Containerfile")
+        );
+    }
+    // Redis: a replica of the primary, Sentinels that agree by majority, a balancer that
+    // passes only the primary and cuts the clients of a demoted one.
+    assert!(
+        strings(&services["redis-b"]["command"])
+            .windows(3)
+            .any(|w| w == ["--replicaof", "redis-a", "6379"])
+    );
+    let sentinels = ["sentinel1", "sentinel2", "sentinel3"];
+    assert!(sentinels.iter().all(|s| !services[*s].is_badvalue()));
+    let sentinel_conf = repo_file("ops/cluster/sentinel.conf");
+    assert!(
+        sentinel_conf
+            .lines()
+            .any(|l| l.trim() == "sentinel monitor aptix redis-a 6379 2")
+    );
+    let redis_lb = repo_file("ops/cluster/haproxy-redis.cfg");
+    for needle in [
+        "expect string role:master",
+        "on-marked-down shutdown-sessions",
+        "redis-a:6379",
+        "redis-b:6379",
+    ] {
+        assert!(redis_lb.contains(needle), "haproxy-redis.cfg: {needle}");
+    }
+    // Two front doors behind a balancer that asks each for /readyz.
+    let api_lb = repo_file("ops/cluster/haproxy-api.cfg");
+    for needle in [
+        "option httpchk GET /readyz",
+        "server api1 api1:8080",
+        "server api2 api2:8080",
+        "balance roundrobin",
+    ] {
+        assert!(api_lb.contains(needle), "haproxy-api.cfg: {needle}");
+    }
+    assert_eq!(strings(&services["api-lb"]["ports"]), ["8080:8080"]);
+    // Workers scale and drain.
+    assert!(
+        services["worker"]["deploy"]["replicas"]
+            .as_i64()
+            .unwrap_or(0)
+            >= 2
+    );
+    assert!(services["worker"]["ports"].is_badvalue());
+    assert!(services["worker"]["stop_grace_period"].as_str().is_some());
+    // Every file mounted exists (paths are relative to ops/).
+    let services = services.as_hash().unwrap();
+    let mut mounted = 0;
+    for (_, s) in services {
+        for v in strings(&s["volumes"]) {
+            if let Some(path) = v.strip_prefix("./").and_then(|p| p.split(':').next()) {
+                assert!(
+                    Path::new(env!("CARGO_MANIFEST_DIR"))
+                        .join("ops")
+                        .join(path)
+                        .is_file(),
+                    "ops/{path} is mounted but missing"
+                );
+                mounted += 1;
+            }
+        }
+    }
+    assert!(mounted >= 10, "{mounted} files mounted");
 }
 
 fn merged(y: &Yaml) -> Yaml {
