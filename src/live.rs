@@ -87,6 +87,7 @@ enum Msg {
     Text(String),
     Progress(String),
     Rerun(u32),
+    Resume(u32),
 }
 
 /// Indices of the `n`-th run of a turn start at `(n - 1) * RUN_STRIDE`, so they keep rising
@@ -153,6 +154,15 @@ impl LiveTurn {
     pub fn rerun(&self, attempt: u32) {
         if attempt > 1 {
             self.send(Msg::Rerun(attempt));
+        }
+    }
+
+    /// Says the turn goes on in its `attempt`-th run (from 1) after the client ran its tools:
+    /// indices from `(attempt - 1) * RUN_STRIDE` on, so they stay above the earlier runs' (a
+    /// client's `Last-Event-ID` keeps its meaning), with nothing replaced.
+    pub fn resume(&self, attempt: u32) {
+        if attempt > 1 {
+            self.send(Msg::Resume(attempt));
         }
     }
 
@@ -227,6 +237,9 @@ async fn batch(
                 } else if deadline.is_none() {
                     deadline = Some(last_sent.map_or(now, |at| at + settings.flush_every));
                 }
+            }
+            Some(Msg::Resume(attempt)) => {
+                index = index.max(u64::from(attempt - 1) * RUN_STRIDE);
             }
             Some(Msg::Rerun(attempt)) => {
                 index = index.max(u64::from(attempt - 1) * RUN_STRIDE);

@@ -332,6 +332,10 @@ pub struct TurnRecord {
     /// it (the address of its event hub, where the turn's statuses are sent directly).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
+    /// The turn's request asked for its text as it is written (`"streaming": true`): the runs
+    /// of its continuations stream too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub streaming: bool,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -397,7 +401,14 @@ impl TurnRecord {
             checkpoint: None,
             continuation: None,
             reply_to: None,
+            streaming: false,
         }
+    }
+
+    /// The same record of a turn whose request asked (`true`) or did not ask for streaming.
+    pub fn with_streaming(mut self, streaming: bool) -> Self {
+        self.streaming = streaming;
+        self
     }
 
     /// The same record naming the front door that waits for it.

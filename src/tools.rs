@@ -266,6 +266,7 @@ mod tests {
             checkpoint: None,
             continuation: None,
             reply_to: None,
+            streaming: false,
         };
         let lease = store
             .acquire_lease(

@@ -385,7 +385,8 @@ impl FrontDoor {
             AgentExecuteRequest::UserTurn(turn) => {
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
-                    .replying_to(reply_to);
+                    .replying_to(reply_to)
+                    .with_streaming(turn.streaming());
                 let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {

@@ -497,7 +497,7 @@ impl Pipeline {
                     result
                 }
                 AgentExecuteRequest::ToolContinuation(c) => {
-                    Box::pin(self.run_continuation(c, tenant)).await
+                    Box::pin(self.run_continuation(c, tenant, origin.reply_to)).await
                 }
             }
         }

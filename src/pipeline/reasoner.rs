@@ -110,8 +110,12 @@ impl Pipeline {
             session.updated_at = now_rfc3339();
         }
 
-        let record = existing
-            .unwrap_or_else(|| TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone()));
+        // A record this run creates (its front door's write was lost) says what the request
+        // asked, streaming included.
+        let record = existing.unwrap_or_else(|| {
+            TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone())
+                .with_streaming(turn.streaming())
+        });
         // The session exists, as this turn sees it, and the turn is running before any tool
         // can touch them. Retrieval only reads, so it goes out beside that write: one round
         // trip for both instead of two in a row (a resumed run does not retrieve).
@@ -166,6 +170,7 @@ impl Pipeline {
         &self,
         cont: &ToolContinuation,
         tenant: Option<&str>,
+        reply_to: Option<&str>,
     ) -> Result<Settled, Interrupted> {
         let (sid, tid) = (cont.session_id(), cont.turn_id());
         let fp = continuation_fingerprint(cont);
@@ -257,8 +262,39 @@ impl Pipeline {
             .iter()
             .map(|c| c.tool_call_id.clone())
             .collect();
-        let mut run = self.open_continuation(held, record, session, tenant);
-        if let Err(mismatch) = check_tool_results(&expected, cont.tool_results()) {
+        // A turn that streams streams its continuations' runs too; every live event is out
+        // before the worker publishes the result.
+        let live = match &self.live {
+            Some((outlet, settings)) if record.streaming => Some(LiveTurn::start(
+                outlet.clone(),
+                sid,
+                tid,
+                reply_to,
+                *settings,
+            )),
+            _ => None,
+        };
+        let run = self.open_continuation(held, record, session, tenant, live.clone());
+        let settled = self
+            .continue_with_results(run, cont, &expected, submitted, pending)
+            .await;
+        if let Some(live) = live {
+            live.finish().await;
+        }
+        settled
+    }
+
+    /// A continuation's run once it holds the turn: checks and records the client's results,
+    /// then reasons on from them (or from the checkpoint of a run that died after a call).
+    async fn continue_with_results(
+        &self,
+        mut run: Run,
+        cont: &ToolContinuation,
+        expected: &[ToolCallId],
+        submitted: Vec<String>,
+        pending: crate::state::PendingTools,
+    ) -> Result<Settled, Interrupted> {
+        if let Err(mismatch) = check_tool_results(expected, cont.tool_results()) {
             warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
             return Ok(self
                 .fail_turn(run, InvokeResult::failure(mismatch.to_error()))

@@ -88,6 +88,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         checkpoint: None,
         continuation: None,
         reply_to: Some("a-front-door".into()),
+        streaming: true,
     }
 }
 

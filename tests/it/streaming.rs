@@ -254,8 +254,42 @@ async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(
     let call_id = response["toolCalls"][0]["toolCallId"].clone();
     let cont = json!({"sessionId": "s", "turnId": "t", "toolResults": [
         {"toolCallId": call_id, "executionMs": 1, "resultJson": "{\"text\":\"# doc\"}"}]});
-    assert_eq!(app.post(Some("tok-a"), cont.to_string()).await.0, 202);
-    assert_eq!(app.settled("tok-a", "s", "t").await["status"], "completed");
+    // The continuation's run streams too (the turn asked for streaming): its text reaches a
+    // session's SSE subscriber as deltas with indices above the first run's, before the result.
+    let (ready, subscribed) = tokio::sync::oneshot::channel();
+    let completed = |events: &[(String, String, Value)]| {
+        events
+            .iter()
+            .any(|(kind, _, data)| kind == "turn" && data["status"] == "completed")
+    };
+    let (events, _) = tokio::join!(sse(&app, "s", None, ready, completed), async {
+        subscribed.await.unwrap();
+        assert_eq!(app.post(Some("tok-a"), cont.to_string()).await.0, 202);
+    });
+    let (_, _, result) = events
+        .iter()
+        .find(|(kind, _, _)| kind == "turn")
+        .expect("the result event");
+    let answer = result["result"]["result"]["primaryOutputText"]
+        .as_str()
+        .unwrap();
+    let shown: Vec<&Value> = events
+        .iter()
+        .filter(|(kind, _, _)| kind == "delta")
+        .map(|(_, _, data)| data)
+        .collect();
+    assert!(
+        !shown.is_empty(),
+        "the continuation streamed nothing: {events:?}"
+    );
+    assert!(
+        shown
+            .iter()
+            .all(|d| d["index"].as_u64().unwrap() >= aptix_worker::live::RUN_STRIDE),
+        "indices go on above the first run's: {shown:?}"
+    );
+    let text: String = shown.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert_eq!(text, answer, "the deltas make up the continuation's answer");
 }
 
 /// The SSE events of `session` (as tenant A) as `(event, id, data)`, read until `until` says

@@ -394,14 +394,24 @@ impl Pipeline {
         mut record: TurnRecord,
         mut session: SessionState,
         tenant: Option<&str>,
+        live: Option<Arc<LiveTurn>>,
     ) -> Run {
+        // Still running: a run of this continuation died, and this one replaces its text.
+        let again = record.status == TurnStatus::Running;
         record.status = TurnStatus::Running;
         record.attempts += 1;
+        if let Some(live) = &live {
+            if again {
+                live.rerun(record.attempts);
+            } else {
+                live.resume(record.attempts);
+            }
+        }
         if let Some(t) = tenant {
             session.owner = Some(t.to_string());
         }
         session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
-        Run::open(session, record, held, None)
+        Run::open(session, record, held, live)
     }
 
     /// Records that the client's results for these calls were accepted, with the turn
