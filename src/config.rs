@@ -9,12 +9,57 @@ use std::time::Duration;
 use crate::contract::RequestLimits;
 pub use crate::secret::Secret;
 
-/// Turns one worker runs at once unless `APTIX_CONCURRENCY` says otherwise. A turn spends
-/// nearly all its time waiting on the model, so a worker is bound by how many it holds, not
-/// by CPU: 256 turns in flight take ~14 MiB (~55 KiB each, `aptix bench --in-flight`) and keep
-/// a 200 ms model busy at ~1,200 turns/s. Model servers are protected by each agent context's
-/// own limits, not by this number.
-pub const DEFAULT_CONCURRENCY: usize = 256;
+/// What one turn in flight may cost a worker, for sizing the default concurrency: measured
+/// ~52–57 KiB at 10,000 in flight (`aptix bench --in-flight`), rounded up.
+pub const MEMORY_PER_TURN: u64 = 64 << 10;
+/// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
+pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
+/// See [`MIN_DEFAULT_CONCURRENCY`].
+pub const MAX_DEFAULT_CONCURRENCY: usize = 8192;
+
+/// Turns one worker runs at once unless `APTIX_CONCURRENCY` says otherwise, for a process that
+/// may use `memory` bytes: a turn spends nearly all its time waiting on the model, so a worker
+/// is bound by how many turns it holds, not by CPU. A quarter of the memory at
+/// [`MEMORY_PER_TURN`] each, between 64 and 8,192 (8,192 keep a 2 s model busy at ~4,000
+/// turns/s, more than a worker core runs); the model servers are protected by each agent
+/// context's own limits, not by this number.
+pub fn concurrency_for_memory(memory: u64) -> usize {
+    let fits = memory / 4 / MEMORY_PER_TURN;
+    usize::try_from(fits)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_DEFAULT_CONCURRENCY, MAX_DEFAULT_CONCURRENCY)
+}
+
+/// The memory this process may use: its cgroup's limit (a container's), else the machine's.
+pub fn memory_limit() -> Option<u64> {
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|text| text.trim().parse::<u64>().ok())
+    // cgroup v1 says "no limit" with a number near u64::MAX.
+    .find(|limit| *limit < 1 << 50);
+    cgroup.or_else(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    })
+}
+
+/// The default concurrency on this machine or in this container ([`concurrency_for_memory`];
+/// 1,024 where the memory cannot be read).
+pub fn default_concurrency() -> usize {
+    memory_limit().map_or(1024, concurrency_for_memory)
+}
 
 /// A configuration variable that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +124,7 @@ pub struct Config {
     pub llm_max_retries: usize,
     /// `APTIX_MAX_ITERATIONS`: model calls one turn may make.
     pub max_iterations: usize,
-    /// `APTIX_CONCURRENCY`: turns one worker runs at once ([`DEFAULT_CONCURRENCY`]).
+    /// `APTIX_CONCURRENCY`: turns one worker runs at once ([`default_concurrency`]).
     pub concurrency: usize,
     /// `APTIX_CONTEXTS_FILE`: agent and conversation contexts (read and checked at start-up;
     /// the built-in `default`s are added where the file has none).
@@ -213,7 +258,10 @@ impl Config {
             )?),
             llm_max_retries: number(&get, "APTIX_LLM_MAX_RETRIES", 2)?,
             max_iterations: positive(&get, "APTIX_MAX_ITERATIONS", 8)?,
-            concurrency: positive(&get, "APTIX_CONCURRENCY", DEFAULT_CONCURRENCY)?,
+            concurrency: match get("APTIX_CONCURRENCY") {
+                None => default_concurrency(),
+                Some(_) => positive(&get, "APTIX_CONCURRENCY", 1)?,
+            },
             modes_file: get("APTIX_MODES_FILE"),
             contexts: match get("APTIX_CONTEXTS_FILE") {
                 None => crate::contexts::Contexts::empty(),
@@ -524,12 +572,32 @@ mod tests {
         assert_eq!(c.namespace, "aptix");
         assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
         assert_eq!(c.limits, RequestLimits::default());
-        assert_eq!(c.concurrency, DEFAULT_CONCURRENCY);
+        assert_eq!(c.concurrency, default_concurrency());
+        assert!((MIN_DEFAULT_CONCURRENCY..=MAX_DEFAULT_CONCURRENCY).contains(&c.concurrency));
         assert_eq!(c.reply_queues, crate::queue::ReplyQueues::AsyncTurns);
         assert_eq!(
             c.topology().reply_queues,
             crate::queue::ReplyQueues::AsyncTurns
         );
+    }
+
+    #[test]
+    fn the_default_concurrency_is_a_quarter_of_the_memory_within_bounds() {
+        const MIB: u64 = 1 << 20;
+        // 256 MiB: 64 MiB for turns at 64 KiB each.
+        assert_eq!(concurrency_for_memory(256 * MIB), 1024);
+        assert_eq!(concurrency_for_memory(1024 * MIB), 4096);
+        assert_eq!(
+            concurrency_for_memory(64 * 1024 * MIB),
+            MAX_DEFAULT_CONCURRENCY
+        );
+        assert_eq!(concurrency_for_memory(8 * MIB), MIN_DEFAULT_CONCURRENCY);
+        assert!(
+            memory_limit().is_some_and(|m| m > 0),
+            "this machine's memory is readable"
+        );
+        let c = cfg(&[("APTIX_CONCURRENCY", "7")]).unwrap();
+        assert_eq!(c.concurrency, 7, "the setting wins");
     }
 
     #[test]

@@ -93,9 +93,9 @@ pub struct BenchArgs {
     /// The fake model's latency in milliseconds.
     #[arg(long, default_value_t = 50)]
     pub latency_ms: u64,
-    /// Worker concurrency.
-    #[arg(long, default_value_t = 256)]
-    pub concurrency: u16,
+    /// Worker concurrency (default: the product's, `APTIX_CONCURRENCY` or its default).
+    #[arg(long)]
+    pub concurrency: Option<u16>,
     /// Submit at this many turns per second (default: as fast as possible).
     #[arg(long)]
     pub rate: Option<f64>,
@@ -291,6 +291,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         reply_queues,
     } = args;
     let config = Config::from_env()?;
+    let concurrency =
+        concurrency.unwrap_or_else(|| u16::try_from(config.concurrency).unwrap_or(u16::MAX));
     if let Some(n) = reply_queues {
         super::bench_loop::idle_reply_queues(&config, n).await?;
         return Ok(ExitCode::SUCCESS);
