@@ -367,19 +367,30 @@ async fn with_min_replicas_no_result_the_client_was_given_is_lost_in_a_failover(
         .expect("t0 answered while the replicas keep up");
     answer_text(&first);
     redis.stall_replication();
+    // The waiting client does what a client does with a 503-like answer (the store failing
+    // over under its front door): sends the same turn again, until it gets the turn's answer.
     let waiting = {
         let (base, http) = (app.base.clone(), app.http.clone());
         tokio::spawn(async move {
-            http.post(format!("{base}/api/ai/agent/execute"))
-                .bearer_auth("tok-a")
-                .timeout(Duration::from_secs(90))
-                .body(json!({"sessionId": "s", "turnId": "t1", "instruction": "x"}).to_string())
-                .send()
-                .await
-                .expect("t1 answered")
-                .json::<Value>()
-                .await
-                .expect("JSON")
+            let deadline = Instant::now() + Duration::from_secs(90);
+            loop {
+                let answer: Value = http
+                    .post(format!("{base}/api/ai/agent/execute"))
+                    .bearer_auth("tok-a")
+                    .timeout(Duration::from_secs(90))
+                    .body(json!({"sessionId": "s", "turnId": "t1", "instruction": "x"}).to_string())
+                    .send()
+                    .await
+                    .expect("t1 answered")
+                    .json()
+                    .await
+                    .expect("JSON");
+                let unavailable = answer["errors"][0]["errorCode"] == "SERVICE_UNAVAILABLE";
+                if !unavailable || Instant::now() > deadline {
+                    return answer;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         })
     };
     // While the replicas lag, nothing about t1 is told: the job keeps coming back.
