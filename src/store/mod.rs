@@ -118,7 +118,7 @@ pub enum StoreError {
 /// Live events kept per turn ([`SessionStore::keep_live`]).
 pub const LIVE_EVENTS_PER_TURN: usize = 512;
 /// How long a turn's live events are kept after its latest.
-pub const LIVE_KEPT: Duration = Duration::from_secs(60);
+pub const LIVE_KEPT: Duration = Duration::from_secs(30);
 
 /// One server tool's output for the turn's ledger ([`SessionStore::record_tool_output`]), with
 /// the mode change the tool makes, if any.

@@ -13,7 +13,7 @@
 //! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
 //! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
-//! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | a minute after the latest |
+//! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
