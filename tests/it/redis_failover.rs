@@ -151,7 +151,7 @@ impl Replicated {
             .enumerate()
             .map(|(i, p)| {
                 format!(
-                    "  server r{i} 127.0.0.1:{p} check inter 200ms fall 1 rise 1 on-marked-down shutdown-sessions\n"
+                    "  server r{i} 127.0.0.1:{p} check inter 200ms fall 2 rise 1 on-marked-down shutdown-sessions\n"
                 )
             })
             .collect();
@@ -159,7 +159,7 @@ impl Replicated {
         std::fs::write(
             &hconf,
             format!(
-                "defaults\n  mode tcp\n  timeout connect 1s\n  timeout client 120s\n  timeout server 120s\n\
+                "defaults\n  mode tcp\n  timeout connect 1s\n  timeout check 2s\n  timeout client 120s\n  timeout server 120s\n\
                  frontend redis\n  bind 127.0.0.1:{haproxy_port}\n  default_backend primary\n\
                  backend primary\n  option tcp-check\n  tcp-check connect\n\
                  \x20 tcp-check send PING\\r\\n\n  tcp-check expect string +PONG\n\
@@ -295,18 +295,27 @@ async fn app_on(redis: &Replicated, min_replicas: u32) -> App {
     .await
 }
 
-/// A turn through the synchronous endpoint: its answer, or `None` if none came in `within`.
+/// A turn through the synchronous endpoint, as a client sends it: again after a 503-like
+/// answer (the store's connection cut under the front door); its answer, or `None` if none came
+/// in `within`.
 async fn execute(app: &App, turn: &str, within: Duration) -> Option<Value> {
-    let resp = app
-        .http
-        .post(format!("{}/api/ai/agent/execute", app.base))
-        .bearer_auth("tok-a")
-        .timeout(within)
-        .body(json!({"sessionId": "s", "turnId": turn, "instruction": "x"}).to_string())
-        .send()
-        .await
-        .ok()?;
-    resp.json().await.ok()
+    let deadline = Instant::now() + within;
+    loop {
+        let resp = app
+            .http
+            .post(format!("{}/api/ai/agent/execute", app.base))
+            .bearer_auth("tok-a")
+            .timeout(within)
+            .body(json!({"sessionId": "s", "turnId": turn, "instruction": "x"}).to_string())
+            .send()
+            .await
+            .ok()?;
+        let answer: Value = resp.json().await.ok()?;
+        if answer["errors"][0]["errorCode"] != "SERVICE_UNAVAILABLE" || Instant::now() > deadline {
+            return Some(answer);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// A GET once the app's Redis connection has found the new primary (503 until then).
