@@ -212,13 +212,11 @@ fn compose_runs_the_whole_system_with_health_checks_and_scalable_workers() {
         assert_eq!(&check[1..3], ["aptix", "probe"], "{name}: {check:?}");
         assert!(check[3].ends_with("/readyz"));
         let env = s["environment"].as_hash().unwrap();
+        let readme = repo_file("README.md");
         for (k, _) in env {
             let k = k.as_str().unwrap();
-            let readme =
-                std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-                    .unwrap();
             assert!(
-                readme.contains(&format!("`{k}`")),
+                documented(&readme, k),
                 "{name} sets {k}, which the README does not document"
             );
         }
