@@ -11,6 +11,7 @@ use std::sync::Arc;
 use crate::catalog::ModeCatalog;
 use crate::config::Config;
 use crate::contexts::{AgentContext, Contexts, DEFAULT_CONTEXT};
+use crate::delivery::ResultDelivery;
 use crate::fake_llm::{FakeLlm, FakeOptions};
 use crate::frontdoor::FrontDoor;
 use crate::frontdoor::http::{HttpState, router, serve};
@@ -54,34 +55,6 @@ impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Part<T> for Result<T,
             part,
             source: e.into(),
         })
-    }
-}
-
-/// Live events are kept in the store for a while (a client that reconnects to any front door
-/// gets what it missed from there), then go out through the broker's live exchange. Kept
-/// first: a reconnecting client subscribes before it reads what is kept, so every event is in
-/// one or the other.
-struct BrokerLive {
-    broker: Arc<dyn Broker>,
-    store: Arc<dyn SessionStore>,
-}
-
-#[async_trait::async_trait]
-impl crate::live::LiveOutlet for BrokerLive {
-    async fn publish_live(
-        &self,
-        session: &crate::contract::SessionId,
-        turn: &crate::contract::TurnId,
-        reply_to: Option<&str>,
-        event: Vec<u8>,
-    ) {
-        // Live output is best effort: the turn's result is stored and published as always.
-        if let Err(e) = self.store.keep_live(session, turn, &event).await {
-            tracing::debug!(session_id = %session, error = %e, "a live event was not kept");
-        }
-        if let Err(e) = self.broker.publish_live(session, reply_to, &event).await {
-            tracing::debug!(session_id = %session, error = %e, "a live event was not published");
-        }
     }
 }
 
@@ -193,10 +166,7 @@ impl App {
             .with_metrics(metrics.clone())
             .with_quotas(quotas.clone())
             .with_live(
-                Arc::new(BrokerLive {
-                    broker: broker.clone(),
-                    store: store.clone(),
-                }),
+                Arc::new(ResultDelivery::new(store.clone(), broker.clone())),
                 crate::live::LiveSettings::default(),
             )
             .with_rag(

@@ -4,7 +4,7 @@
 //! that owns each step:
 //!
 //! front door → queue → worker → pipeline [compose, model, server tools, reasoner, lifecycle]
-//! → store → replies
+//! → store → delivery
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
 //!   with a publisher confirm; the HTTP API (`http` and `routes`) and batches.
@@ -19,11 +19,12 @@
 //!   [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing.
-//! - [`replies`] — a settled status published to the session's reply queue, to the front door
-//!   waiting for it (directly, by the address its job names) and to the session's watchers; and
-//!   waiting for one turn's settled status.
-//! - [`live`] — a streaming turn's text and progress notes, batched into transient live events
-//!   for the session's live subscribers (never stored).
+//! - [`delivery`] — the one owner of result delivery: a settled status delivered (on the
+//!   store's replicas, then to the session's reply queue, the front door waiting for it and the
+//!   session's watchers), a streaming turn's live events kept and published, and every wait for
+//!   a turn (the synchronous endpoint, long-polls, Server-Sent Events, `aptix run`).
+//! - [`live`] — a streaming turn's text and progress notes, batched into live events for the
+//!   delivery's live outlet.
 //!
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
 //! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the
@@ -37,6 +38,7 @@ pub mod catalog;
 pub mod config;
 pub mod contexts;
 pub mod contract;
+pub mod delivery;
 pub mod fake_llm;
 pub mod frontdoor;
 pub mod hex;
@@ -48,7 +50,6 @@ pub mod net;
 pub mod pipeline;
 pub mod queue;
 pub mod rag;
-pub mod replies;
 pub mod sched;
 pub mod secret;
 pub mod state;

@@ -33,10 +33,10 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
     SessionId, TurnId, parse_request,
 };
+use crate::delivery::{Addressee, ResultDelivery};
 use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Origin, Pipeline, Settled};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
-use crate::replies;
 use crate::store::TurnStatusView;
 use crate::tenants::Quotas;
 use crate::trace::TraceContext;
@@ -95,6 +95,8 @@ pub struct WorkerStats {
 #[derive(Clone)]
 pub struct Worker {
     broker: Arc<dyn Broker>,
+    /// Where settled turns' statuses go.
+    delivery: ResultDelivery,
     pipeline: Pipeline,
     topology: Topology,
     settings: WorkerSettings,
@@ -142,6 +144,7 @@ impl Worker {
         settings: WorkerSettings,
     ) -> Self {
         Self {
+            delivery: ResultDelivery::new(pipeline.store().clone(), broker.clone()),
             broker,
             pipeline,
             topology,
@@ -583,26 +586,15 @@ impl Worker {
                 Err(requeue) => return Err(requeue),
             },
         };
-        if let Err(e) = self
-            .pipeline
-            .store()
-            .confirm_replicated(request.session)
-            .await
-        {
-            // Stored on the primary only: a failover now could lose it, so nobody is told
-            // yet. The job runs again after the first retry delay and publishes the stored
-            // result once the replicas have it.
-            let delay = self.topology.delay_for(1);
-            warn!(error = %e, delay_ms = delay.as_millis() as u64, "the result is not on enough Redis replicas yet; the job will run again and publish it");
-            self.metrics.job_retry("result_unreplicated");
-            return Err(self.republish(delivery, delivery.attempt, delay).await);
-        }
         let status = view.status;
-        let audience = replies::Audience {
-            watched: settled.watched,
-            reply_queue_wanted: delivery.reply_queue_wanted,
+        let to = Addressee {
+            reply_to,
+            audience: crate::queue::Audience {
+                watched: settled.watched,
+                reply_queue_wanted: delivery.reply_queue_wanted,
+            },
         };
-        match replies::publish_status(self.broker.as_ref(), &view, reply_to, audience).await {
+        match self.delivery.deliver(&view, to).await {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());
@@ -622,12 +614,14 @@ impl Worker {
                 Ok(())
             }
             Err(e) => {
-                // The job runs again after the first retry delay and publishes the stored
-                // result then (a reply queue whose node is down, say, until the node is back):
-                // never at once, which would turn an outage into a loop of failed publishes.
+                // The job runs again after the first retry delay and delivers the stored
+                // result then: once the store's replicas hold it (a failover now could lose
+                // it, so nobody is told yet), or once the broker takes it (a reply queue whose
+                // node is down, say, until the node is back) — never at once, which would turn
+                // an outage into a loop of failed publishes.
                 let delay = self.topology.delay_for(1);
-                warn!(error = %e, delay_ms = delay.as_millis() as u64, "could not publish the result; the job will run again and publish it");
-                self.metrics.job_retry("reply_unpublished");
+                warn!(error = %e, reason = e.reason(), delay_ms = delay.as_millis() as u64, "could not deliver the result; the job will run again and deliver it");
+                self.metrics.job_retry(e.reason());
                 Err(self.republish(delivery, delivery.attempt, delay).await)
             }
         }

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::{SessionId, TurnId};
+use aptix_worker::delivery::WatchMark;
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::queue::{Broker, RabbitBroker, Topology};
-use aptix_worker::store::watch::WatchMark;
 use aptix_worker::store::{RedisStore, SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::WorkerSettings;
 

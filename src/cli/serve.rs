@@ -15,10 +15,9 @@ use tokio_util::sync::CancellationToken;
 use aptix_worker::app::App;
 use aptix_worker::config::Config;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
+use aptix_worker::delivery::{QueueReader, Waited};
 use aptix_worker::frontdoor::http::{self, check_exposure, ops_router};
-use aptix_worker::replies::Waited;
 use aptix_worker::store::TurnStatusView;
-use aptix_worker::store::watch::WatchMark;
 
 use super::workspace::client_tool;
 
@@ -216,15 +215,12 @@ async fn run_files(
             }
         };
         let mut request = parsed.request;
-        // Marked watched first, so that the workers send the session's statuses to its reply
-        // queue (kept marked for as long as the queue outlives its last consumer).
-        let _mark = WatchMark::hold(
-            app.store.clone(),
-            request.session_id().clone(),
-            config.reply_queue_ttl,
-        )
-        .await?;
-        let mut replies = app.broker.subscribe_replies(request.session_id()).await?;
+        // Read from the session's reply queue, as a client that subscribes does (the session
+        // marked watched, so that workers send its statuses there).
+        let mut replies = door
+            .delivery()
+            .read_reply_queue(request.session_id(), config.reply_queue_ttl)
+            .await?;
         // Act as the client for continuations we can serve, a few rounds at most.
         let mut rounds = 0;
         let result = loop {
@@ -280,11 +276,11 @@ async fn run_files(
 
 /// Waits (up to 10 minutes) for the settled status of `turn` among the session's replies.
 async fn wait_for(
-    replies: &mut aptix_worker::queue::Replies,
+    replies: &mut QueueReader,
     turn: &contract::TurnId,
 ) -> anyhow::Result<TurnStatusView> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(600);
-    match aptix_worker::replies::next_settled(replies, turn, deadline).await {
+    match replies.settled(turn, deadline).await {
         Waited::Settled(view) => Ok(*view),
         Waited::TimedOut => anyhow::bail!("no result within 10 minutes"),
         Waited::Closed => anyhow::bail!("the reply stream ended"),

@@ -13,8 +13,9 @@
 //! its worker writes that).
 
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
+use crate::delivery::{Addressee, Undelivered};
 use crate::frontdoor::{FrontDoor, SubmitError};
-use crate::replies::{Audience, publish_status};
+use crate::queue::Audience;
 use crate::store::{BatchRecord, TurnStatus, TurnStatusView};
 
 /// What a cancel request came to.
@@ -57,7 +58,15 @@ impl FrontDoor {
                 return Err(missing(sid, tid));
             };
             match record.status {
-                TurnStatus::Cancelled => return Ok(Cancelled::Done((&record).into())),
+                TurnStatus::Cancelled => {
+                    // Delivered again: an earlier cancel may have stored the status without
+                    // telling anyone (the store's replicas were behind, the broker down).
+                    // Statuses are delivered at least once.
+                    let view = TurnStatusView::from(&record);
+                    self.deliver_cancelled(&view, record.reply_to.as_deref())
+                        .await?;
+                    return Ok(Cancelled::Done(view));
+                }
                 TurnStatus::Completed | TurnStatus::Failed => {
                     return Err(SubmitError::Conflict(ErrorMessage::new(
                         ErrorCode::TurnAlreadyFinished,
@@ -78,22 +87,8 @@ impl FrontDoor {
                         continue;
                     };
                     let view = TurnStatusView::from(&cancelled);
-                    // On the replicas the deployment requires before anyone is told (a
-                    // failover could otherwise bring the turn back as waiting).
-                    self.store.confirm_replicated(sid).await?;
-                    // Stored first: a client that misses the event reads the status.
-                    if let Err(e) = publish_status(
-                        self.broker.as_ref(),
-                        &view,
-                        cancelled.reply_to.as_deref(),
-                        // Whether the submitter wanted a reply queue is not in the record; a
-                        // cancel is rare enough to keep one wherever the topology might.
-                        Audience::ANYONE,
-                    )
-                    .await
-                    {
-                        tracing::warn!(session_id = %sid, turn_id = %tid, error = %e, "a cancelled turn's status could not be published; it is stored");
-                    }
+                    self.deliver_cancelled(&view, cancelled.reply_to.as_deref())
+                        .await?;
                     tracing::info!(session_id = %sid, turn_id = %tid, was = record.status.as_str(), "turn cancelled");
                     self.metrics.turn_finished("cancelled");
                     return Ok(Cancelled::Done(view));
@@ -104,6 +99,32 @@ impl FrontDoor {
 }
 
 impl FrontDoor {
+    /// Delivers the status of a turn cancelled here (stored already). Not on the replicas the
+    /// deployment requires: nobody is told (a failover could bring the turn back as waiting)
+    /// and the caller is answered 503, so the client cancels again, which delivers it then. A
+    /// status the broker did not take is in the store, where every waiter looks within
+    /// [`crate::delivery::RECHECK`].
+    async fn deliver_cancelled(
+        &self,
+        view: &TurnStatusView,
+        reply_to: Option<&str>,
+    ) -> Result<(), SubmitError> {
+        let to = Addressee {
+            reply_to,
+            // Whether the submitter wanted a reply queue is not in the record; a cancel is
+            // rare enough to keep one wherever the topology might.
+            audience: Audience::ANYONE,
+        };
+        match self.delivery.deliver(view, to).await {
+            Ok(()) => Ok(()),
+            Err(Undelivered::NotReplicated(e)) => Err(e.into()),
+            Err(Undelivered::Unpublished(e)) => {
+                tracing::warn!(session_id = %view.session_id, turn_id = %view.turn_id, error = %e, "a cancelled turn's status could not be published; it is stored");
+                Ok(())
+            }
+        }
+    }
+
     /// Applies a user turn's `onBusy` to the other turns of its session that are queued or
     /// running: `reject` refuses the turn with `SESSION_BUSY` (naming them), `interrupt`
     /// cancels them (this turn then runs after the running one has stopped).

@@ -11,6 +11,7 @@ use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, OnBusy, RequestLimits,
     RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
 };
+use crate::delivery::ResultDelivery;
 use crate::metrics::Metrics;
 use crate::pipeline::{Intake, continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, JobMeta, QueueError};
@@ -24,7 +25,6 @@ pub mod http;
 mod links;
 pub mod openapi;
 pub mod routes;
-pub(crate) mod waiting;
 
 use crate::store::{
     Admission, ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView,
@@ -156,6 +156,8 @@ pub struct FrontDoor {
     store: Arc<dyn SessionStore>,
     intake: Intake,
     broker: Arc<dyn Broker>,
+    /// Where a cancelled turn's status goes, and how waiters hear of turns.
+    delivery: ResultDelivery,
     limits: RequestLimits,
     contexts: KnownContexts,
     metrics: Arc<Metrics>,
@@ -171,6 +173,7 @@ impl FrontDoor {
     ) -> Self {
         Self {
             intake: Intake::new(store.clone()),
+            delivery: ResultDelivery::new(store.clone(), broker.clone()),
             store,
             broker,
             limits,
@@ -178,6 +181,11 @@ impl FrontDoor {
             metrics: Arc::default(),
             quotas: Quotas::default(),
         }
+    }
+
+    /// How this front door's waiters hear of turns (see [`crate::delivery`]).
+    pub fn delivery(&self) -> &ResultDelivery {
+        &self.delivery
     }
 
     /// Refuses the user turns of tenants whose token quota is spent, and puts capped tenants'

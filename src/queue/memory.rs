@@ -19,18 +19,27 @@ struct Job {
     redelivered: bool,
 }
 
-/// An event subscriber: of results only (as bodies or as events), or of results and live
-/// events.
+/// An event subscriber: of statuses only, or of statuses and live events.
 enum Listener {
-    Status(mpsc::Sender<Vec<u8>>),
     Results(mpsc::Sender<SessionEvent>),
     All(mpsc::Sender<SessionEvent>),
 }
 
 impl Listener {
+    fn new(live: bool) -> (Self, SessionEvents) {
+        let (tx, rx) = mpsc::channel(1024);
+        (
+            if live {
+                Self::All(tx)
+            } else {
+                Self::Results(tx)
+            },
+            rx,
+        )
+    }
+
     fn is_closed(&self) -> bool {
         match self {
-            Self::Status(tx) => tx.is_closed(),
             Self::Results(tx) | Self::All(tx) => tx.is_closed(),
         }
     }
@@ -315,7 +324,6 @@ impl ReplyBus for MemoryBroker {
         if let Some(listeners) = state.listeners.get_mut(session) {
             // Closed or hopelessly slow listeners are dropped; the rest get every result.
             listeners.retain(|l| match l {
-                Listener::Status(tx) => tx.try_send(body.to_vec()).is_ok(),
                 Listener::Results(tx) | Listener::All(tx) => {
                     tx.try_send(SessionEvent::Status(body.to_vec())).is_ok()
                 }
@@ -357,11 +365,6 @@ impl ReplyBus for MemoryBroker {
         state.subscribers.insert(session.clone(), tx);
         Ok(rx)
     }
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        let (tx, rx) = mpsc::channel(1024);
-        self.listen(session, Listener::Status(tx))?;
-        Ok(rx)
-    }
     async fn publish_live(
         &self,
         session: &SessionId,
@@ -384,25 +387,22 @@ impl ReplyBus for MemoryBroker {
         }
         Ok(())
     }
-    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError> {
-        let (tx, rx) = mpsc::channel(1024);
-        self.listen(session, Listener::All(tx))?;
-        Ok(rx)
+    async fn subscribe_session(
+        &self,
+        session: &SessionId,
+        live: bool,
+    ) -> Result<SessionEvents, QueueError> {
+        let (listener, events) = Listener::new(live);
+        self.listen(session, listener)?;
+        Ok(events)
     }
     async fn subscribe_direct(
         &self,
         session: &SessionId,
         live: bool,
     ) -> Result<Direct, QueueError> {
-        let (tx, events) = mpsc::channel(1024);
-        self.listen(
-            session,
-            if live {
-                Listener::All(tx)
-            } else {
-                Listener::Results(tx)
-            },
-        )?;
+        let (listener, events) = Listener::new(live);
+        self.listen(session, listener)?;
         Ok(Direct {
             address: None,
             events,
@@ -495,7 +495,7 @@ mod tests {
         // Sweeps happen on their own as statuses are published.
         for i in 0..1_100 {
             let s = sid(&format!("x{i}"));
-            let _gone = broker.subscribe_events(&s).await.unwrap();
+            let _gone = broker.subscribe_session(&s, false).await.unwrap();
         }
         assert_eq!(broker.sessions_held(), 1_100);
         broker

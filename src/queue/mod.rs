@@ -147,14 +147,10 @@ impl Topology {
     pub fn retry(&self, delay: Duration) -> String {
         format!("{}.turns.retry.{}ms", self.namespace, delay.as_millis())
     }
-    /// The exchange of session events: statuses broadcast to the front doors that watch a
-    /// session (keyed by session).
+    /// The exchange of session events (keyed by session): statuses and live events broadcast
+    /// to the front doors that watch a session, one binding per front door and session.
     pub fn events(&self) -> String {
         format!("{}.events", self.namespace)
-    }
-    /// The exchange of live events (transient messages, keyed by session).
-    pub fn live(&self) -> String {
-        format!("{}.live", self.namespace)
     }
     /// A session's reply queue.
     pub fn reply_queue(&self, session: &SessionId) -> String {
@@ -377,7 +373,7 @@ pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
 /// What a live subscriber of a session receives, in the order it was published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
-    /// A published turn status (JSON), as [`ReplyBus::subscribe_events`] gives them.
+    /// A published turn status (JSON).
     Status(Vec<u8>),
     /// A running turn's live event (JSON, see [`crate::live`]).
     Live(Vec<u8>),
@@ -438,11 +434,8 @@ pub trait ReplyBus: Send + Sync + 'static {
         audience: Audience,
         body: &[u8],
     ) -> Result<(), QueueError>;
-    /// Consumes a session's reply queue (what `aptix watch` prints).
+    /// Consumes a session's reply queue (what `aptix run` reads its results from).
     async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
-    /// Subscribes to a session's results as a broadcast: every subscriber gets every result
-    /// published from now on, without taking them from the session's reply queue.
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError>;
     /// Publishes a live event of a session: transient, unconfirmed, only to the subscribers of
     /// this moment (and to `reply_to`'s), never to the session's reply queue.
     async fn publish_live(
@@ -451,10 +444,16 @@ pub trait ReplyBus: Send + Sync + 'static {
         reply_to: Option<&str>,
         body: &[u8],
     ) -> Result<(), QueueError>;
-    /// Subscribes to a session's results and live events as one ordered stream: what one
-    /// worker published (live events, then the result) arrives in that order. A subscriber
-    /// too slow for live events misses some of them (never a result).
-    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError>;
+    /// Subscribes to a session's statuses (and its live events when `live`) as a broadcast,
+    /// one ordered stream: every subscriber gets every status published from now on, without
+    /// taking it from the session's reply queue, and what one worker published (live events,
+    /// then the status) arrives in that order. A subscriber too slow for live events misses
+    /// some of them (never a status).
+    async fn subscribe_session(
+        &self,
+        session: &SessionId,
+        live: bool,
+    ) -> Result<SessionEvents, QueueError>;
     /// Subscribes this process directly to the session's results (with live events when
     /// `live`) of the jobs that name the returned address: what a front door that submits a
     /// turn and waits for it uses, at no broker cost per session.

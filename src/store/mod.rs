@@ -9,7 +9,6 @@
 
 pub mod memory;
 pub mod redis;
-pub mod watch;
 
 use std::time::Duration;
 

@@ -189,8 +189,8 @@ async fn replies_reach_the_session_subscriber_in_order(s: Subject) {
 
 async fn every_event_subscriber_gets_every_result(s: Subject) {
     let sid = SessionId::parse("s-1").unwrap();
-    let mut a = s.broker.subscribe_events(&sid).await.unwrap();
-    let mut b = s.broker.subscribe_events(&sid).await.unwrap();
+    let mut a = s.broker.subscribe_session(&sid, false).await.unwrap();
+    let mut b = s.broker.subscribe_session(&sid, true).await.unwrap();
     let mut queue = s.broker.subscribe_replies(&sid).await.unwrap();
     s.broker
         .publish_reply(&sid, "t1", None, Audience::ANYONE, b"one")
@@ -200,23 +200,30 @@ async fn every_event_subscriber_gets_every_result(s: Subject) {
         .publish_reply(&sid, "t2", None, Audience::ANYONE, b"two")
         .await
         .unwrap();
-    for rx in [&mut a, &mut b, &mut queue] {
+    for rx in [&mut a, &mut b] {
         for expected in [&b"one"[..], b"two"] {
             let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
                 .await
                 .unwrap()
                 .unwrap();
-            assert_eq!(got, expected);
+            assert_eq!(got, SessionEvent::Status(expected.to_vec()));
         }
+    }
+    for expected in [&b"one"[..], b"two"] {
+        let got = tokio::time::timeout(Duration::from_secs(5), queue.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, expected);
     }
 }
 
 async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s: Subject) {
     let sid = SessionId::parse("live-1").unwrap();
     let other = SessionId::parse("live-2").unwrap();
-    let mut live = s.broker.subscribe_live(&sid).await.unwrap();
-    let mut results_only = s.broker.subscribe_events(&sid).await.unwrap();
-    let mut other_live = s.broker.subscribe_live(&other).await.unwrap();
+    let mut live = s.broker.subscribe_session(&sid, true).await.unwrap();
+    let mut results_only = s.broker.subscribe_session(&sid, false).await.unwrap();
+    let mut other_live = s.broker.subscribe_session(&other, true).await.unwrap();
     s.broker.publish_live(&sid, None, b"d0").await.unwrap();
     s.broker.publish_live(&sid, None, b"d1").await.unwrap();
     s.broker
@@ -244,7 +251,11 @@ async fn live_events_reach_live_subscribers_before_the_result_and_nowhere_else(s
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(first, b"result", "a results subscriber sees no live events");
+    assert_eq!(
+        first,
+        SessionEvent::Status(b"result".to_vec()),
+        "a results subscriber sees no live events"
+    );
     // Nothing of this session reached the other one, and the durable reply queue holds the
     // result only.
     assert!(
@@ -443,7 +454,7 @@ async fn an_unwatched_status_goes_only_to_the_front_door_its_job_named() {
     let broker = guard.broker.clone();
     let sid = SessionId::parse(format!("unwatched-{}", uuid::Uuid::new_v4().simple())).unwrap();
     // A watcher bound without marking the session, and a reply queue declared without it.
-    let mut events = broker.subscribe_events(&sid).await.unwrap();
+    let mut events = broker.subscribe_session(&sid, false).await.unwrap();
     let mut queue = broker.subscribe_replies(&sid).await.unwrap();
     let mut direct = broker.subscribe_direct(&sid, false).await.unwrap();
     let address = direct.address.clone();
@@ -466,7 +477,7 @@ async fn an_unwatched_status_goes_only_to_the_front_door_its_job_named() {
     }
     // Each hears first (and only) the watched one: the unwatched one was not sent there.
     let heard = tokio::time::timeout(within, events.recv()).await.unwrap();
-    assert_eq!(heard.as_deref(), Some(&b"watched"[..]));
+    assert_eq!(heard, Some(SessionEvent::Status(b"watched".to_vec())));
     let queued = tokio::time::timeout(within, queue.recv()).await.unwrap();
     assert_eq!(queued.as_deref(), Some(&b"watched"[..]));
 }

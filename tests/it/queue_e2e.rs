@@ -10,7 +10,9 @@ use aptix_worker::contract::{ErrorCode, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::queue::{JobQueue as _, RabbitBroker, Replies, ReplyBus as _, Topology};
+use aptix_worker::queue::{
+    JobQueue as _, RabbitBroker, Replies, ReplyBus as _, SessionEvent, Topology,
+};
 use aptix_worker::store::{SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::json;
@@ -597,11 +599,12 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
     let mut streams = Vec::new();
     for i in 0..20 {
         let sid = SessionId::parse(key(i)).unwrap();
-        streams.push(guard.broker.subscribe_events(&sid).await.unwrap());
+        streams.push(guard.broker.subscribe_session(&sid, false).await.unwrap());
     }
-    // A second subscriber of the same session shares the binding.
+    // A second subscriber of the same session shares the binding, though it wants live
+    // events too: statuses and live events travel on one exchange.
     let sid0 = SessionId::parse(key(0)).unwrap();
-    let mut twin = guard.broker.subscribe_events(&sid0).await.unwrap();
+    let mut twin = guard.broker.subscribe_session(&sid0, true).await.unwrap();
     // The broker's listing can lag behind a busy broker (and each `rabbitmqctl` call takes a
     // second or more on a loaded machine): ask again for up to 20 s, judging the last answer.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -639,7 +642,7 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
         let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .unwrap();
-        assert_eq!(got.as_deref(), Some(&body[..]));
+        assert_eq!(got, Some(SessionEvent::Status(body.to_vec())));
     }
     assert!(streams[1].try_recv().is_err());
 
@@ -666,14 +669,14 @@ async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound
 async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
     let guard = rabbit().await;
     let sid = SessionId::parse(format!("drop-{}", uuid::Uuid::new_v4().simple())).unwrap();
-    let mut before = guard.broker.subscribe_events(&sid).await.unwrap();
+    let mut before = guard.broker.subscribe_session(&sid, false).await.unwrap();
     close_connection(guard.broker.connection_name());
     let ended = tokio::time::timeout(Duration::from_secs(10), before.recv())
         .await
         .expect("the stream ends instead of hanging");
     assert_eq!(ended, None);
     // The next subscription opens a fresh consumer on a fresh connection.
-    let mut after = guard.broker.subscribe_events(&sid).await.unwrap();
+    let mut after = guard.broker.subscribe_session(&sid, false).await.unwrap();
     guard
         .broker
         .publish_reply(
@@ -688,7 +691,7 @@ async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
     let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
         .await
         .unwrap();
-    assert_eq!(got.as_deref(), Some(&b"{}"[..]));
+    assert_eq!(got, Some(SessionEvent::Status(b"{}".to_vec())));
 }
 
 #[tokio::test]

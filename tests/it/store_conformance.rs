@@ -534,7 +534,7 @@ async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
 }
 
 async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped(s: Subject) {
-    use aptix_worker::store::watch::WatchMark;
+    use aptix_worker::delivery::WatchMark;
     let st = &s.store;
     let lease = st
         .acquire_lease(G, &sid("s"), "w1", LONG)

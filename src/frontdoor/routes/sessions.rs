@@ -7,30 +7,18 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::contract::{InvokeResult, SessionId, TurnId};
+use crate::delivery::Resume;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::live::{LiveBody, LiveEvent};
-use crate::queue::{SessionEvent, SessionEvents};
+use crate::queue::SessionEvent;
 use crate::store::ModeChange;
 use crate::store::TurnStatus;
-use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
-
-/// The kept live events (JSON, oldest first) after `index`, once each and in order.
-fn missed_since(kept: &[Vec<u8>], index: u64) -> Vec<LiveEvent> {
-    let mut missed: Vec<LiveEvent> = kept
-        .iter()
-        .filter_map(|body| serde_json::from_slice::<LiveEvent>(body).ok())
-        .filter(|e| e.index > index)
-        .collect();
-    missed.sort_by_key(|e| e.index);
-    missed.dedup_by_key(|e| e.index);
-    missed
-}
 
 /// `<turnId>:<index>` (a live event) or `<turnId>` (a result), as sent in `id:`.
-fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
+fn parse_event_id(id: &str) -> Option<Resume> {
     let (turn, index) = match id.rsplit_once(':') {
         Some((turn, n)) => match n.parse::<u64>() {
             Ok(n) => (turn, Some(n)),
@@ -38,14 +26,9 @@ fn parse_event_id(id: &str) -> Option<(TurnId, Option<u64>)> {
         },
         None => (id, None),
     };
-    TurnId::parse(turn).ok().map(|t| (t, index))
-}
-
-/// An SSE client's subscription, with the session marked watched while it lives (and a while
-/// after).
-struct Watching {
-    events: SessionEvents,
-    _mark: WatchMark,
+    TurnId::parse(turn)
+        .ok()
+        .map(|turn| Resume { turn, after: index })
 }
 
 /// A session event as Server-Sent Event (none for a body that cannot be read).
@@ -200,83 +183,24 @@ pub(crate) async fn session_events(
         Ok(owner) if owner != tenant => return not_found_session(&session_id),
         Ok(_) => {}
     }
-    // Marked before subscribing: a status stored before the mark is not sent to the stream
-    // (as one published before it subscribed), one stored after it is.
-    let mark = match WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await {
-        Ok(mark) => mark,
-        Err(e) => return unavailable(e),
-    };
-    let events = match state.broker.subscribe_live(&sid).await {
-        Ok(e) => e,
-        Err(e) => return unavailable(e),
-    };
-    // A reconnecting client gets what it missed: the rest of its turn's text as far as the
-    // store keeps it (whichever front door it was connected to), and the turn's result if it
-    // has settled since. Subscribed first: an event kept after this read is sent live.
-    let last = headers
+    // A reconnecting client gets what it missed of the turn it names (whichever front door it
+    // was connected to), then what is published.
+    let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_event_id);
-    let mut first = Vec::new();
-    let mut skip = None;
-    if let Some((tid, index)) = last {
-        if let Some(index) = index {
-            let kept = match state.store.kept_live(&sid, &tid).await {
-                Ok(kept) => kept,
-                Err(e) => return unavailable(e),
-            };
-            let missed = missed_since(&kept, index);
-            let upto = missed.last().map_or(index, |e| e.index);
-            first.extend(
-                missed
-                    .iter()
-                    .filter_map(|e| serde_json::to_vec(e).ok())
-                    .map(SessionEvent::Live),
-            );
-            skip = Some((tid.to_string(), upto));
-        }
-        match state.store.get_turn(&sid, &tid).await {
-            Ok(Some(record)) if record.status.is_settled() => {
-                let view = crate::store::TurnStatusView::from(&record);
-                if let Ok(body) = serde_json::to_vec(&view) {
-                    first.push(SessionEvent::Status(body));
-                }
-            }
-            Ok(_) => {}
-            Err(e) => return unavailable(e),
-        }
-    }
-    let events = Watching {
-        events,
-        _mark: mark,
+    let following = match state.door.delivery().follow(&sid, resume).await {
+        Ok(following) => following,
+        Err(e) => return unavailable(e),
     };
-    let stream = futures_util::stream::unfold(
-        (first.into_iter(), events),
-        move |(mut first, mut events)| {
-            let skip = skip.clone();
-            async move {
-                loop {
-                    let (next, replayed) = match first.next() {
-                        Some(e) => (e, true),
-                        None => (events.events.recv().await?, false),
-                    };
-                    // Sent already, from what the store kept.
-                    if !replayed
-                        && let SessionEvent::Live(body) = &next
-                        && let Some((turn, upto)) = &skip
-                        && let Ok(live) = serde_json::from_slice::<LiveEvent>(body)
-                        && live.turn_id == *turn
-                        && live.index <= *upto
-                    {
-                        continue;
-                    }
-                    if let Some(event) = sse_event(next) {
-                        return Some((Ok::<_, std::convert::Infallible>(event), (first, events)));
-                    }
-                }
+    let stream = futures_util::stream::unfold(following, |mut following| async move {
+        loop {
+            let next = following.next().await?;
+            if let Some(event) = sse_event(next) {
+                return Some((Ok::<_, std::convert::Infallible>(event), following));
             }
-        },
-    );
+        }
+    });
     axum::response::sse::Sse::new(stream)
         .keep_alive(axum::response::sse::KeepAlive::default())
         .into_response()

@@ -1,5 +1,5 @@
 //! `POST /api/ai/agent/execute`: the original platform's synchronous endpoint — submit, then
-//! wait for the turn's settled status on the session's events.
+//! wait for the turn's settled status (see [`crate::delivery`]).
 
 use std::time::Duration;
 
@@ -9,15 +9,13 @@ use axum::response::{IntoResponse, Response};
 
 use crate::contract::{AgentExecuteRequest, SessionId, TurnId, parse_request};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
+use crate::delivery::{Heard, Listener, Turn};
 use crate::frontdoor::extract::{
     HttpState, LimitedBody, RequestSized, Tenant, Traced, answer, refused,
 };
 use crate::frontdoor::openapi::ExecuteResult;
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::frontdoor::routes::turns::{Heard, through_the_session};
-use crate::frontdoor::waiting::{RECHECK, Subscription, current, settled_or_deadline};
 use crate::live::LiveBody;
-use crate::replies::{Direct, SessionEvents, Watched, next_watched};
 use crate::state::{TurnStatus, TurnStatusView};
 use crate::trace::TraceContext;
 
@@ -111,7 +109,7 @@ async fn relay_turn(
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, true)).await;
-    let (mut events, accepted) = match submitted {
+    let (mut listener, accepted) = match submitted {
         Ok(submitted) => submitted,
         Err(failed) => return failed,
     };
@@ -125,10 +123,9 @@ async fn relay_turn(
         // Its text went to the front door that accepted it; its result comes here.
         return wait_elsewhere(state, (sid, tid), deadline).await;
     }
-    let until = || deadline.min(tokio::time::Instant::now() + RECHECK);
     loop {
-        match next_watched(&mut events, Some(tid), until()).await {
-            Watched::Live(event) => {
+        let view = match listener.next(deadline).await {
+            Ok(Heard::Live(event)) => {
                 let shown = match event.body {
                     LiveBody::Delta { text } => {
                         serde_json::json!({"kind": "delta", "index": event.index, "text": text})
@@ -141,35 +138,13 @@ async fn relay_turn(
                     // The client went away; the turn goes on and its result is stored.
                     return unavailable_now("the client disconnected".into());
                 }
+                continue;
             }
-            Watched::Settled(view) => {
-                match current(state.store.as_ref(), (sid, tid), *view).await {
-                    Ok(Some(view)) => return outcome(sid, tid, Some(view)),
-                    // A late copy of an earlier run's status: the turn has moved on.
-                    Ok(None) => {}
-                    Err(e) => return unavailable_now(e.to_string()),
-                }
-            }
-            // Quiet for a while: the store may know more (or the deadline came).
-            Watched::TimedOut => match state.store.get_turn(sid, tid).await {
-                Ok(Some(r)) if r.status.is_settled() || tokio::time::Instant::now() >= deadline => {
-                    return outcome(sid, tid, Some((&r).into()));
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => return outcome(sid, tid, None),
-                Err(e) => return unavailable_now(e.to_string()),
-            },
-            // The subscription ended (the broker connection was lost): no more live text;
-            // the store tells when the turn settles.
-            Watched::Closed => {
-                let waited =
-                    settled_or_deadline(state.store.as_ref(), (sid, tid), None, deadline).await;
-                return match waited {
-                    Ok(view) => outcome(sid, tid, view),
-                    Err(e) => unavailable_now(e.to_string()),
-                };
-            }
-        }
+            Ok(Heard::Settled(view) | Heard::Unsettled(view)) => Some(*view),
+            Ok(Heard::Gone) => None,
+            Err(e) => return unavailable_now(e.to_string()),
+        };
+        return outcome(sid, tid, view);
     }
 }
 
@@ -182,7 +157,7 @@ pub(crate) async fn run_sync(
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, false)).await;
-    let (events, accepted) = match submitted {
+    let (mut listener, accepted) = match submitted {
         Ok(submitted) => submitted,
         Err(failed) => return failed,
     };
@@ -197,8 +172,7 @@ pub(crate) async fn run_sync(
     if accepted.status == TurnStatus::Running {
         return wait_elsewhere(state, (sid, tid), deadline).await;
     }
-    let events = Some(Subscription::Direct(events));
-    match settled_or_deadline(state.store.as_ref(), (sid, tid), events, deadline).await {
+    match listener.settled(deadline).await {
         Ok(view) => outcome(sid, tid, view),
         Err(e) => unavailable_now(e.to_string()),
     }
@@ -206,40 +180,38 @@ pub(crate) async fn run_sync(
 
 /// The wait for a turn that was already running when its request came (sent again after the
 /// front door that accepted it went away, say): its job named that front door, so its
-/// statuses do not come here directly. Hears of it through the session instead, as a
-/// long-poll of a turn accepted elsewhere does, instead of finding it in the store only at the
-/// next recheck.
+/// statuses do not come here directly; the delivery hears of it through the session.
 async fn wait_elsewhere(
     state: &HttpState,
     (sid, tid): (&SessionId, &TurnId),
     deadline: tokio::time::Instant,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
-    let (events, _mark) = match through_the_session(state, sid, tid).await {
+    let waited = match state.door.delivery().turn(sid, tid).await {
         Err(e) => return unavailable_now(e.to_string()),
-        Ok(Heard::Gone) => return outcome(sid, tid, None),
-        Ok(Heard::Settled(view)) => return outcome(sid, tid, Some(*view)),
-        Ok(Heard::Waiting(events, mark)) => (events, mark),
+        Ok(Turn::Gone) => Ok(None),
+        Ok(Turn::Settled(view)) => Ok(Some(*view)),
+        Ok(Turn::Unsettled(mut listener)) => listener.settled(deadline).await,
     };
-    match settled_or_deadline(state.store.as_ref(), (sid, tid), events, deadline).await {
+    match waited {
         Ok(view) => outcome(sid, tid, view),
         Err(e) => unavailable_now(e.to_string()),
     }
 }
 
-/// Subscribes this process directly to the turn's session (live events too when `live`),
-/// then submits the turn naming this process: the worker sends its statuses here, and
-/// neither text nor result can slip past. Gives the subscription and the accepted status, or
-/// the answer to give when either step failed.
+/// Listens for the turn directly (live events too when `live`), then submits it naming this
+/// process: the worker sends its statuses here, and neither text nor result can slip past.
+/// Gives the listener and the accepted status, or the answer to give when either step failed.
 async fn submit_and_listen(
     state: &HttpState,
     tenant: &str,
     request: &AgentExecuteRequest,
     trace: &TraceContext,
     live: bool,
-) -> Result<(SessionEvents, TurnStatusView), InvokeResult<crate::contract::AgentExecuteResponse>> {
-    let Direct { address, events } = state
-        .broker
-        .subscribe_direct(request.session_id(), live)
+) -> Result<(Listener, TurnStatusView), InvokeResult<crate::contract::AgentExecuteResponse>> {
+    let listener = state
+        .door
+        .delivery()
+        .expect(request.session_id(), request.turn_id(), live)
         .await
         .map_err(|e| unavailable_now(e.to_string()))?;
     let accepted = state
@@ -248,11 +220,11 @@ async fn submit_and_listen(
             tenant,
             request,
             trace,
-            crate::frontdoor::Pickup::in_response(address.as_deref()),
+            crate::frontdoor::Pickup::in_response(listener.address()),
         )
         .await
         .map_err(|refused| refused.into_invoke_result())?;
-    Ok((events, accepted))
+    Ok((listener, accepted))
 }
 
 fn unavailable_now(message: String) -> InvokeResult<crate::contract::AgentExecuteResponse> {

@@ -7,16 +7,15 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::parse_request;
-use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
+use crate::contract::{ErrorCode, InvokeResult};
+use crate::delivery::Turn;
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, Traced, answer, failure,
     ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
-use crate::frontdoor::waiting::{Subscription, settled_or_deadline};
-use crate::store::watch::{EVENT_WATCH_LINGER, WatchMark};
-use crate::store::{StoreError, TurnStatusView};
+use crate::store::TurnStatusView;
 
 /// Submit a turn (a user turn or a tool continuation).
 #[utoipa::path(post, path = "/v1/turns", tag = "turns",
@@ -45,10 +44,7 @@ pub(crate) async fn post_turn(
         Err(rejected) => return refused(rejected, StatusCode::BAD_REQUEST),
     };
     // The turn names this process, so a long-poll here hears of it without a binding.
-    let address = state.broker.direct_address().await.unwrap_or_else(|e| {
-        tracing::debug!(error = %e, "no direct reply address; long-polls bind instead");
-        None
-    });
+    let address = state.door.delivery().address().await;
     match state
         .door
         .submit_for(
@@ -126,93 +122,28 @@ pub(crate) async fn get_turn(
         Ok(Some(o)) if o == tenant => {}
         Ok(_) => return not_found_turn(&sid, &tid),
     }
-    // Subscribed before the first read, so a result published in between is not missed. A
-    // turn this process accepted names it: its statuses come here directly, at no broker
-    // cost. Any other turn needs the session bound to this process's events.
-    let direct = if wait.is_zero() {
-        None
-    } else {
-        state
-            .broker
-            .subscribe_direct(&sid, false)
-            .await
-            .inspect_err(|e| tracing::warn!(error = %e, "cannot subscribe to the session's results; the long-poll reads the store instead"))
-            .ok()
-    };
-    let record = match state.store.get_turn(&sid, &tid).await {
-        Err(e) => return unavailable(e),
-        Ok(None) => return not_found_turn(&sid, &tid),
-        Ok(Some(r)) => r,
-    };
-    if record.status.is_settled() || wait.is_zero() {
-        return answer(
-            StatusCode::OK,
-            InvokeResult::success(TurnStatusView::from(&record)),
-        );
+    if wait.is_zero() {
+        return match state.store.get_turn(&sid, &tid).await {
+            Err(e) => unavailable(e),
+            Ok(None) => not_found_turn(&sid, &tid),
+            Ok(Some(r)) => answer(
+                StatusCode::OK,
+                InvokeResult::success(TurnStatusView::from(&r)),
+            ),
+        };
     }
-    // Only where its results go is needed from here on; the record (with its transcript) is
-    // not held through the wait.
-    let reply_to = record.reply_to.clone();
-    drop(record);
     let deadline = tokio::time::Instant::now() + wait;
-    // Held through the wait when the session's events are subscribed to.
-    let mut _mark = None;
-    let events = match direct {
-        Some(d) if d.address.is_none() || d.address == reply_to => {
-            Some(Subscription::Direct(d.events))
-        }
-        _ => match through_the_session(&state, &sid, &tid).await {
-            Err(e) => return unavailable(e),
-            Ok(Heard::Gone) => return not_found_turn(&sid, &tid),
-            Ok(Heard::Settled(view)) => {
-                return answer(StatusCode::OK, InvokeResult::success(*view));
-            }
-            Ok(Heard::Waiting(events, mark)) => {
-                _mark = Some(mark);
-                events
-            }
-        },
+    let waited = match state.door.delivery().turn(&sid, &tid).await {
+        Err(e) => return unavailable(e),
+        Ok(Turn::Gone) => Ok(None),
+        Ok(Turn::Settled(view)) => Ok(Some(*view)),
+        Ok(Turn::Unsettled(mut listener)) => listener.settled(deadline).await,
     };
-    match settled_or_deadline(state.store.as_ref(), (&sid, &tid), events, deadline).await {
+    match waited {
         Err(e) => unavailable(e),
         Ok(None) => not_found_turn(&sid, &tid),
         Ok(Some(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
     }
-}
-
-/// What [`through_the_session`] found.
-pub(crate) enum Heard {
-    /// The turn settled meanwhile.
-    Settled(Box<TurnStatusView>),
-    /// The turn no longer exists.
-    Gone,
-    /// Still unsettled: its statuses come on the session's events (`None` when they cannot
-    /// be subscribed to: the wait reads the store), while the watch mark is held.
-    Waiting(Option<Subscription>, WatchMark),
-}
-
-/// Sets up hearing of a turn whose statuses do not come to this process directly (its job
-/// named another front door, or none): marks the session watched, so that a worker broadcasts
-/// what it stores from now on, binds this process to the session's events, and reads the turn
-/// again, since it may have settled before the binding.
-pub(crate) async fn through_the_session(
-    state: &HttpState,
-    sid: &SessionId,
-    tid: &TurnId,
-) -> Result<Heard, StoreError> {
-    let mark = WatchMark::hold(state.store.clone(), sid.clone(), EVENT_WATCH_LINGER).await?;
-    let events = match state.broker.subscribe_events(sid).await {
-        Ok(replies) => Some(Subscription::Session(replies)),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot subscribe to the session's results; the wait reads the store instead");
-            None
-        }
-    };
-    Ok(match state.store.get_turn(sid, tid).await? {
-        None => Heard::Gone,
-        Some(r) if r.status.is_settled() => Heard::Settled(Box::new(TurnStatusView::from(&r))),
-        Some(_) => Heard::Waiting(events, mark),
-    })
 }
 
 /// Cancel a turn: a queued turn, or one waiting for client tools, is `cancelled` at once

@@ -1,8 +1,9 @@
 //! The process's one event hub: an exclusive, server-named queue and its consumer, fanning a
 //! session's statuses and live events out to the in-process subscribers — those that came
 //! directly (jobs naming the hub's queue, through the default exchange) and those of sessions
-//! the hub is bound to on the events and live exchanges. Also the two transient sends that
-//! reach hubs: a direct message to one hub, and a broadcast to the hubs bound to a session.
+//! the hub is bound to on the events exchange (one binding per session, whatever its
+//! subscribers want). Also the two transient sends that reach hubs: a direct message to one
+//! hub, and a broadcast to the hubs bound to a session.
 //!
 //! Owns: the hub, its bindings (made for a watcher, removed a few seconds after the last one
 //! left) and its direct address. Must not: touch reply queues or job queues.
@@ -21,40 +22,44 @@ use tokio::sync::mpsc;
 
 use super::{RabbitBroker, table, text, text_header, unavailable};
 use crate::contract::SessionId;
-use crate::queue::{QueueError, SessionEvent};
+use crate::queue::{QueueError, SessionEvent, SessionEvents};
 
 /// The session a direct message belongs to (direct messages travel through the default
 /// exchange, whose routing key is the hub's queue).
 const SESSION_HEADER: &str = "x-aptix-session";
-/// What a direct message is: `status` or `live`.
+/// What a message is: `status` or `live` (a broadcast without it, from an older worker, is a
+/// status).
 const EVENT_HEADER: &str = "x-aptix-event";
 
-/// An in-process subscriber of a session: of results only (as bodies or as events), or of
-/// results and live events.
+/// An in-process subscriber of a session: of statuses only, or of statuses and live events.
 pub(super) enum Subscriber {
-    Status(mpsc::Sender<Vec<u8>>),
     Results(mpsc::Sender<SessionEvent>),
     All(mpsc::Sender<SessionEvent>),
 }
 
 impl Subscriber {
+    /// A subscriber (of live events too when `live`) and its stream.
+    pub(super) fn new(live: bool) -> (Self, SessionEvents) {
+        if live {
+            let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
+            (Self::All(tx), rx)
+        } else {
+            let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+            (Self::Results(tx), rx)
+        }
+    }
+
     fn is_closed(&self) -> bool {
         match self {
-            Self::Status(tx) => tx.is_closed(),
             Self::Results(tx) | Self::All(tx) => tx.is_closed(),
         }
     }
 
-    fn wants_live(&self) -> bool {
-        matches!(self, Self::All(_))
-    }
-
-    /// Hands over a message; `false` when the subscriber is gone, or too far behind on results.
-    /// A live event a full subscriber has no room for is skipped.
+    /// Hands over a message; `false` when the subscriber is gone, or too far behind on
+    /// statuses. A live event a full subscriber has no room for is skipped; one a subscriber
+    /// of statuses did not ask for is passed over.
     fn offer(&self, live: bool, data: &[u8]) -> bool {
         match (self, live) {
-            (Self::Status(tx), false) => tx.try_send(data.to_vec()).is_ok(),
-            (Self::Status(tx), true) => !tx.is_closed(),
             (Self::Results(tx) | Self::All(tx), false) => {
                 tx.try_send(SessionEvent::Status(data.to_vec())).is_ok()
             }
@@ -86,8 +91,6 @@ pub(super) struct EventHub {
     /// Sessions the hub's queue is bound to on the events exchange (those with a subscriber
     /// that is not direct).
     pub(super) bound: Arc<StdMutex<HashSet<String>>>,
-    /// Sessions the hub's queue is bound to on the live exchange.
-    pub(super) live_bound: Arc<StdMutex<HashSet<String>>>,
 }
 
 /// Events a subscriber may fall behind by before it is dropped.
@@ -132,19 +135,17 @@ impl RabbitBroker {
             .map_err(unavailable)?;
         let subscribers: Subscribers = Arc::default();
         let fan_out = subscribers.clone();
-        let live_exchange = self.topology.live();
         tokio::spawn(async move {
             while let Some(Ok(d)) = consumer.next().await {
                 // A direct message names its session in a header; a broadcast is routed by it.
-                let (direct, session, live) = if d.exchange.as_str().is_empty() {
+                let live = text_header(&d.properties, EVENT_HEADER).as_deref() == Some("live");
+                let (direct, session) = if d.exchange.as_str().is_empty() {
                     let Some(session) = text_header(&d.properties, SESSION_HEADER) else {
                         continue;
                     };
-                    let live = text_header(&d.properties, EVENT_HEADER).as_deref() == Some("live");
-                    (true, session, live)
+                    (true, session)
                 } else {
-                    let live = d.exchange.as_str() == live_exchange;
-                    (false, d.routing_key.to_string(), live)
+                    (false, d.routing_key.to_string())
                 };
                 let Ok(mut subs) = fan_out.lock() else { break };
                 if let Some(list) = subs.get_mut(&session) {
@@ -159,62 +160,47 @@ impl RabbitBroker {
             }
         });
         let bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
-        let live_bound: Arc<StdMutex<HashSet<String>>> = Arc::default();
         tokio::spawn(prune(
             Arc::downgrade(&self.events),
             ch.clone(),
             queue.clone(),
             subscribers.clone(),
-            [
-                (self.topology.events(), bound.clone()),
-                (self.topology.live(), live_bound.clone()),
-            ],
+            (self.topology.events(), bound.clone()),
         ));
         Ok(EventHub {
             channel: ch,
             queue,
             subscribers,
             bound,
-            live_bound,
         })
     }
 
     /// Adds a subscriber of a session to the process's event hub (opening it if needed) and
     /// returns the hub's direct address. A subscriber that is not direct has the hub bound to
-    /// the session first (on the live exchange too for a live subscriber).
+    /// the session first.
     pub(super) async fn subscribe_now(
         &self,
         session: &SessionId,
         subscriber: Subscriber,
         direct: bool,
     ) -> Result<String, QueueError> {
-        let live = subscriber.wants_live();
         let mut slot = self.events.lock().await;
         let hub = self.hub(&mut slot).await?;
         let sid = session.to_string();
         // Bound before the subscriber is added and before returning (under the hub lock), so
         // nothing published afterwards is missed; a binding that exists already is kept.
-        let mut bindings = Vec::new();
-        if !direct {
-            if hub.bound.lock().is_ok_and(|b| !b.contains(&sid)) {
-                bindings.push((self.topology.events(), &hub.bound));
-            }
-            if live && hub.live_bound.lock().is_ok_and(|b| !b.contains(&sid)) {
-                bindings.push((self.topology.live(), &hub.live_bound));
-            }
-        }
-        for (exchange, set) in bindings {
+        if !direct && hub.bound.lock().is_ok_and(|b| !b.contains(&sid)) {
             hub.channel
                 .queue_bind(
                     hub.queue.as_str().into(),
-                    exchange.as_str().into(),
+                    self.topology.events().as_str().into(),
                     sid.as_str().into(),
                     QueueBindOptions::default(),
                     FieldTable::default(),
                 )
                 .await
                 .map_err(unavailable)?;
-            if let Ok(mut set) = set.lock() {
+            if let Ok(mut set) = hub.bound.lock() {
                 set.insert(sid.clone());
             }
         }
@@ -271,13 +257,13 @@ pub(super) async fn publish_direct(
     .map_err(unavailable)
 }
 
-/// Broadcasts a transient, unconfirmed message of a session on `ch` (the transient channel) to
-/// the event hubs bound to it on `exchange`.
+/// Broadcasts a transient, unconfirmed message of a session (`event`: `status` or `live`) on
+/// `ch` (the transient channel) to the event hubs bound to it on `exchange`.
 pub(super) async fn broadcast(
     ch: &Channel,
     exchange: &str,
     session: &SessionId,
-    props: BasicProperties,
+    (event, props): (&str, BasicProperties),
     body: &[u8],
 ) -> Result<(), QueueError> {
     ch.basic_publish(
@@ -285,7 +271,9 @@ pub(super) async fn broadcast(
         session.as_str().into(),
         BasicPublishOptions::default(),
         body,
-        props.with_delivery_mode(1),
+        props
+            .with_delivery_mode(1)
+            .with_headers(table(vec![(EVENT_HEADER, text(event))])),
     )
     .await
     .map(|_confirm| ())
@@ -299,7 +287,7 @@ async fn prune(
     channel: Channel,
     queue: String,
     subscribers: Subscribers,
-    bindings: [(String, Arc<StdMutex<HashSet<String>>>); 2],
+    (exchange, bound): (String, Arc<StdMutex<HashSet<String>>>),
 ) {
     loop {
         tokio::time::sleep(PRUNE_EVERY).await;
@@ -311,51 +299,40 @@ async fn prune(
         if slot.as_ref().is_none_or(|h| h.queue != queue) {
             return; // a newer hub replaced this one
         }
-        // What each session still needs: a broadcast binding, a live one.
-        let mut needs: HashMap<String, (bool, bool)> = HashMap::new();
+        // The sessions that still need the binding: those with a subscriber that is not
+        // direct.
+        let mut needed: HashSet<String> = HashSet::new();
         {
             let Ok(mut subs) = subscribers.lock() else {
                 return;
             };
             subs.retain(|sid, list| {
                 list.retain(|s| !s.subscriber.is_closed());
-                for s in list.iter().filter(|s| !s.direct) {
-                    let need = needs.entry(sid.clone()).or_default();
-                    need.0 = true;
-                    need.1 |= s.subscriber.wants_live();
+                if list.iter().any(|s| !s.direct) {
+                    needed.insert(sid.clone());
                 }
                 !list.is_empty()
             });
         }
-        for (i, (exchange, set)) in bindings.iter().enumerate() {
-            let idle: Vec<String> = {
-                let Ok(mut set) = set.lock() else { return };
-                let idle: Vec<String> = set
-                    .iter()
-                    .filter(|sid| {
-                        !needs
-                            .get(*sid)
-                            .is_some_and(|n| if i == 0 { n.0 } else { n.1 })
-                    })
-                    .cloned()
-                    .collect();
-                for sid in &idle {
-                    set.remove(sid);
-                }
-                idle
-            };
-            for sid in idle {
-                if let Err(e) = channel
-                    .queue_unbind(
-                        queue.as_str().into(),
-                        exchange.as_str().into(),
-                        sid.as_str().into(),
-                        FieldTable::default(),
-                    )
-                    .await
-                {
-                    tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
-                }
+        let idle: Vec<String> = {
+            let Ok(mut set) = bound.lock() else { return };
+            let idle: Vec<String> = set.difference(&needed).cloned().collect();
+            for sid in &idle {
+                set.remove(sid);
+            }
+            idle
+        };
+        for sid in idle {
+            if let Err(e) = channel
+                .queue_unbind(
+                    queue.as_str().into(),
+                    exchange.as_str().into(),
+                    sid.as_str().into(),
+                    FieldTable::default(),
+                )
+                .await
+            {
+                tracing::warn!(session_id = %sid, error = %e, "could not unbind an unwatched session");
             }
         }
         drop(slot);

@@ -9,9 +9,9 @@
 //! - `<ns>.reply.<sid>` — each session's durable reply queue, published to through the default
 //!   exchange (no binding), declared once with an idle expiry (`x-expires`) and a length limit
 //!   (`x-max-length`, oldest dropped);
-//! - `<ns>.events` — direct exchange, routing key = session id: statuses broadcast to the front
-//!   doors that watch the session (SSE, long-polls of turns submitted elsewhere);
-//! - `<ns>.live` — direct exchange, routing key = session id: transient live events.
+//! - `<ns>.events` — direct exchange, routing key = session id: statuses and live events
+//!   broadcast to the front doors that watch the session (SSE, long-polls of turns submitted
+//!   elsewhere), each message's kind in its `x-aptix-event` header.
 //!
 //! Jobs and reply-queue statuses use publisher confirms and the mandatory flag; a nack or a
 //! returned message is an error for the caller; they are persistent. Deliveries are
@@ -22,8 +22,9 @@
 //! *event hub*). A front door that submits a turn and waits for it names that queue in the job
 //! (`x-aptix-reply-to`); the worker sends the turn's statuses and live events straight to it
 //! through the default exchange, so waiting costs no broker operation. Watchers of a session
-//! whose turns come from anywhere bind the hub queue to the session on `<ns>.events` (and
-//! `<ns>.live`); the binding is removed once its last such subscriber is gone. A subscriber
+//! whose turns come from anywhere bind the hub queue to the session on `<ns>.events` (one
+//! binding per session and front door, whatever its subscribers want); the binding is removed
+//! once its last such subscriber is gone. A subscriber
 //! that falls more than 256 events behind is dropped (its stream ends and it re-reads state
 //! over HTTP).
 
@@ -230,14 +231,12 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        for exchange in [t.events(), t.live()] {
-            ch.exchange_delete(
-                exchange.into(),
-                lapin::options::ExchangeDeleteOptions::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        ch.exchange_delete(
+            t.events().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await
+        .map_err(unavailable)?;
         let _ = ch.close(200, "done".into()).await;
         Ok(())
     }
@@ -285,19 +284,17 @@ impl RabbitBroker {
                 .await
                 .map_err(unavailable)?;
         }
-        for exchange in [t.events(), t.live()] {
-            ch.exchange_declare(
-                exchange.into(),
-                ExchangeKind::Direct,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .map_err(unavailable)?;
-        }
+        ch.exchange_declare(
+            t.events().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(unavailable)?;
         Ok(())
     }
 }

@@ -14,9 +14,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Que
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use tokio::sync::mpsc;
 
-use super::hub::{
-    LIVE_SUBSCRIBER_BUFFER, SUBSCRIBER_BUFFER, Subscriber, broadcast, publish_direct,
-};
+use super::hub::{Subscriber, broadcast, publish_direct};
 use super::{RabbitBroker, Routed, table, text, unavailable};
 use crate::contract::SessionId;
 use crate::queue::QueueError;
@@ -203,7 +201,8 @@ impl ReplyBus for RabbitBroker {
                     publish_direct(&ch, address, session, "status", body).await?;
                 }
                 if watched {
-                    broadcast(&ch, &self.topology.events(), session, props(), body).await?;
+                    let status = ("status", props());
+                    broadcast(&ch, &self.topology.events(), session, status, body).await?;
                 }
                 Ok(())
             };
@@ -279,15 +278,6 @@ impl ReplyBus for RabbitBroker {
         });
         Ok(rx)
     }
-    async fn subscribe_events(&self, session: &SessionId) -> Result<Replies, QueueError> {
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
-        self.bounded(
-            "subscribing to a session",
-            self.subscribe_now(session, Subscriber::Status(tx), false),
-        )
-        .await?;
-        Ok(rx)
-    }
     async fn publish_live(
         &self,
         session: &SessionId,
@@ -303,31 +293,29 @@ impl ReplyBus for RabbitBroker {
             }
             let props =
                 BasicProperties::default().with_content_type(ShortString::from("application/json"));
-            broadcast(&ch, &self.topology.live(), session, props, body).await
+            broadcast(&ch, &self.topology.events(), session, ("live", props), body).await
         };
         self.bounded("a live event", send).await
     }
-    async fn subscribe_live(&self, session: &SessionId) -> Result<SessionEvents, QueueError> {
-        let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
+    async fn subscribe_session(
+        &self,
+        session: &SessionId,
+        live: bool,
+    ) -> Result<SessionEvents, QueueError> {
+        let (subscriber, events) = Subscriber::new(live);
         self.bounded(
             "subscribing to a session",
-            self.subscribe_now(session, Subscriber::All(tx), false),
+            self.subscribe_now(session, subscriber, false),
         )
         .await?;
-        Ok(rx)
+        Ok(events)
     }
     async fn subscribe_direct(
         &self,
         session: &SessionId,
         live: bool,
     ) -> Result<Direct, QueueError> {
-        let (tx, events) = if live {
-            let (tx, rx) = mpsc::channel(LIVE_SUBSCRIBER_BUFFER);
-            (Subscriber::All(tx), rx)
-        } else {
-            let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
-            (Subscriber::Results(tx), rx)
-        };
+        let (tx, events) = Subscriber::new(live);
         let address = self
             .bounded(
                 "subscribing to a session",
