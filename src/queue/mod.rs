@@ -418,7 +418,7 @@ impl Audience {
 }
 
 /// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
-/// means, and waiting for one, is [`crate::replies`]).
+/// means, and waiting for one, is [`crate::delivery`]).
 #[async_trait::async_trait]
 pub trait ReplyBus: Send + Sync + 'static {
     /// Publishes a turn status to the session's reply queue (confirmed), to the front doors

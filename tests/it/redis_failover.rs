@@ -428,6 +428,96 @@ async fn with_min_replicas_no_result_the_client_was_given_is_lost_in_a_failover(
     );
 }
 
+/// The `turn` events of session `s`'s Server-Sent Events (as tenant A): their data, as they
+/// come, on `seen`. Subscribed before it returns.
+async fn turn_events(app: &App) -> tokio::sync::mpsc::UnboundedReceiver<Value> {
+    use futures_util::StreamExt as _;
+    let resp = app
+        .http
+        .get(format!("{}/v1/sessions/s/events", app.base))
+        .bearer_auth("tok-a")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (seen, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut bytes = resp.bytes_stream();
+        let mut buffer = String::new();
+        while let Some(Ok(chunk)) = bytes.next().await {
+            buffer.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buffer.find("\n\n") {
+                let frame: String = buffer.drain(..end + 2).collect();
+                if frame.lines().any(|l| l == "event: turn")
+                    && let Some(data) = frame.lines().find_map(|l| l.strip_prefix("data: "))
+                    && let Ok(data) = serde_json::from_str(data)
+                    && seen.send(data).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// With `APTIX_REDIS_MIN_REPLICAS=1`, a cancel no replica holds yet is answered 503 and told to
+/// nobody (a failover could bring the turn back as waiting); the client's cancel sent again once
+/// a replica holds it is answered 200 and the session's watchers hear `cancelled` then. (Before,
+/// the second cancel found the turn cancelled and told nobody.)
+#[tokio::test]
+async fn with_min_replicas_a_cancel_is_told_once_a_replica_holds_it() {
+    let redis = Replicated::start().await;
+    let app = app_on(&redis, 1).await;
+    let instruction = "#fake:call workspace_read_file {\"path\":\"README.md\"}";
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": instruction});
+    // Sent again after a 503, as a client does (the app's first Redis connection can meet
+    // haproxy still settling on the primary).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, answer) = app.post(Some("tok-a"), body.to_string()).await;
+        if status == 202 {
+            break;
+        }
+        assert!(
+            status == 503 && Instant::now() < deadline,
+            "{status} {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let waiting = app.settled("tok-a", "s", "t").await;
+    assert_eq!(waiting["status"], "awaiting_client_tools", "{waiting}");
+    let mut events = turn_events(&app).await;
+    redis.stall_replication();
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/sessions/s/turns/t/cancel", Vec::new())
+        .await;
+    assert_eq!(status, 503, "no replica holds the cancel: {body}");
+    let told = tokio::time::timeout(Duration::from_secs(2), events.recv()).await;
+    assert!(told.is_err(), "told before a replica held it: {told:?}");
+    for link in &redis.links {
+        link.stall(false);
+    }
+    redis.replicas_caught_up().await;
+    let (status, body) = app
+        .post_to(Some("tok-a"), "/v1/sessions/s/turns/t/cancel", Vec::new())
+        .await;
+    assert_eq!(
+        (status, &body["result"]["status"]),
+        (200, &json!("cancelled")),
+        "{body}"
+    );
+    let told = tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("the watchers hear of the cancel")
+        .expect("the stream goes on");
+    assert_eq!(
+        (&told["turnId"], &told["status"]),
+        (&json!("t"), &json!("cancelled")),
+        "{told}"
+    );
+}
+
 /// A Redis Cluster of three masters, each with a replica, for one test.
 struct ReplicatedCluster {
     dir: std::path::PathBuf,
