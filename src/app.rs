@@ -284,6 +284,7 @@ fn backends(
 ) -> Result<Backends, BuildError> {
     let mut backends = Backends::empty();
     for agent in contexts.agents() {
+        metrics.register_context(&agent.id);
         let Some(base_url) = agent.base_url.as_deref() else {
             return Err(BuildError {
                 part: "the model client",

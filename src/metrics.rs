@@ -70,6 +70,7 @@ pub struct Metrics {
     quota_rejections: Family<QuotaLabels, Counter>,
     http_requests: Family<RequestLabels, Counter>,
     http_duration: RouteHistograms,
+    dependency_up: Family<Labels, Gauge>,
     /// The route templates seen, so a request's labels share one copy of its route's name.
     /// As few as the routes, plus [`UNMATCHED_ROUTE`].
     routes: RwLock<HashSet<Arc<str>>>,
@@ -279,6 +280,12 @@ impl Metrics {
             "Time from an HTTP request's arrival to its answer's status and headers, by route template (a streamed body goes on after it)",
             http_duration.clone(),
         );
+        let dependency_up = Family::<Labels, Gauge>::default();
+        registry.register(
+            "dependency_up",
+            "Whether a dependency (store: Redis; broker: RabbitMQ) answered this process's probe at the latest scrape: 1 or 0",
+            dependency_up.clone(),
+        );
         Self {
             registry,
             turns,
@@ -305,6 +312,7 @@ impl Metrics {
             quota_rejections,
             http_requests,
             http_duration,
+            dependency_up,
             routes: RwLock::default(),
         }
     }
@@ -444,14 +452,30 @@ impl Metrics {
             .inc();
     }
 
-    /// Makes the tenant series start at zero for the configured tenants.
+    /// Makes the tenant series start at zero for the configured tenants (so a rate or an
+    /// increase over them means something from the first scrape on).
     pub fn register_tenants<'a>(&self, tenants: impl IntoIterator<Item = &'a str>) {
         for t in tenants {
             let label = tenant_label(t);
             self.tenant_running.get_or_create(&label).set(0);
             self.tenant_waiting.get_or_create(&label).set(0);
             self.tenant_tokens.get_or_create(&label).inc_by(0);
+            self.quota_rejections
+                .get_or_create(&[
+                    ("tenant", t.to_string()),
+                    ("quota", "tokens_per_day".to_string()),
+                ])
+                .inc_by(0);
         }
+    }
+
+    /// Makes the series of an agent context start at zero.
+    pub fn register_context(&self, context: &str) {
+        let label = context_label(context);
+        self.context_calls.get_or_create(&label).set(0);
+        self.capacity_waits.get_or_create(&label).inc_by(0);
+        self.capacity_wait_seconds.get_or_create(&label).inc_by(0.0);
+        self.rate_limited.get_or_create(&label).inc_by(0);
     }
 
     /// A turn of `tenant` (a label value) started running under its tenant's cap; the guard
@@ -499,6 +523,13 @@ impl Metrics {
         if total > seen {
             self.fenced.inc_by(total - seen);
         }
+    }
+
+    /// Whether `dependency` (`store`, `broker`) answered the latest probe.
+    pub fn dependency_probed(&self, dependency: &'static str, up: bool) {
+        self.dependency_up
+            .get_or_create(&[("dependency", dependency)])
+            .set(i64::from(up));
     }
 
     /// The text exposition format.

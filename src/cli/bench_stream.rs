@@ -1,7 +1,7 @@
 //! `aptix bench --first-delta`: how much later a streaming turn's first words reach its client
 //! than the model wrote them. For each turn, the time from the fake model handing its first
 //! text delta to the connection to the client reading its first NDJSON `delta` line — through
-//! the front door, the worker, the live exchange and the event hub — against the same model
+//! the front door, the worker, the events exchange and the event hub — against the same model
 //! called directly (the client reading the first delta event of a streamed call), in the same
 //! run.
 

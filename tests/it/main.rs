@@ -41,6 +41,7 @@ mod http_api;
 mod lifecycle;
 mod limiter;
 mod openapi_agreement;
+mod ops_files;
 mod pipeline_redis;
 mod pipeline_scenarios;
 mod queue_conformance;

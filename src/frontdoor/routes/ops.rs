@@ -28,16 +28,7 @@ pub(crate) async fn healthz() -> Response {
         (status = 503, description = "A dependency is unreachable (each one named)", body = Failure),
     ))]
 pub(crate) async fn readyz(State(state): State<HttpState>) -> Response {
-    // Both probes at once, each bounded, so the answer comes within a second whatever hangs.
-    let probe = SessionId::parse("readyz-probe").ok();
-    let store = async {
-        match probe {
-            Some(probe) => bounded_probe(state.store.get_session(&probe)).await,
-            None => Ok(()),
-        }
-    };
-    let broker = bounded_probe(state.broker.check());
-    let (store, broker) = tokio::join!(store, broker);
+    let (store, broker) = probe(&state).await;
     let errors: Vec<ErrorMessage> = [("session store", store), ("message broker", broker)]
         .into_iter()
         .filter_map(|(what, probe)| {
@@ -53,6 +44,20 @@ pub(crate) async fn readyz(State(state): State<HttpState>) -> Response {
             InvokeResult::success(serde_json::json!({"status": "ready"})),
         ),
     }
+}
+
+/// Probes the store and the broker at once, each bounded by [`READY_PROBE`], so the answer
+/// comes within a second whatever hangs.
+async fn probe(state: &HttpState) -> (Result<(), String>, Result<(), String>) {
+    let probe = SessionId::parse("readyz-probe").ok();
+    let store = async {
+        match probe {
+            Some(probe) => bounded_probe(state.store.get_session(&probe)).await,
+            None => Ok(()),
+        }
+    };
+    let broker = bounded_probe(state.broker.check());
+    tokio::join!(store, broker)
 }
 
 /// How long a readiness probe may take before the dependency counts as stuck.
@@ -77,6 +82,11 @@ pub(crate) async fn bounded_probe<T, E: std::fmt::Display>(
     responses((status = 200, description = "Metrics", content_type = "text/plain; version=0.0.4", body = String)))]
 pub(crate) async fn metrics(State(state): State<HttpState>) -> Response {
     state.metrics.sync_fenced(state.store.fenced_rejections());
+    // Probed at every scrape (bounded, both at once): `aptix_dependency_up` says what this
+    // process reaches now, whoever scrapes it.
+    let (store, broker) = probe(&state).await;
+    state.metrics.dependency_probed("store", store.is_ok());
+    state.metrics.dependency_probed("broker", broker.is_ok());
     (
         StatusCode::OK,
         [(
