@@ -26,6 +26,7 @@ use crate::rag::{Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RedisInde
 use crate::store::redis::RedisOptions;
 use crate::store::{MemoryStore, RedisStore, SessionStore};
 use crate::tenants::Quotas;
+use crate::webhooks::send::Sender;
 use crate::worker::{Worker, WorkerSettings};
 
 /// Why the parts could not be built: which part, and the cause (kept as the error's source).
@@ -69,6 +70,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub index: Arc<dyn ChunkIndex>,
     pub quotas: Quotas,
+    /// Sends the webhook deliveries (run beside every worker).
+    pub webhooks: Sender,
     /// Keeps the built-in fake model alive when no model server is configured.
     _fake: Option<FakeLlm>,
 }
@@ -105,6 +108,7 @@ impl App {
             ),
             None => Arc::new(MemoryLimits::new()),
         };
+        check_tenant_webhooks(config)?;
         let quotas = Quotas::new(
             config.tenants.clone(),
             limits.clone(),
@@ -173,7 +177,16 @@ impl App {
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag_budget,
             );
+        let webhooks = Sender::new(
+            broker.clone(),
+            (config.webhooks.guard(), config.webhooks.secrets.clone()),
+            config.webhooks.send.clone(),
+            metrics.clone(),
+            config.tls_ca.as_ref(),
+        )
+        .part("the webhook sender")?;
         Ok(Self {
+            webhooks,
             catalog,
             store,
             broker,
@@ -209,6 +222,7 @@ impl App {
         )
         .with_metrics(self.metrics.clone())
         .with_quotas(self.quotas.clone())
+        .with_webhooks(self.webhooks.clone())
     }
 
     pub fn front_door(&self, config: &Config) -> FrontDoor {
@@ -216,6 +230,7 @@ impl App {
             .with_contexts(self.pipeline.known_contexts())
             .with_metrics(self.metrics.clone())
             .with_quotas(self.quotas.clone())
+            .with_webhooks(config.webhooks.guard(), config.webhooks.secrets.clone())
     }
 
     pub fn http_state(&self, config: &Config) -> HttpState {
@@ -334,6 +349,27 @@ fn backends(
         );
     }
     Ok(backends)
+}
+
+/// The tenants file's webhooks, checked before anything starts: each URL held to the policy
+/// (without DNS: names are resolved at every delivery) and each signing secret set (a set one
+/// that is not a secret stopped the configuration already).
+fn check_tenant_webhooks(config: &Config) -> Result<(), BuildError> {
+    let guard = config.webhooks.guard();
+    for (tenant, hook) in config.tenants.all_webhooks() {
+        let bad = |problem: String| BuildError {
+            part: "the tenants file's webhooks",
+            source: format!("tenant {tenant:?}, webhook {}: {problem}", hook.target.url).into(),
+        };
+        guard
+            .parse(&hook.target.url)
+            .map_err(|e| bad(e.to_string()))?;
+        let env = &hook.target.secret_env;
+        if !config.webhooks.secrets.contains_key(env) {
+            return Err(bad(format!("the signing secret variable {env} is not set")));
+        }
+    }
+    Ok(())
 }
 
 /// How this process connects to Redis.

@@ -4,6 +4,7 @@
 //! with a message that names the variable. Secrets are wrapped so they never print.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::contract::RequestLimits;
@@ -189,6 +190,99 @@ pub struct Config {
     pub rag_budget: crate::rag::RagBudget,
     /// `APTIX_RAG_CHUNK_LINES`: the most lines in one indexed chunk.
     pub chunk_lines: usize,
+    /// `APTIX_WEBHOOK_*`: where webhooks may point and how they are sent.
+    pub webhooks: WebhookConfig,
+}
+
+/// Webhook settings (see [`crate::webhooks`]).
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// `APTIX_WEBHOOK_ALLOW_HTTP`: `http` URLs are accepted too (tests, internal receivers).
+    pub allow_http: bool,
+    /// `APTIX_WEBHOOK_ALLOW`: hosts and address ranges allowed although not public.
+    pub allow: crate::webhooks::guard::Allowed,
+    /// `APTIX_WEBHOOK_TIMEOUT_SECS`, `APTIX_WEBHOOK_CONCURRENCY`,
+    /// `APTIX_WEBHOOK_RETRY_DELAYS_SECS`, `APTIX_WEBHOOK_GIVE_UP_SECS`.
+    pub send: crate::webhooks::send::SendSettings,
+    /// The signing secrets that are set, by variable: `APTIX_WEBHOOK_SECRET` and every
+    /// variable the tenants file names (read once, at start-up).
+    pub secrets: Arc<crate::webhooks::sign::Secrets>,
+}
+
+impl WebhookConfig {
+    /// The URL policy of these settings.
+    pub fn guard(&self) -> crate::webhooks::guard::Guard {
+        crate::webhooks::guard::Guard::new(self.allow_http, self.allow.clone())
+    }
+}
+
+/// The webhook signing secrets that are set: `APTIX_WEBHOOK_SECRET` and the variables the
+/// tenants file names; one that is set but not a `whsec_` secret is an error naming it.
+fn webhook_secrets(
+    get: &impl Fn(&str) -> Option<String>,
+    tenants: &crate::tenants::Tenants,
+) -> Result<crate::webhooks::sign::Secrets, ConfigError> {
+    let mut names = vec![crate::webhooks::DEFAULT_SECRET_ENV.to_string()];
+    names.extend(tenants.secret_envs().map(str::to_string));
+    let mut secrets = crate::webhooks::sign::Secrets::default();
+    for name in names {
+        if let Some(value) = get(&name) {
+            let key =
+                crate::webhooks::sign::SigningKey::parse(&value).map_err(|e| ConfigError {
+                    var: crate::webhooks::DEFAULT_SECRET_ENV,
+                    problem: format!("{name}: {e}"),
+                })?;
+            secrets.insert(name, key);
+        }
+    }
+    Ok(secrets)
+}
+
+fn webhooks(get: &impl Fn(&str) -> Option<String>) -> Result<WebhookConfig, ConfigError> {
+    let defaults = crate::webhooks::send::SendSettings::default();
+    let delays = match get("APTIX_WEBHOOK_RETRY_DELAYS_SECS") {
+        None => defaults.delays.clone(),
+        Some(text) => {
+            let delays = text
+                .split(',')
+                .map(|part| match part.trim().parse::<u64>() {
+                    Ok(s) if s > 0 => Ok(Duration::from_secs(s)),
+                    _ => Err(ConfigError {
+                        var: "APTIX_WEBHOOK_RETRY_DELAYS_SECS",
+                        problem: format!("{part:?} is not a positive number of seconds"),
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if delays.len() > 20 {
+                return Err(ConfigError {
+                    var: "APTIX_WEBHOOK_RETRY_DELAYS_SECS",
+                    problem: "at most 20 delays (each is a queue)".to_string(),
+                });
+            }
+            delays
+        }
+    };
+    Ok(WebhookConfig {
+        allow_http: flag(get, "APTIX_WEBHOOK_ALLOW_HTTP")?,
+        allow: match get("APTIX_WEBHOOK_ALLOW") {
+            None => Default::default(),
+            Some(v) => v.parse().map_err(|problem| ConfigError {
+                var: "APTIX_WEBHOOK_ALLOW",
+                problem,
+            })?,
+        },
+        secrets: Arc::default(),
+        send: crate::webhooks::send::SendSettings {
+            timeout: Duration::from_secs(positive(get, "APTIX_WEBHOOK_TIMEOUT_SECS", 10)?),
+            concurrency: positive(get, "APTIX_WEBHOOK_CONCURRENCY", 32u16)?,
+            delays,
+            give_up_after: Duration::from_secs(positive(
+                get,
+                "APTIX_WEBHOOK_GIVE_UP_SECS",
+                24 * 3600,
+            )?),
+        },
+    })
 }
 
 /// Limits of one batch submission (each line is also held to [`RequestLimits`]).
@@ -230,7 +324,7 @@ impl Config {
                 problem: e.to_string(),
             });
         }
-        Ok(Self {
+        let mut config = Self {
             namespace,
             amqp_url: get("APTIX_AMQP_URL").map(Secret::new),
             redis_url: get("APTIX_REDIS_URL").map(Secret::new),
@@ -325,6 +419,7 @@ impl Config {
                 })?,
             },
             retry_delays: retry_delays(&get)?,
+            webhooks: webhooks(&get)?,
             retention: crate::store::Retention {
                 turns: Duration::from_secs(positive(&get, "APTIX_RESULT_TTL_SECS", 7 * 24 * 3600)?),
                 sessions: Duration::from_secs(positive(
@@ -376,7 +471,9 @@ impl Config {
                     BatchLimits::default().max_lines,
                 )?,
             },
-        })
+        };
+        config.webhooks.secrets = Arc::new(webhook_secrets(&get, &config.tenants)?);
+        Ok(config)
     }
 }
 
@@ -454,6 +551,7 @@ impl Config {
         topology.reply_queue_max_length = self.reply_queue_max_length;
         topology.reply_queues = self.reply_queues;
         topology.retry_delays = self.retry_delays.clone();
+        topology.hook_delays = self.webhooks.send.delays.clone();
         topology.with_lanes(self.tenants.capped().map(|(id, _)| id))
     }
 

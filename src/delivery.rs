@@ -3,7 +3,8 @@
 //! (session, turn) settles, or what it streams, until a deadline".
 //!
 //! Publishing is one call, [`ResultDelivery::deliver`] (a worker's settled turn, a front
-//! door's cancel), plus the live outlet ([`ResultDelivery`] is the pipeline's
+//! door's cancel; the turn's webhooks are one more waiter: their deliveries are enqueued
+//! there, after the status is published), plus the live outlet ([`ResultDelivery`] is the pipeline's
 //! [`LiveOutlet`]). Waiting:
 //! - [`ResultDelivery::expect`]: a front door about to submit a turn it will wait for (the
 //!   synchronous endpoint, streamed or not). The job names the listener's address.
@@ -44,6 +45,7 @@ use crate::live::{LiveEvent, LiveOutlet};
 use crate::queue::{Audience, Broker, QueueError, Replies, SessionEvent, SessionEvents};
 use crate::state::{TurnStatus, TurnStatusView};
 use crate::store::{SessionStore, StoreError};
+use crate::webhooks::{Target, turn_jobs};
 
 /// The longest a waiter listening to a subscription goes without reading the store: a status
 /// that never reaches the subscription is still found within this.
@@ -76,6 +78,19 @@ pub struct Addressee<'a> {
     pub reply_to: Option<&'a str>,
     /// Who else may want it.
     pub audience: Audience,
+    /// The webhooks it goes to (most turns have none).
+    pub webhooks: Webhooks<'a>,
+}
+
+/// The webhooks a status goes to, and what their deliveries carry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Webhooks<'a> {
+    /// The endpoints.
+    pub targets: &'a [Target],
+    /// The tenant the turn belongs to.
+    pub tenant: Option<&'a str>,
+    /// The turn's trace context.
+    pub traceparent: Option<&'a str>,
 }
 
 /// A status that was stored but could not be delivered yet; whoever holds the turn's job
@@ -141,7 +156,26 @@ impl ResultDelivery {
                 &body,
             )
             .await
-            .map_err(Undelivered::Unpublished)
+            .map_err(Undelivered::Unpublished)?;
+        // The webhooks after the status is published: a delivery never tells of a status
+        // its turn's waiters could not see. Confirmed before this returns, so the job that
+        // settled the turn is acked only once they are enqueued (a crash before it runs the
+        // job again, which enqueues them again: the same event ids).
+        let hooks = to.webhooks;
+        for job in turn_jobs(
+            view,
+            hooks.tenant.unwrap_or_default(),
+            hooks.targets,
+            hooks.traceparent,
+        ) {
+            let body = serde_json::to_vec(&job)
+                .map_err(|e| Undelivered::Unpublished(QueueError::Encode(Arc::new(e))))?;
+            self.broker
+                .enqueue_hook(&body)
+                .await
+                .map_err(Undelivered::Unpublished)?;
+        }
+        Ok(())
     }
 
     /// Subscribes this process directly to `turn`'s statuses (and live events when `live`)

@@ -59,4 +59,5 @@ pub mod tenants;
 pub mod tls;
 pub mod tools;
 pub mod trace;
+pub mod webhooks;
 pub mod worker;

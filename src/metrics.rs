@@ -71,6 +71,10 @@ pub struct Metrics {
     http_requests: Family<RequestLabels, Counter>,
     http_duration: RouteHistograms,
     dependency_up: Family<Labels, Gauge>,
+    webhook_outcomes: Family<[(&'static str, &'static str); 2], Counter>,
+    webhook_attempt_seconds: Histogram,
+    webhook_age_seconds: Histogram,
+    webhooks_in_flight: Gauge,
     /// The route templates seen, so a request's labels share one copy of its route's name.
     /// As few as the routes, plus [`UNMATCHED_ROUTE`].
     routes: RwLock<HashSet<Arc<str>>>,
@@ -286,6 +290,30 @@ impl Metrics {
             "Whether a dependency (store: Redis; broker: RabbitMQ) answered this process's probe at the latest scrape: 1 or 0",
             dependency_up.clone(),
         );
+        let webhook_outcomes = Family::<[(&'static str, &'static str); 2], Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts by event type and outcome (delivered, retried, dead, poison)",
+            webhook_outcomes.clone(),
+        );
+        let webhook_attempt_seconds = Histogram::new(seconds_buckets());
+        registry.register(
+            "webhook_attempt_duration_seconds",
+            "Time one webhook POST took, to the receiver's answer or the failure",
+            webhook_attempt_seconds.clone(),
+        );
+        let webhook_age_seconds = Histogram::new(seconds_buckets());
+        registry.register(
+            "webhook_delivery_age_seconds",
+            "Time from an event's first enqueue to its 2xx answer (retries included)",
+            webhook_age_seconds.clone(),
+        );
+        let webhooks_in_flight = Gauge::default();
+        registry.register(
+            "webhook_deliveries_in_flight",
+            "Webhook POSTs under way in this process",
+            webhooks_in_flight.clone(),
+        );
         Self {
             registry,
             turns,
@@ -313,6 +341,10 @@ impl Metrics {
             http_requests,
             http_duration,
             dependency_up,
+            webhook_outcomes,
+            webhook_attempt_seconds,
+            webhook_age_seconds,
+            webhooks_in_flight,
             routes: RwLock::default(),
         }
     }
@@ -530,6 +562,29 @@ impl Metrics {
         self.dependency_up
             .get_or_create(&[("dependency", dependency)])
             .set(i64::from(up));
+    }
+
+    /// A webhook POST starts.
+    pub fn webhook_started(&self) {
+        self.webhooks_in_flight.inc();
+    }
+
+    /// A webhook POST ended after `took`.
+    pub fn webhook_finished(&self, took: Duration) {
+        self.webhooks_in_flight.dec();
+        self.webhook_attempt_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A webhook was delivered `age` after its event was first enqueued.
+    pub fn webhook_delivered(&self, age: Duration) {
+        self.webhook_age_seconds.observe(age.as_secs_f64());
+    }
+
+    /// What a webhook attempt of `event` came to.
+    pub fn webhook_outcome(&self, event: &'static str, outcome: &'static str) {
+        self.webhook_outcomes
+            .get_or_create(&[("event", event), ("outcome", outcome)])
+            .inc();
     }
 
     /// The text exposition format.

@@ -336,6 +336,10 @@ pub struct TurnRecord {
     /// of its continuations stream too.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub streaming: bool,
+    /// The webhook URL the turn was submitted with (its continuations and a cancel deliver
+    /// there too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -402,7 +406,14 @@ impl TurnRecord {
             continuation: None,
             reply_to: None,
             streaming: false,
+            webhook: None,
         }
+    }
+
+    /// The same record with the webhook URL it was submitted with.
+    pub fn with_webhook(mut self, url: Option<&str>) -> Self {
+        self.webhook = url.map(str::to_string);
+        self
     }
 
     /// The same record of a turn whose request asked (`true`) or did not ask for streaming.

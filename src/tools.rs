@@ -267,6 +267,7 @@ mod tests {
             continuation: None,
             reply_to: None,
             streaming: false,
+            webhook: None,
         };
         let lease = store
             .acquire_lease(

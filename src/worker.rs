@@ -33,13 +33,14 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
     SessionId, TurnId, parse_request,
 };
-use crate::delivery::{Addressee, ResultDelivery};
+use crate::delivery::{Addressee, ResultDelivery, Webhooks};
 use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Origin, Pipeline, Settled};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
 use crate::store::TurnStatusView;
 use crate::tenants::Quotas;
 use crate::trace::TraceContext;
+use crate::webhooks::EventType;
 
 /// Worker settings.
 #[derive(Debug, Clone)]
@@ -105,6 +106,8 @@ pub struct Worker {
     quotas: Quotas,
     /// Turns running now in this worker (at most `concurrency`).
     running: Arc<Semaphore>,
+    /// Sends webhook deliveries beside the turns, on a consumer of its own.
+    webhooks: Option<crate::webhooks::send::Sender>,
 }
 
 /// When a run started, by the monotonic and the wall clock.
@@ -153,7 +156,14 @@ impl Worker {
             stats: Arc::new(WorkerStats::default()),
             metrics: Arc::default(),
             quotas: Quotas::default(),
+            webhooks: None,
         }
+    }
+
+    /// Runs `sender` beside the turns, for as long as the worker runs.
+    pub fn with_webhooks(mut self, sender: crate::webhooks::send::Sender) -> Self {
+        self.webhooks = Some(sender);
+        self
     }
 
     /// Holds each tenant to its `maxRunningTurns` (consuming the tenants' lanes) and counts
@@ -184,6 +194,14 @@ impl Worker {
     /// then waits up to the grace period for in-flight turns. Whatever is still unacked then is
     /// redelivered by the broker to another worker.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let webhooks = self.webhooks.as_ref().map(|s| s.spawn(shutdown.clone()));
+        self.run_turns(shutdown).await;
+        if let Some(webhooks) = webhooks {
+            let _ = webhooks.await;
+        }
+    }
+
+    async fn run_turns(&self, shutdown: CancellationToken) {
         let tracker = TaskTracker::new();
         // Fired when the grace period is over: abandons what is still running, which drops its
         // deliveries unacked so the broker hands them to another worker.
@@ -587,11 +605,24 @@ impl Worker {
             },
         };
         let status = view.status;
+        let targets = match EventType::of(status) {
+            Some(event) => self.quotas.tenants().webhook_targets(
+                delivery.tenant.as_deref(),
+                delivery.webhook.as_deref(),
+                event,
+            ),
+            None => Vec::new(),
+        };
         let to = Addressee {
             reply_to,
             audience: crate::queue::Audience {
                 watched: settled.watched,
                 reply_queue_wanted: delivery.reply_queue_wanted,
+            },
+            webhooks: Webhooks {
+                targets: &targets,
+                tenant: delivery.tenant.as_deref(),
+                traceparent: delivery.traceparent.as_deref(),
             },
         };
         match self.delivery.deliver(&view, to).await {

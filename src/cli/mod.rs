@@ -28,6 +28,7 @@ pub mod serve;
 pub mod tools;
 pub mod turns;
 pub mod watch;
+pub mod webhooks;
 pub mod workspace;
 
 /// The command line.
@@ -82,6 +83,8 @@ pub enum Command {
     Cancel(turns::StatusArgs),
     /// Inspect or replay the dead-letter queue (APTIX_AMQP_URL).
     Dlq(dlq::DlqArgs),
+    /// List the webhook deliveries that never succeeded, or send them again (APTIX_AMQP_URL).
+    Webhooks(webhooks::WebhooksArgs),
     /// Serve the fake Responses API (for tests, demos and benchmarks).
     FakeLlm(tools::FakeLlmArgs),
     /// Parse AgentExecuteRequest JSON files (or `-` for stdin) and print each InvokeResult.
@@ -147,6 +150,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => turns::status(args).await,
         Command::Cancel(args) => turns::cancel(args).await,
         Command::Dlq(args) => dlq::dlq(args).await,
+        Command::Webhooks(args) => webhooks::webhooks(args).await,
         Command::FakeLlm(args) => tools::fake_llm(args).await,
         Command::Validate(args) => turns::validate(args).await,
         Command::Modes => tools::modes().await,

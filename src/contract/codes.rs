@@ -118,6 +118,12 @@ error_codes! {
     UnsupportedContentEncoding = "UNSUPPORTED_CONTENT_ENCODING",
     /// The body's `Content-Type` is not what the route reads (`application/json`; NDJSON for a batch), or names a charset other than UTF-8. A body sent without `Content-Type` is read as the route's type.
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE",
+    /// `webhook` is not an object with a `url` that is an absolute http(s) URL of at most 2048 bytes, without credentials.
+    InvalidWebhook = "INVALID_WEBHOOK",
+    /// The webhook URL is refused: not https (unless the server allows http), or its host is, or resolves to, an address that is not public (unless the server's allow-list names it); the message says which.
+    WebhookRefused = "WEBHOOK_REFUSED",
+    /// A webhook was asked for, but the variable with the tenant's signing secret is not set (or not a `whsec_` secret) on the server.
+    WebhookSecretMissing = "WEBHOOK_SECRET_MISSING",
     /// The queue or the store is unavailable; nothing was accepted. Retry later.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.

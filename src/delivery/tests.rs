@@ -79,6 +79,7 @@ impl Parts {
         Addressee {
             reply_to: None,
             audience: Audience::ANYONE,
+            webhooks: Default::default(),
         }
     }
 }

@@ -13,10 +13,11 @@
 //! its worker writes that).
 
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
-use crate::delivery::{Addressee, Undelivered};
+use crate::delivery::{Addressee, Undelivered, Webhooks};
 use crate::frontdoor::{FrontDoor, SubmitError};
 use crate::queue::Audience;
-use crate::store::{BatchRecord, TurnStatus, TurnStatusView};
+use crate::store::{BatchRecord, TurnRecord, TurnStatus, TurnStatusView};
+use crate::webhooks::EventType;
 
 /// What a cancel request came to.
 #[derive(Debug)]
@@ -63,8 +64,7 @@ impl FrontDoor {
                     // telling anyone (the store's replicas were behind, the broker down).
                     // Statuses are delivered at least once.
                     let view = TurnStatusView::from(&record);
-                    self.deliver_cancelled(&view, record.reply_to.as_deref())
-                        .await?;
+                    self.deliver_cancelled(&view, &record).await?;
                     return Ok(Cancelled::Done(view));
                 }
                 TurnStatus::Completed | TurnStatus::Failed => {
@@ -87,8 +87,7 @@ impl FrontDoor {
                         continue;
                     };
                     let view = TurnStatusView::from(&cancelled);
-                    self.deliver_cancelled(&view, cancelled.reply_to.as_deref())
-                        .await?;
+                    self.deliver_cancelled(&view, &cancelled).await?;
                     tracing::info!(session_id = %sid, turn_id = %tid, was = record.status.as_str(), "turn cancelled");
                     self.metrics.turn_finished("cancelled");
                     return Ok(Cancelled::Done(view));
@@ -107,13 +106,30 @@ impl FrontDoor {
     async fn deliver_cancelled(
         &self,
         view: &TurnStatusView,
-        reply_to: Option<&str>,
+        record: &TurnRecord,
     ) -> Result<(), SubmitError> {
+        // The tenant's webhooks too: the session's owner is read only when there can be any.
+        let tenants = self.quotas.tenants();
+        let tenant = if record.webhook.is_some() || tenants.all_webhooks().next().is_some() {
+            self.store.owner(&view.session_id).await?
+        } else {
+            None
+        };
+        let targets = tenants.webhook_targets(
+            tenant.as_deref(),
+            record.webhook.as_deref(),
+            EventType::TurnCancelled,
+        );
         let to = Addressee {
-            reply_to,
+            reply_to: record.reply_to.as_deref(),
             // Whether the submitter wanted a reply queue is not in the record; a cancel is
             // rare enough to keep one wherever the topology might.
             audience: Audience::ANYONE,
+            webhooks: Webhooks {
+                targets: &targets,
+                tenant: tenant.as_deref(),
+                traceparent: None,
+            },
         };
         match self.delivery.deliver(view, to).await {
             Ok(()) => Ok(()),

@@ -17,6 +17,7 @@ use crate::pipeline::{Intake, continuation_fingerprint, fingerprint};
 use crate::queue::{Broker, JobMeta, QueueError};
 use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
 use crate::trace::TraceContext;
+use crate::webhooks::guard::Guard;
 pub mod batch;
 pub mod cancel;
 mod counted;
@@ -158,6 +159,10 @@ pub struct FrontDoor {
     broker: Arc<dyn Broker>,
     /// Where a cancelled turn's status goes, and how waiters hear of turns.
     delivery: ResultDelivery,
+    /// Where a submission's webhook may point.
+    webhook_guard: Guard,
+    /// The signing secrets set here (a webhook nothing could sign is refused).
+    webhook_secrets: Arc<crate::webhooks::sign::Secrets>,
     limits: RequestLimits,
     contexts: KnownContexts,
     metrics: Arc<Metrics>,
@@ -174,6 +179,8 @@ impl FrontDoor {
         Self {
             intake: Intake::new(store.clone()),
             delivery: ResultDelivery::new(store.clone(), broker.clone()),
+            webhook_guard: Guard::default(),
+            webhook_secrets: Arc::default(),
             store,
             broker,
             limits,
@@ -181,6 +188,49 @@ impl FrontDoor {
             metrics: Arc::default(),
             quotas: Quotas::default(),
         }
+    }
+
+    /// Holds submissions' webhook URLs to `guard` (the default: https to public addresses)
+    /// and accepts them for tenants whose signing secret is among `secrets`.
+    pub fn with_webhooks(
+        mut self,
+        guard: Guard,
+        secrets: Arc<crate::webhooks::sign::Secrets>,
+    ) -> Self {
+        self.webhook_guard = guard;
+        self.webhook_secrets = secrets;
+        self
+    }
+
+    /// Refuses a submission's webhook URL that the policy refuses (`WEBHOOK_REFUSED`), or
+    /// that nothing could sign here (`WEBHOOK_SECRET_MISSING`).
+    async fn admit_webhook(&self, tenant: Option<&str>, url: &str) -> Result<(), SubmitError> {
+        let refused = |code: ErrorCode, message: String| {
+            SubmitError::Invalid(RequestRejected {
+                errors: vec![ErrorMessage::new(code, message)],
+                warnings: Vec::new(),
+            })
+        };
+        // The secret first: it costs no DNS lookup.
+        let env = self
+            .quotas
+            .tenants()
+            .signing_env(tenant.unwrap_or_default());
+        if !self.webhook_secrets.contains_key(env) {
+            return Err(refused(
+                ErrorCode::WebhookSecretMissing,
+                format!(
+                    "webhook: the variable {env} with the tenant's signing secret (whsec_…) is not set on the server"
+                ),
+            ));
+        }
+        if let Err(e) = self.webhook_guard.check(url).await {
+            return Err(refused(
+                ErrorCode::WebhookRefused,
+                format!("webhook.url {e}"),
+            ));
+        }
+        Ok(())
     }
 
     /// How this front door's waiters hear of turns (see [`crate::delivery`]).
@@ -380,7 +430,7 @@ impl FrontDoor {
         // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
         let reply_to = pickup.reply_to;
-        let meta = JobMeta::new(Some(traceparent.as_str()), tenant)
+        let mut meta = JobMeta::new(Some(traceparent.as_str()), tenant)
             .replying_to(reply_to)
             .wanting_reply_queue(pickup.reply_queue_wanted);
         let lane = self.quotas.lane_of(tenant);
@@ -391,10 +441,16 @@ impl FrontDoor {
             .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
         match request {
             AgentExecuteRequest::UserTurn(turn) => {
+                let webhook = turn.webhook().map(|w| w.url.as_str());
+                if let Some(url) = webhook {
+                    self.admit_webhook(tenant, url).await?;
+                }
+                meta = meta.with_webhook(webhook);
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
                     .replying_to(reply_to)
-                    .with_streaming(turn.streaming());
+                    .with_streaming(turn.streaming())
+                    .with_webhook(webhook);
                 let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {
@@ -442,6 +498,8 @@ impl FrontDoor {
                 let fp = continuation_fingerprint(cont);
                 match self.accept_continuation(cont, &fp, reply_to).await? {
                     Acceptance::Moved { before, after } => {
+                        // The user turn's webhook hears of its continuations too.
+                        let meta = meta.with_webhook(before.webhook.as_deref());
                         if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
                             // Not accepted: put the turn back to waiting for its tools, unless
                             // something moved it on meanwhile.
@@ -463,6 +521,7 @@ impl FrontDoor {
                         // Accepted before and still queued: its job may not have been
                         // confirmed, so enqueue again (the worker runs it once).
                         if record.status == TurnStatus::Queued {
+                            let meta = meta.with_webhook(record.webhook.as_deref());
                             self.broker.enqueue(lane, &job, &meta).await?;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");

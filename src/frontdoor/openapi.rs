@@ -233,6 +233,13 @@ fn execute_request_schema(ids_required: bool, contexts: &KnownContexts) -> serde
     }
     user.insert("streaming".into(), nullable(json!({"type": "boolean"})));
     user.insert(
+        "webhook".into(),
+        nullable(json!({"type": "object", "required": ["url"], "additionalProperties": false,
+            "properties": {"url": {"type": "string", "format": "uri",
+                "maxLength": crate::contract::request::MAX_WEBHOOK_URL_BYTES}},
+            "description": "Where the turn's settled statuses are POSTed too, signed per Standard Webhooks with the tenant's secret (turn.completed, turn.failed, turn.awaiting_client_tools, turn.cancelled). https to a public address unless the server allows otherwise: INVALID_WEBHOOK for a URL that cannot be one, WEBHOOK_REFUSED for one the policy refuses, WEBHOOK_SECRET_MISSING when the tenant has no signing secret. Extends AGN-034."})),
+    );
+    user.insert(
         "onBusy".into(),
         nullable(json!({"type": "string", "enum": crate::contract::OnBusy::VALUES,
             "description": "When the session has a turn queued or running: enqueue (default) runs this one after it, reject answers 409 SESSION_BUSY, interrupt cancels it and runs this one next. Extends AGN-034."})),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError};
+use super::{Acker, Deliveries, Delivery, HookQueue, JobMeta, JobQueue, QueueError};
 use super::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
 
@@ -17,6 +17,17 @@ struct Job {
     body: Vec<u8>,
     meta: JobMeta,
     redelivered: bool,
+}
+
+impl Job {
+    /// A job published now, without headers (a webhook delivery).
+    fn fresh(body: &[u8]) -> Self {
+        Self {
+            body: body.to_vec(),
+            meta: JobMeta::default(),
+            redelivered: false,
+        }
+    }
 }
 
 /// An event subscriber: of statuses only, or of statuses and live events.
@@ -56,13 +67,34 @@ struct ReplyQueue {
 /// Reply queue publishes between two sweeps of expired queues and forgotten subscribers.
 const SWEEP_EVERY: u32 = 1024;
 
-/// The shared job queue is lane `None`; a tenant's lane is `Some(tenant)`.
-type Lane = Option<String>;
+/// A queue of jobs: the shared job queue, a tenant's lane, or the webhook deliveries.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Lane {
+    Shared,
+    Tenant(String),
+    Hooks,
+}
+
+impl Lane {
+    fn of(tenant: Option<&str>) -> Self {
+        tenant.map_or(Self::Shared, |t| Self::Tenant(t.to_string()))
+    }
+
+    /// The tenant a delivery of this lane names (`None` for the others).
+    fn tenant(&self) -> Option<String> {
+        match self {
+            Self::Tenant(t) => Some(t.clone()),
+            Self::Shared | Self::Hooks => None,
+        }
+    }
+}
 
 #[derive(Default)]
 struct State {
     ready: HashMap<Lane, VecDeque<Job>>,
     dead: VecDeque<(Vec<u8>, String)>,
+    /// Webhook deliveries that never succeeded, with the reason.
+    dead_hooks: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, ReplyQueue>,
     /// Reply queues unused for this long are dropped, as RabbitMQ expires them.
     reply_ttl: Duration,
@@ -147,11 +179,7 @@ impl MemoryBroker {
     /// Jobs waiting in a lane (`None`: the shared job queue).
     pub fn lane_len(&self, tenant: Option<&str>) -> usize {
         self.lock()
-            .map(|s| {
-                s.ready
-                    .get(&tenant.map(str::to_string))
-                    .map_or(0, VecDeque::len)
-            })
+            .map(|s| s.ready.get(&Lane::of(tenant)).map_or(0, VecDeque::len))
             .unwrap_or(0)
     }
 
@@ -184,7 +212,7 @@ impl MemoryBroker {
                 };
                 let delivery = Delivery::new(job.body, 0, job.redelivered, Box::new(acker))
                     .with_meta(job.meta)
-                    .from_lane(lane.clone());
+                    .from_lane(lane.tenant());
                 if let Err(unsent) = tx.send(delivery).await {
                     // The consumer is gone: the job goes back, as an unacked delivery would.
                     let _ = unsent.0.requeue().await;
@@ -213,7 +241,7 @@ impl Drop for MemoryAcker {
                 meta,
                 redelivered: true,
             };
-            if let Err(e) = self.broker.push(self.lane.take(), job) {
+            if let Err(e) = self.broker.push(self.lane.clone(), job) {
                 tracing::error!(error = %e, "in-memory broker lost an unacknowledged delivery");
             }
         }
@@ -246,7 +274,7 @@ impl JobQueue for MemoryBroker {
             meta: meta.clone(),
             redelivered: false,
         };
-        self.push(lane.map(str::to_string), job)
+        self.push(Lane::of(lane), job)
     }
 
     async fn publish_retry(
@@ -263,7 +291,7 @@ impl JobQueue for MemoryBroker {
         };
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(e) = broker.push(None, job) {
+            if let Err(e) = broker.push(Lane::Shared, job) {
                 tracing::error!(error = %e, "in-memory broker lost a delayed retry");
             }
         });
@@ -283,11 +311,11 @@ impl JobQueue for MemoryBroker {
     }
 
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        self.start_consumer(None, prefetch)
+        self.start_consumer(Lane::Shared, prefetch)
     }
 
     async fn consume_lane(&self, tenant: &str, prefetch: u16) -> Result<Deliveries, QueueError> {
-        self.start_consumer(Some(tenant.to_string()), prefetch)
+        self.start_consumer(Lane::Tenant(tenant.to_string()), prefetch)
     }
 
     async fn check(&self) -> Result<(), QueueError> {
@@ -298,6 +326,54 @@ impl JobQueue for MemoryBroker {
         let mut state = self.lock()?;
         let n = max.min(state.dead.len());
         Ok(state.dead.drain(..n).collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl HookQueue for MemoryBroker {
+    async fn enqueue_hook(&self, body: &[u8]) -> Result<(), QueueError> {
+        self.push(Lane::Hooks, Job::fresh(body))
+    }
+
+    async fn retry_hook(&self, body: &[u8], delay: Duration) -> Result<(), QueueError> {
+        let broker = self.clone();
+        let job = Job::fresh(body);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Err(e) = broker.push(Lane::Hooks, job) {
+                tracing::error!(error = %e, "in-memory broker lost a webhook retry");
+            }
+        });
+        Ok(())
+    }
+
+    async fn dead_hook(&self, body: &[u8], reason: &str) -> Result<(), QueueError> {
+        self.lock()?
+            .dead_hooks
+            .push_back((body.to_vec(), reason.to_string()));
+        Ok(())
+    }
+
+    async fn hooks_exist(&self) -> Result<bool, QueueError> {
+        Ok(true)
+    }
+
+    async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
+        self.start_consumer(Lane::Hooks, prefetch)
+    }
+
+    async fn dead_hooks(
+        &self,
+        max: usize,
+        take: bool,
+    ) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
+        let mut state = self.lock()?;
+        let n = max.min(state.dead_hooks.len());
+        Ok(if take {
+            state.dead_hooks.drain(..n).collect()
+        } else {
+            state.dead_hooks.iter().take(n).cloned().collect()
+        })
     }
 }
 

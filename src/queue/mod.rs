@@ -112,6 +112,8 @@ pub struct Topology {
     pub reply_queues: ReplyQueues,
     /// Tenants with a lane of their own (those with `maxRunningTurns`).
     pub lanes: Vec<String>,
+    /// Delays of the webhook retry queues, shortest first (see [`HookQueue`]).
+    pub hook_delays: Vec<Duration>,
 }
 
 impl Topology {
@@ -124,6 +126,7 @@ impl Topology {
             reply_queue_max_length: 1000,
             reply_queues: ReplyQueues::AsyncTurns,
             lanes: Vec::new(),
+            hook_delays: [5, 30, 120, 600, 3600].map(Duration::from_secs).to_vec(),
         }
     }
     /// The same topology with a lane for each of `tenants`.
@@ -156,6 +159,18 @@ impl Topology {
     pub fn reply_queue(&self, session: &SessionId) -> String {
         format!("{}.reply.{session}", self.namespace)
     }
+    /// The queue of webhook deliveries waiting to be sent.
+    pub fn hooks(&self) -> String {
+        format!("{}.webhooks", self.namespace)
+    }
+    /// The webhook retry queue for one delay.
+    pub fn hook_retry(&self, delay: Duration) -> String {
+        format!("{}.webhooks.retry.{}ms", self.namespace, delay.as_millis())
+    }
+    /// The webhook deliveries that never succeeded.
+    pub fn hooks_dead(&self) -> String {
+        format!("{}.webhooks.dead", self.namespace)
+    }
     /// The delay for a job's `retry`-th retry (1-based).
     pub fn delay_for(&self, retry: u32) -> Duration {
         let i = (retry.max(1) as usize - 1).min(self.retry_delays.len().saturating_sub(1));
@@ -183,6 +198,8 @@ pub struct JobMeta {
     /// the queue. `false` for a synchronous call or a batch line, whose answer is read from
     /// the HTTP response or the batch. Jobs without the header (older front doors) say `true`.
     pub reply_queue_wanted: bool,
+    /// The submission's own webhook URL (see [`crate::webhooks`]), when it named one.
+    pub webhook: Option<String>,
 }
 
 impl JobMeta {
@@ -194,7 +211,14 @@ impl JobMeta {
             tenant: tenant.map(str::to_string),
             reply_to: None,
             reply_queue_wanted: true,
+            webhook: None,
         }
+    }
+
+    /// The same headers naming the submission's webhook URL.
+    pub fn with_webhook(mut self, url: Option<&str>) -> Self {
+        self.webhook = url.map(str::to_string);
+        self
     }
 
     /// The same headers naming a direct reply address.
@@ -238,6 +262,8 @@ pub struct Delivery {
     /// Whether the submitter may read the session's reply queue later
     /// ([`JobMeta::reply_queue_wanted`]).
     pub reply_queue_wanted: bool,
+    /// The submission's own webhook URL, when it named one.
+    pub webhook: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -266,6 +292,7 @@ impl Delivery {
             lane: None,
             reply_to: None,
             reply_queue_wanted: true,
+            webhook: None,
             acker,
         }
     }
@@ -277,6 +304,7 @@ impl Delivery {
         self.tenant = meta.tenant;
         self.reply_to = meta.reply_to;
         self.reply_queue_wanted = meta.reply_queue_wanted;
+        self.webhook = meta.webhook;
         self
     }
 
@@ -294,6 +322,7 @@ impl Delivery {
             tenant: self.tenant.clone(),
             reply_to: self.reply_to.clone(),
             reply_queue_wanted: self.reply_queue_wanted,
+            webhook: self.webhook.clone(),
         }
     }
 
@@ -464,7 +493,35 @@ pub trait ReplyBus: Send + Sync + 'static {
     async fn direct_address(&self) -> Result<Option<String>, QueueError>;
 }
 
-/// The broker behind the front door and the workers: the job queue and the reply bus of one RabbitMQ (or of the embedded broker).
-pub trait Broker: JobQueue + ReplyBus {}
+/// The webhook side of the broker: deliveries waiting to be sent (a durable queue of their
+/// own, so that a backlog of them never stands in a turn's way), their delayed retries, and
+/// those that never succeeded. A delivery's body carries everything about it (see
+/// [`crate::webhooks`]); the broker only keeps it.
+#[async_trait::async_trait]
+pub trait HookQueue: Send + Sync + 'static {
+    /// Enqueues a delivery; returns once the broker has confirmed it.
+    async fn enqueue_hook(&self, body: &[u8]) -> Result<(), QueueError>;
+    /// Brings a delivery back after `delay` (the retry queue with the nearest delay at or
+    /// above it), confirmed.
+    async fn retry_hook(&self, body: &[u8], delay: Duration) -> Result<(), QueueError>;
+    /// Moves a delivery to the dead deliveries with the reason (confirmed).
+    async fn dead_hook(&self, body: &[u8], reason: &str) -> Result<(), QueueError>;
+    /// Whether the webhook queues exist: they are declared by the first delivery enqueued,
+    /// so a deployment without webhooks has none, and a sender waits for them.
+    async fn hooks_exist(&self) -> Result<bool, QueueError>;
+    /// Starts consuming deliveries with at most `prefetch` unacknowledged at once.
+    async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
+    /// Up to `max` dead deliveries with their reasons: removed when `take`, else left where
+    /// they are.
+    async fn dead_hooks(
+        &self,
+        max: usize,
+        take: bool,
+    ) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
+}
 
-impl<T: JobQueue + ReplyBus> Broker for T {}
+/// The broker behind the front door and the workers: the job queue, the reply bus and the
+/// webhook queue of one RabbitMQ (or of the embedded broker).
+pub trait Broker: JobQueue + ReplyBus + HookQueue {}
+
+impl<T: JobQueue + ReplyBus + HookQueue> Broker for T {}

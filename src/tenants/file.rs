@@ -1,16 +1,24 @@
 //! The tenants file (`APTIX_TENANTS_FILE`): which tenants have limits, and what they are.
 //!
 //! ```json
-//! { "tenants": [ { "id": "acme", "maxRunningTurns": 8, "tokensPerDay": 2000000 } ] }
+//! { "tenants": [ { "id": "acme", "maxRunningTurns": 8, "tokensPerDay": 2000000,
+//!     "webhookSecretEnv": "ACME_WEBHOOK_SECRET",
+//!     "webhooks": [ { "url": "https://hooks.acme.example/aptix",
+//!                     "events": ["turn.completed", "turn.failed"] } ] } ] }
 //! ```
 //!
-//! Both limits are optional; a tenant that is not in the file has none. Ids become part of
-//! queue names and metric labels, so they are short and plain.
+//! Every field but `id` is optional; a tenant that is not in the file has no limits. Ids
+//! become part of queue names and metric labels, so they are short and plain.
+//! `webhookSecretEnv` names the variable with the tenant's `whsec_…` signing secret (default
+//! `APTIX_WEBHOOK_SECRET`); each of `webhooks` gets the events it lists (all when it lists
+//! none), signed with its own `secretEnv` or the tenant's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::webhooks::{DEFAULT_SECRET_ENV, EventType, Target, TenantWebhook};
 
 /// The limits of one tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,6 +33,8 @@ pub struct TenantLimits {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tenants {
     by_id: BTreeMap<String, TenantLimits>,
+    /// Tenants' webhook settings: the variable with their signing secret, their webhooks.
+    hooks: BTreeMap<String, (Option<String>, Vec<TenantWebhook>)>,
 }
 
 /// A tenants file that cannot be used; the message names the file or the entry.
@@ -66,6 +76,27 @@ struct Entry {
     id: String,
     max_running_turns: Option<u32>,
     tokens_per_day: Option<u64>,
+    webhook_secret_env: Option<String>,
+    #[serde(default)]
+    webhooks: Vec<WebhookEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WebhookEntry {
+    url: String,
+    secret_env: Option<String>,
+    #[serde(default)]
+    events: Vec<String>,
+}
+
+/// Whether `name` can be an environment variable's name.
+fn is_var_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// The longest tenant id (it is part of a queue name).
@@ -86,6 +117,7 @@ impl Tenants {
         let shape: FileShape =
             serde_json::from_str(text).map_err(|e| TenantsError::Malformed(e.to_string()))?;
         let mut by_id = BTreeMap::new();
+        let mut hooks = BTreeMap::new();
         for (index, entry) in shape.tenants.into_iter().enumerate() {
             let problem = |problem: &str| TenantsError::Entry {
                 index,
@@ -108,6 +140,51 @@ impl Tenants {
                     "tokensPerDay must be at least 1 (leave it out for no limit)",
                 ));
             }
+            if let Some(var) = &entry.webhook_secret_env
+                && !is_var_name(var)
+            {
+                return Err(problem(
+                    "webhookSecretEnv names an environment variable (A-Z, 0-9 and _)",
+                ));
+            }
+            let mut webhooks = Vec::new();
+            for (i, w) in entry.webhooks.iter().enumerate() {
+                let bad = |what: String| problem(&format!("webhooks[{i}]: {what}"));
+                match reqwest::Url::parse(&w.url) {
+                    Ok(u) if matches!(u.scheme(), "https" | "http") && u.host_str().is_some() => {}
+                    _ => return Err(bad(format!("{:?} is not an http(s) URL", w.url))),
+                }
+                if let Some(var) = &w.secret_env
+                    && !is_var_name(var)
+                {
+                    return Err(bad(
+                        "secretEnv names an environment variable (A-Z, 0-9 and _)".into(),
+                    ));
+                }
+                let mut events = Vec::new();
+                for name in &w.events {
+                    let Some(event) = EventType::parse(name) else {
+                        let known: Vec<&str> = EventType::ALL.iter().map(|e| e.as_str()).collect();
+                        return Err(bad(format!(
+                            "{name:?} is not an event ({})",
+                            known.join(", ")
+                        )));
+                    };
+                    events.push(event);
+                }
+                let secret_env = w
+                    .secret_env
+                    .clone()
+                    .or_else(|| entry.webhook_secret_env.clone())
+                    .unwrap_or_else(|| DEFAULT_SECRET_ENV.to_string());
+                webhooks.push(TenantWebhook {
+                    target: Target {
+                        url: w.url.clone(),
+                        secret_env,
+                    },
+                    events,
+                });
+            }
             let limits = TenantLimits {
                 max_running_turns: entry.max_running_turns,
                 tokens_per_day: entry.tokens_per_day,
@@ -115,8 +192,11 @@ impl Tenants {
             if by_id.insert(entry.id.clone(), limits).is_some() {
                 return Err(problem("the id is defined twice"));
             }
+            if entry.webhook_secret_env.is_some() || !webhooks.is_empty() {
+                hooks.insert(entry.id.clone(), (entry.webhook_secret_env, webhooks));
+            }
         }
-        Ok(Self { by_id })
+        Ok(Self { by_id, hooks })
     }
 
     /// Tenants from `(id, limits)` pairs (tests, and deployments built in code).
@@ -126,7 +206,63 @@ impl Tenants {
                 .into_iter()
                 .map(|(id, l)| (id.to_string(), l))
                 .collect(),
+            hooks: BTreeMap::new(),
         }
+    }
+
+    /// The variable holding `tenant`'s webhook signing secret.
+    pub fn signing_env(&self, tenant: &str) -> &str {
+        self.hooks
+            .get(tenant)
+            .and_then(|(env, _)| env.as_deref())
+            .unwrap_or(DEFAULT_SECRET_ENV)
+    }
+
+    /// `tenant`'s webhooks from the file.
+    pub fn webhooks(&self, tenant: &str) -> &[TenantWebhook] {
+        self.hooks.get(tenant).map_or(&[], |(_, w)| w.as_slice())
+    }
+
+    /// Where `event` of a turn of `tenant` goes: the submission's own `url` (signed with the
+    /// tenant's secret) and the tenant's webhooks that want it. Empty for most turns, at the
+    /// cost of a map lookup.
+    pub fn webhook_targets(
+        &self,
+        tenant: Option<&str>,
+        url: Option<&str>,
+        event: EventType,
+    ) -> Vec<Target> {
+        let tenant = tenant.unwrap_or_default();
+        let mut targets = Vec::new();
+        if let Some(url) = url {
+            targets.push(Target {
+                url: url.to_string(),
+                secret_env: self.signing_env(tenant).to_string(),
+            });
+        }
+        targets.extend(
+            self.webhooks(tenant)
+                .iter()
+                .filter(|w| w.wants(event))
+                .map(|w| w.target.clone()),
+        );
+        targets
+    }
+
+    /// Every variable the file names for a signing secret.
+    pub fn secret_envs(&self) -> impl Iterator<Item = &str> {
+        self.hooks.values().flat_map(|(env, hooks)| {
+            env.as_deref()
+                .into_iter()
+                .chain(hooks.iter().map(|h| h.target.secret_env.as_str()))
+        })
+    }
+
+    /// Every tenant's webhooks, by tenant (for start-up checks).
+    pub fn all_webhooks(&self) -> impl Iterator<Item = (&str, &TenantWebhook)> {
+        self.hooks
+            .iter()
+            .flat_map(|(id, (_, hooks))| hooks.iter().map(move |h| (id.as_str(), h)))
     }
 
     /// The limits of `tenant` (none when it is not in the file).
@@ -184,6 +320,31 @@ mod tests {
     }
 
     #[test]
+    fn webhooks_name_their_events_and_secrets() {
+        let t = Tenants::parse(
+            r#"{"tenants":[{"id":"acme","webhookSecretEnv":"ACME_SECRET","webhooks":[
+                {"url":"https://a.example/h","events":["turn.completed","batch.completed"]},
+                {"url":"https://b.example/h","secretEnv":"B_SECRET"}]},{"id":"plain"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(t.signing_env("acme"), "ACME_SECRET");
+        assert_eq!(t.signing_env("plain"), DEFAULT_SECRET_ENV);
+        assert_eq!(t.signing_env("nobody"), DEFAULT_SECRET_ENV);
+        let hooks = t.webhooks("acme");
+        assert_eq!(hooks.len(), 2);
+        assert_eq!(hooks[0].target.secret_env, "ACME_SECRET");
+        assert!(hooks[0].wants(EventType::BatchCompleted));
+        assert!(!hooks[0].wants(EventType::TurnFailed));
+        assert_eq!(hooks[1].target.secret_env, "B_SECRET");
+        assert!(
+            hooks[1].wants(EventType::TurnFailed),
+            "no list: every event"
+        );
+        assert!(t.webhooks("plain").is_empty());
+        assert_eq!(t.all_webhooks().count(), 2);
+    }
+
+    #[test]
     fn every_broken_rule_names_its_entry() {
         let cases = [
             (
@@ -207,6 +368,18 @@ mod tests {
                 "unknown field `maxRunning`",
             ),
             (r#"{"tenants":[{"id":""}]}"#, "an id is 1 to 64"),
+            (
+                r#"{"tenants":[{"id":"a","webhooks":[{"url":"ftp://x/"}]}]}"#,
+                r#"tenants[0] ("a"): webhooks[0]: "ftp://x/" is not an http(s) URL"#,
+            ),
+            (
+                r#"{"tenants":[{"id":"a","webhooks":[{"url":"https://x/","events":["turn.done"]}]}]}"#,
+                r#"webhooks[0]: "turn.done" is not an event (turn.completed"#,
+            ),
+            (
+                r#"{"tenants":[{"id":"a","webhookSecretEnv":"lower case"}]}"#,
+                "webhookSecretEnv names an environment variable",
+            ),
             (
                 &format!(r#"{{"tenants":[{{"id":"{}"}}]}}"#, "x".repeat(65)),
                 "an id is 1 to 64",

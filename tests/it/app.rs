@@ -167,6 +167,8 @@ pub async fn spawn(options: AppOptions) -> App {
     if let Some(r) = rabbit.as_mut() {
         // The app declares the lanes of its tenants file; they go with the rest.
         r.topology.lanes.extend(config.topology().lanes);
+        // And the webhook retry queues of its schedule.
+        r.topology.hook_delays = config.topology().hook_delays;
     }
     let app = aptix_worker::app::App::build(&config).await.unwrap();
     let stop = CancellationToken::new();

@@ -56,4 +56,5 @@ mod store_faults;
 mod streaming;
 mod tenants;
 mod tls;
+mod webhooks;
 mod worker_embedded;

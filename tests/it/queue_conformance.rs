@@ -94,6 +94,7 @@ async fn a_retry_arrives_after_its_delay_with_its_headers(s: Subject) {
         tenant: Some(CAPPED.into()),
         reply_to: Some("a-waiting-front-door".into()),
         reply_queue_wanted: false,
+        webhook: Some("https://hooks.example.com/aptix".into()),
     };
     s.broker
         .publish_retry(b"later", Duration::from_millis(200), &meta)

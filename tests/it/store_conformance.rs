@@ -89,6 +89,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         continuation: None,
         reply_to: Some("a-front-door".into()),
         streaming: true,
+        webhook: Some("https://hooks.example.com/aptix".into()),
     }
 }
 

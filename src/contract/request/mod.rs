@@ -109,6 +109,18 @@ pub struct UserTurn {
     conversation_context_id: Option<String>,
     #[serde(skip_serializing_if = "OnBusy::is_enqueue")]
     on_busy: OnBusy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    webhook: Option<Webhook>,
+}
+
+/// The longest webhook URL accepted.
+pub const MAX_WEBHOOK_URL_BYTES: usize = 2048;
+
+/// Where a turn's settled status is POSTed too (an extension of AGN-034): `{"url": "…"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Webhook {
+    /// The endpoint.
+    pub url: String,
 }
 
 /// What a user turn does when its session already has a turn queued or running (an extension
@@ -196,6 +208,10 @@ impl UserTurn {
     /// The configured conversation context (boot prompt) to use, if not the default.
     pub fn conversation_context_id(&self) -> Option<&str> {
         self.conversation_context_id.as_deref()
+    }
+    /// Where the turn's settled statuses are POSTed too, if anywhere.
+    pub fn webhook(&self) -> Option<&Webhook> {
+        self.webhook.as_ref()
     }
     /// What to do when the session already has a turn queued or running.
     pub fn on_busy(&self) -> OnBusy {
@@ -561,4 +577,5 @@ pub const USER_TURN_ONLY: &[&str] = &[
     "agentContextId",
     "conversationContextId",
     "onBusy",
+    "webhook",
 ];

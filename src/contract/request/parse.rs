@@ -181,6 +181,48 @@ pub(super) fn parse_envelope(
         agent_context_id: fields.context_id("agentContextId", report),
         conversation_context_id: fields.context_id("conversationContextId", report),
         on_busy: fields.on_busy(report),
+        webhook: fields
+            .object("webhook", report)
+            .and_then(|m| parse_webhook(m, "webhook", report)),
     };
     Some(AgentExecuteRequest::UserTurn(Box::new(turn)))
+}
+
+/// `{"url": "<absolute http(s) URL>"}`: what can be told without the server's policy (the
+/// front door holds the URL to it, with DNS).
+fn parse_webhook(
+    map: &serde_json::Map<String, Value>,
+    path: &str,
+    report: &mut Report,
+) -> Option<super::Webhook> {
+    let f = Fields::collect(map, path, &["url"], &[], report);
+    let url = f.required_string("url", report)?;
+    let problem = if url.len() > super::MAX_WEBHOOK_URL_BYTES {
+        Some(format!(
+            "is {} bytes; the limit is {}",
+            url.len(),
+            super::MAX_WEBHOOK_URL_BYTES
+        ))
+    } else {
+        match reqwest::Url::parse(url) {
+            Err(e) => Some(format!("is not an absolute URL: {e}")),
+            Ok(u) if !matches!(u.scheme(), "https" | "http") => {
+                Some("must be an https URL".to_string())
+            }
+            Ok(u) if u.host_str().is_none() => Some("has no host".to_string()),
+            Ok(u) if !u.username().is_empty() || u.password().is_some() => {
+                Some("must not carry credentials".to_string())
+            }
+            Ok(_) => None,
+        }
+    };
+    match problem {
+        Some(p) => {
+            report.error(ErrorCode::InvalidWebhook, &f.path("url"), p);
+            None
+        }
+        None => Some(super::Webhook {
+            url: url.to_string(),
+        }),
+    }
 }

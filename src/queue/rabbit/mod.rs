@@ -43,6 +43,7 @@ use tokio::sync::{Mutex, mpsc};
 use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError, Topology};
 
 mod channels;
+mod hooks;
 mod hub;
 mod replies;
 
@@ -56,6 +57,8 @@ const TENANT_HEADER: &str = "x-aptix-tenant";
 const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
 /// Present (`none`) on a job whose submitter will not read the session's reply queue.
 const REPLY_QUEUE_HEADER: &str = "x-aptix-reply-queue";
+/// The submission's own webhook URL, when it named one.
+const WEBHOOK_HEADER: &str = "x-aptix-webhook";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e)
@@ -92,6 +95,8 @@ pub struct RabbitBroker {
     timeout: Duration,
     ca: Option<crate::tls::ExtraCa>,
     events: Arc<Mutex<Option<EventHub>>>,
+    /// Whether this process declared the webhook queues (see `hooks.rs`).
+    hooks_declared: Mutex<bool>,
 }
 
 fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
@@ -121,6 +126,9 @@ fn job_headers(meta: &JobMeta) -> FieldTable {
     if !meta.reply_queue_wanted {
         headers.push((REPLY_QUEUE_HEADER, text("none")));
     }
+    if let Some(w) = &meta.webhook {
+        headers.push((WEBHOOK_HEADER, text(w)));
+    }
     table(headers)
 }
 
@@ -140,6 +148,7 @@ fn meta_of(props: &BasicProperties) -> JobMeta {
         tenant: text_header(props, TENANT_HEADER),
         reply_to: text_header(props, REPLY_TO_HEADER),
         reply_queue_wanted: text_header(props, REPLY_QUEUE_HEADER).as_deref() != Some("none"),
+        webhook: text_header(props, WEBHOOK_HEADER),
     }
 }
 
@@ -177,6 +186,7 @@ impl RabbitBroker {
             timeout: DEFAULT_AMQP_TIMEOUT,
             ca: None,
             events: Arc::new(Mutex::new(None)),
+            hooks_declared: Mutex::new(false),
         }
     }
 
@@ -223,6 +233,11 @@ impl RabbitBroker {
         let mut queues = vec![t.jobs(), t.dead()];
         queues.extend(t.retry_delays.iter().map(|d| t.retry(*d)));
         queues.extend(t.lanes.iter().map(|tenant| t.lane(tenant)));
+        // The webhook queues, whoever declared them (this process may not have).
+        if *self.hooks_declared.lock().await || self.hook_queues_exist().await? {
+            queues.extend([t.hooks(), t.hooks_dead()]);
+            queues.extend(t.hook_delays.iter().map(|d| t.hook_retry(*d)));
+        }
         if let Ok(known) = self.reply_queues.lock() {
             queues.extend(known.sessions().map(|s| t.reply_queue(s)));
         }

@@ -1,0 +1,465 @@
+//! Webhooks end to end: a receiver on loopback (allowed by the allow-list setting, as the
+//! policy refuses private addresses otherwise) that answers as a test scripts it. Signatures
+//! are checked by an independent implementation, the Standard Webhooks package for Python
+//! (`tests/webhook_verify.py`; `.ci/run` installs it).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::app::{AppOptions, Backend, code, spawn};
+
+/// The specification's test secret (any `whsec_` secret of 24+ bytes does).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Received {
+    headers: HashMap<String, String>,
+    body: String,
+    answered: u16,
+}
+
+/// What the receiver does with the next request.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Status(u16),
+    /// Never answers (the sender's POST hangs until it is killed or times out).
+    Hang,
+}
+
+/// An HTTP endpoint that records every POST and answers from a script (200 once it is empty).
+#[derive(Clone)]
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<VecDeque<Answer>>>,
+}
+
+impl Receiver {
+    async fn start(script: impl IntoIterator<Item = Answer>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks/aptix", listener.local_addr().unwrap());
+        let receiver = Self {
+            url,
+            got: Arc::default(),
+            script: Arc::new(Mutex::new(script.into_iter().collect())),
+        };
+        let state = receiver.clone();
+        let app = axum::Router::new().route(
+            "/hooks/aptix",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let state = state.clone();
+                    async move {
+                        let answer = state
+                            .script
+                            .lock()
+                            .unwrap()
+                            .pop_front()
+                            .unwrap_or(Answer::Status(200));
+                        let headers = headers
+                            .iter()
+                            .map(|(k, v)| {
+                                (k.to_string(), v.to_str().unwrap_or_default().to_string())
+                            })
+                            .collect();
+                        let body = String::from_utf8_lossy(&body).to_string();
+                        let status = match answer {
+                            Answer::Status(s) => s,
+                            Answer::Hang => 0,
+                        };
+                        state.got.lock().unwrap().push(Received {
+                            headers,
+                            body,
+                            answered: status,
+                        });
+                        if status == 0 {
+                            std::future::pending::<()>().await;
+                        }
+                        axum::http::StatusCode::from_u16(status).unwrap()
+                    }
+                },
+            ),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        receiver
+    }
+
+    fn got(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    /// Answers the next requests with `answers` (then 200) instead of what was scripted.
+    fn answer_from_now(&self, answers: impl IntoIterator<Item = Answer>) {
+        *self.script.lock().unwrap() = answers.into_iter().collect();
+    }
+
+    /// Waits until `enough` holds of what was received (up to `within`).
+    async fn until(&self, within: Duration, enough: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.got();
+            if enough(&got) {
+                return got;
+            }
+            assert!(Instant::now() < deadline, "the receiver got only {got:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Settings that let the receiver on loopback in, with a fast schedule.
+fn webhook_env(extra: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("APTIX_WEBHOOK_SECRET", SECRET.to_string()),
+        ("APTIX_WEBHOOK_ALLOW_HTTP", "true".to_string()),
+        ("APTIX_WEBHOOK_ALLOW", "127.0.0.0/8".to_string()),
+        ("APTIX_WEBHOOK_RETRY_DELAYS_SECS", "1".to_string()),
+    ];
+    env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+    env
+}
+
+fn turn_with_webhook(session: &str, turn: &str, url: &str) -> String {
+    json!({"sessionId": session, "turnId": turn, "instruction": "hi", "webhook": {"url": url}})
+        .to_string()
+}
+
+/// Verifies each delivery's signature with the Standard Webhooks package for Python (an
+/// implementation that is not ours); panics naming the one that does not verify.
+fn verify_independently(deliveries: &[Received]) {
+    verify_with(SECRET, deliveries);
+}
+
+/// [`verify_independently`] under `secret`.
+fn verify_with(secret: &str, deliveries: &[Received]) {
+    let cases: Vec<Value> = deliveries
+        .iter()
+        .map(|d| {
+            json!({
+                "id": d.headers.get("webhook-id"),
+                "timestamp": d.headers.get("webhook-timestamp"),
+                "signature": d.headers.get("webhook-signature"),
+                "body": d.body,
+            })
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!(
+        "aptix-webhooks-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, json!({"secret": secret, "cases": cases}).to_string()).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/webhook_verify.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "the independent verification failed (pip install standardwebhooks; .ci/run does):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{} verified", deliveries.len())
+    );
+}
+
+async fn a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event(backend: Backend) {
+    let receiver = Receiver::start([Answer::Status(500), Answer::Status(503)]).await;
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: webhook_env(&[]),
+        ..AppOptions::default()
+    })
+    .await;
+    let (status, body) = app
+        .post(Some("tok-a"), turn_with_webhook("s", "t1", &receiver.url))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(app.settled("tok-a", "s", "t1").await["status"], "completed");
+    let got = receiver
+        .until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.answered == 200)
+        })
+        .await;
+    // Nothing more comes once the receiver said 2xx.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got_later = receiver.got();
+    assert_eq!(got_later.len(), got.len(), "{got_later:#?}");
+    assert_eq!(
+        got.iter().map(|r| r.answered).collect::<Vec<_>>(),
+        [500, 503, 200],
+        "two failures, then one acknowledged delivery"
+    );
+    let ids: Vec<&String> = got.iter().map(|r| &r.headers["webhook-id"]).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "one event id: {ids:?}");
+    assert!(got.iter().all(|r| r.body == got[0].body), "the same body");
+    let event: Value = serde_json::from_str(&got[0].body).unwrap();
+    assert_eq!(event["type"], "turn.completed", "{event}");
+    assert_eq!(event["data"]["turnId"], "t1");
+    assert_eq!(event["data"]["status"], "completed");
+    assert_eq!(
+        event["data"]["result"]["result"]["primaryOutputText"],
+        app.settled("tok-a", "s", "t1").await["result"]["result"]["primaryOutputText"],
+        "data is the status view GET returns"
+    );
+    assert!(
+        got[0].headers["traceparent"].starts_with("00-"),
+        "{:?}",
+        got[0].headers
+    );
+    assert_eq!(got[0].headers["content-type"], "application/json");
+    verify_independently(&got);
+}
+
+async fn a_private_address_is_refused_at_submission_and_at_delivery(backend: Backend) {
+    let receiver = Receiver::start([]).await;
+    // http is allowed, no address range is: loopback is not public.
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![
+            ("APTIX_WEBHOOK_SECRET", SECRET.to_string()),
+            ("APTIX_WEBHOOK_ALLOW_HTTP", "true".to_string()),
+        ],
+        ..AppOptions::default()
+    })
+    .await;
+    for url in [
+        receiver.url.clone(),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://10.1.2.3/".to_string(),
+        "http://localhost:9/".to_string(),
+    ] {
+        let (status, body) = app
+            .post(Some("tok-a"), turn_with_webhook("s", "t", &url))
+            .await;
+        assert_eq!(
+            (status, code(&body)),
+            (400, "WEBHOOK_REFUSED"),
+            "{url}: {body}"
+        );
+        assert!(
+            body["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not a public address"),
+            "{body}"
+        );
+    }
+    let (status, body) = app
+        .post(
+            Some("tok-a"),
+            turn_with_webhook("s", "t", "ftp://example.com/"),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (400, "INVALID_WEBHOOK"), "{body}");
+    // Accepted while the name pointed elsewhere (a delivery queued before the DNS changed):
+    // refused again when it is sent, and dead-lettered without reaching the receiver.
+    let job = aptix_worker::webhooks::HookJob {
+        id: "evt_rebound".into(),
+        event: aptix_worker::webhooks::EventType::TurnCompleted,
+        target: aptix_worker::webhooks::Target {
+            url: receiver.url.replace("127.0.0.1", "localhost"),
+            secret_env: "APTIX_WEBHOOK_SECRET".into(),
+        },
+        tenant: "tenant-a".into(),
+        body: "{}".into(),
+        traceparent: None,
+        attempts: 0,
+        first_at: 0,
+        last_error: None,
+    };
+    app.broker
+        .enqueue_hook(&serde_json::to_vec(&job).unwrap())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let dead = loop {
+        let dead = app.broker.dead_hooks(10, false).await.unwrap();
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(Instant::now() < deadline, "not dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(dead[0].1.contains("not a public address"), "{dead:?}");
+    assert!(receiver.got().is_empty(), "{:?}", receiver.got());
+}
+
+async fn a_submission_whose_tenant_cannot_sign_is_refused(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_WEBHOOK_ALLOW_HTTP", "true".to_string())],
+        ..AppOptions::default()
+    })
+    .await;
+    let (status, body) = app
+        .post(
+            Some("tok-a"),
+            turn_with_webhook("s", "t", "https://hooks.example.com/aptix"),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (400, "WEBHOOK_SECRET_MISSING"),
+        "{body}"
+    );
+    // Nothing was accepted.
+    assert_eq!(
+        app.get(Some("tok-a"), "/v1/sessions/s/turns/t").await.0,
+        404
+    );
+}
+
+/// A tenant's webhooks from the tenants file: each gets the events it lists (all when it lists
+/// none), signed with the tenant's own secret.
+async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
+    const TENANT_SECRET: &str = "whsec_dGVuYW50LWEncyBvd24gc2lnbmluZyBzZWNyZXQ=";
+    let (failures_only, everything) = (Receiver::start([]).await, Receiver::start([]).await);
+    let tenants = std::env::temp_dir().join(format!(
+        "aptix-tenants-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let file = json!({"tenants": [{"id": "tenant-a", "webhookSecretEnv": "TENANT_A_SECRET",
+        "webhooks": [{"url": failures_only.url, "events": ["turn.failed"]}, {"url": everything.url}]}]});
+    std::fs::write(&tenants, file.to_string()).unwrap();
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: webhook_env(&[
+            ("APTIX_TENANTS_FILE", tenants.to_str().unwrap()),
+            ("TENANT_A_SECRET", TENANT_SECRET),
+        ]),
+        ..AppOptions::default()
+    })
+    .await;
+    let turn = json!({"sessionId": "s", "turnId": "t1", "instruction": "hi"}).to_string();
+    assert_eq!(app.post(Some("tok-a"), turn).await.0, 202);
+    let got = everything
+        .until(Duration::from_secs(30), |got| !got.is_empty())
+        .await;
+    let event: Value = serde_json::from_str(&got[0].body).unwrap();
+    assert_eq!(event["type"], "turn.completed");
+    verify_with(TENANT_SECRET, &got[..1]);
+    // Another tenant's turns reach neither.
+    let turn = json!({"sessionId": "s2", "turnId": "t1", "instruction": "hi"}).to_string();
+    assert_eq!(app.post(Some("tok-b"), turn).await.0, 202);
+    assert_eq!(
+        app.settled("tok-b", "s2", "t1").await["status"],
+        "completed"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(everything.got().len(), 1, "{:#?}", everything.got());
+    assert!(failures_only.got().is_empty(), "{:#?}", failures_only.got());
+}
+
+for_each_backend!(
+    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
+    tests: [
+        a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event,
+        a_private_address_is_refused_at_submission_and_at_delivery,
+        a_submission_whose_tenant_cannot_sign_is_refused,
+        a_tenants_webhooks_get_the_events_they_list,
+    ],
+);
+
+/// Deliveries that fail past the give-up age are dead-lettered; `aptix webhooks failed` lists
+/// them and `aptix webhooks replay` sends them again, with the same event id.
+#[tokio::test]
+async fn a_receiver_down_past_the_schedule_is_dead_lettered_and_replay_delivers_it() {
+    let receiver = Receiver::start([Answer::Status(503); 100]).await;
+    let settings = [
+        ("APTIX_WEBHOOK_RETRY_DELAYS_SECS", "1"),
+        ("APTIX_WEBHOOK_GIVE_UP_SECS", "4"),
+    ];
+    let app = spawn(AppOptions {
+        extra_env: webhook_env(&settings),
+        ..AppOptions::default()
+    })
+    .await;
+    let (status, body) = app
+        .post(Some("tok-a"), turn_with_webhook("s", "t1", &receiver.url))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while app.broker.dead_hooks(1, false).await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "not dead-lettered: {:#?}",
+            receiver.got()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Tried every second until the next try would come past the give-up age.
+    let tried = receiver.got().len();
+    assert!((2..=5).contains(&tried), "{tried} attempts");
+    let cli = |args: &[&str]| {
+        let out = crate::support::aptix()
+            .args(args)
+            .env("APTIX_AMQP_URL", crate::support::amqp_url())
+            .env("APTIX_NAMESPACE", &app.topology.namespace)
+            .envs(settings)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let failed = cli(&["webhooks", "failed"]);
+    let listed: Value = serde_json::from_str(failed.lines().next().unwrap()).unwrap();
+    let id = receiver.got()[0].headers["webhook-id"].clone();
+    assert_eq!(listed["eventId"], id.as_str(), "{failed}");
+    assert_eq!(listed["event"], "turn.completed");
+    assert_eq!(listed["attempts"], tried);
+    assert!(
+        listed["lastError"].as_str().unwrap().contains("503"),
+        "{failed}"
+    );
+    // Listing leaves them where they are.
+    assert_eq!(app.broker.dead_hooks(10, false).await.unwrap().len(), 1);
+    receiver.answer_from_now([]);
+    cli(&["webhooks", "replay"]);
+    let got = receiver
+        .until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.answered == 200)
+        })
+        .await;
+    assert_eq!(got.len(), tried + 1);
+    assert_eq!(got[tried].headers["webhook-id"], id, "the same event");
+    verify_independently(&got[tried..]);
+    assert!(app.broker.dead_hooks(10, false).await.unwrap().is_empty());
+}
+
+/// A worker SIGKILLed while its POST waits for the receiver: the delivery was never acked, so
+/// the next worker sends it again — at least once, with the same event id.
+#[tokio::test]
+async fn a_sender_killed_mid_post_delivers_again_after_restart() {
+    let receiver = Receiver::start([Answer::Hang]).await;
+    let mut p = crate::processes::Processes::start(webhook_env(&[]), &[], 1).await;
+    p.submit(turn_with_webhook("s", "t1", &receiver.url)).await;
+    receiver
+        .until(Duration::from_secs(30), |got| got.len() == 1)
+        .await;
+    let mut killed = p.workers.remove(0);
+    killed.child.kill().unwrap();
+    let _ = killed.child.wait();
+    p.add_worker();
+    let got = receiver
+        .until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.answered == 200)
+        })
+        .await;
+    assert_eq!(got.len(), 2, "{got:#?}");
+    assert_eq!(got[0].headers["webhook-id"], got[1].headers["webhook-id"]);
+    assert_eq!(got[0].body, got[1].body);
+    verify_independently(&got);
+}
