@@ -45,7 +45,7 @@ use crate::live::{LiveEvent, LiveOutlet};
 use crate::queue::{Audience, Broker, QueueError, Replies, SessionEvent, SessionEvents};
 use crate::state::{TurnStatus, TurnStatusView};
 use crate::store::{SessionStore, StoreError};
-use crate::webhooks::{Target, turn_jobs};
+use crate::webhooks::{Target, batch_jobs, turn_jobs};
 
 /// The longest a waiter listening to a subscription goes without reading the store: a status
 /// that never reaches the subscription is still found within this.
@@ -104,6 +104,9 @@ pub enum Undelivered {
     /// The broker did not take it.
     #[error("{0}")]
     Unpublished(QueueError),
+    /// The store could not record or read what it takes (a batch's completion).
+    #[error("{0}")]
+    Unrecorded(StoreError),
 }
 
 impl Undelivered {
@@ -112,6 +115,7 @@ impl Undelivered {
         match self {
             Self::NotReplicated(_) => "result_unreplicated",
             Self::Unpublished(_) => "reply_unpublished",
+            Self::Unrecorded(_) => "batch_unrecorded",
         }
     }
 }
@@ -176,6 +180,50 @@ impl ResultDelivery {
                 .map_err(Undelivered::Unpublished)?;
         }
         Ok(())
+    }
+
+    /// Notes what is known of batch `id`'s completion (a line's turn that settled, or the
+    /// number of lines with turns) and, when that completes it, enqueues `batch.completed` for
+    /// the targets `targets` gives for the batch, then marks the batch told of. A failure
+    /// leaves it untold; noting again tells of it.
+    pub async fn batch_settled(
+        &self,
+        id: &str,
+        (settled, lines): (Option<(&SessionId, &TurnId)>, Option<usize>),
+        targets: impl FnOnce(&crate::state::BatchRecord) -> Vec<Target>,
+    ) -> Result<(), Undelivered> {
+        let complete = self
+            .store
+            .note_batch(id, settled, lines)
+            .await
+            .map_err(Undelivered::Unrecorded)?;
+        if !complete {
+            return Ok(());
+        }
+        let Some(batch) = self
+            .store
+            .get_batch(id)
+            .await
+            .map_err(Undelivered::Unrecorded)?
+        else {
+            return Ok(()); // expired: nothing to tell of
+        };
+        let progress = crate::store::batch_progress(self.store.as_ref(), &batch)
+            .await
+            .map_err(Undelivered::Unrecorded)?;
+        for job in batch_jobs(&progress, &batch.tenant, &targets(&batch)) {
+            let body = serde_json::to_vec(&job)
+                .map_err(|e| Undelivered::Unpublished(QueueError::Encode(Arc::new(e))))?;
+            self.broker
+                .enqueue_hook(&body)
+                .await
+                .map_err(Undelivered::Unpublished)?;
+        }
+        tracing::info!(batch_id = %id, "every line of the batch settled; batch.completed enqueued");
+        self.store
+            .batch_done(id)
+            .await
+            .map_err(Undelivered::Unrecorded)
     }
 
     /// Subscribes this process directly to `turn`'s statuses (and live events when `live`)

@@ -340,6 +340,9 @@ pub struct TurnRecord {
     /// there too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
+    /// The batch the turn is a line of, when that batch's completion is told of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -407,12 +410,19 @@ impl TurnRecord {
             reply_to: None,
             streaming: false,
             webhook: None,
+            batch: None,
         }
     }
 
     /// The same record with the webhook URL it was submitted with.
     pub fn with_webhook(mut self, url: Option<&str>) -> Self {
         self.webhook = url.map(str::to_string);
+        self
+    }
+
+    /// The same record as a line of `batch` (one whose completion is told of).
+    pub fn in_batch(mut self, batch: Option<&str>) -> Self {
+        self.batch = batch.map(str::to_string);
         self
     }
 
@@ -514,6 +524,38 @@ pub struct BatchRecord {
     pub items: Vec<BatchItem>,
     /// Rejected lines, in line order.
     pub rejected: Vec<BatchLineError>,
+    /// Where `batch.completed` (and each line's turn) is POSTed too, when the submission
+    /// named a webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+}
+
+/// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
+/// failed + cancelled + expired` (`expired`: turns whose records are gone).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchProgress {
+    /// The batch id.
+    pub batch_id: String,
+    /// Lines submitted.
+    pub total: usize,
+    /// Lines rejected at submission.
+    pub rejected: usize,
+    /// Turns waiting for a worker.
+    pub queued: usize,
+    /// Turns being run.
+    pub running: usize,
+    /// Turns waiting for client tool results.
+    pub awaiting_client_tools: usize,
+    /// Turns with a final answer.
+    pub completed: usize,
+    /// Turns that failed.
+    pub failed: usize,
+    /// Turns that were cancelled.
+    #[serde(default)]
+    pub cancelled: usize,
+    /// Turns whose records are gone (past the retention period).
+    pub expired: usize,
 }
 
 /// One accepted line of a batch.

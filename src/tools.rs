@@ -268,6 +268,7 @@ mod tests {
             reply_to: None,
             streaming: false,
             webhook: None,
+            batch: None,
         };
         let lease = store
             .acquire_lease(

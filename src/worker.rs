@@ -625,7 +625,27 @@ impl Worker {
                 traceparent: delivery.traceparent.as_deref(),
             },
         };
-        match self.delivery.deliver(&view, to).await {
+        let delivered = match self.delivery.deliver(&view, to).await {
+            // A line of a batch whose completion is told of: this may be its last line.
+            Ok(()) => match delivery.batch.as_deref().filter(|_| status.is_settled()) {
+                Some(batch) => {
+                    let tenants = self.quotas.tenants();
+                    let settled = Some((request.session, request.turn));
+                    self.delivery
+                        .batch_settled(batch, (settled, None), |b| {
+                            tenants.webhook_targets(
+                                Some(&b.tenant),
+                                b.webhook.as_deref(),
+                                EventType::BatchCompleted,
+                            )
+                        })
+                        .await
+                }
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        match delivered {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());

@@ -17,7 +17,7 @@ use crate::contract::{
     AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, ParsedRequest, SessionId, TurnId,
     parse_request,
 };
-use crate::store::{BatchItem, BatchLineError, BatchRecord, StoreError, TurnStatus, now_rfc3339};
+use crate::store::{BatchItem, BatchLineError, BatchRecord, StoreError, now_rfc3339};
 
 /// The longest `customId` accepted.
 pub const MAX_CUSTOM_ID_CHARS: usize = 256;
@@ -39,33 +39,7 @@ pub struct BatchAccepted {
     pub errors: Vec<BatchLineError>,
 }
 
-/// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
-/// failed + cancelled + expired` (`expired`: turns whose records are gone).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct BatchProgress {
-    /// The batch id.
-    pub batch_id: String,
-    /// Lines submitted.
-    pub total: usize,
-    /// Lines rejected at submission.
-    pub rejected: usize,
-    /// Turns waiting for a worker.
-    pub queued: usize,
-    /// Turns being run.
-    pub running: usize,
-    /// Turns waiting for client tool results.
-    pub awaiting_client_tools: usize,
-    /// Turns with a final answer.
-    pub completed: usize,
-    /// Turns that failed.
-    pub failed: usize,
-    /// Turns that were cancelled.
-    #[serde(default)]
-    pub cancelled: usize,
-    /// Turns whose records are gone (past the retention period).
-    pub expired: usize,
-}
+pub use crate::state::BatchProgress;
 
 /// One line of `GET /v1/batches/{id}/results`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -100,6 +74,9 @@ pub enum BatchError {
     /// The store is unavailable.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The batch's webhook is refused (or its tenant cannot sign): nothing was accepted.
+    #[error("{0}")]
+    Webhook(SubmitError),
 }
 
 fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> BatchLineError {
@@ -129,6 +106,7 @@ impl FrontDoor {
         tenant: &str,
         body: &[u8],
         limits: BatchLimits,
+        webhook: Option<&str>,
     ) -> Result<BatchAccepted, BatchError> {
         if body.len() > limits.max_bytes {
             return Err(BatchError::TooLarge(format!(
@@ -184,6 +162,11 @@ impl FrontDoor {
                 }
             })
             .collect();
+        if let Some(url) = webhook {
+            self.admit_webhook(Some(tenant), url)
+                .await
+                .map_err(BatchError::Webhook)?;
+        }
         // The batch is stored before anything is enqueued, so a turn is never running for a
         // batch nobody can read back; lines that then fail to enqueue are moved to `rejected`.
         let mut record = BatchRecord {
@@ -193,7 +176,18 @@ impl FrontDoor {
             total: lines.len(),
             items: Vec::new(),
             rejected: Vec::new(),
+            webhook: webhook.map(str::to_string),
         };
+        // Its completion is told of (batch.completed) only to whom it goes to: none of the
+        // per-line bookkeeping for a batch that nobody hears of.
+        let targets = |b: &BatchRecord| {
+            self.quotas.tenants().webhook_targets(
+                Some(&b.tenant),
+                b.webhook.as_deref(),
+                crate::webhooks::EventType::BatchCompleted,
+            )
+        };
+        let tracked = !targets(&record).is_empty();
         let mut valid = Vec::new();
         for p in prepared {
             match p {
@@ -210,8 +204,15 @@ impl FrontDoor {
             }
         }
         self.store.put_batch(&record).await?;
+        let pickup = if tracked {
+            super::Pickup::in_tracked_batch(&record.batch_id, webhook)
+        } else {
+            super::Pickup::in_batch()
+        };
         let outcomes: Vec<Result<(), BatchLineError>> = futures_util::stream::iter(valid)
-            .map(|(line, custom_id, request)| self.enqueue_line(tenant, line, custom_id, request))
+            .map(|(line, custom_id, request)| {
+                self.enqueue_line(tenant, (line, custom_id), request, pickup)
+            })
             .buffered(SUBMIT_CONCURRENCY)
             .collect()
             .await;
@@ -225,6 +226,17 @@ impl FrontDoor {
                 // The answer below is still exact; only a later GET of the batch would show
                 // the lines that failed to enqueue as expired instead of rejected.
                 tracing::error!(batch_id = %record.batch_id, error = %e, "could not record the lines that failed to enqueue");
+            }
+        }
+        if tracked {
+            // Every line's turn is enqueued: how many there are completes what the workers
+            // note (lines that settled already count).
+            let told = self
+                .delivery
+                .batch_settled(&record.batch_id, (None, Some(record.items.len())), targets)
+                .await;
+            if let Err(e) = told {
+                tracing::error!(batch_id = %record.batch_id, error = %e, "could not record the batch's line count; batch.completed will not be sent");
             }
         }
         tracing::info!(
@@ -355,9 +367,9 @@ impl FrontDoor {
     async fn enqueue_line(
         &self,
         tenant: &str,
-        line: usize,
-        custom_id: String,
+        (line, custom_id): (usize, String),
         parsed: ParsedRequest,
+        pickup: super::Pickup<'_>,
     ) -> Result<(), BatchLineError> {
         let request = parsed.request;
         let submitted = self
@@ -365,7 +377,7 @@ impl FrontDoor {
                 tenant,
                 &request,
                 &crate::trace::TraceContext::new_root(),
-                super::Pickup::in_batch(),
+                pickup,
             )
             .await;
         let errors = match submitted {
@@ -406,31 +418,7 @@ impl FrontDoor {
 
     /// Counts the batch's turns by status.
     pub async fn batch_progress(&self, batch: &BatchRecord) -> Result<BatchProgress, StoreError> {
-        let mut p = BatchProgress {
-            batch_id: batch.batch_id.clone(),
-            total: batch.total,
-            rejected: batch.rejected.len(),
-            ..BatchProgress::default()
-        };
-        for chunk in batch.items.chunks(READ_CHUNK) {
-            let ids: Vec<_> = chunk
-                .iter()
-                .map(|i| (i.session_id.clone(), i.turn_id.clone()))
-                .collect();
-            for record in self.store.get_turns(&ids).await? {
-                let slot = match record.map(|r| r.status) {
-                    None => &mut p.expired,
-                    Some(TurnStatus::Queued) => &mut p.queued,
-                    Some(TurnStatus::Running) => &mut p.running,
-                    Some(TurnStatus::AwaitingClientTools) => &mut p.awaiting_client_tools,
-                    Some(TurnStatus::Completed) => &mut p.completed,
-                    Some(TurnStatus::Failed) => &mut p.failed,
-                    Some(TurnStatus::Cancelled) => &mut p.cancelled,
-                };
-                *slot += 1;
-            }
-        }
-        Ok(p)
+        crate::store::batch_progress(self.store.as_ref(), batch).await
     }
 
     /// The batch's result lines, in submission order, read a chunk of turns at a time.

@@ -132,13 +132,31 @@ impl FrontDoor {
             },
         };
         match self.delivery.deliver(view, to).await {
-            Ok(()) => Ok(()),
-            Err(Undelivered::NotReplicated(e)) => Err(e.into()),
+            Ok(()) => {}
+            Err(Undelivered::NotReplicated(e) | Undelivered::Unrecorded(e)) => return Err(e.into()),
             Err(Undelivered::Unpublished(e)) => {
                 tracing::warn!(session_id = %view.session_id, turn_id = %view.turn_id, error = %e, "a cancelled turn's status could not be published; it is stored");
-                Ok(())
+                return Ok(());
             }
         }
+        // A line of a batch whose completion is told of: this may be its last line.
+        if let Some(batch) = &record.batch {
+            let settled = Some((&view.session_id, &view.turn_id));
+            let told = self
+                .delivery
+                .batch_settled(batch, (settled, None), |b| {
+                    tenants.webhook_targets(
+                        Some(&b.tenant),
+                        b.webhook.as_deref(),
+                        EventType::BatchCompleted,
+                    )
+                })
+                .await;
+            if let Err(e) = told {
+                tracing::warn!(batch_id = %batch, error = %e, "could not note a cancelled line of a batch");
+            }
+        }
+        Ok(())
     }
 
     /// Applies a user turn's `onBusy` to the other turns of its session that are queued or

@@ -457,6 +457,11 @@ impl QueryParams {
         Ok(first.map(String::as_str))
     }
 
+    /// `?webhook=<url>`, if given (the URL is checked by whoever uses it).
+    pub(crate) fn webhook(&self) -> Result<Option<String>, BadParameter> {
+        Ok(self.single("webhook")?.map(str::to_string))
+    }
+
     /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.
     pub(crate) fn wait(&self) -> Result<Duration, BadParameter> {
         let Some(raw) = self.single("wait")? else {

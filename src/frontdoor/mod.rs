@@ -121,6 +121,9 @@ pub struct Pickup<'a> {
     /// Whether the submitter may read the session's reply queue later
     /// ([`JobMeta::reply_queue_wanted`]).
     pub reply_queue_wanted: bool,
+    /// The batch the turn is a line of, when its completion is told of (`batch.completed`),
+    /// with the batch's webhook (admitted already) for a line that names none of its own.
+    pub batch: Option<(&'a str, Option<&'a str>)>,
 }
 
 impl<'a> Pickup<'a> {
@@ -131,6 +134,7 @@ impl<'a> Pickup<'a> {
         Self {
             reply_to,
             reply_queue_wanted: true,
+            batch: None,
         }
     }
     /// A turn whose answer goes out in the HTTP response that submitted it (the synchronous
@@ -139,6 +143,7 @@ impl<'a> Pickup<'a> {
         Self {
             reply_to,
             reply_queue_wanted: false,
+            batch: None,
         }
     }
     /// A batch line: its result is read from the batch.
@@ -146,6 +151,15 @@ impl<'a> Pickup<'a> {
         Self {
             reply_to: None,
             reply_queue_wanted: false,
+            batch: None,
+        }
+    }
+
+    /// A line of batch `id` whose completion is told of, with the batch's `webhook`.
+    pub fn in_tracked_batch(id: &'a str, webhook: Option<&'a str>) -> Self {
+        Self {
+            batch: Some((id, webhook)),
+            ..Self::in_batch()
         }
     }
 }
@@ -224,11 +238,20 @@ impl FrontDoor {
                 ),
             ));
         }
-        if let Err(e) = self.webhook_guard.check(url).await {
-            return Err(refused(
-                ErrorCode::WebhookRefused,
-                format!("webhook.url {e}"),
-            ));
+        match self.webhook_guard.check(url).await {
+            Ok(_) => {}
+            Err(e @ crate::webhooks::guard::Refused::Malformed(_)) => {
+                return Err(refused(
+                    ErrorCode::InvalidWebhook,
+                    format!("webhook.url {e}"),
+                ));
+            }
+            Err(e) => {
+                return Err(refused(
+                    ErrorCode::WebhookRefused,
+                    format!("webhook.url {e}"),
+                ));
+            }
         }
         Ok(())
     }
@@ -432,7 +455,8 @@ impl FrontDoor {
         let reply_to = pickup.reply_to;
         let mut meta = JobMeta::new(Some(traceparent.as_str()), tenant)
             .replying_to(reply_to)
-            .wanting_reply_queue(pickup.reply_queue_wanted);
+            .wanting_reply_queue(pickup.reply_queue_wanted)
+            .in_batch(pickup.batch.map(|(id, _)| id));
         let lane = self.quotas.lane_of(tenant);
         self.check_configured(request)
             .map_err(SubmitError::Invalid)?;
@@ -441,16 +465,19 @@ impl FrontDoor {
             .map_err(|e| SubmitError::Unavailable(format!("cannot encode the job: {e}")))?;
         match request {
             AgentExecuteRequest::UserTurn(turn) => {
-                let webhook = turn.webhook().map(|w| w.url.as_str());
-                if let Some(url) = webhook {
+                let own = turn.webhook().map(|w| w.url.as_str());
+                if let Some(url) = own {
                     self.admit_webhook(tenant, url).await?;
                 }
+                // A batch line without a webhook of its own gets the batch's.
+                let webhook = own.or(pickup.batch.and_then(|(_, w)| w));
                 meta = meta.with_webhook(webhook);
                 let fp = fingerprint(turn);
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
                     .replying_to(reply_to)
                     .with_streaming(turn.streaming())
-                    .with_webhook(webhook);
+                    .with_webhook(webhook)
+                    .in_batch(pickup.batch.map(|(id, _)| id));
                 let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {

@@ -200,6 +200,8 @@ pub struct JobMeta {
     pub reply_queue_wanted: bool,
     /// The submission's own webhook URL (see [`crate::webhooks`]), when it named one.
     pub webhook: Option<String>,
+    /// The batch the job is a line of, when its completion is told of (`batch.completed`).
+    pub batch: Option<String>,
 }
 
 impl JobMeta {
@@ -212,7 +214,14 @@ impl JobMeta {
             reply_to: None,
             reply_queue_wanted: true,
             webhook: None,
+            batch: None,
         }
+    }
+
+    /// The same headers naming the batch the job is a line of.
+    pub fn in_batch(mut self, batch: Option<&str>) -> Self {
+        self.batch = batch.map(str::to_string);
+        self
     }
 
     /// The same headers naming the submission's webhook URL.
@@ -264,6 +273,8 @@ pub struct Delivery {
     pub reply_queue_wanted: bool,
     /// The submission's own webhook URL, when it named one.
     pub webhook: Option<String>,
+    /// The batch it is a line of, when that batch's completion is told of.
+    pub batch: Option<String>,
     acker: Box<dyn Acker>,
 }
 
@@ -293,6 +304,7 @@ impl Delivery {
             reply_to: None,
             reply_queue_wanted: true,
             webhook: None,
+            batch: None,
             acker,
         }
     }
@@ -305,6 +317,7 @@ impl Delivery {
         self.reply_to = meta.reply_to;
         self.reply_queue_wanted = meta.reply_queue_wanted;
         self.webhook = meta.webhook;
+        self.batch = meta.batch;
         self
     }
 
@@ -323,6 +336,7 @@ impl Delivery {
             reply_to: self.reply_to.clone(),
             reply_queue_wanted: self.reply_queue_wanted,
             webhook: self.webhook.clone(),
+            batch: self.batch.clone(),
         }
     }
 

@@ -23,6 +23,14 @@ pub struct MemoryStore {
 /// A streaming turn's latest live events, and until when they are kept.
 type KeptLive = (Instant, std::collections::VecDeque<Vec<u8>>);
 
+/// A batch's completion as noted so far.
+#[derive(Debug, Default)]
+struct BatchLines {
+    settled: std::collections::HashSet<(SessionId, TurnId)>,
+    lines: Option<usize>,
+    done: bool,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<SessionId, SessionState>,
@@ -35,6 +43,8 @@ struct Inner {
     contexts: HashMap<SessionId, ContextIds>,
     cancels: std::collections::HashSet<(SessionId, TurnId)>,
     batches: HashMap<String, BatchRecord>,
+    /// What is known of each batch's lines ([`SessionStore::note_batch`]).
+    batch_lines: HashMap<String, BatchLines>,
     /// Sessions marked watched, until when (expired ones are dropped at the next mark).
     watched: HashMap<SessionId, Instant>,
     /// Streaming turns' latest live events, kept until when.
@@ -436,5 +446,31 @@ impl SessionStore for MemoryStore {
 
     async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
         Ok(self.lock()?.batches.get(id).cloned())
+    }
+
+    async fn note_batch(
+        &self,
+        id: &str,
+        settled: Option<(&SessionId, &TurnId)>,
+        lines: Option<usize>,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let note = inner.batch_lines.entry(id.to_string()).or_default();
+        if let Some((s, t)) = settled {
+            note.settled.insert((s.clone(), t.clone()));
+        }
+        if lines.is_some() {
+            note.lines = lines;
+        }
+        Ok(!note.done && note.lines.is_some_and(|n| note.settled.len() >= n))
+    }
+
+    async fn batch_done(&self, id: &str) -> Result<(), StoreError> {
+        self.lock()?
+            .batch_lines
+            .entry(id.to_string())
+            .or_default()
+            .done = true;
+        Ok(())
     }
 }

@@ -405,6 +405,19 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// The batch, if it exists.
     async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError>;
+    /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
+    /// (each counted once, however often it settles) and, from the front door once every line
+    /// was enqueued, how many lines have turns. `true` when every line has settled and the
+    /// batch is not marked done ([`SessionStore::batch_done`]) — whoever notes the last piece
+    /// tells of it.
+    async fn note_batch(
+        &self,
+        id: &str,
+        settled: Option<(&SessionId, &TurnId)>,
+        lines: Option<usize>,
+    ) -> Result<bool, StoreError>;
+    /// Marks batch `id` as told of (after its `batch.completed` deliveries were enqueued).
+    async fn batch_done(&self, id: &str) -> Result<(), StoreError>;
     /// Several turns at once, in the order asked (`None` where absent); one round trip where
     /// the backend allows it.
     async fn get_turns(
@@ -417,4 +430,40 @@ pub trait SessionStore: Send + Sync + 'static {
         }
         Ok(out)
     }
+}
+
+/// Turns read from the store at once when counting a batch's progress.
+const BATCH_READ_CHUNK: usize = 500;
+
+/// Counts `batch`'s turns by status (what `GET /v1/batches/{id}` answers, and the data of a
+/// `batch.completed` event).
+pub async fn batch_progress(
+    store: &dyn SessionStore,
+    batch: &BatchRecord,
+) -> Result<crate::state::BatchProgress, StoreError> {
+    let mut p = crate::state::BatchProgress {
+        batch_id: batch.batch_id.clone(),
+        total: batch.total,
+        rejected: batch.rejected.len(),
+        ..Default::default()
+    };
+    for chunk in batch.items.chunks(BATCH_READ_CHUNK) {
+        let ids: Vec<_> = chunk
+            .iter()
+            .map(|i| (i.session_id.clone(), i.turn_id.clone()))
+            .collect();
+        for record in store.get_turns(&ids).await? {
+            let slot = match record.map(|r| r.status) {
+                None => &mut p.expired,
+                Some(TurnStatus::Queued) => &mut p.queued,
+                Some(TurnStatus::Running) => &mut p.running,
+                Some(TurnStatus::AwaitingClientTools) => &mut p.awaiting_client_tools,
+                Some(TurnStatus::Completed) => &mut p.completed,
+                Some(TurnStatus::Failed) => &mut p.failed,
+                Some(TurnStatus::Cancelled) => &mut p.cancelled,
+            };
+            *slot += 1;
+        }
+    }
+    Ok(p)
 }

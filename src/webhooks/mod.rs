@@ -194,6 +194,37 @@ pub fn turn_jobs(
         .collect()
 }
 
+/// The jobs of `batch.completed` for `progress` (every line settled), one per target; the
+/// event id is the batch's, so telling of it twice is one event to the receiver.
+pub fn batch_jobs(
+    progress: &crate::state::BatchProgress,
+    tenant: &str,
+    targets: &[Target],
+) -> Vec<HookJob> {
+    let event = EventType::BatchCompleted;
+    let mut h = Sha256::new();
+    h.update(progress.batch_id.as_bytes());
+    h.update([0]);
+    h.update(event.as_str().as_bytes());
+    let id = format!("evt_{}", &crate::hex::lower(&h.finalize())[..32]);
+    let body = event_body(event, &crate::state::now_rfc3339(), progress);
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    targets
+        .iter()
+        .map(|target| HookJob {
+            id: id.clone(),
+            event,
+            target: target.clone(),
+            tenant: tenant.to_string(),
+            body: body.clone(),
+            traceparent: None,
+            attempts: 0,
+            first_at: now,
+            last_error: None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,6 +95,7 @@ async fn a_retry_arrives_after_its_delay_with_its_headers(s: Subject) {
         reply_to: Some("a-waiting-front-door".into()),
         reply_queue_wanted: false,
         webhook: Some("https://hooks.example.com/aptix".into()),
+        batch: Some("batch-1".into()),
     };
     s.broker
         .publish_retry(b"later", Duration::from_millis(200), &meta)

@@ -90,6 +90,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         reply_to: Some("a-front-door".into()),
         streaming: true,
         webhook: Some("https://hooks.example.com/aptix".into()),
+        batch: Some("batch-1".into()),
     }
 }
 
@@ -739,6 +740,36 @@ async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
 
 /// A streaming turn's live events are kept for reconnecting clients: the newest
 /// `LIVE_EVENTS_PER_TURN` of each turn, oldest first, apart from other turns.
+/// A batch's completion: each line counted once however often it settles, complete only
+/// once the line count is known (whichever comes last), and not again once marked done.
+async fn a_batch_completes_once_every_line_settled_and_the_count_is_known(s: Subject) {
+    let st = &s.store;
+    let (a, b) = (TurnId::parse("a").unwrap(), TurnId::parse("b").unwrap());
+    let session = SessionId::parse("batched").unwrap();
+    let line = |t| Some((&session, t));
+    // Settled before the front door recorded how many lines there are: not complete yet.
+    assert!(!st.note_batch("b1", line(&a), None).await.unwrap());
+    assert!(
+        !st.note_batch("b1", line(&a), None).await.unwrap(),
+        "counted once"
+    );
+    assert!(!st.note_batch("b1", None, Some(2)).await.unwrap());
+    assert!(
+        st.note_batch("b1", line(&b), None).await.unwrap(),
+        "the last line completes it"
+    );
+    // Noted again before it is marked done (a retry of the worker that found it complete).
+    assert!(st.note_batch("b1", line(&b), None).await.unwrap());
+    st.batch_done("b1").await.unwrap();
+    assert!(
+        !st.note_batch("b1", line(&b), None).await.unwrap(),
+        "told of once"
+    );
+    // Every line settled before the count came: the count completes it.
+    assert!(!st.note_batch("b2", line(&a), None).await.unwrap());
+    assert!(st.note_batch("b2", None, Some(1)).await.unwrap());
+}
+
 async fn the_newest_live_events_of_a_turn_are_kept_in_order(s: Subject) {
     use aptix_worker::store::LIVE_EVENTS_PER_TURN;
     let (a, b) = (tid("a"), tid("b"));
@@ -1016,6 +1047,7 @@ for_each_backend!(
         cluster => super::cluster().await,
     ],
     tests: [
+        a_batch_completes_once_every_line_settled_and_the_count_is_known,
         the_newest_live_events_of_a_turn_are_kept_in_order,
         saves_and_reads_back_sessions_and_turns,
         a_lease_is_exclusive_until_released_or_expired,

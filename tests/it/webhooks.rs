@@ -359,6 +359,95 @@ async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
     assert!(failures_only.got().is_empty(), "{:#?}", failures_only.got());
 }
 
+/// A batch with a webhook: every line's turn is an event there, and once the last line has
+/// settled, one `batch.completed` whose data is the batch's progress.
+async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(backend: Backend) {
+    let receiver = Receiver::start([]).await;
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: webhook_env(&[]),
+        ..AppOptions::default()
+    })
+    .await;
+    let lines: Vec<String> = (0..100)
+        .map(|i| json!({"customId": format!("doc-{i}"), "request": {"instruction": format!("review {i}")}}).to_string())
+        .collect();
+    let path = format!(
+        "/v1/batches?webhook={}",
+        receiver.url.replace(':', "%3A").replace('/', "%2F")
+    );
+    let (status, body) = app.post_to(Some("tok-a"), &path, lines.join("\n")).await;
+    assert_eq!(status, 202, "{body}");
+    let batch_id = body["result"]["batchId"].as_str().unwrap().to_string();
+    let got = receiver
+        .until(Duration::from_secs(60), |got| got.len() >= 101)
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got_later = receiver.got();
+    assert_eq!(got_later.len(), 101, "nothing more: {}", got_later.len());
+    let events: Vec<Value> = got
+        .iter()
+        .map(|r| serde_json::from_str(&r.body).unwrap())
+        .collect();
+    let turns: std::collections::HashSet<String> = events
+        .iter()
+        .filter(|e| e["type"] == "turn.completed")
+        .map(|e| e["data"]["turnId"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(turns.len(), 100, "one event per line's turn");
+    let completed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "batch.completed")
+        .collect();
+    assert_eq!(completed.len(), 1, "{completed:?}");
+    let progress = &completed[0]["data"];
+    assert_eq!(progress["batchId"], batch_id.as_str());
+    assert_eq!(
+        (progress["total"].as_u64(), progress["completed"].as_u64()),
+        (Some(100), Some(100)),
+        "{progress}"
+    );
+    // Told of once the last turn had completed.
+    let last_turn = events
+        .iter()
+        .filter(|e| e["type"] == "turn.completed")
+        .map(|e| e["timestamp"].as_str().unwrap().to_string())
+        .max()
+        .unwrap();
+    assert!(completed[0]["timestamp"].as_str().unwrap() >= last_turn.as_str());
+    // The same body as GET answers.
+    let (_, now) = app
+        .get(Some("tok-a"), &format!("/v1/batches/{batch_id}"))
+        .await;
+    assert_eq!(&now["result"], progress);
+    verify_independently(&got[..3]);
+}
+
+/// A batch's webhook is held to the same rules as a turn's: nothing is accepted otherwise.
+async fn a_batch_with_a_refused_webhook_is_refused_whole(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_WEBHOOK_SECRET", SECRET.to_string())],
+        ..AppOptions::default()
+    })
+    .await;
+    let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
+    for (url, expected) in [
+        ("http%3A%2F%2Fhooks.example.com%2F", "WEBHOOK_REFUSED"),
+        ("https%3A%2F%2F127.0.0.1%2F", "WEBHOOK_REFUSED"),
+        ("not%20a%20url", "INVALID_WEBHOOK"),
+    ] {
+        let (status, body) = app
+            .post_to(
+                Some("tok-a"),
+                &format!("/v1/batches?webhook={url}"),
+                line.clone(),
+            )
+            .await;
+        assert_eq!((status, code(&body)), (400, expected), "{url}: {body}");
+    }
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
@@ -366,6 +455,8 @@ for_each_backend!(
         a_private_address_is_refused_at_submission_and_at_delivery,
         a_submission_whose_tenant_cannot_sign_is_refused,
         a_tenants_webhooks_get_the_events_they_list,
+        a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed,
+        a_batch_with_a_refused_webhook_is_refused_whole,
     ],
 );
 

@@ -11,17 +11,18 @@ use crate::frontdoor::batch::BatchAccepted;
 use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::extract::{
-    ApiPath, BatchSized, HttpState, LimitedBody, Tenant, answer, failure, unavailable,
+    ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Tenant, answer, failure, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
 /// Submit a batch: NDJSON, one `{"customId", "request"}` per line, each validated on its own.
 #[utoipa::path(post, path = "/v1/batches", tag = "batches",
+    params(("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see the README's Webhooks)")),
     request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
         description = "One BatchLine per line; a request may leave out sessionId/turnId"),
     responses(
         (status = 202, description = "Good lines enqueued; bad lines listed by line number and customId", body = api_doc::InvokeResult<BatchAccepted>),
-        (status = 400, description = "No lines, or not UTF-8", body = Failure),
+        (status = 400, description = "No lines, or not UTF-8; or the webhook is refused (INVALID_WEBHOOK, WEBHOOK_REFUSED, WEBHOOK_SECRET_MISSING)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
@@ -31,12 +32,17 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
 pub(crate) async fn post_batch(
     State(state): State<HttpState>,
     Tenant(tenant): Tenant,
+    query: QueryParams,
     LimitedBody(body, _): LimitedBody<BatchSized>,
 ) -> Response {
     use crate::frontdoor::batch::BatchError;
+    let webhook = match query.webhook() {
+        Ok(w) => w,
+        Err(bad) => return bad.into(),
+    };
     match state
         .door
-        .submit_batch(&tenant, &body, state.batch_limits)
+        .submit_batch(&tenant, &body, state.batch_limits, webhook.as_deref())
         .await
     {
         Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
@@ -51,6 +57,7 @@ pub(crate) async fn post_batch(
             format!("$: {m}"),
         ),
         Err(BatchError::Store(e)) => unavailable(e),
+        Err(BatchError::Webhook(refused)) => refused.into_response(),
     }
 }
 

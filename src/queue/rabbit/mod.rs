@@ -59,6 +59,8 @@ const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
 const REPLY_QUEUE_HEADER: &str = "x-aptix-reply-queue";
 /// The submission's own webhook URL, when it named one.
 const WEBHOOK_HEADER: &str = "x-aptix-webhook";
+/// The batch a job is a line of, when that batch's completion is told of.
+const BATCH_HEADER: &str = "x-aptix-batch";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e)
@@ -129,6 +131,9 @@ fn job_headers(meta: &JobMeta) -> FieldTable {
     if let Some(w) = &meta.webhook {
         headers.push((WEBHOOK_HEADER, text(w)));
     }
+    if let Some(b) = &meta.batch {
+        headers.push((BATCH_HEADER, text(b)));
+    }
     table(headers)
 }
 
@@ -149,6 +154,7 @@ fn meta_of(props: &BasicProperties) -> JobMeta {
         reply_to: text_header(props, REPLY_TO_HEADER),
         reply_queue_wanted: text_header(props, REPLY_QUEUE_HEADER).as_deref() != Some("none"),
         webhook: text_header(props, WEBHOOK_HEADER),
+        batch: text_header(props, BATCH_HEADER),
     }
 }
 

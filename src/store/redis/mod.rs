@@ -782,6 +782,39 @@ impl SessionStore for RedisStore {
         decode(&key, raw)
     }
 
+    async fn note_batch(
+        &self,
+        id: &str,
+        settled: Option<(&SessionId, &TurnId)>,
+        lines: Option<usize>,
+    ) -> Result<bool, StoreError> {
+        let key = |part: &str| format!("{}:batchlines:{{{id}}}:{part}", self.namespace);
+        let member = settled.map_or(String::new(), |(s, t)| format!("{s}\n{t}"));
+        let done: i64 = self
+            .scripts
+            .note_batch
+            .key(key("settled"))
+            .key(key("lines"))
+            .key(key("done"))
+            .arg(member)
+            .arg(lines.map_or(String::new(), |n| n.to_string()))
+            .arg(ms(self.retention.turns))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(done == 1)
+    }
+
+    async fn batch_done(&self, id: &str) -> Result<(), StoreError> {
+        let key = format!("{}:batchlines:{{{id}}}:done", self.namespace);
+        let _: () = self
+            .conn()
+            .pset_ex(&key, "1", ms(self.retention.turns))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
     async fn get_turns(
         &self,
         ids: &[(SessionId, TurnId)],

@@ -86,6 +86,30 @@ redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 
 /// KEYS: the session's watch mark. ARGV: TTL ms.
 /// Sets the mark to last ARGV[1] from now unless it lasts longer already.
+/// KEYS: a batch's settled lines (set), its line count, its done flag (one hash slot).
+/// ARGV: a settled line's member or '', the line count or '', TTL ms.
+/// Returns 1 when every line has settled and the batch is not marked done yet, else 0.
+const NOTE_BATCH: &str = r"
+if ARGV[1] ~= '' then
+  redis.call('SADD', KEYS[1], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
+local lines = redis.call('GET', KEYS[2])
+if not lines then
+  return 0
+end
+if redis.call('SCARD', KEYS[1]) >= tonumber(lines) then
+  return 1
+end
+return 0
+";
+
 const MARK_WATCHED: &str = r"
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
@@ -168,6 +192,7 @@ pub(super) struct Scripts {
     pub(super) discard_turn: Script,
     pub(super) replace_turn: Script,
     pub(super) mark_watched: Script,
+    pub(super) note_batch: Script,
 }
 
 impl Scripts {
@@ -185,7 +210,7 @@ impl Scripts {
         self.named().into_iter().map(|(_, script)| script).collect()
     }
 
-    fn named(&self) -> [(&'static str, &Script); 10] {
+    fn named(&self) -> [(&'static str, &Script); 11] {
         [
             ("acquire", &self.acquire),
             ("begin", &self.begin),
@@ -197,6 +222,7 @@ impl Scripts {
             ("discard_turn", &self.discard_turn),
             ("replace_turn", &self.replace_turn),
             ("mark_watched", &self.mark_watched),
+            ("note_batch", &self.note_batch),
         ]
     }
 
@@ -213,6 +239,7 @@ impl Scripts {
             discard_turn: Script::new(DISCARD_TURN),
             replace_turn: Script::new(REPLACE_TURN),
             mark_watched: Script::new(MARK_WATCHED),
+            note_batch: Script::new(NOTE_BATCH),
         }
     }
 }
