@@ -55,7 +55,7 @@ pub struct LoopOptions {
 }
 
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces) start after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -65,7 +65,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// Processes whose command name is `comm`.
-fn pids_named(comm: &str) -> Vec<u32> {
+pub(super) fn pids_named(comm: &str) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

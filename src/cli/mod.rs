@@ -20,6 +20,7 @@ mod bench_loop;
 mod bench_procs;
 mod bench_stream;
 mod bench_verdict;
+mod bench_webhooks;
 pub mod client;
 pub mod dlq;
 pub mod index;

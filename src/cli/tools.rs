@@ -140,6 +140,11 @@ pub struct BenchArgs {
     /// report the broker's resident memory per queue (for capacity planning).
     #[arg(long, conflicts_with_all = ["in_flight", "first_delta", "closed_loop"])]
     pub reply_queues: Option<usize>,
+    /// Instead: send this many webhook deliveries to a receiver on loopback through the
+    /// webhook queue and the sender (RabbitMQ when `APTIX_AMQP_URL` is set), against the bare
+    /// HTTP client, with the CPU per delivery.
+    #[arg(long, conflicts_with_all = ["in_flight", "first_delta", "closed_loop", "reply_queues"])]
+    pub webhooks: Option<usize>,
 }
 
 /// Arguments of `aptix bench-rag`.
@@ -289,10 +294,15 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         callgrind,
         callgrind_out,
         reply_queues,
+        webhooks,
     } = args;
     let config = Config::from_env()?;
     let concurrency =
         concurrency.unwrap_or_else(|| u16::try_from(config.concurrency).unwrap_or(u16::MAX));
+    if let Some(n) = webhooks {
+        super::bench_webhooks::run(&config, n).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(n) = reply_queues {
         super::bench_loop::idle_reply_queues(&config, n).await?;
         return Ok(ExitCode::SUCCESS);
