@@ -354,10 +354,6 @@ impl HookQueue for MemoryBroker {
         Ok(())
     }
 
-    async fn hooks_exist(&self) -> Result<bool, QueueError> {
-        Ok(true)
-    }
-
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
         self.start_consumer(Lane::Hooks, prefetch)
     }

@@ -520,9 +520,6 @@ pub trait HookQueue: Send + Sync + 'static {
     async fn retry_hook(&self, body: &[u8], delay: Duration) -> Result<(), QueueError>;
     /// Moves a delivery to the dead deliveries with the reason (confirmed).
     async fn dead_hook(&self, body: &[u8], reason: &str) -> Result<(), QueueError>;
-    /// Whether the webhook queues exist: they are declared by the first delivery enqueued,
-    /// so a deployment without webhooks has none, and a sender waits for them.
-    async fn hooks_exist(&self) -> Result<bool, QueueError>;
     /// Starts consuming deliveries with at most `prefetch` unacknowledged at once.
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Up to `max` dead deliveries with their reasons: removed when `take`, else left where

@@ -23,10 +23,6 @@ use super::guard::{Guard, Refused};
 use crate::metrics::Metrics;
 use crate::queue::{Broker, Delivery};
 
-/// How long a sender waits before looking for the webhook queue again (it exists once the
-/// first delivery was enqueued anywhere).
-const WAIT_FOR_QUEUE: Duration = Duration::from_secs(2);
-
 /// How deliveries are sent.
 #[derive(Debug, Clone)]
 pub struct SendSettings {
@@ -132,27 +128,6 @@ impl Sender {
         let tracker = TaskTracker::new();
         let mut backoff = Duration::from_millis(200);
         'outer: while !shutdown.is_cancelled() {
-            // Nothing to consume until the first delivery declares the queues.
-            match self.broker.hooks_exist().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    debug!("no webhook queue yet; looking again in a few seconds");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break 'outer,
-                        _ = tokio::time::sleep(WAIT_FOR_QUEUE) => {}
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot look for the webhook queue; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break 'outer,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
-                    continue;
-                }
-            }
             let mut deliveries = match self.broker.consume_hooks(self.settings.concurrency).await {
                 Ok(d) => {
                     info!(

@@ -535,7 +535,13 @@ async fn a_receiver_down_past_the_schedule_is_dead_lettered_and_replay_delivers_
 #[tokio::test]
 async fn a_sender_killed_mid_post_delivers_again_after_restart() {
     let receiver = Receiver::start([Answer::Hang]).await;
-    let mut p = crate::processes::Processes::start(webhook_env(&[]), &[], 1).await;
+    // The default schedule: no retry happens here, and the processes' queues are the ones
+    // the test's clean-up knows.
+    let env = webhook_env(&[])
+        .into_iter()
+        .filter(|(k, _)| *k != "APTIX_WEBHOOK_RETRY_DELAYS_SECS")
+        .collect();
+    let mut p = crate::processes::Processes::start(env, &[], 1).await;
     p.submit(turn_with_webhook("s", "t1", &receiver.url)).await;
     receiver
         .until(Duration::from_secs(30), |got| got.len() == 1)

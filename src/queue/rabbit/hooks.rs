@@ -1,7 +1,7 @@
 //! The webhook queues on RabbitMQ: `<ns>.webhooks` (quorum), one quorum retry queue per delay
 //! of the schedule (`<ns>.webhooks.retry.<ms>ms`, dead-lettering back, at-least-once) and
-//! `<ns>.webhooks.dead`. Declared the first time a process uses them, so a deployment without
-//! webhooks has none.
+//! `<ns>.webhooks.dead`. The first is declared by every sender (it consumes it); the others
+//! by the first delivery enqueued, so a deployment without webhooks has only the first.
 //!
 //! Owns: those queues. Must not: know what a delivery says.
 
@@ -56,34 +56,31 @@ impl RabbitBroker {
         Ok(())
     }
 
-    /// Whether the webhook queue exists (declared by any process), asked on a channel of its
-    /// own: the broker closes a channel whose passive declaration finds nothing.
-    pub(super) async fn hook_queues_exist(&self) -> Result<bool, QueueError> {
-        if *self.hooks_declared.lock().await {
-            return Ok(true);
+    /// Declares the queue of deliveries itself (what a sender consumes) unless this process
+    /// did already: one quorum queue, so a deployment whose workers wait for webhooks that
+    /// never come has only that one.
+    async fn hook_queue(&self) -> Result<(), QueueError> {
+        let mut declared = self.hook_queue_declared.lock().await;
+        if *declared {
+            return Ok(());
         }
-        let ask = async {
-            let ch = self.consumer_channel().await?;
-            let found = ch
-                .queue_declare(
-                    self.topology.hooks().as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..Default::default()
-                    },
-                    lapin::types::FieldTable::default(),
-                )
-                .await;
-            match found {
-                Ok(_) => {
-                    let _ = ch.close(200, "done".into()).await;
-                    Ok(true)
-                }
-                Err(e) if not_found(&e) => Ok(false),
-                Err(e) => Err(unavailable(e)),
-            }
+        let declare = async {
+            let ch = self.declarer().await?;
+            ch.queue_declare(
+                self.topology.hooks().as_str().into(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                table(vec![("x-queue-type", text("quorum"))]),
+            )
+            .await
+            .map_err(unavailable)
+            .map(|_| ())
         };
-        self.bounded("looking for the webhook queue", ask).await
+        self.bounded("declaring the webhook queue", declare).await?;
+        *declared = true;
+        Ok(())
     }
 
     fn hook_props() -> BasicProperties {
@@ -124,12 +121,8 @@ impl HookQueue for RabbitBroker {
             .await
     }
 
-    async fn hooks_exist(&self) -> Result<bool, QueueError> {
-        self.hook_queues_exist().await
-    }
-
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        self.hook_queues().await?;
+        self.hook_queue().await?;
         self.consume_queue(self.topology.hooks(), None, prefetch)
             .await
     }
@@ -168,9 +161,4 @@ impl HookQueue for RabbitBroker {
         let _ = ch.close(200, "done".into()).await;
         Ok(out)
     }
-}
-
-/// Whether the broker refused an operation because the queue does not exist.
-fn not_found(e: &lapin::Error) -> bool {
-    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }

@@ -99,6 +99,8 @@ pub struct RabbitBroker {
     events: Arc<Mutex<Option<EventHub>>>,
     /// Whether this process declared the webhook queues (see `hooks.rs`).
     hooks_declared: Mutex<bool>,
+    /// Whether this process declared the queue of webhook deliveries.
+    hook_queue_declared: Mutex<bool>,
 }
 
 fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
@@ -193,6 +195,7 @@ impl RabbitBroker {
             ca: None,
             events: Arc::new(Mutex::new(None)),
             hooks_declared: Mutex::new(false),
+            hook_queue_declared: Mutex::new(false),
         }
     }
 
@@ -239,11 +242,10 @@ impl RabbitBroker {
         let mut queues = vec![t.jobs(), t.dead()];
         queues.extend(t.retry_delays.iter().map(|d| t.retry(*d)));
         queues.extend(t.lanes.iter().map(|tenant| t.lane(tenant)));
-        // The webhook queues, whoever declared them (this process may not have).
-        if *self.hooks_declared.lock().await || self.hook_queues_exist().await? {
-            queues.extend([t.hooks(), t.hooks_dead()]);
-            queues.extend(t.hook_delays.iter().map(|d| t.hook_retry(*d)));
-        }
+        // The webhook queues, whoever declared them (deleting a queue that does not exist is
+        // not an error).
+        queues.extend([t.hooks(), t.hooks_dead()]);
+        queues.extend(t.hook_delays.iter().map(|d| t.hook_retry(*d)));
         if let Ok(known) = self.reply_queues.lock() {
             queues.extend(known.sessions().map(|s| t.reply_queue(s)));
         }
