@@ -75,6 +75,8 @@ pub struct Metrics {
     webhook_attempt_seconds: Histogram,
     webhook_age_seconds: Histogram,
     webhooks_in_flight: Gauge,
+    webhook_queue_depth: Gauge,
+    webhook_send_lag: Gauge<f64, AtomicU64>,
     /// The route templates seen, so a request's labels share one copy of its route's name.
     /// As few as the routes, plus [`UNMATCHED_ROUTE`].
     routes: RwLock<HashSet<Arc<str>>>,
@@ -314,6 +316,18 @@ impl Metrics {
             "Webhook POSTs under way in this process",
             webhooks_in_flight.clone(),
         );
+        let webhook_queue_depth = Gauge::default();
+        registry.register(
+            "webhook_queue_depth",
+            "Deliveries waiting in the webhook queue (not counting those in retry queues), as this process's sender last saw it",
+            webhook_queue_depth.clone(),
+        );
+        let webhook_send_lag = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "webhook_send_lag_seconds",
+            "Age of the event of this process's latest webhook attempt (time since its first enqueue): how far behind sending is",
+            webhook_send_lag.clone(),
+        );
         Self {
             registry,
             turns,
@@ -345,6 +359,8 @@ impl Metrics {
             webhook_attempt_seconds,
             webhook_age_seconds,
             webhooks_in_flight,
+            webhook_queue_depth,
+            webhook_send_lag,
             routes: RwLock::default(),
         }
     }
@@ -573,6 +589,17 @@ impl Metrics {
     pub fn webhook_finished(&self, took: Duration) {
         self.webhooks_in_flight.dec();
         self.webhook_attempt_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The webhook queue holds `n` deliveries.
+    pub fn webhook_queue(&self, n: u64) {
+        self.webhook_queue_depth
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A webhook attempt was made for an event first enqueued `age` ago.
+    pub fn webhook_attempted(&self, age: Duration) {
+        self.webhook_send_lag.set(age.as_secs_f64());
     }
 
     /// A webhook was delivered `age` after its event was first enqueued.

@@ -354,6 +354,14 @@ impl HookQueue for MemoryBroker {
         Ok(())
     }
 
+    async fn hooks_waiting(&self) -> Result<u64, QueueError> {
+        Ok(self
+            .lock()?
+            .ready
+            .get(&Lane::Hooks)
+            .map_or(0, |q| q.len() as u64))
+    }
+
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
         self.start_consumer(Lane::Hooks, prefetch)
     }

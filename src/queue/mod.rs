@@ -520,6 +520,8 @@ pub trait HookQueue: Send + Sync + 'static {
     async fn retry_hook(&self, body: &[u8], delay: Duration) -> Result<(), QueueError>;
     /// Moves a delivery to the dead deliveries with the reason (confirmed).
     async fn dead_hook(&self, body: &[u8], reason: &str) -> Result<(), QueueError>;
+    /// Deliveries waiting in the queue (not counting those waiting in a retry queue).
+    async fn hooks_waiting(&self) -> Result<u64, QueueError>;
     /// Starts consuming deliveries with at most `prefetch` unacknowledged at once.
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Up to `max` dead deliveries with their reasons: removed when `take`, else left where

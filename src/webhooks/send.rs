@@ -23,6 +23,9 @@ use super::guard::{Guard, Refused};
 use crate::metrics::Metrics;
 use crate::queue::{Broker, Delivery};
 
+/// How often a sender counts the deliveries waiting (`aptix_webhook_queue_depth`).
+const COUNT_EVERY: Duration = Duration::from_secs(10);
+
 /// How deliveries are sent.
 #[derive(Debug, Clone)]
 pub struct SendSettings {
@@ -147,9 +150,14 @@ impl Sender {
                     continue;
                 }
             };
+            let mut count_every = tokio::time::interval(COUNT_EVERY);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break 'outer,
+                    _ = count_every.tick() => match self.broker.hooks_waiting().await {
+                        Ok(n) => self.metrics.webhook_queue(n),
+                        Err(e) => debug!(error = %e, "cannot count the webhook queue"),
+                    },
                     next = deliveries.recv() => match next {
                         Some(delivery) => {
                             let sender = self.clone();
@@ -191,6 +199,7 @@ impl Sender {
             job.attempts += 1;
             let now = time::OffsetDateTime::now_utc().unix_timestamp();
             let age = Duration::from_secs(u64::try_from(now - job.first_at).unwrap_or(0));
+            self.metrics.webhook_attempted(age);
             let outcome = match attempt {
                 Attempt::Delivered => {
                     info!(attempts = job.attempts, age_ms = age.as_millis() as u64, "webhook delivered");

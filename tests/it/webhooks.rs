@@ -215,6 +215,24 @@ async fn a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event(ba
         "{:?}",
         got[0].headers
     );
+    // What the sender did, by event type and outcome.
+    let metrics = app.metrics_text().await;
+    for line in [
+        r#"aptix_webhook_deliveries_total{event="turn.completed",outcome="retried"} 2"#,
+        r#"aptix_webhook_deliveries_total{event="turn.completed",outcome="delivered"} 1"#,
+        "aptix_webhook_attempt_duration_seconds_count 3",
+        "aptix_webhook_delivery_age_seconds_count 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("aptix_webhook_queue_depth "), "{metrics}");
+    assert!(
+        metrics.contains("aptix_webhook_send_lag_seconds "),
+        "{metrics}"
+    );
     assert_eq!(got[0].headers["content-type"], "application/json");
     verify_independently(&got);
 }
@@ -359,6 +377,35 @@ async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
     assert!(failures_only.got().is_empty(), "{:#?}", failures_only.got());
 }
 
+/// The synchronous endpoint answers with the result as always, and the webhook gets it too.
+async fn the_synchronous_endpoint_answers_and_still_delivers(backend: Backend) {
+    let receiver = Receiver::start([]).await;
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: webhook_env(&[]),
+        ..AppOptions::default()
+    })
+    .await;
+    let (status, answer) = app
+        .post_to(
+            Some("tok-a"),
+            "/api/ai/agent/execute",
+            turn_with_webhook("s", "t1", &receiver.url),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["successful"], true, "{answer}");
+    let got = receiver
+        .until(Duration::from_secs(30), |got| !got.is_empty())
+        .await;
+    let event: Value = serde_json::from_str(&got[0].body).unwrap();
+    assert_eq!(event["type"], "turn.completed");
+    assert_eq!(
+        event["data"]["result"]["result"]["primaryOutputText"],
+        answer["result"]["primaryOutputText"]
+    );
+}
+
 /// A batch with a webhook: every line's turn is an event there, and once the last line has
 /// settled, one `batch.completed` whose data is the batch's progress.
 async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(backend: Backend) {
@@ -457,6 +504,7 @@ for_each_backend!(
         a_tenants_webhooks_get_the_events_they_list,
         a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed,
         a_batch_with_a_refused_webhook_is_refused_whole,
+        the_synchronous_endpoint_answers_and_still_delivers,
     ],
 );
 

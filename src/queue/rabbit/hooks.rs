@@ -121,6 +121,25 @@ impl HookQueue for RabbitBroker {
             .await
     }
 
+    async fn hooks_waiting(&self) -> Result<u64, QueueError> {
+        self.hook_queue().await?;
+        let count = async {
+            let ch = self.declarer().await?;
+            ch.queue_declare(
+                self.topology.hooks().as_str().into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map(|q| u64::from(q.message_count()))
+            .map_err(unavailable)
+        };
+        self.bounded("counting the webhook queue", count).await
+    }
+
     async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
         self.hook_queue().await?;
         self.consume_queue(self.topology.hooks(), None, prefetch)
