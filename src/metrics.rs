@@ -607,6 +607,13 @@ impl Metrics {
         self.webhook_age_seconds.observe(age.as_secs_f64());
     }
 
+    /// Makes the series of `event` and `outcome` exist (at zero until it happens).
+    pub fn webhook_outcome_seen(&self, event: &'static str, outcome: &'static str) {
+        self.webhook_outcomes
+            .get_or_create(&[("event", event), ("outcome", outcome)])
+            .inc_by(0);
+    }
+
     /// What a webhook attempt of `event` came to.
     pub fn webhook_outcome(&self, event: &'static str, outcome: &'static str) {
         self.webhook_outcomes

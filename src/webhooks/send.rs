@@ -23,6 +23,9 @@ use super::guard::{Guard, Refused};
 use crate::metrics::Metrics;
 use crate::queue::{Broker, Delivery};
 
+/// What an attempt can come to, as `aptix_webhook_deliveries_total` labels it.
+const OUTCOMES: [&str; 3] = ["delivered", "retried", "dead"];
+
 /// How often a sender counts the deliveries waiting (`aptix_webhook_queue_depth`).
 const COUNT_EVERY: Duration = Duration::from_secs(10);
 
@@ -109,6 +112,13 @@ impl Sender {
             .timeout(settings.timeout)
             .user_agent(concat!("aptix-webhooks/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        // Every (event, outcome) series from zero: rates and alerts over them mean something
+        // from the first scrape.
+        for event in super::EventType::ALL {
+            for outcome in OUTCOMES {
+                metrics.webhook_outcome_seen(event.as_str(), outcome);
+            }
+        }
         Ok(Self {
             broker,
             http,
