@@ -282,6 +282,7 @@ pub fn contexts_in_use(config: &Config, fallback_url: Option<String>) -> Context
         requests_per_minute: None,
         timeout: None,
         replay: None,
+        prompt_caching: None,
     };
     config
         .contexts
@@ -336,6 +337,7 @@ fn backends(
             llm,
             model: agent.model.clone(),
             replay: agent.replay.unwrap_or(config.llm_replay),
+            prompt_caching: agent.prompt_caching.unwrap_or(true),
         };
         backends = backends.with_agent(&agent.id, backend);
     }

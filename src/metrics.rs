@@ -151,7 +151,7 @@ impl Metrics {
         let tokens = Family::<Labels, Counter>::default();
         registry.register(
             "model_tokens",
-            "Tokens reported by the model, by kind (input, output)",
+            "Tokens reported by the model, by kind (input, output; of those, cached_input read from the prompt cache and reasoning spent reasoning)",
             tokens.clone(),
         );
         let model_retries = Counter::default();
@@ -200,7 +200,7 @@ impl Metrics {
         for status in ["completed", "awaiting_client_tools", "failed", "cancelled"] {
             turns.get_or_create(&[("status", status)]).inc_by(0);
         }
-        for kind in ["input", "output"] {
+        for kind in ["input", "output", "cached_input", "reasoning"] {
             tokens.get_or_create(&[("kind", kind)]).inc_by(0);
         }
         for reason in [
@@ -426,13 +426,15 @@ impl Metrics {
     }
 
     /// Token usage of one model answer.
-    pub fn add_tokens(&self, input: u64, output: u64) {
-        self.tokens
-            .get_or_create(&[("kind", "input")])
-            .inc_by(input);
-        self.tokens
-            .get_or_create(&[("kind", "output")])
-            .inc_by(output);
+    pub fn add_tokens(&self, [input, output, cached_input, reasoning]: [u64; 4]) {
+        for (kind, n) in [
+            ("input", input),
+            ("output", output),
+            ("cached_input", cached_input),
+            ("reasoning", reasoning),
+        ] {
+            self.tokens.get_or_create(&[("kind", kind)]).inc_by(n);
+        }
     }
 
     /// A model call is retried.

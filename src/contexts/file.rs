@@ -32,6 +32,8 @@ pub struct AgentContext {
     pub timeout: Option<Duration>,
     /// Replay the conversation instead of `previous_response_id` (else `APTIX_LLM_REPLAY`).
     pub replay: Option<bool>,
+    /// Send each session's `prompt_cache_key` (unless `false`).
+    pub prompt_caching: Option<bool>,
 }
 
 impl AgentContext {
@@ -104,6 +106,7 @@ struct AgentEntry {
     requests_per_minute: Option<u32>,
     timeout_secs: Option<u64>,
     replay: Option<bool>,
+    prompt_caching: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -207,6 +210,7 @@ impl Contexts {
                     requests_per_minute: entry.requests_per_minute,
                     timeout: entry.timeout_secs.map(Duration::from_secs),
                     replay: entry.replay,
+                    prompt_caching: entry.prompt_caching,
                 },
             );
         }
@@ -284,6 +288,7 @@ impl Contexts {
                     "requestsPerMinute": a.requests_per_minute,
                     "timeoutSecs": a.timeout.map(|t| t.as_secs()),
                     "replay": a.replay,
+                    "promptCaching": a.prompt_caching,
                 })
             })
             .collect();
@@ -377,6 +382,7 @@ mod tests {
             requests_per_minute: None,
             timeout: None,
             replay: None,
+            prompt_caching: None,
         }
     }
 

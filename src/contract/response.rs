@@ -66,6 +66,18 @@ pub struct Usage {
     pub completion_tokens: u64,
     /// Total tokens.
     pub total_tokens: u64,
+    /// Of the input tokens, those the model server read from its prompt cache (an extension
+    /// of AGN-034; absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
+    /// Of the output tokens, those a reasoning model spent reasoning (an extension of
+    /// AGN-034; absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reasoning_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -74,6 +86,8 @@ impl Usage {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.total_tokens += other.total_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
     }
 }
 

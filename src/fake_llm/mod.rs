@@ -135,6 +135,11 @@ struct Inner {
     /// Requests being answered now, and the most there ever were at once.
     in_flight: AtomicU64,
     peak_in_flight: AtomicU64,
+    /// The `usage` of every answer given, in order.
+    usages: Mutex<Vec<Value>>,
+    /// The input tokens of the latest request of each `prompt_cache_key` (what a repeated
+    /// prefix finds in the prompt cache).
+    cache: Mutex<std::collections::HashMap<String, u64>>,
     /// When each request arrived (since the server started).
     arrivals: Mutex<Vec<Duration>>,
     /// When each streamed answer's first text delta was handed to the connection.
@@ -177,6 +182,8 @@ impl FakeLlm {
             schema,
             in_flight: AtomicU64::new(0),
             peak_in_flight: AtomicU64::new(0),
+            cache: Mutex::new(std::collections::HashMap::new()),
+            usages: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
             first_deltas: Mutex::new(Vec::new()),
             streamed: AtomicU64::new(0),
@@ -253,6 +260,15 @@ impl FakeLlm {
             .requests
             .lock()
             .map(|r| r.clone())
+            .unwrap_or_default()
+    }
+
+    /// The `usage` object of every answer given so far, in order.
+    pub fn usages(&self) -> Vec<Value> {
+        self.inner
+            .usages
+            .lock()
+            .map(|u| u.clone())
             .unwrap_or_default()
     }
 }
@@ -518,6 +534,20 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
         }
         _ => Value::Null,
     };
+    let input_tokens = response::input_tokens(body_len);
+    let cached_tokens = req
+        .get("prompt_cache_key")
+        .and_then(Value::as_str)
+        .and_then(|key| {
+            let mut cache = inner.cache.lock().ok()?;
+            let previous = cache.insert(key.to_string(), input_tokens);
+            Some(response::cached_tokens(previous, input_tokens))
+        })
+        .unwrap_or(0);
+    let reasoning = req
+        .get("model")
+        .and_then(Value::as_str)
+        .is_some_and(response::reasons);
     let answered = response::Answered {
         id,
         status,
@@ -526,8 +556,14 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
         output,
         stored: !inner.options.stateless,
         body_len,
+        cached_tokens,
+        reasoning,
     };
-    respond_as(inner, stream, answered.into_object(&mut req), broken)
+    let object = answered.into_object(&mut req);
+    if let Ok(mut usages) = inner.usages.lock() {
+        usages.push(object["usage"].clone());
+    }
+    respond_as(inner, stream, object, broken)
 }
 
 /// Whether the request asked for a streamed answer.

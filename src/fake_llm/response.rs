@@ -21,6 +21,33 @@ pub(super) struct Answered<'a> {
     pub stored: bool,
     /// The request body's length, for the input token estimate.
     pub body_len: usize,
+    /// Input tokens found in the prompt cache ([`cached_tokens`]).
+    pub cached_tokens: u64,
+    /// Whether the model reasons ([`reasons`]): its output tokens include reasoning ones.
+    pub reasoning: bool,
+}
+
+/// Reasoning tokens a reasoning model spends on each answer.
+pub(super) const REASONING_TOKENS: u64 = 64;
+
+/// The input token estimate of a request body: about four bytes of JSON per token.
+pub(super) fn input_tokens(body_len: usize) -> u64 {
+    (body_len / 4) as u64
+}
+
+/// The input tokens a request finds in the prompt cache, as the live API counts them: none
+/// below 1,024 input tokens, else the prefix it shares with the previous request of the same
+/// `prompt_cache_key` (modelled as the shorter of the two), in whole blocks of 128 tokens.
+pub(super) fn cached_tokens(previous: Option<u64>, input_tokens: u64) -> u64 {
+    match previous {
+        Some(previous) if input_tokens >= 1024 => previous.min(input_tokens) / 128 * 128,
+        _ => 0,
+    }
+}
+
+/// Whether `model` is a reasoning model (o-series, gpt-5).
+pub(super) fn reasons(model: &str) -> bool {
+    model.starts_with('o') || model.starts_with("gpt-5")
 }
 
 impl Answered<'_> {
@@ -32,8 +59,11 @@ impl Answered<'_> {
     /// every answer.
     pub(super) fn into_object(self, req: &mut Value) -> Value {
         // About four bytes of JSON per token, from the body as sent (not serialised again).
-        let input_tokens = (self.body_len / 4) as u64;
-        let output_tokens = serde_json::to_vec(&self.output).map_or(0, |b| b.len() / 4) as u64;
+        let input_tokens = input_tokens(self.body_len);
+        let reasoning_tokens = if self.reasoning { REASONING_TOKENS } else { 0 };
+        let output_tokens =
+            serde_json::to_vec(&self.output).map_or(0, |b| b.len() / 4) as u64 + reasoning_tokens;
+        let cached_tokens = self.cached_tokens.min(input_tokens);
         let mut echo = |field: &str, absent: Value| match req.get_mut(field) {
             Some(v) => v.take(),
             None => absent,
@@ -73,9 +103,9 @@ impl Answered<'_> {
                 "usage",
                 json!({
                     "input_tokens": input_tokens,
-                    "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                    "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
                     "output_tokens": output_tokens,
-                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                     "total_tokens": input_tokens + output_tokens
                 }),
             ),

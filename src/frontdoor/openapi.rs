@@ -389,7 +389,9 @@ named_schema!(
             "usage": {"type": "object", "properties": {
                 "promptTokens": {"type": "integer"},
                 "completionTokens": {"type": "integer"},
-                "totalTokens": {"type": "integer"}
+                "totalTokens": {"type": "integer"},
+                "cachedTokens": {"type": "integer", "description": "Of promptTokens, those read from the model server's prompt cache (absent when none; extends AGN-034)"},
+                "reasoningTokens": {"type": "integer", "description": "Of completionTokens, those a reasoning model spent reasoning (absent when none; extends AGN-034)"}
             }},
             "toolContinuationMessage": {"type": "string"},
             "toolCalls": {"type": "array", "items": {

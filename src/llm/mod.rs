@@ -260,8 +260,13 @@ impl LlmClient {
         .await;
         self.metrics.observe_model_latency(started.elapsed());
         if let Ok(r) = &result {
-            self.metrics
-                .add_tokens(r.usage.prompt_tokens, r.usage.completion_tokens);
+            let u = &r.usage;
+            self.metrics.add_tokens([
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                u.reasoning_tokens,
+            ]);
         }
         result.map_err(|e| match e.error {
             LlmError::Unavailable { message, .. } => LlmError::Unavailable { attempts, message },
@@ -504,6 +509,8 @@ mod serde_tests {
                 prompt_tokens: 1,
                 completion_tokens: 2,
                 total_tokens: 3,
+                cached_tokens: 1,
+                reasoning_tokens: 1,
             },
         };
         let text = serde_json::to_string(&r).unwrap();

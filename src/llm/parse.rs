@@ -117,6 +117,22 @@ struct WireUsage {
     output_tokens: Option<u64>,
     #[serde(default)]
     total_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 /// A string of the answer, borrowed from the answer where it holds no escapes. (`Cow`'s own
@@ -268,6 +284,8 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
             prompt_tokens: n(|u| u.input_tokens),
             completion_tokens: n(|u| u.output_tokens),
             total_tokens: n(|u| u.total_tokens),
+            cached_tokens: n(|u| u.input_tokens_details.as_ref()?.cached_tokens),
+            reasoning_tokens: n(|u| u.output_tokens_details.as_ref()?.reasoning_tokens),
         },
     })
 }
@@ -301,7 +319,8 @@ mod tests {
             Usage {
                 prompt_tokens: 14,
                 completion_tokens: 50,
-                total_tokens: 64
+                total_tokens: 64,
+                ..Usage::default()
             }
         );
         assert_eq!(r.incomplete_reason, None);

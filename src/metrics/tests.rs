@@ -26,7 +26,7 @@ fn exposition_names_every_family_with_labels() {
     let m = Metrics::new();
     m.turn_finished("completed");
     m.turn_finished("failed");
-    m.add_tokens(10, 3);
+    m.add_tokens([10, 3, 4, 1]);
     m.job_retry("transient");
     m.duplicate_suppressed("worker");
     m.observe_queue_wait(Duration::from_millis(20));
@@ -42,6 +42,8 @@ fn exposition_names_every_family_with_labels() {
     assert!(text.contains("aptix_turns_total{status=\"failed\"} 1"));
     assert!(text.contains("aptix_model_tokens_total{kind=\"input\"} 10"));
     assert!(text.contains("aptix_model_tokens_total{kind=\"output\"} 3"));
+    assert!(text.contains("aptix_model_tokens_total{kind=\"cached_input\"} 4"));
+    assert!(text.contains("aptix_model_tokens_total{kind=\"reasoning\"} 1"));
     assert!(text.contains("aptix_job_retries_total{reason=\"transient\"} 1"));
     assert!(text.contains("aptix_duplicates_suppressed_total{stage=\"worker\"} 1"));
     assert!(text.contains("aptix_turn_queue_wait_seconds_count 1"));

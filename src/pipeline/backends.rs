@@ -24,6 +24,8 @@ pub struct AgentBackend {
     pub model: String,
     /// Always replay the conversation instead of `previous_response_id`.
     pub replay: bool,
+    /// Send each session's `prompt_cache_key`.
+    pub prompt_caching: bool,
 }
 
 /// A conversation context as the pipeline uses it.

@@ -66,6 +66,21 @@ pub struct CallSpec<'a> {
     pub continuation: Continuation<'a>,
     /// The new input items of this call.
     pub input: &'a [Value],
+    /// The session's prompt cache key ([`prompt_cache_key`]), when the context sends one.
+    pub prompt_cache_key: Option<&'a str>,
+}
+
+/// The `prompt_cache_key` of a session's calls: the model server routes requests with the
+/// same key to the same prompt cache, so a session's calls find their shared prefix (its
+/// instructions, tools and conversation) cached whichever worker makes them. Keyed by the
+/// session, not the conversation context: a session's calls share their whole prefix, while a
+/// context's sessions share only the boot prompt, and one key for a busy context would pile
+/// its traffic on one cache (the API advises keeping each key's rate modest). The session id
+/// is hashed: the key reaches the model provider.
+pub fn prompt_cache_key(session: &crate::contract::SessionId) -> String {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(session.as_str().as_bytes());
+    format!("aptix-{}", &crate::hex::lower(&digest)[..32])
 }
 
 /// The `CreateResponse` body for one call, serialised once: the same text is sent and kept
@@ -88,6 +103,7 @@ pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
             kind: "function",
             name,
         }),
+        prompt_cache_key: spec.prompt_cache_key,
     };
     // Infallible: every part is a string, a bool or a `Value` (whose map keys are strings),
     // written to memory.
@@ -108,6 +124,8 @@ struct Body<'a> {
     tools: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<FunctionChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
 }
 
 /// The replayed items, then the call's new ones, as one array.
@@ -328,6 +346,7 @@ mod body_tests {
             tool_choice: Some("workspace_read_file"),
             continuation: Continuation::Previous("resp_1"),
             input: &input,
+            prompt_cache_key: Some("aptix-k"),
         })
         .to_value()
         .expect("json");
@@ -336,6 +355,7 @@ mod body_tests {
             json!({"type": "function", "name": "workspace_read_file"})
         );
         assert_eq!(body["previous_response_id"], "resp_1");
+        assert_eq!(body["prompt_cache_key"], "aptix-k");
         let none = request_body(&CallSpec {
             tool_choice: None,
             ..CallSpec {
@@ -345,6 +365,7 @@ mod body_tests {
                 tool_choice: None,
                 continuation: Continuation::Fresh,
                 input: &input,
+                prompt_cache_key: None,
             }
         })
         .to_value()
@@ -373,6 +394,7 @@ mod wire_tests {
             tool_choice: None,
             continuation: Continuation::Replay(&history),
             input: &input,
+            prompt_cache_key: None,
         });
         let v = body.to_value().expect("the body is JSON");
         let keys: Vec<&str> = v
@@ -397,6 +419,7 @@ mod wire_tests {
             tool_choice: None,
             continuation: Continuation::Fresh,
             input: &input,
+            prompt_cache_key: None,
         });
         assert_eq!(
             bare.json(),

@@ -276,6 +276,7 @@ impl Pipeline {
                 llm,
                 model: settings.model.clone(),
                 replay: settings.replay,
+                prompt_caching: true,
             },
             DEFAULT_BOOT_PROMPT,
         );

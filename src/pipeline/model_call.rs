@@ -59,6 +59,10 @@ impl Pipeline {
             Ok::<_, RetryableFailure>(items)
         };
         let tools = self.catalog.wire_tools(tools_mode);
+        let cache_key = backend
+            .agent
+            .prompt_caching
+            .then(|| compose::prompt_cache_key(&sid));
         let body_for = |replayed: Option<&[Value]>| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
@@ -71,6 +75,7 @@ impl Pipeline {
                     (None, None) => Continuation::Fresh,
                 },
                 input: &input,
+                prompt_cache_key: cache_key.as_deref(),
             })
         };
         let replay = backend.agent.replay || run.session().replay;

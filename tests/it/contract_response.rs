@@ -66,10 +66,13 @@ fn full_final_response() {
         content_expires: Some("2026-12-01T00:00:00Z".into()),
     }];
     f.user_warnings = vec!["The answer was cut short.".into()];
+    // The extension fields are left out when zero: the wire shape stays AGN-034's.
     f.usage = Some(Usage {
         prompt_tokens: 10,
         completion_tokens: 5,
         total_tokens: 15,
+        cached_tokens: 0,
+        reasoning_tokens: 0,
     });
     let expected = concat!(
         r#"{"kind":"final","sessionId":"s-1","turnId":"t-1","modeDisplayName":"DDR Authoring","primaryOutputText":"Done.","#,

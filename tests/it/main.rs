@@ -56,5 +56,6 @@ mod store_faults;
 mod streaming;
 mod tenants;
 mod tls;
+mod usage;
 mod webhooks;
 mod worker_embedded;

@@ -1,0 +1,164 @@
+//! What each turn costs: every model call carries its session's `prompt_cache_key`, and a
+//! turn's usage is the sum of what the model reported for its calls — cached input and
+//! reasoning tokens included — in the result, the stored record and the metrics. The fake
+//! model answers as the live API counts: cached tokens for a repeated prefix of 1,024+ tokens
+//! under the same key, reasoning tokens for a reasoning model (`o4-mini` here).
+
+use serde_json::{Value, json};
+
+use crate::app::{App, AppOptions, Backend, spawn};
+
+fn cache_key(session: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(session.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("aptix-{}", &hex[..32])
+}
+
+/// The sum of `field` (a path of keys) over `usages`.
+fn sum(usages: &[Value], path: &[&str]) -> u64 {
+    usages
+        .iter()
+        .map(|u| path.iter().fold(u, |v, k| &v[*k]).as_u64().unwrap_or(0))
+        .sum()
+}
+
+async fn turn(app: &App, session: &str, turn: &str, instruction: &str) -> Value {
+    let body = json!({"sessionId": session, "turnId": turn, "instruction": instruction});
+    let (status, accepted) = app.post(Some("tok-a"), body.to_string()).await;
+    assert_eq!(status, 202, "{accepted}");
+    let settled = app.settled("tok-a", session, turn).await;
+    assert_eq!(settled["status"], "completed", "{settled}");
+    settled
+}
+
+async fn a_turns_usage_is_the_sum_of_its_calls_cached_and_reasoning_included(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_MODEL", "o4-mini".into())],
+        ..AppOptions::default()
+    })
+    .await;
+    // Two model calls: a server tool, then the answer.
+    let first = turn(
+        &app,
+        "s",
+        "t1",
+        "Which modes are there?\n#fake:call agent_list_modes {}",
+    )
+    .await;
+    let usages = app.fake.usages();
+    assert_eq!(usages.len(), 2, "{usages:?}");
+    let usage = &first["result"]["result"]["usage"];
+    assert_eq!(usage["promptTokens"], sum(&usages, &["input_tokens"]));
+    assert_eq!(usage["completionTokens"], sum(&usages, &["output_tokens"]));
+    assert_eq!(usage["totalTokens"], sum(&usages, &["total_tokens"]));
+    assert_eq!(
+        usage["reasoningTokens"],
+        sum(&usages, &["output_tokens_details", "reasoning_tokens"])
+    );
+    assert_eq!(
+        usage["reasoningTokens"], 128,
+        "two calls of a reasoning model"
+    );
+
+    // Two long turns of the same session: the second finds the shared prefix cached.
+    let long = "Review this design record carefully. ".repeat(150);
+    turn(&app, "s", "t2", &long).await;
+    let third = turn(&app, "s", "t3", &long).await;
+    let usages = app.fake.usages();
+    let last = usages.last().unwrap();
+    let cached = last["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 1024 && cached % 128 == 0, "{last}");
+    assert_eq!(third["result"]["result"]["usage"]["cachedTokens"], cached);
+    // Another session's same text has another key: nothing cached for it.
+    let other = turn(&app, "s2", "t1", &long).await;
+    assert!(
+        other["result"]["result"]["usage"]
+            .get("cachedTokens")
+            .is_none(),
+        "{other}"
+    );
+    // Every call named its session's key.
+    let keys: Vec<Value> = app
+        .fake
+        .requests()
+        .iter()
+        .map(|r| r["prompt_cache_key"].clone())
+        .collect();
+    let s = json!(cache_key("s"));
+    assert_eq!(keys[..usages.len() - 1], vec![s; usages.len() - 1][..]);
+    assert_eq!(keys.last().unwrap(), &json!(cache_key("s2")));
+
+    // The metrics count what the model reported, by kind.
+    let all = app.fake.usages();
+    let metrics = app.metrics_text().await;
+    for (kind, path) in [
+        ("input", &["input_tokens"][..]),
+        ("output", &["output_tokens"][..]),
+        (
+            "cached_input",
+            &["input_tokens_details", "cached_tokens"][..],
+        ),
+        (
+            "reasoning",
+            &["output_tokens_details", "reasoning_tokens"][..],
+        ),
+    ] {
+        let line = format!(
+            "aptix_model_tokens_total{{kind=\"{kind}\"}} {}",
+            sum(&all, path)
+        );
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+}
+
+/// A context with `"promptCaching": false` sends no key.
+async fn a_context_can_leave_the_cache_key_out(backend: Backend) {
+    let dir = std::env::temp_dir().join(format!("aptix-ctx-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = aptix_worker::fake_llm::FakeLlm::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Default::default(),
+        None,
+    )
+    .await
+    .unwrap();
+    let file = dir.join("contexts.json");
+    std::fs::write(
+        &file,
+        json!({"agentContexts": [{"id": "nocache", "baseUrl": fake.base_url(), "apiKeyEnv": "NOCACHE_KEY",
+            "model": "m", "promptCaching": false}]})
+        .to_string(),
+    )
+    .unwrap();
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![
+            ("APTIX_CONTEXTS_FILE", file.display().to_string()),
+            ("NOCACHE_KEY", "k".into()),
+        ],
+        ..AppOptions::default()
+    })
+    .await;
+    let body =
+        json!({"sessionId": "s", "turnId": "t", "instruction": "hi", "agentContextId": "nocache"});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    assert_eq!(app.settled("tok-a", "s", "t").await["status"], "completed");
+    let sent = fake.requests();
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].get("prompt_cache_key").is_none(), "{}", sent[0]);
+}
+
+for_each_backend!(
+    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
+    tests: [
+        a_turns_usage_is_the_sum_of_its_calls_cached_and_reasoning_included,
+        a_context_can_leave_the_cache_key_out,
+    ],
+);
