@@ -12,15 +12,6 @@ use crate::support::{Setup, assert_valid_create_response, harness, request};
 
 const GENERAL_BLOCK: &str = "Current Mode: general\n\nAvailable Modes:\n- general: Use this mode for everyday Q&A, explanation, and lightweight assistance.\n- ddr_authoring: Use this mode when the user wants to create, refine, or validate Aptix DDR specifications following SYS-001.\n- workflow_authoring: Use this mode when defining, editing, or validating Aptix workflows using TUL-006.\n\nMode Switching:\n- If the user’s request clearly matches another mode’s \"when to use\" description, you may recommend switching.\n- If the user expresses interest in switching, follow the instructions in the agent_change_mode tool.\n- If you need more detail about modes, call the agent_list_modes tool.";
 
-/// A session's `prompt_cache_key`, as the README documents it: `aptix-` and the first 32 hex
-/// digits of the SHA-256 of the session id.
-fn cache_key(session: &str) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(session.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("aptix-{}", &hex[..32])
-}
-
 fn block(mode: &str) -> String {
     GENERAL_BLOCK.replacen("Current Mode: general", &format!("Current Mode: {mode}"), 1)
 }
@@ -126,7 +117,7 @@ async fn first_turn_and_later_turn() {
             "instructions": block("general"),
             "input": [system(), {"role": "user", "content": [{"type": "input_text", "text": "[MODE: general]\n\n[INSTRUCTION]\nExplain AGN-033."}]}],
             "tools": general_tools(),
-            "prompt_cache_key": cache_key("s"),
+            "prompt_cache_key": crate::support::prompt_cache_key("s"),
         }),
     );
     assert_json_eq(
@@ -137,7 +128,7 @@ async fn first_turn_and_later_turn() {
             "previous_response_id": "<resp1>",
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "[MODE: general]\n\n[INSTRUCTION]\nShorter."}]}],
             "tools": general_tools(),
-            "prompt_cache_key": cache_key("s"),
+            "prompt_cache_key": crate::support::prompt_cache_key("s"),
         }),
     );
 }
@@ -227,7 +218,7 @@ async fn calls_after_a_mode_change_and_a_tool_continuation() {
             "input": [{"type": "function_call_output", "call_id": "<call1>",
                        "output": "{\"success\":true,\"mode\":\"ddr_authoring\",\"branch\":false,\"reason\":\"DDR work\"}"}],
             "tools": general_tools(),
-            "prompt_cache_key": cache_key("s"),
+            "prompt_cache_key": crate::support::prompt_cache_key("s"),
         }),
     );
     // The tool continuation answers the pending response with the client's result.
@@ -239,7 +230,7 @@ async fn calls_after_a_mode_change_and_a_tool_continuation() {
             "previous_response_id": "<resp2>",
             "input": [{"type": "function_call_output", "call_id": "<call2>", "output": "{\"text\":\"# A\"}"}],
             "tools": general_tools(),
-            "prompt_cache_key": cache_key("s"),
+            "prompt_cache_key": crate::support::prompt_cache_key("s"),
         }),
     );
 }

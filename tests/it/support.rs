@@ -595,3 +595,12 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A session's `prompt_cache_key`, as the README documents it: `aptix-` and the first 32 hex
+/// digits of the SHA-256 of the session id (computed here, not by the product's code).
+pub fn prompt_cache_key(session: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(session.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("aptix-{}", &hex[..32])
+}

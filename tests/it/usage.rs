@@ -8,13 +8,6 @@ use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, spawn};
 
-fn cache_key(session: &str) -> String {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(session.as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("aptix-{}", &hex[..32])
-}
-
 /// The sum of `field` (a path of keys) over `usages`.
 fn sum(usages: &[Value], path: &[&str]) -> u64 {
     usages
@@ -88,9 +81,12 @@ async fn a_turns_usage_is_the_sum_of_its_calls_cached_and_reasoning_included(bac
         .iter()
         .map(|r| r["prompt_cache_key"].clone())
         .collect();
-    let s = json!(cache_key("s"));
+    let s = json!(crate::support::prompt_cache_key("s"));
     assert_eq!(keys[..usages.len() - 1], vec![s; usages.len() - 1][..]);
-    assert_eq!(keys.last().unwrap(), &json!(cache_key("s2")));
+    assert_eq!(
+        keys.last().unwrap(),
+        &json!(crate::support::prompt_cache_key("s2"))
+    );
 
     // The metrics count what the model reported, by kind.
     let all = app.fake.usages();
