@@ -180,13 +180,7 @@ impl FrontDoor {
         };
         // Its completion is told of (batch.completed) only to whom it goes to: none of the
         // per-line bookkeeping for a batch that nobody hears of.
-        let targets = |b: &BatchRecord| {
-            self.quotas.tenants().webhook_targets(
-                Some(&b.tenant),
-                b.webhook.as_deref(),
-                crate::webhooks::EventType::BatchCompleted,
-            )
-        };
+        let targets = |b: &BatchRecord| self.batch_targets(b);
         let tracked = !targets(&record).is_empty();
         let mut valid = Vec::new();
         for p in prepared {
@@ -363,6 +357,15 @@ impl FrontDoor {
         }
     }
 
+    /// Where `batch.completed` of `batch` goes.
+    fn batch_targets(&self, batch: &BatchRecord) -> Vec<crate::webhooks::Target> {
+        self.quotas.tenants().webhook_targets(
+            Some(&batch.tenant),
+            batch.webhook.as_deref(),
+            crate::webhooks::EventType::BatchCompleted,
+        )
+    }
+
     /// Enqueues one valid line for `tenant`; the error names why it was not accepted.
     async fn enqueue_line(
         &self,
@@ -381,6 +384,21 @@ impl FrontDoor {
             )
             .await;
         let errors = match submitted {
+            // A line whose turn had settled already (its ids and payload were submitted
+            // before): no worker will settle it again, so it is noted here.
+            Ok(view) if view.status.is_settled() => {
+                if let Some((batch, _)) = pickup.batch {
+                    let line_turn = Some((&view.session_id, &view.turn_id));
+                    let noted = self
+                        .delivery
+                        .batch_settled(batch, (line_turn, None), |b| self.batch_targets(b))
+                        .await;
+                    if let Err(e) = noted {
+                        tracing::warn!(batch_id = %batch, line, error = %e, "could not note a batch line that had settled before");
+                    }
+                }
+                return Ok(());
+            }
             Ok(_) => return Ok(()),
             Err(SubmitError::Invalid(r)) => r.errors,
             Err(

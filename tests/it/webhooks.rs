@@ -470,6 +470,48 @@ async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(back
     verify_independently(&got[..3]);
 }
 
+/// A batch whose line repeats a turn that completed before (same ids, same payload): no
+/// worker settles that line again, and the batch is still told of once the others settle.
+async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backend) {
+    let receiver = Receiver::start([]).await;
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: webhook_env(&[]),
+        ..AppOptions::default()
+    })
+    .await;
+    let earlier = json!({"sessionId": "s", "turnId": "t1", "instruction": "hi"});
+    assert_eq!(app.post(Some("tok-a"), earlier.to_string()).await.0, 202);
+    assert_eq!(app.settled("tok-a", "s", "t1").await["status"], "completed");
+    let lines = [
+        json!({"customId": "again", "request": earlier}).to_string(),
+        json!({"customId": "new", "request": {"instruction": "review"}}).to_string(),
+    ];
+    let path = format!(
+        "/v1/batches?webhook={}",
+        receiver.url.replace(':', "%3A").replace('/', "%2F")
+    );
+    let (status, body) = app.post_to(Some("tok-a"), &path, lines.join("\n")).await;
+    assert_eq!(
+        (status, &body["result"]["accepted"]),
+        (202, &json!(2)),
+        "{body}"
+    );
+    let got = receiver
+        .until(Duration::from_secs(30), |got| {
+            got.iter().any(|r| r.body.contains("batch.completed"))
+        })
+        .await;
+    let done: Value = serde_json::from_str(
+        &got.iter()
+            .find(|r| r.body.contains("batch.completed"))
+            .unwrap()
+            .body,
+    )
+    .unwrap();
+    assert_eq!(done["data"]["completed"], 2, "{done}");
+}
+
 /// A batch's webhook is held to the same rules as a turn's: nothing is accepted otherwise.
 async fn a_batch_with_a_refused_webhook_is_refused_whole(backend: Backend) {
     let app = spawn(AppOptions {
@@ -505,6 +547,7 @@ for_each_backend!(
         a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed,
         a_batch_with_a_refused_webhook_is_refused_whole,
         the_synchronous_endpoint_answers_and_still_delivers,
+        a_batch_with_a_line_that_settled_before_still_completes,
     ],
 );
 
