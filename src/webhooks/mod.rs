@@ -139,13 +139,18 @@ pub struct HookJob {
 /// always gives the same id, so a status delivered twice (a job run again after a crash) is
 /// one event to the receiver.
 pub fn turn_event_id(view: &TurnStatusView) -> String {
-    let mut h = Sha256::new();
-    for part in [
+    event_id(&[
         view.session_id.as_str(),
         view.turn_id.as_str(),
         view.status.as_str(),
         &view.attempts.to_string(),
-    ] {
+    ])
+}
+
+/// `evt_` and the first 32 hex digits of the SHA-256 of `parts`, each ended by a NUL.
+fn event_id(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for part in parts {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -171,27 +176,17 @@ pub fn turn_jobs(
     if targets.is_empty() {
         return Vec::new();
     }
-    let now = time::OffsetDateTime::now_utc();
     let timestamp = view
         .completed_at
         .clone()
         .unwrap_or_else(crate::state::now_rfc3339);
-    let id = turn_event_id(view);
     let body = event_body(event, &timestamp, view);
-    targets
-        .iter()
-        .map(|target| HookJob {
-            id: id.clone(),
-            event,
-            target: target.clone(),
-            tenant: tenant.to_string(),
-            body: body.clone(),
-            traceparent: traceparent.map(str::to_string),
-            attempts: 0,
-            first_at: now.unix_timestamp(),
-            last_error: None,
-        })
-        .collect()
+    jobs(
+        (event, turn_event_id(view), body),
+        tenant,
+        targets,
+        traceparent,
+    )
 }
 
 /// The jobs of `batch.completed` for `progress` (every line settled), one per target; the
@@ -202,12 +197,18 @@ pub fn batch_jobs(
     targets: &[Target],
 ) -> Vec<HookJob> {
     let event = EventType::BatchCompleted;
-    let mut h = Sha256::new();
-    h.update(progress.batch_id.as_bytes());
-    h.update([0]);
-    h.update(event.as_str().as_bytes());
-    let id = format!("evt_{}", &crate::hex::lower(&h.finalize())[..32]);
+    let id = event_id(&[&progress.batch_id, event.as_str()]);
     let body = event_body(event, &crate::state::now_rfc3339(), progress);
+    jobs((event, id, body), tenant, targets, None)
+}
+
+/// One job per target of the same event (id and body), first enqueued now.
+fn jobs(
+    (event, id, body): (EventType, String, String),
+    tenant: &str,
+    targets: &[Target],
+    traceparent: Option<&str>,
+) -> Vec<HookJob> {
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     targets
         .iter()
@@ -217,7 +218,7 @@ pub fn batch_jobs(
             target: target.clone(),
             tenant: tenant.to_string(),
             body: body.clone(),
-            traceparent: None,
+            traceparent: traceparent.map(str::to_string),
             attempts: 0,
             first_at: now,
             last_error: None,

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use lapin::BasicProperties;
 use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, ShortString};
+use lapin::types::ShortString;
 
-use super::{REASON_HEADER, RabbitBroker, table, text, unavailable};
+use super::{REASON_HEADER, RabbitBroker, delay_queue_args, table, text, unavailable};
 use crate::queue::{Deliveries, HookQueue, QueueError};
 
 impl RabbitBroker {
@@ -35,18 +35,13 @@ impl RabbitBroker {
                     .map_err(unavailable)?;
             }
             for delay in &t.hook_delays {
-                let mut args = quorum();
-                args.push((
-                    "x-message-ttl",
-                    AMQPValue::LongLongInt(delay.as_millis() as i64),
-                ));
-                args.push(("x-dead-letter-exchange", text("")));
-                args.push(("x-dead-letter-routing-key", text(&t.hooks())));
-                args.push(("x-dead-letter-strategy", text("at-least-once")));
-                args.push(("x-overflow", text("reject-publish")));
-                ch.queue_declare(t.hook_retry(*delay).as_str().into(), durable, table(args))
-                    .await
-                    .map_err(unavailable)?;
+                ch.queue_declare(
+                    t.hook_retry(*delay).as_str().into(),
+                    durable,
+                    delay_queue_args(*delay, &t.hooks()),
+                )
+                .await
+                .map_err(unavailable)?;
             }
             Ok(())
         };

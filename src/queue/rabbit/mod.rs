@@ -115,6 +115,22 @@ fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
+/// The arguments of a delay queue: a quorum queue whose messages wait `delay`, then are
+/// dead-lettered (at least once) to `back_to`; full, it refuses publishes.
+fn delay_queue_args(delay: Duration, back_to: &str) -> FieldTable {
+    table(vec![
+        ("x-queue-type", text("quorum")),
+        (
+            "x-message-ttl",
+            AMQPValue::LongLongInt(delay.as_millis() as i64),
+        ),
+        ("x-dead-letter-exchange", text("")),
+        ("x-dead-letter-routing-key", text(back_to)),
+        ("x-dead-letter-strategy", text("at-least-once")),
+        ("x-overflow", text("reject-publish")),
+    ])
+}
+
 /// A job message's headers: its retry count and, when known, its trace context and tenant.
 fn job_headers(meta: &JobMeta) -> FieldTable {
     let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(meta.attempt))];
@@ -294,18 +310,13 @@ impl RabbitBroker {
                 .map_err(unavailable)?;
         }
         for delay in &t.retry_delays {
-            let mut args = quorum();
-            args.push((
-                "x-message-ttl",
-                AMQPValue::LongLongInt(delay.as_millis() as i64),
-            ));
-            args.push(("x-dead-letter-exchange", text("")));
-            args.push(("x-dead-letter-routing-key", text(&t.jobs())));
-            args.push(("x-dead-letter-strategy", text("at-least-once")));
-            args.push(("x-overflow", text("reject-publish")));
-            ch.queue_declare(t.retry(*delay).into(), durable, table(args))
-                .await
-                .map_err(unavailable)?;
+            ch.queue_declare(
+                t.retry(*delay).into(),
+                durable,
+                delay_queue_args(*delay, &t.jobs()),
+            )
+            .await
+            .map_err(unavailable)?;
         }
         ch.exchange_declare(
             t.events().into(),
