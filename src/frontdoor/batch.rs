@@ -6,6 +6,7 @@
 //! assigned. The batch record (which lines became which turns) is stored once every line was
 //! handled; the turns themselves carry all state, so a batch's progress is read from them.
 
+use backon::Retryable as _;
 use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -74,6 +75,10 @@ pub enum BatchError {
     /// The store is unavailable.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The store did not take the batch's line count (its completion could not be told
+    /// of): nothing was enqueued.
+    #[error("{0}")]
+    Unrecorded(String),
     /// The batch's webhook is refused (or its tenant cannot sign): nothing was accepted.
     #[error("{0}")]
     Webhook(SubmitError),
@@ -198,6 +203,21 @@ impl FrontDoor {
             }
         }
         self.store.put_batch(&record).await?;
+        if tracked {
+            // How many lines have turns is noted before any is enqueued, so whichever line
+            // settles last completes the batch; if the store cannot take it, nothing was
+            // enqueued and the client is told to send the batch again.
+            // Counted by turn, as settling is: lines that repeat a turn are one.
+            let turns: std::collections::HashSet<_> = record
+                .items
+                .iter()
+                .map(|i| (&i.session_id, &i.turn_id))
+                .collect();
+            self.delivery
+                .batch_settled(&record.batch_id, (None, Some(turns.len())), targets)
+                .await
+                .map_err(|e| BatchError::Unrecorded(e.to_string()))?;
+        }
         let pickup = if tracked {
             super::Pickup::in_tracked_batch(&record.batch_id, webhook)
         } else {
@@ -211,9 +231,14 @@ impl FrontDoor {
             .collect()
             .await;
         let failed: Vec<BatchLineError> = outcomes.into_iter().filter_map(Result::err).collect();
+        let mut failed_items: Vec<BatchItem> = Vec::new();
         if !failed.is_empty() {
             let lines: std::collections::HashSet<usize> = failed.iter().map(|e| e.line).collect();
-            record.items.retain(|i| !lines.contains(&i.line));
+            let (gone, kept) = std::mem::take(&mut record.items)
+                .into_iter()
+                .partition(|i| lines.contains(&i.line));
+            failed_items = gone;
+            record.items = kept;
             record.rejected.extend(failed);
             record.rejected.sort_by_key(|e| e.line);
             if let Err(e) = self.store.put_batch(&record).await {
@@ -223,14 +248,20 @@ impl FrontDoor {
             }
         }
         if tracked {
-            // Every line's turn is enqueued: how many there are completes what the workers
-            // note (lines that settled already count).
-            let told = self
-                .delivery
-                .batch_settled(&record.batch_id, (None, Some(record.items.len())), targets)
-                .await;
-            if let Err(e) = told {
-                tracing::error!(batch_id = %record.batch_id, error = %e, "could not record the batch's line count; batch.completed will not be sent");
+            // A line that failed to enqueue never settles: it counts as settled, so the
+            // batch still completes with the lines that run.
+            let running: std::collections::HashSet<_> = record
+                .items
+                .iter()
+                .map(|i| (&i.session_id, &i.turn_id))
+                .collect();
+            for item in &failed_items {
+                if running.contains(&(&item.session_id, &item.turn_id)) {
+                    // Another line of this turn was enqueued: its settling counts for both.
+                    continue;
+                }
+                let line_turn = Some((&item.session_id, &item.turn_id));
+                self.note_line(&record.batch_id, item.line, line_turn).await;
             }
         }
         tracing::info!(
@@ -246,6 +277,27 @@ impl FrontDoor {
             accepted: record.items.len(),
             errors: record.rejected,
         })
+    }
+
+    /// Notes a line of tracked batch `batch` that no worker will settle (its turn had settled
+    /// before, or never enqueued), trying a few times over about two seconds: the store
+    /// refused the line count a moment ago or the batch would not have been accepted.
+    async fn note_line(&self, batch: &str, line: usize, turn: Option<(&SessionId, &TurnId)>) {
+        let note = || async {
+            self.delivery
+                .batch_settled(batch, (turn, None), |b| self.batch_targets(b))
+                .await
+        };
+        let noted = note
+            .retry(
+                backon::ExponentialBuilder::default()
+                    .with_min_delay(std::time::Duration::from_millis(100))
+                    .with_max_times(4),
+            )
+            .await;
+        if let Err(e) = noted {
+            tracing::error!(batch_id = %batch, line, error = %e, "could not note a batch line that will not run; batch.completed will not be sent for this batch");
+        }
     }
 
     /// Reads one line into its customId and a parsed request (ids filled in).
@@ -389,13 +441,7 @@ impl FrontDoor {
             Ok(view) if view.status.is_settled() => {
                 if let Some((batch, _)) = pickup.batch {
                     let line_turn = Some((&view.session_id, &view.turn_id));
-                    let noted = self
-                        .delivery
-                        .batch_settled(batch, (line_turn, None), |b| self.batch_targets(b))
-                        .await;
-                    if let Err(e) = noted {
-                        tracing::warn!(batch_id = %batch, line, error = %e, "could not note a batch line that had settled before");
-                    }
+                    self.note_line(batch, line, line_turn).await;
                 }
                 return Ok(());
             }
@@ -408,6 +454,10 @@ impl FrontDoor {
             ) => vec![m],
             Err(SubmitError::QuotaExceeded(q)) => {
                 vec![ErrorMessage::new(ErrorCode::QuotaExceeded, q.to_string())]
+            }
+            Err(SubmitError::Untold(m)) => {
+                tracing::warn!(line, error = %m, "a batch line could not be enqueued");
+                vec![ErrorMessage::new(ErrorCode::ServiceUnavailable, m)]
             }
             Err(SubmitError::Unavailable(m)) => {
                 tracing::warn!(line, error = %m, "a batch line could not be enqueued");

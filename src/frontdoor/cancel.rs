@@ -97,6 +97,15 @@ impl FrontDoor {
     }
 }
 
+/// A cancel that is stored but was not told of: the status or a webhook delivery was not
+/// taken, or the turn's batch could not note it. Cancelling again tells of it.
+fn untold(view: &TurnStatusView, e: &dyn std::fmt::Display) -> SubmitError {
+    SubmitError::Untold(format!(
+        "turn {} of session {} is cancelled, but its status could not be told of ({e}); cancel it again to tell of it",
+        view.turn_id, view.session_id
+    ))
+}
+
 impl FrontDoor {
     /// Delivers the status of a turn cancelled here (stored already). Not on the replicas the
     /// deployment requires: nobody is told (a failover could bring the turn back as waiting)
@@ -135,8 +144,10 @@ impl FrontDoor {
             Ok(()) => {}
             Err(Undelivered::NotReplicated(e) | Undelivered::Unrecorded(e)) => return Err(e.into()),
             Err(Undelivered::Unpublished(e)) => {
+                // Waiters find it in the store within a recheck, but its webhooks and its
+                // batch's completion would be lost: the client is told to cancel again.
                 tracing::warn!(session_id = %view.session_id, turn_id = %view.turn_id, error = %e, "a cancelled turn's status could not be published; it is stored");
-                return Ok(());
+                return Err(untold(view, &e));
             }
         }
         // A line of a batch whose completion is told of: this may be its last line.
@@ -154,6 +165,7 @@ impl FrontDoor {
                 .await;
             if let Err(e) = told {
                 tracing::warn!(batch_id = %batch, error = %e, "could not note a cancelled line of a batch");
+                return Err(untold(view, &e));
             }
         }
         Ok(())
@@ -202,6 +214,11 @@ impl FrontDoor {
                     match self.cancel_owned(sid, other).await {
                         // Finished in the meantime: nothing left to interrupt.
                         Ok(_) | Err(SubmitError::Conflict(_) | SubmitError::NotFound(_)) => {}
+                        Err(SubmitError::Untold(m)) => {
+                            return Err(SubmitError::Untold(format!(
+                                "turn {tid} was not accepted: onBusy: interrupt stopped an earlier turn, but {m}; then send this turn again"
+                            )));
+                        }
                         Err(e) => return Err(e),
                     }
                 }

@@ -52,6 +52,10 @@ pub enum SubmitError {
     /// The store or the broker is unavailable; nothing was accepted.
     #[error("{0}")]
     Unavailable(String),
+    /// What was asked is done and stored, but telling of it failed (the broker did not take
+    /// the status or its webhook deliveries): asking again tells of it. The message says so.
+    #[error("{0}")]
+    Untold(String),
 }
 
 impl SubmitError {
@@ -62,7 +66,7 @@ impl SubmitError {
             Self::NotFound(_) => 404,
             Self::Conflict(_) | Self::NotAwaitingTools(_) => 409,
             Self::QuotaExceeded(_) => 429,
-            Self::Unavailable(_) => 503,
+            Self::Unavailable(_) | Self::Untold(_) => 503,
         }
     }
 
@@ -76,7 +80,7 @@ impl SubmitError {
             Self::QuotaExceeded(q) => {
                 InvokeResult::failure(ErrorMessage::new(ErrorCode::QuotaExceeded, q.to_string()))
             }
-            Self::Unavailable(m) => {
+            Self::Unavailable(m) | Self::Untold(m) => {
                 InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, m))
             }
         }

@@ -759,6 +759,80 @@ async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
     proxy.stall(false);
 }
 
+/// A cancel decided at the front door whose status the broker does not take is stored, but
+/// the client is not told it went well: 503 saying the turn is cancelled and to cancel again.
+/// Cancelling again once the broker is back answers 200 and puts the status in the session's
+/// reply queue (where a stored-but-untold cancel would never have gone).
+#[tokio::test]
+async fn a_cancel_the_broker_does_not_take_is_a_503_and_cancelling_again_tells_of_it() {
+    let proxy = crate::support::StallProxy::start("127.0.0.1:5672").await;
+    let app = spawn(AppOptions {
+        amqp_url: Some(format!("amqp://guest:guest@{}/%2f", proxy.addr)),
+        dependency_timeout: Some(Duration::from_millis(700)),
+        ..AppOptions::default()
+    })
+    .await;
+    let instruction = "#fake:call workspace_read_file {\"path\":\"README.md\"}";
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": instruction}).to_string();
+    assert_eq!(app.post(Some("tok-a"), body).await.0, 202);
+    let waiting = app.settled("tok-a", "s", "t").await;
+    assert_eq!(waiting["status"], "awaiting_client_tools", "{waiting}");
+    let cancel = || app.post_to(Some("tok-a"), "/v1/sessions/s/turns/t/cancel", Vec::new());
+    let peek = crate::support::amqp_peek().await;
+    let queue = app.topology.reply_queue(&SessionId::parse("s").unwrap());
+    crate::support::take_all(&peek, &queue).await;
+
+    proxy.stall(true);
+    let (status, body) = cancel().await;
+    assert_eq!(
+        (status, code(&body)),
+        (503, "SERVICE_UNAVAILABLE"),
+        "{body}"
+    );
+    let message = body["errors"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("is cancelled") && message.contains("cancel it again"),
+        "{body}"
+    );
+    let record = app
+        .store
+        .get_turn(
+            &SessionId::parse("s").unwrap(),
+            &TurnId::parse("t").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status.as_str(), "cancelled");
+    proxy.stall(false);
+    // What the stalled connection held may still arrive; only what the next cancel tells
+    // counts from here on.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    crate::support::take_all(&peek, &queue).await;
+
+    let (status, body) = cancel().await;
+    assert_eq!(
+        (status, &body["result"]["status"]),
+        (200, &json!("cancelled")),
+        "{body}"
+    );
+    let mut told = Vec::new();
+    for _ in 0..30 {
+        told.extend(
+            crate::support::take_all(&peek, &queue)
+                .await
+                .iter()
+                .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
+                .filter(|v| v["turnId"] == "t" && v["status"] == "cancelled"),
+        );
+        if !told.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(told.len(), 1, "the second cancel tells of the turn once");
+}
+
 /// The server closes connections whose headers do not arrive in time (a slow client holding a
 /// connection open) and idle keep-alive connections, but never cuts a slow answer: long-polls,
 /// SSE streams and the synchronous endpoint take as long as their route allows.

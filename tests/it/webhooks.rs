@@ -471,7 +471,8 @@ async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(back
 }
 
 /// A batch whose line repeats a turn that completed before (same ids, same payload): no
-/// worker settles that line again, and the batch is still told of once the others settle.
+/// worker settles that line again, and the batch is still told of once the others settle;
+/// likewise with a line whose turn is refused when it is enqueued.
 async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backend) {
     let receiver = Receiver::start([]).await;
     let app = spawn(AppOptions {
@@ -483,9 +484,17 @@ async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backen
     let earlier = json!({"sessionId": "s", "turnId": "t1", "instruction": "hi"});
     assert_eq!(app.post(Some("tok-a"), earlier.to_string()).await.0, 202);
     assert_eq!(app.settled("tok-a", "s", "t1").await["status"], "completed");
+    // And a line refused only when its turn is enqueued (the ids of that turn, another
+    // payload): the batch's line count is noted before enqueueing, and this line counts as
+    // settled, since it never runs.
+    let other = json!({"sessionId": "s", "turnId": "t2", "instruction": "hi"});
+    assert_eq!(app.post(Some("tok-a"), other.to_string()).await.0, 202);
+    assert_eq!(app.settled("tok-a", "s", "t2").await["status"], "completed");
+    let clash = json!({"sessionId": "s", "turnId": "t2", "instruction": "other"});
     let lines = [
         json!({"customId": "again", "request": earlier}).to_string(),
         json!({"customId": "new", "request": {"instruction": "review"}}).to_string(),
+        json!({"customId": "clash", "request": clash}).to_string(),
     ];
     let path = format!(
         "/v1/batches?webhook={}",
@@ -495,6 +504,10 @@ async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backen
     assert_eq!(
         (status, &body["result"]["accepted"]),
         (202, &json!(2)),
+        "{body}"
+    );
+    assert_eq!(
+        body["result"]["errors"][0]["errors"][0]["errorCode"], "TURN_CONFLICT",
         "{body}"
     );
     let got = receiver

@@ -12,6 +12,7 @@ use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::extract::{
     ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Tenant, answer, failure, unavailable,
+    unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
@@ -57,6 +58,7 @@ pub(crate) async fn post_batch(
             format!("$: {m}"),
         ),
         Err(BatchError::Store(e)) => unavailable(e),
+        Err(BatchError::Unrecorded(e)) => unavailable_unaccepted(e),
         Err(BatchError::Webhook(refused)) => refused.into_response(),
     }
 }

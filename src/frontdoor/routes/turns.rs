@@ -69,6 +69,20 @@ impl IntoResponse for SubmitError {
     fn into_response(self) -> Response {
         match self {
             Self::Unavailable(m) => unavailable_unaccepted(m),
+            Self::Untold(m) => {
+                tracing::warn!(error = %m, "done, but not told of");
+                let mut response = answer::<()>(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    InvokeResult::failure(crate::contract::ErrorMessage::new(
+                        ErrorCode::ServiceUnavailable,
+                        m,
+                    )),
+                );
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::RETRY_AFTER, 1.into());
+                response
+            }
             refused => {
                 let status = StatusCode::from_u16(refused.http_status())
                     .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -161,7 +175,7 @@ pub(crate) async fn get_turn(
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
         (status = 409, description = "The turn has finished (TURN_ALREADY_FINISHED, naming its status)", body = Failure),
-        (status = 503, description = "Store unavailable", body = Failure,
+        (status = 503, description = "Store unavailable; or the turn is cancelled but its status could not be told of (the message says so: cancel again to tell of it)", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn cancel_turn(
