@@ -241,6 +241,7 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
         stream_delay: Duration::from_millis(stream_delay_ms),
         break_streams,
         no_streaming,
+        no_background: false,
         // A server that runs for days keeps no record nobody reads.
         forget_requests: true,
         keep_responses: Some(keep_responses),

@@ -20,6 +20,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
+mod background;
 mod check;
 mod response;
 mod stream;
@@ -78,6 +79,9 @@ pub struct FakeOptions {
     pub stream_delay: Duration,
     /// Answer `stream: true` with a 400, as a server without streaming does.
     pub no_streaming: bool,
+    /// Answer `background: true` with a 400 naming the parameter, as a server without
+    /// background mode does.
+    pub no_background: bool,
     /// Break the first this many streamed answers halfway (see [`Reply::BrokenStream`]).
     pub break_streams: usize,
     /// Keep no record of the requests (`requests()`, `traceparents()`, `arrivals()` and
@@ -147,6 +151,10 @@ struct Inner {
     /// Streamed answers given so far.
     streamed: AtomicU64,
     started: std::time::Instant,
+    /// Responses made in background mode.
+    background: background::Background,
+    /// `flex` requests still to be refused with 429 resource unavailable.
+    flex_unavailable: AtomicU64,
 }
 
 /// A full check of a request body against the API's schema: `Err((message, path))` names the
@@ -188,9 +196,16 @@ impl FakeLlm {
             first_deltas: Mutex::new(Vec::new()),
             streamed: AtomicU64::new(0),
             started: std::time::Instant::now(),
+            background: background::Background::default(),
+            flex_unavailable: AtomicU64::new(0),
         });
         let app = Router::new()
             .route("/v1/responses", post(create_response))
+            .route(
+                "/v1/responses/{id}",
+                axum::routing::get(background::retrieve),
+            )
+            .route("/v1/responses/{id}/cancel", post(background::cancel))
             .with_state(inner.clone());
         let listener = crate::net::listen(addr)?;
         let addr = listener.local_addr()?;
@@ -261,6 +276,28 @@ impl FakeLlm {
             .lock()
             .map(|r| r.clone())
             .unwrap_or_default()
+    }
+
+    /// Forgets every background response: retrieving one is `404`, as on the live API once
+    /// it expired.
+    pub fn expire_background(&self) {
+        self.inner.background.expire();
+    }
+
+    /// The ids of the background responses a cancel was sent for, in order.
+    pub fn cancels(&self) -> Vec<String> {
+        self.inner.background.cancels()
+    }
+
+    /// How many times a background response was retrieved (polled, or its stream resumed).
+    pub fn background_retrievals(&self) -> u64 {
+        self.inner.background.retrievals()
+    }
+
+    /// Refuses the next `n` requests made at the `flex` service tier with `429` resource
+    /// unavailable, as the live API does when flex capacity runs out.
+    pub fn refuse_flex(&self, n: u64) {
+        self.inner.flex_unavailable.store(n, Ordering::SeqCst);
     }
 
     /// The `usage` object of every answer given so far, in order.
@@ -376,6 +413,18 @@ async fn create_response(
             None,
         );
     }
+    if background::asked(&request) {
+        let refusal = if inner.options.no_background {
+            Some("Unsupported parameter: 'background' is not supported by this server.")
+        } else if request.get("store").and_then(Value::as_bool) == Some(false) {
+            Some("Background mode requires 'store' to be true.")
+        } else {
+            None
+        };
+        if let Some(message) = refusal {
+            return error_response(StatusCode::BAD_REQUEST, message, Some("background"), None);
+        }
+    }
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
     answer(&inner, request, body.len(), reply).await
@@ -461,10 +510,47 @@ fn next_id(inner: &Inner, prefix: &str) -> String {
 
 /// Answers `req` (its body was `body_len` bytes) with `reply`. The request is taken: the
 /// fields the response echoes (instructions, tools, …) move into it rather than being copied.
-async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: Reply) -> Response {
+async fn answer(inner: &Arc<Inner>, req: Value, body_len: usize, mut reply: Reply) -> Response {
+    let mut delay = Duration::ZERO;
     while let Reply::Delay(d, next) = reply {
-        tokio::time::sleep(d).await;
+        delay += d;
         reply = *next;
+    }
+    let stream = streams(&req);
+    if background::asked(&req) {
+        // Taken at once; the answer is ready after the delay (see `background`).
+        return match answer_object(inner, req, body_len, reply) {
+            Ok((object, _)) => inner.background.start(object, delay, stream, inner),
+            Err(refused) => refused,
+        };
+    }
+    tokio::time::sleep(delay).await;
+    match answer_object(inner, req, body_len, reply) {
+        Ok((object, broken)) => respond_as(inner, stream, object, broken),
+        Err(refused) => refused,
+    }
+}
+
+/// The `Response` object answering `req` with `reply` (delays unwrapped), and whether a
+/// streamed answer breaks off; or the error answer the reply scripts.
+fn answer_object(
+    inner: &Arc<Inner>,
+    mut req: Value,
+    body_len: usize,
+    reply: Reply,
+) -> Result<(Value, bool), Response> {
+    let flex = req.get("service_tier").and_then(Value::as_str) == Some("flex");
+    if flex
+        && inner
+            .flex_unavailable
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        let body = json!({"error": {
+            "message": "Resource unavailable: flex processing capacity is exhausted right now. Please try again later or use the default service tier.",
+            "type": "invalid_request_error", "param": null, "code": "resource_unavailable"
+        }});
+        return Err((StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response());
     }
     let message = |inner: &Inner, part: Value| {
         json!({
@@ -499,17 +585,17 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
             {
                 resp.headers_mut().insert("retry-after-ms", v);
             }
-            return resp;
+            return Err(resp);
         }
         Reply::Malformed => {
             let mut headers = HeaderMap::new();
             headers.insert("content-type", HeaderValue::from_static("application/json"));
-            return (StatusCode::OK, headers, "{\"id\": \"resp_trunc").into_response();
+            return Err((StatusCode::OK, headers, "{\"id\": \"resp_trunc").into_response());
         }
         Reply::Failed(_) => ("failed", vec![], None),
         Reply::BrokenStream(t) => {
             if !streams(&req) {
-                return error_response(StatusCode::INTERNAL_SERVER_ERROR, "The server had an error while processing your request.", None, None);
+                return Err(error_response(StatusCode::INTERNAL_SERVER_ERROR, "The server had an error while processing your request.", None, None));
             }
             ("completed", vec![message(inner, text_part(t))], None)
         }
@@ -527,7 +613,6 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
     {
         s.insert(id.clone(), Stored { pending_calls });
     }
-    let stream = streams(&req);
     let error = match &reply {
         Reply::Failed(code) => {
             json!({"code": code, "message": "The model failed to generate a response."})
@@ -563,7 +648,7 @@ async fn answer(inner: &Arc<Inner>, mut req: Value, body_len: usize, mut reply: 
     if let Ok(mut usages) = inner.usages.lock() {
         usages.push(object["usage"].clone());
     }
-    respond_as(inner, stream, object, broken)
+    Ok((object, broken))
 }
 
 /// Whether the request asked for a streamed answer.

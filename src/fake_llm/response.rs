@@ -64,11 +64,16 @@ impl Answered<'_> {
         let output_tokens =
             serde_json::to_vec(&self.output).map_or(0, |b| b.len() / 4) as u64 + reasoning_tokens;
         let cached_tokens = self.cached_tokens.min(input_tokens);
+        // The tier the request was served at: `auto` (or none) is the project's, `default`.
+        let tier = match req.get("service_tier").and_then(Value::as_str) {
+            None | Some("auto") => "default".to_string(),
+            Some(t) => t.to_string(),
+        };
         let mut echo = |field: &str, absent: Value| match req.get_mut(field) {
             Some(v) => v.take(),
             None => absent,
         };
-        let fields: [(&str, Value); 23] = [
+        let fields: [(&str, Value); 25] = [
             ("id", self.id.into()),
             ("object", "response".into()),
             (
@@ -110,6 +115,8 @@ impl Answered<'_> {
                 }),
             ),
             ("user", Value::Null),
+            ("background", echo("background", false.into())),
+            ("service_tier", tier.into()),
             ("metadata", json!({})),
         ];
         Value::Object(

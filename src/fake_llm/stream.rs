@@ -24,7 +24,7 @@ fn cut(text: &str, pieces: usize) -> Vec<String> {
 }
 
 /// The events telling `response`, in order (without sequence numbers).
-fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
+pub(super) fn sequence(response: &Value, pieces: usize) -> Vec<Value> {
     let mut head = response.clone();
     head["status"] = json!("in_progress");
     head["output"] = json!([]);
