@@ -283,6 +283,7 @@ pub fn contexts_in_use(config: &Config, fallback_url: Option<String>) -> Context
         timeout: None,
         replay: None,
         prompt_caching: None,
+        calls: Default::default(),
     };
     config
         .contexts
@@ -338,6 +339,7 @@ fn backends(
             model: agent.model.clone(),
             replay: agent.replay.unwrap_or(config.llm_replay),
             prompt_caching: agent.prompt_caching.unwrap_or(true),
+            calls: agent.calls.clone(),
         };
         backends = backends.with_agent(&agent.id, backend);
     }

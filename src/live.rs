@@ -75,6 +75,10 @@ pub enum LiveBody {
     Delta {
         /// The text.
         text: String,
+        /// For the text of a background model call: where in the call's event stream it
+        /// reaches (a worker that re-attaches to the call resumes after it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reached: Option<Reached>,
     },
     /// Something the client may show (a server tool runs, a model call restarts).
     Progress {
@@ -83,8 +87,18 @@ pub enum LiveBody {
     },
 }
 
+/// The event of a background model call that a live text reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reached {
+    /// The model response.
+    pub response_id: String,
+    /// The `sequence_number` of its last event in the text.
+    pub sequence: u64,
+}
+
 enum Msg {
-    Text(String),
+    Text(String, Option<Reached>),
     Progress(String),
     Rerun(u32),
     Resume(u32),
@@ -140,7 +154,14 @@ impl LiveTurn {
     /// Answer text (never function-call arguments).
     pub fn text(&self, text: &str) {
         if !text.is_empty() {
-            self.send(Msg::Text(text.to_string()));
+            self.send(Msg::Text(text.to_string(), None));
+        }
+    }
+
+    /// Answer text of a background model call, reaching its event `reached`.
+    pub fn text_reaching(&self, text: &str, reached: Reached) {
+        if !text.is_empty() {
+            self.send(Msg::Text(text.to_string(), Some(reached)));
         }
     }
 
@@ -189,6 +210,8 @@ async fn batch(
     let to = reply_to.as_deref();
     let mut index = 0u64;
     let mut waiting = String::new();
+    // Where the waiting text reaches in its background call, if it comes from one.
+    let mut reached: Option<Reached> = None;
     let mut deadline = None;
     // When text last went out; text arriving later than `flush_every` after it goes at once.
     let mut last_sent: Option<tokio::time::Instant> = None;
@@ -209,7 +232,7 @@ async fn batch(
                 m = rx.recv() => m,
                 _ = tokio::time::sleep_until(at) => {
                     let text = std::mem::take(&mut waiting);
-                    let body = publish(&mut index, LiveBody::Delta { text });
+                    let body = publish(&mut index, LiveBody::Delta { text, reached: reached.take() });
                     outlet.publish_live(&session, &turn, to, body).await;
                     last_sent = Some(tokio::time::Instant::now());
                     deadline = None;
@@ -217,19 +240,28 @@ async fn batch(
                 }
             },
         };
-        let flush_text = |waiting: &mut String, index: &mut u64| {
+        let flush_text = |waiting: &mut String, reached: &mut Option<Reached>, index: &mut u64| {
             (!waiting.is_empty()).then(|| {
                 let text = std::mem::take(waiting);
-                publish(index, LiveBody::Delta { text })
+                publish(
+                    index,
+                    LiveBody::Delta {
+                        text,
+                        reached: reached.take(),
+                    },
+                )
             })
         };
         match next {
-            Some(Msg::Text(t)) => {
+            Some(Msg::Text(t, at)) => {
                 waiting.push_str(&t);
+                if at.is_some() {
+                    reached = at;
+                }
                 let now = tokio::time::Instant::now();
                 let quiet = last_sent.is_none_or(|at| now >= at + settings.flush_every);
                 if (quiet && deadline.is_none()) || waiting.chars().count() >= settings.max_chars {
-                    if let Some(body) = flush_text(&mut waiting, &mut index) {
+                    if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
                         outlet.publish_live(&session, &turn, to, body).await;
                     }
                     last_sent = Some(now);
@@ -250,7 +282,7 @@ async fn batch(
                 outlet.publish_live(&session, &turn, to, body).await;
             }
             Some(Msg::Progress(message)) => {
-                if let Some(body) = flush_text(&mut waiting, &mut index) {
+                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
                     outlet.publish_live(&session, &turn, to, body).await;
                 }
                 deadline = None;
@@ -258,7 +290,7 @@ async fn batch(
                 outlet.publish_live(&session, &turn, to, body).await;
             }
             None => {
-                if let Some(body) = flush_text(&mut waiting, &mut index) {
+                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
                     outlet.publish_live(&session, &turn, to, body).await;
                 }
                 return;
@@ -322,7 +354,10 @@ mod tests {
         live.finish().await;
         let got = out.0.lock().unwrap().clone();
         let shown: Vec<(u64, LiveBody)> = got.into_iter().map(|e| (e.index, e.body)).collect();
-        let delta = |t: &str| LiveBody::Delta { text: t.into() };
+        let delta = |t: &str| LiveBody::Delta {
+            text: t.into(),
+            reached: None,
+        };
         assert_eq!(
             shown,
             vec![
@@ -347,7 +382,10 @@ mod tests {
             session_id: "s".into(),
             turn_id: "t".into(),
             index: 3,
-            body: LiveBody::Delta { text: "x".into() },
+            body: LiveBody::Delta {
+                text: "x".into(),
+                reached: None,
+            },
         };
         assert_eq!(
             serde_json::to_value(&e).unwrap(),

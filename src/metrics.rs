@@ -52,6 +52,8 @@ pub struct Metrics {
     model_latency: Histogram,
     tokens: Family<Labels, Counter>,
     model_retries: Counter,
+    background_calls: Family<Labels, Counter>,
+    flex_fallbacks: Counter,
     job_retries: Family<Labels, Counter>,
     redeliveries: Counter,
     dead_lettered: Counter,
@@ -159,6 +161,21 @@ impl Metrics {
             "model_retries",
             "Responses API calls retried after a transient failure",
             model_retries.clone(),
+        );
+        let background_calls = Family::<Labels, Counter>::default();
+        registry.register(
+            "model_background_calls",
+            "Background model calls by event: started, reattached (a run followed a call an earlier run made), recalled (the server no longer had it; made again), cancelled (on the server)",
+            background_calls.clone(),
+        );
+        for event in ["started", "reattached", "recalled", "cancelled"] {
+            let _ = background_calls.get_or_create(&[("event", event)]);
+        }
+        let flex_fallbacks = Counter::default();
+        registry.register(
+            "model_flex_fallbacks",
+            "Flex model calls made at the default tier after flex capacity stayed unavailable for the agent context's wait",
+            flex_fallbacks.clone(),
         );
         let job_retries = Family::<Labels, Counter>::default();
         registry.register(
@@ -336,6 +353,8 @@ impl Metrics {
             model_latency,
             tokens,
             model_retries,
+            background_calls,
+            flex_fallbacks,
             job_retries,
             redeliveries,
             dead_lettered,
@@ -440,6 +459,18 @@ impl Metrics {
     /// A model call is retried.
     pub fn model_retry(&self) {
         self.model_retries.inc();
+    }
+
+    /// A background model call event (`started`, `reattached`, `recalled`, `cancelled`).
+    pub fn background_call(&self, event: &'static str) {
+        self.background_calls
+            .get_or_create(&[("event", event)])
+            .inc();
+    }
+
+    /// A flex call is made at the default tier.
+    pub fn flex_fallback(&self) {
+        self.flex_fallbacks.inc();
     }
 
     /// A job goes back for a delayed retry (`transient`, `session_busy`, `model_capacity`, or

@@ -343,6 +343,13 @@ pub struct TurnRecord {
     /// The batch the turn is a line of, when that batch's completion is told of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// The background model call this turn waits for, recorded before it waits: a run that
+    /// dies during it is followed by one that re-attaches instead of calling again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_call: Option<ModelCallMark>,
+    /// Every model call the turn's runs made, in order (what it cost, at which tier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallNote>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -411,6 +418,8 @@ impl TurnRecord {
             streaming: false,
             webhook: None,
             batch: None,
+            model_call: None,
+            calls: Vec::new(),
         }
     }
 
@@ -466,6 +475,41 @@ pub struct Checkpoint {
     pub progress: TurnProgress,
 }
 
+/// A background model call in flight ([`TurnRecord::model_call`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCallMark {
+    /// The response the model server is working on.
+    pub response_id: String,
+    /// A digest of the request body: only the same request re-attaches to it.
+    pub request: String,
+}
+
+/// What one model call of a turn came to ([`TurnRecord::calls`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallNote {
+    /// The response id.
+    pub response_id: String,
+    /// The model asked for.
+    pub model: String,
+    /// The agent context whose server answered.
+    pub agent_context: String,
+    /// How long the call took, retries included (a re-attached call: since re-attaching).
+    pub latency_ms: u64,
+    /// Tokens it spent.
+    pub usage: Usage,
+    /// The tier the server reports it used, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// Made in background mode.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
+    /// Followed by a run that re-attached after the one that made it died.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reattached: bool,
+}
+
 /// One output item of a model answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -505,6 +549,9 @@ pub struct ModelResponse {
     pub incomplete_reason: Option<String>,
     /// Token usage of this call.
     pub usage: Usage,
+    /// The service tier the server says it used, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
 }
 
 /// Why a model call failed, after retries.

@@ -269,6 +269,8 @@ mod tests {
             streaming: false,
             webhook: None,
             batch: None,
+            model_call: None,
+            calls: Vec::new(),
         };
         let lease = store
             .acquire_lease(

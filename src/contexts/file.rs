@@ -34,6 +34,8 @@ pub struct AgentContext {
     pub replay: Option<bool>,
     /// Send each session's `prompt_cache_key` (unless `false`).
     pub prompt_caching: Option<bool>,
+    /// Background mode, service tier and prices.
+    pub calls: super::CallSettings,
 }
 
 impl AgentContext {
@@ -107,6 +109,11 @@ struct AgentEntry {
     timeout_secs: Option<u64>,
     replay: Option<bool>,
     prompt_caching: Option<bool>,
+    #[serde(default)]
+    background: bool,
+    service_tier: Option<String>,
+    flex_fallback_after_secs: Option<super::calls::FallbackEntry>,
+    prices: Option<super::calls::PricesEntry>,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +205,28 @@ impl Contexts {
                     return Err(bad(format!("{field} must be at least 1")));
                 }
             }
+            let service_tier = match entry.service_tier.as_deref() {
+                None => None,
+                Some(t) => Some(super::ServiceTier::parse(t).ok_or_else(|| {
+                    bad(format!(
+                        "serviceTier must be auto, default, flex or priority, not {t:?}"
+                    ))
+                })?),
+            };
+            let flex_fallback = match &entry.flex_fallback_after_secs {
+                None => Some(super::FLEX_FALLBACK_AFTER),
+                Some(f) => f.check().map_err(&bad)?,
+            };
+            let prices = match &entry.prices {
+                None => None,
+                Some(p) => Some(p.check().map_err(&bad)?),
+            };
+            let calls = super::CallSettings {
+                background: entry.background,
+                service_tier,
+                flex_fallback,
+                prices,
+            };
             out.agents.insert(
                 entry.id.clone(),
                 AgentContext {
@@ -211,6 +240,7 @@ impl Contexts {
                     timeout: entry.timeout_secs.map(Duration::from_secs),
                     replay: entry.replay,
                     prompt_caching: entry.prompt_caching,
+                    calls,
                 },
             );
         }
@@ -289,6 +319,17 @@ impl Contexts {
                     "timeoutSecs": a.timeout.map(|t| t.as_secs()),
                     "replay": a.replay,
                     "promptCaching": a.prompt_caching,
+                    "background": a.calls.background,
+                    "serviceTier": a.calls.service_tier.map(super::ServiceTier::as_str),
+                    "flexFallbackAfterSecs": match a.calls.flex_fallback {
+                        Some(d) => serde_json::json!(d.as_secs()),
+                        None => serde_json::json!("never"),
+                    },
+                    "prices": a.calls.prices.map(|p| serde_json::json!({
+                        "inputPerMillion": p.input_micros as f64 / 1e6,
+                        "cachedInputPerMillion": p.cached_input_micros as f64 / 1e6,
+                        "outputPerMillion": p.output_micros as f64 / 1e6,
+                    })),
                 })
             })
             .collect();
@@ -383,6 +424,7 @@ mod tests {
             timeout: None,
             replay: None,
             prompt_caching: None,
+            calls: Default::default(),
         }
     }
 

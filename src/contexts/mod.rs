@@ -11,6 +11,7 @@
 //! Keys are read from the environment variables the file names and never printed. Must not:
 //! call the model or build prompts.
 
+mod calls;
 mod file;
 
 use std::collections::BTreeSet;
@@ -18,6 +19,7 @@ use std::collections::BTreeSet;
 use crate::contract::{ErrorCode, ErrorMessage, SessionId, UserTurn};
 use crate::state::ContextIds;
 
+pub use calls::{CallSettings, FLEX_FALLBACK_AFTER, Prices, ServiceTier};
 pub use file::{AgentContext, Contexts, ContextsError, ConversationContext};
 
 /// An agent context's base URL, checked: an http(s) URL with a host. `Err` says what is wrong

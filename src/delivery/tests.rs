@@ -70,7 +70,10 @@ impl Parts {
             session_id: self.sid.to_string(),
             turn_id: self.tid.to_string(),
             index,
-            body: LiveBody::Delta { text: text.into() },
+            body: LiveBody::Delta {
+                text: text.into(),
+                reached: None,
+            },
         })
         .unwrap()
     }

@@ -8,16 +8,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable as _};
+use backon::Retryable as _;
 use serde_json::Value;
 
 use crate::limiter::CallLimiter;
 
+mod background;
 mod parse;
 mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem, SentRequest};
+pub use background::BackgroundCall;
 use parse::parse_bytes;
 
 /// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
@@ -47,6 +49,19 @@ pub enum LlmError {
     /// The answer could not be used (malformed body, `failed` status).
     #[error("model server gave an unusable answer: {0}")]
     BadResponse(String),
+    /// A `flex` call the server had no capacity for (429 resource unavailable), after the
+    /// retries: made again later, or at another tier.
+    #[error("model server has no flex capacity after {attempts} attempt(s): {message}")]
+    FlexUnavailable {
+        /// Attempts made.
+        attempts: usize,
+        /// The server's message.
+        message: String,
+    },
+    /// The server no longer has the background response being followed (it expired, or
+    /// was deleted): the call has to be made again.
+    #[error("the model server no longer has background response {0}")]
+    Expired(String),
     /// The agent context's limits left no room for the call within the wait bound: nothing
     /// was sent; the turn should run again later.
     #[error(transparent)]
@@ -56,7 +71,10 @@ pub enum LlmError {
 impl LlmError {
     /// Whether retrying the whole turn later may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable { .. })
+        matches!(
+            self,
+            Self::Unavailable { .. } | Self::FlexUnavailable { .. }
+        )
     }
 }
 
@@ -65,6 +83,16 @@ impl LlmError {
 pub enum LlmEvent {
     /// A piece of the answer's text (never function-call arguments).
     TextDelta(String),
+    /// A piece of a background call's text, with the sequence number of the event that
+    /// carried it (a follower that re-attaches resumes after the last one relayed).
+    Delta {
+        /// The text.
+        text: String,
+        /// The response.
+        response_id: String,
+        /// Its event's `sequence_number`.
+        sequence: u64,
+    },
     /// The call is made again after a failed attempt (text already reported from that attempt
     /// is not part of the answer).
     Retrying {
@@ -83,6 +111,8 @@ struct AttemptError {
     retry_after: Option<Duration>,
     /// The server answered 429.
     rate_limited: bool,
+    /// The server answered 429 resource unavailable (flex capacity).
+    flex_unavailable: bool,
     error: LlmError,
 }
 
@@ -93,10 +123,24 @@ impl AttemptError {
             retryable: true,
             retry_after: None,
             rate_limited: false,
+            flex_unavailable: false,
             error: LlmError::Unavailable {
                 attempts: 1,
                 message,
             },
+        }
+    }
+}
+
+impl AttemptError {
+    /// The call's error after `attempts` attempts, this one the last.
+    fn into_error(self, attempts: usize) -> LlmError {
+        match self.error {
+            LlmError::Unavailable { message, .. } if self.flex_unavailable => {
+                LlmError::FlexUnavailable { attempts, message }
+            }
+            LlmError::Unavailable { message, .. } => LlmError::Unavailable { attempts, message },
+            other => other,
         }
     }
 }
@@ -233,12 +277,7 @@ impl LlmClient {
             Some(_) => bytes::Bytes::from(streamed(body.json())),
             None => body.bytes(),
         };
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(self.min_backoff)
-            .with_max_delay(Duration::from_secs(8))
-            .with_factor(2.0)
-            .with_jitter()
-            .with_max_times(self.max_retries);
+        let backoff = self.backoff();
         let mut attempts = 0usize;
         let started = std::time::Instant::now();
         let result = (|| {
@@ -268,10 +307,7 @@ impl LlmClient {
                 u.reasoning_tokens,
             ]);
         }
-        result.map_err(|e| match e.error {
-            LlmError::Unavailable { message, .. } => LlmError::Unavailable { attempts, message },
-            other => other,
-        })
+        result.map_err(|e| e.into_error(attempts))
     }
 
     /// One call, in a `model_call` span of its own (exported as a child of the turn's `job`
@@ -291,6 +327,7 @@ impl LlmClient {
                 retryable: false,
                 retry_after: None,
                 rate_limited: false,
+                flex_unavailable: false,
                 error: e.into(),
             })?),
         };
@@ -356,10 +393,28 @@ impl LlmClient {
         if (200..300).contains(&status) {
             return parse_bytes(&bytes);
         }
-        let (mut message, code) = error_message(&bytes, status);
-        if sink.is_some() && status == 400 && message.to_ascii_lowercase().contains("stream") {
+        Err(refusal(status, &headers, &bytes, sink.is_some()))
+    }
+}
+
+/// What an error answer (status `status`) means for the call: its message and code, and
+/// whether another attempt may succeed (`streamed`: the call asked for a stream).
+fn refusal(
+    status: u16,
+    headers: &reqwest::header::HeaderMap,
+    bytes: &[u8],
+    streamed: bool,
+) -> AttemptError {
+    {
+        let (mut message, code) = error_message(bytes, status);
+        if streamed && status == 400 && message.to_ascii_lowercase().contains("stream") {
             message.push_str(
                 " (the model server does not accept \"stream\": set APTIX_LLM_STREAMING=false)",
+            );
+        }
+        if status == 400 && message.to_ascii_lowercase().contains("background") {
+            message.push_str(
+                " (the model server has no background mode: set \"background\": false on this agent context)",
             );
         }
         let should_retry = headers
@@ -368,30 +423,39 @@ impl LlmClient {
             .map(|v| v == "true");
         let retryable = should_retry.unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
         if code.as_deref() == Some("previous_response_not_found") {
-            return Err(AttemptError {
+            return AttemptError {
                 retryable: false,
                 retry_after: None,
                 rate_limited: false,
+                flex_unavailable: false,
                 error: LlmError::PreviousResponseNotFound(message),
-            });
+            };
         }
+        // Flex capacity ran out: not a rate limit of ours (the limiter is not slowed down).
+        let flex_unavailable = status == 429
+            && (code.as_deref() == Some("resource_unavailable")
+                || message
+                    .to_ascii_lowercase()
+                    .contains("resource unavailable"));
         if retryable {
-            Err(AttemptError {
+            AttemptError {
                 retryable: true,
-                retry_after: retry_after(&headers),
-                rate_limited: status == 429,
+                retry_after: retry_after(headers),
+                rate_limited: status == 429 && !flex_unavailable,
+                flex_unavailable,
                 error: LlmError::Unavailable {
                     attempts: 1,
                     message: format!("HTTP {status}: {message}"),
                 },
-            })
+            }
         } else {
-            Err(AttemptError {
+            AttemptError {
                 retryable: false,
                 retry_after: None,
                 rate_limited: false,
+                flex_unavailable: false,
                 error: LlmError::Rejected { status, message },
-            })
+            }
         }
     }
 }
@@ -512,6 +576,7 @@ mod serde_tests {
                 cached_tokens: 1,
                 reasoning_tokens: 1,
             },
+            service_tier: Some("flex".into()),
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<ModelResponse>(&text).unwrap(), r);

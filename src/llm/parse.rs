@@ -41,6 +41,7 @@ fn bad(message: String) -> AttemptError {
         retryable: false,
         retry_after: None,
         rate_limited: false,
+        flex_unavailable: false,
         error: LlmError::BadResponse(message),
     }
 }
@@ -62,6 +63,8 @@ struct Wire<'a> {
     output: Option<Vec<&'a RawValue>>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(borrow, default)]
+    service_tier: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +201,7 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
                 retryable,
                 retry_after: None,
                 rate_limited: false,
+                flex_unavailable: false,
                 error: if retryable {
                     LlmError::Unavailable {
                         attempts: 1,
@@ -207,6 +211,9 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
                     LlmError::BadResponse(format!("response failed ({code}): {message}"))
                 },
             });
+        }
+        "cancelled" => {
+            return Err(bad("the response was cancelled on the model server".into()));
         }
         other => return Err(bad(format!("unexpected response status {other:?}"))),
     }
@@ -287,6 +294,7 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
             cached_tokens: n(|u| u.input_tokens_details.as_ref()?.cached_tokens),
             reasoning_tokens: n(|u| u.output_tokens_details.as_ref()?.reasoning_tokens),
         },
+        service_tier: text(&v.service_tier).map(str::to_string),
     })
 }
 

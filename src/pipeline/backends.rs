@@ -26,6 +26,8 @@ pub struct AgentBackend {
     pub replay: bool,
     /// Send each session's `prompt_cache_key`.
     pub prompt_caching: bool,
+    /// Background mode, service tier and prices.
+    pub calls: crate::contexts::CallSettings,
 }
 
 /// A conversation context as the pipeline uses it.

@@ -68,6 +68,11 @@ pub struct CallSpec<'a> {
     pub input: &'a [Value],
     /// The session's prompt cache key ([`prompt_cache_key`]), when the context sends one.
     pub prompt_cache_key: Option<&'a str>,
+    /// Made in background mode (`background` and `store` set): the call outlives the
+    /// connection, and a worker that dies during it is followed by one that re-attaches.
+    pub background: bool,
+    /// The service tier asked for (`auto`, `default`, `flex`, `priority`), when one is.
+    pub service_tier: Option<&'a str>,
 }
 
 /// The `prompt_cache_key` of a session's calls: the model server routes requests with the
@@ -104,6 +109,9 @@ pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
             name,
         }),
         prompt_cache_key: spec.prompt_cache_key,
+        background: spec.background.then_some(true),
+        store: spec.background.then_some(true),
+        service_tier: spec.service_tier,
     };
     // Infallible: every part is a string, a bool or a `Value` (whose map keys are strings),
     // written to memory.
@@ -126,6 +134,12 @@ struct Body<'a> {
     tool_choice: Option<FunctionChoice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_cache_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    background: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'a str>,
 }
 
 /// The replayed items, then the call's new ones, as one array.
@@ -347,9 +361,16 @@ mod body_tests {
             continuation: Continuation::Previous("resp_1"),
             input: &input,
             prompt_cache_key: Some("aptix-k"),
+            background: true,
+            service_tier: Some("flex"),
         })
         .to_value()
         .expect("json");
+        // Background mode asks the server to keep the response (it is followed by its id).
+        assert_eq!(
+            (&body["background"], &body["store"], &body["service_tier"]),
+            (&json!(true), &json!(true), &json!("flex"))
+        );
         assert_eq!(
             body["tool_choice"],
             json!({"type": "function", "name": "workspace_read_file"})
@@ -366,12 +387,17 @@ mod body_tests {
                 continuation: Continuation::Fresh,
                 input: &input,
                 prompt_cache_key: None,
+                background: false,
+                service_tier: None,
             }
         })
         .to_value()
         .expect("json");
         assert!(none.get("tool_choice").is_none(), "omitted means auto");
         assert!(none.get("previous_response_id").is_none());
+        for field in ["background", "store", "service_tier"] {
+            assert!(none.get(field).is_none(), "{field} is sent only when set");
+        }
     }
 }
 
@@ -395,6 +421,8 @@ mod wire_tests {
             continuation: Continuation::Replay(&history),
             input: &input,
             prompt_cache_key: None,
+            background: false,
+            service_tier: None,
         });
         let v = body.to_value().expect("the body is JSON");
         let keys: Vec<&str> = v
@@ -420,6 +448,8 @@ mod wire_tests {
             continuation: Continuation::Fresh,
             input: &input,
             prompt_cache_key: None,
+            background: false,
+            service_tier: None,
         });
         assert_eq!(
             bare.json(),

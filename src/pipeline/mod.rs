@@ -277,6 +277,7 @@ impl Pipeline {
                 model: settings.model.clone(),
                 replay: settings.replay,
                 prompt_caching: true,
+                calls: Default::default(),
             },
             DEFAULT_BOOT_PROMPT,
         );

@@ -13,9 +13,22 @@ use super::backends;
 use super::compose::{self, CallSpec, Continuation};
 use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
 use crate::config::LOCAL_TENANT;
+use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult};
-use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
+use crate::contract::{SessionId, TurnId};
+use crate::live::{LiveBody, LiveEvent};
+use crate::llm::{
+    BackgroundCall, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, OutputItem,
+    SentRequest,
+};
+use crate::state::{CallNote, ModelCallMark};
 use crate::store::TurnProgress;
+
+/// The first pause before a flex call refused for capacity is made again; it doubles up to
+/// [`FLEX_PAUSE_MAX`].
+const FLEX_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+/// The longest pause between flex attempts.
+const FLEX_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(8);
 
 impl Pipeline {
     /// Calls the model once (with the fallback to replay), accounting for the answer.
@@ -63,7 +76,9 @@ impl Pipeline {
             .agent
             .prompt_caching
             .then(|| compose::prompt_cache_key(&sid));
-        let body_for = |replayed: Option<&[Value]>| {
+        let background = backend.agent.calls.background;
+        let mut tier = backend.agent.calls.service_tier;
+        let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
                 instructions: &instructions,
@@ -76,13 +91,14 @@ impl Pipeline {
                 },
                 input: &input,
                 prompt_cache_key: cache_key.as_deref(),
+                background,
+                service_tier: tier.map(ServiceTier::as_str),
             })
         };
         let replay = backend.agent.replay || run.session().replay;
-        let body = if replay {
-            body_for(Some(&history(run, progress).await?))
-        } else {
-            body_for(None)
+        let replayed = match replay {
+            true => Some(history(run, progress).await?),
+            false => None,
         };
         let started = std::time::Instant::now();
         let llm = &backend.agent.llm;
@@ -91,6 +107,17 @@ impl Pipeline {
             if let Some(live) = &live {
                 match e {
                     LlmEvent::TextDelta(t) => live.text(&t),
+                    LlmEvent::Delta {
+                        text,
+                        response_id,
+                        sequence,
+                    } => live.text_reaching(
+                        &text,
+                        crate::live::Reached {
+                            response_id,
+                            sequence,
+                        },
+                    ),
                     LlmEvent::Retrying { attempt } => live.progress(format!(
                         "the model call broke off and is made again (attempt {attempt}): the text streamed since the last progress note is replaced by what follows"
                     )),
@@ -98,24 +125,59 @@ impl Pipeline {
             }
         };
         let sink: Option<EventSink<'_>> = run.live().is_some().then_some(&to_live as EventSink<'_>);
-        let sent = self
-            .unless_cancelled(
-                &sid,
-                &tid,
-                llm.create_response_streamed(backend.model(), &body, sink),
-            )
-            .await;
-        // The transcript keeps every request sent, answered or not.
-        run.note_request(body);
-        let Some(mut outcome) = sent else {
-            return Ok(Err(CallEnd::Cancelled));
+        // A flex call the server has no capacity for is made again after a pause, and at
+        // `default` once the context's wait is over.
+        let flex_since = std::time::Instant::now();
+        let mut pause = FLEX_PAUSE_MIN;
+        let (mut outcome, reattached) = loop {
+            let body = body_for(replayed.as_deref(), tier);
+            let sent = if background {
+                self.background_call(run, llm, &body, sink).await?
+            } else {
+                let call = llm.create_response_streamed(backend.model(), &body, sink);
+                (self.unless_cancelled(&sid, &tid, call).await, false)
+            };
+            // The transcript keeps every request sent, answered or not.
+            run.note_request(body);
+            let (Some(outcome), reattached) = sent else {
+                return Ok(Err(CallEnd::Cancelled));
+            };
+            let flex_refused = matches!(&outcome, Err(LlmError::FlexUnavailable { .. }))
+                && tier == Some(ServiceTier::Flex);
+            let fallback = backend.agent.calls.flex_fallback;
+            match fallback {
+                _ if !flex_refused => break (outcome, reattached),
+                // Never at another tier: the turn goes back to the queue and tries later.
+                None => break (outcome, reattached),
+                Some(wait) if flex_since.elapsed() >= wait => {
+                    warn!(
+                        waited_ms = flex_since.elapsed().as_millis() as u64,
+                        "no flex capacity; making the call at the default tier"
+                    );
+                    self.metrics.flex_fallback();
+                    if let Some(live) = run.live() {
+                        live.progress(
+                            "no flex capacity: the model call is made at the default service tier",
+                        );
+                    }
+                    tier = Some(ServiceTier::Default);
+                }
+                Some(wait) => {
+                    let left = wait.saturating_sub(flex_since.elapsed());
+                    let nap = tokio::time::sleep(pause.min(left));
+                    if self.unless_cancelled(&sid, &tid, nap).await.is_none() {
+                        return Ok(Err(CallEnd::Cancelled));
+                    }
+                    pause = (pause * 2).min(FLEX_PAUSE_MAX);
+                }
+            }
         };
         if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
             && !replay
         {
             warn!(%msg, "model server does not store responses; switching this session to replay");
             run.switch_to_replay();
-            let body = body_for(Some(&history(run, progress).await?));
+            let body = body_for(Some(&history(run, progress).await?), tier);
             outcome = llm
                 .create_response_streamed(backend.model(), &body, sink)
                 .await;
@@ -157,6 +219,16 @@ impl Pipeline {
             }
         };
         progress.usage.add(response.usage);
+        run.note_call(CallNote {
+            response_id: response.id.clone(),
+            model: backend.model().to_string(),
+            agent_context: run.session().contexts.agent_context_id.clone(),
+            latency_ms: started.elapsed().as_millis() as u64,
+            usage: response.usage,
+            service_tier: response.service_tier.clone(),
+            background,
+            reattached,
+        });
         let spent = Spent {
             tenant: run
                 .session()
@@ -186,11 +258,169 @@ impl Pipeline {
         Ok(Ok((response, spent)))
     }
 
+    /// One background model call ([`crate::llm::BackgroundCall`]): re-attached to when the
+    /// turn's record names one made for this very request (a run that died while it waited),
+    /// else made and recorded before waiting. Streamed text resumes after the last event the
+    /// turn's live output kept. A turn cancelled meanwhile cancels the response on the server
+    /// too; a response the server no longer has is made once more (a progress note and
+    /// `aptix_model_background_calls_total{event="recalled"}` say so). Returns the outcome
+    /// (`None`: cancelled) and whether the call was re-attached to.
+    async fn background_call(
+        &self,
+        run: &mut Run,
+        llm: &LlmClient,
+        body: &SentRequest,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<(Option<Result<ModelResponse, LlmError>>, bool), RetryableFailure> {
+        let (sid, tid) = (
+            run.record().session_id.clone(),
+            run.record().turn_id.clone(),
+        );
+        let request = request_digest(body);
+        let found = run
+            .record()
+            .model_call
+            .as_ref()
+            .filter(|m| m.request == request)
+            .map(|m| m.response_id.clone());
+        // The run took over from one that died waiting for a call: its text goes on where
+        // the client's stopped, unless the call cannot be followed.
+        let seamless = run.take_reattach();
+        let reattached = found.is_some();
+        let mut call = match found {
+            Some(id) => {
+                let after = match run.live() {
+                    Some(_) => self.relayed(&sid, &tid, &id).await,
+                    None => None,
+                };
+                if after.is_none() && seamless {
+                    replace_text(run, "the model call is followed again from its start");
+                }
+                info!(response_id = %id, after = ?after, "re-attaching to the turn's background model call");
+                self.metrics.background_call("reattached");
+                BackgroundCall::attach(id, after)
+            }
+            None => {
+                if seamless {
+                    replace_text(run, "the model call is made again");
+                }
+                match self
+                    .start_background(run, llm, body, sink, &request)
+                    .await?
+                {
+                    Ok(call) => call,
+                    Err(e) => return Ok((Some(Err(e)), false)),
+                }
+            }
+        };
+        let mut made_again = false;
+        loop {
+            let id = call.id.clone();
+            let followed = self
+                .unless_cancelled(&sid, &tid, llm.follow_background(call, sink))
+                .await;
+            match followed {
+                None => {
+                    match llm.cancel_background(&id).await {
+                        Ok(()) => self.metrics.background_call("cancelled"),
+                        Err(e) => {
+                            warn!(response_id = %id, error = %e, "could not cancel the background model call on the server")
+                        }
+                    }
+                    return Ok((None, reattached));
+                }
+                Some(Err(LlmError::Expired(_))) if !made_again => {
+                    made_again = true;
+                    warn!(response_id = %id, "the model server no longer has the background call; making it again");
+                    self.metrics.background_call("recalled");
+                    replace_text(
+                        run,
+                        "the model server no longer had the model call, so it is made again",
+                    );
+                    call = match self
+                        .start_background(run, llm, body, sink, &request)
+                        .await?
+                    {
+                        Ok(call) => call,
+                        Err(e) => return Ok((Some(Err(e)), reattached)),
+                    };
+                }
+                Some(outcome) => return Ok((Some(outcome), reattached)),
+            }
+        }
+    }
+
+    /// Makes a background call and records its response id in the turn before anything
+    /// waits for it. If the record cannot be written, the call is cancelled on the server
+    /// (nobody could re-attach to it) and the turn handed back.
+    async fn start_background(
+        &self,
+        run: &mut Run,
+        llm: &LlmClient,
+        body: &SentRequest,
+        sink: Option<EventSink<'_>>,
+        request: &str,
+    ) -> Result<Result<BackgroundCall, LlmError>, RetryableFailure> {
+        let call = match llm.start_background(body, sink.is_some()).await {
+            Ok(call) => call,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.metrics.background_call("started");
+        let mark = ModelCallMark {
+            response_id: call.id.clone(),
+            request: request.to_string(),
+        };
+        if let Err(f) = self.note_model_call(run, mark).await {
+            if let Err(e) = llm.cancel_background(&call.id).await {
+                warn!(response_id = %call.id, error = %e, "could not cancel a background model call whose id could not be recorded");
+            }
+            return Err(f);
+        }
+        Ok(Ok(call))
+    }
+
+    /// The sequence number of the last event of background response `response_id` whose
+    /// text the turn's live output kept (what its clients can have seen), if any.
+    async fn relayed(&self, sid: &SessionId, tid: &TurnId, response_id: &str) -> Option<u64> {
+        let kept = match self.store.kept_live(sid, tid).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                warn!(error = %e, "could not read the turn's kept live events; its text is streamed again from the start");
+                return None;
+            }
+        };
+        kept.iter()
+            .filter_map(|event| serde_json::from_slice::<LiveEvent>(event).ok())
+            .filter_map(|event| match event.body {
+                LiveBody::Delta {
+                    reached: Some(r), ..
+                } if r.response_id == response_id => Some(r.sequence),
+                _ => None,
+            })
+            .max()
+    }
+
     /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
     /// against its tenant at the same time: one round trip for both instead of two in a row.
     pub(super) async fn counting<T>(&self, spent: Spent, step: impl Future<Output = T>) -> T {
         let (tenant, tokens) = (spent.tenant, spent.tokens);
         tokio::join!(self.quotas.spend(&tenant, tokens), step).1
+    }
+}
+
+/// A digest of a request body (what a re-attaching run compares its own request with).
+fn request_digest(body: &SentRequest) -> String {
+    use sha2::Digest as _;
+    crate::hex::lower(&sha2::Sha256::digest(body.json().as_bytes())[..16])
+}
+
+/// Tells a streaming turn's clients that the text streamed so far is replaced by what
+/// follows, and why.
+fn replace_text(run: &Run, why: &str) {
+    if let Some(live) = run.live() {
+        live.progress(format!(
+            "{why}: the text streamed so far is replaced by what follows"
+        ));
     }
 }
 

@@ -91,6 +91,20 @@ fn turn(session: &str, id: &str) -> TurnRecord {
         streaming: true,
         webhook: Some("https://hooks.example.com/aptix".into()),
         batch: Some("batch-1".into()),
+        model_call: Some(aptix_worker::state::ModelCallMark {
+            response_id: "resp_1".into(),
+            request: "abc".into(),
+        }),
+        calls: vec![aptix_worker::state::CallNote {
+            response_id: "resp_1".into(),
+            model: "m".into(),
+            agent_context: "default".into(),
+            latency_ms: 12,
+            usage: Default::default(),
+            service_tier: Some("flex".into()),
+            background: true,
+            reattached: false,
+        }],
     }
 }
 

@@ -47,7 +47,7 @@ fn sse_event(event: SessionEvent) -> Option<axum::response::sse::Event> {
         SessionEvent::Live(body) => {
             let live = serde_json::from_slice::<LiveEvent>(&body).ok()?;
             let (kind, data) = match live.body {
-                LiveBody::Delta { text } => (
+                LiveBody::Delta { text, .. } => (
                     "delta",
                     serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "text": text}),
                 ),

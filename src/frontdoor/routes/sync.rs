@@ -127,7 +127,7 @@ async fn relay_turn(
         let view = match listener.next(deadline).await {
             Ok(Heard::Live(event)) => {
                 let shown = match event.body {
-                    LiveBody::Delta { text } => {
+                    LiveBody::Delta { text, .. } => {
                         serde_json::json!({"kind": "delta", "index": event.index, "text": text})
                     }
                     LiveBody::Progress { message } => {

@@ -87,6 +87,8 @@ pub(super) struct Run {
     /// A write of this run failed: the store holds the turn as it was before that step or as
     /// the step left it, and this run cannot tell which — so it writes nothing more.
     unsure: bool,
+    /// See [`Run::take_reattach`].
+    reattach: bool,
 }
 
 impl Run {
@@ -103,6 +105,7 @@ impl Run {
             live,
             stop_read: None,
             unsure: false,
+            reattach: false,
         }
     }
 
@@ -143,9 +146,20 @@ impl Run {
         Ok(())
     }
 
+    /// Whether this run took over from one that died waiting for a background model call
+    /// (its live text was not replaced at the start); asked once, by the run's first call.
+    pub(super) fn take_reattach(&mut self) -> bool {
+        std::mem::take(&mut self.reattach)
+    }
+
     /// Keeps a request sent to the model in the turn's transcript (stored with the next write).
     pub(super) fn note_request(&mut self, body: SentRequest) {
         self.record.requests.push(body);
+    }
+
+    /// Notes what a model call came to in the turn's record (stored with the next write).
+    pub(super) fn note_call(&mut self, note: crate::state::CallNote) {
+        self.record.calls.push(note);
     }
 
     /// The model server does not store responses: the session replays its conversation from
@@ -356,10 +370,18 @@ impl Pipeline {
         record.status = TurnStatus::Running;
         record.mode_key = session.mode_key.clone();
         record.attempts += 1;
+        // A run that died waiting for a background call: this one re-attaches to it and its
+        // text goes on where the client's stopped (the call says otherwise if it cannot).
+        let reattach = record.model_call.is_some() && record.attempts > 1;
         if let Some(live) = &live {
-            live.rerun(record.attempts);
+            if reattach {
+                live.resume(record.attempts);
+            } else {
+                live.rerun(record.attempts);
+            }
         }
         let mut run = Run::open(session, record, held, live);
+        run.reattach = reattach;
         match self.write(&mut run, changed, false).await {
             Ok(saved) => {
                 if run.record.checkpoint.is_none() {
@@ -439,6 +461,20 @@ impl Pipeline {
             response: response.clone(),
             progress: progress.clone(),
         });
+        // The call it answers is over: nothing to re-attach to.
+        run.record.model_call = None;
+        self.write(run, false, false).await.map(|_| ())
+    }
+
+    /// Records the background model call this run is about to wait for, before it waits
+    /// (a fenced write like every other): a run that dies during the call is followed by one
+    /// that re-attaches to it. A failed write hands the turn back.
+    pub(super) async fn note_model_call(
+        &self,
+        run: &mut Run,
+        mark: crate::state::ModelCallMark,
+    ) -> Result<(), RetryableFailure> {
+        run.record.model_call = Some(mark);
         self.write(run, false, false).await.map(|_| ())
     }
 

@@ -1,0 +1,441 @@
+//! Background calls (`"background": true`): the model server keeps working on the response
+//! whatever happens to the connection or to this process, and anyone holding its id can
+//! follow it to the end — by its event stream, resumed after the last sequence number seen
+//! (`GET /responses/{id}?stream=true&starting_after=N`), or by polling
+//! (`GET /responses/{id}`) — or cancel it (`POST /responses/{id}/cancel`).
+//!
+//! A call is made in two steps, so the caller can record the response id before it waits:
+//! [`LlmClient::start_background`], then [`LlmClient::follow_background`] (also what a worker
+//! re-attaching after a crash calls, with the id it found).
+//!
+//! Owns: the HTTP of these calls. Must not: record the id (the pipeline does).
+
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable as _};
+use serde_json::Value;
+
+use super::stream::Frames;
+use super::{AttemptError, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, SentRequest};
+
+/// The first pause between polls of a response in progress; it doubles up to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(250);
+/// The longest pause between polls.
+const POLL_MAX: Duration = Duration::from_secs(2);
+/// Times a broken event stream is resumed in a row without any event coming through.
+const RESUMES_WITHOUT_PROGRESS: u32 = 8;
+
+/// A background response being followed: its id, and the open event stream of a streamed call
+/// that was just made (read from where it stands).
+#[derive(Debug)]
+pub struct BackgroundCall {
+    /// The response id.
+    pub id: String,
+    /// The create call's own event stream, past `response.created`.
+    open: Option<(reqwest::Response, Frames, Vec<Value>)>,
+    /// The last sequence number read from the stream.
+    after: Option<u64>,
+}
+
+impl BackgroundCall {
+    /// Re-attaches to response `id`, whose events up to sequence number `after` were relayed
+    /// already (`None`: from its start).
+    pub fn attach(id: String, after: Option<u64>) -> Self {
+        Self {
+            id,
+            open: None,
+            after,
+        }
+    }
+}
+
+impl LlmClient {
+    /// `POST /responses` of a body made for background mode (`background` and `store` set),
+    /// streamed when `streamed` (and streaming is on), with the retry policy of every call;
+    /// returns once the server has given the response its id.
+    pub async fn start_background(
+        &self,
+        body: &SentRequest,
+        streamed: bool,
+    ) -> Result<BackgroundCall, LlmError> {
+        let streamed = streamed && self.streaming;
+        let payload = match streamed {
+            true => bytes::Bytes::from(super::streamed(body.json())),
+            false => body.bytes(),
+        };
+        let mut attempts = 0usize;
+        let started = (|| {
+            attempts += 1;
+            self.start_once(&payload, streamed)
+        })
+        .retry(self.backoff())
+        .when(|e: &AttemptError| e.retryable)
+        .adjust(|e: &AttemptError, dur| dur.map(|d| e.retry_after.unwrap_or(d)))
+        .notify(|e: &AttemptError, dur| {
+            self.metrics.model_retry();
+            tracing::warn!(error = %e.error, retry_in_ms = dur.as_millis() as u64, "starting a background model call failed; retrying");
+        })
+        .await;
+        started.map_err(|e| e.into_error(attempts))
+    }
+
+    async fn start_once(
+        &self,
+        payload: &bytes::Bytes,
+        streamed: bool,
+    ) -> Result<BackgroundCall, AttemptError> {
+        let _permit = match &self.limiter {
+            None => None,
+            Some(limiter) => Some(limiter.acquire().await.map_err(|e| AttemptError {
+                retryable: false,
+                retry_after: None,
+                rate_limited: false,
+                flex_unavailable: false,
+                error: e.into(),
+            })?),
+        };
+        let req = self
+            .authorized(self.http.post(self.endpoint.clone()))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload.clone());
+        let mut resp = req.send().await.map_err(|e| {
+            AttemptError::transient(format!(
+                "could not reach the model server ({})",
+                super::without_url(&e)
+            ))
+        })?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let headers = resp.headers().clone();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            let refused = super::refusal(status, &headers, &bytes, streamed);
+            if let (Some(limiter), true) = (&self.limiter, refused.rate_limited) {
+                limiter
+                    .slow_down(refused.retry_after.unwrap_or(Duration::from_secs(1)))
+                    .await;
+            }
+            return Err(refused);
+        }
+        if !streamed {
+            let bytes = resp.bytes().await.map_err(|e| {
+                AttemptError::transient(format!(
+                    "the answer was cut off ({})",
+                    super::without_url(&e)
+                ))
+            })?;
+            let object: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                AttemptError::transient(format!("the background call's answer is not JSON ({e})"))
+            })?;
+            let id = response_id(&object).ok_or_else(|| {
+                AttemptError::transient("the background call's answer has no id".into())
+            })?;
+            return Ok(BackgroundCall::attach(id, None));
+        }
+        // Streamed: read up to the event that names the response (`response.created`).
+        let mut frames = Frames::default();
+        let mut after = None;
+        loop {
+            let chunk = resp.chunk().await.map_err(|e| {
+                AttemptError::transient(format!(
+                    "the background call's stream broke off before it named the response ({})",
+                    super::without_url(&e)
+                ))
+            })?;
+            let Some(chunk) = chunk else {
+                return Err(AttemptError::transient(
+                    "the background call's stream ended before it named the response".into(),
+                ));
+            };
+            let mut events = frames.push(&chunk).into_iter();
+            while let Some(event) = events.next() {
+                if let Some(n) = event.get("sequence_number").and_then(Value::as_u64) {
+                    after = Some(n);
+                }
+                if let Some(id) = event.get("response").and_then(response_id) {
+                    // Events that came in the same chunk are handled by the follower.
+                    let rest: Vec<Value> = events.collect();
+                    return Ok(BackgroundCall {
+                        id,
+                        open: Some((resp, frames, rest)),
+                        after,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Follows background response `call` to its end: its text to `sink` as it comes (each
+    /// delta with its sequence number) when given and streaming is on, else by polling.
+    /// [`LlmError::Expired`]: the server no longer has the response.
+    pub async fn follow_background(
+        &self,
+        mut call: BackgroundCall,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, LlmError> {
+        let started = std::time::Instant::now();
+        let sink = sink.filter(|_| self.streaming);
+        let result = match sink {
+            Some(sink) => self.follow_stream(&mut call, sink).await,
+            None => self.poll(&call.id).await,
+        };
+        self.metrics.observe_model_latency(started.elapsed());
+        if let Ok(r) = &result {
+            let u = &r.usage;
+            self.metrics.add_tokens([
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                u.reasoning_tokens,
+            ]);
+        }
+        result
+    }
+
+    /// `POST /responses/{id}/cancel`. A response the server no longer has is as good as
+    /// cancelled.
+    pub async fn cancel_background(&self, id: &str) -> Result<(), LlmError> {
+        let url = self.response_url(id, "cancel");
+        let resp = self
+            .authorized(self.http.post(url))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map_err(|e| LlmError::Unavailable {
+                attempts: 1,
+                message: format!(
+                    "could not reach the model server ({})",
+                    super::without_url(&e)
+                ),
+            })?;
+        let status = resp.status().as_u16();
+        if (200..300).contains(&status) || status == 404 {
+            return Ok(());
+        }
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.unwrap_or_default();
+        Err(super::refusal(status, &headers, &bytes, false).error)
+    }
+
+    async fn poll(&self, id: &str) -> Result<ModelResponse, LlmError> {
+        let mut pause = POLL_MIN;
+        let mut failures = 0usize;
+        loop {
+            match self.retrieve(id).await {
+                Ok(object) => {
+                    failures = 0;
+                    if let Some(done) = finished(&object) {
+                        return done;
+                    }
+                }
+                Err(e @ LlmError::Expired(_)) => return Err(e),
+                Err(e) => {
+                    failures += 1;
+                    if failures > self.max_retries {
+                        return Err(e);
+                    }
+                    tracing::warn!(response_id = id, error = %e, "polling a background model call failed; trying again");
+                }
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(POLL_MAX);
+        }
+    }
+
+    async fn follow_stream(
+        &self,
+        call: &mut BackgroundCall,
+        sink: EventSink<'_>,
+    ) -> Result<ModelResponse, LlmError> {
+        let mut idle_resumes = 0u32;
+        loop {
+            let (mut resp, mut frames, pending) = match call.open.take() {
+                Some(open) => open,
+                None => {
+                    let mut url = self.response_url(&call.id, "");
+                    {
+                        let mut query = url.query_pairs_mut();
+                        query.append_pair("stream", "true");
+                        if let Some(n) = call.after {
+                            query.append_pair("starting_after", &n.to_string());
+                        }
+                    }
+                    let sent = self.authorized(self.http.get(url)).send().await;
+                    match sent {
+                        Ok(r) if r.status().as_u16() == 404 => {
+                            return Err(LlmError::Expired(call.id.clone()));
+                        }
+                        Ok(r) if r.status().is_success() => (r, Frames::default(), Vec::new()),
+                        Ok(r) => {
+                            let status = r.status().as_u16();
+                            let headers = r.headers().clone();
+                            let bytes = r.bytes().await.unwrap_or_default();
+                            let refused = super::refusal(status, &headers, &bytes, true);
+                            if !refused.retryable {
+                                return Err(refused.error);
+                            }
+                            idle_resumes = self.pause_before_resume(idle_resumes).await?;
+                            continue;
+                        }
+                        Err(_) => {
+                            idle_resumes = self.pause_before_resume(idle_resumes).await?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let before = call.after;
+            let mut handle = |event: Value| -> Option<Result<ModelResponse, LlmError>> {
+                if let Some(n) = event.get("sequence_number").and_then(Value::as_u64) {
+                    if call.after.is_some_and(|a| n <= a) {
+                        return None;
+                    }
+                    call.after = Some(n);
+                }
+                match event.get("type").and_then(Value::as_str) {
+                    Some("response.output_text.delta" | "response.refusal.delta") => {
+                        if let Some(text) = event.get("delta").and_then(Value::as_str)
+                            && !text.is_empty()
+                        {
+                            sink(LlmEvent::Delta {
+                                text: text.to_string(),
+                                response_id: call.id.clone(),
+                                sequence: call.after.unwrap_or_default(),
+                            });
+                        }
+                        None
+                    }
+                    Some(
+                        "response.completed"
+                        | "response.incomplete"
+                        | "response.failed"
+                        | "response.cancelled",
+                    ) => {
+                        let response = event.get("response").cloned().unwrap_or(Value::Null);
+                        finished(&response)
+                    }
+                    _ => None,
+                }
+            };
+            for event in pending {
+                if let Some(done) = handle(event) {
+                    return done;
+                }
+            }
+            // Read to the end of this stream.
+            loop {
+                match resp.chunk().await {
+                    Ok(Some(chunk)) => {
+                        for event in frames.push(&chunk) {
+                            if let Some(done) = handle(event) {
+                                return done;
+                            }
+                        }
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            // The stream ended without a terminal event: the server may have ended it (a
+            // cancelled response), or the connection broke. The response says which.
+            match self.retrieve(&call.id).await {
+                Ok(object) if object.get("status").and_then(Value::as_str) == Some("cancelled") => {
+                    return finished(&object).unwrap_or_else(|| {
+                        Err(LlmError::BadResponse("the response was cancelled".into()))
+                    });
+                }
+                Err(e @ LlmError::Expired(_)) => return Err(e),
+                _ => {}
+            }
+            let progressed = call.after != before;
+            if progressed {
+                idle_resumes = 0;
+            } else {
+                idle_resumes = self.pause_before_resume(idle_resumes).await?;
+            }
+            tracing::debug!(response_id = %call.id, after = ?call.after, "resuming a background call's event stream");
+        }
+    }
+
+    /// Waits before resuming a stream that gave nothing; too many in a row is a failure.
+    async fn pause_before_resume(&self, idle: u32) -> Result<u32, LlmError> {
+        let idle = idle + 1;
+        if idle > RESUMES_WITHOUT_PROGRESS {
+            return Err(LlmError::Unavailable {
+                attempts: idle as usize,
+                message: "the background call's event stream gave nothing when resumed".into(),
+            });
+        }
+        tokio::time::sleep((POLL_MIN * idle).min(POLL_MAX)).await;
+        Ok(idle)
+    }
+
+    /// `GET /responses/{id}`: the response object as it stands.
+    async fn retrieve(&self, id: &str) -> Result<Value, LlmError> {
+        let url = self.response_url(id, "");
+        let resp = self
+            .authorized(self.http.get(url))
+            .send()
+            .await
+            .map_err(|e| LlmError::Unavailable {
+                attempts: 1,
+                message: format!(
+                    "could not reach the model server ({})",
+                    super::without_url(&e)
+                ),
+            })?;
+        let status = resp.status().as_u16();
+        if status == 404 {
+            return Err(LlmError::Expired(id.to_string()));
+        }
+        let headers = resp.headers().clone();
+        let bytes = resp.bytes().await.map_err(|e| LlmError::Unavailable {
+            attempts: 1,
+            message: format!("the answer was cut off ({})", super::without_url(&e)),
+        })?;
+        if !(200..300).contains(&status) {
+            return Err(super::refusal(status, &headers, &bytes, false).error);
+        }
+        serde_json::from_slice(&bytes)
+            .map_err(|e| LlmError::BadResponse(format!("the response object is not JSON ({e})")))
+    }
+
+    /// `<endpoint>/{id}` or `<endpoint>/{id}/{action}`.
+    fn response_url(&self, id: &str, action: &str) -> reqwest::Url {
+        let mut url = self.endpoint.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.push(id);
+            if !action.is_empty() {
+                path.push(action);
+            }
+        }
+        url
+    }
+
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(key) => req.bearer_auth(key.expose()),
+            None => req,
+        }
+    }
+
+    pub(super) fn backoff(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_backoff)
+            .with_max_delay(Duration::from_secs(8))
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(self.max_retries)
+    }
+}
+
+fn response_id(object: &Value) -> Option<String> {
+    object.get("id").and_then(Value::as_str).map(str::to_string)
+}
+
+/// The answer of a response object that has finished, parsed as any answer; `None` while it
+/// is queued or in progress.
+fn finished(object: &Value) -> Option<Result<ModelResponse, LlmError>> {
+    match object.get("status").and_then(Value::as_str) {
+        Some("queued" | "in_progress") => None,
+        _ => Some(super::parse::parse_response(object).map_err(|e| e.error)),
+    }
+}
