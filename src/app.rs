@@ -283,7 +283,7 @@ pub fn contexts_in_use(config: &Config, fallback_url: Option<String>) -> Context
         timeout: None,
         replay: None,
         prompt_caching: None,
-        calls: Default::default(),
+        calls: config.llm_calls.clone(),
     };
     config
         .contexts

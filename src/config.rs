@@ -182,6 +182,11 @@ pub struct Config {
     /// `APTIX_LLM_STREAMING`: call the model with `stream: true` for turns that ask for
     /// streaming (default on; off for servers without streaming).
     pub llm_streaming: bool,
+    /// How the built-in `default` agent context's calls are made: `APTIX_LLM_BACKGROUND`
+    /// (background mode, default off), `APTIX_LLM_SERVICE_TIER` (`auto`, `default`, `flex`,
+    /// `priority`; default none sent), `APTIX_LLM_FLEX_FALLBACK_SECS` (seconds, or `never`;
+    /// default 60). The contexts file sets these per context.
+    pub llm_calls: crate::contexts::CallSettings,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
     /// `APTIX_MAX_BATCH_BYTES` / `APTIX_MAX_BATCH_LINES`: the largest batch submission.
@@ -395,6 +400,7 @@ impl Config {
             llm_replay: flag(&get, "APTIX_LLM_REPLAY")?,
             llm_streaming: get("APTIX_LLM_STREAMING").is_none()
                 || flag(&get, "APTIX_LLM_STREAMING")?,
+            llm_calls: llm_calls(&get)?,
             api_tokens: tokens(&get)?,
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
@@ -530,6 +536,37 @@ fn tokens(get: &impl Fn(&str) -> Option<String>) -> Result<ApiTokens, ConfigErro
         }
     }
     Ok(ApiTokens(out))
+}
+
+/// The default agent context's call settings (see [`Config::llm_calls`]).
+fn llm_calls(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<crate::contexts::CallSettings, ConfigError> {
+    use crate::contexts::ServiceTier;
+    let service_tier = match get("APTIX_LLM_SERVICE_TIER").filter(|v| !v.trim().is_empty()) {
+        None => None,
+        Some(t) => Some(ServiceTier::parse(t.trim()).ok_or_else(|| ConfigError {
+            var: "APTIX_LLM_SERVICE_TIER",
+            problem: format!("{t:?} is not auto, default, flex or priority"),
+        })?),
+    };
+    let flex_fallback = match get("APTIX_LLM_FLEX_FALLBACK_SECS")
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("") => Some(crate::contexts::FLEX_FALLBACK_AFTER),
+        Some("never") => None,
+        Some(v) => Some(Duration::from_secs(v.parse().map_err(|_| ConfigError {
+            var: "APTIX_LLM_FLEX_FALLBACK_SECS",
+            problem: format!("{v:?} is not a number of seconds or \"never\""),
+        })?)),
+    };
+    Ok(crate::contexts::CallSettings {
+        background: flag(get, "APTIX_LLM_BACKGROUND")?,
+        service_tier,
+        flex_fallback,
+        prices: None,
+    })
 }
 
 fn flag(get: &impl Fn(&str) -> Option<String>, var: &'static str) -> Result<bool, ConfigError> {

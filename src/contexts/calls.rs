@@ -71,7 +71,7 @@ impl PricesEntry {
     /// Checked: finite and not negative. Cached input costs as much as input unless given.
     pub(super) fn check(&self) -> Result<Prices, String> {
         let micros = |field: &str, usd: f64| {
-            if usd.is_finite() && usd >= 0.0 && usd < 1e9 {
+            if (0.0..1e9).contains(&usd) {
                 Ok((usd * 1e6).round() as u64)
             } else {
                 Err(format!(

@@ -124,7 +124,7 @@ error_codes! {
     WebhookRefused = "WEBHOOK_REFUSED",
     /// A webhook was asked for, but the variable with the tenant's signing secret is not set (or not a `whsec_` secret) on the server.
     WebhookSecretMissing = "WEBHOOK_SECRET_MISSING",
-    /// The queue or the store is unavailable; nothing was accepted. Retry later.
+    /// The queue or the store is unavailable; nothing was accepted. Retry later. A cancel answered so whose message says the turn *is cancelled* was stored but not told of (its status, webhooks, batch); cancel again to tell of it.
     ServiceUnavailable = "SERVICE_UNAVAILABLE",
     /// An unexpected internal failure; details are logged, not returned.
     Internal = "INTERNAL",

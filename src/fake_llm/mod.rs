@@ -532,7 +532,9 @@ async fn answer(inner: &Arc<Inner>, req: Value, body_len: usize, mut reply: Repl
 }
 
 /// The `Response` object answering `req` with `reply` (delays unwrapped), and whether a
-/// streamed answer breaks off; or the error answer the reply scripts.
+/// streamed answer breaks off; or the error answer the reply scripts (kept whole: it is the
+/// HTTP answer itself, made once per request of a test server).
+#[allow(clippy::result_large_err)]
 fn answer_object(
     inner: &Arc<Inner>,
     mut req: Value,

@@ -322,25 +322,18 @@ impl LlmClient {
                 }
             }
             // Read to the end of this stream.
-            loop {
-                match resp.chunk().await {
-                    Ok(Some(chunk)) => {
-                        for event in frames.push(&chunk) {
-                            if let Some(done) = handle(event) {
-                                return done;
-                            }
-                        }
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                for event in frames.push(&chunk) {
+                    if let Some(done) = handle(event) {
+                        return done;
                     }
-                    Ok(None) | Err(_) => break,
                 }
             }
             // The stream ended without a terminal event: the server may have ended it (a
             // cancelled response), or the connection broke. The response says which.
             match self.retrieve(&call.id).await {
                 Ok(object) if object.get("status").and_then(Value::as_str) == Some("cancelled") => {
-                    return finished(&object).unwrap_or_else(|| {
-                        Err(LlmError::BadResponse("the response was cancelled".into()))
-                    });
+                    return Err(LlmError::Expired(call.id.clone()));
                 }
                 Err(e @ LlmError::Expired(_)) => return Err(e),
                 _ => {}
@@ -436,6 +429,10 @@ fn response_id(object: &Value) -> Option<String> {
 fn finished(object: &Value) -> Option<Result<ModelResponse, LlmError>> {
     match object.get("status").and_then(Value::as_str) {
         Some("queued" | "in_progress") => None,
+        // Cancelled by someone else (a run stopped at its deadline): nothing to follow.
+        Some("cancelled") => Some(Err(LlmError::Expired(
+            response_id(object).unwrap_or_default(),
+        ))),
         _ => Some(super::parse::parse_response(object).map_err(|e| e.error)),
     }
 }

@@ -58,9 +58,9 @@ pub enum LlmError {
         /// The server's message.
         message: String,
     },
-    /// The server no longer has the background response being followed (it expired, or
-    /// was deleted): the call has to be made again.
-    #[error("the model server no longer has background response {0}")]
+    /// The server no longer has the background response being followed (it expired, was
+    /// deleted or cancelled): the call has to be made again.
+    #[error("the model server no longer has background response {0} (expired or cancelled)")]
     Expired(String),
     /// The agent context's limits left no room for the call within the wait bound: nothing
     /// was sent; the turn should run again later.

@@ -25,6 +25,13 @@ pub use compose::DEFAULT_BOOT_PROMPT;
 pub use lifecycle::Intake;
 use lifecycle::Run;
 
+tokio::task_local! {
+    /// When the turn being run must be over ([`Pipeline::execute_as`]'s deadline): a model
+    /// call that would outlive it is stopped (a background one on the server too) just
+    /// before, rather than dropped at that moment.
+    static TURN_DEADLINE: tokio::time::Instant;
+}
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -451,8 +458,9 @@ impl Pipeline {
         // Boxed where it is made: the run is the largest state of a turn (~13 KB), and every
         // layer above it (the deadline, the span, the worker's task) would otherwise move it
         // again — tokio copies a task's whole future when it spawns it and when it finishes.
-        let run = Box::pin(self.run_job(request, origin));
-        match tokio::time::timeout(deadline, run).await {
+        let until = tokio::time::Instant::now() + deadline;
+        let run = Box::pin(TURN_DEADLINE.scope(until, self.run_job(request, origin)));
+        match tokio::time::timeout_at(until, run).await {
             Ok(Ok(settled)) => JobOutcome::Done(Box::new(settled)),
             Ok(Err(Interrupted::NotTheTurns(result))) => {
                 JobOutcome::NotTheTurns(result.errors().into_iter().cloned().collect())

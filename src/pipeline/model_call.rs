@@ -287,15 +287,34 @@ impl Pipeline {
         // the client's stopped, unless the call cannot be followed.
         let seamless = run.take_reattach();
         let reattached = found.is_some();
+        // Followed again from its start while its clients may have seen some of its text: the
+        // note that it is replaced goes before the first text (none, if the call turns out to
+        // be gone and is made again: that says so itself).
+        let owed = std::sync::atomic::AtomicBool::new(false);
+        let live = run.live().cloned();
+        let noting = |e: LlmEvent| {
+            if owed.swap(false, std::sync::atomic::Ordering::SeqCst)
+                && let Some(live) = &live
+            {
+                live.progress(format!(
+                    "the model call is followed again from its start: {REPLACED}"
+                ));
+            }
+            if let Some(sink) = sink {
+                sink(e);
+            }
+        };
+        let sink: Option<EventSink<'_>> = sink.map(|_| &noting as EventSink<'_>);
         let mut call = match found {
             Some(id) => {
                 let after = match run.live() {
                     Some(_) => self.relayed(&sid, &tid, &id).await,
                     None => None,
                 };
-                if after.is_none() && seamless {
-                    replace_text(run, "the model call is followed again from its start");
-                }
+                owed.store(
+                    after.is_none() && seamless,
+                    std::sync::atomic::Ordering::SeqCst,
+                );
                 info!(response_id = %id, after = ?after, "re-attaching to the turn's background model call");
                 self.metrics.background_call("reattached");
                 BackgroundCall::attach(id, after)
@@ -314,23 +333,40 @@ impl Pipeline {
             }
         };
         let mut made_again = false;
+        // The turn's deadline stops the call on the server a moment before it drops the run.
+        let stop_at = super::TURN_DEADLINE
+            .try_with(|until| *until)
+            .ok()
+            .map(|until| until.checked_sub(DEADLINE_MARGIN).unwrap_or(until));
         loop {
             let id = call.id.clone();
-            let followed = self
-                .unless_cancelled(&sid, &tid, llm.follow_background(call, sink))
-                .await;
+            let follow = async {
+                match stop_at {
+                    None => Some(llm.follow_background(call, sink).await),
+                    Some(at) => tokio::time::timeout_at(at, llm.follow_background(call, sink))
+                        .await
+                        .ok(),
+                }
+            };
+            let followed = self.unless_cancelled(&sid, &tid, follow).await;
             match followed {
+                Some(None) => {
+                    warn!(response_id = %id, "the turn's deadline came during its background model call; cancelling it on the server");
+                    self.cancel_on_server(llm, &id).await;
+                    let late = LlmError::Unavailable {
+                        attempts: 1,
+                        message: "the turn's deadline came while the model was still answering"
+                            .into(),
+                    };
+                    return Ok((Some(Err(late)), reattached));
+                }
                 None => {
-                    match llm.cancel_background(&id).await {
-                        Ok(()) => self.metrics.background_call("cancelled"),
-                        Err(e) => {
-                            warn!(response_id = %id, error = %e, "could not cancel the background model call on the server")
-                        }
-                    }
+                    self.cancel_on_server(llm, &id).await;
                     return Ok((None, reattached));
                 }
-                Some(Err(LlmError::Expired(_))) if !made_again => {
+                Some(Some(Err(LlmError::Expired(_)))) if !made_again => {
                     made_again = true;
+                    owed.store(false, std::sync::atomic::Ordering::SeqCst);
                     warn!(response_id = %id, "the model server no longer has the background call; making it again");
                     self.metrics.background_call("recalled");
                     replace_text(
@@ -345,7 +381,18 @@ impl Pipeline {
                         Err(e) => return Ok((Some(Err(e)), reattached)),
                     };
                 }
-                Some(outcome) => return Ok((Some(outcome), reattached)),
+                Some(Some(outcome)) => return Ok((Some(outcome), reattached)),
+            }
+        }
+    }
+
+    /// Cancels background response `id` on the model server (a failure is logged: the
+    /// server finishes it, and nobody follows it).
+    async fn cancel_on_server(&self, llm: &LlmClient, id: &str) {
+        match llm.cancel_background(id).await {
+            Ok(()) => self.metrics.background_call("cancelled"),
+            Err(e) => {
+                warn!(response_id = %id, error = %e, "could not cancel the background model call on the server")
             }
         }
     }
@@ -418,11 +465,15 @@ fn request_digest(body: &SentRequest) -> String {
 /// follows, and why.
 fn replace_text(run: &Run, why: &str) {
     if let Some(live) = run.live() {
-        live.progress(format!(
-            "{why}: the text streamed so far is replaced by what follows"
-        ));
+        live.progress(format!("{why}: {REPLACED}"));
     }
 }
+
+/// How long before the turn's deadline a background call is stopped on the server.
+const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a progress note says when the text streamed so far no longer counts.
+const REPLACED: &str = "the text streamed so far is replaced by what follows";
 
 /// The tokens a model answer spent, not yet counted against the tenant: the caller counts
 /// them beside the write that follows the answer ([`Pipeline::counting`]); dropped, they are

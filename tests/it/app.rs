@@ -26,6 +26,9 @@ pub struct App {
     pub broker: Arc<dyn Broker>,
     pub topology: Topology,
     pub stop: CancellationToken,
+    /// Stops the in-process worker alone ([`App::replace_worker`]).
+    pub worker_stop: CancellationToken,
+    pub config: Config,
     pub api: Value,
     pub _app: aptix_worker::app::App,
     pub _rabbit: Option<RabbitGuard>,
@@ -172,7 +175,8 @@ pub async fn spawn(options: AppOptions) -> App {
     }
     let app = aptix_worker::app::App::build(&config).await.unwrap();
     let stop = CancellationToken::new();
-    app.worker(&config).spawn(stop.clone());
+    let worker_stop = stop.child_token();
+    app.worker(&config).spawn(worker_stop.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     app.spawn_http(&config, listener, stop.clone());
@@ -193,6 +197,8 @@ pub async fn spawn(options: AppOptions) -> App {
         broker: app.broker.clone(),
         topology: app.topology.clone(),
         stop,
+        worker_stop,
+        config,
         api,
         _app: app,
         _rabbit: rabbit,
@@ -201,6 +207,16 @@ pub async fn spawn(options: AppOptions) -> App {
 }
 
 impl App {
+    /// Stops the in-process worker (its turns abandoned after `APTIX_SHUTDOWN_GRACE_SECS`,
+    /// as a worker that dies leaves them: nothing of theirs runs to its end) and starts
+    /// another in its place.
+    pub fn replace_worker(&self) {
+        self.worker_stop.cancel();
+        self._app
+            .worker(&self.config)
+            .spawn(self.stop.child_token());
+    }
+
     pub async fn post(&self, token: Option<&str>, body: impl Into<reqwest::Body>) -> (u16, Value) {
         self.post_to(token, "/v1/turns", body).await
     }

@@ -293,7 +293,7 @@ async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(
 }
 
 /// The SSE events of `session` (as tenant A) as `(event, id, data)`, read until `until` says
-/// stop or ten seconds pass.
+/// stop or thirty seconds pass.
 async fn sse(
     app: &App,
     session: &str,
@@ -301,10 +301,22 @@ async fn sse(
     ready: tokio::sync::oneshot::Sender<()>,
     until: impl Fn(&[(String, String, Value)]) -> bool,
 ) -> Vec<(String, String, Value)> {
-    let mut req = app
-        .http
-        .get(format!("{}/v1/sessions/{session}/events", app.base))
-        .bearer_auth("tok-a");
+    let at = (app.base.as_str(), Some("tok-a"));
+    sse_at(at, session, last_event_id, ready, until).await
+}
+
+/// [`sse`] from the front door at `base`, with `token` when one is needed.
+pub(crate) async fn sse_at(
+    (base, token): (&str, Option<&str>),
+    session: &str,
+    last_event_id: Option<&str>,
+    ready: tokio::sync::oneshot::Sender<()>,
+    until: impl Fn(&[(String, String, Value)]) -> bool,
+) -> Vec<(String, String, Value)> {
+    let mut req = crate::support::http_client().get(format!("{base}/v1/sessions/{session}/events"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
     if let Some(id) = last_event_id {
         req = req.header("last-event-id", id);
     }
@@ -313,7 +325,7 @@ async fn sse(
     let _ = ready.send(());
     let mut bytes = resp.bytes_stream();
     let (mut buffer, mut events) = (String::new(), Vec::new());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !until(&events) {
         let Ok(Some(chunk)) = tokio::time::timeout_at(deadline, bytes.next()).await else {
             break;
