@@ -185,7 +185,9 @@ pub struct Config {
     /// How the built-in `default` agent context's calls are made: `APTIX_LLM_BACKGROUND`
     /// (background mode, default off), `APTIX_LLM_SERVICE_TIER` (`auto`, `default`, `flex`,
     /// `priority`; default none sent), `APTIX_LLM_FLEX_FALLBACK_SECS` (seconds, or `never`;
-    /// default 60). The contexts file sets these per context.
+    /// default 60), `APTIX_LLM_PRICES` (dollars per million input, cached input and output
+    /// tokens: `2.00,0.50,8.00`; default none, no cost estimated). The contexts file sets
+    /// these per context.
     pub llm_calls: crate::contexts::CallSettings,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
@@ -561,11 +563,22 @@ fn llm_calls(
             problem: format!("{v:?} is not a number of seconds or \"never\""),
         })?)),
     };
+    let prices = match get("APTIX_LLM_PRICES").filter(|v| !v.trim().is_empty()) {
+        None => None,
+        Some(v) => {
+            Some(
+                crate::contexts::Prices::parse_list(&v).map_err(|problem| ConfigError {
+                    var: "APTIX_LLM_PRICES",
+                    problem,
+                })?,
+            )
+        }
+    };
     Ok(crate::contexts::CallSettings {
         background: flag(get, "APTIX_LLM_BACKGROUND")?,
         service_tier,
         flex_fallback,
-        prices: None,
+        prices,
     })
 }
 

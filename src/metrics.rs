@@ -65,6 +65,7 @@ pub struct Metrics {
     capacity_waits: Family<ContextLabel, Counter>,
     capacity_wait_seconds: Family<ContextLabel, Counter<f64, AtomicU64>>,
     rate_limited: Family<ContextLabel, Counter>,
+    estimated_cost: Family<ContextLabel, Counter<f64, AtomicU64>>,
     refused_by_policy: Family<Labels, Counter>,
     tenant_running: Family<TenantLabel, Gauge>,
     tenant_waiting: Family<TenantLabel, Gauge>,
@@ -247,6 +248,12 @@ impl Metrics {
             "Time model calls spent waiting for their agent context's limits",
             capacity_wait_seconds.clone(),
         );
+        let estimated_cost = Family::<ContextLabel, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "model_estimated_cost_dollars",
+            "Estimated cost of model calls in US dollars at the agent context's prices, by agent context (contexts without prices stay at 0)",
+            estimated_cost.clone(),
+        );
         let rate_limited = Family::<ContextLabel, Counter>::default();
         registry.register(
             "model_rate_limited",
@@ -366,6 +373,7 @@ impl Metrics {
             capacity_waits,
             capacity_wait_seconds,
             rate_limited,
+            estimated_cost,
             refused_by_policy,
             tenant_running,
             tenant_waiting,
@@ -557,6 +565,14 @@ impl Metrics {
         self.capacity_waits.get_or_create(&label).inc_by(0);
         self.capacity_wait_seconds.get_or_create(&label).inc_by(0.0);
         self.rate_limited.get_or_create(&label).inc_by(0);
+        self.estimated_cost.get_or_create(&label).inc_by(0.0);
+    }
+
+    /// A model call of `context` cost an estimated `micros` millionths of a dollar.
+    pub fn estimated_cost(&self, context: &str, micros: u64) {
+        self.estimated_cost
+            .get_or_create(&context_label(context))
+            .inc_by(micros as f64 / 1e6);
     }
 
     /// A turn of `tenant` (a label value) started running under its tenant's cap; the guard

@@ -350,6 +350,10 @@ pub struct TurnRecord {
     /// Every model call the turn's runs made, in order (what it cost, at which tier).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallNote>,
+    /// The service tier the turn's calls ask for, over its agent context's (a batch's
+    /// `serviceTier`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -420,7 +424,14 @@ impl TurnRecord {
             batch: None,
             model_call: None,
             calls: Vec::new(),
+            service_tier: None,
         }
+    }
+
+    /// The same record with the service tier its calls ask for (a batch's), if any.
+    pub fn at_tier(mut self, tier: Option<crate::contexts::ServiceTier>) -> Self {
+        self.service_tier = tier.map(|t| t.as_str().to_string());
+        self
     }
 
     /// The same record with the webhook URL it was submitted with.

@@ -271,6 +271,7 @@ mod tests {
             batch: None,
             model_call: None,
             calls: Vec::new(),
+            service_tier: None,
         };
         let lease = store
             .acquire_lease(

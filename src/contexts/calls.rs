@@ -92,6 +92,26 @@ impl PricesEntry {
 }
 
 impl Prices {
+    /// Reads `input,cached input,output` dollars per million tokens (`2.00,0.50,8.00`).
+    pub fn parse_list(text: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+        let [input, cached, output] = parts[..] else {
+            return Err(format!(
+                "{text:?} is not three prices: input, cached input, output (dollars per million tokens)"
+            ));
+        };
+        let number = |p: &str| {
+            p.parse::<f64>()
+                .map_err(|_| format!("{p:?} is not a number of dollars"))
+        };
+        PricesEntry {
+            input_per_million: number(input)?,
+            cached_input_per_million: Some(number(cached)?),
+            output_per_million: number(output)?,
+        }
+        .check()
+    }
+
     /// The estimated cost of `usage`, in micro-dollars: uncached input, cached input and
     /// output, each at its price.
     pub fn cost_micros(&self, usage: &crate::contract::Usage) -> u64 {
@@ -174,6 +194,7 @@ mod tests {
             total_tokens: 4_000_000,
             cached_tokens: 1_000_000,
             reasoning_tokens: 0,
+            cost_micros: 0,
         };
         // 2 M uncached at $2, 1 M cached at $0.50, 1 M out at $8.
         assert_eq!(prices.cost_micros(&usage), 12_500_000);

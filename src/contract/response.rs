@@ -74,10 +74,41 @@ pub struct Usage {
     /// AGN-034; absent when none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub reasoning_tokens: u64,
+    /// The estimated cost of these tokens at the agent context's prices, in millionths of a
+    /// US dollar; on the wire `estimatedCostUsd` in dollars (an extension of AGN-034; absent
+    /// when the context has no prices).
+    #[serde(
+        rename = "estimatedCostUsd",
+        default,
+        skip_serializing_if = "is_zero",
+        with = "usd"
+    )]
+    pub cost_micros: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// Millionths of a dollar held as an integer, written as dollars.
+pub mod usd {
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    /// Writes `micros` as dollars.
+    pub fn serialize<S: Serializer>(micros: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(*micros as f64 / 1e6)
+    }
+
+    /// Reads dollars as micros (rounded; negative or not finite is refused).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let usd = f64::deserialize(d)?;
+        if !(0.0..1e12).contains(&usd) {
+            return Err(serde::de::Error::custom(
+                "a cost in dollars must be 0 or more",
+            ));
+        }
+        Ok((usd * 1e6).round() as u64)
+    }
 }
 
 impl Usage {
@@ -88,6 +119,7 @@ impl Usage {
         self.total_tokens += other.total_tokens;
         self.cached_tokens += other.cached_tokens;
         self.reasoning_tokens += other.reasoning_tokens;
+        self.cost_micros += other.cost_micros;
     }
 }
 

@@ -111,7 +111,7 @@ impl FrontDoor {
         tenant: &str,
         body: &[u8],
         limits: BatchLimits,
-        webhook: Option<&str>,
+        (webhook, tier): (Option<&str>, Option<crate::contexts::ServiceTier>),
     ) -> Result<BatchAccepted, BatchError> {
         if body.len() > limits.max_bytes {
             return Err(BatchError::TooLarge(format!(
@@ -222,7 +222,8 @@ impl FrontDoor {
             super::Pickup::in_tracked_batch(&record.batch_id, webhook)
         } else {
             super::Pickup::in_batch()
-        };
+        }
+        .at_tier(tier);
         let outcomes: Vec<Result<(), BatchLineError>> = futures_util::stream::iter(valid)
             .map(|(line, custom_id, request)| {
                 self.enqueue_line(tenant, (line, custom_id), request, pickup)

@@ -462,6 +462,39 @@ impl QueryParams {
         Ok(self.single("webhook")?.map(str::to_string))
     }
 
+    /// `?serviceTier=auto|default|flex|priority`, if given.
+    pub(crate) fn service_tier(
+        &self,
+    ) -> Result<Option<crate::contexts::ServiceTier>, BadParameter> {
+        let Some(raw) = self.single("serviceTier")? else {
+            return Ok(None);
+        };
+        crate::contexts::ServiceTier::parse(raw.trim())
+            .map(Some)
+            .ok_or_else(|| {
+                BadParameter(format!(
+                    "serviceTier: must be auto, default, flex or priority, not {raw:?}"
+                ))
+            })
+    }
+
+    /// `?day=YYYY-MM-DD`: a UTC day among today and the six before it, if given.
+    pub(crate) fn day(&self) -> Result<Option<String>, BadParameter> {
+        let Some(raw) = self.single("day")? else {
+            return Ok(None);
+        };
+        let format = time::macros::format_description!("[year]-[month]-[day]");
+        let today = time::OffsetDateTime::now_utc().date();
+        match time::Date::parse(raw.trim(), &format) {
+            Ok(day) if day <= today && (today - day).whole_days() < 7 => {
+                Ok(Some(raw.trim().to_string()))
+            }
+            _ => Err(BadParameter(format!(
+                "day: must be a UTC day YYYY-MM-DD among the last seven (today is {today}), not {raw:?}"
+            ))),
+        }
+    }
+
     /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.
     pub(crate) fn wait(&self) -> Result<Duration, BadParameter> {
         let Some(raw) = self.single("wait")? else {

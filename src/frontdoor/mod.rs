@@ -128,6 +128,9 @@ pub struct Pickup<'a> {
     /// The batch the turn is a line of, when its completion is told of (`batch.completed`),
     /// with the batch's webhook (admitted already) for a line that names none of its own.
     pub batch: Option<(&'a str, Option<&'a str>)>,
+    /// The service tier the turn's model calls ask for (a batch's), over the agent
+    /// context's.
+    pub service_tier: Option<crate::contexts::ServiceTier>,
 }
 
 impl<'a> Pickup<'a> {
@@ -139,6 +142,7 @@ impl<'a> Pickup<'a> {
             reply_to,
             reply_queue_wanted: true,
             batch: None,
+            service_tier: None,
         }
     }
     /// A turn whose answer goes out in the HTTP response that submitted it (the synchronous
@@ -148,6 +152,7 @@ impl<'a> Pickup<'a> {
             reply_to,
             reply_queue_wanted: false,
             batch: None,
+            service_tier: None,
         }
     }
     /// A batch line: its result is read from the batch.
@@ -156,6 +161,15 @@ impl<'a> Pickup<'a> {
             reply_to: None,
             reply_queue_wanted: false,
             batch: None,
+            service_tier: None,
+        }
+    }
+
+    /// The same pickup, the turn's calls at `tier` (when given).
+    pub fn at_tier(self, tier: Option<crate::contexts::ServiceTier>) -> Self {
+        Self {
+            service_tier: tier,
+            ..self
         }
     }
 
@@ -481,7 +495,8 @@ impl FrontDoor {
                     .replying_to(reply_to)
                     .with_streaming(turn.streaming())
                     .with_webhook(webhook)
-                    .in_batch(pickup.batch.map(|(id, _)| id));
+                    .in_batch(pickup.batch.map(|(id, _)| id))
+                    .at_tier(pickup.service_tier);
                 let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {

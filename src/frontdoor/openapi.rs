@@ -391,7 +391,8 @@ named_schema!(
                 "completionTokens": {"type": "integer"},
                 "totalTokens": {"type": "integer"},
                 "cachedTokens": {"type": "integer", "description": "Of promptTokens, those read from the model server's prompt cache (absent when none; extends AGN-034)"},
-                "reasoningTokens": {"type": "integer", "description": "Of completionTokens, those a reasoning model spent reasoning (absent when none; extends AGN-034)"}
+                "reasoningTokens": {"type": "integer", "description": "Of completionTokens, those a reasoning model spent reasoning (absent when none; extends AGN-034)"},
+                "estimatedCostUsd": {"type": "number", "minimum": 0, "description": "The estimated cost in US dollars at the agent context's prices (absent when it has none; extends AGN-034)"}
             }},
             "toolContinuationMessage": {"type": "string"},
             "toolCalls": {"type": "array", "items": {

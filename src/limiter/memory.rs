@@ -20,7 +20,12 @@ struct Inner {
     next_call: HashMap<String, Instant>,
     /// key → (day, tokens counted that day); a new day replaces the old count.
     tokens: HashMap<String, (String, u64)>,
+    /// (key, day) → field → amount; a key keeps its latest [`TALLY_DAYS`] days.
+    tallies: HashMap<(String, String), std::collections::BTreeMap<String, u64>>,
 }
+
+/// Days of tallies kept per key in memory.
+const TALLY_DAYS: usize = 8;
 
 impl MemoryLimits {
     /// No slots taken, no call made.
@@ -140,5 +145,50 @@ impl LimitStore for MemoryLimits {
             Some((d, n)) if d == day => *n,
             _ => 0,
         })
+    }
+
+    async fn add_tally(
+        &self,
+        key: &str,
+        day: &str,
+        counts: &[(String, u64)],
+        _keep: Duration,
+    ) -> Result<(), LimitStoreError> {
+        let mut inner = self.lock()?;
+        let tally = inner
+            .tallies
+            .entry((key.to_string(), day.to_string()))
+            .or_default();
+        for (field, n) in counts {
+            let v = tally.entry(field.clone()).or_default();
+            *v = v.saturating_add(*n);
+        }
+        // Days are `YYYY-MM-DD`: the oldest sort first.
+        let mut days: Vec<String> = inner
+            .tallies
+            .keys()
+            .filter(|(k, _)| k == key)
+            .map(|(_, d)| d.clone())
+            .collect();
+        if days.len() > TALLY_DAYS {
+            days.sort_unstable();
+            for old in &days[..days.len() - TALLY_DAYS] {
+                inner.tallies.remove(&(key.to_string(), old.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn tally(
+        &self,
+        key: &str,
+        day: &str,
+    ) -> Result<std::collections::BTreeMap<String, u64>, LimitStoreError> {
+        Ok(self
+            .lock()?
+            .tallies
+            .get(&(key.to_string(), day.to_string()))
+            .cloned()
+            .unwrap_or_default())
     }
 }

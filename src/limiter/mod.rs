@@ -74,6 +74,21 @@ pub trait LimitStore: Send + Sync + 'static {
     ) -> Result<u64, LimitStoreError>;
     /// `key`'s count for `day` (0 when nothing was counted).
     async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError>;
+    /// Adds each `(field, amount)` of `counts` to `key`'s tally for `day`, in one step; a
+    /// tally is kept for `keep` after its last change.
+    async fn add_tally(
+        &self,
+        key: &str,
+        day: &str,
+        counts: &[(String, u64)],
+        keep: Duration,
+    ) -> Result<(), LimitStoreError>;
+    /// `key`'s tally for `day`, by field (empty when nothing was counted).
+    async fn tally(
+        &self,
+        key: &str,
+        day: &str,
+    ) -> Result<std::collections::BTreeMap<String, u64>, LimitStoreError>;
 }
 
 /// One context's limits.

@@ -251,4 +251,36 @@ impl LimitStore for RedisLimits {
             .map_err(unavailable)?;
         Ok(n.unwrap_or(0))
     }
+
+    async fn add_tally(
+        &self,
+        key: &str,
+        day: &str,
+        counts: &[(String, u64)],
+        keep: Duration,
+    ) -> Result<(), LimitStoreError> {
+        // One hash per key and day; its fields in one atomic pipeline (one slot).
+        let hash = self.key(&format!("usage:{day}"), key);
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (field, n) in counts {
+            pipe.cmd("HINCRBY").arg(&hash).arg(field).arg(*n).ignore();
+        }
+        pipe.cmd("PEXPIRE").arg(&hash).arg(ms(keep)).ignore();
+        pipe.query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn tally(
+        &self,
+        key: &str,
+        day: &str,
+    ) -> Result<std::collections::BTreeMap<String, u64>, LimitStoreError> {
+        redis::cmd("HGETALL")
+            .arg(self.key(&format!("usage:{day}"), key))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)
+    }
 }

@@ -575,6 +575,7 @@ mod serde_tests {
                 total_tokens: 3,
                 cached_tokens: 1,
                 reasoning_tokens: 1,
+                cost_micros: 7,
             },
             service_tier: Some("flex".into()),
         };

@@ -293,6 +293,8 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
             total_tokens: n(|u| u.total_tokens),
             cached_tokens: n(|u| u.input_tokens_details.as_ref()?.cached_tokens),
             reasoning_tokens: n(|u| u.output_tokens_details.as_ref()?.reasoning_tokens),
+            // Priced by the pipeline, which knows the agent context.
+            cost_micros: 0,
         },
         service_tier: text(&v.service_tier).map(str::to_string),
     })

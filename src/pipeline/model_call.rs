@@ -77,7 +77,13 @@ impl Pipeline {
             .prompt_caching
             .then(|| compose::prompt_cache_key(&sid));
         let background = backend.agent.calls.background;
-        let mut tier = backend.agent.calls.service_tier;
+        // The turn's own tier (a batch's) over its context's.
+        let mut tier = run
+            .record()
+            .service_tier
+            .as_deref()
+            .and_then(ServiceTier::parse)
+            .or(backend.agent.calls.service_tier);
         let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
@@ -191,7 +197,7 @@ impl Pipeline {
             ok = outcome.is_ok(),
             "model call"
         );
-        let response = match outcome {
+        let mut response = match outcome {
             Ok(r) => r,
             Err(LlmError::NoCapacity(e)) => {
                 info!(context = %e.context, waited_ms = e.waited.as_millis() as u64, "no capacity for a model call; the turn goes back to the queue");
@@ -218,6 +224,12 @@ impl Pipeline {
                 )))));
             }
         };
+        if let Some(prices) = &backend.agent.calls.prices {
+            response.usage.cost_micros = prices.cost_micros(&response.usage);
+            let context = &run.session().contexts.agent_context_id;
+            self.metrics
+                .estimated_cost(context, response.usage.cost_micros);
+        }
         progress.usage.add(response.usage);
         run.note_call(CallNote {
             response_id: response.id.clone(),
@@ -235,7 +247,8 @@ impl Pipeline {
                 .owner
                 .clone()
                 .unwrap_or_else(|| LOCAL_TENANT.to_string()),
-            tokens: response.usage.total_tokens,
+            context: run.session().contexts.agent_context_id.clone(),
+            usage: response.usage,
         };
         progress.turn_items.extend(input);
         progress
@@ -450,8 +463,10 @@ impl Pipeline {
     /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
     /// against its tenant at the same time: one round trip for both instead of two in a row.
     pub(super) async fn counting<T>(&self, spent: Spent, step: impl Future<Output = T>) -> T {
-        let (tenant, tokens) = (spent.tenant, spent.tokens);
-        tokio::join!(self.quotas.spend(&tenant, tokens), step).1
+        let spend = self
+            .quotas
+            .spend(&spent.tenant, &spent.context, spent.usage);
+        tokio::join!(spend, step).1
     }
 }
 
@@ -480,5 +495,7 @@ const REPLACED: &str = "the text streamed so far is replaced by what follows";
 /// never counted.
 pub(super) struct Spent {
     tenant: String,
-    tokens: u64,
+    /// The agent context whose server answered.
+    context: String,
+    usage: crate::contract::Usage,
 }

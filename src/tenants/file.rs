@@ -27,6 +27,9 @@ pub struct TenantLimits {
     pub max_running_turns: Option<u32>,
     /// Model tokens (input + output, from `usage`) the tenant may spend per UTC day.
     pub tokens_per_day: Option<u64>,
+    /// The estimated cost (at the agent contexts' prices) the tenant may run up per UTC day,
+    /// in millionths of a US dollar (`costPerDay` in dollars in the file).
+    pub cost_per_day_micros: Option<u64>,
 }
 
 /// Every tenant with limits, by id.
@@ -76,6 +79,7 @@ struct Entry {
     id: String,
     max_running_turns: Option<u32>,
     tokens_per_day: Option<u64>,
+    cost_per_day: Option<f64>,
     webhook_secret_env: Option<String>,
     #[serde(default)]
     webhooks: Vec<WebhookEntry>,
@@ -140,6 +144,17 @@ impl Tenants {
                     "tokensPerDay must be at least 1 (leave it out for no limit)",
                 ));
             }
+            let cost_per_day_micros = match entry.cost_per_day {
+                None => None,
+                Some(usd) if usd > 0.0 && (0.0..1e9).contains(&usd) => {
+                    Some((usd * 1e6).round() as u64)
+                }
+                Some(_) => {
+                    return Err(problem(
+                        "costPerDay is dollars above 0 (leave it out for no limit)",
+                    ));
+                }
+            };
             if let Some(var) = &entry.webhook_secret_env
                 && !is_var_name(var)
             {
@@ -188,6 +203,7 @@ impl Tenants {
             let limits = TenantLimits {
                 max_running_turns: entry.max_running_turns,
                 tokens_per_day: entry.tokens_per_day,
+                cost_per_day_micros,
             };
             if by_id.insert(entry.id.clone(), limits).is_some() {
                 return Err(problem("the id is defined twice"));
@@ -294,14 +310,15 @@ mod tests {
     #[test]
     fn a_file_of_the_documented_shape_is_read() {
         let t = Tenants::parse(
-            r#"{"tenants":[{"id":"acme","maxRunningTurns":8,"tokensPerDay":2000},{"id":"b.c-d_e"}]}"#,
+            r#"{"tenants":[{"id":"acme","maxRunningTurns":8,"tokensPerDay":2000,"costPerDay":12.5},{"id":"b.c-d_e"}]}"#,
         )
         .unwrap();
         assert_eq!(
             t.limits("acme"),
             TenantLimits {
                 max_running_turns: Some(8),
-                tokens_per_day: Some(2000)
+                tokens_per_day: Some(2000),
+                cost_per_day_micros: Some(12_500_000),
             }
         );
         assert_eq!(t.limits("b.c-d_e"), TenantLimits::default());

@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use time::{OffsetDateTime, Time};
 
+use crate::contract::Usage;
 use crate::limiter::{HeldSlot, LimitStore, LimitStoreError, MemoryLimits};
 use crate::metrics::{Metrics, Tracked};
 
@@ -33,14 +34,23 @@ pub const OTHER_TENANT_LABEL: &str = "other";
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
 /// How long a day's token count is kept (past its day, so a late reader still finds it).
-const KEEP_COUNT: Duration = Duration::from_secs(2 * 24 * 3600);
+const KEEP_COUNT: Duration = Duration::from_secs(8 * 24 * 3600);
 
-/// A tenant's daily token quota is spent.
+/// What a daily quota counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaUnit {
+    /// Model tokens (`tokensPerDay`).
+    Tokens,
+    /// Estimated cost in millionths of a dollar (`costPerDay`).
+    CostMicros,
+}
+
+/// A tenant's daily token (or cost) quota is spent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "tenant {tenant:?} has spent {used} of its {quota} model tokens for {day} (UTC); the quota resets at {resets_at}"
-)]
+#[error("{}", self.describe())]
 pub struct QuotaExceeded {
+    /// What the quota counts.
+    pub unit: QuotaUnit,
     /// The tenant.
     pub tenant: String,
     /// The UTC day, `YYYY-MM-DD`.
@@ -53,6 +63,23 @@ pub struct QuotaExceeded {
     pub resets_at: String,
     /// Seconds until then (for `Retry-After`).
     pub retry_after_secs: u64,
+}
+
+impl QuotaExceeded {
+    fn describe(&self) -> String {
+        let (tenant, day, resets_at) = (&self.tenant, &self.day, &self.resets_at);
+        let spent = match self.unit {
+            QuotaUnit::Tokens => format!("{} of its {} model tokens", self.used, self.quota),
+            QuotaUnit::CostMicros => format!(
+                "${:.2} of its ${:.2} of estimated model cost",
+                self.used as f64 / 1e6,
+                self.quota as f64 / 1e6
+            ),
+        };
+        format!(
+            "tenant {tenant:?} has spent {spent} for {day} (UTC); the quota resets at {resets_at}"
+        )
+    }
 }
 
 /// Why a tenant's turn may not be accepted.
@@ -91,6 +118,108 @@ pub struct TenantUsage {
     pub running_turns: Option<u32>,
     /// The cap on running turns, if the tenant has one.
     pub max_running_turns: Option<u32>,
+    /// The day's estimated cost in US dollars, at the agent contexts' prices (absent when
+    /// nothing priced was spent).
+    #[serde(
+        rename = "estimatedCostUsd",
+        skip_serializing_if = "is_zero",
+        default,
+        with = "crate::contract::response::usd"
+    )]
+    #[schema(value_type = Option<f64>)]
+    pub cost_micros: u64,
+    /// The daily cost quota in US dollars, if the tenant has one.
+    #[serde(
+        rename = "costPerDayUsd",
+        skip_serializing_if = "Option::is_none",
+        default,
+        with = "usd_option"
+    )]
+    #[schema(value_type = Option<f64>)]
+    pub cost_per_day_micros: Option<u64>,
+    /// The day's model calls and tokens by agent context.
+    pub by_agent_context: std::collections::BTreeMap<String, ContextUsage>,
+}
+
+/// One agent context's share of a tenant's day ([`TenantUsage::by_agent_context`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextUsage {
+    /// Model calls answered.
+    pub calls: u64,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Of the input tokens, those read from the prompt cache.
+    pub cached_input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Of the output tokens, those spent reasoning.
+    pub reasoning_tokens: u64,
+    /// All tokens.
+    pub total_tokens: u64,
+    /// Estimated cost in US dollars (absent when the context has no prices).
+    #[serde(
+        rename = "estimatedCostUsd",
+        skip_serializing_if = "is_zero",
+        default,
+        with = "crate::contract::response::usd"
+    )]
+    #[schema(value_type = Option<f64>)]
+    pub cost_micros: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// [`crate::contract::response::usd`] for an optional amount.
+mod usd_option {
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(micros: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match micros {
+            Some(m) => crate::contract::response::usd::serialize(m, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(|usd| {
+                if (0.0..1e12).contains(&usd) {
+                    Ok((usd * 1e6).round() as u64)
+                } else {
+                    Err(serde::de::Error::custom(
+                        "a cost in dollars must be 0 or more",
+                    ))
+                }
+            })
+            .transpose()
+    }
+}
+
+/// Folds a day's tally (`<context>/<field>` → amount) into usage by context.
+fn by_context(
+    tally: std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, ContextUsage> {
+    let mut out: std::collections::BTreeMap<String, ContextUsage> = Default::default();
+    for (name, n) in tally {
+        let Some((context, field)) = name.rsplit_once('/') else {
+            continue;
+        };
+        let usage = out.entry(context.to_string()).or_default();
+        match field {
+            "calls" => usage.calls = n,
+            "input" => usage.input_tokens = n,
+            "cached_input" => usage.cached_input_tokens = n,
+            "output" => usage.output_tokens = n,
+            "reasoning" => usage.reasoning_tokens = n,
+            "total" => usage.total_tokens = n,
+            "cost_micros" => usage.cost_micros = n,
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The quotas of every tenant, over the counters every process shares.
@@ -130,10 +259,15 @@ pub struct RunningSlot {
     _gauge: Tracked,
 }
 
-/// The limiter key of a tenant's running slots and token counts (context ids cannot contain
-/// a colon, so the two never meet).
+/// The limiter key of a tenant's running slots, token counts and tally (context ids cannot
+/// contain a colon, so the two never meet).
 fn key(tenant: &str) -> String {
     format!("tenant:{tenant}")
+}
+
+/// The limiter key of a tenant's estimated cost count.
+fn cost_key(tenant: &str) -> String {
+    format!("tenant-cost:{tenant}")
 }
 
 /// Today (UTC) as `YYYY-MM-DD`, the next midnight (RFC 3339) and the seconds until it.
@@ -198,51 +332,109 @@ impl Quotas {
         tenant.filter(|t| self.tenants.limits(t).max_running_turns.is_some())
     }
 
-    /// Refuses a new turn of `tenant` when its daily token quota is spent.
+    /// Refuses a new turn of `tenant` when its daily token (or cost) quota is spent.
     pub async fn check_tokens(&self, tenant: &str) -> Result<(), QuotaError> {
-        let Some(quota) = self.tenants.limits(tenant).tokens_per_day else {
-            return Ok(());
-        };
-        let (day, resets_at, retry_after_secs) = today();
-        let used = self.store.tokens(&key(tenant), &day).await?;
-        if used < quota {
-            return Ok(());
+        let limits = self.tenants.limits(tenant);
+        let quotas = [
+            (
+                limits.tokens_per_day,
+                QuotaUnit::Tokens,
+                key(tenant),
+                "tokens_per_day",
+            ),
+            (
+                limits.cost_per_day_micros,
+                QuotaUnit::CostMicros,
+                cost_key(tenant),
+                "cost_per_day",
+            ),
+        ];
+        for (quota, unit, counter, name) in quotas {
+            let Some(quota) = quota else { continue };
+            let (day, resets_at, retry_after_secs) = today();
+            let used = self.store.tokens(&counter, &day).await?;
+            if used < quota {
+                continue;
+            }
+            self.metrics.quota_rejected(self.label(tenant), name);
+            return Err(QuotaExceeded {
+                unit,
+                tenant: tenant.to_string(),
+                day,
+                used,
+                quota,
+                resets_at,
+                retry_after_secs,
+            }
+            .into());
         }
-        self.metrics
-            .quota_rejected(self.label(tenant), "tokens_per_day");
-        Err(QuotaExceeded {
-            tenant: tenant.to_string(),
-            day,
-            used,
-            quota,
-            resets_at,
-            retry_after_secs,
-        }
-        .into())
+        Ok(())
     }
 
-    /// Counts `tokens` a model call of `tenant`'s turn spent. A count that cannot be written
-    /// is logged, not fatal: the call was made and its answer is good.
-    pub async fn spend(&self, tenant: &str, tokens: u64) {
-        if tokens == 0 {
+    /// Counts what a model call of `tenant`'s turn on agent context `context` spent: its
+    /// tokens (and estimated cost) against the daily quotas, and every kind of token in the
+    /// day's tally by context. A count that cannot be written is logged, not fatal: the call
+    /// was made and its answer is good.
+    pub async fn spend(&self, tenant: &str, context: &str, usage: Usage) {
+        let tokens = usage.total_tokens;
+        if tokens == 0 && usage.cost_micros == 0 {
             return;
         }
         self.metrics.tenant_spent(self.label(tenant), tokens);
         let (day, _, _) = today();
-        if let Err(e) = self
-            .store
-            .add_tokens(&key(tenant), &day, tokens, KEEP_COUNT)
-            .await
-        {
-            tracing::warn!(%tenant, tokens, error = %e, "cannot count the tenant's model tokens; its quota may be overrun");
+        let counts: Vec<(String, u64)> = [
+            ("calls", 1),
+            ("input", usage.prompt_tokens),
+            ("cached_input", usage.cached_tokens),
+            ("output", usage.completion_tokens),
+            ("reasoning", usage.reasoning_tokens),
+            ("total", usage.total_tokens),
+            ("cost_micros", usage.cost_micros),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(field, n)| (format!("{context}/{field}"), n))
+        .collect();
+        let (k, cost) = (key(tenant), cost_key(tenant));
+        let counted = async {
+            self.store
+                .add_tokens(&k, &day, tokens, KEEP_COUNT)
+                .await
+                .map(drop)
+        };
+        let tallied = self.store.add_tally(&k, &day, &counts, KEEP_COUNT);
+        let priced = async {
+            match usage.cost_micros {
+                0 => Ok(()),
+                n => self
+                    .store
+                    .add_tokens(&cost, &day, n, KEEP_COUNT)
+                    .await
+                    .map(drop),
+            }
+        };
+        let (counted, tallied, priced) = tokio::join!(counted, tallied, priced);
+        if let Err(e) = counted.and(tallied).and(priced) {
+            tracing::warn!(%tenant, tokens, error = %e, "cannot count the tenant's model usage; its quotas may be overrun");
         }
     }
 
-    /// The tenant's counts now.
-    pub async fn usage(&self, tenant: &str) -> Result<TenantUsage, LimitStoreError> {
+    /// The tenant's counts now: today's, or those of `day` (`YYYY-MM-DD`, one of the last
+    /// seven UTC days) when given.
+    pub async fn usage(
+        &self,
+        tenant: &str,
+        day: Option<&str>,
+    ) -> Result<TenantUsage, LimitStoreError> {
         let limits = self.tenants.limits(tenant);
-        let (day, resets_at, _) = today();
-        let tokens_used = self.store.tokens(&key(tenant), &day).await?;
+        let (today, resets_at, _) = today();
+        let day = day.map_or(today, str::to_string);
+        let (k, cost) = (key(tenant), cost_key(tenant));
+        let (tokens_used, tally, cost_micros) = tokio::try_join!(
+            self.store.tokens(&k, &day),
+            self.store.tally(&k, &day),
+            self.store.tokens(&cost, &day),
+        )?;
         let running_turns = match limits.max_running_turns {
             Some(_) => Some(self.store.slots_in_use(&key(tenant)).await?),
             None => None,
@@ -255,6 +447,9 @@ impl Quotas {
             resets_at,
             running_turns,
             max_running_turns: limits.max_running_turns,
+            cost_micros,
+            cost_per_day_micros: limits.cost_per_day_micros,
+            by_agent_context: by_context(tally),
         })
     }
 
@@ -295,15 +490,25 @@ mod tests {
         )
     }
 
+    /// Usage of `total` tokens (all input), costing `cost_micros`.
+    fn tokens(total: u64, cost_micros: u64) -> Usage {
+        Usage {
+            prompt_tokens: total,
+            total_tokens: total,
+            cost_micros,
+            ..Usage::default()
+        }
+    }
+
     #[tokio::test]
     async fn the_token_quota_refuses_once_reached_and_names_the_reset() {
         let q = quotas(TenantLimits {
-            max_running_turns: None,
             tokens_per_day: Some(100),
+            ..TenantLimits::default()
         });
-        q.spend("a", 99).await;
+        q.spend("a", "default", tokens(99, 0)).await;
         q.check_tokens("a").await.unwrap();
-        q.spend("a", 1).await;
+        q.spend("a", "default", tokens(1, 0)).await;
         let QuotaError::Exceeded(e) = q.check_tokens("a").await.unwrap_err() else {
             panic!("expected the quota to be exceeded");
         };
@@ -312,23 +517,54 @@ mod tests {
         assert!(e.retry_after_secs >= 1 && e.retry_after_secs <= 86_400);
         assert!(e.to_string().contains(&e.resets_at));
         // Another tenant is not affected, nor one without a quota.
-        q.spend("b", 1_000).await;
+        q.spend("b", "default", tokens(1_000, 0)).await;
         q.check_tokens("b").await.unwrap();
-        assert_eq!(q.usage("b").await.unwrap().tokens_used, 1_000);
+        assert_eq!(q.usage("b", None).await.unwrap().tokens_used, 1_000);
+    }
+
+    #[tokio::test]
+    async fn the_cost_quota_refuses_once_reached_and_usage_is_kept_by_context() {
+        let q = quotas(TenantLimits {
+            cost_per_day_micros: Some(2_000_000),
+            ..TenantLimits::default()
+        });
+        q.spend("a", "openai", tokens(10, 1_500_000)).await;
+        q.check_tokens("a").await.unwrap();
+        q.spend("a", "vllm", tokens(5, 0)).await;
+        q.spend("a", "openai", tokens(10, 500_000)).await;
+        let QuotaError::Exceeded(e) = q.check_tokens("a").await.unwrap_err() else {
+            panic!("expected the cost quota to be exceeded");
+        };
+        assert_eq!(e.unit, QuotaUnit::CostMicros);
+        assert!(e.to_string().contains("$2.00 of its $2.00"), "{e}");
+        let usage = q.usage("a", None).await.unwrap();
+        assert_eq!((usage.tokens_used, usage.cost_micros), (25, 2_000_000));
+        let openai = &usage.by_agent_context["openai"];
+        assert_eq!((openai.calls, openai.total_tokens), (2, 20));
+        assert_eq!(openai.cost_micros, 2_000_000);
+        assert_eq!(usage.by_agent_context["vllm"].calls, 1);
+        let shown = serde_json::to_value(&usage).unwrap();
+        assert_eq!(shown["estimatedCostUsd"], 2.0);
+        assert_eq!(shown["costPerDayUsd"], 2.0);
+        assert!(
+            shown["byAgentContext"]["vllm"]
+                .get("estimatedCostUsd")
+                .is_none()
+        );
     }
 
     #[tokio::test]
     async fn running_slots_are_capped_and_come_back_when_dropped() {
         let q = quotas(TenantLimits {
             max_running_turns: Some(2),
-            tokens_per_day: None,
+            ..TenantLimits::default()
         });
         assert_eq!(q.lane_of(Some("a")), Some("a"));
         assert_eq!(q.lane_of(Some("b")), None);
         assert!(q.running_slot("b").await.is_none(), "no cap, no slot");
         let one = q.running_slot("a").await.unwrap();
         let _two = q.running_slot("a").await.unwrap();
-        assert_eq!(q.usage("a").await.unwrap().running_turns, Some(2));
+        assert_eq!(q.usage("a", None).await.unwrap().running_turns, Some(2));
         let third = tokio::time::timeout(Duration::from_millis(200), q.running_slot("a")).await;
         assert!(third.is_err(), "a third slot was granted over the cap");
         drop(one);

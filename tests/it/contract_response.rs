@@ -73,6 +73,7 @@ fn full_final_response() {
         total_tokens: 15,
         cached_tokens: 0,
         reasoning_tokens: 0,
+        cost_micros: 0,
     });
     let expected = concat!(
         r#"{"kind":"final","sessionId":"s-1","turnId":"t-1","modeDisplayName":"DDR Authoring","primaryOutputText":"Done.","#,

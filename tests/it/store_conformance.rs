@@ -105,6 +105,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
             background: true,
             reattached: false,
         }],
+        service_tier: Some("flex".into()),
     }
 }
 

@@ -17,7 +17,7 @@ fn turn(session: &str, turn: &str, instruction: &str) -> String {
 }
 
 /// A tenants file with `tenants` (written to a fresh temporary file).
-fn tenants_file(tenants: Value) -> (&'static str, String) {
+pub(crate) fn tenants_file(tenants: Value) -> (&'static str, String) {
     let file = std::env::temp_dir().join(format!(
         "aptix-tenants-{}.json",
         uuid::Uuid::new_v4().simple()

@@ -18,7 +18,10 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
 
 /// Submit a batch: NDJSON, one `{"customId", "request"}` per line, each validated on its own.
 #[utoipa::path(post, path = "/v1/batches", tag = "batches",
-    params(("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see the README's Webhooks)")),
+    params(
+        ("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see the README's Webhooks)"),
+        ("serviceTier" = Option<String>, Query, description = "The service tier of every line's model calls (auto, default, flex, priority), over the agent context's; flex is the batch tier: cheaper, slower, and made at default after the context's wait when flex capacity runs out"),
+    ),
     request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
         description = "One BatchLine per line; a request may leave out sessionId/turnId"),
     responses(
@@ -37,13 +40,14 @@ pub(crate) async fn post_batch(
     LimitedBody(body, _): LimitedBody<BatchSized>,
 ) -> Response {
     use crate::frontdoor::batch::BatchError;
-    let webhook = match query.webhook() {
-        Ok(w) => w,
-        Err(bad) => return bad.into(),
+    let (webhook, tier) = match (query.webhook(), query.service_tier()) {
+        (Ok(w), Ok(t)) => (w, t),
+        (Err(bad), _) | (_, Err(bad)) => return bad.into(),
     };
+    let asked = (webhook.as_deref(), tier);
     match state
         .door
-        .submit_batch(&tenant, &body, state.batch_limits, webhook.as_deref())
+        .submit_batch(&tenant, &body, state.batch_limits, asked)
         .await
     {
         Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),

@@ -5,20 +5,31 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use crate::contract::InvokeResult;
-use crate::frontdoor::extract::{HttpState, Tenant, answer, unavailable};
+use crate::frontdoor::extract::{HttpState, QueryParams, Tenant, answer, unavailable};
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::tenants::TenantUsage;
 
-/// The calling tenant's model tokens today, its running turns and its limits.
+/// The calling tenant's model tokens and estimated cost today (or on one of the last seven
+/// days), by agent context, its running turns and its limits.
 #[utoipa::path(get, path = "/v1/tenant/usage", tag = "tenant",
+    params(("day" = Option<String>, Query, description = "A UTC day, YYYY-MM-DD, among today and the six before it (default: today)")),
     responses(
         (status = 200, description = "The tenant's counts and limits", body = api_doc::InvokeResult<TenantUsage>),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 503, description = "The counters cannot be read", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
-pub(crate) async fn get_usage(State(state): State<HttpState>, Tenant(tenant): Tenant) -> Response {
-    match state.door.quotas().usage(&tenant).await {
+pub(crate) async fn get_usage(
+    State(state): State<HttpState>,
+    Tenant(tenant): Tenant,
+    query: QueryParams,
+) -> Response {
+    let day = match query.day() {
+        Ok(day) => day,
+        Err(bad) => return bad.into(),
+    };
+    match state.door.quotas().usage(&tenant, day.as_deref()).await {
         Ok(usage) => answer(StatusCode::OK, InvokeResult::success(usage)),
         Err(e) => unavailable(e),
     }
