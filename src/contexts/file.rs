@@ -429,6 +429,44 @@ mod tests {
     }
 
     #[test]
+    fn call_settings_are_read_and_checked_per_context() {
+        let text = agent_entry(
+            r#", "background": true, "serviceTier": "flex", "flexFallbackAfterSecs": "never",
+               "prices": {"inputPerMillion": 2, "outputPerMillion": 8}"#,
+        );
+        let c = Contexts::parse(&text, env).unwrap();
+        let calls = &c.agent("a").unwrap().calls;
+        assert!(calls.background);
+        assert_eq!(calls.service_tier, Some(super::super::ServiceTier::Flex));
+        assert_eq!(calls.flex_fallback, None);
+        let prices = calls.prices.unwrap();
+        assert_eq!(
+            (
+                prices.input_micros,
+                prices.cached_input_micros,
+                prices.output_micros
+            ),
+            (2_000_000, 2_000_000, 8_000_000)
+        );
+        let plain = Contexts::parse(&agent_entry(""), env).unwrap();
+        assert_eq!(
+            plain.agent("a").unwrap().calls,
+            super::super::CallSettings::default()
+        );
+        let e = problem(&agent_entry(r#", "serviceTier": "cheap""#));
+        assert!(
+            e.contains("agentContexts[0]") && e.contains("serviceTier"),
+            "{e}"
+        );
+        let e = problem(&agent_entry(r#", "flexFallbackAfterSecs": "soon""#));
+        assert!(e.contains("flexFallbackAfterSecs"), "{e}");
+        let e = problem(&agent_entry(
+            r#", "prices": {"inputPerMillion": -1, "outputPerMillion": 1}"#,
+        ));
+        assert!(e.contains("prices.inputPerMillion"), "{e}");
+    }
+
+    #[test]
     fn a_good_file_reads_every_field_and_keeps_the_default_pair() {
         let default = env_default(Some("http://env/v1"));
         let c = Contexts::parse(GOOD, env)
