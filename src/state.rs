@@ -354,6 +354,13 @@ pub struct TurnRecord {
     /// `serviceTier`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<String>,
+    /// What happened to the turn, in order: runs started and ended (and why), settled
+    /// (the first entry and the latest [`HISTORY_KEPT`] - 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TurnEvent>,
+    /// The server tool calls of the turn's runs, in order (their outputs are in the ledger).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolNote>,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -394,6 +401,94 @@ impl From<&TurnRecord> for TurnStatusView {
     }
 }
 
+/// Everything kept of one turn, for a person looking into it (`GET
+/// /v1/sessions/{sessionId}/turns/{turnId}/inspect`, the console's turn inspector).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInspection {
+    /// The session.
+    #[schema(value_type = String)]
+    pub session_id: SessionId,
+    /// The turn.
+    #[schema(value_type = String)]
+    pub turn_id: TurnId,
+    /// Its status now.
+    pub status: TurnStatus,
+    /// Runs so far.
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    /// What happened to it, in order, from `queued` on.
+    pub history: Vec<TurnEvent>,
+    /// Every model call that was answered, in order.
+    pub model_calls: Vec<CallNote>,
+    /// Every model request body sent, as sent (instructions, input, tools; never a key).
+    #[schema(value_type = Vec<Object>)]
+    pub requests: Vec<Value>,
+    /// Every server tool call, in order, with its output from the turn's ledger.
+    pub tool_calls: Vec<InspectedTool>,
+    /// The agent context's service tier asked for this turn, if its batch asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// The latest result, once there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+}
+
+/// A server tool call as the inspector shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InspectedTool {
+    /// The call.
+    #[serde(flatten)]
+    pub call: ToolNote,
+    /// Its output as recorded (absent when the record lost it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl From<&TurnRecord> for TurnInspection {
+    fn from(r: &TurnRecord) -> Self {
+        let queued = TurnEvent {
+            at: r.submitted_at.clone(),
+            event: "queued".into(),
+            attempt: 0,
+            detail: None,
+        };
+        Self {
+            session_id: r.session_id.clone(),
+            turn_id: r.turn_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at.clone(),
+            completed_at: r.completed_at.clone(),
+            history: std::iter::once(queued)
+                .chain(r.history.iter().cloned())
+                .collect(),
+            model_calls: r.calls.clone(),
+            requests: r
+                .requests
+                .iter()
+                .filter_map(|b| b.to_value().ok())
+                .collect(),
+            tool_calls: r
+                .tools
+                .iter()
+                .map(|t| InspectedTool {
+                    call: t.clone(),
+                    output: r.tool_ledger.get(&t.tool_call_id).cloned(),
+                })
+                .collect(),
+            service_tier: r.service_tier.clone(),
+            result: r.result.clone(),
+        }
+    }
+}
+
 impl TurnRecord {
     /// A freshly accepted turn, not yet picked up by a worker.
     pub fn queued(
@@ -425,6 +520,22 @@ impl TurnRecord {
             model_call: None,
             calls: Vec::new(),
             service_tier: None,
+            history: Vec::new(),
+            tools: Vec::new(),
+        }
+    }
+
+    /// Notes `event` of the turn's current attempt (kept with the next write): the first
+    /// entry and the latest [`HISTORY_KEPT`] - 1 are kept.
+    pub fn note_event(&mut self, event: &str, detail: Option<String>) {
+        self.history.push(TurnEvent {
+            at: now_rfc3339(),
+            event: event.to_string(),
+            attempt: self.attempts,
+            detail,
+        });
+        if self.history.len() > HISTORY_KEPT {
+            self.history.remove(1);
         }
     }
 
@@ -461,6 +572,7 @@ impl TurnRecord {
     /// The turn stopped by a cancel request: `cancelled`, with a failed `TURN_CANCELLED`
     /// result and nothing left to resume.
     pub fn cancelled(mut self) -> Self {
+        self.note_event("cancelled", None);
         self.status = TurnStatus::Cancelled;
         self.pending = None;
         self.checkpoint = None;
@@ -486,6 +598,44 @@ pub struct Checkpoint {
     pub progress: TurnProgress,
 }
 
+/// Entries of a turn's history kept ([`TurnRecord::history`]).
+pub const HISTORY_KEPT: usize = 32;
+
+/// One entry of a turn's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnEvent {
+    /// When (RFC 3339).
+    pub at: String,
+    /// `queued`, `run_started`, `run_ended` (it goes back to the queue), `awaiting_client_tools`,
+    /// `completed`, `failed` or `cancelled`.
+    pub event: String,
+    /// The run it belongs to (0: before the first).
+    pub attempt: u32,
+    /// Why, where there is more to say (a run that ended: its error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One server tool call of a turn ([`TurnRecord::tools`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolNote {
+    /// The call id the model gave it.
+    pub tool_call_id: String,
+    /// The tool.
+    pub name: String,
+    /// Its arguments as the model wrote them (JSON text).
+    pub arguments: String,
+    /// Its output came from the turn's ledger (a run after a crash) instead of running it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    /// How long it ran, in milliseconds (0 when replayed).
+    pub execution_ms: u64,
+    /// The run that made it.
+    pub attempt: u32,
+}
+
 /// A background model call in flight ([`TurnRecord::model_call`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -497,9 +647,15 @@ pub struct ModelCallMark {
 }
 
 /// What one model call of a turn came to ([`TurnRecord::calls`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CallNote {
+    /// The run that made it.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The text of its answer, if it had any (tool calls are in the turn's tool calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
     /// The response id.
     pub response_id: String,
     /// The model asked for.
@@ -509,6 +665,7 @@ pub struct CallNote {
     /// How long the call took, retries included (a re-attached call: since re-attaching).
     pub latency_ms: u64,
     /// Tokens it spent.
+    #[schema(value_type = Object)]
     pub usage: Usage,
     /// The tier the server reports it used, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -272,6 +272,8 @@ mod tests {
             model_call: None,
             calls: Vec::new(),
             service_tier: None,
+            history: Vec::new(),
+            tools: Vec::new(),
         };
         let lease = store
             .acquire_lease(

@@ -66,6 +66,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(routes::turns::post_turn))
         .routes(routes!(routes::turns::get_turn))
+        .routes(routes!(routes::turns::inspect_turn))
         .routes(routes!(routes::turns::cancel_turn))
         .routes(routes!(routes::sessions::get_session))
         .routes(routes!(routes::sessions::session_events))

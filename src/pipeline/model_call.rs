@@ -231,7 +231,17 @@ impl Pipeline {
                 .estimated_cost(context, response.usage.cost_micros);
         }
         progress.usage.add(response.usage);
+        let texts: Vec<&str> = response
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                OutputItem::Text(t) | OutputItem::Refusal(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect();
         run.note_call(CallNote {
+            attempt: run.record().attempts,
+            text: (!texts.is_empty()).then(|| texts.join("\n\n")),
             response_id: response.id.clone(),
             model: backend.model().to_string(),
             agent_context: run.session().contexts.agent_context_id.clone(),

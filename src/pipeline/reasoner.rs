@@ -533,9 +533,23 @@ impl Pipeline {
         name: &str,
         arguments: &str,
     ) -> Result<String, RetryableFailure> {
+        let started = std::time::Instant::now();
         let step = self
             .run_server_tool(run, progress, call_id, name, arguments)
             .await?;
+        let attempt = run.record().attempts;
+        run.note_tool(crate::state::ToolNote {
+            tool_call_id: call_id.to_string(),
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+            replayed: !step.record,
+            execution_ms: if step.record {
+                started.elapsed().as_millis() as u64
+            } else {
+                0
+            },
+            attempt,
+        });
         if !step.record {
             return Ok(step.output);
         }

@@ -894,6 +894,7 @@ async fn the_openapi_document_covers_every_route() {
         ("post", "/v1/sessions/{sessionId}/turns/{turnId}/cancel"),
         ("post", "/v1/batches/{batchId}/cancel"),
         ("get", "/v1/tenant/usage"),
+        ("get", "/v1/sessions/{sessionId}/turns/{turnId}/inspect"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths

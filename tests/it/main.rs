@@ -39,6 +39,7 @@ mod direct_replies;
 mod errors;
 mod front_doors;
 mod http_api;
+mod inspect;
 mod lifecycle;
 mod limiter;
 mod openapi_agreement;

@@ -104,8 +104,24 @@ fn turn(session: &str, id: &str) -> TurnRecord {
             service_tier: Some("flex".into()),
             background: true,
             reattached: false,
+            attempt: 1,
+            text: Some("hello".into()),
         }],
         service_tier: Some("flex".into()),
+        history: vec![aptix_worker::state::TurnEvent {
+            at: "2026-11-26T10:00:00Z".into(),
+            event: "run_started".into(),
+            attempt: 1,
+            detail: None,
+        }],
+        tools: vec![aptix_worker::state::ToolNote {
+            tool_call_id: "call_1".into(),
+            name: "agent_list_modes".into(),
+            arguments: "{}".into(),
+            replayed: false,
+            execution_ms: 3,
+            attempt: 1,
+        }],
     }
 }
 

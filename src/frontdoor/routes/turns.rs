@@ -99,6 +99,51 @@ impl IntoResponse for SubmitError {
     }
 }
 
+/// Everything kept of a turn, for a person looking into it (the console's turn inspector):
+/// its history from `queued` on (runs started and ended, and why), every model call answered
+/// (model, agent context, latency, tokens, tier, text) and request sent, every server tool
+/// call with its arguments and output (and whether it was replayed from the ledger), and the
+/// result.
+#[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}/inspect", tag = "turns",
+    params(
+        ("sessionId" = String, Path, description = "The session"),
+        ("turnId" = String, Path, description = "The turn"),
+    ),
+    responses(
+        (status = 200, description = "The turn as kept", body = api_doc::InvokeResult<crate::state::TurnInspection>),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
+    ))]
+pub(crate) async fn inspect_turn(
+    State(state): State<HttpState>,
+    ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
+    Tenant(tenant): Tenant,
+) -> Response {
+    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
+        return failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::TurnNotFound,
+            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
+        );
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => return unavailable(e),
+        Ok(Some(o)) if o == tenant => {}
+        Ok(_) => return not_found_turn(&sid, &tid),
+    }
+    match state.store.get_turn(&sid, &tid).await {
+        Err(e) => unavailable(e),
+        Ok(None) => not_found_turn(&sid, &tid),
+        Ok(Some(r)) => answer(
+            StatusCode::OK,
+            InvokeResult::success(crate::state::TurnInspection::from(&r)),
+        ),
+    }
+}
+
 /// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}", tag = "turns",
     params(

@@ -162,6 +162,11 @@ impl Run {
         self.record.calls.push(note);
     }
 
+    /// Notes a server tool call in the turn's record (stored with the next write).
+    pub(super) fn note_tool(&mut self, note: crate::state::ToolNote) {
+        self.record.tools.push(note);
+    }
+
     /// The model server does not store responses: the session replays its conversation from
     /// now on (stored with the write that settles the turn).
     pub(super) fn switch_to_replay(&mut self) {
@@ -373,6 +378,10 @@ impl Pipeline {
         // A run that died waiting for a background call: this one re-attaches to it and its
         // text goes on where the client's stopped (the call says otherwise if it cannot).
         let reattach = record.model_call.is_some() && record.attempts > 1;
+        record.note_event(
+            "run_started",
+            reattach.then(|| "it follows the background model call an earlier run made".into()),
+        );
         if let Some(live) = &live {
             if reattach {
                 live.resume(record.attempts);
@@ -422,6 +431,7 @@ impl Pipeline {
         let again = record.status == TurnStatus::Running;
         record.status = TurnStatus::Running;
         record.attempts += 1;
+        record.note_event("run_started", Some("with the client's tool results".into()));
         if let Some(live) = &live {
             if again {
                 live.rerun(record.attempts);
@@ -558,7 +568,11 @@ impl Pipeline {
         if run.unsure {
             warn!("a write of this turn went unanswered; leaving the turn as the store holds it");
             run.held.release().await;
-        } else if let Err(e) = self.write(&mut run, false, true).await {
+        } else if let Err(e) = {
+            let why = format!("{}: {}", failure.error.error_code, failure.error.message);
+            run.record.note_event("run_ended", Some(why));
+            self.write(&mut run, false, true).await
+        } {
             warn!(error = %e, "could not save the turn before handing it back");
             run.held.release().await;
         }
@@ -746,6 +760,20 @@ impl Pipeline {
         with_session: bool,
         result: TurnResult,
     ) -> Result<Settled, RetryableFailure> {
+        // A cancelled record noted its end when it was made so.
+        let ended = match run.record.status {
+            TurnStatus::Completed => Some("completed"),
+            TurnStatus::Failed => Some("failed"),
+            TurnStatus::AwaitingClientTools => Some("awaiting_client_tools"),
+            TurnStatus::Cancelled | TurnStatus::Queued | TurnStatus::Running => None,
+        };
+        if let Some(event) = ended {
+            let detail = result
+                .errors()
+                .first()
+                .map(|e| format!("{}: {}", e.error_code, e.message));
+            run.record.note_event(event, detail);
+        }
         let saved = match self.write(&mut run, with_session, true).await {
             Ok(saved) => saved,
             Err(f) => return Err(self.hand_back(run, f).await),
