@@ -35,6 +35,9 @@ pub struct BackgroundCall {
     open: Option<(reqwest::Response, Frames, Vec<Value>)>,
     /// The last sequence number read from the stream.
     after: Option<u64>,
+    /// The agent context's call permit, held while the call this worker made runs (one it
+    /// re-attached to runs on a permit its maker held).
+    _permit: Option<crate::limiter::CallPermit>,
 }
 
 impl BackgroundCall {
@@ -45,6 +48,7 @@ impl BackgroundCall {
             id,
             open: None,
             after,
+            _permit: None,
         }
     }
 }
@@ -84,7 +88,7 @@ impl LlmClient {
         payload: &bytes::Bytes,
         streamed: bool,
     ) -> Result<BackgroundCall, AttemptError> {
-        let _permit = match &self.limiter {
+        let permit = match &self.limiter {
             None => None,
             Some(limiter) => Some(limiter.acquire().await.map_err(|e| AttemptError {
                 retryable: false,
@@ -129,7 +133,10 @@ impl LlmClient {
             let id = response_id(&object).ok_or_else(|| {
                 AttemptError::transient("the background call's answer has no id".into())
             })?;
-            return Ok(BackgroundCall::attach(id, None));
+            return Ok(BackgroundCall {
+                _permit: permit,
+                ..BackgroundCall::attach(id, None)
+            });
         }
         // Streamed: read up to the event that names the response (`response.created`).
         let mut frames = Frames::default();
@@ -158,6 +165,7 @@ impl LlmClient {
                         id,
                         open: Some((resp, frames, rest)),
                         after,
+                        _permit: permit,
                     });
                 }
             }
