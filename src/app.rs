@@ -247,6 +247,7 @@ impl App {
             chunk_options: ChunkOptions {
                 max_lines: config.chunk_lines,
             },
+            console: config.console,
         }
     }
 

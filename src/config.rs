@@ -189,6 +189,9 @@ pub struct Config {
     /// tokens: `2.00,0.50,8.00`; default none, no cost estimated). The contexts file sets
     /// these per context.
     pub llm_calls: crate::contexts::CallSettings,
+    /// `APTIX_CONSOLE`: the front door serves the console at `/console` (default off; on in
+    /// `aptix run`).
+    pub console: bool,
     /// `APTIX_MAX_BODY_BYTES` and friends: request size limits.
     pub limits: RequestLimits,
     /// `APTIX_MAX_BATCH_BYTES` / `APTIX_MAX_BATCH_LINES`: the largest batch submission.
@@ -403,6 +406,7 @@ impl Config {
             llm_streaming: get("APTIX_LLM_STREAMING").is_none()
                 || flag(&get, "APTIX_LLM_STREAMING")?,
             llm_calls: llm_calls(&get)?,
+            console: flag(&get, "APTIX_CONSOLE")?,
             api_tokens: tokens(&get)?,
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),

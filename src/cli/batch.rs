@@ -86,7 +86,11 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
     let url = match url {
         Some(u) => u,
         None => {
-            let config = Config::from_env()?;
+            let mut config = Config::from_env()?;
+            // A newcomer's first command: its server shows the console too (unless told not).
+            if std::env::var_os("APTIX_CONSOLE").is_none() {
+                config.console = true;
+            }
             let app = App::build(&config).await?;
             let shutdown = CancellationToken::new();
             let worker_task = app.worker(&config).spawn(shutdown.clone());
@@ -94,6 +98,9 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
             let addr = listener.local_addr()?;
             let server = app.spawn_http(&config, listener, shutdown.clone());
             eprintln!("no --url given: running an embedded server at http://{addr}");
+            if config.console {
+                eprintln!("its console, while the batch runs: http://{addr}/console");
+            }
             embedded = Some((shutdown, worker_task, server, app));
             format!("http://{addr}")
         }

@@ -62,7 +62,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } = args;
     if files.is_empty() {
         let listen = listen.unwrap_or_else(default_listen);
-        serve_api(listen, true).await
+        serve_api(listen, true, true).await
     } else {
         run_files(&files, &workspace, listen).await
     }
@@ -70,7 +70,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// `aptix serve`.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    serve_api(args.listen, args.worker).await
+    serve_api(args.listen, args.worker, false).await
 }
 
 /// `aptix worker`.
@@ -124,8 +124,18 @@ fn default_listen() -> SocketAddr {
 }
 
 /// Serves the HTTP API until SIGTERM/Ctrl-C, with a worker in this process when asked.
-async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode> {
-    let config = Config::from_env()?;
+/// Serves the HTTP API on `listen` (with a worker when `worker`); the console is on when
+/// `APTIX_CONSOLE` says so, or by default with `console_by_default` (`aptix run`, so a
+/// newcomer finds it).
+async fn serve_api(
+    listen: SocketAddr,
+    worker: bool,
+    console_by_default: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut config = Config::from_env()?;
+    if console_by_default && std::env::var_os("APTIX_CONSOLE").is_none() {
+        config.console = true;
+    }
     check_exposure(&listen, &config.api_tokens)?;
     if config.amqp_url.is_none() && !worker {
         anyhow::bail!(
@@ -142,6 +152,9 @@ async fn serve_api(listen: SocketAddr, worker: bool) -> anyhow::Result<ExitCode>
     // Said once the routes are built: from here a request is answered without delay.
     let server = app.spawn_http(&config, listener, shutdown);
     tracing::info!(%address, worker, "HTTP API listening");
+    if config.console {
+        tracing::info!(url = %format!("http://{address}/console"), "console on");
+    }
     server.await??;
     if let Some(t) = worker_task {
         let _ = t.await;

@@ -48,6 +48,8 @@ pub struct HttpState {
     pub index: Arc<dyn ChunkIndex>,
     /// How indexed files are cut.
     pub chunk_options: ChunkOptions,
+    /// Serve the console (`/console`, `APTIX_CONSOLE`).
+    pub console: bool,
 }
 
 /// The longest long-poll wait accepted.

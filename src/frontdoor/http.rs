@@ -117,6 +117,10 @@ pub fn router(state: HttpState) -> Router {
     let counted_in = state.metrics.clone();
     let doc = document(api, state.door.contexts());
     let api = Arc::new(serde_json::to_string(&doc).unwrap_or_else(|_| "{}".to_string()));
+    let router = match state.console {
+        true => router.merge(super::console::routes()),
+        false => router,
+    };
     let router = router
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)

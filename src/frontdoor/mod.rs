@@ -20,6 +20,7 @@ use crate::trace::TraceContext;
 use crate::webhooks::guard::Guard;
 pub mod batch;
 pub mod cancel;
+mod console;
 mod counted;
 pub mod extract;
 pub mod http;

@@ -1077,6 +1077,7 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         metrics: Arc::new(Metrics::new()),
         index: Arc::new(aptix_worker::rag::MemoryIndex::new()),
         chunk_options: ChunkOptions::default(),
+        console: false,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

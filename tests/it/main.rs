@@ -31,6 +31,7 @@ mod cancel;
 mod cli;
 mod compose;
 mod compose_golden;
+mod console;
 mod contexts;
 mod contract_props;
 mod contract_request;

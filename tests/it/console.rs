@@ -1,0 +1,316 @@
+//! The console in a real browser: Debian's `chromium`, headless, driven through
+//! `chromedriver` (both from Debian's packages; `.ci/run` installs them). The page is used as
+//! a person would: the token typed in, a turn watched as it streams and then inspected, a batch
+//! followed to 100 %, a running turn cancelled with its button, and another tenant's token
+//! shown nothing. Screenshots of each page go to `target/tmp/console/`.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aptix_worker::fake_llm::{FakeOptions, Reply};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+use crate::app::{App, AppOptions, Backend, spawn};
+
+/// A `chromedriver` of its own, and a headless Chromium session on it.
+struct Browser {
+    driver: Child,
+    client: Client,
+    shots: std::path::PathBuf,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Browser {
+    async fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts (apt-get install chromium chromium-driver; .ci/run does)");
+        let caps = json!({"goog:chromeOptions": {
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-quic", "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--window-size=1280,1100"]
+        }});
+        let caps = caps.as_object().cloned().unwrap_or_default();
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            match ClientBuilder::new(connector)
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no browser session: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console");
+        std::fs::create_dir_all(&shots).expect("a folder for screenshots");
+        Self {
+            driver,
+            client,
+            shots,
+        }
+    }
+
+    /// Waits (up to `within`) until `css` matches an element whose text satisfies `ok`;
+    /// returns that text.
+    async fn text_when(&self, css: &str, within: Duration, ok: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + within;
+        let mut last = String::new();
+        loop {
+            if let Ok(el) = self.client.find(Locator::Css(css)).await
+                && let Ok(text) = el.text().await
+            {
+                if ok(&text) {
+                    return text;
+                }
+                last = text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css} never showed what was wanted; last: {last:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn count(&self, css: &str) -> usize {
+        self.client
+            .find_all(Locator::Css(css))
+            .await
+            .map(|v| v.len())
+            .unwrap_or(0)
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
+    }
+
+    async fn sign_in(&self, base: &str, token: &str) {
+        self.client
+            .goto(&format!("{base}/console"))
+            .await
+            .expect("the console loads");
+        let field = self
+            .client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css("#token"))
+            .await
+            .expect("the sign-in form");
+        field.send_keys(token).await.expect("typing the token");
+        self.click("#token-form button").await;
+    }
+
+    async fn show(&self, base: &str, fragment: &str) {
+        self.client
+            .goto(&format!("{base}/console#{fragment}"))
+            .await
+            .expect("navigates");
+    }
+
+    async fn shot(&self, name: &str) {
+        let png = self.client.screenshot().await.expect("a screenshot");
+        std::fs::write(self.shots.join(format!("{name}.png")), png).expect("written");
+    }
+}
+
+async fn console_app() -> App {
+    spawn(AppOptions {
+        backend: Backend::Embedded,
+        extra_env: vec![("APTIX_CONSOLE", "true".into())],
+        fake: FakeOptions {
+            stream_pieces: 16,
+            stream_delay: Duration::from_millis(120),
+            ..FakeOptions::default()
+        },
+        ..AppOptions::default()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_100_percent() {
+    let app = console_app().await;
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    let instruction = "Which modes are there?\n#fake:call agent_list_modes {}";
+    let body =
+        json!({"sessionId": "ui", "turnId": "t1", "instruction": instruction, "streaming": true});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    browser.show(&app.base, "/turn/ui/t1").await;
+    // The text appears while the turn still runs.
+    browser
+        .text_when("#live", Duration::from_secs(15), |t| !t.is_empty())
+        .await;
+    let running = browser
+        .client
+        .find(Locator::Css("#inspector .status"))
+        .await
+        .expect("a status")
+        .attr("data-status")
+        .await
+        .expect("read")
+        .unwrap_or_default();
+    assert_eq!(running, "running", "the text came before the turn settled");
+    browser.shot("inspector-streaming").await;
+    browser
+        .text_when("#inspector .status", Duration::from_secs(20), |t| {
+            t == "completed"
+        })
+        .await;
+    let answer = browser
+        .text_when("#answer", Duration::from_secs(5), |t| !t.is_empty())
+        .await;
+    let settled = app.settled("tok-a", "ui", "t1").await;
+    assert_eq!(
+        answer,
+        settled["result"]["result"]["primaryOutputText"]
+            .as_str()
+            .unwrap()
+    );
+    assert_eq!(browser.count(".model-call").await, 2);
+    let tool = browser
+        .text_when(".tool-call", Duration::from_secs(5), |_| true)
+        .await;
+    assert!(tool.contains("agent_list_modes"), "{tool}");
+    browser
+        .text_when("#history", Duration::from_secs(5), |t| {
+            t.contains("queued") && t.contains("run started") && t.contains("completed")
+        })
+        .await;
+    browser.shot("inspector").await;
+
+    // The session's turns.
+    browser.show(&app.base, "/turns/ui").await;
+    browser
+        .text_when("#turns", Duration::from_secs(5), |t| t.contains("t1"))
+        .await;
+    browser.shot("turns").await;
+
+    // A batch, followed to the end.
+    let lines: Vec<String> = (0..6)
+        .map(|i| json!({"customId": format!("doc-{i}"), "request": {"instruction": format!("review {i}")}}).to_string())
+        .collect();
+    let (status, accepted) = app
+        .post_to(Some("tok-a"), "/v1/batches", lines.join("\n"))
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let id = accepted["result"]["batchId"].as_str().unwrap();
+    browser.show(&app.base, &format!("/batches/{id}")).await;
+    browser
+        .text_when("#percent", Duration::from_secs(30), |t| {
+            t.starts_with("100 %")
+        })
+        .await;
+    let width = browser
+        .client
+        .find(Locator::Css("#bar > div"))
+        .await
+        .expect("a bar")
+        .attr("style")
+        .await
+        .expect("read")
+        .unwrap_or_default();
+    assert!(width.contains("100%"), "{width}");
+    browser.shot("batch").await;
+}
+
+#[tokio::test]
+async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothing() {
+    let app = console_app().await;
+    let browser = Browser::start().await;
+    app.fake.push([Reply::Delay(
+        Duration::from_secs(20),
+        Box::new(Reply::Text("never".into())),
+    )]);
+    let body = json!({"sessionId": "cx", "turnId": "t", "instruction": "slow"});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    app.wait_for_model_calls(1).await;
+    browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, "/turn/cx/t").await;
+    browser
+        .text_when("#inspector .status", Duration::from_secs(10), |t| {
+            t == "running"
+        })
+        .await;
+    browser.click("#cancel").await;
+    browser
+        .text_when("#inspector .status", Duration::from_secs(10), |t| {
+            t == "cancelled"
+        })
+        .await;
+    assert_eq!(app.settled("tok-a", "cx", "t").await["status"], "cancelled");
+    browser.shot("cancelled").await;
+
+    // Tenant B: the page shows the API's refusal, and the API refuses it too.
+    browser.click("#sign-out").await;
+    browser.sign_in(&app.base, "tok-b").await;
+    browser.show(&app.base, "/turn/cx/t").await;
+    let refused = browser
+        .text_when("#error", Duration::from_secs(10), |t| !t.is_empty())
+        .await;
+    assert!(refused.starts_with("TURN_NOT_FOUND"), "{refused}");
+    assert_eq!(browser.count(".model-call").await, 0);
+    let (status, _) = app
+        .get(Some("tok-b"), "/v1/sessions/cx/turns/t/inspect")
+        .await;
+    assert_eq!(status, 404);
+    browser.shot("other-tenant").await;
+}
+
+/// Off unless asked for: without `APTIX_CONSOLE` there is no `/console`.
+#[tokio::test]
+async fn the_console_is_off_unless_configured() {
+    let app = spawn(AppOptions {
+        backend: Backend::Embedded,
+        ..AppOptions::default()
+    })
+    .await;
+    let status = app
+        .http
+        .get(format!("{}/console", app.base))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, 404);
+    let on = console_app().await;
+    let page = on
+        .http
+        .get(format!("{}/console", on.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"].to_str().unwrap();
+    assert!(policy.contains("default-src 'none'"), "{policy}");
+}
