@@ -138,7 +138,9 @@ impl Pipeline {
         let (mut outcome, reattached) = loop {
             let body = body_for(replayed.as_deref(), tier);
             let sent = if background {
-                self.background_call(run, llm, &body, sink).await?
+                // Boxed: only background turns carry its state (the following, the
+                // deadline, the cancel), not every turn's future.
+                Box::pin(self.background_call(run, llm, &body, sink)).await?
             } else {
                 let call = llm.create_response_streamed(backend.model(), &body, sink);
                 (self.unless_cancelled(&sid, &tid, call).await, false)
