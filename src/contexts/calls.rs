@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 /// The `service_tier` a context's calls ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ServiceTier {
     /// The project's setting.

@@ -480,19 +480,19 @@ impl QueryParams {
             })
     }
 
-    /// `?day=YYYY-MM-DD`: a UTC day among today and the six before it, if given.
+    /// `?day=YYYY-MM-DD`: a UTC day, if given (its counts are kept eight days; an older or
+    /// later day has none).
     pub(crate) fn day(&self) -> Result<Option<String>, BadParameter> {
         let Some(raw) = self.single("day")? else {
             return Ok(None);
         };
         let format = time::macros::format_description!("[year]-[month]-[day]");
-        let today = time::OffsetDateTime::now_utc().date();
         match time::Date::parse(raw.trim(), &format) {
-            Ok(day) if day <= today && (today - day).whole_days() < 7 => {
-                Ok(Some(raw.trim().to_string()))
-            }
-            _ => Err(BadParameter(format!(
-                "day: must be a UTC day YYYY-MM-DD among the last seven (today is {today}), not {raw:?}"
+            Ok(day) => Ok(Some(
+                day.format(&format).unwrap_or_else(|_| raw.to_string()),
+            )),
+            Err(_) => Err(BadParameter(format!(
+                "day: must be a UTC day written YYYY-MM-DD, not {raw:?}"
             ))),
         }
     }

@@ -42,7 +42,7 @@ pub use crate::config::LOCAL_TENANT;
         title = "aptix-worker",
         description = "Queue-driven execution of LLM agent turns: submit turns and batches, poll or subscribe for results."
     ),
-    components(schemas(api_doc::AgentExecuteRequest, api_doc::AgentExecuteResponse, api_doc::BatchLine, api_doc::BatchRequest, api_doc::StreamFinalLine, api_doc::StreamLine, api_doc::SessionDeltaEvent, api_doc::SessionProgressEvent, ExecuteResult, Failure)),
+    components(schemas(api_doc::AgentExecuteRequest, api_doc::AgentExecuteResponse, api_doc::BatchLine, api_doc::BatchRequest, api_doc::StreamFinalLine, api_doc::StreamLine, api_doc::SessionDeltaEvent, api_doc::SessionProgressEvent, ExecuteResult, Failure, crate::contexts::ServiceTier)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -419,8 +419,8 @@ impl Quotas {
         }
     }
 
-    /// The tenant's counts now: today's, or those of `day` (`YYYY-MM-DD`, one of the last
-    /// seven UTC days) when given.
+    /// The tenant's counts now: today's, or those of `day` (`YYYY-MM-DD`) when given (kept
+    /// eight days: an older day has none).
     pub async fn usage(
         &self,
         tenant: &str,

@@ -215,9 +215,9 @@ async fn usage_and_cost_add_up_per_turn_and_per_tenant_day(backend: Backend) {
         .unwrap_or_else(|| panic!("no cost series: {metrics}"));
     assert!((counted - cost).abs() < 1e-9, "{counted} vs {cost}");
 
-    // A day outside the last seven is refused by name.
+    // A day that is not a date is refused by name; a day long gone has nothing kept.
     let (status, bad) = app
-        .get(Some("tok-a"), "/v1/tenant/usage?day=2020-01-01")
+        .get(Some("tok-a"), "/v1/tenant/usage?day=26.11.2026")
         .await;
     assert_eq!(status, 400, "{bad}");
     assert!(
@@ -226,6 +226,13 @@ async fn usage_and_cost_add_up_per_turn_and_per_tenant_day(backend: Backend) {
             .unwrap()
             .starts_with("day:")
     );
+    let (status, old) = app
+        .get(Some("tok-a"), "/v1/tenant/usage?day=2020-01-01")
+        .await;
+    assert_eq!(status, 200, "{old}");
+    assert_eq!(old["result"]["tokensUsed"], 0);
+    assert_eq!(old["result"]["day"], "2020-01-01");
+    assert_eq!(old["result"]["byAgentContext"], json!({}));
 
     // One more turn spends past $0.01; the next is refused for the day.
     let long = "Review this design record carefully. ".repeat(150);

@@ -20,7 +20,7 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
 #[utoipa::path(post, path = "/v1/batches", tag = "batches",
     params(
         ("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see the README's Webhooks)"),
-        ("serviceTier" = Option<String>, Query, description = "The service tier of every line's model calls (auto, default, flex, priority), over the agent context's; flex is the batch tier: cheaper, slower, and made at default after the context's wait when flex capacity runs out"),
+        ("serviceTier" = Option<crate::contexts::ServiceTier>, Query, description = "The service tier of every line's model calls (auto, default, flex, priority), over the agent context's; flex is the batch tier: cheaper, slower, and made at default after the context's wait when flex capacity runs out"),
     ),
     request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
         description = "One BatchLine per line; a request may leave out sessionId/turnId"),

@@ -9,10 +9,10 @@ use crate::frontdoor::extract::{HttpState, QueryParams, Tenant, answer, unavaila
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::tenants::TenantUsage;
 
-/// The calling tenant's model tokens and estimated cost today (or on one of the last seven
-/// days), by agent context, its running turns and its limits.
+/// The calling tenant's model tokens and estimated cost today (or on another day of the last
+/// eight), by agent context, its running turns and its limits.
 #[utoipa::path(get, path = "/v1/tenant/usage", tag = "tenant",
-    params(("day" = Option<String>, Query, description = "A UTC day, YYYY-MM-DD, among today and the six before it (default: today)")),
+    params(("day" = Option<String>, Query, format = Date, description = "A UTC day, YYYY-MM-DD (default: today); counts are kept eight days, so an older (or later) day shows none")),
     responses(
         (status = 200, description = "The tenant's counts and limits", body = api_doc::InvokeResult<TenantUsage>),
         (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
