@@ -67,7 +67,7 @@ impl RabbitCluster {
             })
             .collect();
         let cli = free_port_pair();
-        let cluster = Self {
+        let mut cluster = Self {
             dir,
             nodes,
             cli_ports: (cli, cli + 5),
@@ -76,7 +76,22 @@ impl RabbitCluster {
             cluster.launch(i)?;
         }
         for i in 0..3 {
-            cluster.await_startup(i)?;
+            // A node that died while booting (seen once in CI, on a loaded host: a port
+            // taken between picking it and binding it is the likely cause) is booted again,
+            // on fresh ports and a fresh data directory, before the cluster is formed.
+            let mut boots = 1;
+            while let Err(e) = cluster.await_startup(i) {
+                if boots == 3 {
+                    return Err(e);
+                }
+                boots += 1;
+                eprintln!("node {i} of the test cluster did not boot ({e}); booting it again");
+                let amqp_port = free_port_pair();
+                cluster.nodes[i].amqp_port = amqp_port;
+                cluster.nodes[i].dist_port = amqp_port + 1000;
+                let _ = std::fs::remove_dir_all(cluster.dir.join(format!("n{i}")));
+                cluster.launch(i)?;
+            }
         }
         let first = cluster.nodes[0].name.clone();
         for i in 1..3 {
@@ -230,12 +245,21 @@ impl RabbitCluster {
     }
 
     /// Waits until node `i` runs (the CLI cannot reach it until it is registered with epmd).
+    /// A node that epmd still does not know 30 s after its launch has died booting: that is
+    /// an error at once rather than after the whole wait.
     fn await_startup(&self, i: usize) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let launched = Instant::now();
+        let deadline = launched + Duration::from_secs(90);
         loop {
             match self.ctl(i, &["await_startup", "--timeout", "60"]) {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() > deadline => return Err(e),
+                Err(e)
+                    if e.contains("not running at all")
+                        && launched.elapsed() > Duration::from_secs(30) =>
+                {
+                    return Err(e);
+                }
                 Err(_) => std::thread::sleep(Duration::from_millis(500)),
             }
         }
