@@ -540,8 +540,8 @@ impl TurnRecord {
     }
 
     /// The same record with the service tier its calls ask for (a batch's), if any.
-    pub fn at_tier(mut self, tier: Option<crate::contexts::ServiceTier>) -> Self {
-        self.service_tier = tier.map(|t| t.as_str().to_string());
+    pub fn at_tier(mut self, tier: Option<&str>) -> Self {
+        self.service_tier = tier.map(str::to_string);
         self
     }
 

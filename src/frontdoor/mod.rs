@@ -497,7 +497,11 @@ impl FrontDoor {
                     .with_streaming(turn.streaming())
                     .with_webhook(webhook)
                     .in_batch(pickup.batch.map(|(id, _)| id))
-                    .at_tier(pickup.service_tier);
+                    .at_tier(
+                        pickup
+                            .service_tier
+                            .map(crate::contexts::ServiceTier::as_str),
+                    );
                 let created = match self.record_user_turn(tenant, turn, &fresh).await {
                     Ok(existing) => existing,
                     Err(e) => {
