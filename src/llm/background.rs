@@ -88,16 +88,7 @@ impl LlmClient {
         payload: &bytes::Bytes,
         streamed: bool,
     ) -> Result<BackgroundCall, AttemptError> {
-        let permit = match &self.limiter {
-            None => None,
-            Some(limiter) => Some(limiter.acquire().await.map_err(|e| AttemptError {
-                retryable: false,
-                retry_after: None,
-                rate_limited: false,
-                flex_unavailable: false,
-                error: e.into(),
-            })?),
-        };
+        let permit = self.permit().await?;
         let req = self
             .authorized(self.http.post(self.endpoint.clone()))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -208,13 +199,7 @@ impl LlmClient {
             .timeout(Duration::from_secs(5))
             .send()
             .await
-            .map_err(|e| LlmError::Unavailable {
-                attempts: 1,
-                message: format!(
-                    "could not reach the model server ({})",
-                    super::without_url(&e)
-                ),
-            })?;
+            .map_err(|e| unreachable(&e))?;
         let status = resp.status().as_u16();
         if (200..300).contains(&status) || status == 404 {
             return Ok(());
@@ -376,13 +361,7 @@ impl LlmClient {
             .authorized(self.http.get(url))
             .send()
             .await
-            .map_err(|e| LlmError::Unavailable {
-                attempts: 1,
-                message: format!(
-                    "could not reach the model server ({})",
-                    super::without_url(&e)
-                ),
-            })?;
+            .map_err(|e| unreachable(&e))?;
         let status = resp.status().as_u16();
         if status == 404 {
             return Err(LlmError::Expired(id.to_string()));
@@ -425,6 +404,17 @@ impl LlmClient {
             .with_factor(2.0)
             .with_jitter()
             .with_max_times(self.max_retries)
+    }
+}
+
+/// The model server could not be reached (the URL left out of the message).
+fn unreachable(e: &reqwest::Error) -> LlmError {
+    LlmError::Unavailable {
+        attempts: 1,
+        message: format!(
+            "could not reach the model server ({})",
+            super::without_url(e)
+        ),
     }
 }
 

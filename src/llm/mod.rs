@@ -321,16 +321,7 @@ impl LlmClient {
         use tracing::Instrument as _;
         let span = tracing::info_span!("model_call", model);
         let traceparent = crate::trace::TraceContext::current().map(|t| t.within(&span).header());
-        let _permit = match &self.limiter {
-            None => None,
-            Some(limiter) => Some(limiter.acquire().await.map_err(|e| AttemptError {
-                retryable: false,
-                retry_after: None,
-                rate_limited: false,
-                flex_unavailable: false,
-                error: e.into(),
-            })?),
-        };
+        let _permit = self.permit().await?;
         let sent = self
             .send_once(payload, traceparent, sink)
             .instrument(span)
@@ -343,6 +334,21 @@ impl LlmClient {
                 .await;
         }
         sent
+    }
+
+    /// The agent context's permit for one attempt (none for a context without limits);
+    /// no capacity within the wait bound is an error no retry of this call mends.
+    async fn permit(&self) -> Result<Option<crate::limiter::CallPermit>, AttemptError> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(None);
+        };
+        limiter.acquire().await.map(Some).map_err(|e| AttemptError {
+            retryable: false,
+            retry_after: None,
+            rate_limited: false,
+            flex_unavailable: false,
+            error: e.into(),
+        })
     }
 
     async fn send_once(
