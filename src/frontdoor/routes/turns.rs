@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::parse_request;
-use crate::contract::{ErrorCode, InvokeResult};
+use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::delivery::Turn;
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
@@ -99,6 +99,41 @@ impl IntoResponse for SubmitError {
     }
 }
 
+/// The ids of a path's turn, when they are ids at all.
+fn turn_ids(session_id: &str, turn_id: &str) -> Option<(SessionId, TurnId)> {
+    match ids(session_id, Some(turn_id)) {
+        Some((sid, Some(tid))) => Some((sid, tid)),
+        _ => None,
+    }
+}
+
+/// `404 TURN_NOT_FOUND` for a path's turn whose ids are not ids.
+fn missing_turn(session_id: &str, turn_id: &str) -> Response {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::TurnNotFound,
+        format!("turn {turn_id:?} does not exist in session {session_id:?}"),
+    )
+}
+
+/// A path's turn when `tenant` owns its session; else the answer: `404` (not ids, or another
+/// tenant's or no session), or `503`.
+async fn tenants_turn(
+    state: &HttpState,
+    tenant: &str,
+    session_id: &str,
+    turn_id: &str,
+) -> Result<(SessionId, TurnId), Response> {
+    let Some((sid, tid)) = turn_ids(session_id, turn_id) else {
+        return Err(missing_turn(session_id, turn_id));
+    };
+    match state.store.owner(&sid).await {
+        Err(e) => Err(unavailable(e)),
+        Ok(Some(o)) if o == tenant => Ok((sid, tid)),
+        Ok(_) => Err(not_found_turn(&sid, &tid)),
+    }
+}
+
 /// Everything kept of a turn, for a person looking into it (the console's turn inspector):
 /// its history from `queued` on (runs started and ended, and why), every model call answered
 /// (model, agent context, latency, tokens, tier, text) and request sent, every server tool
@@ -122,18 +157,10 @@ pub(crate) async fn inspect_turn(
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
     Tenant(tenant): Tenant,
 ) -> Response {
-    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
-        return failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::TurnNotFound,
-            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
-        );
+    let (sid, tid) = match tenants_turn(&state, &tenant, &session_id, &turn_id).await {
+        Ok(ids) => ids,
+        Err(refused) => return refused,
     };
-    match state.store.owner(&sid).await {
-        Err(e) => return unavailable(e),
-        Ok(Some(o)) if o == tenant => {}
-        Ok(_) => return not_found_turn(&sid, &tid),
-    }
     match state.store.get_turn(&sid, &tid).await {
         Err(e) => unavailable(e),
         Ok(None) => not_found_turn(&sid, &tid),
@@ -169,18 +196,10 @@ pub(crate) async fn get_turn(
         Ok(w) => w,
         Err(bad) => return bad.into(),
     };
-    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
-        return failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::TurnNotFound,
-            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
-        );
+    let (sid, tid) = match tenants_turn(&state, &tenant, &session_id, &turn_id).await {
+        Ok(ids) => ids,
+        Err(refused) => return refused,
     };
-    match state.store.owner(&sid).await {
-        Err(e) => return unavailable(e),
-        Ok(Some(o)) if o == tenant => {}
-        Ok(_) => return not_found_turn(&sid, &tid),
-    }
     if wait.is_zero() {
         return match state.store.get_turn(&sid, &tid).await {
             Err(e) => unavailable(e),
@@ -229,12 +248,8 @@ pub(crate) async fn cancel_turn(
     Tenant(tenant): Tenant,
 ) -> Response {
     use crate::frontdoor::cancel::Cancelled;
-    let Some((sid, Some(tid))) = ids(&session_id, Some(&turn_id)) else {
-        return failure(
-            StatusCode::NOT_FOUND,
-            ErrorCode::TurnNotFound,
-            format!("turn {turn_id:?} does not exist in session {session_id:?}"),
-        );
+    let Some((sid, tid)) = turn_ids(&session_id, &turn_id) else {
+        return missing_turn(&session_id, &turn_id);
     };
     match state.door.cancel(&tenant, &sid, &tid).await {
         Ok(Cancelled::Done(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
