@@ -174,7 +174,8 @@ pub struct Config {
     /// `APTIX_DEPENDENCY_TIMEOUT_MS`: the longest one Redis command or RabbitMQ operation
     /// (connect, declare, publish and its confirm) may take before it counts as failed.
     pub dependency_timeout: Duration,
-    /// `APTIX_API_TOKENS`: bearer token → tenant (`token=tenant,token=tenant`).
+    /// `APTIX_API_TOKENS`: bearer token → tenant (`token=tenant,token=tenant`); an entry
+    /// `token=tenant:admin` is an admin token of that tenant.
     pub api_tokens: ApiTokens,
     /// `APTIX_LLM_REPLAY`: send the stored conversation instead of `previous_response_id`
     /// (for model servers that do not store responses).
@@ -489,18 +490,60 @@ impl Config {
     }
 }
 
-/// Bearer tokens and the tenants they stand for; debug output shows tenants only.
+/// Bearer tokens and whom they stand for; debug output shows tenants only.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct ApiTokens(std::collections::HashMap<String, String>);
+pub struct ApiTokens(std::collections::HashMap<String, Caller>);
+
+/// Whom a bearer token stands for: a tenant, and whether it is an admin token (written
+/// `token=tenant:admin`), which may also read every tenant's sessions, turns and batches and
+/// the system's state (the console's system pages, `/v1/admin/…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The tenant whose turns the token submits.
+    pub tenant: String,
+    /// May read every tenant's work and the system's.
+    pub admin: bool,
+}
+
+/// The mark after a tenant that makes its token an admin token.
+const ADMIN_MARK: &str = ":admin";
 
 impl ApiTokens {
-    /// Tokens from `(token, tenant)` pairs.
+    /// Tokens from `(token, tenant)` pairs (none of them admin).
     pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
-        Self(pairs.into_iter().collect())
+        Self(
+            pairs
+                .into_iter()
+                .map(|(token, tenant)| {
+                    (
+                        token,
+                        Caller {
+                            tenant,
+                            admin: false,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+    /// These tokens and `token`, an admin token of `tenant`.
+    pub fn with_admin(mut self, token: impl Into<String>, tenant: impl Into<String>) -> Self {
+        self.0.insert(
+            token.into(),
+            Caller {
+                tenant: tenant.into(),
+                admin: true,
+            },
+        );
+        self
     }
     /// The tenant a token stands for.
     pub fn tenant(&self, token: &str) -> Option<&str> {
-        self.0.get(token).map(String::as_str)
+        self.0.get(token).map(|c| c.tenant.as_str())
+    }
+    /// Whom a token stands for.
+    pub fn caller(&self, token: &str) -> Option<&Caller> {
+        self.0.get(token)
     }
     /// Whether no tokens are configured.
     pub fn is_empty(&self) -> bool {
@@ -508,14 +551,15 @@ impl ApiTokens {
     }
     /// The tenants the tokens stand for, sorted, each once.
     pub fn tenants(&self) -> Vec<&str> {
-        let set: std::collections::BTreeSet<&str> = self.0.values().map(String::as_str).collect();
+        let set: std::collections::BTreeSet<&str> =
+            self.0.values().map(|c| c.tenant.as_str()).collect();
         set.into_iter().collect()
     }
 }
 
 impl std::fmt::Debug for ApiTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut tenants: Vec<&String> = self.0.values().collect();
+        let mut tenants: Vec<&String> = self.0.values().map(|c| &c.tenant).collect();
         tenants.sort();
         write!(f, "ApiTokens(tenants: {tenants:?})")
     }
@@ -530,7 +574,22 @@ fn tokens(get: &impl Fn(&str) -> Option<String>) -> Result<ApiTokens, ConfigErro
         }
         match pair.split_once('=') {
             Some((token, tenant)) if !token.trim().is_empty() && !tenant.trim().is_empty() => {
-                out.insert(token.trim().to_string(), tenant.trim().to_string());
+                let tenant = tenant.trim();
+                let (tenant, admin) = match tenant.strip_suffix(ADMIN_MARK) {
+                    Some(t) => (t.trim(), true),
+                    None => (tenant, false),
+                };
+                if tenant.is_empty() {
+                    return Err(ConfigError {
+                        var: "APTIX_API_TOKENS",
+                        problem: "an admin entry must name its tenant: token=tenant:admin".into(),
+                    });
+                }
+                let caller = Caller {
+                    tenant: tenant.to_string(),
+                    admin,
+                };
+                out.insert(token.trim().to_string(), caller);
             }
             // The entry is not echoed: it holds a secret.
             _ => {
@@ -830,5 +889,27 @@ mod tests {
         assert_eq!(c.api_tokens.tenant("tok-secret"), Some("tenant-a"));
         let e = cfg(&[("APTIX_API_TOKENS", "tok-secret")]).unwrap_err();
         assert!(!e.to_string().contains("tok-secret"));
+    }
+
+    #[test]
+    fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_did() {
+        let c = cfg(&[("APTIX_API_TOKENS", "t1=acme, t2=ops:admin ,t3=acme")]).unwrap();
+        let caller = |t| c.api_tokens.caller(t).cloned();
+        assert_eq!(
+            caller("t1"),
+            Some(super::Caller {
+                tenant: "acme".into(),
+                admin: false
+            })
+        );
+        assert_eq!(
+            caller("t2"),
+            Some(super::Caller {
+                tenant: "ops".into(),
+                admin: true
+            })
+        );
+        assert_eq!(c.api_tokens.tenants(), vec!["acme", "ops"]);
+        assert!(cfg(&[("APTIX_API_TOKENS", "t1=:admin")]).is_err());
     }
 }

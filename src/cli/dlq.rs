@@ -5,12 +5,13 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use aptix_worker::config::Config;
-use aptix_worker::queue::{JobQueue as _, RabbitBroker};
+use aptix_worker::queue::{DeadChoice, JobQueue as _, RabbitBroker};
 
 /// What `aptix dlq` does.
 #[derive(Debug, clap::Subcommand)]
 pub enum DlqAction {
-    /// Print dead-lettered jobs with their reasons (they stay dead-lettered, moved to the back).
+    /// Print dead-lettered jobs with their reasons (they stay dead-lettered, in the same order
+    /// when all of them are listed).
     List {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
@@ -42,23 +43,21 @@ pub async fn dlq(args: DlqArgs) -> anyhow::Result<ExitCode> {
         .with_timeout(config.dependency_timeout)
         .with_tls_ca(config.tls_ca.clone());
     broker.connect().await?;
+    // A sweep publishes each job where it goes before taking it from the dead-letter queue:
+    // an interrupted command leaves a job twice, never loses one.
     match action {
         DlqAction::List { max } => {
-            let dead = broker.drain_dead(max).await?;
-            for (body, reason) in &dead {
+            let dead = broker.sweep_dead(max, &|_| DeadChoice::Keep).await?;
+            for (letter, _) in &dead {
                 println!(
                     "{}",
-                    json!({"reason": reason, "job": String::from_utf8_lossy(body)})
+                    json!({"reason": letter.reason, "attempt": letter.attempt, "job": String::from_utf8_lossy(&letter.body)})
                 );
-                broker.publish_dead(body, 0, reason).await?;
             }
             eprintln!("{} dead-lettered job(s) listed", dead.len());
         }
         DlqAction::Requeue { max } => {
-            let dead = broker.drain_dead(max).await?;
-            for (body, _) in &dead {
-                broker.publish_job(body).await?;
-            }
+            let dead = broker.sweep_dead(max, &|_| DeadChoice::Requeue).await?;
             eprintln!("{} job(s) requeued", dead.len());
         }
     }

@@ -102,6 +102,8 @@ error_codes! {
     ToolUnavailable = "TOOL_UNAVAILABLE",
     /// The request has no valid `Authorization: Bearer <token>`.
     Unauthorized = "UNAUTHORIZED",
+    /// The token is valid but the route is for admin tokens only (`token=tenant:admin` in `APTIX_API_TOKENS`).
+    Forbidden = "FORBIDDEN",
     /// No such session (or it belongs to another tenant, which looks the same).
     SessionNotFound = "SESSION_NOT_FOUND",
     /// A batch line repeats a `customId` used by an earlier line of the same batch.

@@ -51,8 +51,9 @@ impl FrontDoor {
         self.cancel_owned(sid, tid).await
     }
 
-    /// [`FrontDoor::cancel`] once the caller is known to own the session.
-    async fn cancel_owned(&self, sid: &SessionId, tid: &TurnId) -> Result<Cancelled, SubmitError> {
+    /// [`FrontDoor::cancel`] once the caller is known to own the session, or to be an admin,
+    /// who may cancel any tenant's turn.
+    pub async fn cancel_owned(&self, sid: &SessionId, tid: &TurnId) -> Result<Cancelled, SubmitError> {
         // A compare-and-set that loses to a worker re-reads: the turn moved on.
         loop {
             let Some(record) = self.store.get_turn(sid, tid).await? else {

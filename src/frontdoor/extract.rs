@@ -52,6 +52,25 @@ pub struct HttpState {
     pub console: bool,
 }
 
+impl HttpState {
+    /// Every tenant the deployment knows of (its tokens' and its tenants file's), sorted;
+    /// `local` when no tokens are configured.
+    pub(crate) fn known_tenants(&self) -> Vec<String> {
+        let mut out: std::collections::BTreeSet<String> = self
+            .door
+            .quotas()
+            .tenants()
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .collect();
+        if self.tokens.is_empty() {
+            out.insert(LOCAL_TENANT.to_string());
+        }
+        out.extend(self.tokens.tenants().into_iter().map(str::to_string));
+        out.into_iter().collect()
+    }
+}
+
 /// The longest long-poll wait accepted.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
@@ -70,19 +89,21 @@ pub(crate) fn failure(status: StatusCode, code: ErrorCode, message: impl Into<St
     )
 }
 
-/// The caller's tenant, if the call is authenticated.
-fn tenant(state: &HttpState, headers: &HeaderMap) -> Option<String> {
+/// Whom the call stands for, if it is authenticated. Without configured tokens every caller
+/// is the `local` tenant and an admin (one person's machine).
+fn caller(state: &HttpState, headers: &HeaderMap) -> Option<crate::config::Caller> {
     if state.tokens.is_empty() {
-        return Some(LOCAL_TENANT.to_string());
+        return Some(crate::config::Caller {
+            tenant: LOCAL_TENANT.to_string(),
+            admin: true,
+        });
     }
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    token
-        .and_then(|t| state.tokens.tenant(t))
-        .map(str::to_string)
+    token.and_then(|t| state.tokens.caller(t)).cloned()
 }
 
 /// The caller's tenant: `Authorization: Bearer <token>` mapped through `APTIX_API_TOKENS`
@@ -98,9 +119,57 @@ impl axum::extract::FromRequestParts<HttpState> for Tenant {
         parts: &mut axum::http::request::Parts,
         state: &HttpState,
     ) -> Result<Self, Response> {
-        tenant(state, &parts.headers)
-            .map(Tenant)
+        caller(state, &parts.headers)
+            .map(|c| Tenant(c.tenant))
             .ok_or_else(unauthorized)
+    }
+}
+
+/// Whom the call stands for — its tenant and whether it is an admin's — for the routes an
+/// admin may use on every tenant's work (reading a session, a turn or a batch, cancelling).
+/// `401` as [`Tenant`].
+pub(crate) struct Reader(pub(crate) crate::config::Caller);
+
+impl Reader {
+    /// Whether the caller may read (or cancel) work of `owner`.
+    pub(crate) fn may_see(&self, owner: &str) -> bool {
+        self.0.admin || self.0.tenant == owner
+    }
+}
+
+impl axum::extract::FromRequestParts<HttpState> for Reader {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        caller(state, &parts.headers)
+            .map(Reader)
+            .ok_or_else(unauthorized)
+    }
+}
+
+/// An admin's call (`/v1/admin/…`): `401` without a valid token, `403 FORBIDDEN` with a
+/// tenant's token.
+pub(crate) struct Admin;
+
+impl axum::extract::FromRequestParts<HttpState> for Admin {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &HttpState,
+    ) -> Result<Self, Response> {
+        match caller(state, &parts.headers) {
+            None => Err(unauthorized()),
+            Some(c) if c.admin => Ok(Admin),
+            Some(_) => Err(failure(
+                StatusCode::FORBIDDEN,
+                ErrorCode::Forbidden,
+                "this route is for admin tokens (token=tenant:admin in APTIX_API_TOKENS)",
+            )),
+        }
     }
 }
 
@@ -495,6 +564,28 @@ impl QueryParams {
                 "day: must be a UTC day written YYYY-MM-DD, not {raw:?}"
             ))),
         }
+    }
+
+    /// `?limit=<n>`: how many items a listing answers, 1 to `max` (`default` when absent).
+    pub(crate) fn limit(&self, default: usize, max: usize) -> Result<usize, BadParameter> {
+        let Some(raw) = self.single("limit")? else {
+            return Ok(default);
+        };
+        match raw.trim().parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(BadParameter(format!(
+                "limit: must be a whole number from 1 to {max}, not {raw:?}"
+            ))),
+        }
+    }
+
+    /// `?tenant=<name>`, if given.
+    pub(crate) fn tenant(&self) -> Result<Option<String>, BadParameter> {
+        Ok(self
+            .single("tenant")?
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string))
     }
 
     /// `?wait=<seconds>`: a number from 0 up; longer than [`MAX_WAIT`] is cut to it.

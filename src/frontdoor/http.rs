@@ -70,7 +70,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::turns::cancel_turn))
         .routes(routes!(routes::sessions::get_session))
         .routes(routes!(routes::sessions::session_events))
-        .routes(routes!(routes::batches::post_batch))
+        .routes(routes!(routes::batches::post_batch, routes::batches::list_batches))
         .routes(routes!(routes::batches::get_batch))
         .routes(routes!(routes::batches::get_batch_results))
         .routes(routes!(routes::batches::cancel_batch))

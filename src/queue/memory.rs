@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Acker, Deliveries, Delivery, HookQueue, JobMeta, JobQueue, QueueError};
+use super::{Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, HookQueue, JobMeta, JobQueue, QueueError};
 use super::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
 
@@ -92,7 +92,8 @@ impl Lane {
 #[derive(Default)]
 struct State {
     ready: HashMap<Lane, VecDeque<Job>>,
-    dead: VecDeque<(Vec<u8>, String)>,
+    /// Dead-lettered jobs: body, reason, attempt.
+    dead: VecDeque<(Vec<u8>, String, u32)>,
     /// Webhook deliveries that never succeeded, with the reason.
     dead_hooks: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, ReplyQueue>,
@@ -301,12 +302,12 @@ impl JobQueue for MemoryBroker {
     async fn publish_dead(
         &self,
         body: &[u8],
-        _attempt: u32,
+        attempt: u32,
         reason: &str,
     ) -> Result<(), QueueError> {
         self.lock()?
             .dead
-            .push_back((body.to_vec(), reason.to_string()));
+            .push_back((body.to_vec(), reason.to_string(), attempt));
         Ok(())
     }
 
@@ -325,7 +326,42 @@ impl JobQueue for MemoryBroker {
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
         let mut state = self.lock()?;
         let n = max.min(state.dead.len());
-        Ok(state.dead.drain(..n).collect())
+        Ok(state.dead.drain(..n).map(|d| (d.0, d.1)).collect())
+    }
+
+    async fn sweep_dead(
+        &self,
+        max: usize,
+        choose: &ChooseDead,
+    ) -> Result<Vec<(DeadLetter, DeadChoice)>, QueueError> {
+        let (swept, requeued) = {
+            let mut state = self.lock()?;
+            let n = max.min(state.dead.len());
+            let mut swept = Vec::with_capacity(n);
+            let mut requeued = Vec::new();
+            for (body, reason, attempt) in state.dead.drain(..n).collect::<Vec<_>>() {
+                let letter = DeadLetter {
+                    body,
+                    reason,
+                    attempt,
+                };
+                let choice = choose(&letter);
+                match choice {
+                    DeadChoice::Keep => state.dead.push_back((
+                        letter.body.clone(),
+                        letter.reason.clone(),
+                        letter.attempt,
+                    )),
+                    DeadChoice::Requeue => requeued.push(letter.body.clone()),
+                }
+                swept.push((letter, choice));
+            }
+            (swept, requeued)
+        };
+        for body in requeued {
+            self.push(Lane::Shared, Job::fresh(&body))?;
+        }
+        Ok(swept)
     }
 }
 

@@ -408,6 +408,41 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
+    /// Goes through the dead-lettered jobs, oldest first — at most `max`, and only those there
+    /// when the sweep began — and puts each where `choose` says: back at the end of the
+    /// dead-letter queue ([`DeadChoice::Keep`]) or on the job queue as a fresh job
+    /// ([`DeadChoice::Requeue`]). Each is published where it goes before it is taken from
+    /// where it was, so a sweep cut short leaves one job twice, never none. Returns the jobs
+    /// swept, in order, with what became of each. A sweep that keeps every job reads the
+    /// queue without changing it (when it covers the whole queue, in the same order).
+    async fn sweep_dead(
+        &self,
+        max: usize,
+        choose: &ChooseDead,
+    ) -> Result<Vec<(DeadLetter, DeadChoice)>, QueueError>;
+}
+
+/// A job in the dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The job as it was published.
+    pub body: Vec<u8>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+    /// The attempt it had reached.
+    pub attempt: u32,
+}
+
+/// How [`JobQueue::sweep_dead`] decides about each job.
+pub type ChooseDead = dyn for<'a> Fn(&'a DeadLetter) -> DeadChoice + Send + Sync;
+
+/// What [`JobQueue::sweep_dead`] does with one dead-lettered job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadChoice {
+    /// Back at the end of the dead-letter queue.
+    Keep,
+    /// On the job queue, as a fresh job (attempt 0).
+    Requeue,
 }
 
 /// A stream of reply bodies (turn status JSON) of one session.

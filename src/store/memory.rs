@@ -448,6 +448,24 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.batches.get(id).cloned())
     }
 
+    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
+        let state = self.lock()?;
+        let mut theirs: Vec<&BatchRecord> = state
+            .batches
+            .values()
+            .filter(|b| b.tenant == tenant)
+            .collect();
+        // RFC 3339 times of one clock in UTC sort as text; the id breaks ties.
+        theirs.sort_by(|a, b| {
+            (&b.created_at, &b.batch_id).cmp(&(&a.created_at, &a.batch_id))
+        });
+        Ok(theirs
+            .into_iter()
+            .take(max)
+            .map(|b| b.batch_id.clone())
+            .collect())
+    }
+
     async fn note_batch(
         &self,
         id: &str,

@@ -405,6 +405,9 @@ pub trait SessionStore: Send + Sync + 'static {
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// The batch, if it exists.
     async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError>;
+    /// The ids of `tenant`'s latest batches, newest first, at most `max` (some may have
+    /// expired since).
+    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
     /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
     /// (each counted once, however often it settles) and, from the front door once every line
     /// was enqueued, how many lines have turns. `true` when every line has settled and the

@@ -1,5 +1,6 @@
-//! `POST /v1/batches` (NDJSON in), `GET /v1/batches/{batchId}` (progress) and `/results`
-//! (NDJSON out), each readable only by the tenant that submitted the batch.
+//! `POST /v1/batches` (NDJSON in), `GET /v1/batches` (the latest, with progress),
+//! `GET /v1/batches/{batchId}` (progress) and `/results` (NDJSON out), each readable only by
+//! the tenant that submitted the batch, and by admins.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -11,8 +12,8 @@ use crate::frontdoor::batch::BatchAccepted;
 use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::extract::{
-    ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Tenant, answer, failure, unavailable,
-    unavailable_unaccepted,
+    ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Reader, Tenant, answer, failure,
+    unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
@@ -67,10 +68,9 @@ pub(crate) async fn post_batch(
     }
 }
 
-/// Looks up the caller's batch, or answers 404/503.
-/// The batch a request's path names, when the calling tenant submitted it: `404
-/// BATCH_NOT_FOUND` otherwise (another tenant's batch reads as missing), after the path's own
-/// `400` and the token's `401`.
+/// The batch a request's path names, when the calling tenant submitted it (or the caller is an
+/// admin): `404 BATCH_NOT_FOUND` otherwise (another tenant's batch reads as missing), after
+/// the path's own `400` and the token's `401`.
 pub(crate) struct CallerBatch(crate::store::BatchRecord);
 
 impl axum::extract::FromRequestParts<HttpState> for CallerBatch {
@@ -81,7 +81,7 @@ impl axum::extract::FromRequestParts<HttpState> for CallerBatch {
         state: &HttpState,
     ) -> Result<Self, Response> {
         let ApiPath(batch_id) = ApiPath::<String>::from_request_parts(parts, state).await?;
-        let Tenant(tenant) = Tenant::from_request_parts(parts, state).await?;
+        let reader = Reader::from_request_parts(parts, state).await?;
         let missing = || {
             failure(
                 StatusCode::NOT_FOUND,
@@ -92,9 +92,9 @@ impl axum::extract::FromRequestParts<HttpState> for CallerBatch {
         if crate::contract::ids::check_id(&batch_id).is_err() {
             return Err(missing());
         }
-        match state.door.batch(&tenant, &batch_id).await {
-            Ok(Some(b)) => Ok(Self(b)),
-            Ok(None) => Err(missing()),
+        match state.store.get_batch(&batch_id).await {
+            Ok(Some(b)) if reader.may_see(&b.tenant) => Ok(Self(b)),
+            Ok(_) => Err(missing()),
             Err(e) => Err(unavailable(e)),
         }
     }
@@ -116,6 +116,121 @@ pub(crate) async fn get_batch(
     CallerBatch(batch): CallerBatch,
 ) -> Response {
     progress(&state, &batch).await
+}
+
+/// The most batches one listing answers.
+const MAX_LISTED: usize = 100;
+
+/// One batch of a listing: its progress, when it was submitted and, while lines are still
+/// open, how fast they settle and when the last should.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct BatchSummary {
+    /// The tenant that submitted it.
+    tenant: String,
+    /// Submitted (RFC 3339).
+    created_at: String,
+    /// Counts by status.
+    progress: BatchProgress,
+    /// Lines settled (completed, failed, cancelled, expired) or rejected.
+    settled: usize,
+    /// Lines settled per second since submission, while some are still open.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settled_per_second: Option<f64>,
+    /// Seconds until the last open line should settle, at that rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eta_seconds: Option<f64>,
+}
+
+impl BatchSummary {
+    fn of(batch: &crate::store::BatchRecord, progress: BatchProgress) -> Self {
+        let settled = progress.rejected
+            + progress.completed
+            + progress.failed
+            + progress.cancelled
+            + progress.expired;
+        let open = progress.total.saturating_sub(settled);
+        let elapsed = time::OffsetDateTime::parse(
+            &batch.created_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .ok()
+        .map(|t| (time::OffsetDateTime::now_utc() - t).as_seconds_f64())
+        .filter(|s| *s > 0.0);
+        let rate = elapsed
+            .filter(|_| open > 0)
+            .map(|s| (settled - progress.rejected) as f64 / s);
+        Self {
+            tenant: batch.tenant.clone(),
+            created_at: batch.created_at.clone(),
+            settled,
+            settled_per_second: rate,
+            eta_seconds: rate.filter(|r| *r > 0.0).map(|r| open as f64 / r),
+            progress,
+        }
+    }
+}
+
+/// The latest batches, newest first, each with its progress: the calling tenant's; an
+/// admin's token lists every tenant's, or one tenant's with `?tenant=`.
+#[utoipa::path(get, path = "/v1/batches", tag = "batches",
+    params(
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 100, description = "At most this many batches (default 20)"),
+        ("tenant" = Option<String>, Query, description = "Admin tokens only: this tenant's batches"),
+    ),
+    responses(
+        (status = 200, description = "The batches, newest first", body = api_doc::InvokeResult<Vec<BatchSummary>>),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 403, description = "`tenant` given with a token that is not an admin's (FORBIDDEN)", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
+    ))]
+pub(crate) async fn list_batches(
+    State(state): State<HttpState>,
+    reader: Reader,
+    query: QueryParams,
+) -> Response {
+    let (limit, asked) = match (query.limit(20, MAX_LISTED), query.tenant()) {
+        (Ok(l), Ok(t)) => (l, t),
+        (Err(bad), _) | (_, Err(bad)) => return bad.into(),
+    };
+    let tenants = match (asked, reader.0.admin) {
+        (Some(t), true) => vec![t],
+        (Some(_), false) => {
+            return failure(
+                StatusCode::FORBIDDEN,
+                ErrorCode::Forbidden,
+                "tenant: only admin tokens may list another tenant's batches",
+            );
+        }
+        (None, true) => state.known_tenants(),
+        (None, false) => vec![reader.0.tenant.clone()],
+    };
+    let mut batches = Vec::new();
+    for tenant in &tenants {
+        let ids = match state.store.list_batches(tenant, limit).await {
+            Ok(ids) => ids,
+            Err(e) => return unavailable(e),
+        };
+        for id in ids {
+            match state.store.get_batch(&id).await {
+                Ok(Some(b)) => batches.push(b),
+                Ok(None) => {} // expired
+                Err(e) => return unavailable(e),
+            }
+        }
+    }
+    batches.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    batches.truncate(limit);
+    let mut out = Vec::with_capacity(batches.len());
+    for b in &batches {
+        match state.door.batch_progress(b).await {
+            Ok(p) => out.push(BatchSummary::of(b, p)),
+            Err(e) => return unavailable(e),
+        }
+    }
+    answer(StatusCode::OK, InvokeResult::success(out))
 }
 
 /// `200` with the batch's progress.

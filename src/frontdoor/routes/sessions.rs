@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::contract::{InvokeResult, SessionId, TurnId};
 use crate::delivery::Resume;
 use crate::frontdoor::extract::{
-    ApiPath, HttpState, Tenant, answer, ids, not_found_session, unavailable,
+    ApiPath, HttpState, Reader, answer, ids, not_found_session, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::live::{LiveBody, LiveEvent};
@@ -104,7 +104,7 @@ pub(crate) struct TurnSummary {
 pub(crate) async fn get_session(
     State(state): State<HttpState>,
     ApiPath(session_id): ApiPath<String>,
-    Tenant(tenant): Tenant,
+    reader: Reader,
 ) -> Response {
     let missing = || not_found_session(&session_id);
     let Some((sid, _)) = ids(&session_id, None) else {
@@ -112,7 +112,7 @@ pub(crate) async fn get_session(
     };
     match state.store.owner(&sid).await {
         Err(e) => return unavailable(e),
-        Ok(Some(o)) if o == tenant => {}
+        Ok(Some(o)) if reader.may_see(&o) => {}
         Ok(_) => return missing(),
     }
     let (session, turn_ids, contexts) = match tokio::join!(
@@ -171,16 +171,17 @@ pub(crate) async fn get_session(
 pub(crate) async fn session_events(
     State(state): State<HttpState>,
     ApiPath(session_id): ApiPath<String>,
-    Tenant(tenant): Tenant,
+    reader: Reader,
     headers: axum::http::HeaderMap,
 ) -> Response {
     let Some((sid, _)) = ids(&session_id, None) else {
         return not_found_session(&session_id);
     };
-    // Subscribing before the first turn is allowed, and makes the subscriber the owner.
-    match state.store.claim_owner(&sid, &tenant).await {
+    // Subscribing before the first turn is allowed, and makes the subscriber's tenant the
+    // owner; an admin may follow any tenant's session.
+    match state.store.claim_owner(&sid, &reader.0.tenant).await {
         Err(e) => return unavailable(e),
-        Ok(owner) if owner != tenant => return not_found_session(&session_id),
+        Ok(owner) if !reader.may_see(&owner) => return not_found_session(&session_id),
         Ok(_) => {}
     }
     // A reconnecting client gets what it missed of the turn it names (whichever front door it

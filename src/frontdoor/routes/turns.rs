@@ -11,7 +11,8 @@ use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::delivery::Turn;
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
-    ApiPath, HttpState, LimitedBody, QueryParams, RequestSized, Tenant, Traced, answer, failure,
+    ApiPath, HttpState, LimitedBody, QueryParams, Reader, RequestSized, Tenant, Traced, answer,
+    failure,
     ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
@@ -116,11 +117,11 @@ fn missing_turn(session_id: &str, turn_id: &str) -> Response {
     )
 }
 
-/// A path's turn when `tenant` owns its session; else the answer: `404` (not ids, or another
+/// A path's turn when the caller may see its session (its tenant's, or any for an admin); else the answer: `404` (not ids, or another
 /// tenant's or no session), or `503`.
 async fn tenants_turn(
     state: &HttpState,
-    tenant: &str,
+    reader: &Reader,
     session_id: &str,
     turn_id: &str,
 ) -> Result<(SessionId, TurnId), Response> {
@@ -129,7 +130,7 @@ async fn tenants_turn(
     };
     match state.store.owner(&sid).await {
         Err(e) => Err(unavailable(e)),
-        Ok(Some(o)) if o == tenant => Ok((sid, tid)),
+        Ok(Some(o)) if reader.may_see(&o) => Ok((sid, tid)),
         Ok(_) => Err(not_found_turn(&sid, &tid)),
     }
 }
@@ -155,9 +156,9 @@ async fn tenants_turn(
 pub(crate) async fn inspect_turn(
     State(state): State<HttpState>,
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
-    Tenant(tenant): Tenant,
+    reader: Reader,
 ) -> Response {
-    let (sid, tid) = match tenants_turn(&state, &tenant, &session_id, &turn_id).await {
+    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
         Ok(ids) => ids,
         Err(refused) => return refused,
     };
@@ -190,13 +191,13 @@ pub(crate) async fn get_turn(
     State(state): State<HttpState>,
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
     query: QueryParams,
-    Tenant(tenant): Tenant,
+    reader: Reader,
 ) -> Response {
     let wait = match query.wait() {
         Ok(w) => w,
         Err(bad) => return bad.into(),
     };
-    let (sid, tid) = match tenants_turn(&state, &tenant, &session_id, &turn_id).await {
+    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
         Ok(ids) => ids,
         Err(refused) => return refused,
     };
@@ -245,13 +246,14 @@ pub(crate) async fn get_turn(
 pub(crate) async fn cancel_turn(
     State(state): State<HttpState>,
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
-    Tenant(tenant): Tenant,
+    reader: Reader,
 ) -> Response {
     use crate::frontdoor::cancel::Cancelled;
-    let Some((sid, tid)) = turn_ids(&session_id, &turn_id) else {
-        return missing_turn(&session_id, &turn_id);
+    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
+        Ok(ids) => ids,
+        Err(refused) => return refused,
     };
-    match state.door.cancel(&tenant, &sid, &tid).await {
+    match state.door.cancel_owned(&sid, &tid).await {
         Ok(Cancelled::Done(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
         Ok(Cancelled::Stopping(view)) => answer(StatusCode::ACCEPTED, InvokeResult::success(view)),
         Err(refused) => refused.into_response(),

@@ -40,7 +40,10 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
 
-use super::{Acker, Deliveries, Delivery, JobMeta, JobQueue, QueueError, Topology};
+use super::{
+    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, JobMeta, JobQueue, QueueError,
+    Topology,
+};
 
 mod channels;
 mod hooks;
@@ -538,6 +541,70 @@ impl JobQueue for RabbitBroker {
         }
         let _ = ch.close(200, "done".into()).await;
         Ok(out)
+    }
+
+    async fn sweep_dead(
+        &self,
+        max: usize,
+        choose: &ChooseDead,
+    ) -> Result<Vec<(DeadLetter, DeadChoice)>, QueueError> {
+        let dead = self.topology.dead();
+        let ch = self.consumer_channel().await?;
+        let swept = async {
+            // Only what is there now: what this sweep puts back is not met again.
+            let there = ch
+                .queue_declare(
+                    dead.as_str().into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(unavailable)?
+                .message_count() as usize;
+            let mut out = Vec::new();
+            while out.len() < max.min(there) {
+                let got = self
+                    .bounded(
+                        "reading the dead-letter queue",
+                        async {
+                            ch.basic_get(dead.as_str().into(), BasicGetOptions::default())
+                                .await
+                                .map_err(unavailable)
+                        },
+                    )
+                    .await?;
+                let Some(msg) = got else { break };
+                let props = &msg.delivery.properties;
+                let letter = DeadLetter {
+                    reason: text_header(props, REASON_HEADER).unwrap_or_default(),
+                    attempt: attempt_of(props),
+                    body: msg.delivery.data.clone(),
+                };
+                let choice = choose(&letter);
+                // Published where it goes (confirmed) before it is taken from here.
+                match choice {
+                    DeadChoice::Keep => {
+                        self.publish_dead(&letter.body, letter.attempt, &letter.reason)
+                            .await?
+                    }
+                    DeadChoice::Requeue => self.publish_job(&letter.body).await?,
+                }
+                msg.delivery
+                    .acker
+                    .ack(BasicAckOptions::default())
+                    .await
+                    .map_err(unavailable)?;
+                out.push((letter, choice));
+            }
+            Ok(out)
+        }
+        .await;
+        // Closing the channel gives back a job read and not yet taken (on an error).
+        let _ = ch.close(200, "done".into()).await;
+        swept
     }
 }
 

@@ -14,6 +14,7 @@
 //! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
+//! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
@@ -768,12 +769,44 @@ impl SessionStore for RedisStore {
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
         let key = format!("{}:batch:{}", self.namespace, batch.batch_id);
+        // The tenant's index first: an entry whose batch was never stored is skipped when
+        // listing, a batch missing from the index would never be listed.
+        let index = format!("{}:batches:{{{}}}", self.namespace, batch.tenant);
+        let now = time::OffsetDateTime::now_utc();
+        let created = time::OffsetDateTime::parse(
+            &batch.created_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap_or(now);
+        let millis = |t: time::OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as f64;
+        let kept_since = now - self.retention.turns;
+        let _: () = redis::pipe()
+            .zadd(&index, &batch.batch_id, millis(created))
+            .ignore()
+            .zrembyscore(&index, "-inf", format!("({}", millis(kept_since)))
+            .ignore()
+            .pexpire(&index, ms(self.retention.turns) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
         let _: () = self
             .conn()
             .pset_ex(&key, encode(batch)?, ms(self.retention.turns))
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let index = format!("{}:batches:{{{tenant}}}", self.namespace);
+        self.conn()
+            .zrevrange(&index, 0, max as isize - 1)
+            .await
+            .map_err(unavailable)
     }
 
     async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
