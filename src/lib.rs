@@ -59,5 +59,6 @@ pub mod tenants;
 pub mod tls;
 pub mod tools;
 pub mod trace;
+pub mod vitals;
 pub mod webhooks;
 pub mod worker;

@@ -80,6 +80,8 @@ pub struct Metrics {
     webhooks_in_flight: Gauge,
     webhook_queue_depth: Gauge,
     webhook_send_lag: Gauge<f64, AtomicU64>,
+    /// The counts of the current heartbeat slot (see [`crate::vitals`]).
+    pulse: crate::vitals::Pulse,
     /// The route templates seen, so a request's labels share one copy of its route's name.
     /// As few as the routes, plus [`UNMATCHED_ROUTE`].
     routes: RwLock<HashSet<Arc<str>>>,
@@ -388,6 +390,7 @@ impl Metrics {
             webhooks_in_flight,
             webhook_queue_depth,
             webhook_send_lag,
+            pulse: crate::vitals::Pulse::default(),
             routes: RwLock::default(),
         }
     }
@@ -606,6 +609,25 @@ impl Metrics {
         self.quota_rejections
             .get_or_create(&[("tenant", tenant.to_string()), ("quota", quota.to_string())])
             .inc();
+    }
+
+    /// The counts a worker's heartbeat reports (see [`crate::vitals`]).
+    pub fn pulse(&self) -> &crate::vitals::Pulse {
+        &self.pulse
+    }
+
+    /// Model calls of `context` in flight now.
+    pub fn context_calls_now(&self, context: &str) -> i64 {
+        self.context_calls
+            .get(&context_label(context))
+            .map_or(0, |g| g.get())
+    }
+
+    /// Calls of `context` that waited for capacity, so far.
+    pub fn capacity_waits_so_far(&self, context: &str) -> u64 {
+        self.capacity_waits
+            .get(&context_label(context))
+            .map_or(0, |c| c.get())
     }
 
     /// A turn run starts; the guard ends it.

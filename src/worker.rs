@@ -195,7 +195,18 @@ impl Worker {
     /// redelivered by the broker to another worker.
     pub async fn run(&self, shutdown: CancellationToken) {
         let webhooks = self.webhooks.as_ref().map(|s| s.spawn(shutdown.clone()));
+        // The heartbeat lasts as long as the worker consumes (it stops with the turns).
+        let beating = CancellationToken::new();
+        let heartbeat = tokio::spawn(crate::vitals::beat(
+            self.pipeline.store().clone(),
+            self.metrics.clone(),
+            crate::vitals::Identity::of_this_process(self.settings.concurrency),
+            self.pipeline.context_capacities(),
+            beating.clone(),
+        ));
         self.run_turns(shutdown).await;
+        beating.cancel();
+        let _ = heartbeat.await;
         if let Some(webhooks) = webhooks {
             let _ = webhooks.await;
         }
@@ -417,7 +428,7 @@ impl Worker {
             .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
             .unwrap_or_else(|| "unparseable job".into());
         error!(%reason, bytes = delivery.body.len(), "poison message; dead-lettering it");
-        let ids = job_ids(&delivery.body);
+        let ids = crate::queue::named_turn(&delivery.body);
         let settled = match &ids {
             Some((sid, tid)) => {
                 let why = "the front door accepted this turn, but the worker cannot read its job \
@@ -451,7 +462,7 @@ impl Worker {
         }
         if let Err(e) = self
             .broker
-            .publish_dead(&delivery.body, delivery.attempt, &reason)
+            .publish_dead(&delivery.body, &delivery.meta(), &reason)
             .await
         {
             error!(error = %e, "could not dead-letter a poison message");
@@ -468,6 +479,7 @@ impl Worker {
         let started = Started::now();
         let outcome = {
             let _in_flight = self.metrics.run_started();
+            let _running = self.metrics.pulse().running(delivery.tenant.as_deref());
             self.pipeline
                 .execute_as(
                     Origin {
@@ -537,7 +549,7 @@ impl Worker {
         };
         if let Err(e) = self
             .broker
-            .publish_dead(&delivery.body, next, &reason)
+            .publish_dead(&delivery.body, &delivery.meta().at_attempt(next), &reason)
             .await
         {
             error!(error = %e, "could not dead-letter the job; requeueing it");
@@ -650,16 +662,20 @@ impl Worker {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 self.metrics.turn_finished(status.as_str());
                 if let Some(started) = started {
-                    self.metrics.observe_turn_duration(started.at.elapsed());
+                    let ran = started.at.elapsed();
+                    self.metrics.observe_turn_duration(ran);
                     // A continuation's record dates from the user turn, before the client ran
                     // its tools; only a user turn's wait is time spent queued.
                     let user_turn = request.user_turn;
-                    if let Some(wait) = Some(&view)
+                    let waited = Some(&view)
                         .filter(|_| user_turn)
-                        .and_then(|v| started.since_rfc3339(&v.submitted_at))
-                    {
+                        .and_then(|v| started.since_rfc3339(&v.submitted_at));
+                    if let Some(wait) = waited {
                         self.metrics.observe_queue_wait(wait);
                     }
+                    self.metrics
+                        .pulse()
+                        .settled(status.as_str(), waited.unwrap_or_default() + ran);
                 }
                 debug!(status = status.as_str(), "result published");
                 Ok(())
@@ -724,22 +740,6 @@ impl<'a> From<&'a AgentExecuteRequest> for TurnOf<'a> {
             user_turn: matches!(request, AgentExecuteRequest::UserTurn(_)),
         }
     }
-}
-
-/// The session and turn ids of a job the parser refused, when its body still names valid ones
-/// (a JSON object with `sessionId` and `turnId`, in either spelling the parser accepts).
-fn job_ids(body: &[u8]) -> Option<(SessionId, TurnId)> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let field = |camel: &str, pascal: &str| {
-        value
-            .get(camel)
-            .or_else(|| value.get(pascal))
-            .and_then(serde_json::Value::as_str)
-            .map(str::to_string)
-    };
-    let sid = SessionId::parse(field("sessionId", "SessionId")?).ok()?;
-    let tid = TurnId::parse(field("turnId", "TurnId")?).ok()?;
-    Some((sid, tid))
 }
 
 #[cfg(test)]

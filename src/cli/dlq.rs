@@ -51,7 +51,7 @@ pub async fn dlq(args: DlqArgs) -> anyhow::Result<ExitCode> {
             for (letter, _) in &dead {
                 println!(
                     "{}",
-                    json!({"reason": letter.reason, "attempt": letter.attempt, "job": String::from_utf8_lossy(&letter.body)})
+                    json!({"reason": letter.reason, "attempt": letter.meta.attempt, "tenant": letter.meta.tenant, "job": String::from_utf8_lossy(&letter.body)})
                 );
             }
             eprintln!("{} dead-lettered job(s) listed", dead.len());

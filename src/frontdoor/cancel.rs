@@ -53,7 +53,11 @@ impl FrontDoor {
 
     /// [`FrontDoor::cancel`] once the caller is known to own the session, or to be an admin,
     /// who may cancel any tenant's turn.
-    pub async fn cancel_owned(&self, sid: &SessionId, tid: &TurnId) -> Result<Cancelled, SubmitError> {
+    pub async fn cancel_owned(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+    ) -> Result<Cancelled, SubmitError> {
         // A compare-and-set that loses to a worker re-reads: the turn moved on.
         loop {
             let Some(record) = self.store.get_turn(sid, tid).await? else {

@@ -70,13 +70,19 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::turns::cancel_turn))
         .routes(routes!(routes::sessions::get_session))
         .routes(routes!(routes::sessions::session_events))
-        .routes(routes!(routes::batches::post_batch, routes::batches::list_batches))
+        .routes(routes!(
+            routes::batches::post_batch,
+            routes::batches::list_batches
+        ))
         .routes(routes!(routes::batches::get_batch))
         .routes(routes!(routes::batches::get_batch_results))
         .routes(routes!(routes::batches::cancel_batch))
         .routes(routes!(routes::index::post_index))
         .routes(routes!(routes::sync::execute_sync))
         .routes(routes!(routes::tenant::get_usage))
+        .routes(routes!(routes::admin::system))
+        .routes(routes!(routes::admin::dead_letters))
+        .routes(routes!(routes::admin::requeue_dead))
         .routes(routes!(routes::ops::healthz))
         .routes(routes!(routes::ops::readyz))
         .routes(routes!(routes::ops::metrics))

@@ -155,6 +155,11 @@ impl CallLimiter {
         }
     }
 
+    /// The limits it holds calls to.
+    pub fn limits(&self) -> CallLimits {
+        self.limits
+    }
+
     /// The context this limiter guards.
     pub fn context(&self) -> &str {
         &self.context

@@ -247,6 +247,13 @@ impl LlmClient {
         self
     }
 
+    /// At most how many calls of this client's context run at once, if limited.
+    pub fn max_concurrent_calls(&self) -> Option<u32> {
+        self.limiter
+            .as_ref()
+            .and_then(|l| l.limits().max_concurrent)
+    }
+
     /// Records latency, tokens and retries in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;

@@ -104,6 +104,17 @@ impl Backends {
         self
     }
 
+    /// Each agent context with its `maxConcurrentCalls`, by id.
+    pub fn capacities(&self) -> Vec<(String, Option<u32>)> {
+        let mut out: Vec<_> = self
+            .agents
+            .iter()
+            .map(|(id, b)| (id.clone(), b.llm.max_concurrent_calls()))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// The ids these backends serve.
     pub fn known(&self) -> KnownContexts {
         KnownContexts::new(

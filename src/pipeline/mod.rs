@@ -423,6 +423,11 @@ impl Pipeline {
         self.contexts.as_ref().clone()
     }
 
+    /// Each agent context with its `maxConcurrentCalls` (for the worker's heartbeat).
+    pub fn context_capacities(&self) -> Vec<(String, Option<u32>)> {
+        self.backends.capacities()
+    }
+
     /// The store (for callers that read turn status).
     pub fn store(&self) -> &Arc<dyn SessionStore> {
         &self.store

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::{Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, HookQueue, JobMeta, JobQueue, QueueError};
+use super::{
+    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, HookQueue, JobMeta, JobQueue,
+    QueueDepth, QueueError,
+};
 use super::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
 
@@ -92,8 +95,8 @@ impl Lane {
 #[derive(Default)]
 struct State {
     ready: HashMap<Lane, VecDeque<Job>>,
-    /// Dead-lettered jobs: body, reason, attempt.
-    dead: VecDeque<(Vec<u8>, String, u32)>,
+    /// Dead-lettered jobs: body, reason, headers.
+    dead: VecDeque<(Vec<u8>, String, JobMeta)>,
     /// Webhook deliveries that never succeeded, with the reason.
     dead_hooks: VecDeque<(Vec<u8>, String)>,
     replies: HashMap<SessionId, ReplyQueue>,
@@ -302,12 +305,12 @@ impl JobQueue for MemoryBroker {
     async fn publish_dead(
         &self,
         body: &[u8],
-        attempt: u32,
+        meta: &JobMeta,
         reason: &str,
     ) -> Result<(), QueueError> {
         self.lock()?
             .dead
-            .push_back((body.to_vec(), reason.to_string(), attempt));
+            .push_back((body.to_vec(), reason.to_string(), meta.clone()));
         Ok(())
     }
 
@@ -329,6 +332,47 @@ impl JobQueue for MemoryBroker {
         Ok(state.dead.drain(..n).map(|d| (d.0, d.1)).collect())
     }
 
+    async fn depths(&self) -> Result<Vec<QueueDepth>, QueueError> {
+        let state = self.lock()?;
+        let ready = |lane: &Lane| state.ready.get(lane).map_or(0, |q| q.len() as u64);
+        let mut out = vec![QueueDepth {
+            name: "jobs".into(),
+            role: "jobs",
+            messages: ready(&Lane::Shared),
+            consumers: None,
+        }];
+        let mut lanes: Vec<&String> = state
+            .ready
+            .keys()
+            .filter_map(|l| match l {
+                Lane::Tenant(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        lanes.sort();
+        for t in lanes {
+            out.push(QueueDepth {
+                name: format!("lane {t}"),
+                role: "lane",
+                messages: ready(&Lane::Tenant(t.clone())),
+                consumers: None,
+            });
+        }
+        out.push(QueueDepth {
+            name: "dead".into(),
+            role: "dead",
+            messages: state.dead.len() as u64,
+            consumers: None,
+        });
+        out.push(QueueDepth {
+            name: "webhooks".into(),
+            role: "webhooks",
+            messages: ready(&Lane::Hooks),
+            consumers: None,
+        });
+        Ok(out)
+    }
+
     async fn sweep_dead(
         &self,
         max: usize,
@@ -339,27 +383,27 @@ impl JobQueue for MemoryBroker {
             let n = max.min(state.dead.len());
             let mut swept = Vec::with_capacity(n);
             let mut requeued = Vec::new();
-            for (body, reason, attempt) in state.dead.drain(..n).collect::<Vec<_>>() {
-                let letter = DeadLetter {
-                    body,
-                    reason,
-                    attempt,
-                };
+            for (body, reason, meta) in state.dead.drain(..n).collect::<Vec<_>>() {
+                let letter = DeadLetter { body, reason, meta };
                 let choice = choose(&letter);
                 match choice {
                     DeadChoice::Keep => state.dead.push_back((
                         letter.body.clone(),
                         letter.reason.clone(),
-                        letter.attempt,
+                        letter.meta.clone(),
                     )),
-                    DeadChoice::Requeue => requeued.push(letter.body.clone()),
+                    DeadChoice::Requeue => requeued.push(Job {
+                        body: letter.body.clone(),
+                        meta: super::revived(&letter.meta),
+                        redelivered: false,
+                    }),
                 }
                 swept.push((letter, choice));
             }
             (swept, requeued)
         };
-        for body in requeued {
-            self.push(Lane::Shared, Job::fresh(&body))?;
+        for job in requeued {
+            self.push(Lane::Shared, job)?;
         }
         Ok(swept)
     }

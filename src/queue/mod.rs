@@ -397,9 +397,14 @@ pub trait JobQueue: Send + Sync + 'static {
         delay: Duration,
         meta: &JobMeta,
     ) -> Result<(), QueueError>;
-    /// Moves a job to the dead-letter queue with the reason (confirmed).
-    async fn publish_dead(&self, body: &[u8], attempt: u32, reason: &str)
-    -> Result<(), QueueError>;
+    /// Moves a job to the dead-letter queue with its headers (at the attempt it reached) and
+    /// the reason (confirmed).
+    async fn publish_dead(
+        &self,
+        body: &[u8],
+        meta: &JobMeta,
+        reason: &str,
+    ) -> Result<(), QueueError>;
     /// Starts consuming the shared job queue with at most `prefetch` unacknowledged at once.
     async fn consume(&self, prefetch: u16) -> Result<Deliveries, QueueError>;
     /// Starts consuming a tenant's lane with at most `prefetch` unacknowledged at once.
@@ -408,6 +413,10 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn check(&self) -> Result<(), QueueError>;
     /// Reads up to `max` dead-lettered jobs with their reasons, removing them.
     async fn drain_dead(&self, max: usize) -> Result<Vec<(Vec<u8>, String)>, QueueError>;
+    /// How many jobs wait in each queue of the topology now (the job queue, the tenants'
+    /// lanes, the retry queues, the dead letters, the webhook deliveries), with how many
+    /// consumers read each where the broker says. A queue that does not exist yet is left out.
+    async fn depths(&self) -> Result<Vec<QueueDepth>, QueueError>;
     /// Goes through the dead-lettered jobs, oldest first — at most `max`, and only those there
     /// when the sweep began — and puts each where `choose` says: back at the end of the
     /// dead-letter queue ([`DeadChoice::Keep`]) or on the job queue as a fresh job
@@ -422,6 +431,21 @@ pub trait JobQueue: Send + Sync + 'static {
     ) -> Result<Vec<(DeadLetter, DeadChoice)>, QueueError>;
 }
 
+/// One queue's backlog.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueDepth {
+    /// The queue's name.
+    pub name: String,
+    /// What it holds: `jobs`, `lane` (a tenant's), `retry`, `dead`, `webhooks`.
+    pub role: &'static str,
+    /// Messages ready in it.
+    pub messages: u64,
+    /// Consumers reading it, where the broker tells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumers: Option<u32>,
+}
+
 /// A job in the dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
@@ -429,8 +453,35 @@ pub struct DeadLetter {
     pub body: Vec<u8>,
     /// Why it was dead-lettered.
     pub reason: String,
-    /// The attempt it had reached.
-    pub attempt: u32,
+    /// Its headers: the attempt it had reached, its tenant, trace, batch, webhook.
+    pub meta: JobMeta,
+}
+
+/// The session and turn ids a job's body names, when it names valid ones (a JSON object with
+/// `sessionId` and `turnId`, in either spelling the request parser accepts) — also for a job
+/// the parser refuses, or one in the dead-letter queue.
+pub fn named_turn(body: &[u8]) -> Option<(SessionId, crate::contract::TurnId)> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let field = |camel: &str, pascal: &str| {
+        value
+            .get(camel)
+            .or_else(|| value.get(pascal))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+    };
+    let sid = SessionId::parse(field("sessionId", "SessionId")?).ok()?;
+    let tid = crate::contract::TurnId::parse(field("turnId", "TurnId")?).ok()?;
+    Some((sid, tid))
+}
+
+/// The headers a dead-lettered job is requeued with: a fresh attempt, no front door waiting
+/// for it any more.
+pub fn revived(meta: &JobMeta) -> JobMeta {
+    JobMeta {
+        attempt: 0,
+        reply_to: None,
+        ..meta.clone()
+    }
 }
 
 /// How [`JobQueue::sweep_dead`] decides about each job.
@@ -441,7 +492,8 @@ pub type ChooseDead = dyn for<'a> Fn(&'a DeadLetter) -> DeadChoice + Send + Sync
 pub enum DeadChoice {
     /// Back at the end of the dead-letter queue.
     Keep,
-    /// On the job queue, as a fresh job (attempt 0).
+    /// On the job queue, as a fresh job (attempt 0) of the same tenant, trace, batch and
+    /// webhook.
     Requeue,
 }
 

@@ -43,6 +43,8 @@ struct Inner {
     contexts: HashMap<SessionId, ContextIds>,
     cancels: std::collections::HashSet<(SessionId, TurnId)>,
     batches: HashMap<String, BatchRecord>,
+    /// Workers' heartbeats, by worker.
+    heartbeats: HashMap<String, Vec<u8>>,
     /// What is known of each batch's lines ([`SessionStore::note_batch`]).
     batch_lines: HashMap<String, BatchLines>,
     /// Sessions marked watched, until when (expired ones are dropped at the next mark).
@@ -448,6 +450,27 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.batches.get(id).cloned())
     }
 
+    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
+        self.lock()?
+            .heartbeats
+            .insert(worker.to_string(), body.to_vec());
+        Ok(())
+    }
+
+    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
+        self.lock()?.heartbeats.remove(worker);
+        Ok(())
+    }
+
+    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self
+            .lock()?
+            .heartbeats
+            .iter()
+            .map(|(w, b)| (w.clone(), b.clone()))
+            .collect())
+    }
+
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
         let state = self.lock()?;
         let mut theirs: Vec<&BatchRecord> = state
@@ -456,9 +479,7 @@ impl SessionStore for MemoryStore {
             .filter(|b| b.tenant == tenant)
             .collect();
         // RFC 3339 times of one clock in UTC sort as text; the id breaks ties.
-        theirs.sort_by(|a, b| {
-            (&b.created_at, &b.batch_id).cmp(&(&a.created_at, &a.batch_id))
-        });
+        theirs.sort_by(|a, b| (&b.created_at, &b.batch_id).cmp(&(&a.created_at, &a.batch_id)));
         Ok(theirs
             .into_iter()
             .take(max)

@@ -408,6 +408,12 @@ pub trait SessionStore: Send + Sync + 'static {
     /// The ids of `tenant`'s latest batches, newest first, at most `max` (some may have
     /// expired since).
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
+    /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.
+    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError>;
+    /// Removes worker `worker`'s heartbeat (it stopped, or it is long gone).
+    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError>;
+    /// Every heartbeat held, by worker, however old.
+    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
     /// (each counted once, however often it settles) and, from the front door once every line
     /// was enqueued, how many lines have turns. `true` when every line has settled and the

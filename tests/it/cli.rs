@@ -233,7 +233,11 @@ async fn dlq_lists_and_requeues_dead_jobs() {
     let guard = crate::support::rabbit().await;
     guard
         .broker
-        .publish_dead(b"{\"sessionId\":\"s\"}", 3, "gave up after 3 attempts")
+        .publish_dead(
+            b"{\"sessionId\":\"s\"}",
+            &aptix_worker::queue::JobMeta::default().at_attempt(3),
+            "gave up after 3 attempts",
+        )
         .await
         .unwrap();
     let run = |args: &[&str]| {

@@ -153,7 +153,11 @@ async fn a_lane_is_a_queue_of_its_own_that_keeps_its_headers(s: Subject) {
 
 async fn dead_letters_keep_their_reason(s: Subject) {
     s.broker
-        .publish_dead(b"poison", 2, "unparseable job")
+        .publish_dead(
+            b"poison",
+            &aptix_worker::queue::JobMeta::default().at_attempt(2),
+            "unparseable job",
+        )
         .await
         .unwrap();
     let dead = s.broker.drain_dead(10).await.unwrap();

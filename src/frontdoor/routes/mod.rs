@@ -3,6 +3,7 @@
 //! broker, the index) and map the outcome to an `InvokeResult`; the shared extractors and
 //! answers are in [`super::http`].
 
+pub mod admin;
 pub mod batches;
 pub mod index;
 pub mod ops;

@@ -12,8 +12,7 @@ use crate::delivery::Turn;
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, Reader, RequestSized, Tenant, Traced, answer,
-    failure,
-    ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
+    failure, ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::TurnStatusView;

@@ -41,8 +41,8 @@ use lapin::{BasicProperties, Channel, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
 
 use super::{
-    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, JobMeta, JobQueue, QueueError,
-    Topology,
+    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, JobMeta, JobQueue, QueueDepth,
+    QueueError, Topology,
 };
 
 mod channels;
@@ -67,6 +67,16 @@ const BATCH_HEADER: &str = "x-aptix-batch";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e)
+}
+
+/// Whether the broker answered 404 NOT_FOUND (a queue that does not exist).
+fn not_found(e: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(p)
+            if matches!(p.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
 }
 
 /// How long one broker operation may take unless configured otherwise.
@@ -457,15 +467,14 @@ impl JobQueue for RabbitBroker {
     async fn publish_dead(
         &self,
         body: &[u8],
-        attempt: u32,
+        meta: &JobMeta,
         reason: &str,
     ) -> Result<(), QueueError> {
+        let mut headers = job_headers(meta);
+        headers.insert(REASON_HEADER.into(), text(reason));
         let props = BasicProperties::default()
             .with_content_type(ShortString::from("application/json"))
-            .with_headers(table(vec![
-                (ATTEMPT_HEADER, AMQPValue::LongUInt(attempt)),
-                (REASON_HEADER, text(reason)),
-            ]));
+            .with_headers(headers);
         self.publish("", &self.topology.dead(), body, props).await
     }
 
@@ -543,6 +552,50 @@ impl JobQueue for RabbitBroker {
         Ok(out)
     }
 
+    async fn depths(&self) -> Result<Vec<QueueDepth>, QueueError> {
+        let t = &self.topology;
+        let mut queues = vec![(t.jobs(), "jobs")];
+        queues.extend(t.lanes.iter().map(|tenant| (t.lane(tenant), "lane")));
+        queues.extend(t.retry_delays.iter().map(|d| (t.retry(*d), "retry")));
+        queues.push((t.dead(), "dead"));
+        queues.push((t.hooks(), "webhooks"));
+        let mut out = Vec::with_capacity(queues.len());
+        for (name, role) in queues {
+            // A channel each: a passive declare of a queue that does not exist closes it.
+            let ch = self.consumer_channel().await?;
+            let looked = self
+                .bounded("counting a queue", async {
+                    ch.queue_declare(
+                        name.as_str().into(),
+                        QueueDeclareOptions {
+                            passive: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(unavailable)
+                })
+                .await;
+            if ch.status().connected() {
+                let _ = ch.close(200, "done".into()).await;
+            }
+            match looked {
+                Ok(q) => out.push(QueueDepth {
+                    name,
+                    role,
+                    messages: u64::from(q.message_count()),
+                    consumers: Some(q.consumer_count()),
+                }),
+                // Not declared yet (webhooks before the first delivery, a lane before its
+                // tenant's first turn).
+                Err(QueueError::Amqp(e)) if not_found(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     async fn sweep_dead(
         &self,
         max: usize,
@@ -567,30 +620,30 @@ impl JobQueue for RabbitBroker {
             let mut out = Vec::new();
             while out.len() < max.min(there) {
                 let got = self
-                    .bounded(
-                        "reading the dead-letter queue",
-                        async {
-                            ch.basic_get(dead.as_str().into(), BasicGetOptions::default())
-                                .await
-                                .map_err(unavailable)
-                        },
-                    )
+                    .bounded("reading the dead-letter queue", async {
+                        ch.basic_get(dead.as_str().into(), BasicGetOptions::default())
+                            .await
+                            .map_err(unavailable)
+                    })
                     .await?;
                 let Some(msg) = got else { break };
                 let props = &msg.delivery.properties;
                 let letter = DeadLetter {
                     reason: text_header(props, REASON_HEADER).unwrap_or_default(),
-                    attempt: attempt_of(props),
+                    meta: meta_of(props),
                     body: msg.delivery.data.clone(),
                 };
                 let choice = choose(&letter);
                 // Published where it goes (confirmed) before it is taken from here.
                 match choice {
                     DeadChoice::Keep => {
-                        self.publish_dead(&letter.body, letter.attempt, &letter.reason)
+                        self.publish_dead(&letter.body, &letter.meta, &letter.reason)
                             .await?
                     }
-                    DeadChoice::Requeue => self.publish_job(&letter.body).await?,
+                    DeadChoice::Requeue => {
+                        self.enqueue(None, &letter.body, &super::revived(&letter.meta))
+                            .await?
+                    }
                 }
                 msg.delivery
                     .acker

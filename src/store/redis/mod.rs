@@ -15,6 +15,7 @@
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
+//! | `<ns>:workers` | hash | each worker's heartbeat (JSON), by worker | 10 minutes after the latest |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
@@ -31,6 +32,9 @@ use super::{
     SessionStore, StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
+
+/// How long the workers' heartbeats are kept after the latest was written.
+const HEARTBEATS_KEPT_MS: i64 = 10 * 60 * 1000;
 
 mod admission;
 mod codec;
@@ -796,6 +800,31 @@ impl SessionStore for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
+        let key = format!("{}:workers", self.namespace);
+        let _: () = redis::pipe()
+            .hset(&key, worker, body)
+            .ignore()
+            // Gone with the last worker: nothing of a stopped fleet is left behind.
+            .pexpire(&key, HEARTBEATS_KEPT_MS)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
+        let key = format!("{}:workers", self.namespace);
+        let _: () = self.conn().hdel(&key, worker).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let key = format!("{}:workers", self.namespace);
+        self.conn().hgetall(&key).await.map_err(unavailable)
     }
 
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
