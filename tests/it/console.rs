@@ -314,3 +314,166 @@ async fn the_console_is_off_unless_configured() {
     let policy = page.headers()["content-security-policy"].to_str().unwrap();
     assert!(policy.contains("default-src 'none'"), "{policy}");
 }
+
+/// An admin token's console: the System page charts the results the worker reports, lists
+/// the worker, the queues and the tenants, and requeues a dead letter with its button; the
+/// batch list follows a batch to 100 %; the admin may open another tenant's turn. A tenant's
+/// token gets no System link, and the API refuses it the system (403).
+#[tokio::test]
+async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batches() {
+    let app = spawn(AppOptions {
+        backend: Backend::Embedded,
+        extra_env: vec![
+            ("APTIX_CONSOLE", "true".into()),
+            (
+                "APTIX_API_TOKENS",
+                "tok-a=tenant-a,tok-b=tenant-b,tok-root=ops:admin".into(),
+            ),
+            // One attempt: a model that is down dead-letters the turn's job at once.
+            ("APTIX_MAX_ATTEMPTS", "1".into()),
+        ],
+        ..AppOptions::default()
+    })
+    .await;
+    app.fake.push([Reply::Error {
+        status: 500,
+        message: "the model server is down".into(),
+        retry_after_ms: None,
+    }]);
+    let body = json!({"sessionId": "dl", "turnId": "t1", "instruction": "hello"});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    assert_eq!(app.settled("tok-a", "dl", "t1").await["status"], "failed");
+    for i in 0..6 {
+        let body = json!({"sessionId": format!("load-{i}"), "turnId": "t", "instruction": "hi"});
+        assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    }
+    for i in 0..6 {
+        app.settled("tok-a", &format!("load-{i}"), "t").await;
+    }
+    let lines: Vec<String> = (0..4)
+        .map(|i| json!({"customId": format!("doc-{i}"), "request": {"instruction": format!("review {i}")}}).to_string())
+        .collect();
+    let (status, accepted) = app
+        .post_to(Some("tok-a"), "/v1/batches", lines.join("\n"))
+        .await;
+    assert_eq!(status, 202, "{accepted}");
+    let batch = accepted["result"]["batchId"].as_str().unwrap().to_string();
+
+    // The API: a tenant's token may not read the system; an admin's may read any tenant's turn.
+    let (status, refused) = app.get(Some("tok-a"), "/v1/admin/system").await;
+    assert_eq!((status, crate::app::code(&refused)), (403, "FORBIDDEN"));
+    assert_eq!(
+        app.get(Some("tok-b"), "/v1/admin/dead-letters").await.0,
+        403
+    );
+    let (status, _) = app
+        .get(Some("tok-root"), "/v1/sessions/dl/turns/t1/inspect")
+        .await;
+    assert_eq!(status, 200, "an admin reads another tenant's turn");
+
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-root").await;
+    browser.show(&app.base, "/system").await;
+    browser
+        .text_when("#workers", Duration::from_secs(15), |t| {
+            t.contains("Workers (1)")
+        })
+        .await;
+    // The worker's next heartbeat (every 5 s) carries the slots the turns settled in.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let points = browser
+            .client
+            .find(Locator::Css(".charts"))
+            .await
+            .expect("the charts")
+            .attr("data-points")
+            .await
+            .expect("read")
+            .and_then(|p| p.parse::<usize>().ok())
+            .unwrap_or(0);
+        if points > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the charts never had a point");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(browser.count("#chart-rate canvas").await, 1);
+    assert_eq!(browser.count("#chart-latency canvas").await, 1);
+    assert!(
+        !browser
+            .client
+            .find(Locator::Css("#nav-system"))
+            .await
+            .expect("the link")
+            .attr("hidden")
+            .await
+            .expect("read")
+            .is_some(),
+        "an admin sees the System link"
+    );
+    browser
+        .text_when("#queues", Duration::from_secs(5), |t| t.contains("dead"))
+        .await;
+    browser
+        .text_when("#tenants", Duration::from_secs(5), |t| {
+            t.contains("tenant-a") && t.contains("ops")
+        })
+        .await;
+    browser
+        .text_when("#dead-letters", Duration::from_secs(15), |t| {
+            t.contains("dl / t1") && t.contains("tenant-a")
+        })
+        .await;
+    browser.shot("system").await;
+    browser.click("#dead-letters .requeue").await;
+    browser
+        .text_when("#dead-letters", Duration::from_secs(10), |t| {
+            t.contains("None.")
+        })
+        .await;
+    // Requeued, its job ran again: the turn had failed already, so its status was delivered
+    // again and nothing went back to the dead letters.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, dead) = app.get(Some("tok-root"), "/v1/admin/dead-letters").await;
+    assert_eq!(status, 200);
+    assert_eq!(dead["result"], json!([]), "{dead}");
+
+    // The batch list.
+    browser.show(&app.base, "/batches").await;
+    browser
+        .text_when(
+            &format!("tr[data-batch='{batch}']"),
+            Duration::from_secs(30),
+            |t| t.contains("100 %"),
+        )
+        .await;
+    browser.shot("batches").await;
+    browser.click(&format!("tr[data-batch='{batch}'] a")).await;
+    browser
+        .text_when("#batch-lines", Duration::from_secs(10), |t| {
+            t.contains("doc-3") && t.contains("completed")
+        })
+        .await;
+    assert_eq!(browser.count(".batch-line a").await, 4);
+    browser.shot("batch-lines").await;
+
+    // A tenant's token: no System link.
+    browser.click("#sign-out").await;
+    browser.sign_in(&app.base, "tok-b").await;
+    browser.show(&app.base, "/batches").await;
+    browser
+        .text_when("#batch-list", Duration::from_secs(10), |t| {
+            t.contains("No batches yet.")
+        })
+        .await;
+    let hidden = browser
+        .client
+        .find(Locator::Css("#nav-system"))
+        .await
+        .expect("the link")
+        .attr("hidden")
+        .await
+        .expect("read");
+    assert!(hidden.is_some(), "a tenant's token sees no System link");
+}

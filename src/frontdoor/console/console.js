@@ -1,6 +1,7 @@
 // The Aptix console: reads the public HTTP API with the token the person entered (kept in
-// this tab's sessionStorage) and shows sessions' turns, one turn in full (the inspector) and
-// batches. Text from the API is only ever put in the page as text, never as markup.
+// this tab's sessionStorage) and shows sessions' turns, one turn in full (the inspector),
+// batches and, for admin tokens, the system (charts drawn with the vendored uPlot). Text from
+// the API is only ever put in the page as text, never as markup.
 "use strict";
 
 const TOKEN_KEY = "aptix-console-token";
@@ -14,6 +15,8 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (k === "class") node.className = v;
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    // Through the CSSOM: the page's policy refuses style attributes.
+    else if (k === "style") node.style.cssText = v;
     else node.setAttribute(k, v);
   }
   for (const child of children.flat()) {
@@ -33,10 +36,13 @@ function showError(message) {
   box.hidden = !message;
 }
 
-async function api(method, path) {
+async function api(method, path, json) {
+  const headers = { Authorization: "Bearer " + token() };
+  if (json !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
     method,
-    headers: { Authorization: "Bearer " + token() },
+    headers,
+    body: json === undefined ? undefined : JSON.stringify(json),
   });
   let body = null;
   try {
@@ -73,8 +79,9 @@ function when(at) {
   return at ? new Date(at).toLocaleString() : "";
 }
 
-// Polls `load` every second until it says to stop or the view changes.
-function every(load) {
+// Polls `load` every `period` ms (one second unless given) until it says to stop or the view
+// changes.
+function every(load, period) {
   let live = true;
   const tick = async () => {
     if (!live) return;
@@ -85,7 +92,7 @@ function every(load) {
     } catch (e) {
       showError(e.message);
     }
-    if (live && again !== false) setTimeout(tick, 1000);
+    if (live && again !== false) setTimeout(tick, period || 1000);
   };
   tick();
   return () => {
@@ -305,24 +312,80 @@ function inspectorView(session, turn) {
 
 // ---- Batches ------------------------------------------------------------------------------
 
+function settledOf(p) {
+  return ["completed", "failed", "cancelled", "expired", "awaitingClientTools"]
+    .map((k) => p[k] || 0)
+    .reduce((a, b) => a + b, 0);
+}
+
+function progressBar(percent, id) {
+  return el("div", { class: "bar", role: "progressbar", "aria-valuenow": percent, id: id || null },
+    el("div", { style: "width: " + percent + "%" }));
+}
+
+function duration(seconds) {
+  if (seconds === undefined || seconds === null) return "";
+  if (seconds < 90) return Math.round(seconds) + " s";
+  if (seconds < 5400) return Math.round(seconds / 60) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+function batchListView() {
+  const list = el("div", { id: "batch-list" });
+  $("view").append(el("section", { class: "card" }, el("h2", {}, "Latest batches"), list));
+  return every(async () => {
+    const batches = await api("GET", "/v1/batches?limit=50");
+    if (!batches.length) {
+      list.replaceChildren(el("p", { class: "muted" }, "No batches yet."));
+      return true;
+    }
+    list.replaceChildren(
+      table(
+        ["Batch", "Tenant", "Submitted", "Progress", "Completed", "Failed", "Cancelled", "Open", "Rate", "ETA"],
+        batches.map((b) => {
+          const p = b.progress;
+          const total = (p.total || 0) - (p.rejected || 0);
+          const done = settledOf(p);
+          const percent = total ? Math.round((100 * done) / total) : 100;
+          return el(
+            "tr",
+            { class: "batch-row", "data-batch": p.batchId },
+            el("td", {}, el("a", { href: "#/batches/" + encodeURIComponent(p.batchId) }, p.batchId)),
+            el("td", {}, b.tenant),
+            el("td", {}, when(b.createdAt)),
+            el("td", { class: "wide" }, progressBar(percent), el("span", { class: "muted" }, percent + " %")),
+            el("td", { class: "num" }, p.completed || 0),
+            el("td", { class: "num" }, p.failed || 0),
+            el("td", { class: "num" }, p.cancelled || 0),
+            el("td", { class: "num" }, total - done),
+            el("td", { class: "num" }, b.settledPerSecond ? b.settledPerSecond.toFixed(1) + "/s" : ""),
+            el("td", { class: "num" }, duration(b.etaSeconds))
+          );
+        })
+      )
+    );
+    return true;
+  }, 2000);
+}
+
+// The first lines of a batch's results (NDJSON), with links to their turns.
+async function batchLines(path, most) {
+  const response = await fetch(path + "/results", { headers: { Authorization: "Bearer " + token() } });
+  if (!response.ok) throw new Error("HTTP " + response.status + " reading the batch's lines");
+  const text = await response.text();
+  const lines = text.split("\n").filter((l) => l.trim());
+  return { count: lines.length, shown: lines.slice(0, most).map((l) => JSON.parse(l)) };
+}
+
 function batchesView(batch) {
+  if (!batch) return batchListView();
   const view = $("view");
-  const form = el(
-    "form",
-    {
-      id: "batch-form",
-      onsubmit: (e) => {
-        e.preventDefault();
-        location.hash = "#/batches/" + encodeURIComponent($("batch").value.trim());
-      },
-    },
-    el("label", { for: "batch" }, "Batch"),
-    el("input", { id: "batch", value: batch || "", required: "" }),
-    el("button", { type: "submit" }, "Show batch")
-  );
   const body = el("div", { id: "batch-progress" });
-  view.append(el("section", { class: "card" }, el("h2", {}, "A batch"), form, body));
-  if (!batch) return () => {};
+  const lines = el("div", { id: "batch-lines" });
+  view.append(
+    el("section", { class: "card" }, el("h2", {}, "Batch ", batch), el("p", {}, el("a", { href: "#/batches" }, "All batches")), body),
+    el("section", { class: "card" }, el("h2", {}, "Lines"), lines)
+  );
   const path = "/v1/batches/" + encodeURIComponent(batch);
   const cancel = el(
     "button",
@@ -342,19 +405,18 @@ function batchesView(batch) {
     "Cancel batch"
   );
   const started = Date.now();
+  let firstDone = null;
   return every(async () => {
     const p = await api("GET", path);
     const total = (p.total || 0) - (p.rejected || 0);
-    const done = ["completed", "failed", "cancelled", "expired", "awaitingClientTools"]
-      .map((k) => p[k] || 0)
-      .reduce((a, b) => a + b, 0);
+    const done = settledOf(p);
+    if (firstDone === null) firstDone = done;
     const percent = total ? Math.round((100 * done) / total) : 100;
-    const rate = done / Math.max(1, (Date.now() - started) / 1000);
-    const eta = rate > 0 && done < total ? Math.round((total - done) / rate) + " s" : "";
+    const rate = (done - firstDone) / Math.max(1, (Date.now() - started) / 1000);
+    const eta = rate > 0 && done < total ? duration((total - done) / rate) : "";
     cancel.disabled = done >= total;
     body.replaceChildren(
-      el("div", { class: "bar", role: "progressbar", "aria-valuenow": percent, id: "bar" },
-        el("div", { style: "width: " + percent + "%" })),
+      progressBar(percent, "bar"),
       el("p", { id: "percent" }, percent + " % · " + done + " of " + total + " turns settled" + (eta ? " · about " + eta + " left" : "")),
       table(
         ["Queued", "Running", "Completed", "Failed", "Cancelled", "Rejected lines"],
@@ -362,8 +424,149 @@ function batchesView(batch) {
       ),
       cancel
     );
+    const most = 200;
+    const l = await batchLines(path, most);
+    lines.replaceChildren(
+      l.count > most ? el("p", { class: "muted" }, "The first " + most + " of " + l.count + " lines.") : "",
+      table(
+        ["Line", "Custom id", "Turn", "Status"],
+        l.shown.map((line) =>
+          el(
+            "tr",
+            { class: "batch-line" },
+            el("td", { class: "num" }, line.line),
+            el("td", {}, line.customId || ""),
+            el("td", {}, line.sessionId
+              ? el("a", { href: "#/turn/" + encodeURIComponent(line.sessionId) + "/" + encodeURIComponent(line.turnId) }, line.turnId)
+              : ""),
+            el("td", {}, status(line.status))
+          )
+        )
+      )
+    );
     return done < total;
-  });
+  }, 1500);
+}
+
+// ---- System (admin tokens) ----------------------------------------------------------------
+
+function chart(target, title, series, unit) {
+  const width = Math.max(320, target.clientWidth || 500);
+  return new uPlot(
+    {
+      title,
+      width,
+      height: 220,
+      scales: { x: { time: true } },
+      // Points drawn, gaps spanned: a slot without results has no latency, and the first
+      // minutes after a start have few points.
+      series: [{}].concat(series.map(([label, stroke]) => ({ label, stroke, width: 2, spanGaps: true, points: { show: true, size: 5 } }))),
+      axes: [{}, { label: unit, size: 60 }],
+    },
+    [[], ...series.map(() => [])],
+    target
+  );
+}
+
+function systemView() {
+  const view = $("view");
+  const charts = el("section", { class: "card charts" });
+  const rateBox = el("div", { id: "chart-rate", class: "chart" });
+  const latencyBox = el("div", { id: "chart-latency", class: "chart" });
+  charts.append(el("h2", {}, "Last five minutes"), el("div", { class: "chart-row" }, rateBox, latencyBox));
+  const workers = el("section", { class: "card", id: "workers" });
+  const queues = el("section", { class: "card", id: "queues" });
+  const contexts = el("section", { class: "card", id: "contexts" });
+  const tenants = el("section", { class: "card", id: "tenants" });
+  const dead = el("section", { class: "card", id: "dead-letters" });
+  view.append(charts, el("div", { class: "two" }, workers, queues), el("div", { class: "two" }, contexts, tenants), dead);
+  let rate = null;
+  let latency = null;
+  const loadDead = async () => {
+    const letters = await api("GET", "/v1/admin/dead-letters?limit=100");
+    const requeue = async (ask) => {
+      try {
+        const r = await api("POST", "/v1/admin/dead-letters/requeue", ask);
+        showError("");
+        dead.dataset.requeued = r.requeued;
+      } catch (e) {
+        showError(e.message);
+      }
+      await loadDead();
+    };
+    dead.replaceChildren(
+      el("h2", {}, "Dead letters (" + letters.length + (letters.length === 100 ? "+" : "") + ")"),
+      letters.length
+        ? el("button", { id: "requeue-all", type: "button", onclick: () => requeue({ all: true }) }, "Requeue all")
+        : el("p", { class: "muted" }, "None."),
+      letters.length
+        ? table(
+            ["#", "Turn", "Tenant", "Attempt", "Reason", ""],
+            letters.map((d) =>
+              el(
+                "tr",
+                { class: "dead-letter" },
+                el("td", { class: "num" }, d.position + 1),
+                el("td", {}, d.sessionId
+                  ? el("a", { href: "#/turn/" + encodeURIComponent(d.sessionId) + "/" + encodeURIComponent(d.turnId) }, d.sessionId + " / " + d.turnId)
+                  : el("span", { class: "muted" }, "unreadable job (" + d.bytes + " bytes)")),
+                el("td", {}, d.tenant || ""),
+                el("td", { class: "num" }, d.attempt),
+                el("td", {}, d.reason),
+                el("td", {}, d.sessionId
+                  ? el("button", { type: "button", class: "requeue", onclick: () => requeue({ turns: [{ sessionId: d.sessionId, turnId: d.turnId }] }) }, "Requeue")
+                  : "")
+              )
+            )
+          )
+        : ""
+    );
+  };
+  const stopDead = every(loadDead, 10000);
+  const stopSystem = every(async () => {
+    const s = await api("GET", "/v1/admin/system");
+    const points = s.load.points;
+    const xs = points.map((p) => p.at);
+    if (!rate) {
+      rate = chart(rateBox, "Results per second", [["completed", "#1f7a3f"], ["failed", "#b3261e"], ["all", "#2457c5"]], "per s");
+      latency = chart(latencyBox, "Latency (ms, bucket upper bound)", [["p50", "#2457c5"], ["p95", "#8a5a00"], ["p99", "#b3261e"]], "ms");
+    }
+    const per = (k) => points.map((p) => (p[k] || 0) / 5);
+    rate.setData([xs, per("completed"), per("failed"), points.map((p) => p.resultsPerSecond)]);
+    const ms = (k) => points.map((p) => (p[k] === undefined ? null : p[k]));
+    latency.setData([xs, ms("p50Ms"), ms("p95Ms"), ms("p99Ms")]);
+    charts.dataset.points = points.filter((p) => p.resultsPerSecond > 0).length;
+    workers.replaceChildren(
+      el("h2", {}, "Workers (" + s.workers.length + ")"),
+      table(["Worker", "Running", "Started", "Seen"],
+        s.workers.map((w) => el("tr", { class: "worker" }, el("td", {}, w.worker),
+          el("td", { class: "num" }, w.running + " / " + w.concurrency), el("td", {}, when(w.startedAt)),
+          el("td", { class: "num" }, (w.lastSeenMs / 1000).toFixed(1) + " s ago"))))
+    );
+    queues.replaceChildren(
+      el("h2", {}, "Queues"),
+      table(["Queue", "Holds", "Messages", "Consumers"],
+        s.queues.map((q) => el("tr", { class: "queue", "data-role": q.role }, el("td", {}, q.name), el("td", {}, q.role),
+          el("td", { class: "num" }, q.messages), el("td", { class: "num" }, q.consumers === undefined ? "" : q.consumers))))
+    );
+    contexts.replaceChildren(
+      el("h2", {}, "Model calls by agent context"),
+      table(["Context", "In flight", "Capacity", "Capacity waits"],
+        s.load.contexts.map((c) => el("tr", {}, el("td", {}, c.context), el("td", { class: "num" }, c.inFlight),
+          el("td", { class: "num" }, c.capacity === undefined ? "unlimited" : c.capacity), el("td", { class: "num" }, c.capacityWaits))))
+    );
+    tenants.replaceChildren(
+      el("h2", {}, "Tenants today"),
+      table(["Tenant", "Running turns", "Tokens", "Estimated cost"],
+        s.tenants.map((t) => el("tr", {}, el("td", {}, t.tenant), el("td", { class: "num" }, t.runningTurns),
+          el("td", { class: "num" }, t.tokensToday), el("td", { class: "num" }, "$" + t.estimatedCostUsdToday.toFixed(4)))))
+    );
+    return true;
+  }, 2000);
+  return () => {
+    stopSystem();
+    stopDead();
+  };
 }
 
 // ---- Routing ------------------------------------------------------------------------------
@@ -377,7 +580,11 @@ function route() {
   $("sign-in").hidden = signedIn;
   $("sign-out").hidden = !signedIn;
   $("who").textContent = signedIn ? "token set for this tab" : "";
-  if (!signedIn) return;
+  if (!signedIn) {
+    $("nav-system").hidden = true;
+    return;
+  }
+  showSystemIfAdmin();
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   for (const a of document.querySelectorAll("nav a")) a.classList.remove("here");
   if (parts[0] === "turn" && parts.length >= 3) {
@@ -386,9 +593,26 @@ function route() {
   } else if (parts[0] === "batches") {
     $("nav-batches").classList.add("here");
     stopView = batchesView(parts[1]);
+  } else if (parts[0] === "system") {
+    $("nav-system").classList.add("here");
+    stopView = systemView();
   } else {
     $("nav-turns").classList.add("here");
     stopView = turnsView(parts[0] === "turns" ? parts[1] : "");
+  }
+}
+
+// The System page is for admin tokens: its link shows when the token may read it.
+let adminChecked = null;
+async function showSystemIfAdmin() {
+  const t = token();
+  if (adminChecked === t) return;
+  adminChecked = t;
+  try {
+    const response = await fetch("/v1/admin/system", { headers: { Authorization: "Bearer " + t } });
+    $("nav-system").hidden = !response.ok;
+  } catch (_) {
+    $("nav-system").hidden = true;
   }
 }
 

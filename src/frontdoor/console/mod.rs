@@ -1,7 +1,8 @@
-//! The console (`/console`, on with `APTIX_CONSOLE`): a page a person opens to look into turns
-//! and batches. It is static — one HTML page, a script and a style sheet, embedded in the
-//! binary, no CDN — and calls the public HTTP API with the token the person enters, so it sees
-//! exactly what that token may see and adds no way in of its own.
+//! The console (`/console`, on with `APTIX_CONSOLE`): a page a person opens to look into turns,
+//! batches and (admins) the system. It is static — one HTML page, a script and a style sheet,
+//! and the chart library (`vendor/`), embedded in the binary, no CDN — and calls the public
+//! HTTP API with the token the person enters, so it sees exactly what that token may see and
+//! adds no way in of its own.
 //!
 //! Owns: serving the assets. Must not: read state itself (the page reads the API).
 
@@ -15,6 +16,9 @@ use super::extract::HttpState;
 const PAGE: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("console.js");
 const STYLE: &str = include_str!("console.css");
+/// The chart library (see `vendor/README.md`).
+const CHARTS: &str = include_str!("vendor/uPlot.iife.min.js");
+const CHARTS_STYLE: &str = include_str!("vendor/uPlot.min.css");
 
 /// What the page may load and run: its own assets and the API, nothing else.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
@@ -49,5 +53,13 @@ pub(super) fn routes() -> Router<HttpState> {
         .route(
             "/console/console.css",
             get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
+        )
+        .route(
+            "/console/vendor/uPlot.iife.min.js",
+            get(|| async { asset(CHARTS, "text/javascript; charset=utf-8") }),
+        )
+        .route(
+            "/console/vendor/uPlot.min.css",
+            get(|| async { asset(CHARTS_STYLE, "text/css; charset=utf-8") }),
         )
 }
