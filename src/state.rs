@@ -361,6 +361,10 @@ pub struct TurnRecord {
     /// The server tool calls of the turn's runs, in order (their outputs are in the ledger).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolNote>,
+    /// The tenant's prompts and answers are not kept (`keepBodies: false`): `requests`, each
+    /// call's text and the tools' arguments were left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bodies_withheld: bool,
 }
 
 /// A turn's status as clients see it (GET, SSE events, reply messages):
@@ -433,6 +437,10 @@ pub struct TurnInspection {
     /// The agent context's service tier asked for this turn, if its batch asked for one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<String>,
+    /// Prompts and answers were not kept for this turn (its tenant's `keepBodies: false`):
+    /// `requests` is empty, and model calls and tool calls come without text and arguments.
+    #[serde(default)]
+    pub bodies_withheld: bool,
     /// The latest result, once there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
@@ -484,6 +492,7 @@ impl From<&TurnRecord> for TurnInspection {
                 })
                 .collect(),
             service_tier: r.service_tier.clone(),
+            bodies_withheld: r.bodies_withheld,
             result: r.result.clone(),
         }
     }
@@ -522,6 +531,7 @@ impl TurnRecord {
             service_tier: None,
             history: Vec::new(),
             tools: Vec::new(),
+            bodies_withheld: false,
         }
     }
 

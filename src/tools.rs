@@ -274,6 +274,7 @@ mod tests {
             service_tier: None,
             history: Vec::new(),
             tools: Vec::new(),
+            bodies_withheld: false,
         };
         let lease = store
             .acquire_lease(

@@ -7,7 +7,10 @@
 //!                     "events": ["turn.completed", "turn.failed"] } ] } ] }
 //! ```
 //!
-//! Every field but `id` is optional; a tenant that is not in the file has no limits. Ids
+//! Every field but `id` is optional; a tenant that is not in the file has no limits.
+//! `"keepBodies": false` keeps the tenant's prompts and answers out of its turn records (the
+//! requests sent, each model call's text, server tool arguments; the result, and tool outputs
+//! a re-run must not repeat, are kept). Ids
 //! become part of queue names and metric labels, so they are short and plain.
 //! `webhookSecretEnv` names the variable with the tenant's `whsec_…` signing secret (default
 //! `APTIX_WEBHOOK_SECRET`); each of `webhooks` gets the events it lists (all when it lists
@@ -38,6 +41,8 @@ pub struct Tenants {
     by_id: BTreeMap<String, TenantLimits>,
     /// Tenants' webhook settings: the variable with their signing secret, their webhooks.
     hooks: BTreeMap<String, (Option<String>, Vec<TenantWebhook>)>,
+    /// Tenants whose turn records keep no prompt and answer bodies (`"keepBodies": false`).
+    without_bodies: std::collections::BTreeSet<String>,
 }
 
 /// A tenants file that cannot be used; the message names the file or the entry.
@@ -80,6 +85,7 @@ struct Entry {
     max_running_turns: Option<u32>,
     tokens_per_day: Option<u64>,
     cost_per_day: Option<f64>,
+    keep_bodies: Option<bool>,
     webhook_secret_env: Option<String>,
     #[serde(default)]
     webhooks: Vec<WebhookEntry>,
@@ -122,6 +128,7 @@ impl Tenants {
             serde_json::from_str(text).map_err(|e| TenantsError::Malformed(e.to_string()))?;
         let mut by_id = BTreeMap::new();
         let mut hooks = BTreeMap::new();
+        let mut without_bodies = std::collections::BTreeSet::new();
         for (index, entry) in shape.tenants.into_iter().enumerate() {
             let problem = |problem: &str| TenantsError::Entry {
                 index,
@@ -208,11 +215,18 @@ impl Tenants {
             if by_id.insert(entry.id.clone(), limits).is_some() {
                 return Err(problem("the id is defined twice"));
             }
+            if entry.keep_bodies == Some(false) {
+                without_bodies.insert(entry.id.clone());
+            }
             if entry.webhook_secret_env.is_some() || !webhooks.is_empty() {
                 hooks.insert(entry.id.clone(), (entry.webhook_secret_env, webhooks));
             }
         }
-        Ok(Self { by_id, hooks })
+        Ok(Self {
+            by_id,
+            hooks,
+            without_bodies,
+        })
     }
 
     /// Tenants from `(id, limits)` pairs (tests, and deployments built in code).
@@ -223,7 +237,15 @@ impl Tenants {
                 .map(|(id, l)| (id.to_string(), l))
                 .collect(),
             hooks: BTreeMap::new(),
+            without_bodies: Default::default(),
         }
+    }
+
+    /// Whether `tenant`'s turn records keep what the model was sent and answered and the
+    /// server tools' arguments (for the turn inspector): yes unless its entry says
+    /// `"keepBodies": false`.
+    pub fn keeps_bodies(&self, tenant: &str) -> bool {
+        !self.without_bodies.contains(tenant)
     }
 
     /// The variable holding `tenant`'s webhook signing secret.

@@ -132,10 +132,77 @@ async fn a_run_that_failed_and_ran_again_says_why(backend: Backend) {
     assert_eq!(seen["modelCalls"][0]["attempt"], 2);
 }
 
+/// A tenant whose entry says `"keepBodies": false`: its turn records keep no request sent,
+/// no answer text and no tool arguments — in the store, not only in what the API shows — and
+/// say so; the result and everything else are kept. Another tenant's turn keeps them.
+async fn a_tenant_that_keeps_no_bodies_has_none_in_its_records(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![crate::tenants::tenants_file(
+            json!([{"id": "tenant-b", "keepBodies": false}]),
+        )],
+        ..AppOptions::default()
+    })
+    .await;
+    let instruction = "Secret plans?\n#fake:call agent_list_modes {\"q\": \"secret\"}";
+    for (token, session) in [("tok-b", "nb"), ("tok-a", "na")] {
+        let body = json!({"sessionId": session, "turnId": "t", "instruction": instruction});
+        assert_eq!(app.post(Some(token), body.to_string()).await.0, 202);
+        assert_eq!(
+            app.settled(token, session, "t").await["status"],
+            "completed"
+        );
+    }
+    let (status, body) = inspect(&app, "tok-b", "nb", "t").await;
+    assert_eq!(status, 200, "{body}");
+    let seen = &body["result"];
+    assert_eq!(seen["bodiesWithheld"], true);
+    assert_eq!(seen["requests"], json!([]));
+    let calls = seen["modelCalls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "the calls themselves are kept: {seen}");
+    assert!(calls.iter().all(|c| c.get("text").is_none()), "{seen}");
+    assert!(calls[1]["usage"]["promptTokens"].as_u64().unwrap() > 0);
+    assert_eq!(seen["toolCalls"][0]["name"], "agent_list_modes");
+    assert_eq!(seen["toolCalls"][0]["arguments"], "");
+    assert!(
+        !seen["result"]["result"]["primaryOutputText"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "the result is kept"
+    );
+    // Nothing of the instruction in the stored record itself.
+    let stored = app
+        .store
+        .get_turn(
+            &aptix_worker::contract::SessionId::parse("nb").unwrap(),
+            &aptix_worker::contract::TurnId::parse("t").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let kept = serde_json::to_string(&stored).unwrap();
+    assert!(!kept.contains("Secret plans"), "{kept}");
+    assert!(!kept.contains("\"q\""), "{kept}");
+
+    let (_, body) = inspect(&app, "tok-a", "na", "t").await;
+    let seen = &body["result"];
+    assert_eq!(seen["bodiesWithheld"], false);
+    assert_eq!(seen["requests"].as_array().unwrap().len(), 2);
+    assert!(seen["modelCalls"][1]["text"].is_string());
+    assert!(
+        seen["toolCalls"][0]["arguments"]
+            .as_str()
+            .unwrap()
+            .contains("secret")
+    );
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
         a_turn_with_a_server_tool_shows_its_calls_tools_and_history,
         a_run_that_failed_and_ran_again_says_why,
+        a_tenant_that_keeps_no_bodies_has_none_in_its_records,
     ],
 );

@@ -193,7 +193,11 @@ async fn a_dead_letter_sweep_keeps_or_requeues_each_job_with_its_headers(s: Subj
     assert_eq!(dead_depth(s.broker.depths().await.unwrap()), Some(3));
     // Read twice: the same jobs, in the same order, each once.
     for _ in 0..2 {
-        let read = s.broker.sweep_dead(10, &|_| DeadChoice::Keep).await.unwrap();
+        let read = s
+            .broker
+            .sweep_dead(10, &|_| DeadChoice::Keep)
+            .await
+            .unwrap();
         let seen: Vec<(&[u8], &str, u32)> = read
             .iter()
             .map(|(l, _)| (&l.body[..], l.reason.as_str(), l.meta.attempt))
@@ -210,7 +214,11 @@ async fn a_dead_letter_sweep_keeps_or_requeues_each_job_with_its_headers(s: Subj
     }
     // Only what was there when the sweep began, and at most `max`.
     assert_eq!(
-        s.broker.sweep_dead(2, &|_| DeadChoice::Keep).await.unwrap().len(),
+        s.broker
+            .sweep_dead(2, &|_| DeadChoice::Keep)
+            .await
+            .unwrap()
+            .len(),
         2
     );
     let requeued = s
@@ -252,7 +260,10 @@ async fn a_dead_letter_sweep_keeps_or_requeues_each_job_with_its_headers(s: Subj
     // The broker counts acknowledgements as they arrive (they are not confirmed).
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while dead_depth(s.broker.depths().await.unwrap()) != Some(2) {
-        assert!(std::time::Instant::now() < deadline, "the depth never read 2");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the depth never read 2"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

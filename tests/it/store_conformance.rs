@@ -122,6 +122,7 @@ fn turn(session: &str, id: &str) -> TurnRecord {
             execution_ms: 3,
             attempt: 1,
         }],
+        bodies_withheld: true,
     }
 }
 

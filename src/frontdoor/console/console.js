@@ -248,6 +248,9 @@ function inspectorView(session, turn) {
     const cost = (u) => (u.estimatedCostUsd ? "$" + u.estimatedCostUsd.toFixed(6) : "");
     calls.replaceChildren(
       el("h2", {}, "Model calls (" + t.modelCalls.length + ")"),
+      t.bodiesWithheld
+        ? el("p", { class: "muted", id: "withheld" }, "This tenant's prompts and answers are not kept (keepBodies: false).")
+        : "",
       table(
         ["Run", "Model", "Context", "Latency", "Input", "Cached", "Output", "Reasoning", "Cost", "Answer"],
         t.modelCalls.map((c) =>

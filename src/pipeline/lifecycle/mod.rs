@@ -89,6 +89,9 @@ pub(super) struct Run {
     unsure: bool,
     /// See [`Run::take_reattach`].
     reattach: bool,
+    /// Whether the record keeps what the model was sent and answered and the server tools'
+    /// arguments (for the turn inspector); off for tenants whose `keepBodies` is false.
+    keep_bodies: bool,
 }
 
 impl Run {
@@ -106,6 +109,7 @@ impl Run {
             stop_read: None,
             unsure: false,
             reattach: false,
+            keep_bodies: true,
         }
     }
 
@@ -152,18 +156,31 @@ impl Run {
         std::mem::take(&mut self.reattach)
     }
 
-    /// Keeps a request sent to the model in the turn's transcript (stored with the next write).
+    /// Keeps a request sent to the model in the turn's transcript (stored with the next
+    /// write), unless the tenant's bodies are not kept.
     pub(super) fn note_request(&mut self, body: SentRequest) {
-        self.record.requests.push(body);
+        if self.keep_bodies {
+            self.record.requests.push(body);
+        } else {
+            self.record.bodies_withheld = true;
+        }
     }
 
-    /// Notes what a model call came to in the turn's record (stored with the next write).
-    pub(super) fn note_call(&mut self, note: crate::state::CallNote) {
+    /// Notes what a model call came to in the turn's record (stored with the next write);
+    /// without its text when the tenant's bodies are not kept.
+    pub(super) fn note_call(&mut self, mut note: crate::state::CallNote) {
+        if !self.keep_bodies {
+            note.text = None;
+        }
         self.record.calls.push(note);
     }
 
-    /// Notes a server tool call in the turn's record (stored with the next write).
-    pub(super) fn note_tool(&mut self, note: crate::state::ToolNote) {
+    /// Notes a server tool call in the turn's record (stored with the next write); without
+    /// its arguments when the tenant's bodies are not kept.
+    pub(super) fn note_tool(&mut self, mut note: crate::state::ToolNote) {
+        if !self.keep_bodies {
+            note.arguments.clear();
+        }
         self.record.tools.push(note);
     }
 
@@ -391,6 +408,7 @@ impl Pipeline {
         }
         let mut run = Run::open(session, record, held, live);
         run.reattach = reattach;
+        run.keep_bodies = self.keeps_bodies(&run.session);
         match self.write(&mut run, changed, false).await {
             Ok(saved) => {
                 if run.record.checkpoint.is_none() {
@@ -443,7 +461,17 @@ impl Pipeline {
             session.owner = Some(t.to_string());
         }
         session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
-        Run::open(session, record, held, live)
+        let mut run = Run::open(session, record, held, live);
+        run.keep_bodies = self.keeps_bodies(&run.session);
+        run
+    }
+
+    /// Whether turns of the session's owner keep their bodies in the record.
+    fn keeps_bodies(&self, session: &SessionState) -> bool {
+        session
+            .owner
+            .as_deref()
+            .is_none_or(|t| self.quotas.tenants().keeps_bodies(t))
     }
 
     /// Records that the client's results for these calls were accepted, with the turn
