@@ -64,7 +64,7 @@ impl Pulse {
     }
 
     /// A turn of `tenant` runs until the guard is dropped.
-    pub fn running(&self, tenant: Option<&str>) -> Running<'_> {
+    pub fn running<'a>(&'a self, tenant: Option<&'a str>) -> Running<'a> {
         let tenant = tenant.unwrap_or_default();
         if let Ok(mut by) = self.running.lock() {
             match by.get_mut(tenant) {
@@ -76,7 +76,7 @@ impl Pulse {
         }
         Running {
             pulse: self,
-            tenant: tenant.to_string(),
+            tenant,
         }
     }
 
@@ -111,13 +111,13 @@ impl Pulse {
 #[derive(Debug)]
 pub struct Running<'a> {
     pulse: &'a Pulse,
-    tenant: String,
+    tenant: &'a str,
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         if let Ok(mut by) = self.pulse.running.lock()
-            && let Some(n) = by.get_mut(&self.tenant)
+            && let Some(n) = by.get_mut(self.tenant)
         {
             *n = n.saturating_sub(1);
         }
