@@ -4,8 +4,9 @@
 //! settled and how long they took.
 //!
 //! Owns: counting settled turns into slots ([`Pulse`], a few atomic adds per turn, nothing
-//! else on a turn's path), writing the heartbeat, and folding every worker's heartbeat into
-//! one view of the system ([`SystemLoad::of`]). Must not: run or decide anything.
+//! else on a turn's path), the heartbeat's shape, and folding every worker's heartbeat into
+//! one view of the system ([`SystemLoad::of`]). Must not: run or decide anything (the worker
+//! writes its heartbeat: `worker::heartbeat`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -13,9 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-
-use crate::metrics::Metrics;
-use crate::store::SessionStore;
 
 /// How often a worker writes its heartbeat, and how long one slot of counts lasts.
 pub const BEAT: Duration = Duration::from_secs(5);
@@ -32,7 +30,7 @@ pub const LATENCY_BOUNDS_MS: [u64; 14] = [
 const BUCKETS: usize = LATENCY_BOUNDS_MS.len() + 1;
 
 /// The counts of the slot now being filled. Shared by a process's parts through its
-/// [`Metrics`]; the heartbeat takes (and empties) it once a beat.
+/// [`crate::metrics::Metrics`]; the heartbeat takes (and empties) it once a beat.
 #[derive(Debug, Default)]
 pub struct Pulse {
     completed: AtomicU64,
@@ -81,7 +79,7 @@ impl Pulse {
     }
 
     /// The slot filled since the last take, which starts a new one.
-    fn take(&self, at: i64) -> Slot {
+    pub(crate) fn take(&self, at: i64) -> Slot {
         let take = |c: &AtomicU64| c.swap(0, Ordering::Relaxed);
         Slot {
             at,
@@ -94,7 +92,7 @@ impl Pulse {
     }
 
     /// Turns running now, by tenant.
-    fn running_now(&self) -> BTreeMap<String, u32> {
+    pub(crate) fn running_now(&self) -> BTreeMap<String, u32> {
         self.running
             .lock()
             .map(|by| {
@@ -189,11 +187,11 @@ pub struct Heartbeat {
 /// Who a worker is, for its heartbeat.
 #[derive(Debug, Clone)]
 pub struct Identity {
-    worker: String,
-    host: String,
-    pid: u32,
-    started_at: String,
-    concurrency: u16,
+    pub(crate) worker: String,
+    pub(crate) host: String,
+    pub(crate) pid: u32,
+    pub(crate) started_at: String,
+    pub(crate) concurrency: u16,
 }
 
 impl Identity {
@@ -228,67 +226,8 @@ impl Identity {
     }
 }
 
-/// Writes the worker's heartbeat every [`BEAT`] until `stop` fires, then takes it back (the
-/// worker leaves the system page at once instead of after [`GONE_AFTER`]). A heartbeat the
-/// store does not take is logged and skipped: it is for people looking, nothing waits on it.
-pub async fn beat(
-    store: std::sync::Arc<dyn SessionStore>,
-    metrics: std::sync::Arc<Metrics>,
-    identity: Identity,
-    capacities: Vec<(String, Option<u32>)>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    let mut slots: std::collections::VecDeque<Slot> = std::collections::VecDeque::new();
-    let beat_secs = BEAT.as_secs() as i64;
-    loop {
-        // Beats fall on wall-clock multiples of BEAT, so every worker's slots line up.
-        let now_ms = unix_ms();
-        let next = (now_ms / 1000 / beat_secs + 1) * beat_secs;
-        let wait = Duration::from_millis(u64::try_from(next * 1000 - now_ms).unwrap_or(0));
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        slots.push_back(metrics.pulse().take(next));
-        while slots.len() > KEPT_SLOTS {
-            slots.pop_front();
-        }
-        let heartbeat = Heartbeat {
-            worker: identity.worker.clone(),
-            host: identity.host.clone(),
-            pid: identity.pid,
-            started_at: identity.started_at.clone(),
-            at_ms: unix_ms(),
-            concurrency: identity.concurrency,
-            running: metrics.pulse().running_now(),
-            contexts: capacities
-                .iter()
-                .map(|(context, capacity)| ContextLoad {
-                    context: context.clone(),
-                    in_flight: metrics.context_calls_now(context),
-                    capacity: *capacity,
-                    capacity_waits: metrics.capacity_waits_so_far(context),
-                })
-                .collect(),
-            slots: slots.iter().cloned().collect(),
-        };
-        let body = match serde_json::to_vec(&heartbeat) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot encode the heartbeat");
-                continue;
-            }
-        };
-        if let Err(e) = store.put_heartbeat(&identity.worker, &body).await {
-            tracing::debug!(error = %e, "heartbeat not written");
-        }
-    }
-    if let Err(e) = store.drop_heartbeat(&identity.worker).await {
-        tracing::debug!(error = %e, "heartbeat not taken back");
-    }
-}
-
-fn unix_ms() -> i64 {
+/// Now, in Unix milliseconds.
+pub(crate) fn unix_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 

@@ -197,7 +197,7 @@ impl Worker {
         let webhooks = self.webhooks.as_ref().map(|s| s.spawn(shutdown.clone()));
         // The heartbeat lasts as long as the worker consumes (it stops with the turns).
         let beating = CancellationToken::new();
-        let heartbeat = tokio::spawn(crate::vitals::beat(
+        let heartbeat = tokio::spawn(heartbeat::beat(
             self.pipeline.store().clone(),
             self.metrics.clone(),
             crate::vitals::Identity::of_this_process(self.settings.concurrency),
@@ -742,5 +742,6 @@ impl<'a> From<&'a AgentExecuteRequest> for TurnOf<'a> {
     }
 }
 
+mod heartbeat;
 #[cfg(test)]
 mod tests;
