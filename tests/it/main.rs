@@ -26,6 +26,7 @@ mod app;
 mod processes;
 mod support;
 
+mod admin;
 mod background;
 mod cancel;
 mod cli;
