@@ -895,6 +895,10 @@ async fn the_openapi_document_covers_every_route() {
         ("post", "/v1/batches/{batchId}/cancel"),
         ("get", "/v1/tenant/usage"),
         ("get", "/v1/sessions/{sessionId}/turns/{turnId}/inspect"),
+        ("get", "/v1/batches"),
+        ("get", "/v1/admin/system"),
+        ("get", "/v1/admin/dead-letters"),
+        ("post", "/v1/admin/dead-letters/requeue"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths

@@ -176,7 +176,7 @@ impl BatchSummary {
 #[utoipa::path(get, path = "/v1/batches", tag = "batches",
     params(
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 100, description = "At most this many batches (default 20)"),
-        ("tenant" = Option<String>, Query, description = "Admin tokens only: this tenant's batches"),
+        ("tenant" = Option<String>, Query, description = "This tenant's batches: any tenant for an admin token, only its own for a tenant's"),
     ),
     responses(
         (status = 200, description = "The batches, newest first", body = api_doc::InvokeResult<Vec<BatchSummary>>),
@@ -197,6 +197,7 @@ pub(crate) async fn list_batches(
     };
     let tenants = match (asked, reader.0.admin) {
         (Some(t), true) => vec![t],
+        (Some(t), false) if t == reader.0.tenant => vec![t],
         (Some(_), false) => {
             return failure(
                 StatusCode::FORBIDDEN,
