@@ -343,6 +343,12 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     let body = json!({"sessionId": "dl", "turnId": "t1", "instruction": "hello"});
     assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
     assert_eq!(app.settled("tok-a", "dl", "t1").await["status"], "failed");
+    // Its job is dead-lettered just after its status goes out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.get(Some("tok-root"), "/v1/admin/dead-letters").await.1["result"] == json!([]) {
+        assert!(Instant::now() < deadline, "never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for i in 0..6 {
         let body = json!({"sessionId": format!("load-{i}"), "turnId": "t", "instruction": "hi"});
         assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
@@ -426,6 +432,13 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         })
         .await;
     browser.shot("system").await;
+    // Refresh reads the queue again: the same one job.
+    browser.click("#refresh-dead").await;
+    browser
+        .text_when("#dead-letters", Duration::from_secs(10), |t| {
+            t.contains("Dead letters (1)") && t.contains("dl / t1")
+        })
+        .await;
     browser.click("#dead-letters .requeue").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {

@@ -485,6 +485,8 @@ function systemView() {
   view.append(charts, el("div", { class: "two" }, workers, queues), el("div", { class: "two" }, contexts, tenants), dead);
   let rate = null;
   let latency = null;
+  // Dead letters are read when the page opens, on Refresh and after a requeue — not on every
+  // tick: reading goes through the queue (each job put back at its end before it is taken).
   const loadDead = async () => {
     const letters = await api("GET", "/v1/admin/dead-letters?limit=100");
     const requeue = async (ask) => {
@@ -499,9 +501,15 @@ function systemView() {
     };
     dead.replaceChildren(
       el("h2", {}, "Dead letters (" + letters.length + (letters.length === 100 ? "+" : "") + ")"),
-      letters.length
-        ? el("button", { id: "requeue-all", type: "button", onclick: () => requeue({ all: true }) }, "Requeue all")
-        : el("p", { class: "muted" }, "None."),
+      el("div", { class: "actions" },
+        el("button", { id: "refresh-dead", type: "button", class: "quiet", onclick: () => loadDead().catch((e) => showError(e.message)) }, "Refresh"),
+        letters.length
+          ? el("button", { id: "requeue-all", type: "button", onclick: () => requeue({ all: true }) }, "Requeue all")
+          : ""),
+      letters.length ? "" : el("p", { class: "muted" }, "None."),
+      letters.length === 100
+        ? el("p", { class: "muted" }, "The oldest 100 are shown; the queue's depth is in Queues above.")
+        : "",
       letters.length
         ? table(
             ["#", "Turn", "Tenant", "Attempt", "Reason", ""],
@@ -525,7 +533,7 @@ function systemView() {
         : ""
     );
   };
-  const stopDead = every(loadDead, 10000);
+  loadDead().catch((e) => showError(e.message));
   const stopSystem = every(async () => {
     const s = await api("GET", "/v1/admin/system");
     const points = s.load.points;
@@ -566,10 +574,7 @@ function systemView() {
     );
     return true;
   }, 2000);
-  return () => {
-    stopSystem();
-    stopDead();
-  };
+  return stopSystem;
 }
 
 // ---- Routing ------------------------------------------------------------------------------
