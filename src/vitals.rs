@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::state::TurnStatus;
+
 /// How often a worker writes its heartbeat, and how long one slot of counts lasts.
 pub const BEAT: Duration = Duration::from_secs(5);
 /// Slots a heartbeat carries: five minutes of them.
@@ -45,12 +47,15 @@ pub struct Pulse {
 impl Pulse {
     /// A run published this status; `took` is the time from the request the client sent (a
     /// user turn's submission, a continuation's run start) to the result.
-    pub fn settled(&self, status: &str, took: Duration) {
+    pub fn settled(&self, status: TurnStatus, took: Duration) {
         let counter = match status {
-            "completed" => &self.completed,
-            "failed" => &self.failed,
-            "cancelled" => &self.cancelled,
-            _ => &self.awaiting,
+            TurnStatus::Completed => &self.completed,
+            TurnStatus::Failed => &self.failed,
+            TurnStatus::Cancelled => &self.cancelled,
+            // A run publishes no other status; one that did would be counted as waiting.
+            TurnStatus::AwaitingClientTools | TurnStatus::Queued | TurnStatus::Running => {
+                &self.awaiting
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
         let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
@@ -403,10 +408,10 @@ mod tests {
     #[test]
     fn a_pulse_counts_results_into_latency_buckets_and_empties_when_taken() {
         let p = Pulse::default();
-        p.settled("completed", Duration::from_millis(20));
-        p.settled("completed", Duration::from_millis(400));
-        p.settled("failed", Duration::from_secs(2_000));
-        p.settled("awaiting_client_tools", Duration::from_millis(50));
+        p.settled(TurnStatus::Completed, Duration::from_millis(20));
+        p.settled(TurnStatus::Completed, Duration::from_millis(400));
+        p.settled(TurnStatus::Failed, Duration::from_secs(2_000));
+        p.settled(TurnStatus::AwaitingClientTools, Duration::from_millis(50));
         let s = p.take(100);
         assert_eq!((s.completed, s.failed, s.awaiting_client_tools), (2, 1, 1));
         assert_eq!(s.latency_ms[0], 1, "20 ms is in the first bucket");

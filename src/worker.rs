@@ -675,7 +675,7 @@ impl Worker {
                     }
                     self.metrics
                         .pulse()
-                        .settled(status.as_str(), waited.unwrap_or_default() + ran);
+                        .settled(status, waited.unwrap_or_default() + ran);
                 }
                 debug!(status = status.as_str(), "result published");
                 Ok(())

@@ -476,15 +476,6 @@ impl FrontDoor {
 const READ_CHUNK: usize = 500;
 
 impl FrontDoor {
-    /// The batch, if it exists and belongs to `tenant` (another tenant's batch is absent).
-    pub async fn batch(&self, tenant: &str, id: &str) -> Result<Option<BatchRecord>, StoreError> {
-        Ok(self
-            .store
-            .get_batch(id)
-            .await?
-            .filter(|b| b.tenant == tenant))
-    }
-
     /// Counts the batch's turns by status.
     pub async fn batch_progress(&self, batch: &BatchRecord) -> Result<BatchProgress, StoreError> {
         crate::store::batch_progress(self.store.as_ref(), batch).await

@@ -164,9 +164,7 @@ impl axum::extract::FromRequestParts<HttpState> for Admin {
         match caller(state, &parts.headers) {
             None => Err(unauthorized()),
             Some(c) if c.admin => Ok(Admin),
-            Some(_) => Err(failure(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
+            Some(_) => Err(forbidden(
                 "this route is for admin tokens (token=tenant:admin in APTIX_API_TOKENS)",
             )),
         }
@@ -226,6 +224,11 @@ impl<L: BodyLimit> axum::extract::FromRequest<HttpState> for LimitedBody<L> {
             .await
             .map(|body| Self(body, std::marker::PhantomData))
     }
+}
+
+/// `403 FORBIDDEN`: a valid token asking for what only an admin's may.
+pub(crate) fn forbidden(message: &str) -> Response {
+    failure(StatusCode::FORBIDDEN, ErrorCode::Forbidden, message)
 }
 
 pub(crate) fn unauthorized() -> Response {

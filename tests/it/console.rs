@@ -94,6 +94,17 @@ impl Browser {
         }
     }
 
+    /// The attribute `name` of the first element `css` matches (`None` when it has none).
+    async fn attr(&self, css: &str, name: &str) -> Option<String> {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("no {css}: {e}"))
+            .attr(name)
+            .await
+            .unwrap_or_else(|e| panic!("cannot read {name} of {css}: {e}"))
+    }
+
     async fn count(&self, css: &str) -> usize {
         self.client
             .find_all(Locator::Css(css))
@@ -172,13 +183,8 @@ async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_
         .text_when("#live", Duration::from_secs(15), |t| !t.is_empty())
         .await;
     let running = browser
-        .client
-        .find(Locator::Css("#inspector .status"))
+        .attr("#inspector .status", "data-status")
         .await
-        .expect("a status")
-        .attr("data-status")
-        .await
-        .expect("read")
         .unwrap_or_default();
     assert_eq!(running, "running", "the text came before the turn settled");
     browser.shot("inspector-streaming").await;
@@ -232,13 +238,8 @@ async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_
         })
         .await;
     let width = browser
-        .client
-        .find(Locator::Css("#bar > div"))
+        .attr("#bar > div", "style")
         .await
-        .expect("a bar")
-        .attr("style")
-        .await
-        .expect("read")
         .unwrap_or_default();
     assert!(width.contains("100%"), "{width}");
     browser.shot("batch").await;
@@ -389,13 +390,8 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let points = browser
-            .client
-            .find(Locator::Css(".charts"))
+            .attr(".charts", "data-points")
             .await
-            .expect("the charts")
-            .attr("data-points")
-            .await
-            .expect("read")
             .and_then(|p| p.parse::<usize>().ok())
             .unwrap_or(0);
         if points > 0 {
@@ -407,15 +403,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     assert_eq!(browser.count("#chart-rate canvas").await, 1);
     assert_eq!(browser.count("#chart-latency canvas").await, 1);
     assert!(
-        browser
-            .client
-            .find(Locator::Css("#nav-system"))
-            .await
-            .expect("the link")
-            .attr("hidden")
-            .await
-            .expect("read")
-            .is_none(),
+        browser.attr("#nav-system", "hidden").await.is_none(),
         "an admin sees the System link"
     );
     browser
@@ -480,13 +468,6 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
             t.contains("No batches yet.")
         })
         .await;
-    let hidden = browser
-        .client
-        .find(Locator::Css("#nav-system"))
-        .await
-        .expect("the link")
-        .attr("hidden")
-        .await
-        .expect("read");
+    let hidden = browser.attr("#nav-system", "hidden").await;
     assert!(hidden.is_some(), "a tenant's token sees no System link");
 }

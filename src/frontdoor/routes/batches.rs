@@ -13,7 +13,7 @@ use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::extract::{
     ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Reader, Tenant, answer, failure,
-    unavailable, unavailable_unaccepted,
+    forbidden, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
@@ -199,11 +199,7 @@ pub(crate) async fn list_batches(
         (Some(t), true) => vec![t],
         (Some(t), false) if t == reader.0.tenant => vec![t],
         (Some(_), false) => {
-            return failure(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
-                "tenant: only admin tokens may list another tenant's batches",
-            );
+            return forbidden("tenant: only admin tokens may list another tenant's batches");
         }
         (None, true) => state.known_tenants(),
         (None, false) => vec![reader.0.tenant.clone()],
