@@ -29,7 +29,7 @@ use aptix_worker::queue::{QueueError, RabbitBroker, ReplyBus as _};
 use aptix_worker::worker::WorkerSettings;
 
 use super::bench::{cleanup, parts_with, percentile, percentiles};
-use super::bench_verdict::{Measured, verdict};
+use super::bench_verdict::{Measured, Part, Split, verdict};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -189,6 +189,7 @@ fn context_switches(pid: u32) -> Option<u64> {
 /// What one watched process (or group of processes) has used so far.
 pub(super) struct Usage {
     label: String,
+    part: Part,
     cpu_seconds: f64,
     switches: u64,
 }
@@ -196,27 +197,58 @@ pub(super) struct Usage {
 /// The usage of each watched process, in order.
 pub(super) type CpuSnapshot = Vec<Usage>;
 
-/// The usage of `watched` processes (label, pids), and of RabbitMQ and Redis.
-pub(super) fn cpu_snapshot(watched: &[(&str, Vec<u32>)]) -> CpuSnapshot {
-    let usage = |label: &str, pids: &[u32]| Usage {
+/// A watched process: its label, what it is to the measure, its pids.
+pub(super) type Watched = (&'static str, Part, Vec<u32>);
+
+/// The usage of `watched` processes, and of RabbitMQ and Redis.
+pub(super) fn cpu_snapshot(watched: &[Watched]) -> CpuSnapshot {
+    let usage = |label: &str, part: Part, pids: &[u32]| Usage {
         label: label.to_string(),
+        part,
         cpu_seconds: pids.iter().copied().filter_map(cpu_seconds).sum(),
         switches: pids.iter().copied().filter_map(context_switches).sum(),
     };
     watched
         .iter()
-        .map(|(label, pids)| usage(label, pids))
+        .map(|(label, part, pids)| usage(label, *part, pids))
         .chain([
-            usage("RabbitMQ (beam.smp)", &pids_named("beam.smp")),
-            usage("Redis (redis-server)", &pids_named("redis-server")),
+            usage(
+                "RabbitMQ (beam.smp)",
+                Part::Services,
+                &pids_named("beam.smp"),
+            ),
+            usage(
+                "Redis (redis-server)",
+                Part::Services,
+                &pids_named("redis-server"),
+            ),
         ])
         .collect()
 }
 
+/// CPU milliseconds per unit of work of each [`Part`] between two snapshots.
+pub(super) fn split_per(before: &CpuSnapshot, after: &CpuSnapshot, n: usize) -> Split {
+    let ms = |part: Part| -> f64 {
+        before
+            .iter()
+            .zip(after)
+            .filter(|(b, _)| b.part == part)
+            .map(|(b, a)| (a.cpu_seconds - b.cpu_seconds) * 1000.0 / n.max(1) as f64)
+            .sum()
+    };
+    Split {
+        product: ms(Part::Product),
+        services: ms(Part::Services),
+        harness: ms(Part::Harness),
+        mixed: ms(Part::ProductAndHarness),
+    }
+}
+
 /// This process alone, as the in-process runs watch it.
-fn in_process() -> Vec<(&'static str, Vec<u32>)> {
+fn in_process() -> Vec<Watched> {
     vec![(
         "aptix (front door + worker + fake model)",
+        Part::ProductAndHarness,
         vec![std::process::id()],
     )]
 }
@@ -449,6 +481,7 @@ impl Driven {
             .map(|(b, a)| a.cpu_seconds - b.cpu_seconds)
             .sum();
         let measured = Measured {
+            split: split_per(before, after, done),
             rate: done as f64 / self.elapsed.as_secs_f64(),
             clients: opts.sessions,
             model: opts.latency,
@@ -464,11 +497,7 @@ impl Driven {
 
 /// Bare quorum-queue publish + consume of `n` small messages: confirms pipelined (awaited in
 /// windows, not one by one), acks as they come — the best the broker does for this traffic.
-pub(super) async fn baseline(
-    config: &Config,
-    n: usize,
-    watched: &[(&str, Vec<u32>)],
-) -> anyhow::Result<()> {
+pub(super) async fn baseline(config: &Config, n: usize, watched: &[Watched]) -> anyhow::Result<()> {
     let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
     let conn = lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
         .await

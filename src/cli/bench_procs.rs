@@ -16,6 +16,7 @@ use aptix_worker::store::RedisStore;
 
 use super::bench_callgrind::{Callgrind, Counted};
 use super::bench_loop::{LoopOptions, baseline, cpu_snapshot, drive, status_kib};
+use super::bench_verdict::Part;
 
 /// How long a process has to report that it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(30);
@@ -151,7 +152,11 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
         let _ = r.delete_namespace().await;
     }
     result?;
-    let this = [("the baseline's client", vec![std::process::id()])];
+    let this = [(
+        "the baseline's client",
+        Part::Harness,
+        vec![std::process::id()],
+    )];
     baseline(config, opts.baseline_messages.max(1), &this).await
 }
 
@@ -242,10 +247,14 @@ async fn measure(
     callgrind: Option<&Callgrind>,
 ) -> anyhow::Result<()> {
     let watched = vec![
-        (serve.label, vec![serve.pid()]),
-        (worker.label, vec![worker.pid()]),
-        (fake.label, vec![fake.pid()]),
-        ("the bench's clients", vec![std::process::id()]),
+        (serve.label, Part::Product, vec![serve.pid()]),
+        (worker.label, Part::Product, vec![worker.pid()]),
+        (fake.label, Part::Harness, vec![fake.pid()]),
+        (
+            "the bench's clients",
+            Part::Harness,
+            vec![std::process::id()],
+        ),
     ];
     let resident = (serve.resident(), worker.resident());
     let counted = callgrind.map(|cg| match cg.counted {
