@@ -1,6 +1,7 @@
 //! The closed loop's verdict: the figure against the throughput target, and what bounds it —
-//! the clients' own ceiling, the CPU the watched processes spent, or the time a turn waits
-//! outside the model. Pure arithmetic on what the run measured, so it is tested here with
+//! the clients' own ceiling, the CPU the watched processes spent (and then what the target
+//! leaves the product once the services and the harness have had theirs), or the time a turn
+//! waits outside the model. Pure arithmetic on what the run measured, so it is tested here with
 //! made-up runs; no measured figure is asserted anywhere.
 
 use std::time::Duration;
@@ -140,7 +141,7 @@ fn budget(split: &Split, cores: f64) -> String {
         )
     };
     format!(
-        "budget: at the target, {whole:.3} ms of CPU per turn in all; RabbitMQ and Redis took {:.3} ms and the harness (fake model, clients) {:.3} ms, so {against}; a product that cost nothing would reach {ceiling:.0} turns/s here",
+        "budget: at the target, {whole:.3} ms of CPU per turn in all; RabbitMQ and Redis took {:.3} ms and the harness (fake model, clients) {:.3} ms, so {against}; a product that cost nothing could reach at most {ceiling:.0} turns/s here",
         split.services, split.harness
     )
 }
@@ -202,12 +203,12 @@ mod tests {
         assert!(v[3].starts_with("budget: at the target, 1.000 ms"), "{v:?}");
         assert!(v[3].contains("0.500 ms is left for the product"), "{v:?}");
         assert!(v[3].contains("which took 0.500 ms: it fits"), "{v:?}");
-        assert!(v[3].contains("would reach 4000 turns/s"), "{v:?}");
+        assert!(v[3].contains("could reach at most 4000 turns/s"), "{v:?}");
         // 1.6 ms per turn: services 0.48 and harness 0.32 leave 0.2 of the product's 0.8.
         let v = verdict(&run(1200.0, 1000, 200, 600, 1.6));
         assert!(v[3].contains("0.200 ms is left for the product"), "{v:?}");
         assert!(v[3].contains("which took 0.800 ms: 75 % less"), "{v:?}");
-        assert!(v[3].contains("would reach 2500 turns/s"), "{v:?}");
+        assert!(v[3].contains("could reach at most 2500 turns/s"), "{v:?}");
     }
 
     #[test]
@@ -218,7 +219,7 @@ mod tests {
             "{v:?}"
         );
         // 2.2 ms: services 0.66 + harness 0.44 = 1.1 ms outside the product.
-        assert!(v[3].contains("would reach 1818 turns/s"), "{v:?}");
+        assert!(v[3].contains("could reach at most 1818 turns/s"), "{v:?}");
     }
 
     #[test]
