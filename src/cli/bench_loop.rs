@@ -475,18 +475,12 @@ impl Driven {
             "  context switches per turn: {}",
             switches_per(before, after, done)
         );
-        let spent: f64 = before
-            .iter()
-            .zip(after)
-            .map(|(b, a)| a.cpu_seconds - b.cpu_seconds)
-            .sum();
         let measured = Measured {
             split: split_per(before, after, done),
             rate: done as f64 / self.elapsed.as_secs_f64(),
             clients: opts.sessions,
             model: opts.latency,
             p50: percentile(&all, 0.5),
-            cpu_ms_per_turn: spent * 1000.0 / done.max(1) as f64,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         for line in verdict(&measured) {

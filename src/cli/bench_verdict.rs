@@ -41,6 +41,13 @@ pub(super) struct Split {
     pub mixed: f64,
 }
 
+impl Split {
+    /// Every watched process together.
+    pub fn total(&self) -> f64 {
+        self.product + self.services + self.harness + self.mixed
+    }
+}
+
 /// What a closed-loop run measured.
 #[derive(Debug, Clone)]
 pub(super) struct Measured {
@@ -54,8 +61,6 @@ pub(super) struct Measured {
     pub model: Duration,
     /// Median end-to-end latency of a turn.
     pub p50: Duration,
-    /// CPU per turn of every watched process together (ms).
-    pub cpu_ms_per_turn: f64,
     /// Cores of the machine.
     pub cores: usize,
 }
@@ -76,10 +81,11 @@ pub(super) fn verdict(m: &Measured) -> Vec<String> {
         )
     });
     let cores = m.cores.max(1) as f64;
-    let busy = m.cpu_ms_per_turn * m.rate / 1000.0;
+    let cpu_ms_per_turn = m.split.total();
+    let busy = cpu_ms_per_turn * m.rate / 1000.0;
     lines.push(format!(
         "CPU: {:.3} ms per turn across the watched processes, {busy:.2} of {cores:.0} cores busy ({:.0} %)",
-        m.cpu_ms_per_turn,
+        cpu_ms_per_turn,
         busy / cores * 100.0
     ));
     let model_s = m.model.as_secs_f64();
@@ -97,8 +103,8 @@ pub(super) fn verdict(m: &Measured) -> Vec<String> {
     } else if busy / cores >= BUSY {
         lines.push(format!(
             "bound by CPU: the target at {:.3} ms per turn would keep {:.2} cores busy; a turn waits {path_ms:.0} ms (p50) outside the model, most of it for a core",
-            m.cpu_ms_per_turn,
-            m.cpu_ms_per_turn * TARGET_TURNS_PER_SEC / 1000.0
+            cpu_ms_per_turn,
+            cpu_ms_per_turn * TARGET_TURNS_PER_SEC / 1000.0
         ));
         lines.push(budget(&m.split, cores));
     } else {
@@ -115,12 +121,16 @@ pub(super) fn verdict(m: &Measured) -> Vec<String> {
 fn budget(split: &Split, cores: f64) -> String {
     // All of the machine's time per turn at the target, in ms.
     let whole = cores * 1000.0 / TARGET_TURNS_PER_SEC;
+    let head = format!(
+        "budget: at the target, {whole:.3} ms of CPU per turn in all; RabbitMQ and Redis took {:.3} ms",
+        split.services
+    );
     if split.mixed > 0.0 {
         // One process holds the product and the harness: only the services are apart.
-        let left = whole - split.services;
         return format!(
-            "budget: at the target, {whole:.3} ms of CPU per turn in all; RabbitMQ and Redis took {:.3} ms, which leaves {left:.3} ms to this process (front door, worker, fake model and clients), which took {:.3} ms",
-            split.services, split.mixed
+            "{head}, which leaves {:.3} ms to this process (front door, worker, fake model and clients), which took {:.3} ms",
+            whole - split.services,
+            split.mixed
         );
     }
     let outside = split.services + split.harness;
@@ -141,8 +151,8 @@ fn budget(split: &Split, cores: f64) -> String {
         )
     };
     format!(
-        "budget: at the target, {whole:.3} ms of CPU per turn in all; RabbitMQ and Redis took {:.3} ms and the harness (fake model, clients) {:.3} ms, so {against}; a product that cost nothing could reach at most {ceiling:.0} turns/s here",
-        split.services, split.harness
+        "{head} and the harness (fake model, clients) {:.3} ms, so {against}; a product that cost nothing could reach at most {ceiling:.0} turns/s here",
+        split.harness
     )
 }
 
@@ -162,7 +172,6 @@ mod tests {
             clients,
             model: Duration::from_millis(model_ms),
             p50: Duration::from_millis(p50_ms),
-            cpu_ms_per_turn: cpu,
             cores: 2,
         }
     }
@@ -198,7 +207,7 @@ mod tests {
     #[test]
     fn a_cpu_bound_run_says_what_the_target_leaves_the_product() {
         // 1.0 ms per turn: product 0.5, services 0.3, harness 0.2. At 2,000 turns/s two
-        // cores give 1.0 ms per turn; 0.5 is left for the product, which took 0.5: met at 0 %.
+        // cores give 1.0 ms per turn; 0.5 is left for the product, which took 0.5: it fits.
         let v = verdict(&run(1990.0, 1000, 200, 400, 1.0));
         assert!(v[3].starts_with("budget: at the target, 1.000 ms"), "{v:?}");
         assert!(v[3].contains("0.500 ms is left for the product"), "{v:?}");

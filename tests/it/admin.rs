@@ -68,15 +68,17 @@ async fn the_system_view_adds_up_what_the_workers_did(backend: Backend) {
     assert_eq!(workers.len(), 1, "{view}");
     assert_eq!(workers[0]["running"], 0);
     assert_eq!(workers[0]["pid"], std::process::id());
-    let queue = |role: &str| {
-        view["queues"]
+    // The entry of `list` whose `key` is `value`.
+    let entry = |list: &str, key: &str, value: &str| {
+        view[list]
             .as_array()
             .unwrap()
             .iter()
-            .find(|q| q["role"] == role)
+            .find(|e| e[key] == value)
             .cloned()
-            .unwrap_or_else(|| panic!("no {role} queue: {view}"))
+            .unwrap_or_else(|| panic!("no {list} entry with {key} {value}: {view}"))
     };
+    let queue = |role: &str| entry("queues", "role", role);
     assert_eq!(queue("jobs")["messages"], 0);
     assert_eq!(queue("dead")["messages"], 0);
     if services {
@@ -93,15 +95,7 @@ async fn the_system_view_adds_up_what_the_workers_did(backend: Backend) {
             "{view}"
         );
     }
-    let tenant = |name: &str| {
-        view["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["tenant"] == name)
-            .cloned()
-            .unwrap_or_else(|| panic!("no tenant {name}: {view}"))
-    };
+    let tenant = |name: &str| entry("tenants", "tenant", name);
     let spent: u64 = app
         .fake
         .usages()
@@ -187,6 +181,10 @@ async fn an_admin_reads_and_cancels_any_tenants_turn_and_lists_every_tenants_bat
         .get(Some("tok-root"), "/v1/batches?tenant=tenant-b&limit=5")
         .await;
     assert_eq!(listed(&one), vec![ids[1].clone()]);
+    // A tenant's token may name its own tenant (what the console sends), not another.
+    let (status, own) = app.get(Some("tok-a"), "/v1/batches?tenant=tenant-a").await;
+    assert_eq!(status, 200, "{own}");
+    assert_eq!(listed(&own), vec![ids[0].clone()]);
     let (status, refused) = app.get(Some("tok-a"), "/v1/batches?tenant=tenant-b").await;
     assert_eq!((status, code(&refused)), (403, "FORBIDDEN"));
     let (status, bad) = app.get(Some("tok-a"), "/v1/batches?limit=0").await;
