@@ -4,8 +4,9 @@
 //! time (what `aptix batch` does) — against the fake model at `--latency-ms`, on RabbitMQ and
 //! Redis. It prints turns/s, latency percentiles (first turns of sessions apart), and the CPU
 //! seconds per turn of every process it can see: this one (front door, worker and the fake
-//! model), RabbitMQ and Redis. In the same run, the baseline: bare quorum-queue
-//! publish + consume with pipelined publisher confirms and acks, and RabbitMQ's CPU per message.
+//! model), RabbitMQ and Redis. In the same run, the baseline: a turn's two broker legs done
+//! bare — the job (quorum queue, pipelined publisher confirms, acks) and the reply (transient,
+//! to an exclusive queue, no acks) — and RabbitMQ's CPU per message of each.
 //! Each run ends with its verdict against the throughput target and what bounds the figure
 //! ([`super::bench_verdict`]).
 
@@ -496,94 +497,175 @@ pub(super) async fn baseline(config: &Config, n: usize, watched: &[Watched]) -> 
     let conn = lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
         .await
         .context("connecting to RabbitMQ for the baseline")?;
-    let queue = format!("aptix-bench-baseline-{}", uuid::Uuid::new_v4().simple());
-    let publisher = conn.create_channel().await?;
-    publisher
-        .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    let mut args = FieldTable::default();
-    args.insert(
-        ShortString::from("x-queue-type"),
-        AMQPValue::LongString(LongString::from("quorum")),
+    let mut services = 0.0;
+    for leg in [Leg::Job, Leg::Reply] {
+        let (rate, before, after) = leg.run(&conn, n, watched).await?;
+        println!(
+            "  baseline, {}, {n} messages of 300 B: {rate:.0} msg/s",
+            leg.describe()
+        );
+        println!(
+            "  baseline CPU per message ({}): {}",
+            leg.name(),
+            cpu_per(&before, &after, n)
+        );
+        services += split_per(&before, &after, n).services;
+    }
+    println!(
+        "  (a turn is a job and a reply: the two legs' RabbitMQ and Redis CPU, {services:.3} ms, is the floor of the services' CPU per turn)"
     );
-    publisher
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            args,
-        )
-        .await?;
-    let consumer_ch = conn.create_channel().await?;
-    consumer_ch
-        .basic_qos(256, BasicQosOptions::default())
-        .await?;
-    let mut consumer = consumer_ch
-        .basic_consume(
-            queue.as_str().into(),
-            "baseline".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let consumed = tokio::spawn(async move {
-        let mut got = 0usize;
-        while got < n {
-            match consumer.next().await {
-                Some(Ok(d)) => {
-                    let _ = d.acker.ack(BasicAckOptions::default()).await;
-                    got += 1;
-                }
-                _ => break,
+    let _ = conn.close(200, "baseline done".into()).await;
+    Ok(())
+}
+
+/// One leg of a turn's broker traffic, measured bare.
+#[derive(Debug, Clone, Copy)]
+enum Leg {
+    /// The job: persistent, into a quorum queue, publisher-confirmed, consumed with acks.
+    Job,
+    /// The reply to a waiting front door: transient, unconfirmed, into an exclusive
+    /// server-named classic queue, consumed without acks.
+    Reply,
+}
+
+impl Leg {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Job => "job",
+            Self::Reply => "reply",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Job => "the job leg (quorum queue, persistent, pipelined confirms, acked)",
+            Self::Reply => {
+                "the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer)"
             }
         }
-        got
-    });
-    let payload = vec![b'x'; 300];
-    let before = cpu_snapshot(watched);
-    let started = Instant::now();
-    let mut window = Vec::with_capacity(1000);
-    for _ in 0..n {
-        let confirm = publisher
-            .basic_publish(
-                "".into(),
+    }
+
+    /// Publishes and consumes `n` messages; the rate and the CPU snapshots around the work.
+    async fn run(
+        self,
+        conn: &lapin::Connection,
+        n: usize,
+        watched: &[Watched],
+    ) -> anyhow::Result<(f64, CpuSnapshot, CpuSnapshot)> {
+        let publisher = conn.create_channel().await?;
+        let consumer_ch = conn.create_channel().await?;
+        let (queue, no_ack) = match self {
+            Self::Job => {
+                publisher
+                    .confirm_select(ConfirmSelectOptions::default())
+                    .await?;
+                let queue = format!("aptix-bench-baseline-{}", uuid::Uuid::new_v4().simple());
+                let mut args = FieldTable::default();
+                args.insert(
+                    ShortString::from("x-queue-type"),
+                    AMQPValue::LongString(LongString::from("quorum")),
+                );
+                publisher
+                    .queue_declare(
+                        queue.as_str().into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..Default::default()
+                        },
+                        args,
+                    )
+                    .await?;
+                consumer_ch
+                    .basic_qos(256, BasicQosOptions::default())
+                    .await?;
+                (queue, false)
+            }
+            Self::Reply => {
+                let declared = consumer_ch
+                    .queue_declare(
+                        "".into(),
+                        QueueDeclareOptions {
+                            exclusive: true,
+                            auto_delete: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await?;
+                (declared.name().to_string(), true)
+            }
+        };
+        let mut consumer = consumer_ch
+            .basic_consume(
                 queue.as_str().into(),
-                BasicPublishOptions::default(),
-                &payload,
-                lapin::BasicProperties::default().with_delivery_mode(2),
+                "baseline".into(),
+                BasicConsumeOptions {
+                    no_ack,
+                    ..Default::default()
+                },
+                FieldTable::default(),
             )
             .await?;
-        window.push(confirm);
-        if window.len() == 1000 {
-            for c in window.drain(..) {
-                c.await?;
+        let consumed = tokio::spawn(async move {
+            let mut got = 0usize;
+            while got < n {
+                match consumer.next().await {
+                    Some(Ok(d)) => {
+                        if !no_ack {
+                            let _ = d.acker.ack(BasicAckOptions::default()).await;
+                        }
+                        got += 1;
+                    }
+                    _ => break,
+                }
+            }
+            got
+        });
+        let payload = vec![b'x'; 300];
+        let mode = match self {
+            Self::Job => 2,
+            Self::Reply => 1,
+        };
+        let before = cpu_snapshot(watched);
+        let started = Instant::now();
+        let mut window = Vec::with_capacity(1000);
+        for _ in 0..n {
+            let confirm = publisher
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &payload,
+                    lapin::BasicProperties::default().with_delivery_mode(mode),
+                )
+                .await?;
+            window.push(confirm);
+            if window.len() == 1000 {
+                for c in window.drain(..) {
+                    c.await?;
+                }
             }
         }
+        for c in window.drain(..) {
+            c.await?;
+        }
+        let got = tokio::time::timeout(Duration::from_secs(300), consumed)
+            .await
+            .with_context(|| format!("the baseline's {} leg did not finish", self.name()))??;
+        let rate = n as f64 / started.elapsed().as_secs_f64();
+        let after = cpu_snapshot(watched);
+        if matches!(self, Self::Job) {
+            let _ = publisher
+                .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+        let _ = publisher.close(200, "baseline leg done".into()).await;
+        let _ = consumer_ch.close(200, "baseline leg done".into()).await;
+        anyhow::ensure!(
+            got == n,
+            "the baseline's {} leg consumed {got} of {n}",
+            self.name()
+        );
+        Ok((rate, before, after))
     }
-    for c in window.drain(..) {
-        c.await?;
-    }
-    let got = tokio::time::timeout(Duration::from_secs(300), consumed)
-        .await
-        .context("the baseline did not finish")??;
-    let elapsed = started.elapsed();
-    let after = cpu_snapshot(watched);
-    let _ = publisher
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    anyhow::ensure!(got == n, "the baseline consumed {got} of {n}");
-    println!(
-        "  baseline: bare quorum publish + consume, pipelined confirms, {n} messages of 300 B: {:.0} msg/s",
-        n as f64 / elapsed.as_secs_f64()
-    );
-    println!(
-        "  baseline CPU per message: {}",
-        cpu_per(&before, &after, n)
-    );
-    println!(
-        "  (a turn is two broker messages, a job and a reply: twice the baseline's broker CPU is the floor)"
-    );
-    Ok(())
 }

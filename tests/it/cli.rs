@@ -1309,7 +1309,10 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "target >= 2000 turns/s: ",
         "ms per turn across the watched processes",
         "bound by ",
-        "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
+        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+        "baseline CPU per message (reply): ",
+        "is the floor of the services' CPU per turn",
     ] {
         assert!(lp.contains(line), "{line:?} missing from\n{lp}");
     }
@@ -1336,7 +1339,10 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "memory with 4 turns in flight: serve",
         "target >= 2000 turns/s: ",
         "bound by ",
-        "baseline: bare quorum publish + consume, pipelined confirms, 500 messages",
+        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+        "baseline CPU per message (reply): ",
+        "is the floor of the services' CPU per turn",
     ] {
         assert!(procs.contains(line), "{line:?} missing from\n{procs}");
     }
