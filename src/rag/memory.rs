@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use super::{Chunk, ChunkIndex, ChunkMeta, Posting, RagError};
+use super::{Chunk, ChunkIndex, ChunkMeta, Frequencies, Posting, RagError};
 
 #[derive(Debug, Default)]
 struct TenantIndex {
@@ -127,8 +127,38 @@ impl ChunkIndex for MemoryIndex {
         })
     }
 
+    async fn postings_of(
+        &self,
+        tenant: &str,
+        terms: &[String],
+        ids: &[String],
+    ) -> Result<Vec<Vec<Option<Posting>>>, RagError> {
+        self.with(tenant, |t| {
+            terms
+                .iter()
+                .map(|term| {
+                    let list = t.postings.get(term);
+                    ids.iter()
+                        .map(|id| list.and_then(|l| l.get(id).copied()))
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
     async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {
         self.with(tenant, |t| (t.chunks.len() as u64, t.tokens))
+    }
+
+    async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
+        self.with(tenant, |t| Frequencies {
+            chunks: t.chunks.len() as u64,
+            tokens: t.tokens,
+            df: terms
+                .iter()
+                .map(|term| t.postings.get(term).map_or(0, |l| l.len() as u64))
+                .collect(),
+        })
     }
 
     async fn metas(

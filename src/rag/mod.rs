@@ -6,19 +6,20 @@
 //!
 //! Indexes are per tenant: a tenant's turns only ever see chunks that tenant indexed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
 use crate::contract::request::{RagCondition, RagOperator};
 
 pub mod bench;
+pub mod bm25;
 pub mod chunker;
 pub mod indexer;
 pub mod memory;
 pub mod redis;
 
+pub use bm25::{Bm25Retriever, WHOLE_READ_POSTINGS};
 pub use chunker::{ChunkOptions, chunk_file};
 pub use indexer::{IndexReport, index_files, index_folder};
 pub use memory::MemoryIndex;
@@ -218,6 +219,17 @@ pub struct Posting {
     pub len: u32,
 }
 
+/// How large a tenant's index is, and how common some terms are in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Frequencies {
+    /// Chunks in the index.
+    pub chunks: u64,
+    /// Tokens in all of them.
+    pub tokens: u64,
+    /// For each term asked about, the chunks holding it.
+    pub df: Vec<u64>,
+}
+
 /// Where chunks are kept, with what BM25 needs to rank them. Implementations: [`MemoryIndex`]
 /// and [`RedisIndex`]; both pass one conformance suite.
 #[async_trait::async_trait]
@@ -241,8 +253,18 @@ pub trait ChunkIndex: Send + Sync + 'static {
         tenant: &str,
         terms: &[String],
     ) -> Result<Vec<HashMap<String, Posting>>, RagError>;
+    /// For each term, the postings of the chunks `ids`, in the order asked (`None` where a
+    /// chunk does not hold the term).
+    async fn postings_of(
+        &self,
+        tenant: &str,
+        terms: &[String],
+        ids: &[String],
+    ) -> Result<Vec<Vec<Option<Posting>>>, RagError>;
     /// (chunks, total tokens) of the tenant's index.
     async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError>;
+    /// The index's size and how many chunks hold each of `terms`, in one read.
+    async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError>;
     /// Metadata of chunks, in the order asked.
     async fn metas(&self, tenant: &str, ids: &[String])
     -> Result<Vec<Option<ChunkMeta>>, RagError>;
@@ -279,93 +301,6 @@ pub struct Scored {
 pub trait Retriever: Send + Sync + 'static {
     /// The best chunks for `query` in `tenant`'s index, best first.
     async fn retrieve(&self, tenant: &str, query: &RagQuery) -> Result<Vec<Scored>, RagError>;
-}
-
-/// Okapi BM25 over an index's postings (k1 = 1.2, b = 0.75): works offline, needs no model.
-#[derive(Clone)]
-pub struct Bm25Retriever {
-    index: Arc<dyn ChunkIndex>,
-    k1: f64,
-    b: f64,
-}
-
-impl Bm25Retriever {
-    /// A retriever over `index`.
-    pub fn new(index: Arc<dyn ChunkIndex>) -> Self {
-        Self {
-            index,
-            k1: 1.2,
-            b: 0.75,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Retriever for Bm25Retriever {
-    async fn retrieve(&self, tenant: &str, query: &RagQuery) -> Result<Vec<Scored>, RagError> {
-        let mut seen = HashSet::new();
-        let terms: Vec<String> = tokenize(&query.text)
-            .into_iter()
-            .filter(|t| seen.insert(t.clone()))
-            .collect();
-        if terms.is_empty() || query.limit == 0 {
-            return Ok(Vec::new());
-        }
-        let (n, total) = self.index.stats(tenant).await?;
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let postings = self.index.postings(tenant, &terms).await?;
-        // Score every candidate from the postings alone.
-        let avg = (total as f64 / n as f64).max(1.0);
-        let mut scores: HashMap<&str, f64> = HashMap::new();
-        for p in &postings {
-            let df = p.len() as f64;
-            let idf = (1.0 + (n as f64 - df + 0.5) / (df + 0.5)).ln();
-            for (id, posting) in p {
-                let tf = f64::from(posting.tf);
-                let norm = 1.0 - self.b + self.b * f64::from(posting.len) / avg;
-                *scores.entry(id.as_str()).or_insert(0.0) +=
-                    idf * tf * (self.k1 + 1.0) / (tf + self.k1 * norm);
-            }
-        }
-        let mut ranked: Vec<(&str, f64)> = scores.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        // Then read metadata best first, a few at a time, until enough pass the scope.
-        let step = (query.limit * 4).max(32);
-        let mut scored: Vec<(String, f64)> = Vec::new();
-        for window in ranked.chunks(step) {
-            let ids: Vec<String> = window.iter().map(|(id, _)| id.to_string()).collect();
-            let metas = self.index.metas(tenant, &ids).await?;
-            for ((id, score), meta) in window.iter().zip(metas) {
-                let Some(meta) = meta else { continue };
-                if query.exclude_paths.iter().any(|p| p == &meta.path)
-                    || !meta.matches(&query.conditions)
-                {
-                    continue;
-                }
-                scored.push((id.to_string(), *score));
-                if scored.len() == query.limit {
-                    break;
-                }
-            }
-            if scored.len() == query.limit {
-                break;
-            }
-        }
-        let ids: Vec<String> = scored.iter().map(|(id, _)| id.clone()).collect();
-        let chunks = self.index.chunks(tenant, &ids).await?;
-        Ok(scored
-            .into_iter()
-            .zip(chunks)
-            .filter_map(|((_, score), chunk)| {
-                Some(Scored {
-                    chunk: chunk?,
-                    score,
-                })
-            })
-            .collect())
-    }
 }
 
 /// How much retrieved context one turn may carry.

@@ -21,7 +21,7 @@ use crate::store::redis::RedisConnection;
 use redis::{AsyncCommands as _, Script};
 use serde::{Deserialize, Serialize};
 
-use super::{Chunk, ChunkIndex, ChunkMeta, Posting, RagError};
+use super::{Chunk, ChunkIndex, ChunkMeta, Frequencies, Posting, RagError};
 
 /// Replaces (or, with no chunks and an empty record, removes) one file's chunks.
 /// KEYS: files, chunk, meta, stats. ARGV: term key prefix, path, file record (or ''), chunk
@@ -97,6 +97,18 @@ fn corrupt(key: &str, error: serde_json::Error) -> RagError {
         key: key.to_string(),
         error,
     }
+}
+
+/// A posting as stored in a term's hash: `<count of the term>:<chunk length>`.
+fn posting(prefix: &str, term: &str, v: &str) -> Result<Posting, RagError> {
+    v.split_once(':')
+        .and_then(|(tf, len)| {
+            Some(Posting {
+                tf: tf.parse().ok()?,
+                len: len.parse().ok()?,
+            })
+        })
+        .ok_or_else(|| RagError::Corrupt(format!("{prefix}{term}: bad posting {v:?}")))
 }
 
 /// Ids read per `HMGET`.
@@ -257,20 +269,88 @@ impl ChunkIndex for RedisIndex {
             .zip(terms)
             .map(|(list, term)| {
                 list.into_iter()
-                    .map(|(id, v)| {
-                        let parsed = v.split_once(':').and_then(|(tf, len)| {
-                            Some(Posting {
-                                tf: tf.parse().ok()?,
-                                len: len.parse().ok()?,
-                            })
-                        });
-                        parsed.map(|p| (id, p)).ok_or_else(|| {
-                            RagError::Corrupt(format!("{prefix}{term}: bad posting {v:?}"))
-                        })
-                    })
+                    .map(|(id, v)| Ok((id, posting(&prefix, term, &v)?)))
                     .collect()
             })
             .collect()
+    }
+
+    async fn postings_of(
+        &self,
+        tenant: &str,
+        terms: &[String],
+        ids: &[String],
+    ) -> Result<Vec<Vec<Option<Posting>>>, RagError> {
+        if terms.is_empty() || ids.is_empty() {
+            return Ok(vec![Vec::new(); terms.len()]);
+        }
+        let prefix = self.key(tenant, "term:");
+        let mut pipe = redis::pipe();
+        for t in terms {
+            for part in ids.chunks(BATCH) {
+                pipe.cmd("HMGET").arg(format!("{prefix}{t}")).arg(part);
+            }
+        }
+        let raw: Vec<Vec<Option<String>>> = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        let per_term = ids.len().div_ceil(BATCH);
+        raw.chunks(per_term)
+            .zip(terms)
+            .map(|(parts, term)| {
+                parts
+                    .iter()
+                    .flatten()
+                    .map(|v| v.as_deref().map(|v| posting(&prefix, term, v)).transpose())
+                    .collect()
+            })
+            .collect()
+    }
+
+    async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
+        let stats = self.key(tenant, "stats");
+        let prefix = self.key(tenant, "term:");
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(&stats).arg("chunks").arg("tokens");
+        for t in terms {
+            pipe.cmd("HLEN").arg(format!("{prefix}{t}"));
+        }
+        let mut raw: Vec<redis::Value> = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        let bad = |what: &str, e: redis::ParsingError| {
+            RagError::Corrupt(format!("{what}: unexpected reply ({e})"))
+        };
+        if raw.len() != terms.len() + 1 {
+            return Err(RagError::Corrupt(format!(
+                "{stats}: {} replies to {} reads",
+                raw.len(),
+                terms.len() + 1
+            )));
+        }
+        let lens = raw.split_off(1);
+        let (chunks, tokens): (Option<i64>, Option<i64>) = raw
+            .pop()
+            .map(redis::FromRedisValue::from_redis_value)
+            .transpose()
+            .map_err(|e| bad(&stats, e))?
+            .unwrap_or_default();
+        let df = lens
+            .into_iter()
+            .zip(terms)
+            .map(|(v, t)| {
+                <u64 as redis::FromRedisValue>::from_redis_value(v)
+                    .map_err(|e| bad(&format!("{prefix}{t}"), e))
+            })
+            .collect::<Result<_, _>>()?;
+        let n = |v: Option<i64>| u64::try_from(v.unwrap_or(0)).unwrap_or(0);
+        Ok(Frequencies {
+            chunks: n(chunks),
+            tokens: n(tokens),
+            df,
+        })
     }
 
     async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {

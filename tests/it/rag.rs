@@ -8,7 +8,7 @@ use aptix_worker::contract::request::{RagCondition, RagOperator};
 use aptix_worker::contract::{RequestLimits, parse_request};
 use aptix_worker::fake_llm::Reply;
 use aptix_worker::rag::{
-    Bm25Retriever, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RagQuery, RedisIndex,
+    Bm25Retriever, Chunk, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RagQuery, RedisIndex,
     Retriever, chunk_file, index_folder,
 };
 use serde_json::json;
@@ -301,6 +301,126 @@ async fn the_obviously_relevant_chunk_ranks_first() {
                 .await
                 .is_empty()
         );
+    }
+}
+
+/// 120 files of 6 chunks whose words follow a long-tailed distribution (`w0` in most chunks,
+/// `w150` in few), tagged by file parity; deterministic.
+async fn long_tailed_corpus(index: &dyn ChunkIndex) {
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for f in 0..120 {
+        let chunks: Vec<Chunk> = (0..6)
+            .map(|s| {
+                let words: Vec<String> = (0..(8 + next() % 30))
+                    .map(|_| {
+                        // Weight about 1/(k+1) over 200 words.
+                        let u = (next() % 1_000_000) as f64 / 1_000_000.0;
+                        format!("w{}", (201f64.powf(u) - 1.0) as u32)
+                    })
+                    .collect();
+                Chunk {
+                    id: format!("c_{f}_{s}"),
+                    path: format!("doc-{f}.md"),
+                    line_start: s * 10 + 1,
+                    line_end: s * 10 + 9,
+                    language: "markdown".into(),
+                    repo: "r".into(),
+                    tags: vec![if f % 2 == 0 { "even" } else { "odd" }.into()],
+                    doc_id: None,
+                    content: words.join(" "),
+                }
+            })
+            .collect();
+        index
+            .put_file("t", "r", &format!("doc-{f}.md"), "h", &chunks)
+            .await
+            .unwrap();
+    }
+}
+
+/// Every index answers the reads ranking builds on alike — a term's frequency is the length of
+/// its list, a posting read by id is the one in the list — and ranking that reads the rarest
+/// terms first returns exactly what scoring every chunk does, scope and all.
+#[tokio::test]
+async fn pruned_ranking_reads_each_index_alike_and_matches_the_full_ranking() {
+    for (name, index, _guard) in indexes().await {
+        long_tailed_corpus(index.as_ref()).await;
+        let terms: Vec<String> = ["w0", "w3", "w40", "w190", "absent"]
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        let f = index.frequencies("t", &terms).await.unwrap();
+        let (chunks, tokens) = index.stats("t").await.unwrap();
+        assert_eq!((f.chunks, f.tokens), (chunks, tokens), "{name}");
+        assert_eq!(chunks, 720, "{name}");
+        let lists = index.postings("t", &terms).await.unwrap();
+        let lens: Vec<u64> = lists.iter().map(|l| l.len() as u64).collect();
+        assert_eq!(f.df, lens, "{name}");
+        assert!(f.df[0] > 300 && f.df[4] == 0, "{name}: {:?}", f.df);
+        let ids: Vec<String> = (0..720)
+            .map(|i| format!("c_{}_{}", i / 6, i % 6))
+            .chain(["c_missing".to_string()])
+            .collect();
+        let by_id = index.postings_of("t", &terms, &ids).await.unwrap();
+        for (list, column) in lists.iter().zip(&by_id) {
+            let expected: Vec<_> = ids.iter().map(|id| list.get(id).copied()).collect();
+            assert_eq!(column, &expected, "{name}");
+        }
+        assert!(
+            index
+                .frequencies("nobody", &terms)
+                .await
+                .unwrap()
+                .df
+                .iter()
+                .all(|d| *d == 0),
+            "{name}"
+        );
+
+        let whole = Bm25Retriever::new(index.clone()).with_whole_read(u64::MAX);
+        let pruned = Bm25Retriever::new(index.clone()).with_whole_read(0);
+        let queries = [
+            ("w0 w1 w150", vec![], vec![]),
+            (
+                "w0 w2 w5 w77",
+                vec![cond("tags", RagOperator::Equals, &["odd"])],
+                vec![],
+            ),
+            ("w1 w3 w120 w199", vec![], vec!["doc-7.md".to_string()]),
+            ("w0 w1 w2 w3", vec![], vec![]),
+            (
+                "w60",
+                vec![cond("path", RagOperator::NotEquals, &["doc-1.md"])],
+                vec![],
+            ),
+        ];
+        for (text, conditions, exclude_paths) in queries {
+            let q = RagQuery {
+                text: text.into(),
+                conditions,
+                exclude_paths,
+                limit: 8,
+            };
+            let rank = |found: Vec<aptix_worker::rag::Scored>| -> Vec<(String, u64)> {
+                found
+                    .into_iter()
+                    .map(|s| (s.chunk.id, s.score.to_bits()))
+                    .collect()
+            };
+            let expected = rank(whole.retrieve("t", &q).await.unwrap());
+            assert!(!expected.is_empty(), "{name}: {text}");
+            assert_eq!(
+                rank(pruned.retrieve("t", &q).await.unwrap()),
+                expected,
+                "{name}: {text}"
+            );
+        }
     }
 }
 
