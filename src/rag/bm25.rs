@@ -72,12 +72,13 @@ impl Weights {
         self.idf[i] * (self.k1 + 1.0)
     }
 
-    /// The score of a chunk from its postings, summed in the query's term order.
-    fn score(&self, mut parts: Vec<(usize, Posting)>) -> f64 {
-        parts.sort_unstable_by_key(|(i, _)| *i);
-        parts
-            .iter()
-            .fold(0.0, |sum, (i, p)| sum + self.part(*i, *p))
+    /// The terms any chunk holds, in the order their parts are added to every score: the one
+    /// that can add most first (ties in query order). Both ways of ranking add in this order,
+    /// so they reach the same scores to the bit.
+    fn order(&self, df: &[u64]) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..df.len()).filter(|&i| df[i] > 0).collect();
+        order.sort_by(|&a, &b| self.bound(b).total_cmp(&self.bound(a)).then(a.cmp(&b)));
+        order
     }
 }
 
@@ -151,15 +152,16 @@ fn window(limit: usize) -> usize {
     (limit * 4).max(32)
 }
 
-/// A chunk seen so far: its score from the terms read, and their postings.
-type Seen = HashMap<String, (f64, Vec<(usize, Posting)>)>;
-
 impl Bm25Retriever {
     /// Every chunk of every list, scored.
-    fn rank_all(&self, w: &Weights, lists: Vec<HashMap<String, Posting>>) -> Vec<(String, f64)> {
+    fn rank_all(
+        w: &Weights,
+        order: &[usize],
+        mut lists: Vec<HashMap<String, Posting>>,
+    ) -> Vec<(String, f64)> {
         let mut scores: HashMap<String, f64> = HashMap::new();
-        for (i, list) in lists.into_iter().enumerate() {
-            for (id, p) in list {
+        for &i in order {
+            for (id, p) in lists.get_mut(i).map(std::mem::take).unwrap_or_default() {
                 *scores.entry(id).or_insert(0.0) += w.part(i, p);
             }
         }
@@ -171,14 +173,11 @@ impl Bm25Retriever {
     /// The score below which no chunk can be among the best `limit` in scope: the score so far
     /// of the `limit`-th best chunk in scope (scores only grow), or `None` when fewer are known.
     async fn floor(
-        seen: &Seen,
+        seen: &HashMap<String, f64>,
         scope: &mut Scope<'_>,
         limit: usize,
     ) -> Result<Option<f64>, RagError> {
-        let mut ranked: Vec<(&str, f64)> = seen
-            .iter()
-            .map(|(id, (partial, _))| (id.as_str(), *partial))
-            .collect();
+        let mut ranked: Vec<(&str, f64)> = seen.iter().map(|(id, s)| (id.as_str(), *s)).collect();
         // Most of the time the first window holds enough chunks in scope: sort only that.
         let head = window(limit).min(ranked.len());
         if head < ranked.len() {
@@ -201,32 +200,29 @@ impl Bm25Retriever {
     async fn rank_pruned(
         &self,
         w: &Weights,
-        (tenant, terms, df): (&str, &[String], &[u64]),
+        (tenant, terms, df, order): (&str, &[String], &[u64], &[usize]),
         scope: &mut Scope<'_>,
         limit: usize,
     ) -> Result<Vec<(String, f64)>, RagError> {
-        let mut order: Vec<usize> = (0..terms.len()).filter(|&i| df[i] > 0).collect();
-        order.sort_by(|&a, &b| w.bound(b).total_cmp(&w.bound(a)).then(a.cmp(&b)));
-        let mut seen: Seen = HashMap::new();
+        // Each chunk seen so far, and its score from the terms read so far.
+        let mut seen: HashMap<String, f64> = HashMap::new();
         let mut next = 0;
         let mut floor = None;
         while next < order.len() {
             // The next terms whole: at least one, then as many as fit in one read.
-            let mut batch = vec![order[next]];
+            let start = next;
             let mut entries = df[order[next]];
             next += 1;
             while next < order.len() && entries + df[order[next]] <= self.whole_read {
                 entries += df[order[next]];
-                batch.push(order[next]);
                 next += 1;
             }
+            let batch = &order[start..next];
             let names: Vec<String> = batch.iter().map(|&i| terms[i].clone()).collect();
             let lists = self.index.postings(tenant, &names).await?;
             for (&i, list) in batch.iter().zip(lists) {
                 for (id, p) in list {
-                    let entry = seen.entry(id).or_insert_with(|| (0.0, Vec::new()));
-                    entry.0 += w.part(i, p);
-                    entry.1.push((i, p));
+                    *seen.entry(id).or_insert(0.0) += w.part(i, p);
                 }
             }
             if next == order.len() {
@@ -243,34 +239,31 @@ impl Bm25Retriever {
             // No chunk unseen can reach the floor; of those seen, keep the ones that still can,
             // and read the terms left for them alone (or whole, when that is less to read).
             let left: f64 = rest.iter().map(|&i| w.bound(i)).sum();
-            seen.retain(|_, (partial, _)| !surely_below(*partial + left, floor));
-            let mut open: Vec<String> = seen.keys().cloned().collect();
-            open.sort_unstable();
+            seen.retain(|_, partial| !surely_below(*partial + left, floor));
             let names: Vec<String> = rest.iter().map(|&i| terms[i].clone()).collect();
             let whole: u64 = rest.iter().map(|&i| df[i]).sum();
-            if (open.len() * rest.len()) as u64 >= whole {
+            if (seen.len() * rest.len()) as u64 >= whole {
                 for (&i, list) in rest.iter().zip(self.index.postings(tenant, &names).await?) {
                     for (id, p) in list {
-                        if let Some(entry) = seen.get_mut(&id) {
-                            entry.1.push((i, p));
+                        if let Some(score) = seen.get_mut(&id) {
+                            *score += w.part(i, p);
                         }
                     }
                 }
             } else {
+                let mut open: Vec<String> = seen.keys().cloned().collect();
+                open.sort_unstable();
                 let found = self.index.postings_of(tenant, &names, &open).await?;
                 for (&i, column) in rest.iter().zip(found) {
                     for (id, p) in open.iter().zip(column) {
-                        if let (Some(p), Some(entry)) = (p, seen.get_mut(id)) {
-                            entry.1.push((i, p));
+                        if let (Some(p), Some(score)) = (p, seen.get_mut(id)) {
+                            *score += w.part(i, p);
                         }
                     }
                 }
             }
         }
-        let mut ranked: Vec<(String, f64)> = seen
-            .into_iter()
-            .map(|(id, (_, parts))| (id, w.score(parts)))
-            .collect();
+        let mut ranked: Vec<(String, f64)> = seen.into_iter().collect();
         ranked.sort_unstable_by(by_rank);
         Ok(ranked)
     }
@@ -311,10 +304,11 @@ impl Retriever for Bm25Retriever {
             query,
             known: HashMap::new(),
         };
+        let order = w.order(&f.df);
         let ranked = if f.df.iter().sum::<u64>() <= self.whole_read {
-            self.rank_all(&w, self.index.postings(tenant, &terms).await?)
+            Self::rank_all(&w, &order, self.index.postings(tenant, &terms).await?)
         } else {
-            self.rank_pruned(&w, (tenant, &terms, &f.df), &mut scope, query.limit)
+            self.rank_pruned(&w, (tenant, &terms, &f.df, &order), &mut scope, query.limit)
                 .await?
         };
         let best = scope.best(&ranked, query.limit).await?;
