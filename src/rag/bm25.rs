@@ -8,7 +8,7 @@
 //! (each term adds at most `idf × (k1 + 1)` to a chunk's score: the "max-score" bound of
 //! Turtle and Flood). The terms left are then read only for the chunks that can still reach the
 //! top, by id. The ranking is the same as scoring everything: same chunks, same scores, same
-//! order (scores are summed in the query's term order either way).
+//! order (each chunk's parts are added in one order of the terms either way).
 //!
 //! Owns: scoring, the bound and the order of reads. Must not: know where the index lives.
 
@@ -19,8 +19,8 @@ use std::sync::Arc;
 use super::{ChunkIndex, ChunkMeta, Posting, RagError, RagQuery, Retriever, Scored, tokenize};
 
 /// Posting entries a query reads whole (all its terms' lists, in one read) before it switches
-/// to reading the rarest terms first. Tens of microseconds of work at most, and one read fewer
-/// than the pruned path for the small indexes most tenants have.
+/// to reading the rarest terms first: for the small indexes most tenants have, one read costs
+/// less than the pruned path's extra ones.
 pub const WHOLE_READ_POSTINGS: u64 = 4096;
 
 /// Okapi BM25 (k1 = 1.2, b = 0.75): works offline, needs no model.
@@ -149,7 +149,7 @@ impl Scope<'_> {
 
 /// Metadata read per step while looking for chunks in scope.
 fn window(limit: usize) -> usize {
-    (limit * 4).max(32)
+    limit.saturating_mul(4).max(32)
 }
 
 impl Bm25Retriever {
@@ -281,6 +281,13 @@ impl Retriever for Bm25Retriever {
             return Ok(Vec::new());
         }
         let f = self.index.frequencies(tenant, &terms).await?;
+        if f.df.len() != terms.len() {
+            return Err(RagError::Corrupt(format!(
+                "the index gave {} frequencies for {} terms",
+                f.df.len(),
+                terms.len()
+            )));
+        }
         if f.chunks == 0 {
             return Ok(Vec::new());
         }

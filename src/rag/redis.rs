@@ -296,16 +296,25 @@ impl ChunkIndex for RedisIndex {
             .await
             .map_err(unavailable)?;
         let per_term = ids.len().div_ceil(BATCH);
-        raw.chunks(per_term)
+        let columns: Vec<Vec<Option<Posting>>> = raw
+            .chunks(per_term)
             .zip(terms)
             .map(|(parts, term)| {
                 parts
                     .iter()
                     .flatten()
                     .map(|v| v.as_deref().map(|v| posting(&prefix, term, v)).transpose())
-                    .collect()
+                    .collect::<Result<_, _>>()
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if columns.len() != terms.len() || columns.iter().any(|c| c.len() != ids.len()) {
+            return Err(RagError::Corrupt(format!(
+                "{prefix}*: postings of {} ids for {} terms came back short",
+                ids.len(),
+                terms.len()
+            )));
+        }
+        Ok(columns)
     }
 
     async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
