@@ -349,6 +349,8 @@ mod tests {
     struct Counted {
         inner: MemoryIndex,
         entries: AtomicU64,
+        /// Answers one frequency fewer than asked (an index that is not what it claims).
+        short: bool,
     }
 
     #[async_trait::async_trait]
@@ -393,7 +395,11 @@ mod tests {
             self.inner.stats(t).await
         }
         async fn frequencies(&self, t: &str, terms: &[String]) -> Result<Frequencies, RagError> {
-            self.inner.frequencies(t, terms).await
+            let mut f = self.inner.frequencies(t, terms).await?;
+            if self.short {
+                f.df.pop();
+            }
+            Ok(f)
         }
         async fn metas(&self, t: &str, ids: &[String]) -> Result<Vec<Option<ChunkMeta>>, RagError> {
             self.inner.metas(t, ids).await
@@ -524,6 +530,7 @@ mod tests {
         let index = Arc::new(Counted {
             inner: MemoryIndex::new(),
             entries: AtomicU64::new(0),
+            short: false,
         });
         let files: Vec<Vec<Vec<u16>>> = (0..200)
             .map(|f| {
@@ -569,6 +576,7 @@ mod tests {
         let index = Arc::new(Counted {
             inner: MemoryIndex::new(),
             entries: AtomicU64::new(0),
+            short: false,
         });
         let files: Vec<Vec<Vec<u16>>> = (0..100)
             .map(|f| {
@@ -585,5 +593,25 @@ mod tests {
         let pruned = Bm25Retriever::new(index.clone()).with_whole_read(100);
         assert_eq!(ranking(pruned.retrieve("t", &q).await.unwrap()), expected);
         assert_eq!(index.entries.load(AtomicOrdering::Relaxed), read_whole);
+    }
+
+    /// An index whose frequencies do not match the terms asked is an error, not a ranking.
+    #[tokio::test]
+    async fn an_index_answering_short_is_an_error() {
+        let index = Arc::new(Counted {
+            inner: MemoryIndex::new(),
+            entries: AtomicU64::new(0),
+            short: true,
+        });
+        corpus(index.as_ref(), &[vec![vec![0, 1]]]).await;
+        let q = scoped("w0 w1".into(), 3, 0, None);
+        let err = Bm25Retriever::new(index)
+            .retrieve("t", &q)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("1 frequencies for 2 terms"),
+            "{err}"
+        );
     }
 }
