@@ -391,9 +391,6 @@ mod tests {
                 .fetch_add((terms.len() * ids.len()) as u64, AtomicOrdering::Relaxed);
             self.inner.postings_of(t, terms, ids).await
         }
-        async fn stats(&self, t: &str) -> Result<(u64, u64), RagError> {
-            self.inner.stats(t).await
-        }
         async fn frequencies(&self, t: &str, terms: &[String]) -> Result<Frequencies, RagError> {
             let mut f = self.inner.frequencies(t, terms).await?;
             if self.short {

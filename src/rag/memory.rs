@@ -146,10 +146,6 @@ impl ChunkIndex for MemoryIndex {
         })
     }
 
-    async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {
-        self.with(tenant, |t| (t.chunks.len() as u64, t.tokens))
-    }
-
     async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
         self.with(tenant, |t| Frequencies {
             chunks: t.chunks.len() as u64,

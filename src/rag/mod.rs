@@ -261,9 +261,7 @@ pub trait ChunkIndex: Send + Sync + 'static {
         terms: &[String],
         ids: &[String],
     ) -> Result<Vec<Vec<Option<Posting>>>, RagError>;
-    /// (chunks, total tokens) of the tenant's index.
-    async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError>;
-    /// The index's size and how many chunks hold each of `terms`, in one read.
+    /// The index's size (chunks, tokens) and how many chunks hold each of `terms`, in one read.
     async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError>;
     /// Metadata of chunks, in the order asked.
     async fn metas(&self, tenant: &str, ids: &[String])

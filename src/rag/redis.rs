@@ -362,18 +362,6 @@ impl ChunkIndex for RedisIndex {
         })
     }
 
-    async fn stats(&self, tenant: &str) -> Result<(u64, u64), RagError> {
-        let (chunks, tokens): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.key(tenant, "stats"))
-            .arg("chunks")
-            .arg("tokens")
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)?;
-        let n = |v: Option<i64>| u64::try_from(v.unwrap_or(0)).unwrap_or(0);
-        Ok((n(chunks), n(tokens)))
-    }
-
     async fn metas(
         &self,
         tenant: &str,
