@@ -90,9 +90,7 @@ pub fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The tenant of callers when no API tokens are configured (loopback only), and the owner of
-/// sessions created without the HTTP API.
-pub const LOCAL_TENANT: &str = "local";
+pub use crate::contract::ids::LOCAL_TENANT;
 
 /// The whole configuration.
 #[derive(Debug, Clone)]

@@ -217,7 +217,7 @@ async fn batch(
     let mut last_sent: Option<tokio::time::Instant> = None;
     let publish = |index: &mut u64, body: LiveBody| {
         let event = LiveEvent {
-            session_id: session.to_string(),
+            session_id: session.client_id().to_string(),
             turn_id: turn.to_string(),
             index: *index,
             body,

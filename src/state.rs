@@ -103,7 +103,8 @@ impl ContextIds {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionState {
-    /// The session.
+    /// The session (scoped to its tenant).
+    #[serde(with = "crate::contract::ids::scoped")]
     pub session_id: SessionId,
     /// Current mode id (what AGN-014 says sessions store).
     pub mode_id: String,
@@ -290,7 +291,8 @@ impl PartialEq for SentRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TurnRecord {
-    /// The session.
+    /// The session (scoped to its tenant).
+    #[serde(with = "crate::contract::ids::scoped")]
     pub session_id: SessionId,
     /// The turn.
     pub turn_id: TurnId,
@@ -791,7 +793,8 @@ pub struct BatchItem {
     pub line: usize,
     /// The client's id for the line.
     pub custom_id: String,
-    /// The turn's session.
+    /// The turn's session (scoped to its tenant).
+    #[serde(with = "crate::contract::ids::scoped")]
     pub session_id: SessionId,
     /// The turn.
     pub turn_id: TurnId,

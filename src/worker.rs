@@ -30,8 +30,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument as _, debug, error, info, info_span, warn};
 
 use crate::contract::{
-    AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, RequestLimits,
-    SessionId, TurnId, parse_request,
+    AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, LOCAL_TENANT,
+    RequestLimits, SessionId, TurnId, parse_request,
 };
 use crate::delivery::{Addressee, ResultDelivery, Webhooks};
 use crate::metrics::Metrics;
@@ -388,7 +388,12 @@ impl Worker {
         let disposition = match parse_request(&delivery.body, &self.settings.limits) {
             // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
             Err(rejected) => Box::pin(self.unreadable(&delivery, rejected.errors)).await,
-            Ok(parsed) => {
+            Ok(mut parsed) => {
+                // The session is the submitting tenant's: every key and queue of the turn is
+                // made from the scoped id.
+                parsed
+                    .request
+                    .scope_to(delivery.tenant.as_deref().unwrap_or(LOCAL_TENANT));
                 // The trace the front door started (or joined) goes on here; a job published
                 // without one starts its own.
                 let parent = TraceContext::from_header(delivery.traceparent.as_deref());
@@ -428,7 +433,7 @@ impl Worker {
             .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
             .unwrap_or_else(|| "unparseable job".into());
         error!(%reason, bytes = delivery.body.len(), "poison message; dead-lettering it");
-        let ids = crate::queue::named_turn(&delivery.body);
+        let ids = crate::queue::named_turn(&delivery.body, delivery.tenant.as_deref());
         let settled = match &ids {
             Some((sid, tid)) => {
                 let why = "the front door accepted this turn, but the worker cannot read its job \

@@ -129,7 +129,8 @@ pub fn context_mismatches(
             ErrorMessage::new(
                 ErrorCode::ContextMismatch,
                 format!(
-                    "{field}: session {session} runs with {latched:?} since its first turn; a later turn may leave the field out or name {latched:?}, not {named:?}"
+                    "{field}: session {} runs with {latched:?} since its first turn; a later turn may leave the field out or name {latched:?}, not {named:?}",
+                    session.client_id()
                 ),
             )
         })

@@ -1,5 +1,14 @@
 //! Identifiers that end up in queue names and Redis keys, so they are restricted to a safe
 //! charset (`[A-Za-z0-9._:-]`) and 1–128 characters. Holding one means it is valid.
+//!
+//! A session id names a session *within its tenant* (DESIGN §10): once the front door or the
+//! worker knows whose request it holds, [`SessionId::within`] scopes the client's id to that
+//! tenant, and every key, queue and binding is made from the scoped id, so two tenants' `s1`
+//! are two sessions. The scoped form is `<tenant>/<id>` (`/` is outside the id charset, so a
+//! client cannot write one); the local tenant's ids are not scoped, which keeps the keys of a
+//! deployment without tokens what they always were. What clients read (JSON, messages) is the
+//! client's id: a `SessionId` serializes without its scope; the records that must keep it say
+//! so with `#[serde(with = "scoped")]`.
 
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -18,6 +27,9 @@ pub enum IdError {
     /// The string contains a character outside the allowed set.
     #[error("contains {0:?}; only letters, digits, '.', '_', ':' and '-' are allowed")]
     BadChar(char),
+    /// A tenant name longer than [`MAX_TENANT_LEN`].
+    #[error("a tenant name must be at most {MAX_TENANT_LEN} characters (got {0})")]
+    TenantTooLong(usize),
 }
 
 /// Checks the id rules without allocating.
@@ -46,6 +58,20 @@ macro_rules! id_type {
         #[schema(value_type = String, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
         pub struct $name(String);
 
+        id_methods!($name);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Self::parse(s).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+/// What every id type has: parsing, a fresh random id, its text.
+macro_rules! id_methods {
+    ($name:ident) => {
         impl $name {
             /// Parses a string into a valid id.
             pub fn parse(s: impl Into<String>) -> Result<Self, IdError> {
@@ -76,19 +102,116 @@ macro_rules! id_type {
                 &self.0
             }
         }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
-                Self::parse(s).map_err(serde::de::Error::custom)
-            }
-        }
     };
 }
 
-id_type! {
-    /// A client-chosen session id (the conversation "room").
-    SessionId
+/// The tenant of callers when no API tokens are configured (loopback only), and of jobs that
+/// name none. Its session ids are not scoped.
+pub const LOCAL_TENANT: &str = "local";
+
+/// The mark between a scoped session id's tenant and the client's id (outside the id charset).
+const SCOPE_MARK: char = '/';
+
+/// A session id: the client's (as parsed), or scoped to its tenant ([`SessionId::within`]).
+/// `Display` and [`SessionId::as_str`] give the scoped form (keys, queue names, logs);
+/// serializing gives the client's id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, utoipa::ToSchema)]
+#[schema(value_type = String, pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+pub struct SessionId(String);
+
+id_methods!(SessionId);
+
+impl SessionId {
+    /// This session id within `tenant`'s sessions: the client's id scoped to `tenant` (the
+    /// local tenant's ids stay as they are). A scope the id already had is replaced.
+    pub fn within(&self, tenant: &str) -> Self {
+        let id = self.client_id();
+        if tenant == LOCAL_TENANT {
+            return Self(id.to_string());
+        }
+        let mut scoped = String::with_capacity(tenant.len() + 1 + id.len());
+        scoped.push_str(tenant);
+        scoped.push(SCOPE_MARK);
+        scoped.push_str(id);
+        Self(scoped)
+    }
+
+    /// The id the client chose (without the tenant's scope).
+    pub fn client_id(&self) -> &str {
+        self.0
+            .rsplit_once(SCOPE_MARK)
+            .map_or(self.0.as_str(), |(_, id)| id)
+    }
+
+    /// The tenant whose session this is ([`LOCAL_TENANT`] for an id that is not scoped).
+    pub fn tenant(&self) -> &str {
+        self.0
+            .rsplit_once(SCOPE_MARK)
+            .map_or(LOCAL_TENANT, |(tenant, _)| tenant)
+    }
+
+    /// The client's id alone, as a session id of the local tenant (what clients are shown).
+    pub fn unscoped(&self) -> Self {
+        Self(self.client_id().to_string())
+    }
+
+    /// Reads a stored id, scoped or not: the client's part must be an id and the tenant part
+    /// a tenant name ([`check_tenant`]).
+    pub fn parse_scoped(s: impl Into<String>) -> Result<Self, IdError> {
+        let s = s.into();
+        match s.rsplit_once(SCOPE_MARK) {
+            Some((tenant, id)) => {
+                check_tenant(tenant)?;
+                check_id(id)?;
+            }
+            None => check_id(&s)?,
+        }
+        Ok(Self(s))
+    }
+}
+
+/// The longest tenant name accepted (a scoped session id stays short enough for a queue name).
+pub const MAX_TENANT_LEN: usize = 64;
+
+/// Checks a tenant name: the id charset, 1–[`MAX_TENANT_LEN`] characters.
+pub fn check_tenant(s: &str) -> Result<(), IdError> {
+    check_id(s)?;
+    match s.chars().count() {
+        n if n > MAX_TENANT_LEN => Err(IdError::TenantTooLong(n)),
+        _ => Ok(()),
+    }
+}
+
+/// Clients see their own id: the scope is never written.
+impl Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.client_id())
+    }
+}
+
+/// Reads a client's id (a scoped one is refused: only [`scoped`] fields hold those).
+impl<'de> Deserialize<'de> for SessionId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `#[serde(with = "scoped")]`: a stored session id with its tenant's scope.
+pub mod scoped {
+    use super::SessionId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes the scoped form.
+    pub fn serialize<S: Serializer>(id: &SessionId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(id.as_str())
+    }
+
+    /// Reads the scoped form (or an id that was never scoped).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SessionId, D::Error> {
+        let s = String::deserialize(d)?;
+        SessionId::parse_scoped(s).map_err(serde::de::Error::custom)
+    }
 }
 id_type! {
     /// A client-chosen turn id, unique within its session.

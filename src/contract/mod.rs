@@ -11,7 +11,7 @@ pub mod response;
 pub mod tool_match;
 
 pub use codes::ErrorCode;
-pub use ids::{SessionId, ToolCallId, TurnId};
+pub use ids::{LOCAL_TENANT, SessionId, ToolCallId, TurnId};
 pub use invoke::{ErrorMessage, InvokeResult};
 pub use request::{
     AgentExecuteRequest, OnBusy, ParsedRequest, RequestLimits, RequestRejected, ToolContinuation,

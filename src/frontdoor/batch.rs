@@ -190,7 +190,9 @@ impl FrontDoor {
         let mut valid = Vec::new();
         for p in prepared {
             match p {
-                Ok((line, custom_id, request)) => {
+                Ok((line, custom_id, mut request)) => {
+                    // The lines' sessions are the tenant's.
+                    request.request.scope_to(tenant);
                     record.items.push(BatchItem {
                         line,
                         custom_id: custom_id.clone(),

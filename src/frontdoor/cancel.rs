@@ -32,27 +32,24 @@ pub enum Cancelled {
 fn missing(sid: &SessionId, tid: &TurnId) -> SubmitError {
     SubmitError::NotFound(ErrorMessage::new(
         ErrorCode::TurnNotFound,
-        format!("turn {tid} does not exist in session {sid}"),
+        format!("turn {tid} does not exist in session {}", sid.client_id()),
     ))
 }
 
 impl FrontDoor {
-    /// Cancels `tenant`'s turn. Idempotent; a finished turn is a conflict naming its status;
-    /// another tenant's turn is reported as missing.
+    /// Cancels `tenant`'s turn (`sid` is the client's id, taken as `tenant`'s session).
+    /// Idempotent; a finished turn is a conflict naming its status.
     pub async fn cancel(
         &self,
         tenant: &str,
         sid: &SessionId,
         tid: &TurnId,
     ) -> Result<Cancelled, SubmitError> {
-        if self.store.owner(sid).await?.as_deref() != Some(tenant) {
-            return Err(missing(sid, tid));
-        }
-        self.cancel_owned(sid, tid).await
+        self.cancel_owned(&sid.within(tenant), tid).await
     }
 
-    /// [`FrontDoor::cancel`] once the caller is known to own the session, or to be an admin,
-    /// who may cancel any tenant's turn.
+    /// Cancels the turn of a session already scoped to its tenant ([`SessionId::within`]): the
+    /// caller's, or any tenant's for an admin who named it.
     pub async fn cancel_owned(
         &self,
         sid: &SessionId,
@@ -122,18 +119,11 @@ impl FrontDoor {
         view: &TurnStatusView,
         record: &TurnRecord,
     ) -> Result<(), SubmitError> {
-        // The tenant's webhooks too: the session's owner is read only when there can be any.
+        // The tenant's webhooks too: the session's tenant is in its (scoped) id.
         let tenants = self.quotas.tenants();
-        let tenant = if record.webhook.is_some() || tenants.all_webhooks().next().is_some() {
-            self.store.owner(&view.session_id).await?
-        } else {
-            None
-        };
-        let targets = tenants.webhook_targets(
-            tenant.as_deref(),
-            record.webhook.as_deref(),
-            EventType::TurnCancelled,
-        );
+        let tenant = Some(record.session_id.tenant());
+        let targets =
+            tenants.webhook_targets(tenant, record.webhook.as_deref(), EventType::TurnCancelled);
         let to = Addressee {
             reply_to: record.reply_to.as_deref(),
             // Whether the submitter wanted a reply queue is not in the record; a cancel is
@@ -141,7 +131,7 @@ impl FrontDoor {
             audience: Audience::ANYONE,
             webhooks: Webhooks {
                 targets: &targets,
-                tenant: tenant.as_deref(),
+                tenant,
                 traceparent: None,
             },
         };
@@ -209,7 +199,8 @@ impl FrontDoor {
                 Err(SubmitError::Conflict(ErrorMessage::new(
                     ErrorCode::SessionBusy,
                     format!(
-                        "session {sid} has turn(s) {} queued or running, and this turn says onBusy: reject",
+                        "session {} has turn(s) {} queued or running, and this turn says onBusy: reject",
+                        sid.client_id(),
                         list.join(", ")
                     ),
                 )))

@@ -126,15 +126,48 @@ impl axum::extract::FromRequestParts<HttpState> for Tenant {
 }
 
 /// Whom the call stands for — its tenant and whether it is an admin's — for the routes an
-/// admin may use on every tenant's work (reading a session, a turn or a batch, cancelling).
-/// `401` as [`Tenant`].
-pub(crate) struct Reader(pub(crate) crate::config::Caller);
+/// admin may use on every tenant's work (reading a session, a turn or a batch, cancelling),
+/// and whose sessions its ids name: the caller's tenant's, or for an admin the tenant named
+/// with `?tenant=`. `401` as [`Tenant`]; `403 FORBIDDEN` for a tenant's token naming another
+/// tenant.
+pub(crate) struct Reader(pub(crate) crate::config::Caller, String);
 
 impl Reader {
     /// Whether the caller may read (or cancel) work of `owner`.
     pub(crate) fn may_see(&self, owner: &str) -> bool {
         self.0.admin || self.0.tenant == owner
     }
+
+    /// A path's session id as the session it names for this call (within [`Reader::scope`]);
+    /// `400 INVALID_ID` when it is not an id, as for a body's.
+    pub(crate) fn session(&self, raw: &str) -> Result<SessionId, Response> {
+        SessionId::parse(raw)
+            .map(|sid| sid.within(&self.1))
+            .map_err(|e| invalid_path_id("sessionId", &e))
+    }
+
+    /// A path's session and turn ids ([`Reader::session`]).
+    pub(crate) fn turn(&self, session: &str, turn: &str) -> Result<(SessionId, TurnId), Response> {
+        let sid = self.session(session)?;
+        let tid = TurnId::parse(turn).map_err(|e| invalid_path_id("turnId", &e))?;
+        Ok((sid, tid))
+    }
+}
+
+/// `400 INVALID_ID` for a path parameter that is not an id: the rule it breaks, not the text
+/// (which may be long, or hold bytes a log should not).
+pub(crate) fn invalid_path_id(param: &str, e: &crate::contract::ids::IdError) -> Response {
+    failure(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::InvalidId,
+        format!("{param}: {e}"),
+    )
+}
+
+/// The `tenant` query parameter of the routes that read sessions, turns and batches.
+#[derive(serde::Deserialize)]
+struct ScopeQuery {
+    tenant: Option<String>,
 }
 
 impl axum::extract::FromRequestParts<HttpState> for Reader {
@@ -144,9 +177,23 @@ impl axum::extract::FromRequestParts<HttpState> for Reader {
         parts: &mut axum::http::request::Parts,
         state: &HttpState,
     ) -> Result<Self, Response> {
-        caller(state, &parts.headers)
-            .map(Reader)
-            .ok_or_else(unauthorized)
+        let caller = caller(state, &parts.headers).ok_or_else(unauthorized)?;
+        let asked = parts
+            .uri
+            .query()
+            .and_then(|q| serde_urlencoded::from_str::<ScopeQuery>(q).ok())
+            .and_then(|q| q.tenant)
+            .filter(|t| !t.is_empty());
+        let scope = match asked {
+            None => caller.tenant.clone(),
+            Some(t) if t == caller.tenant || caller.admin => t,
+            Some(_) => {
+                return Err(forbidden(
+                    "tenant: only admin tokens may name another tenant's work",
+                ));
+            }
+        };
+        Ok(Reader(caller, scope))
     }
 }
 
@@ -447,17 +494,8 @@ pub(crate) fn not_found_turn(sid: &SessionId, tid: &TurnId) -> Response {
     failure(
         StatusCode::NOT_FOUND,
         ErrorCode::TurnNotFound,
-        format!("turn {tid} does not exist in session {sid}"),
+        format!("turn {tid} does not exist in session {}", sid.client_id()),
     )
-}
-
-/// Parses path ids; a malformed id cannot exist, so it is a 404 like any absent one.
-pub(crate) fn ids(session: &str, turn: Option<&str>) -> Option<(SessionId, Option<TurnId>)> {
-    let sid = SessionId::parse(session).ok()?;
-    match turn {
-        None => Some((sid, None)),
-        Some(t) => Some((sid, Some(TurnId::parse(t).ok()?))),
-    }
 }
 
 /// A path parameter that could not be read (not UTF-8 once percent-decoded) is a 400 with an

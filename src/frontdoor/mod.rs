@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
-    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, OnBusy, RequestLimits,
-    RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
+    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, LOCAL_TENANT, OnBusy,
+    RequestLimits, RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
 };
 use crate::delivery::ResultDelivery;
 use crate::metrics::Metrics;
@@ -359,33 +359,22 @@ impl FrontDoor {
     }
 
     /// Checks that `tenant` may submit `request`: a user turn needs the tenant's token quota
-    /// not to be spent (its session is claimed for the tenant as the turn is recorded, unless
-    /// another tenant owns it); a continuation (the rest of an accepted turn) needs the tenant
-    /// to own the session. Another tenant's session is reported exactly like a missing turn.
+    /// not to be spent; a continuation (the rest of an accepted turn) needs nothing more, as
+    /// it can only name a turn of the tenant's own sessions (its id is scoped to the tenant).
     pub async fn authorize(
         &self,
         tenant: &str,
         request: &AgentExecuteRequest,
     ) -> Result<(), SubmitError> {
-        match request {
-            AgentExecuteRequest::UserTurn(_) => {
-                if let Err(e) = self.quotas.check_tokens(tenant).await {
-                    if matches!(e, QuotaError::Exceeded(_)) {
-                        self.metrics.turn_refused_by_policy("quota_exceeded");
-                    }
-                    return Err(e.into());
-                }
-                Ok(())
+        if let AgentExecuteRequest::UserTurn(_) = request
+            && let Err(e) = self.quotas.check_tokens(tenant).await
+        {
+            if matches!(e, QuotaError::Exceeded(_)) {
+                self.metrics.turn_refused_by_policy("quota_exceeded");
             }
-            AgentExecuteRequest::ToolContinuation(_) => {
-                match self.store.owner(request.session_id()).await? {
-                    Some(o) if o != tenant => {
-                        Err(not_found(request.session_id(), request.turn_id()))
-                    }
-                    _ => Ok(()),
-                }
-            }
+            return Err(e.into());
         }
+        Ok(())
     }
 
     /// Records a new user turn as queued, with its session claimed for `tenant` and its
@@ -457,8 +446,9 @@ impl FrontDoor {
         trace: &TraceContext,
         pickup: Pickup<'_>,
     ) -> Result<TurnStatusView, SubmitError> {
-        self.authorize(tenant, request).await?;
-        self.enqueue_request(request, trace, Some(tenant), pickup)
+        let request = request.within(tenant);
+        self.authorize(tenant, &request).await?;
+        self.enqueue_request(&request, trace, Some(tenant), pickup)
             .await
     }
 
@@ -469,6 +459,9 @@ impl FrontDoor {
         tenant: Option<&str>,
         pickup: Pickup<'_>,
     ) -> Result<TurnStatusView, SubmitError> {
+        // The session is the tenant's (every key and queue below is made from the scoped id;
+        // the job carries the client's id and the tenant, and the worker scopes it again).
+        let request = &*request.within(tenant.unwrap_or(LOCAL_TENANT));
         // `trace` is the front door's own position in the trace (see `extract::trace_of`).
         let traceparent = trace.header();
         let reply_to = pickup.reply_to;
@@ -522,7 +515,8 @@ impl FrontDoor {
                         return Err(SubmitError::Conflict(ErrorMessage::new(
                             ErrorCode::TurnConflict,
                             format!(
-                                "turn {tid} already exists in session {sid} with a different payload"
+                                "turn {tid} already exists in session {} with a different payload",
+                                sid.client_id()
                             ),
                         )));
                     }
@@ -588,7 +582,7 @@ impl FrontDoor {
 fn not_found(sid: &SessionId, tid: &TurnId) -> SubmitError {
     SubmitError::NotFound(ErrorMessage::new(
         ErrorCode::TurnNotFound,
-        format!("turn {tid} does not exist in session {sid}"),
+        format!("turn {tid} does not exist in session {}", sid.client_id()),
     ))
 }
 
@@ -626,7 +620,7 @@ impl FrontDoor {
             let Some(before) = self.store.get_turn(sid, tid).await? else {
                 return Err(SubmitError::NotFound(ErrorMessage::new(
                     ErrorCode::TurnNotFound,
-                    format!("turn {tid} does not exist in session {sid}"),
+                    format!("turn {tid} does not exist in session {}", sid.client_id()),
                 )));
             };
             if before.continuation.as_deref() == Some(fp) {
@@ -672,7 +666,8 @@ impl FrontDoor {
             // Another writer changed the record between our read and write: decide again.
         }
         Err(SubmitError::Unavailable(format!(
-            "turn {tid} of session {sid} kept changing while its tool results were accepted"
+            "turn {tid} of session {} kept changing while its tool results were accepted",
+            sid.client_id()
         )))
     }
 }

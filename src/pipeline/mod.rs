@@ -39,7 +39,6 @@ use sha2::{Digest, Sha256};
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::catalog::ModeCatalog;
-use crate::config::LOCAL_TENANT;
 use crate::contexts::KnownContexts;
 use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, SessionId,
@@ -321,28 +320,13 @@ impl Pipeline {
     /// turn (scoped by its `ragScope`, in rank order, cut to the budget). Retrieval is
     /// advisory: when the index cannot be read the turn goes on with its artifacts alone.
     ///
-    /// Chunks are the session owner's: the tenant the front door marked the job with (it
-    /// admits only the owner's turns), else the owner the store records.
-    async fn context_chunks(
-        &self,
-        sid: &SessionId,
-        tenant: Option<&str>,
-        turn: &UserTurn,
-    ) -> Vec<compose::ContextChunk> {
+    /// Chunks are the tenant's whose session it is (the session id is scoped to it).
+    async fn context_chunks(&self, sid: &SessionId, turn: &UserTurn) -> Vec<compose::ContextChunk> {
         let artifacts = compose::artifact_chunks(turn);
         let Some(rag) = &self.rag else {
             return artifacts;
         };
-        let tenant = match tenant {
-            Some(t) => t.to_string(),
-            None => match self.store.owner(sid).await {
-                Ok(owner) => owner.unwrap_or_else(|| LOCAL_TENANT.to_string()),
-                Err(e) => {
-                    warn!(error = %e, "cannot read the session's owner; no retrieval for this turn");
-                    return artifacts;
-                }
-            },
-        };
+        let tenant = sid.tenant();
         let mut text = turn.instruction().unwrap_or_default().to_string();
         // Artifact names without their extensions: `.md` would match every Markdown chunk.
         for a in turn.input_artifacts() {

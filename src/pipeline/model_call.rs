@@ -12,7 +12,6 @@ use tracing::{debug, info, warn};
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
 use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
-use crate::config::LOCAL_TENANT;
 use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult};
 use crate::contract::{SessionId, TurnId};
@@ -254,11 +253,7 @@ impl Pipeline {
             reattached,
         });
         let spent = Spent {
-            tenant: run
-                .session()
-                .owner
-                .clone()
-                .unwrap_or_else(|| LOCAL_TENANT.to_string()),
+            tenant: run.session().session_id.tenant().to_string(),
             context: run.session().contexts.agent_context_id.clone(),
             usage: response.usage,
         };

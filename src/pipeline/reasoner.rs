@@ -124,7 +124,7 @@ impl Pipeline {
             if resuming {
                 Vec::new()
             } else {
-                self.context_chunks(sid, tenant, turn).await
+                self.context_chunks(sid, turn).await
             }
         };
         let start = self.start_user_turn(held, record, session, changed, live);
@@ -186,7 +186,7 @@ impl Pipeline {
             let Some(record) = record else {
                 let unknown = InvokeResult::failure(permanent(
                     ErrorCode::TurnNotFound,
-                    format!("turn {tid} does not exist in session {sid}"),
+                    format!("turn {tid} does not exist in session {}", sid.client_id()),
                 ));
                 return Err(Box::new(Err(Interrupted::NotTheTurns(Box::new(unknown)))));
             };
@@ -248,7 +248,10 @@ impl Pipeline {
                 held.release().await;
                 return Err(store_failure(match other {
                     Err(e) => e,
-                    _ => StoreError::Corrupt(format!("session {sid} of a waiting turn is missing")),
+                    _ => StoreError::Corrupt(format!(
+                        "session {} of a waiting turn is missing",
+                        sid.client_id()
+                    )),
                 })
                 .into());
             }

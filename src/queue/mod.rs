@@ -12,7 +12,7 @@ pub mod rabbit;
 
 use std::time::Duration;
 
-use crate::contract::SessionId;
+use crate::contract::{LOCAL_TENANT, SessionId};
 
 pub use memory::MemoryBroker;
 pub use rabbit::RabbitBroker;
@@ -459,8 +459,12 @@ pub struct DeadLetter {
 
 /// The session and turn ids a job's body names, when it names valid ones (a JSON object with
 /// `sessionId` and `turnId`, in either spelling the request parser accepts) — also for a job
-/// the parser refuses, or one in the dead-letter queue.
-pub fn named_turn(body: &[u8]) -> Option<(SessionId, crate::contract::TurnId)> {
+/// the parser refuses, or one in the dead-letter queue — the session scoped to the job's
+/// `tenant` (the header's; none is the local tenant).
+pub fn named_turn(
+    body: &[u8],
+    tenant: Option<&str>,
+) -> Option<(SessionId, crate::contract::TurnId)> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     let field = |camel: &str, pascal: &str| {
         value
@@ -471,7 +475,7 @@ pub fn named_turn(body: &[u8]) -> Option<(SessionId, crate::contract::TurnId)> {
     };
     let sid = SessionId::parse(field("sessionId", "SessionId")?).ok()?;
     let tid = crate::contract::TurnId::parse(field("turnId", "TurnId")?).ok()?;
-    Some((sid, tid))
+    Some((sid.within(tenant.unwrap_or(LOCAL_TENANT)), tid))
 }
 
 /// The headers a dead-lettered job is requeued with: a fresh attempt, no front door waiting

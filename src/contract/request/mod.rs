@@ -77,6 +77,31 @@ impl AgentExecuteRequest {
             Self::ToolContinuation(c) => &c.turn_id,
         }
     }
+
+    /// Makes the request `tenant`'s: its session id scoped to the tenant
+    /// ([`SessionId::within`]). Whoever learns the request's tenant does this before anything
+    /// is read or written for its session.
+    pub fn scope_to(&mut self, tenant: &str) {
+        let sid = match self {
+            Self::UserTurn(t) => &mut t.session_id,
+            Self::ToolContinuation(c) => &mut c.session_id,
+        };
+        if sid.tenant() != tenant {
+            *sid = sid.within(tenant);
+        }
+    }
+
+    /// The request as `tenant`'s ([`AgentExecuteRequest::scope_to`]), copied only when its
+    /// scope changes.
+    pub fn within(&self, tenant: &str) -> std::borrow::Cow<'_, Self> {
+        if self.session_id().tenant() == tenant {
+            std::borrow::Cow::Borrowed(self)
+        } else {
+            let mut scoped = self.clone();
+            scoped.scope_to(tenant);
+            std::borrow::Cow::Owned(scoped)
+        }
+    }
 }
 
 /// A user turn: ids plus at least one of instruction, input artifacts, clipboard images.

@@ -171,10 +171,10 @@ pub(crate) struct DeadLetterView {
 }
 
 fn view(position: usize, letter: &DeadLetter) -> DeadLetterView {
-    let named = crate::queue::named_turn(&letter.body);
+    let named = crate::queue::named_turn(&letter.body, letter.meta.tenant.as_deref());
     DeadLetterView {
         position,
-        session_id: named.as_ref().map(|(s, _)| s.to_string()),
+        session_id: named.as_ref().map(|(s, _)| s.client_id().to_string()),
         turn_id: named.as_ref().map(|(_, t)| t.to_string()),
         tenant: letter.meta.tenant.clone(),
         reason: letter.reason.clone(),
@@ -300,7 +300,8 @@ pub(crate) async fn requeue_dead(
         .collect();
     let all = ask.all;
     let choose = move |letter: &DeadLetter| {
-        let named = crate::queue::named_turn(&letter.body)
+        // The client's ids (the tenant is a field of the letter beside them).
+        let named = crate::queue::named_turn(&letter.body, None)
             .map(|(s, t)| (s.to_string(), t.to_string()))
             .is_some_and(|ids| wanted.contains(&ids));
         if all || named {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::contract::{InvokeResult, SessionId, TurnId};
 use crate::delivery::Resume;
 use crate::frontdoor::extract::{
-    ApiPath, HttpState, Reader, answer, ids, not_found_session, unavailable,
+    ApiPath, HttpState, Reader, answer, not_found_session, unavailable,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::live::{LiveBody, LiveEvent};
@@ -107,14 +107,10 @@ pub(crate) async fn get_session(
     reader: Reader,
 ) -> Response {
     let missing = || not_found_session(&session_id);
-    let Some((sid, _)) = ids(&session_id, None) else {
-        return missing();
+    let sid = match reader.session(&session_id) {
+        Ok(sid) => sid,
+        Err(invalid) => return invalid,
     };
-    match state.store.owner(&sid).await {
-        Err(e) => return unavailable(e),
-        Ok(Some(o)) if reader.may_see(&o) => {}
-        Ok(_) => return missing(),
-    }
     let (session, turn_ids, contexts) = match tokio::join!(
         state.store.get_session(&sid),
         state.store.list_turns(&sid),
@@ -123,6 +119,10 @@ pub(crate) async fn get_session(
         (Ok(s), Ok(t), Ok(c)) => (s, t, c),
         (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return unavailable(e),
     };
+    // A session is there once a turn was accepted for it (its contexts latched then).
+    if session.is_none() && turn_ids.is_empty() && contexts.is_none() {
+        return missing();
+    }
     let mut turns = Vec::with_capacity(turn_ids.len());
     for tid in turn_ids {
         match state.store.get_turn(&sid, &tid).await {
@@ -174,16 +174,13 @@ pub(crate) async fn session_events(
     reader: Reader,
     headers: axum::http::HeaderMap,
 ) -> Response {
-    let Some((sid, _)) = ids(&session_id, None) else {
-        return not_found_session(&session_id);
+    // Subscribing before the first turn is allowed, and writes nothing: the session is the
+    // caller's tenant's (an admin names another tenant with `?tenant=`), whoever else uses
+    // the same id.
+    let sid = match reader.session(&session_id) {
+        Ok(sid) => sid,
+        Err(invalid) => return invalid,
     };
-    // Subscribing before the first turn is allowed, and makes the subscriber's tenant the
-    // owner; an admin may follow any tenant's session.
-    match state.store.claim_owner(&sid, &reader.0.tenant).await {
-        Err(e) => return unavailable(e),
-        Ok(owner) if !reader.may_see(&owner) => return not_found_session(&session_id),
-        Ok(_) => {}
-    }
     // A reconnecting client gets what it missed of the turn it names (whichever front door it
     // was connected to), then what is published.
     let resume = headers

@@ -106,6 +106,8 @@ async fn relay_turn(
     trace: &TraceContext,
     lines: &tokio::sync::mpsc::Sender<Result<axum::body::Bytes, std::convert::Infallible>>,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    // The session is the tenant's: the wait below listens for the scoped id.
+    let request = &*request.within(tenant);
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, true)).await;
@@ -154,6 +156,8 @@ pub(crate) async fn run_sync(
     request: &AgentExecuteRequest,
     trace: &TraceContext,
 ) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+    // The session is the tenant's: the wait below listens for the scoped id.
+    let request = &*request.within(tenant);
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, false)).await;
@@ -246,8 +250,12 @@ fn outcome(
             ))
         }),
         Some(_) => unavailable_now(format!(
-            "turn {tid} did not finish in time; poll GET /v1/sessions/{sid}/turns/{tid}"
+            "turn {tid} did not finish in time; poll GET /v1/sessions/{}/turns/{tid}",
+            sid.client_id()
         )),
-        None => unavailable_now(format!("turn {tid} of session {sid} no longer exists")),
+        None => unavailable_now(format!(
+            "turn {tid} of session {} no longer exists",
+            sid.client_id()
+        )),
     }
 }

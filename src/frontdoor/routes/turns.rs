@@ -7,12 +7,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::contract::parse_request;
-use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
+use crate::contract::{ErrorCode, InvokeResult};
 use crate::delivery::Turn;
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, Reader, RequestSized, Tenant, Traced, answer,
-    failure, ids, not_found_turn, refused, unavailable, unavailable_unaccepted,
+    not_found_turn, refused, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 use crate::store::TurnStatusView;
@@ -99,41 +99,6 @@ impl IntoResponse for SubmitError {
     }
 }
 
-/// The ids of a path's turn, when they are ids at all.
-fn turn_ids(session_id: &str, turn_id: &str) -> Option<(SessionId, TurnId)> {
-    match ids(session_id, Some(turn_id)) {
-        Some((sid, Some(tid))) => Some((sid, tid)),
-        _ => None,
-    }
-}
-
-/// `404 TURN_NOT_FOUND` for a path's turn whose ids are not ids.
-fn missing_turn(session_id: &str, turn_id: &str) -> Response {
-    failure(
-        StatusCode::NOT_FOUND,
-        ErrorCode::TurnNotFound,
-        format!("turn {turn_id:?} does not exist in session {session_id:?}"),
-    )
-}
-
-/// A path's turn when the caller may see its session (its tenant's, or any for an admin); else the answer: `404` (not ids, or another
-/// tenant's or no session), or `503`.
-async fn tenants_turn(
-    state: &HttpState,
-    reader: &Reader,
-    session_id: &str,
-    turn_id: &str,
-) -> Result<(SessionId, TurnId), Response> {
-    let Some((sid, tid)) = turn_ids(session_id, turn_id) else {
-        return Err(missing_turn(session_id, turn_id));
-    };
-    match state.store.owner(&sid).await {
-        Err(e) => Err(unavailable(e)),
-        Ok(Some(o)) if reader.may_see(&o) => Ok((sid, tid)),
-        Ok(_) => Err(not_found_turn(&sid, &tid)),
-    }
-}
-
 /// Everything kept of a turn, for a person looking into it (the console's turn inspector):
 /// its history from `queued` on (runs started and ended, and why), every model call answered
 /// (model, agent context, latency, tokens, tier, text) and request sent, every server tool
@@ -157,7 +122,7 @@ pub(crate) async fn inspect_turn(
     ApiPath((session_id, turn_id)): ApiPath<(String, String)>,
     reader: Reader,
 ) -> Response {
-    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
+    let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
         Err(refused) => return refused,
     };
@@ -196,7 +161,7 @@ pub(crate) async fn get_turn(
         Ok(w) => w,
         Err(bad) => return bad.into(),
     };
-    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
+    let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
         Err(refused) => return refused,
     };
@@ -248,7 +213,7 @@ pub(crate) async fn cancel_turn(
     reader: Reader,
 ) -> Response {
     use crate::frontdoor::cancel::Cancelled;
-    let (sid, tid) = match tenants_turn(&state, &reader, &session_id, &turn_id).await {
+    let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
         Err(refused) => return refused,
     };

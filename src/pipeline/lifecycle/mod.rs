@@ -620,7 +620,8 @@ impl Pipeline {
                     ErrorCode::TurnConflict,
                     format!(
                         "turn {} already exists in session {} with a different payload",
-                        rec.turn_id, rec.session_id
+                        rec.turn_id,
+                        rec.session_id.client_id()
                     ),
                 ),
             ))));
@@ -920,7 +921,10 @@ pub(super) fn busy(sid: &SessionId) -> NoLease {
     NoLease::Busy(RetryableFailure {
         error: permanent(
             ErrorCode::SessionBusy,
-            format!("session {sid} is running another turn; this one will run after it"),
+            format!(
+                "session {} is running another turn; this one will run after it",
+                sid.client_id()
+            ),
         ),
         kind: RetryKind::Failure,
     })
