@@ -14,7 +14,7 @@ use crate::contexts::{AgentContext, Contexts, DEFAULT_CONTEXT};
 use crate::delivery::ResultDelivery;
 use crate::fake_llm::{FakeLlm, FakeOptions};
 use crate::frontdoor::FrontDoor;
-use crate::frontdoor::http::{HttpState, router, serve};
+use crate::frontdoor::http::{HttpState, Reading, router, serve_with};
 use crate::limiter::{CallLimiter, CallLimits, LimitStore, MemoryLimits, RedisLimits};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
@@ -248,6 +248,7 @@ impl App {
                 max_lines: config.chunk_lines,
             },
             console: config.console,
+            read_timeout: config.http_read_timeout,
         }
     }
 
@@ -262,7 +263,11 @@ impl App {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
         let router = router(self.http_state(config));
-        tokio::spawn(serve(listener, router, shutdown))
+        let reading = Reading {
+            timeout: config.http_read_timeout,
+            metrics: self.metrics.clone(),
+        };
+        tokio::spawn(serve_with(listener, router, shutdown, reading))
     }
 }
 

@@ -172,6 +172,10 @@ pub struct Config {
     /// `APTIX_DEPENDENCY_TIMEOUT_MS`: the longest one Redis command or RabbitMQ operation
     /// (connect, declare, publish and its confirm) may take before it counts as failed.
     pub dependency_timeout: Duration,
+    /// `APTIX_HTTP_READ_TIMEOUT_SECS` (fractions allowed): how long the API waits for a
+    /// client's next bytes — a request's headers, the rest of its body, the next request on
+    /// an idle keep-alive connection — before it closes the connection.
+    pub http_read_timeout: Duration,
     /// `APTIX_API_TOKENS`: bearer token → tenant (`token=tenant,token=tenant`); an entry
     /// `token=tenant:admin` is an admin token of that tenant.
     pub api_tokens: ApiTokens,
@@ -407,6 +411,11 @@ impl Config {
             llm_calls: llm_calls(&get)?,
             console: flag(&get, "APTIX_CONSOLE")?,
             api_tokens: tokens(&get)?,
+            http_read_timeout: Duration::from_secs_f64(positive(
+                &get,
+                "APTIX_HTTP_READ_TIMEOUT_SECS",
+                crate::frontdoor::http::HEADER_READ_TIMEOUT.as_secs_f64(),
+            )?),
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),
             shutdown_grace: Duration::from_secs(number(&get, "APTIX_SHUTDOWN_GRACE_SECS", 30)?),

@@ -73,6 +73,7 @@ pub struct Metrics {
     quota_rejections: Family<QuotaLabels, Counter>,
     http_requests: Family<RequestLabels, Counter>,
     http_duration: RouteHistograms,
+    http_timeouts: Family<Labels, Counter>,
     dependency_up: Family<Labels, Gauge>,
     webhook_outcomes: Family<[(&'static str, &'static str); 2], Counter>,
     webhook_attempt_seconds: Histogram,
@@ -312,6 +313,12 @@ impl Metrics {
             "Time from an HTTP request's arrival to its answer's status and headers, by route template (a streamed body goes on after it)",
             http_duration.clone(),
         );
+        let http_timeouts = Family::<Labels, Counter>::default();
+        registry.register(
+            "http_connections_timed_out",
+            "HTTP connections closed because the client sent nothing for the read timeout (APTIX_HTTP_READ_TIMEOUT_SECS), by what it was to send: phase=\"headers\" (a request's headers, or the next request on an idle keep-alive connection) or phase=\"body\" (the next bytes of a body)",
+            http_timeouts.clone(),
+        );
         let dependency_up = Family::<Labels, Gauge>::default();
         registry.register(
             "dependency_up",
@@ -383,6 +390,7 @@ impl Metrics {
             quota_rejections,
             http_requests,
             http_duration,
+            http_timeouts,
             dependency_up,
             webhook_outcomes,
             webhook_attempt_seconds,
@@ -393,6 +401,12 @@ impl Metrics {
             pulse: crate::vitals::Pulse::default(),
             routes: RwLock::default(),
         }
+    }
+
+    /// An HTTP connection was closed after the client sent nothing for the read timeout, while
+    /// the server waited for `phase`: `"headers"` or `"body"`.
+    pub fn http_timed_out(&self, phase: &'static str) {
+        self.http_timeouts.get_or_create(&[("phase", phase)]).inc();
     }
 
     /// An HTTP request was answered: `route` is the route's template (the same few series

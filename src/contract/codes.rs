@@ -35,6 +35,8 @@ error_codes! {
     MalformedJson = "MALFORMED_JSON",
     /// The body, the instruction, an artifact or an image is larger than the configured limit.
     PayloadTooLarge = "PAYLOAD_TOO_LARGE",
+    /// The request body stopped arriving: nothing came for the read timeout (`APTIX_HTTP_READ_TIMEOUT_SECS`, 15 s by default); the connection is closed.
+    RequestTimeout = "REQUEST_TIMEOUT",
     /// A required field is absent (or null).
     MissingField = "MISSING_FIELD",
     /// A field has the wrong JSON type (for example a number where a string is expected).

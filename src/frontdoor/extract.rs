@@ -50,6 +50,9 @@ pub struct HttpState {
     pub chunk_options: ChunkOptions,
     /// Serve the console (`/console`, `APTIX_CONSOLE`).
     pub console: bool,
+    /// How long a body may stop arriving before the request is answered `408` and its
+    /// connection closed (`APTIX_HTTP_READ_TIMEOUT_SECS`).
+    pub read_timeout: Duration,
 }
 
 impl HttpState {
@@ -138,30 +141,48 @@ impl Reader {
         self.0.admin || self.0.tenant == owner
     }
 
-    /// A path's session id as the session it names for this call (within [`Reader::scope`]);
-    /// `400 INVALID_ID` when it is not an id, as for a body's.
-    pub(crate) fn session(&self, raw: &str) -> Result<SessionId, Response> {
+    /// A path's session id as the session it names for this call (within the reader's
+    /// scope); `400 INVALID_ID` when it is not an id, as for a body's.
+    pub(crate) fn session(&self, raw: &str) -> Result<SessionId, InvalidPathId> {
         SessionId::parse(raw)
             .map(|sid| sid.within(&self.1))
-            .map_err(|e| invalid_path_id("sessionId", &e))
+            .map_err(|error| InvalidPathId {
+                param: "sessionId",
+                error,
+            })
     }
 
     /// A path's session and turn ids ([`Reader::session`]).
-    pub(crate) fn turn(&self, session: &str, turn: &str) -> Result<(SessionId, TurnId), Response> {
+    pub(crate) fn turn(
+        &self,
+        session: &str,
+        turn: &str,
+    ) -> Result<(SessionId, TurnId), InvalidPathId> {
         let sid = self.session(session)?;
-        let tid = TurnId::parse(turn).map_err(|e| invalid_path_id("turnId", &e))?;
+        let tid = TurnId::parse(turn).map_err(|error| InvalidPathId {
+            param: "turnId",
+            error,
+        })?;
         Ok((sid, tid))
     }
 }
 
-/// `400 INVALID_ID` for a path parameter that is not an id: the rule it breaks, not the text
-/// (which may be long, or hold bytes a log should not).
-pub(crate) fn invalid_path_id(param: &str, e: &crate::contract::ids::IdError) -> Response {
-    failure(
-        StatusCode::BAD_REQUEST,
-        ErrorCode::InvalidId,
-        format!("{param}: {e}"),
-    )
+/// A path parameter that is not an id: answered `400 INVALID_ID` with the rule it breaks, not
+/// its text (which may be long, or hold bytes a log should not).
+#[derive(Debug)]
+pub(crate) struct InvalidPathId {
+    param: &'static str,
+    error: crate::contract::ids::IdError,
+}
+
+impl IntoResponse for InvalidPathId {
+    fn into_response(self) -> Response {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidId,
+            format!("{}: {}", self.param, self.error),
+        )
+    }
 }
 
 /// The `tenant` query parameter of the routes that read sessions, turns and batches.
@@ -267,7 +288,7 @@ impl<L: BodyLimit> axum::extract::FromRequest<HttpState> for LimitedBody<L> {
         if let Some(refused) = L::MEDIA.refusal(request.headers()) {
             return Err(refused);
         }
-        read_body(request, L::bytes(state))
+        read_body(request, L::bytes(state), state.read_timeout, &state.metrics)
             .await
             .map(|body| Self(body, std::marker::PhantomData))
     }
@@ -362,7 +383,13 @@ pub(crate) fn refused(rejected: crate::contract::RequestRejected, invalid: Statu
 /// Reads a body of at most `limit` bytes; a longer one is a `413` with `PAYLOAD_TOO_LARGE`, and
 /// a compressed one a `415` with `UNSUPPORTED_CONTENT_ENCODING` (read as it is, it would only
 /// be reported as malformed).
-pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, Response> {
+pub(crate) async fn read_body(
+    request: Request,
+    limit: usize,
+    idle: Duration,
+    metrics: &Metrics,
+) -> Result<Bytes, Response> {
+    use futures_util::StreamExt as _;
     if let Some(coding) = content_coding(request.headers()) {
         return Err(failure(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -372,15 +399,110 @@ pub(crate) async fn read_body(request: Request, limit: usize) -> Result<Bytes, R
             ),
         ));
     }
-    axum::body::to_bytes(request.into_body(), limit)
-        .await
-        .map_err(|_| {
-            failure(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::PayloadTooLarge,
-                format!("$: the request body is larger than the limit of {limit} bytes"),
-            )
-        })
+    let too_large = || {
+        failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!("$: the request body is larger than the limit of {limit} bytes"),
+        )
+    };
+    // A declared length over the limit is refused before a byte of the body is read.
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    // A body that comes in one piece (most) is kept as it came, without a copy.
+    let mut body = Pieces::default();
+    let mut pieces = request.into_body().into_data_stream();
+    loop {
+        // Each piece must come within `idle` of the one before: a body may be large and slow,
+        // never stalled (a connection held open by a body that stops short).
+        let piece = match tokio::time::timeout(idle, pieces.next()).await {
+            Err(_elapsed) => {
+                metrics.http_timed_out("body");
+                tracing::info!(
+                    received = body.len(),
+                    idle_secs = idle.as_secs_f64(),
+                    "a request body stopped arriving; answering 408 and closing the connection"
+                );
+                let mut refused = failure(
+                    StatusCode::REQUEST_TIMEOUT,
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "$: the request body stopped arriving: nothing came for {} s after {} bytes",
+                        idle.as_secs_f64(),
+                        body.len()
+                    ),
+                );
+                refused.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return Err(refused);
+            }
+            Ok(None) => break,
+            Ok(Some(Ok(piece))) => piece,
+            Ok(Some(Err(e))) => {
+                return Err(failure(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::MalformedJson,
+                    format!("$: the request body could not be read: {e}"),
+                ));
+            }
+        };
+        if body.len() + piece.len() > limit {
+            return Err(too_large());
+        }
+        body.push(piece, declared.unwrap_or(0).min(limit));
+    }
+    Ok(body.into_bytes())
+}
+
+/// A body as it is read: its one piece, or its pieces copied together.
+#[derive(Default)]
+enum Pieces {
+    #[default]
+    None,
+    One(Bytes),
+    Many(Vec<u8>),
+}
+
+impl Pieces {
+    fn len(&self) -> usize {
+        match self {
+            Self::None => 0,
+            Self::One(b) => b.len(),
+            Self::Many(v) => v.len(),
+        }
+    }
+
+    fn push(&mut self, piece: Bytes, expected: usize) {
+        *self = match std::mem::take(self) {
+            Self::None => Self::One(piece),
+            Self::One(first) => {
+                let mut all = Vec::with_capacity(expected.max(first.len() + piece.len()));
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&piece);
+                Self::Many(all)
+            }
+            Self::Many(mut all) => {
+                all.extend_from_slice(&piece);
+                Self::Many(all)
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Self::None => Bytes::new(),
+            Self::One(b) => b,
+            Self::Many(v) => Bytes::from(v),
+        }
+    }
 }
 
 /// The content coding a request body is sent with, other than `identity` (as the header

@@ -32,6 +32,7 @@ use super::routes::ops::{healthz, metrics, readyz};
 use crate::config::ApiTokens;
 use crate::contexts::KnownContexts;
 use crate::contract::ErrorCode;
+use crate::metrics::Metrics;
 use crate::trace::TraceContext;
 
 pub use crate::config::LOCAL_TENANT;
@@ -267,14 +268,25 @@ pub fn ops_router(state: HttpState) -> Router {
     )
 }
 
-/// How long a client may take to send a request's headers, and how long an idle keep-alive
-/// connection waits for the next request, before the connection is closed. Bodies and answers
-/// are not bounded by it: a long-poll, an SSE stream or the synchronous endpoint may take as
-/// long as the route allows.
+/// How long, by default, the API waits for a client's next bytes (a request's headers, the
+/// rest of its body, the next request on an idle keep-alive connection) before it closes the
+/// connection (`APTIX_HTTP_READ_TIMEOUT_SECS`). Answers are not bounded by it: a long-poll,
+/// an SSE stream or the synchronous endpoint may take as long as the route allows.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How long a stopping server waits for open connections (an SSE stream never ends by itself).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How a server reads its clients: how long it waits for their bytes, and where it counts the
+/// connections it closed for waiting too long.
+#[derive(Clone)]
+pub struct Reading {
+    /// The wait for a request's headers (from the moment the connection is accepted, or the
+    /// previous answer was sent); a body's own wait is [`HttpState::read_timeout`].
+    pub timeout: Duration,
+    /// Counts closed connections (`aptix_http_connections_timed_out_total`).
+    pub metrics: Arc<Metrics>,
+}
 
 /// Serves `router` on `listener` until `shutdown` fires, closing connections that do not send
 /// their headers within [`HEADER_READ_TIMEOUT`] (slow or idle clients).
@@ -283,22 +295,27 @@ pub async fn serve(
     router: Router,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await
+    let reading = Reading {
+        timeout: HEADER_READ_TIMEOUT,
+        metrics: Arc::new(Metrics::new()),
+    };
+    serve_with(listener, router, shutdown, reading).await
 }
 
-/// [`serve`] with another header-read timeout.
+/// [`serve`] reading clients as `reading` says. HTTP/1.1 only (what the API speaks): a
+/// protocol-sniffing server reads a connection's first bytes before any timeout runs, and a
+/// connection that sends nothing would be held for ever.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: tokio_util::sync::CancellationToken,
-    header_read_timeout: Duration,
+    reading: Reading,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
+        .header_read_timeout(reading.timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let (stream, _peer) = tokio::select! {
@@ -315,11 +332,17 @@ pub async fn serve_with(
         };
         crate::net::no_delay(&stream);
         let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn.into_owned());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        let metrics = reading.metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection closed with an error");
+            match conn.await {
+                Ok(()) => {}
+                Err(e) if e.is_timeout() => {
+                    metrics.http_timed_out("headers");
+                    tracing::debug!("closed a connection that sent no request in time");
+                }
+                Err(e) => tracing::debug!(error = %e, "connection closed with an error"),
             }
         });
     }

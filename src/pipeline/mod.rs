@@ -352,7 +352,7 @@ impl Pipeline {
                 .collect(),
             limit: rag.budget.max_chunks,
         };
-        let retrieved = match rag.retriever.retrieve(&tenant, &query).await {
+        let retrieved = match rag.retriever.retrieve(tenant, &query).await {
             Ok(r) => r,
             Err(e) => {
                 warn!(error = %e, "retrieval failed; the turn goes on without retrieved context");

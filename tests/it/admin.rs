@@ -128,15 +128,24 @@ async fn an_admin_reads_and_cancels_any_tenants_turn_and_lists_every_tenants_bat
     );
     app.wait_for_model_calls(1).await;
     assert_eq!(app.get(Some("tok-a"), "/v1/sessions/of-b").await.0, 404);
-    let (status, session) = app.get(Some("tok-root"), "/v1/sessions/of-b").await;
+    let (status, session) = app
+        .get(Some("tok-root"), "/v1/sessions/of-b?tenant=tenant-b")
+        .await;
     assert_eq!(status, 200, "{session}");
     assert_eq!(session["result"]["turns"][0]["status"], "running");
     let (status, _) = app
-        .get(Some("tok-root"), "/v1/sessions/of-b/turns/t/inspect")
+        .get(
+            Some("tok-root"),
+            "/v1/sessions/of-b/turns/t/inspect?tenant=tenant-b",
+        )
         .await;
     assert_eq!(status, 200);
     let (status, cancelled) = app
-        .post_to(Some("tok-root"), "/v1/sessions/of-b/turns/t/cancel", "")
+        .post_to(
+            Some("tok-root"),
+            "/v1/sessions/of-b/turns/t/cancel?tenant=tenant-b",
+            "",
+        )
         .await;
     assert!(status == 202 || status == 200, "{status} {cancelled}");
     assert_eq!(

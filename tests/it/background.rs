@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use aptix_worker::contract::{SessionId, TurnId};
+use aptix_worker::contract::TurnId;
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use aptix_worker::store::TurnRecord;
 use serde_json::{Value, json};
@@ -45,7 +45,7 @@ fn pieces(n: usize) -> FakeOptions {
 async fn record(app: &App, session: &str, turn: &str) -> TurnRecord {
     app.store
         .get_turn(
-            &SessionId::parse(session).unwrap(),
+            &crate::support::sid_a(session),
             &TurnId::parse(turn).unwrap(),
         )
         .await
@@ -61,10 +61,7 @@ fn posts(app: &App) -> usize {
 /// Waits until the turn's live output has kept `n` text events (what its clients can have
 /// seen), up to ten seconds.
 async fn kept_deltas(app: &App, session: &str, turn: &str, n: usize) {
-    let (sid, tid) = (
-        SessionId::parse(session).unwrap(),
-        TurnId::parse(turn).unwrap(),
-    );
+    let (sid, tid) = (crate::support::sid_a(session), TurnId::parse(turn).unwrap());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let kept = app.store.kept_live(&sid, &tid).await.unwrap();

@@ -286,6 +286,21 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
         .await;
     assert_eq!(status, 404);
     browser.shot("other-tenant").await;
+
+    // Tenant B looks up a session A has not used yet: the inspector opens its (B's) empty
+    // session and writes nothing, so A's first turn there is A's as ever.
+    browser.show(&app.base, "/turn/cy/t1").await;
+    let refused = browser
+        .text_when("#error", Duration::from_secs(10), |t| !t.is_empty())
+        .await;
+    assert!(refused.starts_with("TURN_NOT_FOUND"), "{refused}");
+    let body = json!({"sessionId": "cy", "turnId": "t1", "instruction": "mine"});
+    let (status, accepted) = app.post(Some("tok-a"), body.to_string()).await;
+    assert_eq!(status, 202, "{accepted}");
+    assert_eq!(
+        app.settled("tok-a", "cy", "t1").await["status"],
+        "completed"
+    );
 }
 
 /// Off unless asked for: without `APTIX_CONSOLE` there is no `/console`.
@@ -374,7 +389,10 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         403
     );
     let (status, _) = app
-        .get(Some("tok-root"), "/v1/sessions/dl/turns/t1/inspect")
+        .get(
+            Some("tok-root"),
+            "/v1/sessions/dl/turns/t1/inspect?tenant=tenant-a",
+        )
         .await;
     assert_eq!(status, 200, "an admin reads another tenant's turn");
 
@@ -420,6 +438,14 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         })
         .await;
     browser.shot("system").await;
+    // The dead letter's turn opens in the inspector as its tenant's (an admin names it).
+    browser.show(&app.base, "/turn/dl/t1/tenant-a").await;
+    browser
+        .text_when("#inspector .status", Duration::from_secs(10), |t| {
+            t == "failed"
+        })
+        .await;
+    browser.show(&app.base, "/system").await;
     // Refresh reads the queue again: the same one job.
     browser.click("#refresh-dead").await;
     browser

@@ -62,12 +62,12 @@ async fn waiting_on_the_front_door_that_accepted_the_turn_binds_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let keys = binding_keys();
     assert_eq!(
-        count(&keys, &sync_sid),
+        count(&keys, crate::support::sid_a(&sync_sid).as_str()),
         0,
         "the synchronous wait bound its session"
     );
     assert_eq!(
-        count(&keys, &poll_sid),
+        count(&keys, crate::support::sid_a(&poll_sid).as_str()),
         0,
         "the long-poll bound its session"
     );
@@ -105,7 +105,7 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
     let poll = long_poll(&app, &sid);
     app.wait_for_model_calls(1).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while count(&binding_keys(), &sid) != 1 {
+    while count(&binding_keys(), crate::support::sid_a(&sid).as_str()) != 1 {
         assert!(
             std::time::Instant::now() < deadline,
             "the long-poll did not bind the session"

@@ -175,7 +175,9 @@ async fn a_tenant_that_keeps_no_bodies_has_none_in_its_records(backend: Backend)
     let stored = app
         .store
         .get_turn(
-            &aptix_worker::contract::SessionId::parse("nb").unwrap(),
+            &aptix_worker::contract::SessionId::parse("nb")
+                .unwrap()
+                .within("tenant-b"),
             &aptix_worker::contract::TurnId::parse("t").unwrap(),
         )
         .await

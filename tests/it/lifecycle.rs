@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aptix_worker::contract::{SessionId, TurnId, parse_request};
+use aptix_worker::contract::{TurnId, parse_request};
 use aptix_worker::fake_llm::Reply;
 use aptix_worker::pipeline::fingerprint;
 use aptix_worker::store::{TurnRecord, TurnStatus};
@@ -172,7 +172,7 @@ async fn unknown_contexts_are_refused_at_the_front_door(backend: Backend) {
         );
     }
     // Nothing was recorded or enqueued.
-    let sid = SessionId::parse("s").unwrap();
+    let sid = crate::support::sid_a("s");
     assert!(app.store.list_turns(&sid).await.unwrap().is_empty());
     // A batch line is rejected, the synchronous endpoint fails the request.
     let lines = [
@@ -212,7 +212,7 @@ async fn unknown_contexts_are_refused_at_the_front_door(backend: Backend) {
         (body["successful"].as_bool(), code(&body)),
         (Some(false), "UNKNOWN_CONTEXT")
     );
-    let sid2 = SessionId::parse("s2").unwrap();
+    let sid2 = crate::support::sid_a("s2");
     assert!(app.store.list_turns(&sid2).await.unwrap().is_empty());
 }
 
@@ -226,8 +226,7 @@ async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend)
     let aptix_worker::contract::AgentExecuteRequest::UserTurn(turn) = &parsed.request else {
         panic!("a user turn");
     };
-    let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
-    app.store.claim_owner(&sid, "tenant-a").await.unwrap();
+    let (sid, tid) = (crate::support::sid_a("s"), TurnId::parse("t").unwrap());
     app.store
         .create_turn(
             G,
@@ -236,7 +235,11 @@ async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend)
         .await
         .unwrap();
     app.broker
-        .publish_job(&serde_json::to_vec(&parsed.request).unwrap())
+        .enqueue(
+            None,
+            &serde_json::to_vec(&parsed.request).unwrap(),
+            &aptix_worker::queue::JobMeta::new(None, Some("tenant-a")),
+        )
         .await
         .unwrap();
     let (_, body) = app
@@ -468,7 +471,7 @@ async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
     })
     .await;
     let peek = crate::support::amqp_peek().await;
-    let queue = app.topology.reply_queue(&SessionId::parse("s").unwrap());
+    let queue = app.topology.reply_queue(&crate::support::sid_a("s"));
     let until_expired = || async {
         for _ in 0..30 {
             if !crate::support::queue_exists(&queue).await {
@@ -593,7 +596,7 @@ async fn by_default_only_turns_submitted_to_be_read_later_keep_a_reply_queue(bac
     let first_status = |session: &'static str| {
         let broker = app.broker.clone();
         async move {
-            let sid = SessionId::parse(session).unwrap();
+            let sid = crate::support::sid_a(session);
             let mut replies = broker.subscribe_replies(&sid).await.unwrap();
             tokio::time::timeout(Duration::from_millis(800), replies.recv())
                 .await
@@ -686,7 +689,7 @@ async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
     // The writes held by the stall arrive now, in order: the turn's record and then its
     // removal. What is left is what was accepted.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let sid = SessionId::parse("s").unwrap();
+    let sid = crate::support::sid_a("s");
     let turns: Vec<String> = app
         .store
         .list_turns(&sid)
@@ -735,7 +738,7 @@ async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
         "{:?}",
         started.elapsed()
     );
-    let sid = SessionId::parse("s").unwrap();
+    let sid = crate::support::sid_a("s");
     let t2 = TurnId::parse("t2").unwrap();
     assert!(
         app.store.get_turn(&sid, &t2).await.unwrap().is_none(),
@@ -779,7 +782,7 @@ async fn a_cancel_the_broker_does_not_take_is_a_503_and_cancelling_again_tells_o
     assert_eq!(waiting["status"], "awaiting_client_tools", "{waiting}");
     let cancel = || app.post_to(Some("tok-a"), "/v1/sessions/s/turns/t/cancel", Vec::new());
     let peek = crate::support::amqp_peek().await;
-    let queue = app.topology.reply_queue(&SessionId::parse("s").unwrap());
+    let queue = app.topology.reply_queue(&crate::support::sid_a("s"));
     crate::support::take_all(&peek, &queue).await;
 
     proxy.stall(true);
@@ -796,10 +799,7 @@ async fn a_cancel_the_broker_does_not_take_is_a_503_and_cancelling_again_tells_o
     );
     let record = app
         .store
-        .get_turn(
-            &SessionId::parse("s").unwrap(),
-            &TurnId::parse("t").unwrap(),
-        )
+        .get_turn(&crate::support::sid_a("s"), &TurnId::parse("t").unwrap())
         .await
         .unwrap()
         .unwrap();
@@ -831,70 +831,4 @@ async fn a_cancel_the_broker_does_not_take_is_a_503_and_cancelling_again_tells_o
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(told.len(), 1, "the second cancel tells of the turn once");
-}
-
-/// The server closes connections whose headers do not arrive in time (a slow client holding a
-/// connection open) and idle keep-alive connections, but never cuts a slow answer: long-polls,
-/// SSE streams and the synchronous endpoint take as long as their route allows.
-#[tokio::test]
-async fn slow_and_idle_clients_are_cut_off_but_slow_answers_are_not() {
-    use aptix_worker::frontdoor::http::{serve_with, with_http_layers};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let router = with_http_layers(
-        axum::Router::new()
-            .route("/fine", axum::routing::get(|| async { "fine" }))
-            .route(
-                "/slow",
-                axum::routing::get(|| async {
-                    tokio::time::sleep(Duration::from_millis(2500)).await;
-                    "late"
-                }),
-            ),
-        Default::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(serve_with(
-        listener,
-        router,
-        stop.clone(),
-        Duration::from_secs(1),
-    ));
-    // Closed within a bound: read until the server hangs up.
-    let hung_up_within = |mut conn: tokio::net::TcpStream, limit: Duration| async move {
-        let mut sink = Vec::new();
-        tokio::time::timeout(limit, conn.read_to_end(&mut sink))
-            .await
-            .is_ok()
-    };
-    // Headers that never finish.
-    let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
-    slow.write_all(b"GET /fine HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .unwrap();
-    assert!(
-        hung_up_within(slow, Duration::from_secs(4)).await,
-        "a client that never finishes its headers keeps its connection"
-    );
-    // A finished request, then silence on the keep-alive connection.
-    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
-    idle.write_all(b"GET /fine HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut first = [0u8; 12];
-    idle.read_exact(&mut first).await.unwrap();
-    assert_eq!(&first, b"HTTP/1.1 200");
-    assert!(
-        hung_up_within(idle, Duration::from_secs(4)).await,
-        "an idle keep-alive connection is kept forever"
-    );
-    // An answer slower than the header timeout still arrives.
-    let resp = crate::support::http_client()
-        .get(format!("http://{addr}/slow"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.text().await.unwrap(), "late");
-    stop.cancel();
 }

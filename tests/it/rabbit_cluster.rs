@@ -461,7 +461,7 @@ async fn a_node_down_for(outage: Duration, victim: Victim) {
     for sid in &old {
         let mut replies = app
             .broker
-            .subscribe_replies(&aptix_worker::contract::SessionId::parse(sid).unwrap())
+            .subscribe_replies(&crate::support::sid_a(sid))
             .await
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -210,7 +210,7 @@ async fn a_turn_runs_end_to_end_with_the_store_on_a_redis_cluster() {
         let stored = app
             .store
             .get_turn(
-                &aptix_worker::contract::SessionId::parse(sid).unwrap(),
+                &crate::support::sid_a(sid),
                 &aptix_worker::contract::TurnId::parse("t").unwrap(),
             )
             .await

@@ -752,7 +752,10 @@ async fn a_cancel_whose_answer_is_lost_still_publishes_the_cancelled_status() {
     )
     .await
     .expect("accepted");
-    let mut replies = broker.subscribe_replies(&sid).await.unwrap();
+    let mut replies = broker
+        .subscribe_replies(&sid.within("tenant-a"))
+        .await
+        .unwrap();
     // The writes so far: the admission. The next is the cancel's compare-and-set.
     let admitted = proxies.seen().len();
     assert_eq!(proxies.seen(), ["admit_turn"]);

@@ -4,7 +4,6 @@
 
 use std::time::{Duration, Instant};
 
-use aptix_worker::contract::SessionId;
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
@@ -126,7 +125,7 @@ async fn deltas_come_in_order_before_the_final_line_and_make_up_the_answer(backe
     // The durable reply queue got the result, and nothing of the stream.
     let mut replies = app
         .broker
-        .subscribe_replies(&SessionId::parse("s").unwrap())
+        .subscribe_replies(&crate::support::sid_a("s"))
         .await
         .unwrap();
     let result: Value = serde_json::from_slice(

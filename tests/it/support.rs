@@ -597,10 +597,19 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
 }
 
 /// A session's `prompt_cache_key`, as the README documents it: `aptix-` and the first 32 hex
-/// digits of the SHA-256 of the session id (computed here, not by the product's code).
+/// digits of the SHA-256 of the session id within its tenant (`<tenant>/<id>`; the id alone
+/// for the local tenant), computed here, not by the product's code.
 pub fn prompt_cache_key(session: &str) -> String {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(session.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("aptix-{}", &hex[..32])
+}
+
+/// Tenant A's session `id` as the store and the broker name it: the test apps give `tok-a` to
+/// `tenant-a`, and a session id names a session within its tenant.
+pub fn sid_a(id: &str) -> aptix_worker::contract::SessionId {
+    aptix_worker::contract::SessionId::parse(id)
+        .unwrap()
+        .within("tenant-a")
 }

@@ -81,11 +81,11 @@ async fn a_turns_usage_is_the_sum_of_its_calls_cached_and_reasoning_included(bac
         .iter()
         .map(|r| r["prompt_cache_key"].clone())
         .collect();
-    let s = json!(crate::support::prompt_cache_key("s"));
+    let s = json!(crate::support::prompt_cache_key("tenant-a/s"));
     assert_eq!(keys[..usages.len() - 1], vec![s; usages.len() - 1][..]);
     assert_eq!(
         keys.last().unwrap(),
-        &json!(crate::support::prompt_cache_key("s2"))
+        &json!(crate::support::prompt_cache_key("tenant-a/s2"))
     );
 
     // The metrics count what the model reported, by kind.

@@ -100,9 +100,28 @@ function every(load, period) {
   };
 }
 
+// ---- Sessions are named within their tenant -------------------------------------------------
+
+// A path naming `tenant`'s session (an admin's token reads another tenant's work by naming
+// it; without a name, the token's own tenant).
+function scoped(path, tenant) {
+  return tenant ? path + (path.includes("?") ? "&" : "?") + "tenant=" + encodeURIComponent(tenant) : path;
+}
+
+function sessionHref(session, tenant) {
+  return "#/turns/" + encodeURIComponent(session) + (tenant ? "/" + encodeURIComponent(tenant) : "");
+}
+
+function turnHref(session, turn, tenant) {
+  return (
+    "#/turn/" + encodeURIComponent(session) + "/" + encodeURIComponent(turn) +
+    (tenant ? "/" + encodeURIComponent(tenant) : "")
+  );
+}
+
 // ---- Turns: a session's turns -------------------------------------------------------------
 
-function turnsView(session) {
+function turnsView(session, tenant) {
   const view = $("view");
   const form = el(
     "form",
@@ -110,18 +129,20 @@ function turnsView(session) {
       id: "session-form",
       onsubmit: (e) => {
         e.preventDefault();
-        location.hash = "#/turns/" + encodeURIComponent($("session").value.trim());
+        location.hash = sessionHref($("session").value.trim(), $("tenant").value.trim());
       },
     },
     el("label", { for: "session" }, "Session"),
     el("input", { id: "session", value: session || "", required: "" }),
+    el("label", { for: "tenant" }, "Tenant"),
+    el("input", { id: "tenant", value: tenant || "", placeholder: "this token's" }),
     el("button", { type: "submit" }, "Show turns")
   );
   const list = el("div", { id: "turns" });
   view.append(el("section", { class: "card" }, el("h2", {}, "Turns of a session"), form, list));
   if (!session) return () => {};
   return every(async () => {
-    const s = await api("GET", "/v1/sessions/" + encodeURIComponent(session));
+    const s = await api("GET", scoped("/v1/sessions/" + encodeURIComponent(session), tenant));
     const rows = (s.turns || []).map((t) =>
       el(
         "tr",
@@ -131,7 +152,7 @@ function turnsView(session) {
           {},
           el(
             "a",
-            { href: "#/turn/" + encodeURIComponent(session) + "/" + encodeURIComponent(t.turnId) },
+            { href: turnHref(session, t.turnId, tenant) },
             t.turnId
           )
         ),
@@ -149,11 +170,11 @@ function turnsView(session) {
 
 // Follows the session's event stream (fetch, so the token goes in a header) and shows the
 // turn's text as it is written.
-function follow(session, turn, box) {
+function follow(session, turn, tenant, box) {
   const controller = new AbortController();
   (async () => {
     try {
-      const response = await fetch("/v1/sessions/" + encodeURIComponent(session) + "/events", {
+      const response = await fetch(scoped("/v1/sessions/" + encodeURIComponent(session) + "/events", tenant), {
         headers: { Authorization: "Bearer " + token() },
         signal: controller.signal,
       });
@@ -184,7 +205,7 @@ function follow(session, turn, box) {
   return () => controller.abort();
 }
 
-function inspectorView(session, turn) {
+function inspectorView(session, turn, tenant) {
   const view = $("view");
   const head = el("section", { class: "card", id: "inspector" });
   const live = el("pre", { id: "live" });
@@ -197,7 +218,7 @@ function inspectorView(session, turn) {
   // Shown once the turn could be read (not for a turn this token may not see).
   for (const card of cards) card.hidden = true;
   view.append(...cards);
-  const unfollow = follow(session, turn, live);
+  const unfollow = follow(session, turn, tenant, live);
   const path =
     "/v1/sessions/" + encodeURIComponent(session) + "/turns/" + encodeURIComponent(turn);
   const cancel = el(
@@ -209,7 +230,7 @@ function inspectorView(session, turn) {
       onclick: async () => {
         cancel.disabled = true;
         try {
-          await api("POST", path + "/cancel");
+          await api("POST", scoped(path + "/cancel", tenant));
         } catch (e) {
           showError(e.message);
         }
@@ -218,7 +239,7 @@ function inspectorView(session, turn) {
     "Cancel turn"
   );
   const stopPolling = every(async () => {
-    const t = await api("GET", path + "/inspect");
+    const t = await api("GET", scoped(path + "/inspect", tenant));
     for (const card of cards) card.hidden = false;
     const settled = SETTLED.includes(t.status);
     cancel.disabled = t.status === "completed" || t.status === "failed" || t.status === "cancelled";
@@ -227,7 +248,7 @@ function inspectorView(session, turn) {
       el(
         "div",
         { class: "facts" },
-        el("span", {}, "Session: ", el("a", { href: "#/turns/" + encodeURIComponent(session) }, session)),
+        el("span", {}, "Session: ", el("a", { href: sessionHref(session, tenant) }, session)),
         el("span", {}, "Runs: " + t.attempts),
         el("span", {}, "Submitted: " + when(t.submittedAt)),
         t.completedAt ? el("span", {}, "Finished: " + when(t.completedAt)) : null,
@@ -440,7 +461,7 @@ function batchesView(batch) {
             el("td", { class: "num" }, line.line),
             el("td", {}, line.customId || ""),
             el("td", {}, line.sessionId
-              ? el("a", { href: "#/turn/" + encodeURIComponent(line.sessionId) + "/" + encodeURIComponent(line.turnId) }, line.turnId)
+              ? el("a", { href: turnHref(line.sessionId, line.turnId, p.tenant) }, line.turnId)
               : ""),
             el("td", {}, status(line.status))
           )
@@ -519,7 +540,7 @@ function systemView() {
                 { class: "dead-letter" },
                 el("td", { class: "num" }, d.position + 1),
                 el("td", {}, d.sessionId
-                  ? el("a", { href: "#/turn/" + encodeURIComponent(d.sessionId) + "/" + encodeURIComponent(d.turnId) }, d.sessionId + " / " + d.turnId)
+                  ? el("a", { href: turnHref(d.sessionId, d.turnId, d.tenant) }, d.sessionId + " / " + d.turnId)
                   : el("span", { class: "muted" }, "unreadable job (" + d.bytes + " bytes)")),
                 el("td", {}, d.tenant || ""),
                 el("td", { class: "num" }, d.attempt),
@@ -597,7 +618,7 @@ function route() {
   for (const a of document.querySelectorAll("nav a")) a.classList.remove("here");
   if (parts[0] === "turn" && parts.length >= 3) {
     $("nav-turns").classList.add("here");
-    stopView = inspectorView(parts[1], parts[2]);
+    stopView = inspectorView(parts[1], parts[2], parts[3]);
   } else if (parts[0] === "batches") {
     $("nav-batches").classList.add("here");
     stopView = batchesView(parts[1]);
@@ -606,7 +627,7 @@ function route() {
     stopView = systemView();
   } else {
     $("nav-turns").classList.add("here");
-    stopView = turnsView(parts[0] === "turns" ? parts[1] : "");
+    stopView = parts[0] === "turns" ? turnsView(parts[1], parts[2]) : turnsView("", "");
   }
 }
 

@@ -266,6 +266,7 @@ pub(crate) struct Requeued {
         (status = 400, description = "The body is not a RequeueAsk, or asks for nothing (MALFORMED_JSON)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 403, description = "Not an admin token (FORBIDDEN)", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 413, description = "The body is larger than APTIX_MAX_BODY_BYTES", body = Failure),
         (status = 415, description = "Not JSON, or compressed", body = Failure),
         (status = 503, description = "The broker cannot be reached", body = Failure,

@@ -29,6 +29,7 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
         (status = 202, description = "Good lines enqueued; bad lines listed by line number and customId", body = api_doc::InvokeResult<BatchAccepted>),
         (status = 400, description = "No lines, or not UTF-8; or the webhook is refused (INVALID_WEBHOOK, WEBHOOK_REFUSED, WEBHOOK_SECRET_MISSING)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,

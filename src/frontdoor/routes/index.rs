@@ -84,6 +84,7 @@ impl IndexRequest {
         (status = 200, description = "What was indexed, left alone, removed and skipped", body = api_doc::InvokeResult<IndexReport>),
         (status = 400, description = "Malformed body, bad repo name or path", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 413, description = "Body over APTIX_MAX_BATCH_BYTES", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Index unavailable", body = Failure,

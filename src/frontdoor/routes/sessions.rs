@@ -92,12 +92,14 @@ pub(crate) struct TurnSummary {
 
 /// A session: its mode (keys, not ids), mode history and turns.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}", tag = "sessions",
-    params(("sessionId" = String, Path, description = "The session")),
+    params(("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)")),
     responses(
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
         (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 404, description = "No such session (or another tenant's)", body = Failure),
+        (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
+        (status = 404, description = "No such session in the tenant", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
@@ -109,7 +111,7 @@ pub(crate) async fn get_session(
     let missing = || not_found_session(&session_id);
     let sid = match reader.session(&session_id) {
         Ok(sid) => sid,
-        Err(invalid) => return invalid,
+        Err(invalid) => return invalid.into_response(),
     };
     let (session, turn_ids, contexts) = match tokio::join!(
         state.store.get_session(&sid),
@@ -158,14 +160,15 @@ pub(crate) async fn get_session(
 /// reconnects with `Last-Event-ID` naming a turn gets that turn's result at once if it has
 /// settled meanwhile.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
-    params(("sessionId" = String, Path, description = "The session (may not exist yet)"),
+    params(("sessionId" = String, Path, description = "The session, named within the caller's tenant (may not exist yet; subscribing writes nothing)"),
+           ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
            ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, when reconnecting")),
     responses(
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
         (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's a SessionDeltaEvent, a progress event's a SessionProgressEvent", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 404, description = "Another tenant's session", body = Failure),
-        (status = 503, description = "Broker unavailable", body = Failure,
+        (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
+                (status = 503, description = "Broker unavailable", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
 pub(crate) async fn session_events(
@@ -179,7 +182,7 @@ pub(crate) async fn session_events(
     // the same id.
     let sid = match reader.session(&session_id) {
         Ok(sid) => sid,
-        Err(invalid) => return invalid,
+        Err(invalid) => return invalid.into_response(),
     };
     // A reconnecting client gets what it missed of the turn it names (whichever front door it
     // was connected to), then what is published.

@@ -33,6 +33,7 @@ pub(crate) const SYNC_WAIT: Duration = Duration::from_secs(600);
         (status = 200, description = "The turn's result (failed for invalid requests and failed turns); with \"streaming\": true an application/x-ndjson stream of StreamLine: delta and progress lines as they happen, then StreamFinalLine, after which the body ends",
             content((ExecuteResult = "application/json"), (api_doc::StreamLine = "application/x-ndjson"))),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
     ))]

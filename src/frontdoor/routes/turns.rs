@@ -26,6 +26,7 @@ use crate::store::TurnStatusView;
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "Continuation for a turn that does not exist", body = Failure),
         (status = 409, description = "Same ids, different payload; or the turn is not awaiting client tools", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 413, description = "Body over the limit", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than application/json, or a charset other than UTF-8", body = Failure),
         (status = 429, description = "QUOTA_EXCEEDED: the tenant's daily token quota is spent (a new user turn); the message and Retry-After say when it resets", body = Failure,
@@ -106,14 +107,16 @@ impl IntoResponse for SubmitError {
 /// result.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}/inspect", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session"),
+        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
         ("turnId" = String, Path, description = "The turn"),
     ),
     responses(
         (status = 200, description = "The turn as kept", body = api_doc::InvokeResult<crate::state::TurnInspection>),
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
+        (status = 404, description = "No such turn in this session", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
@@ -124,7 +127,7 @@ pub(crate) async fn inspect_turn(
 ) -> Response {
     let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     match state.store.get_turn(&sid, &tid).await {
         Err(e) => unavailable(e),
@@ -139,15 +142,17 @@ pub(crate) async fn inspect_turn(
 /// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session"),
+        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
         ("turnId" = String, Path, description = "The turn"),
         ("wait" = Option<f64>, Query, minimum = 0, description = "Seconds to wait for the turn to leave queued/running (longer waits are cut to 60)"),
     ),
     responses(
         (status = 200, description = "The turn's status", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
-        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
+        (status = 404, description = "No such turn in this session", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
@@ -163,7 +168,7 @@ pub(crate) async fn get_turn(
     };
     let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     if wait.is_zero() {
         return match state.store.get_turn(&sid, &tid).await {
@@ -194,15 +199,17 @@ pub(crate) async fn get_turn(
 /// on the session's events and the long-poll). Idempotent.
 #[utoipa::path(post, path = "/v1/sessions/{sessionId}/turns/{turnId}/cancel", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session"),
+        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
         ("turnId" = String, Path, description = "The turn"),
     ),
     responses(
         (status = 200, description = "The turn is cancelled", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
         (status = 202, description = "The turn is running; it stops within about a second", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
-        (status = 404, description = "No such turn in this session (or another tenant's)", body = Failure),
+        (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
+        (status = 404, description = "No such turn in this session", body = Failure),
         (status = 409, description = "The turn has finished (TURN_ALREADY_FINISHED, naming its status)", body = Failure),
         (status = 503, description = "Store unavailable; or the turn is cancelled but its status could not be told of (the message says so: cancel again to tell of it)", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
@@ -215,7 +222,7 @@ pub(crate) async fn cancel_turn(
     use crate::frontdoor::cancel::Cancelled;
     let (sid, tid) = match reader.turn(&session_id, &turn_id) {
         Ok(ids) => ids,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     match state.door.cancel_owned(&sid, &tid).await {
         Ok(Cancelled::Done(view)) => answer(StatusCode::OK, InvokeResult::success(view)),
