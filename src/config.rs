@@ -592,6 +592,13 @@ fn tokens(get: &impl Fn(&str) -> Option<String>) -> Result<ApiTokens, ConfigErro
                         problem: "an admin entry must name its tenant: token=tenant:admin".into(),
                     });
                 }
+                // A tenant's name scopes its session ids in keys and queue names.
+                if let Err(e) = crate::contract::ids::check_tenant(tenant) {
+                    return Err(ConfigError {
+                        var: "APTIX_API_TOKENS",
+                        problem: format!("tenant {tenant:?}: {e}"),
+                    });
+                }
                 let caller = Caller {
                     tenant: tenant.to_string(),
                     admin,

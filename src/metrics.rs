@@ -169,10 +169,10 @@ impl Metrics {
         let background_calls = Family::<Labels, Counter>::default();
         registry.register(
             "model_background_calls",
-            "Background model calls by event: started, reattached (a run followed a call an earlier run made), recalled (the server no longer had it; made again), cancelled (on the server)",
+            "Background model calls by event: started, reattached (a run followed a call an earlier run made), recalled (the server no longer had it, or someone else cancelled it; made again), remade (it ended failed with an error worth retrying; made again), cancelled (on the server)",
             background_calls.clone(),
         );
-        for event in ["started", "reattached", "recalled", "cancelled"] {
+        for event in ["started", "reattached", "recalled", "remade", "cancelled"] {
             let _ = background_calls.get_or_create(&[("event", event)]);
         }
         let flex_fallbacks = Counter::default();
@@ -486,7 +486,8 @@ impl Metrics {
         self.model_retries.inc();
     }
 
-    /// A background model call event (`started`, `reattached`, `recalled`, `cancelled`).
+    /// A background model call event (`started`, `reattached`, `recalled`, `remade`,
+    /// `cancelled`).
     pub fn background_call(&self, event: &'static str) {
         self.background_calls
             .get_or_create(&[("event", event)])

@@ -106,7 +106,7 @@ error_codes! {
     Unauthorized = "UNAUTHORIZED",
     /// The token is valid but the route is for admin tokens only (`token=tenant:admin` in `APTIX_API_TOKENS`).
     Forbidden = "FORBIDDEN",
-    /// No such session (or it belongs to another tenant, which looks the same).
+    /// No such session in the caller's tenant (another tenant's session of the same id is another session).
     SessionNotFound = "SESSION_NOT_FOUND",
     /// A batch line repeats a `customId` used by an earlier line of the same batch.
     DuplicateCustomId = "DUPLICATE_CUSTOM_ID",

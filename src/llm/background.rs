@@ -397,6 +397,13 @@ impl LlmClient {
         }
     }
 
+    /// The pauses before each new call made in place of a background response that failed
+    /// (the retry policy of every call: `APTIX_LLM_MAX_RETRIES` pauses, growing, jittered).
+    pub fn remake_delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        use backon::BackoffBuilder as _;
+        self.backoff().build()
+    }
+
     pub(super) fn backoff(&self) -> ExponentialBuilder {
         ExponentialBuilder::default()
             .with_min_delay(self.min_backoff)
@@ -423,7 +430,8 @@ fn response_id(object: &Value) -> Option<String> {
 }
 
 /// The answer of a response object that has finished, parsed as any answer; `None` while it
-/// is queued or in progress.
+/// is queued or in progress. An `incomplete` one is an answer (cut short, as in the
+/// foreground); a `failed` one is [`LlmError::ResponseFailed`].
 fn finished(object: &Value) -> Option<Result<ModelResponse, LlmError>> {
     match object.get("status").and_then(Value::as_str) {
         Some("queued" | "in_progress") => None,
@@ -431,6 +439,35 @@ fn finished(object: &Value) -> Option<Result<ModelResponse, LlmError>> {
         Some("cancelled") => Some(Err(LlmError::Expired(
             response_id(object).unwrap_or_default(),
         ))),
+        Some("failed") => Some(Err(failure(object))),
         _ => Some(super::parse::parse_response(object).map_err(|e| e.error)),
     }
 }
+
+/// What a `failed` response object says went wrong.
+fn failure(object: &Value) -> LlmError {
+    let error = object.get("error");
+    let said = |key: &str| {
+        error
+            .and_then(|e| e.get(key))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    let code = said("code").unwrap_or("unknown").to_string();
+    LlmError::ResponseFailed {
+        id: response_id(object).unwrap_or_default(),
+        retryable: RETRYABLE_FAILURES.contains(&code.as_str()),
+        message: said("message")
+            .unwrap_or("the model reported a failure")
+            .to_string(),
+        code,
+    }
+}
+
+/// The error codes of a `failed` response that are the server's, not the request's: a new
+/// call may succeed.
+const RETRYABLE_FAILURES: &[&str] = &[
+    "server_error",
+    "rate_limit_exceeded",
+    "vector_store_timeout",
+];

@@ -62,6 +62,21 @@ pub enum LlmError {
     /// deleted or cancelled): the call has to be made again.
     #[error("the model server no longer has background response {0} (expired or cancelled)")]
     Expired(String),
+    /// A background response ended `failed`. `retryable` when its error is the server's
+    /// (`server_error`, `rate_limit_exceeded`, `vector_store_timeout`): the call is made again
+    /// as a new one; otherwise the request is at fault (an invalid prompt or image, a policy
+    /// violation) and making it again would fail the same way.
+    #[error("background response {id} failed ({code}): {message}")]
+    ResponseFailed {
+        /// The response id.
+        id: String,
+        /// The error code the server gave.
+        code: String,
+        /// The server's message.
+        message: String,
+        /// Whether a new call may succeed.
+        retryable: bool,
+    },
     /// The agent context's limits left no room for the call within the wait bound: nothing
     /// was sent; the turn should run again later.
     #[error(transparent)]
@@ -73,7 +88,12 @@ impl LlmError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable { .. } | Self::FlexUnavailable { .. }
+            Self::Unavailable { .. }
+                | Self::FlexUnavailable { .. }
+                | Self::ResponseFailed {
+                    retryable: true,
+                    ..
+                }
         )
     }
 }

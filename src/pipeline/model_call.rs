@@ -215,9 +215,9 @@ impl Pipeline {
             }
             Err(e) => {
                 let code = match e {
-                    LlmError::Rejected { .. } | LlmError::PreviousResponseNotFound(_) => {
-                        ErrorCode::LlmRejected
-                    }
+                    LlmError::Rejected { .. }
+                    | LlmError::PreviousResponseNotFound(_)
+                    | LlmError::ResponseFailed { .. } => ErrorCode::LlmRejected,
                     _ => ErrorCode::LlmBadResponse,
                 };
                 return Ok(Err(CallEnd::Failed(Box::new(InvokeResult::failure(
@@ -352,7 +352,11 @@ impl Pipeline {
                 }
             }
         };
-        let mut made_again = false;
+        // A response the server lost, or that ended `failed` for a reason of its own, is made
+        // again as a new call: a lost one at once the first time, then (and every failed one)
+        // after the pauses of the call retry policy, as many as it allows.
+        let mut remakes = llm.remake_delays();
+        let mut recalled = false;
         // The turn's deadline stops the call on the server a moment before it drops the run.
         let stop_at = super::TURN_DEADLINE
             .try_with(|until| *until)
@@ -384,15 +388,40 @@ impl Pipeline {
                     self.cancel_on_server(llm, &id).await;
                     return Ok((None, reattached));
                 }
-                Some(Some(Err(LlmError::Expired(_)))) if !made_again => {
-                    made_again = true;
+                Some(Some(Err(
+                    e @ (LlmError::Expired(_)
+                    | LlmError::ResponseFailed {
+                        retryable: true, ..
+                    }),
+                ))) => {
+                    let lost = matches!(e, LlmError::Expired(_));
+                    let pause = match lost && !recalled {
+                        true => Some(std::time::Duration::ZERO),
+                        false => remakes.next(),
+                    };
+                    let Some(pause) = pause else {
+                        return Ok((Some(Err(e)), reattached));
+                    };
+                    recalled |= lost;
                     owed.store(false, std::sync::atomic::Ordering::SeqCst);
-                    warn!(response_id = %id, "the model server no longer has the background call; making it again");
-                    self.metrics.background_call("recalled");
-                    replace_text(
-                        run,
-                        "the model server no longer had the model call, so it is made again",
-                    );
+                    let why = if lost {
+                        warn!(response_id = %id, "the model server no longer has the background call; making it again");
+                        self.metrics.background_call("recalled");
+                        "the model server no longer had the model call, so it is made again"
+                    } else {
+                        warn!(response_id = %id, error = %e, retry_in_ms = pause.as_millis() as u64, "the background model call ended failed; making it again");
+                        self.metrics.background_call("remade");
+                        "the model call failed on the model server, so it is made again"
+                    };
+                    replace_text(run, why);
+                    if !pause.is_zero() {
+                        let waited = self
+                            .unless_cancelled(&sid, &tid, tokio::time::sleep(pause))
+                            .await;
+                        if waited.is_none() {
+                            return Ok((None, reattached));
+                        }
+                    }
                     call = match self
                         .start_background(run, llm, body, sink, &request)
                         .await?

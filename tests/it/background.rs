@@ -259,6 +259,68 @@ async fn a_turn_deadline_cancels_its_background_call_on_the_server(backend: Back
     assert_eq!(counter(&app, cancelled).await, 1.0);
 }
 
+/// A background response that ends `failed` with an error of the server's (`server_error`)
+/// is made again as a new call, under the call retry policy, and the turn completes: two
+/// POSTs, the record on the new response, a streaming client told its text is replaced, and
+/// `event="remade"` counted. One the request is at fault for (`invalid_prompt`) is not made
+/// again: the turn fails at once with `LLM_REJECTED`.
+async fn a_background_call_that_failed_on_the_server_is_made_again(backend: Backend) {
+    let app = app(backend, vec![("APTIX_LLM_MAX_RETRIES", "2")], pieces(4)).await;
+    app.fake.push([
+        Reply::Failed("server_error".into()),
+        Reply::Text("Second time lucky.".into()),
+    ]);
+    let (ready, wait) = tokio::sync::oneshot::channel();
+    let body =
+        json!({"sessionId": "bf", "turnId": "t", "instruction": "review", "streaming": true});
+    let (events, ()) = tokio::join!(
+        sse_at((&app.base, Some("tok-a")), "bf", None, ready, turn_seen),
+        async {
+            let _ = wait.await;
+            assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+        }
+    );
+    let (_, _, last) = events.iter().rfind(|(k, _, _)| k == "turn").unwrap();
+    assert_eq!(last["status"], "completed", "{last}");
+    assert_eq!(
+        last["result"]["result"]["primaryOutputText"],
+        "Second time lucky."
+    );
+    let (text, replaced) = shown(&events);
+    assert_eq!(
+        replaced, 1,
+        "one note says the call is made again: {events:?}"
+    );
+    assert_eq!(text, "Second time lucky.");
+    assert_eq!(posts(&app), 2, "made again once, as a new call");
+    assert_eq!(
+        last["attempts"], 1,
+        "within the run, not by a retry of the job"
+    );
+    let rec = record(&app, "bf", "t").await;
+    assert_eq!(rec.calls.len(), 1, "one answered call: {:?}", rec.calls);
+    assert!(rec.calls[0].background && !rec.calls[0].reattached);
+    let series = "aptix_model_background_calls_total{event=\"remade\"}";
+    assert_eq!(counter(&app, series).await, 1.0);
+
+    app.fake.push([Reply::Failed("invalid_prompt".into())]);
+    let body = json!({"sessionId": "bf", "turnId": "t2", "instruction": "again"});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    let done = app.settled("tok-a", "bf", "t2").await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = &done["result"]["errors"][0];
+    assert_eq!(error["errorCode"], "LLM_REJECTED", "{done}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid_prompt"),
+        "{done}"
+    );
+    assert_eq!(posts(&app), 3, "not made again");
+    assert_eq!(counter(&app, series).await, 1.0);
+}
+
 /// A model server without background mode: the turn fails with a message naming the setting.
 async fn a_server_without_background_mode_names_the_setting(backend: Backend) {
     let fake = FakeOptions {
@@ -484,6 +546,7 @@ for_each_backend!(
         cancelling_a_turn_cancels_its_background_call_on_the_server,
         a_turn_deadline_cancels_its_background_call_on_the_server,
         a_server_without_background_mode_names_the_setting,
+        a_background_call_that_failed_on_the_server_is_made_again,
         a_flex_call_without_capacity_falls_back_to_default_after_the_wait,
         a_flex_call_set_to_never_fall_back_waits_for_flex,
     ],
