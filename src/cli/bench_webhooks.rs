@@ -53,7 +53,12 @@ fn event_body() -> String {
         "result": {"successful": true, "errors": [], "warnings": [], "result": {
             "kind": "final", "primaryOutputText": "x".repeat(900)}}
     });
-    aptix_worker::webhooks::event_body(EventType::TurnCompleted, "2026-11-26T00:00:01Z", &data)
+    aptix_worker::webhooks::event_body(
+        EventType::TurnCompleted,
+        "2026-11-26T00:00:01Z",
+        "bench",
+        &data,
+    )
 }
 
 /// CPU seconds of this process and of RabbitMQ's (`beam.smp`) processes.

@@ -26,6 +26,13 @@ pub enum WebhooksAction {
         #[arg(long, default_value_t = 100)]
         max: usize,
     },
+    /// Print the `whsec_…` secret `tenant`'s deliveries are signed with when the tenants file
+    /// names no secret of its own for it (derived from `APTIX_WEBHOOK_SECRET`): what the
+    /// tenant's receiver verifies with.
+    Secret {
+        /// The tenant.
+        tenant: String,
+    },
 }
 
 /// Arguments of `aptix webhooks`.
@@ -39,6 +46,11 @@ pub struct WebhooksArgs {
 pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
     let WebhooksArgs { action } = args;
     let config = Config::from_env()?;
+    let (max, replay) = match action {
+        WebhooksAction::Failed { max } => (max, false),
+        WebhooksAction::Replay { max } => (max, true),
+        WebhooksAction::Secret { tenant } => return secret(&config, &tenant),
+    };
     let Some(url) = &config.amqp_url else {
         anyhow::bail!(
             "APTIX_AMQP_URL is not set: dead webhook deliveries live in RabbitMQ (the embedded broker keeps them in its own process)"
@@ -48,8 +60,8 @@ pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
         .with_timeout(config.dependency_timeout)
         .with_tls_ca(config.tls_ca.clone());
     broker.connect().await?;
-    match action {
-        WebhooksAction::Failed { max } => {
+    match replay {
+        false => {
             let dead = broker.dead_hooks(max, false).await?;
             for (body, reason) in &dead {
                 let line = match serde_json::from_slice::<HookJob>(body) {
@@ -64,7 +76,7 @@ pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
             }
             eprintln!("{} failed webhook delivery(ies)", dead.len());
         }
-        WebhooksAction::Replay { max } => {
+        true => {
             let dead = broker.dead_hooks(max, true).await?;
             let mut replayed = 0;
             for (body, reason) in dead {
@@ -82,5 +94,24 @@ pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{replayed} webhook delivery(ies) sent again");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `aptix webhooks secret <tenant>`: the secret that signs the tenant's deliveries, as its
+/// receiver is given it.
+fn secret(config: &Config, tenant: &str) -> anyhow::Result<ExitCode> {
+    use aptix_worker::webhooks::{DEFAULT_SECRET_ENV, Target, signing_key};
+    let own = config.tenants.signing_env(tenant);
+    let target = Target {
+        url: String::new(),
+        secret_env: own.to_string(),
+    };
+    let Some(key) = signing_key(&config.webhooks.secrets, &target, tenant) else {
+        anyhow::bail!("{own} is not set: the tenant's deliveries cannot be signed here");
+    };
+    if own != DEFAULT_SECRET_ENV {
+        eprintln!("{tenant} signs with its own secret, from {own} (the tenants file names it)");
+    }
+    println!("{}", key.encoded());
     Ok(ExitCode::SUCCESS)
 }

@@ -104,8 +104,29 @@ impl TenantWebhook {
     }
 }
 
-/// The variable holding the signing secret of tenants that name none of their own.
+/// The variable holding the deployment's signing secret: the secret of tenants that name
+/// none of their own — the local tenant's as it is, every other tenant's derived from it
+/// ([`signing_key`]).
 pub const DEFAULT_SECRET_ENV: &str = "APTIX_WEBHOOK_SECRET";
+
+/// The key that signs `tenant`'s deliveries to `target`, when the process has its secret: the
+/// target's secret as it is, except the deployment's ([`DEFAULT_SECRET_ENV`]) for a named
+/// tenant, which signs with the tenant's own secret derived from it
+/// ([`sign::SigningKey::for_tenant`]) — so no tenant can sign, or replay, what verifies at
+/// another tenant's receiver.
+pub fn signing_key(
+    secrets: &sign::Secrets,
+    target: &Target,
+    tenant: &str,
+) -> Option<sign::SigningKey> {
+    let key = secrets.get(&target.secret_env)?;
+    let named = !tenant.is_empty() && tenant != crate::contract::LOCAL_TENANT;
+    Some(if named && target.secret_env == DEFAULT_SECRET_ENV {
+        key.for_tenant(tenant)
+    } else {
+        key.clone()
+    })
+}
 
 /// One delivery: everything the sender needs, as it travels on the webhook queue.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -157,9 +178,21 @@ fn event_id(parts: &[&str]) -> String {
     format!("evt_{}", &crate::hex::lower(&h.finalize())[..32])
 }
 
-/// The body of an event: `{"type", "timestamp", "data"}`.
-pub fn event_body(event: EventType, timestamp: &str, data: &impl Serialize) -> String {
-    serde_json::json!({"type": event.as_str(), "timestamp": timestamp, "data": data}).to_string()
+/// The body of an event: `{"type", "timestamp", "tenant", "data"}` (the tenant is signed with
+/// the rest: a receiver serving several tenants knows whose event it holds).
+pub fn event_body(
+    event: EventType,
+    timestamp: &str,
+    tenant: &str,
+    data: &impl Serialize,
+) -> String {
+    let tenant = if tenant.is_empty() {
+        crate::contract::LOCAL_TENANT
+    } else {
+        tenant
+    };
+    serde_json::json!({"type": event.as_str(), "timestamp": timestamp, "tenant": tenant, "data": data})
+        .to_string()
 }
 
 /// The jobs of a turn's settled status `view` for `targets`: one per target, with the same
@@ -180,7 +213,7 @@ pub fn turn_jobs(
         .completed_at
         .clone()
         .unwrap_or_else(crate::state::now_rfc3339);
-    let body = event_body(event, &timestamp, view);
+    let body = event_body(event, &timestamp, tenant, view);
     jobs(
         (event, turn_event_id(view), body),
         tenant,
@@ -198,7 +231,7 @@ pub fn batch_jobs(
 ) -> Vec<HookJob> {
     let event = EventType::BatchCompleted;
     let id = event_id(&[&progress.batch_id, event.as_str()]);
-    let body = event_body(event, &crate::state::now_rfc3339(), progress);
+    let body = event_body(event, &crate::state::now_rfc3339(), tenant, progress);
     jobs((event, id, body), tenant, targets, None)
 }
 

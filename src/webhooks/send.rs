@@ -278,7 +278,7 @@ impl Sender {
             Ok(url) => url,
             Err(e) => return Attempt::Refused(format!("the URL is refused: {e}")),
         };
-        let Some(key) = self.secrets.get(&job.target.secret_env) else {
+        let Some(key) = super::signing_key(&self.secrets, &job.target, &job.tenant) else {
             return Attempt::Refused(format!(
                 "the signing secret variable {} is not set where the delivery is sent",
                 job.target.secret_env

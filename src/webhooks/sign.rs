@@ -12,6 +12,9 @@ use sha2::Sha256;
 /// The prefix of an encoded secret.
 const PREFIX: &str = "whsec_";
 
+/// What a tenant's secret is derived under, before the tenant's name.
+const TENANT_LABEL: &[u8] = b"aptix-webhook-tenant\0";
+
 /// The fewest secret bytes accepted (the specification asks for 24 to 64).
 const MIN_BYTES: usize = 24;
 /// The most secret bytes accepted.
@@ -72,6 +75,24 @@ impl SigningKey {
         format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
     }
 
+    /// Tenant `tenant`'s own secret, derived from this one (the deployment's): the HMAC-SHA256,
+    /// under this secret's bytes, of `aptix-webhook-tenant`, a NUL and the tenant's name — 32
+    /// bytes no other tenant's deliveries are signed with. [`SigningKey::encoded`] is what the
+    /// tenant's receiver is given (`aptix webhooks secret <tenant>`).
+    pub fn for_tenant(&self, tenant: &str) -> SigningKey {
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&self.0) else {
+            return self.clone();
+        };
+        mac.update(TENANT_LABEL);
+        mac.update(tenant.as_bytes());
+        SigningKey(mac.finalize().into_bytes().to_vec())
+    }
+
+    /// The secret as a receiver is given it: `whsec_` and its bytes in base64.
+    pub fn encoded(&self) -> String {
+        format!("{PREFIX}{}", STANDARD.encode(&self.0))
+    }
+
     /// The three headers of a delivery: `webhook-id`, `webhook-timestamp`,
     /// `webhook-signature`.
     pub fn headers(&self, id: &str, timestamp: i64, body: &[u8]) -> [(&'static str, String); 3] {
@@ -117,5 +138,21 @@ mod tests {
         );
         let key = SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
         assert!(!format!("{key:?}").contains("MfKQ"));
+    }
+
+    #[test]
+    fn each_tenant_gets_a_secret_of_its_own_that_reads_back() {
+        let key = SigningKey::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let (a, b) = (key.for_tenant("acme"), key.for_tenant("globex"));
+        assert_ne!(a.0, b.0);
+        assert_ne!(a.0, key.0);
+        assert_eq!(
+            a.0,
+            key.for_tenant("acme").0,
+            "derived the same way every time"
+        );
+        let again = SigningKey::parse(&a.encoded()).unwrap();
+        assert_eq!(again.0, a.0);
+        assert_ne!(a.sign("m", 1, b"{}"), b.sign("m", 1, b"{}"));
     }
 }

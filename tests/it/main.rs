@@ -63,5 +63,6 @@ mod tenant_sessions;
 mod tenants;
 mod tls;
 mod usage;
+mod webhook_tenants;
 mod webhooks;
 mod worker_embedded;
