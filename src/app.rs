@@ -184,7 +184,11 @@ impl App {
             metrics.clone(),
             config.tls_ca.as_ref(),
         )
-        .part("the webhook sender")?;
+        .part("the webhook sender")?
+        .with_lines(Arc::new(crate::delivery::BatchLines::new(
+            Arc::new(ResultDelivery::new(store.clone(), broker.clone())),
+            config.tenants.clone(),
+        )));
         Ok(Self {
             webhooks,
             catalog,

@@ -93,6 +93,15 @@ pub struct Webhooks<'a> {
     pub traceparent: Option<&'a str>,
 }
 
+/// What a settled status of a batch line has to do for its batch's completion
+/// ([`ResultDelivery::deliver_settled`]).
+pub struct BatchOf<'a, F> {
+    /// The batch.
+    pub id: &'a str,
+    /// Who hears of the batch's completion.
+    pub completion: F,
+}
+
 /// A status that was stored but could not be delivered yet; whoever holds the turn's job
 /// delivers it again later (the store keeps it meanwhile).
 #[derive(Debug, thiserror::Error)]
@@ -137,6 +146,11 @@ impl ResultDelivery {
         Self { store, broker }
     }
 
+    /// The store statuses are delivered from.
+    pub(crate) fn store(&self) -> &Arc<dyn SessionStore> {
+        &self.store
+    }
+
     /// Tells everyone who may wait of `view`, a status already stored: once the store's
     /// replicas hold it (as many as the deployment requires), to the session's reply queue
     /// (confirmed), the front door at `to.reply_to` and the session's watchers.
@@ -145,6 +159,43 @@ impl ResultDelivery {
         view: &TurnStatusView,
         to: Addressee<'_>,
     ) -> Result<(), Undelivered> {
+        self.deliver_as_line(view, to, None).await.map(|_| ())
+    }
+
+    /// [`ResultDelivery::deliver`] for a turn that may be a line of a batch whose completion
+    /// is told of (`batch`), then the line noted towards it: at once when its status goes to no
+    /// webhook, else by the webhook sender once each of the line's events is delivered or given
+    /// up on — so a receiver never gets `batch.completed` before a line's event.
+    pub async fn deliver_settled<F>(
+        &self,
+        view: &TurnStatusView,
+        to: Addressee<'_>,
+        batch: Option<BatchOf<'_, F>>,
+    ) -> Result<(), Undelivered>
+    where
+        F: FnOnce(&crate::state::BatchRecord) -> Vec<Target>,
+    {
+        let batch = batch.filter(|_| view.status.is_settled());
+        let tracked = self
+            .deliver_as_line(view, to, batch.as_ref().map(|b| b.id))
+            .await?;
+        match batch {
+            Some(b) if !tracked => {
+                let line = Some((&view.session_id, &view.turn_id));
+                self.batch_settled(b.id, (line, None), b.completion).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// [`ResultDelivery::deliver`]; when `line_of` names a batch, its webhook jobs carry the
+    /// line and are noted as expected before they are enqueued. `true` when there were any.
+    async fn deliver_as_line(
+        &self,
+        view: &TurnStatusView,
+        to: Addressee<'_>,
+        line_of: Option<&str>,
+    ) -> Result<bool, Undelivered> {
         self.store
             .confirm_replicated(&view.session_id)
             .await
@@ -166,12 +217,29 @@ impl ResultDelivery {
         // settled the turn is acked only once they are enqueued (a crash before it runs the
         // job again, which enqueues them again: the same event ids).
         let hooks = to.webhooks;
-        for job in turn_jobs(
+        let mut jobs = turn_jobs(
             view,
             hooks.tenant.unwrap_or_default(),
             hooks.targets,
             hooks.traceparent,
-        ) {
+        );
+        let tracked = !jobs.is_empty() && line_of.is_some();
+        if let Some(batch) = line_of.filter(|_| tracked) {
+            let urls: Vec<&str> = jobs.iter().map(|j| j.target.url.as_str()).collect();
+            self.store
+                .expect_line_events(batch, (&view.session_id, &view.turn_id), &urls)
+                .await
+                .map_err(Undelivered::Unrecorded)?;
+            let line = crate::webhooks::LineOf {
+                batch: batch.to_string(),
+                session_id: view.session_id.clone(),
+                turn_id: view.turn_id.clone(),
+            };
+            for job in &mut jobs {
+                job.line = Some(line.clone());
+            }
+        }
+        for job in jobs {
             let body = serde_json::to_vec(&job)
                 .map_err(|e| Undelivered::Unpublished(QueueError::Encode(Arc::new(e))))?;
             self.broker
@@ -179,7 +247,7 @@ impl ResultDelivery {
                 .await
                 .map_err(Undelivered::Unpublished)?;
         }
-        Ok(())
+        Ok(tracked)
     }
 
     /// Notes what is known of batch `id`'s completion (a line's turn that settled, or the
@@ -693,6 +761,9 @@ impl Drop for WatchMark {
         self.refresh.abort();
     }
 }
+
+mod batch_lines;
+pub use batch_lines::BatchLines;
 
 #[cfg(test)]
 mod tests;

@@ -33,7 +33,7 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, LOCAL_TENANT,
     RequestLimits, SessionId, TurnId, parse_request,
 };
-use crate::delivery::{Addressee, ResultDelivery, Webhooks};
+use crate::delivery::{Addressee, BatchOf, ResultDelivery, Webhooks};
 use crate::metrics::Metrics;
 use crate::pipeline::{JobOutcome, Origin, Pipeline, Settled};
 use crate::queue::{Broker, Delivery, QueueError, Topology};
@@ -642,26 +642,19 @@ impl Worker {
                 traceparent: delivery.traceparent.as_deref(),
             },
         };
-        let delivered = match self.delivery.deliver(&view, to).await {
-            // A line of a batch whose completion is told of: this may be its last line.
-            Ok(()) => match delivery.batch.as_deref().filter(|_| status.is_settled()) {
-                Some(batch) => {
-                    let tenants = self.quotas.tenants();
-                    let settled = Some((request.session, request.turn));
-                    self.delivery
-                        .batch_settled(batch, (settled, None), |b| {
-                            tenants.webhook_targets(
-                                Some(&b.tenant),
-                                b.webhook.as_deref(),
-                                EventType::BatchCompleted,
-                            )
-                        })
-                        .await
-                }
-                None => Ok(()),
+        // A line of a batch whose completion is told of: this may be its last line.
+        let tenants = self.quotas.tenants();
+        let batch = delivery.batch.as_deref().map(|id| BatchOf {
+            id,
+            completion: |b: &crate::state::BatchRecord| {
+                tenants.webhook_targets(
+                    Some(&b.tenant),
+                    b.webhook.as_deref(),
+                    EventType::BatchCompleted,
+                )
             },
-            Err(e) => Err(e),
-        };
+        });
+        let delivered = self.delivery.deliver_settled(&view, to, batch).await;
         match delivered {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);

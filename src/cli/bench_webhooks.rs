@@ -150,6 +150,7 @@ pub async fn run(config: &Config, n: usize) -> anyhow::Result<()> {
         traceparent: None,
         attempts: 0,
         first_at: time::OffsetDateTime::now_utc().unix_timestamp(),
+        line: None,
         last_error: None,
     };
     let enqueue_started = Instant::now();

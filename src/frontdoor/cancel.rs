@@ -13,7 +13,7 @@
 //! its worker writes that).
 
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
-use crate::delivery::{Addressee, Undelivered, Webhooks};
+use crate::delivery::{Addressee, BatchOf, Undelivered, Webhooks};
 use crate::frontdoor::{FrontDoor, SubmitError};
 use crate::queue::Audience;
 use crate::store::{BatchRecord, TurnRecord, TurnStatus, TurnStatusView};
@@ -104,7 +104,8 @@ impl FrontDoor {
 fn untold(view: &TurnStatusView, e: &dyn std::fmt::Display) -> SubmitError {
     SubmitError::Untold(format!(
         "turn {} of session {} is cancelled, but its status could not be told of ({e}); cancel it again to tell of it",
-        view.turn_id, view.session_id
+        view.turn_id,
+        view.session_id.client_id()
     ))
 }
 
@@ -135,35 +136,27 @@ impl FrontDoor {
                 traceparent: None,
             },
         };
-        match self.delivery.deliver(view, to).await {
-            Ok(()) => {}
-            Err(Undelivered::NotReplicated(e) | Undelivered::Unrecorded(e)) => return Err(e.into()),
-            Err(Undelivered::Unpublished(e)) => {
-                // Waiters find it in the store within a recheck, but its webhooks and its
-                // batch's completion would be lost: the client is told to cancel again.
-                tracing::warn!(session_id = %view.session_id, turn_id = %view.turn_id, error = %e, "a cancelled turn's status could not be published; it is stored");
-                return Err(untold(view, &e));
-            }
-        }
         // A line of a batch whose completion is told of: this may be its last line.
-        if let Some(batch) = &record.batch {
-            let settled = Some((&view.session_id, &view.turn_id));
-            let told = self
-                .delivery
-                .batch_settled(batch, (settled, None), |b| {
-                    tenants.webhook_targets(
-                        Some(&b.tenant),
-                        b.webhook.as_deref(),
-                        EventType::BatchCompleted,
-                    )
-                })
-                .await;
-            if let Err(e) = told {
-                tracing::warn!(batch_id = %batch, error = %e, "could not note a cancelled line of a batch");
-                return Err(untold(view, &e));
+        let batch = record.batch.as_deref().map(|id| BatchOf {
+            id,
+            completion: |b: &crate::state::BatchRecord| {
+                tenants.webhook_targets(
+                    Some(&b.tenant),
+                    b.webhook.as_deref(),
+                    EventType::BatchCompleted,
+                )
+            },
+        });
+        match self.delivery.deliver_settled(view, to, batch).await {
+            Ok(()) => Ok(()),
+            Err(Undelivered::NotReplicated(e)) => Err(e.into()),
+            Err(e) => {
+                // Stored: waiters find it within a recheck, but its webhooks and its batch's
+                // completion would be lost: the client is told to cancel again.
+                tracing::warn!(session_id = %view.session_id, turn_id = %view.turn_id, error = %e, "a cancelled turn's status could not be told of; it is stored");
+                Err(untold(view, &e))
             }
         }
-        Ok(())
     }
 
     /// Applies a user turn's `onBusy` to the other turns of its session that are queued or

@@ -29,6 +29,8 @@ struct BatchLines {
     settled: std::collections::HashSet<(SessionId, TurnId)>,
     lines: Option<usize>,
     done: bool,
+    /// Each line's turn events not yet delivered or given up on, by URL.
+    pending: HashMap<(SessionId, TurnId), std::collections::HashSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -511,5 +513,40 @@ impl SessionStore for MemoryStore {
             .or_default()
             .done = true;
         Ok(())
+    }
+
+    async fn expect_line_events(
+        &self,
+        id: &str,
+        (sid, tid): (&SessionId, &TurnId),
+        urls: &[&str],
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let note = inner.batch_lines.entry(id.to_string()).or_default();
+        let pending = note.pending.entry((sid.clone(), tid.clone())).or_default();
+        pending.extend(urls.iter().map(|u| u.to_string()));
+        Ok(())
+    }
+
+    async fn line_event_finished(
+        &self,
+        id: &str,
+        (sid, tid): (&SessionId, &TurnId),
+        url: &str,
+    ) -> Result<bool, StoreError> {
+        let mut inner = self.lock()?;
+        let note = inner.batch_lines.entry(id.to_string()).or_default();
+        let line = (sid.clone(), tid.clone());
+        let left = match note.pending.get_mut(&line) {
+            Some(pending) => {
+                pending.remove(url);
+                pending.len()
+            }
+            None => 0,
+        };
+        if left == 0 {
+            note.pending.remove(&line);
+        }
+        Ok(left == 0)
     }
 }

@@ -427,6 +427,24 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<bool, StoreError>;
     /// Marks batch `id` as told of (after its `batch.completed` deliveries were enqueued).
     async fn batch_done(&self, id: &str) -> Result<(), StoreError>;
+    /// Notes, before they are enqueued, that the turn event of batch `id`'s line `line` goes
+    /// to `urls`: the line counts towards the batch's completion only once each of them is
+    /// finished ([`SessionStore::line_event_finished`]), so `batch.completed` never overtakes
+    /// a line's event. Kept for the turn retention.
+    async fn expect_line_events(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        urls: &[&str],
+    ) -> Result<(), StoreError>;
+    /// Notes that the event of batch `id`'s line `line` to `url` was delivered or given up on;
+    /// `true` when none of the line's events is left (also when none was expected).
+    async fn line_event_finished(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        url: &str,
+    ) -> Result<bool, StoreError>;
     /// Several turns at once, in the order asked (`None` where absent); one round trip where
     /// the backend allows it.
     async fn get_turns(

@@ -154,6 +154,24 @@ pub struct HookJob {
     /// What the last failed attempt got, for `aptix webhooks failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The batch line whose turn event this is, when the batch's completion is told of: the
+    /// sender notes the delivery finished (delivered or dead-lettered), and `batch.completed`
+    /// waits for every line's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<LineOf>,
+}
+
+/// A line of a batch: the batch and the line's turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LineOf {
+    /// The batch.
+    pub batch: String,
+    /// The turn's session (scoped to its tenant).
+    #[serde(with = "crate::contract::ids::scoped")]
+    pub session_id: crate::contract::SessionId,
+    /// The turn.
+    pub turn_id: crate::contract::TurnId,
 }
 
 /// A stable event id for a turn's settled status: the same (session, turn, status, attempt)
@@ -255,6 +273,7 @@ fn jobs(
             attempts: 0,
             first_at: now,
             last_error: None,
+            line: None,
         })
         .collect()
 }

@@ -85,6 +85,16 @@ pub struct Sender {
     settings: Arc<SendSettings>,
     secrets: Arc<super::sign::Secrets>,
     metrics: Arc<Metrics>,
+    /// Told of each batch line's event once it is finished (see [`super::LineOf`]).
+    lines: Option<Arc<dyn LineFinished>>,
+}
+
+/// Whoever counts a batch's lines towards its `batch.completed`: told when a line's event is
+/// delivered or dead-lettered (the delivery is acked only once it knows).
+#[async_trait::async_trait]
+pub trait LineFinished: Send + Sync {
+    /// The event of `line` to `url` is finished.
+    async fn finished(&self, line: &super::LineOf, url: &str) -> Result<(), String>;
 }
 
 impl std::fmt::Debug for Sender {
@@ -126,7 +136,14 @@ impl Sender {
             settings: Arc::new(settings),
             secrets,
             metrics,
+            lines: None,
         })
+    }
+
+    /// The same sender telling `lines` of each batch line's finished event.
+    pub fn with_lines(mut self, lines: Arc<dyn LineFinished>) -> Self {
+        self.lines = Some(lines);
+        self
     }
 
     /// Runs [`Sender::run`] on its own task.
@@ -238,6 +255,18 @@ impl Sender {
             };
             if let Ok(outcome) = &outcome {
                 self.metrics.webhook_outcome(job.event.as_str(), outcome);
+            }
+            // A batch line's event that is over (delivered or dead) counts towards its batch's
+            // completion before the delivery is acked: if that cannot be noted, the delivery
+            // comes again (a duplicate the receiver de-duplicates by its id), never lost.
+            if let (Ok("delivered" | "dead"), Some(line), Some(lines)) =
+                (&outcome, &job.line, &self.lines)
+                && let Err(e) = lines.finished(line, &job.target.url).await
+            {
+                warn!(batch_id = %line.batch, error = %e, "a batch line's finished event could not be noted; the delivery comes again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let _ = delivery.requeue().await;
+                return;
             }
             self.finish(delivery, outcome).await;
         }

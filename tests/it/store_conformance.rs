@@ -802,6 +802,52 @@ async fn a_batch_completes_once_every_line_settled_and_the_count_is_known(s: Sub
     assert!(st.note_batch("b2", None, Some(1)).await.unwrap());
 }
 
+/// A batch line's events: the line is out once each URL it was expected at is finished,
+/// whatever the order; a line nobody expected events of is out at once; two lines (two
+/// tenants' sessions of one id included) are apart.
+async fn a_lines_events_are_out_once_each_expected_one_finished(s: Subject) {
+    let st = &s.store;
+    let t = TurnId::parse("t").unwrap();
+    let mine = SessionId::parse("x").unwrap().within("tenant-a");
+    let theirs = SessionId::parse("x").unwrap().within("tenant-b");
+    st.expect_line_events("b1", (&mine, &t), &["https://a/", "https://b/"])
+        .await
+        .unwrap();
+    st.expect_line_events("b1", (&theirs, &t), &["https://a/"])
+        .await
+        .unwrap();
+    assert!(
+        !st.line_event_finished("b1", (&mine, &t), "https://b/")
+            .await
+            .unwrap()
+    );
+    // Expected again (the status delivered twice): still the same two.
+    st.expect_line_events("b1", (&mine, &t), &["https://a/"])
+        .await
+        .unwrap();
+    assert!(
+        st.line_event_finished("b1", (&mine, &t), "https://a/")
+            .await
+            .unwrap()
+    );
+    assert!(
+        st.line_event_finished("b1", (&theirs, &t), "https://a/")
+            .await
+            .unwrap()
+    );
+    // Finished again (a duplicate delivery), or never expected: out.
+    assert!(
+        st.line_event_finished("b1", (&mine, &t), "https://a/")
+            .await
+            .unwrap()
+    );
+    assert!(
+        st.line_event_finished("b2", (&mine, &t), "https://a/")
+            .await
+            .unwrap()
+    );
+}
+
 async fn the_newest_live_events_of_a_turn_are_kept_in_order(s: Subject) {
     use aptix_worker::store::LIVE_EVENTS_PER_TURN;
     let (a, b) = (tid("a"), tid("b"));
@@ -1080,6 +1126,7 @@ for_each_backend!(
     ],
     tests: [
         a_batch_completes_once_every_line_settled_and_the_count_is_known,
+        a_lines_events_are_out_once_each_expected_one_finished,
         the_newest_live_events_of_a_turn_are_kept_in_order,
         saves_and_reads_back_sessions_and_turns,
         a_lease_is_exclusive_until_released_or_expired,

@@ -309,6 +309,7 @@ async fn a_private_address_is_refused_at_submission_and_at_delivery(backend: Bac
         attempts: 0,
         first_at: 0,
         last_error: None,
+        line: None,
     };
     app.broker
         .enqueue_hook(&serde_json::to_vec(&job).unwrap())

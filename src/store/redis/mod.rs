@@ -15,6 +15,7 @@
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
+//! | `<ns>:batchlines:{<batch>}:events:<len>:<sid>:<tid>` | set | URLs a batch line's turn event is still being delivered to | turn retention |
 //! | `<ns>:workers` | hash | each worker's heartbeat (JSON), by worker | 10 minutes after the latest |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
 //!
@@ -882,6 +883,58 @@ impl SessionStore for RedisStore {
         ids: &[(SessionId, TurnId)],
     ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
         self.turn_records(ids).await
+    }
+
+    async fn expect_line_events(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        urls: &[&str],
+    ) -> Result<(), StoreError> {
+        if urls.is_empty() {
+            return Ok(());
+        }
+        let key = self.line_events_key(id, line);
+        let _: () = redis::pipe()
+            .atomic()
+            .sadd(&key, urls)
+            .ignore()
+            .pexpire(&key, ms(self.retention.turns) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn line_event_finished(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        url: &str,
+    ) -> Result<bool, StoreError> {
+        let key = self.line_events_key(id, line);
+        let (left,): (i64,) = redis::pipe()
+            .atomic()
+            .srem(&key, url)
+            .ignore()
+            .scard(&key)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(left == 0)
+    }
+}
+
+impl RedisStore {
+    /// The set of a batch line's turn events not yet finished, by URL: in the batch's slot,
+    /// the session id length-prefixed so no two lines share a key.
+    fn line_events_key(&self, id: &str, (sid, tid): (&SessionId, &TurnId)) -> String {
+        format!(
+            "{}:batchlines:{{{id}}}:events:{}:{sid}:{tid}",
+            self.namespace,
+            sid.as_str().len()
+        )
     }
 }
 
