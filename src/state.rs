@@ -391,6 +391,10 @@ pub struct TurnStatusView {
     /// The latest result, once there is one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
+    /// The service tier the model server reports serving the turn's latest model call with
+    /// (`flex`, `default`, …), when it reports one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub service_tier: Option<String>,
 }
 
 impl From<&TurnRecord> for TurnStatusView {
@@ -403,6 +407,7 @@ impl From<&TurnRecord> for TurnStatusView {
             submitted_at: r.submitted_at.clone(),
             completed_at: r.completed_at.clone(),
             result: r.result.clone(),
+            service_tier: r.calls.iter().rev().find_map(|c| c.service_tier.clone()),
         }
     }
 }

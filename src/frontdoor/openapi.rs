@@ -52,6 +52,9 @@ pub struct TurnStatusView {
     completed_at: Option<String>,
     /// The latest result, once there is one.
     result: Option<ExecuteResult>,
+    /// The service tier the model server reports serving the turn's latest model call with
+    /// (`flex`, `default`, …), when it reports one.
+    service_tier: Option<String>,
 }
 
 /// `InvokeResult<AgentExecuteResponse>`: a turn's result (final answer, client tool

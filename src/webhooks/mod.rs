@@ -292,6 +292,7 @@ mod tests {
             submitted_at: "2026-11-26T00:00:00Z".into(),
             completed_at: Some("2026-11-26T00:00:01Z".into()),
             result: None,
+            service_tier: None,
         }
     }
 

@@ -355,7 +355,10 @@ async fn a_flex_call_without_capacity_falls_back_to_default_after_the_wait(backe
     app.fake.refuse_flex(1000);
     let body = json!({"sessionId": "fx", "turnId": "t", "instruction": "x"});
     assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
-    assert_eq!(app.settled("tok-a", "fx", "t").await["status"], "completed");
+    let done = app.settled("tok-a", "fx", "t").await;
+    assert_eq!(done["status"], "completed");
+    // The tier served is in the turn's status, as the server reported it.
+    assert_eq!(done["serviceTier"], "default", "{done}");
     let tiers: Vec<Value> = app
         .fake
         .requests()

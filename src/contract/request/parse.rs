@@ -206,9 +206,12 @@ fn parse_webhook(
     } else {
         match reqwest::Url::parse(url) {
             Err(e) => Some(format!("is not an absolute URL: {e}")),
-            Ok(u) if !matches!(u.scheme(), "https" | "http") => {
-                Some("must be an https URL".to_string())
-            }
+            // Which of the two the deployment takes is the front door's to say (it knows
+            // whether http is allowed); neither is what this URL names.
+            Ok(u) if !matches!(u.scheme(), "https" | "http") => Some(format!(
+                "has the scheme {:?}; a webhook is an https URL (http where the deployment allows it)",
+                u.scheme()
+            )),
             Ok(u) if u.host_str().is_none() => Some("has no host".to_string()),
             Ok(u) if !u.username().is_empty() || u.password().is_some() => {
                 Some("must not carry credentials".to_string())
