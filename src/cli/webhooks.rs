@@ -1,13 +1,15 @@
 //! `aptix webhooks`: the webhook deliveries that never succeeded — list them, or send them
-//! again (RabbitMQ only: the embedded broker's live in its own process).
+//! again — and the secret a tenant's receiver verifies with. Dead deliveries are read through
+//! a deployment's API with `--url` (any broker, the embedded one of `aptix run` included), or
+//! straight from RabbitMQ with `APTIX_AMQP_URL`.
 
 use std::process::ExitCode;
 
-use serde_json::json;
-
 use aptix_worker::config::Config;
-use aptix_worker::queue::{HookQueue as _, RabbitBroker};
-use aptix_worker::webhooks::HookJob;
+use aptix_worker::queue::RabbitBroker;
+use aptix_worker::webhooks::dead::{self, DeadDelivery};
+
+use super::client::ApiClient;
 
 /// What `aptix webhooks` does.
 #[derive(Debug, clap::Subcommand)]
@@ -18,6 +20,8 @@ pub enum WebhooksAction {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         max: usize,
+        #[command(flatten)]
+        api: Through,
     },
     /// Send dead deliveries again, each as a fresh delivery of the same event (same
     /// `webhook-id`, the retry schedule from its start).
@@ -25,6 +29,8 @@ pub enum WebhooksAction {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         max: usize,
+        #[command(flatten)]
+        api: Through,
     },
     /// Print the `whsec_…` secret `tenant`'s deliveries are signed with when the tenants file
     /// names no secret of its own for it (derived from `APTIX_WEBHOOK_SECRET`): what the
@@ -33,6 +39,18 @@ pub enum WebhooksAction {
         /// The tenant.
         tenant: String,
     },
+}
+
+/// Where dead deliveries are read: a deployment's API, else RabbitMQ (`APTIX_AMQP_URL`).
+#[derive(Debug, clap::Args)]
+pub struct Through {
+    /// A deployment's API base URL (an admin token's): its broker's dead deliveries, whichever
+    /// broker it runs.
+    #[arg(long, env = "APTIX_URL")]
+    url: Option<String>,
+    /// Bearer token (an admin's).
+    #[arg(long, env = "APTIX_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// Arguments of `aptix webhooks`.
@@ -46,55 +64,62 @@ pub struct WebhooksArgs {
 pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
     let WebhooksArgs { action } = args;
     let config = Config::from_env()?;
-    let (max, replay) = match action {
-        WebhooksAction::Failed { max } => (max, false),
-        WebhooksAction::Replay { max } => (max, true),
+    let (max, replay, api) = match action {
+        WebhooksAction::Failed { max, api } => (max, false, api),
+        WebhooksAction::Replay { max, api } => (max, true, api),
         WebhooksAction::Secret { tenant } => return secret(&config, &tenant),
     };
-    let Some(url) = &config.amqp_url else {
+    if let Some(url) = &api.url {
+        return through_api(&ApiClient::new(url, api.token.clone()), max, replay).await;
+    }
+    let Some(amqp) = &config.amqp_url else {
         anyhow::bail!(
-            "APTIX_AMQP_URL is not set: dead webhook deliveries live in RabbitMQ (the embedded broker keeps them in its own process)"
+            "name where the dead deliveries are: --url (or APTIX_URL) of the deployment's API — the embedded broker of `aptix run` is reached only through it — or APTIX_AMQP_URL for RabbitMQ"
         );
     };
-    let broker = RabbitBroker::new(url.expose(), config.topology(), "aptix-webhooks")
+    let broker = RabbitBroker::new(amqp.expose(), config.topology(), "aptix-webhooks")
         .with_timeout(config.dependency_timeout)
         .with_tls_ca(config.tls_ca.clone());
     broker.connect().await?;
-    match replay {
-        false => {
-            let dead = broker.dead_hooks(max, false).await?;
-            for (body, reason) in &dead {
-                let line = match serde_json::from_slice::<HookJob>(body) {
-                    Ok(job) => json!({
-                        "eventId": job.id, "event": job.event.as_str(), "url": job.target.url,
-                        "tenant": job.tenant, "attempts": job.attempts, "firstAt": job.first_at,
-                        "reason": reason, "lastError": job.last_error,
-                    }),
-                    Err(_) => json!({"reason": reason, "body": String::from_utf8_lossy(body)}),
-                };
-                println!("{line}");
-            }
-            eprintln!("{} failed webhook delivery(ies)", dead.len());
-        }
-        true => {
-            let dead = broker.dead_hooks(max, true).await?;
-            let mut replayed = 0;
-            for (body, reason) in dead {
-                let Ok(mut job) = serde_json::from_slice::<HookJob>(&body) else {
-                    // Not a delivery at all: it stays dead.
-                    broker.dead_hook(&body, &reason).await?;
-                    continue;
-                };
-                job.attempts = 0;
-                job.first_at = time::OffsetDateTime::now_utc().unix_timestamp();
-                job.last_error = None;
-                broker.enqueue_hook(&serde_json::to_vec(&job)?).await?;
-                replayed += 1;
-            }
-            eprintln!("{replayed} webhook delivery(ies) sent again");
-        }
+    if replay {
+        let replayed = dead::replay(&broker, max).await?;
+        eprintln!("{replayed} webhook delivery(ies) sent again");
+    } else {
+        print_dead(&dead::list(&broker, max).await?)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The same through a deployment's `/v1/admin/webhooks/dead`.
+async fn through_api(api: &ApiClient, max: usize, replay: bool) -> anyhow::Result<ExitCode> {
+    let (status, body) = if replay {
+        let path = format!("/v1/admin/webhooks/dead/replay?limit={max}");
+        api.post(&path, Vec::new()).await?
+    } else {
+        api.get(&format!("/v1/admin/webhooks/dead?limit={max}"))
+            .await?
+    };
+    if status != 200 {
+        anyhow::bail!("the API answered {status}: {body}");
+    }
+    if replay {
+        eprintln!(
+            "{} webhook delivery(ies) sent again",
+            body["result"]["replayed"]
+        );
+    } else {
+        let dead: Vec<DeadDelivery> = serde_json::from_value(body["result"].clone())?;
+        print_dead(&dead)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_dead(dead: &[DeadDelivery]) -> anyhow::Result<()> {
+    for d in dead {
+        println!("{}", serde_json::to_string(d)?);
+    }
+    eprintln!("{} failed webhook delivery(ies)", dead.len());
+    Ok(())
 }
 
 /// `aptix webhooks secret <tenant>`: the secret that signs the tenant's deliveries, as its

@@ -84,6 +84,8 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::admin::system))
         .routes(routes!(routes::admin::dead_letters))
         .routes(routes!(routes::admin::requeue_dead))
+        .routes(routes!(routes::webhooks::dead_deliveries))
+        .routes(routes!(routes::webhooks::replay_dead_deliveries))
         .routes(routes!(routes::ops::healthz))
         .routes(routes!(routes::ops::readyz))
         .routes(routes!(routes::ops::metrics))

@@ -11,6 +11,7 @@
 //! Owns: events, targets, the job format, signing ([`sign`]), the URL policy ([`guard`]) and
 //! sending ([`send`]). Must not: decide when a turn settles.
 
+pub mod dead;
 pub mod guard;
 pub mod send;
 pub mod sign;

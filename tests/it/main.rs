@@ -63,6 +63,7 @@ mod tenant_sessions;
 mod tenants;
 mod tls;
 mod usage;
+mod webhook_dead;
 mod webhook_order;
 mod webhook_tenants;
 mod webhooks;

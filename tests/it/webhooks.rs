@@ -88,12 +88,12 @@ impl Receiver {
         receiver
     }
 
-    fn got(&self) -> Vec<Received> {
+    pub(crate) fn got(&self) -> Vec<Received> {
         self.got.lock().unwrap().clone()
     }
 
     /// Answers the next requests with `answers` (then 200) instead of what was scripted.
-    fn answer_from_now(&self, answers: impl IntoIterator<Item = Answer>) {
+    pub(crate) fn answer_from_now(&self, answers: impl IntoIterator<Item = Answer>) {
         *self.script.lock().unwrap() = answers.into_iter().collect();
     }
 

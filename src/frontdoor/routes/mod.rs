@@ -11,3 +11,4 @@ pub mod sessions;
 pub mod sync;
 pub mod tenant;
 pub mod turns;
+pub mod webhooks;
