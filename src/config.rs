@@ -414,7 +414,7 @@ impl Config {
             http_read_timeout: Duration::from_secs_f64(positive(
                 &get,
                 "APTIX_HTTP_READ_TIMEOUT_SECS",
-                crate::frontdoor::http::HEADER_READ_TIMEOUT.as_secs_f64(),
+                crate::net::READ_TIMEOUT.as_secs_f64(),
             )?),
             max_attempts: positive(&get, "APTIX_MAX_ATTEMPTS", 5)?,
             turn_deadline: Duration::from_secs(positive(&get, "APTIX_TURN_DEADLINE_SECS", 600)?),

@@ -3,13 +3,21 @@
 //! fleet reconnecting) overflow it — the kernel then drops their SYNs and each retries after
 //! 1, 2, 4, 8, 16 s, a half-minute tail for connections that were never refused.
 //!
-//! Accepted connections send small writes at once (`TCP_NODELAY`).
+//! Accepted connections send small writes at once (`TCP_NODELAY`), and a server waits for a
+//! client's bytes only so long ([`READ_TIMEOUT`]).
 //!
-//! Owns: binding, and readying accepted sockets. Must not: know what is served.
+//! Owns: binding, readying accepted sockets, how long a client may keep one silent. Must not:
+//! know what is served.
 
 use std::net::SocketAddr;
 
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+/// How long, by default, a server waits for a client's next bytes (a request's headers, the
+/// rest of its body, the next request on an idle keep-alive connection) before it closes the
+/// connection (`APTIX_HTTP_READ_TIMEOUT_SECS`). Answers are not bounded by it: a long-poll, an
+/// SSE stream or the synchronous endpoint may take as long as the route allows.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Pending connections asked of the kernel (which caps it at `net.core.somaxconn`).
 pub const LISTEN_BACKLOG: u32 = 8192;

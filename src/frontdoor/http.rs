@@ -270,11 +270,8 @@ pub fn ops_router(state: HttpState) -> Router {
     )
 }
 
-/// How long, by default, the API waits for a client's next bytes (a request's headers, the
-/// rest of its body, the next request on an idle keep-alive connection) before it closes the
-/// connection (`APTIX_HTTP_READ_TIMEOUT_SECS`). Answers are not bounded by it: a long-poll,
-/// an SSE stream or the synchronous endpoint may take as long as the route allows.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long, by default, the API waits for a client's next bytes ([`crate::net::READ_TIMEOUT`]).
+pub const HEADER_READ_TIMEOUT: Duration = crate::net::READ_TIMEOUT;
 
 /// How long a stopping server waits for open connections (an SSE stream never ends by itself).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -19,6 +19,7 @@ use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
 use crate::trace::TraceContext;
 use crate::webhooks::guard::Guard;
 pub mod batch;
+mod body;
 pub mod cancel;
 mod console;
 mod counted;
