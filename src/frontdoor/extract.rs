@@ -205,6 +205,11 @@ impl axum::extract::FromRequestParts<HttpState> for Reader {
             .and_then(|q| serde_urlencoded::from_str::<ScopeQuery>(q).ok())
             .and_then(|q| q.tenant)
             .filter(|t| !t.is_empty());
+        if let Some(t) = &asked
+            && let Err(e) = crate::contract::ids::check_tenant(t)
+        {
+            return Err(BadParameter(format!("tenant: {e}")).into());
+        }
         let scope = match asked {
             None => caller.tenant.clone(),
             Some(t) if t == caller.tenant || caller.admin => t,

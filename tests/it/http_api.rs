@@ -878,6 +878,8 @@ async fn the_openapi_document_covers_every_route() {
         ("get", "/v1/admin/system"),
         ("get", "/v1/admin/dead-letters"),
         ("post", "/v1/admin/dead-letters/requeue"),
+        ("get", "/v1/admin/webhooks/dead"),
+        ("post", "/v1/admin/webhooks/dead/replay"),
     ];
     let paths = app.api["paths"].as_object().unwrap();
     let mut documented: Vec<(String, String)> = paths

@@ -230,6 +230,11 @@ async fn path_ids_are_checked_like_body_ids(backend: Backend) {
     assert_eq!((status, code(&body)), (400, "INVALID_ID"), "{body}");
     let status = subscribe_once(&app, "tok-a", "a%20b").await;
     assert_eq!(status, 400);
+    // A tenant named in the query is held to the tenant rules too.
+    let (status, body) = app
+        .get(Some("tok-root"), "/v1/sessions/s?tenant=tenant-a%2Fx")
+        .await;
+    assert_eq!((status, code(&body)), (400, "INVALID_PARAMETER"), "{body}");
 }
 
 for_each_backend!(

@@ -95,7 +95,7 @@ pub(crate) struct TurnSummary {
     params(("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
         ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)")),
     responses(
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
@@ -164,7 +164,7 @@ pub(crate) async fn get_session(
            ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
            ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, when reconnecting")),
     responses(
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 200, description = "An event stream; a turn event's data is a TurnStatusView, a delta event's a SessionDeltaEvent, a progress event's a SessionProgressEvent", content_type = "text/event-stream", body = api_doc::TurnStatusView),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),

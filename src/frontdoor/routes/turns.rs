@@ -113,7 +113,7 @@ impl IntoResponse for SubmitError {
     ),
     responses(
         (status = 200, description = "The turn as kept", body = api_doc::InvokeResult<crate::state::TurnInspection>),
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
         (status = 404, description = "No such turn in this session", body = Failure),
@@ -206,7 +206,7 @@ pub(crate) async fn get_turn(
     responses(
         (status = 200, description = "The turn is cancelled", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
         (status = 202, description = "The turn is running; it stops within about a second", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER) or is not an id (INVALID_ID)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 403, description = "`tenant` names another tenant and the token is not an admin's (FORBIDDEN)", body = Failure),
         (status = 404, description = "No such turn in this session", body = Failure),
