@@ -598,7 +598,8 @@ impl TurnRecord {
             ErrorCode::TurnCancelled,
             format!(
                 "turn {} of session {} was cancelled",
-                self.turn_id, self.session_id
+                self.turn_id,
+                self.session_id.client_id()
             ),
         )));
         self
