@@ -646,13 +646,7 @@ impl Worker {
         let tenants = self.quotas.tenants();
         let batch = delivery.batch.as_deref().map(|id| BatchOf {
             id,
-            completion: |b: &crate::state::BatchRecord| {
-                tenants.webhook_targets(
-                    Some(&b.tenant),
-                    b.webhook.as_deref(),
-                    EventType::BatchCompleted,
-                )
-            },
+            completion: |b: &crate::state::BatchRecord| tenants.batch_targets(b),
         });
         let delivered = self.delivery.deliver_settled(&view, to, batch).await;
         match delivered {

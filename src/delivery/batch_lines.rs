@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use super::ResultDelivery;
 use crate::tenants::Tenants;
+use crate::webhooks::LineOf;
 use crate::webhooks::send::LineFinished;
-use crate::webhooks::{EventType, LineOf};
 
 /// Notes batch lines' finished events in the store and tells of a batch once its last line
 /// is in (to the batch's webhook and its tenant's).
@@ -41,11 +41,7 @@ impl LineFinished for BatchLines {
         }
         self.delivery
             .batch_settled(&line.batch, (Some(turn), None), |b| {
-                self.tenants.webhook_targets(
-                    Some(&b.tenant),
-                    b.webhook.as_deref(),
-                    EventType::BatchCompleted,
-                )
+                self.tenants.batch_targets(b)
             })
             .await
             .map_err(|e| e.to_string())

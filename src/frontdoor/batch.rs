@@ -414,11 +414,7 @@ impl FrontDoor {
 
     /// Where `batch.completed` of `batch` goes.
     fn batch_targets(&self, batch: &BatchRecord) -> Vec<crate::webhooks::Target> {
-        self.quotas.tenants().webhook_targets(
-            Some(&batch.tenant),
-            batch.webhook.as_deref(),
-            crate::webhooks::EventType::BatchCompleted,
-        )
+        self.quotas.tenants().batch_targets(batch)
     }
 
     /// Enqueues one valid line for `tenant`; the error names why it was not accepted.

@@ -139,13 +139,7 @@ impl FrontDoor {
         // A line of a batch whose completion is told of: this may be its last line.
         let batch = record.batch.as_deref().map(|id| BatchOf {
             id,
-            completion: |b: &crate::state::BatchRecord| {
-                tenants.webhook_targets(
-                    Some(&b.tenant),
-                    b.webhook.as_deref(),
-                    EventType::BatchCompleted,
-                )
-            },
+            completion: |b: &crate::state::BatchRecord| tenants.batch_targets(b),
         });
         match self.delivery.deliver_settled(view, to, batch).await {
             Ok(()) => Ok(()),

@@ -261,6 +261,16 @@ impl Tenants {
         self.hooks.get(tenant).map_or(&[], |(_, w)| w.as_slice())
     }
 
+    /// Where `batch.completed` of `batch` goes: the batch's own webhook and its tenant's
+    /// webhooks that want it.
+    pub fn batch_targets(&self, batch: &crate::state::BatchRecord) -> Vec<Target> {
+        self.webhook_targets(
+            Some(&batch.tenant),
+            batch.webhook.as_deref(),
+            EventType::BatchCompleted,
+        )
+    }
+
     /// Where `event` of a turn of `tenant` goes: the submission's own `url` (signed with the
     /// tenant's secret) and the tenant's webhooks that want it. Empty for most turns, at the
     /// cost of a map lookup.
