@@ -22,9 +22,15 @@
 //! - [`delivery`] — the one owner of result delivery: a settled status delivered (on the
 //!   store's replicas, then to the session's reply queue, the front door waiting for it and the
 //!   session's watchers), a streaming turn's live events kept and published, and every wait for
-//!   a turn (the synchronous endpoint, long-polls, Server-Sent Events, `aptix run`).
+//!   a turn (the synchronous endpoint, long-polls, Server-Sent Events, `aptix run`); a
+//!   settled status's [`webhooks`] enqueued (sent, signed, by the worker's sender), and a
+//!   batch line counted towards `batch.completed` once its events are out.
 //! - [`live`] — a streaming turn's text and progress notes, batched into live events for the
 //!   delivery's live outlet.
+//!
+//! A session id names a session within its tenant: [`contract::SessionId::within`] scopes it
+//! where a request's tenant becomes known (the front door, the worker, a route's reader), and
+//! every key, queue and binding is made from the scoped id.
 //!
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
 //! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the

@@ -83,7 +83,9 @@ async fn a_broker_under_a_memory_alarm_is_a_prompt_503_and_readyz_says_so() {
             started.elapsed()
         );
         let t2 = aptix_worker::contract::TurnId::parse("t2").unwrap();
-        let sid = aptix_worker::contract::SessionId::parse("s").unwrap();
+        let sid = aptix_worker::contract::SessionId::parse("s")
+            .unwrap()
+            .within("tenant-a");
         assert!(app.store.get_turn(&sid, &t2).await.unwrap().is_none());
         let started = Instant::now();
         let (status, body) = app.get(None, "/readyz").await;

@@ -79,7 +79,8 @@ async fn a_synchronous_wait_gets_its_answer_across_a_broker_restart() {
     let record = app
         .store
         .get_turn(
-            &SessionId::parse(&sid).unwrap(),
+            // tok-a is tenant-a's: its sessions are scoped to it.
+            &SessionId::parse(&sid).unwrap().within("tenant-a"),
             &TurnId::parse("t").unwrap(),
         )
         .await

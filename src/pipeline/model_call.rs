@@ -395,9 +395,10 @@ impl Pipeline {
                     }),
                 ))) => {
                     let lost = matches!(e, LlmError::Expired(_));
-                    let pause = match lost && !recalled {
-                        true => Some(std::time::Duration::ZERO),
-                        false => remakes.next(),
+                    let pause = if lost && !recalled {
+                        Some(std::time::Duration::ZERO)
+                    } else {
+                        remakes.next()
                     };
                     let Some(pause) = pause else {
                         return Ok((Some(Err(e)), reattached));
