@@ -150,11 +150,6 @@ impl SessionId {
             .map_or(LOCAL_TENANT, |(tenant, _)| tenant)
     }
 
-    /// The client's id alone, as a session id of the local tenant (what clients are shown).
-    pub fn unscoped(&self) -> Self {
-        Self(self.client_id().to_string())
-    }
-
     /// Reads a stored id, scoped or not: the client's part must be an id and the tenant part
     /// a tenant name ([`check_tenant`]).
     pub fn parse_scoped(s: impl Into<String>) -> Result<Self, IdError> {
@@ -248,6 +243,39 @@ mod tests {
     fn deserialize_validates() {
         assert!(serde_json::from_str::<ToolCallId>("\"ok_1\"").is_ok());
         assert!(serde_json::from_str::<ToolCallId>("\"not ok\"").is_err());
+    }
+
+    #[test]
+    fn a_session_id_is_scoped_to_its_tenant_and_shows_clients_their_own() {
+        let sid = SessionId::parse("s:1").unwrap();
+        let a = sid.within("acme");
+        assert_eq!(a.as_str(), "acme/s:1");
+        assert_eq!((a.client_id(), a.tenant()), ("s:1", "acme"));
+        assert_ne!(a, sid.within("globex"), "two tenants' s:1 are two sessions");
+        assert_eq!(a.within("acme"), a, "scoping again changes nothing");
+        assert_eq!(
+            a.within("globex").as_str(),
+            "globex/s:1",
+            "a scope is replaced"
+        );
+        // The local tenant keeps bare ids (a deployment without tokens keeps its keys).
+        assert_eq!(sid.within(LOCAL_TENANT), sid);
+        assert_eq!((sid.client_id(), sid.tenant()), ("s:1", LOCAL_TENANT));
+        // Clients read their own id; stored records keep the scope, and read it back.
+        assert_eq!(serde_json::to_string(&a).unwrap(), "\"s:1\"");
+        #[derive(Serialize, Deserialize, PartialEq, Debug)]
+        struct Stored {
+            #[serde(with = "scoped")]
+            sid: SessionId,
+        }
+        let stored = serde_json::to_string(&Stored { sid: a.clone() }).unwrap();
+        assert_eq!(stored, r#"{"sid":"acme/s:1"}"#);
+        assert_eq!(serde_json::from_str::<Stored>(&stored).unwrap().sid, a);
+        // A client cannot name a scope: the mark is outside the id charset.
+        assert!(SessionId::parse("acme/s:1").is_err());
+        assert!(serde_json::from_str::<SessionId>("\"acme/s:1\"").is_err());
+        assert!(SessionId::parse_scoped("a{b}/s").is_err());
+        assert!(SessionId::parse_scoped(format!("{}/s", "t".repeat(65))).is_err());
     }
 
     #[test]
