@@ -203,8 +203,7 @@ impl axum::extract::FromRequestParts<HttpState> for Reader {
             .uri
             .query()
             .and_then(|q| serde_urlencoded::from_str::<ScopeQuery>(q).ok())
-            .and_then(|q| q.tenant)
-            .filter(|t| !t.is_empty());
+            .and_then(|q| q.tenant);
         if let Some(t) = &asked
             && let Err(e) = crate::contract::ids::check_tenant(t)
         {

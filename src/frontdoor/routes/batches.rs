@@ -177,7 +177,7 @@ impl BatchSummary {
 #[utoipa::path(get, path = "/v1/batches", tag = "batches",
     params(
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 100, description = "At most this many batches (default 20)"),
-        ("tenant" = Option<String>, Query, description = "This tenant's batches: any tenant for an admin token, only its own for a tenant's"),
+        ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "This tenant's batches: any tenant for an admin token, only its own for a tenant's"),
     ),
     responses(
         (status = 200, description = "The batches, newest first", body = api_doc::InvokeResult<Vec<BatchSummary>>),

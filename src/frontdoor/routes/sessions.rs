@@ -92,8 +92,8 @@ pub(crate) struct TurnSummary {
 
 /// A session: its mode (keys, not ids), mode history and turns.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}", tag = "sessions",
-    params(("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
-        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)")),
+    params(("sessionId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)")),
     responses(
         (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),
         (status = 200, description = "The session", body = api_doc::InvokeResult<SessionView>),
@@ -160,8 +160,8 @@ pub(crate) async fn get_session(
 /// reconnects with `Last-Event-ID` naming a turn gets that turn's result at once if it has
 /// settled meanwhile.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/events", tag = "sessions",
-    params(("sessionId" = String, Path, description = "The session, named within the caller's tenant (may not exist yet; subscribing writes nothing)"),
-           ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
+    params(("sessionId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The session, named within the caller's tenant (may not exist yet; subscribing writes nothing)"),
+           ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
            ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event received, when reconnecting")),
     responses(
         (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER, naming it), or a path id is not an id (INVALID_ID)", body = Failure),

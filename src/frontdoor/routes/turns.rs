@@ -107,9 +107,9 @@ impl IntoResponse for SubmitError {
 /// result.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}/inspect", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
-        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
-        ("turnId" = String, Path, description = "The turn"),
+        ("sessionId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
+        ("turnId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The turn"),
     ),
     responses(
         (status = 200, description = "The turn as kept", body = api_doc::InvokeResult<crate::state::TurnInspection>),
@@ -142,9 +142,9 @@ pub(crate) async fn inspect_turn(
 /// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.
 #[utoipa::path(get, path = "/v1/sessions/{sessionId}/turns/{turnId}", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
-        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
-        ("turnId" = String, Path, description = "The turn"),
+        ("sessionId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
+        ("turnId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The turn"),
         ("wait" = Option<f64>, Query, minimum = 0, description = "Seconds to wait for the turn to leave queued/running (longer waits are cut to 60)"),
     ),
     responses(
@@ -199,9 +199,9 @@ pub(crate) async fn get_turn(
 /// on the session's events and the long-poll). Idempotent.
 #[utoipa::path(post, path = "/v1/sessions/{sessionId}/turns/{turnId}/cancel", tag = "turns",
     params(
-        ("sessionId" = String, Path, description = "The session (named within the caller's tenant)"),
-        ("tenant" = Option<String>, Query, description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
-        ("turnId" = String, Path, description = "The turn"),
+        ("sessionId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The session (named within the caller's tenant)"),
+        ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "Whose session: an admin's token may name any tenant, a tenant's token only its own (default: the token's tenant)"),
+        ("turnId" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The turn"),
     ),
     responses(
         (status = 200, description = "The turn is cancelled", body = api_doc::InvokeResult<api_doc::TurnStatusView>),
