@@ -12,7 +12,7 @@ use super::HookJob;
 use crate::queue::{HookQueue, QueueError};
 
 /// One dead delivery as an operator reads it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeadDelivery {
     /// The event's id (`webhook-id`).
@@ -58,15 +58,9 @@ impl DeadDelivery {
                 body: None,
             },
             Err(_) => Self {
-                event_id: None,
-                event: None,
-                url: None,
-                tenant: None,
-                attempts: 0,
-                first_at: None,
                 reason,
-                last_error: None,
                 body: Some(String::from_utf8_lossy(body).into_owned()),
+                ..Self::default()
             },
         }
     }
