@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures_util::StreamExt as _;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
@@ -606,6 +606,7 @@ impl Leg {
                 FieldTable::default(),
             )
             .await?;
+        let cancel_on = consumer_ch.clone();
         let consumed = tokio::spawn(async move {
             let mut got = 0usize;
             while got < n {
@@ -619,6 +620,15 @@ impl Leg {
                     _ => break,
                 }
             }
+            // Cancel here and wait for the broker's answer while the consumer still exists:
+            // a consumer merely dropped is cancelled in the background, and that cancel racing
+            // the channel's close or the queue's deletion (which cancels it from the broker's
+            // side) once made lapin see a cancel-ok it was not waiting for and drop the
+            // connection (UNEXPECTED-FRAME).
+            let _ = cancel_on
+                .basic_cancel("baseline".into(), BasicCancelOptions::default())
+                .await;
+            drop(consumer);
             got
         });
         let payload = vec![b'x'; 300];
@@ -654,13 +664,15 @@ impl Leg {
             .with_context(|| format!("the baseline's {} leg did not finish", self.name()))??;
         let rate = n as f64 / started.elapsed().as_secs_f64();
         let after = cpu_snapshot(watched);
+        // The consumer is cancelled and its channel closed before the queue goes, so the
+        // broker has no consumer to cancel from its side.
+        let _ = consumer_ch.close(200, "baseline leg done".into()).await;
         if matches!(self, Self::Job) {
             let _ = publisher
                 .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
                 .await;
         }
         let _ = publisher.close(200, "baseline leg done".into()).await;
-        let _ = consumer_ch.close(200, "baseline leg done".into()).await;
         anyhow::ensure!(
             got == n,
             "the baseline's {} leg consumed {got} of {n}",
