@@ -66,6 +66,7 @@ pub struct Metrics {
     capacity_wait_seconds: Family<ContextLabel, Counter<f64, AtomicU64>>,
     rate_limited: Family<ContextLabel, Counter>,
     estimated_cost: Family<ContextLabel, Counter<f64, AtomicU64>>,
+    history_lost: Family<ContextLabel, Counter>,
     refused_by_policy: Family<Labels, Counter>,
     tenant_running: Family<TenantLabel, Gauge>,
     tenant_waiting: Family<TenantLabel, Gauge>,
@@ -257,6 +258,12 @@ impl Metrics {
             "Estimated cost of model calls in US dollars at the agent context's prices, by agent context (contexts without prices stay at 0)",
             estimated_cost.clone(),
         );
+        let history_lost = Family::<ContextLabel, Counter>::default();
+        registry.register(
+            "model_history_lost",
+            "Continued model calls answered without the conversation they continued (made again with it replayed), by agent context",
+            history_lost.clone(),
+        );
         let rate_limited = Family::<ContextLabel, Counter>::default();
         registry.register(
             "model_rate_limited",
@@ -383,6 +390,7 @@ impl Metrics {
             capacity_wait_seconds,
             rate_limited,
             estimated_cost,
+            history_lost,
             refused_by_policy,
             tenant_running,
             tenant_waiting,
@@ -584,9 +592,17 @@ impl Metrics {
         self.capacity_wait_seconds.get_or_create(&label).inc_by(0.0);
         self.rate_limited.get_or_create(&label).inc_by(0);
         self.estimated_cost.get_or_create(&label).inc_by(0.0);
+        self.history_lost.get_or_create(&label).inc_by(0);
     }
 
-    /// A model call of `context` cost an estimated `micros` millionths of a dollar.
+    /// A continued call of `context` was answered without its conversation.
+    pub fn history_lost(&self, context: &str) {
+        self.history_lost
+            .get_or_create(&context_label(context))
+            .inc();
+    }
+
+    /// Adds `micros` millionths of a dollar to the context's estimated cost.
     pub fn estimated_cost(&self, context: &str, micros: u64) {
         self.estimated_cost
             .get_or_create(&context_label(context))

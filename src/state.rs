@@ -123,8 +123,12 @@ pub struct SessionState {
     /// moved out hold it here; it moves with their next save.
     #[serde(default, skip_serializing)]
     pub conversation: Vec<Value>,
-    /// Set once the model server answered `previous_response_not_found`: later calls replay.
+    /// Set once the model server answered `previous_response_not_found`, or answered a call
+    /// without the conversation it continued from: later calls replay.
     pub replay: bool,
+    /// What the response `previous_response_id` names carries into the next call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_call: Option<CallTokens>,
     /// The latched solution context (AGN-034 §4.5).
     pub solution_context: Option<String>,
     /// The agent and conversation contexts the session latched on its first turn (sessions
@@ -225,6 +229,25 @@ pub struct TurnProgress {
     pub turn_items: Vec<Value>,
     /// Successful mode changes in this turn.
     pub mode_changes: usize,
+    /// What the turn's latest answer carries into a call that continues from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_call: Option<CallTokens>,
+}
+
+/// What a model server that keeps the conversation must count again in the input of a call
+/// continuing from this response (`previous_response_id`): the input and output tokens the
+/// response was given and wrote, less its reasoning (which is not carried on). A call whose
+/// `input_tokens` is smaller did not see that conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallTokens {
+    /// The response.
+    pub response_id: String,
+    /// Its input and visible output tokens.
+    pub carried: u64,
+    /// The prompt's fixed part it was made with (mode and tool set): only a call with the
+    /// same one must count at least `carried` (instructions and tools are not carried on).
+    pub shape: String,
 }
 
 /// A model request body exactly as it was sent: JSON text, stored and read back as is (it is

@@ -243,6 +243,7 @@ mod tests {
             previous_response_id: None,
             conversation: vec![],
             replay: false,
+            previous_call: None,
             solution_context: None,
             contexts: Default::default(),
             owner: None,

@@ -21,47 +21,18 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 mod background;
+mod chat;
 mod check;
+mod reply;
 mod response;
+mod stored;
 mod stream;
 
 use check::check_request;
 pub use check::{component_validator, create_response_validator};
-
-/// One scripted answer.
-#[derive(Debug, Clone)]
-pub enum Reply {
-    /// A completed text answer.
-    Text(String),
-    /// Function calls `(name, arguments)`, in order, each with a fresh `call_id`.
-    Calls(Vec<(String, Value)>),
-    /// A refusal.
-    Refusal(String),
-    /// Text cut short (`status: incomplete`, reason `max_output_tokens`).
-    Incomplete(String),
-    /// An output item of a type clients do not know, followed by text.
-    UnknownItemThenText(String),
-    /// An answer with no usable output (an empty output array).
-    Empty,
-    /// An HTTP error with an OpenAI-style error body and optional retry headers.
-    Error {
-        /// HTTP status.
-        status: u16,
-        /// The error message.
-        message: String,
-        /// `retry-after-ms` header.
-        retry_after_ms: Option<u64>,
-    },
-    /// A 200 whose body is not JSON.
-    Malformed,
-    /// A `status: failed` response with this error code.
-    Failed(String),
-    /// Wait, then give the inner reply (for timeouts).
-    Delay(Duration, Box<Reply>),
-    /// To a `stream: true` request: half of this text's deltas, then the connection breaks
-    /// (no `response.completed`); without streaming, a 500.
-    BrokenStream(String),
-}
+pub use reply::Reply;
+use reply::default_reply;
+use stored::{Stored, StoredResponses};
 
 /// Options of a fake server.
 #[derive(Debug, Clone, Default)]
@@ -97,37 +68,6 @@ pub struct FakeOptions {
     pub keep_responses: Option<usize>,
 }
 
-/// A stored response: what a follow-up call must answer.
-#[derive(Debug, Clone)]
-struct Stored {
-    pending_calls: Vec<String>,
-}
-
-/// The responses a follow-up may name, oldest first, up to a limit.
-#[derive(Debug, Default)]
-struct StoredResponses {
-    by_id: HashMap<String, Stored>,
-    order: VecDeque<String>,
-    limit: Option<usize>,
-}
-
-impl StoredResponses {
-    fn insert(&mut self, id: String, stored: Stored) {
-        if self.by_id.insert(id.clone(), stored).is_none() {
-            self.order.push_back(id);
-        }
-        while self.limit.is_some_and(|l| self.order.len() > l) {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_id.remove(&oldest);
-            }
-        }
-    }
-
-    fn get(&self, id: &str) -> Option<&Stored> {
-        self.by_id.get(id)
-    }
-}
-
 struct Inner {
     options: FakeOptions,
     script: Mutex<VecDeque<Reply>>,
@@ -143,7 +83,7 @@ struct Inner {
     usages: Mutex<Vec<Value>>,
     /// The input tokens of the latest request of each `prompt_cache_key` (what a repeated
     /// prefix finds in the prompt cache).
-    cache: Mutex<std::collections::HashMap<String, u64>>,
+    cache: Mutex<HashMap<String, u64>>,
     /// When each request arrived (since the server started).
     arrivals: Mutex<Vec<Duration>>,
     /// When each streamed answer's first text delta was handed to the connection.
@@ -176,10 +116,7 @@ impl FakeLlm {
         options: FakeOptions,
         schema: Option<RequestCheck>,
     ) -> std::io::Result<Self> {
-        let stored = StoredResponses {
-            limit: options.keep_responses,
-            ..Default::default()
-        };
+        let stored = StoredResponses::bounded(options.keep_responses);
         let inner = Arc::new(Inner {
             options,
             script: Mutex::new(VecDeque::new()),
@@ -190,7 +127,7 @@ impl FakeLlm {
             schema,
             in_flight: AtomicU64::new(0),
             peak_in_flight: AtomicU64::new(0),
-            cache: Mutex::new(std::collections::HashMap::new()),
+            cache: Mutex::new(HashMap::new()),
             usages: Mutex::new(Vec::new()),
             arrivals: Mutex::new(Vec::new()),
             first_deltas: Mutex::new(Vec::new()),
@@ -206,6 +143,7 @@ impl FakeLlm {
                 axum::routing::get(background::retrieve),
             )
             .route("/v1/responses/{id}/cancel", post(background::cancel))
+            .route("/v1/chat/completions", post(chat::create))
             .with_state(inner.clone());
         let listener = crate::net::listen(addr)?;
         let addr = listener.local_addr()?;
@@ -344,29 +282,41 @@ impl Drop for Answering<'_> {
     }
 }
 
+/// The live API's `401 invalid_api_key` when the server has a key and the request does not
+/// carry it.
+fn unauthorized(inner: &Inner, headers: &HeaderMap) -> Option<Response> {
+    let key = inner.options.api_key.as_ref()?;
+    let sent = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if sent == Some(key.as_str()) {
+        return None;
+    }
+    let message = match sent {
+        None => {
+            "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+        }
+        Some(_) => {
+            "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys."
+        }
+    };
+    Some(error_response(
+        StatusCode::UNAUTHORIZED,
+        message,
+        None,
+        Some("invalid_api_key"),
+    ))
+}
+
 async fn create_response(
     State(inner): State<Arc<Inner>>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     let _answering = Answering::start(&inner);
-    if let Some(key) = &inner.options.api_key {
-        let sent = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if sent != Some(key.as_str()) {
-            let message = match sent {
-                None => "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).".to_string(),
-                Some(_) => "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.".to_string(),
-            };
-            return error_response(
-                StatusCode::UNAUTHORIZED,
-                &message,
-                None,
-                Some("invalid_api_key"),
-            );
-        }
+    if let Some(refused) = unauthorized(&inner, &headers) {
+        return refused;
     }
     if !inner.options.forget_requests
         && let Ok(mut t) = inner.traceparents.lock()
@@ -428,76 +378,6 @@ async fn create_response(
     let scripted = inner.script.lock().ok().and_then(|mut s| s.pop_front());
     let reply = scripted.unwrap_or_else(|| default_reply(&request));
     answer(&inner, request, body.len(), reply).await
-}
-
-/// The text of the last user message (for the default reply).
-fn last_user_text(req: &Value) -> String {
-    let items = req
-        .get("input")
-        .and_then(Value::as_array)
-        .map_or(&[][..], Vec::as_slice);
-    for item in items.iter().rev() {
-        if item.get("role").and_then(Value::as_str) == Some("user") {
-            return match item.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                _ => String::new(),
-            };
-        }
-    }
-    String::new()
-}
-
-/// The deterministic answer when no reply is scripted.
-fn default_reply(req: &Value) -> Reply {
-    let outputs = req
-        .get("input")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"))
-                .count()
-        })
-        .unwrap_or(0);
-    let has_user = req.get("input").and_then(Value::as_array).is_some_and(|a| {
-        a.iter()
-            .any(|i| i.get("role").and_then(Value::as_str) == Some("user"))
-    });
-    if outputs > 0 && !has_user {
-        return Reply::Text(format!("Received {outputs} tool output(s); done."));
-    }
-    let text = last_user_text(req);
-    let calls: Vec<(String, Value)> = text
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("#fake:call "))
-        .filter_map(|rest| {
-            let (name, args) = rest.split_once(' ').unwrap_or((rest, "{}"));
-            Some((name.to_string(), serde_json::from_str(args).ok()?))
-        })
-        .collect();
-    if !calls.is_empty() && outputs == 0 {
-        return Reply::Calls(calls);
-    }
-    let mode = text
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("[MODE: "))
-        .and_then(|l| l.strip_suffix(']'))
-        .unwrap_or("?");
-    let instruction = text
-        .split("[INSTRUCTION]\n")
-        .nth(1)
-        .and_then(|s| s.lines().next())
-        .unwrap_or("")
-        .trim();
-    let chunks = text.matches("=== CHUNK ").count();
-    Reply::Text(format!(
-        "Fake answer in mode {mode} to: {instruction} ({chunks} context chunk(s) seen)"
-    ))
 }
 
 fn next_id(inner: &Inner, prefix: &str) -> String {
@@ -609,19 +489,27 @@ fn answer_object(
         .filter(|o| o["type"] == "function_call")
         .filter_map(|o| o["call_id"].as_str().map(str::to_string))
         .collect();
-    if !inner.options.stateless
-        && req.get("store").and_then(Value::as_bool) != Some(false)
-        && let Ok(mut s) = inner.stored.lock()
-    {
-        s.insert(id.clone(), Stored { pending_calls });
-    }
     let error = match &reply {
         Reply::Failed(code) => {
             json!({"code": code, "message": "The model failed to generate a response."})
         }
         _ => Value::Null,
     };
-    let input_tokens = response::input_tokens(body_len);
+    // What the model reads: this request, and the conversation of the response it continues
+    // (the live API counts that again in every follow-up's input).
+    let carried = req
+        .get("previous_response_id")
+        .and_then(Value::as_str)
+        .and_then(|prev| {
+            inner
+                .stored
+                .lock()
+                .ok()?
+                .get(prev)
+                .map(|s| s.context_tokens)
+        })
+        .unwrap_or(0);
+    let input_tokens = response::input_tokens(body_len) + carried;
     let cached_tokens = req
         .get("prompt_cache_key")
         .and_then(Value::as_str)
@@ -635,18 +523,33 @@ fn answer_object(
         .get("model")
         .and_then(Value::as_str)
         .is_some_and(response::reasons);
+    let stores =
+        !inner.options.stateless && req.get("store").and_then(Value::as_bool) != Some(false);
     let answered = response::Answered {
-        id,
+        id: id.clone(),
         status,
         error,
         incomplete,
         output,
         stored: !inner.options.stateless,
-        body_len,
+        input_tokens,
         cached_tokens,
         reasoning,
     };
     let object = answered.into_object(&mut req);
+    if stores && let Ok(mut s) = inner.stored.lock() {
+        let usage = &object["usage"];
+        let count = |v: &Value| v.as_u64().unwrap_or(0);
+        let context_tokens = (count(&usage["input_tokens"]) + count(&usage["output_tokens"]))
+            .saturating_sub(count(&usage["output_tokens_details"]["reasoning_tokens"]));
+        s.insert(
+            id,
+            Stored {
+                pending_calls,
+                context_tokens,
+            },
+        );
+    }
     if let Ok(mut usages) = inner.usages.lock() {
         usages.push(object["usage"].clone());
     }

@@ -19,8 +19,9 @@ pub(super) struct Answered<'a> {
     pub output: Vec<Value>,
     /// Whether the fake stores responses (`store` in the object).
     pub stored: bool,
-    /// The request body's length, for the input token estimate.
-    pub body_len: usize,
+    /// The input tokens: the request body's estimate ([`input_tokens`]) and the conversation
+    /// a `previous_response_id` carries.
+    pub input_tokens: u64,
     /// Input tokens found in the prompt cache ([`cached_tokens`]).
     pub cached_tokens: u64,
     /// Whether the model reasons ([`reasons`]): its output tokens include reasoning ones.
@@ -58,8 +59,7 @@ impl Answered<'_> {
     /// given into a `Value` again by serialising it, which copied the echoed tools deeply for
     /// every answer.
     pub(super) fn into_object(self, req: &mut Value) -> Value {
-        // About four bytes of JSON per token, from the body as sent (not serialised again).
-        let input_tokens = input_tokens(self.body_len);
+        let input_tokens = self.input_tokens;
         let reasoning_tokens = if self.reasoning { REASONING_TOKENS } else { 0 };
         let output_tokens =
             serde_json::to_vec(&self.output).map_or(0, |b| b.len() / 4) as u64 + reasoning_tokens;

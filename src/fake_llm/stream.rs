@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 /// `text` cut into at most `pieces` parts on character boundaries (an empty text is one
 /// empty part).
-fn cut(text: &str, pieces: usize) -> Vec<String> {
+pub(super) fn cut(text: &str, pieces: usize) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     if chars.is_empty() {
         return vec![String::new()];

@@ -103,7 +103,7 @@ impl LlmClient {
         if !(200..300).contains(&status) {
             let headers = resp.headers().clone();
             let bytes = resp.bytes().await.unwrap_or_default();
-            let refused = super::refusal(status, &headers, &bytes, streamed);
+            let refused = super::refusal::refusal(status, &headers, &bytes, streamed);
             if let (Some(limiter), true) = (&self.limiter, refused.rate_limited) {
                 limiter
                     .slow_down(refused.retry_after.unwrap_or(Duration::from_secs(1)))
@@ -206,7 +206,7 @@ impl LlmClient {
         }
         let headers = resp.headers().clone();
         let bytes = resp.bytes().await.unwrap_or_default();
-        Err(super::refusal(status, &headers, &bytes, false).error)
+        Err(super::refusal::refusal(status, &headers, &bytes, false).error)
     }
 
     async fn poll(&self, id: &str) -> Result<ModelResponse, LlmError> {
@@ -262,7 +262,7 @@ impl LlmClient {
                             let status = r.status().as_u16();
                             let headers = r.headers().clone();
                             let bytes = r.bytes().await.unwrap_or_default();
-                            let refused = super::refusal(status, &headers, &bytes, true);
+                            let refused = super::refusal::refusal(status, &headers, &bytes, true);
                             if !refused.retryable {
                                 return Err(refused.error);
                             }
@@ -372,7 +372,7 @@ impl LlmClient {
             message: format!("the answer was cut off ({})", super::without_url(&e)),
         })?;
         if !(200..300).contains(&status) {
-            return Err(super::refusal(status, &headers, &bytes, false).error);
+            return Err(super::refusal::refusal(status, &headers, &bytes, false).error);
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| LlmError::BadResponse(format!("the response object is not JSON ({e})")))

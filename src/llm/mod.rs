@@ -9,21 +9,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable as _;
-use serde_json::Value;
 
 use crate::limiter::CallLimiter;
 
 mod background;
 mod parse;
+mod refusal;
 mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem, SentRequest};
 pub use background::BackgroundCall;
 use parse::parse_bytes;
-
-/// The longest server-requested wait that is honoured; beyond it the normal backoff applies.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(120);
+use refusal::refusal;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LlmError {
@@ -200,6 +198,9 @@ pub struct LlmClient {
     metrics: Arc<Metrics>,
     limiter: Option<CallLimiter>,
     streaming: bool,
+    /// Set once a call continuing from a response was answered without its conversation:
+    /// this server (this agent context) does not keep it, and every session replays.
+    forgets_history: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LlmClient {
@@ -244,6 +245,7 @@ impl LlmClient {
             metrics: Arc::default(),
             limiter: None,
             streaming: true,
+            forgets_history: Arc::default(),
         })
     }
 
@@ -272,6 +274,21 @@ impl LlmClient {
         self.limiter
             .as_ref()
             .and_then(|l| l.limits().max_concurrent)
+    }
+
+    /// Whether this server answered a continued call without its conversation (see
+    /// [`LlmClient::note_forgets_history`]).
+    pub fn forgets_history(&self) -> bool {
+        self.forgets_history
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes that this server answered a call continuing from a response without that
+    /// response's conversation; true the first time (for a one-time warning).
+    pub fn note_forgets_history(&self) -> bool {
+        !self
+            .forgets_history
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records latency, tokens and retries in `metrics`.
@@ -430,69 +447,6 @@ impl LlmClient {
     }
 }
 
-/// What an error answer (status `status`) means for the call: its message and code, and
-/// whether another attempt may succeed (`streamed`: the call asked for a stream).
-fn refusal(
-    status: u16,
-    headers: &reqwest::header::HeaderMap,
-    bytes: &[u8],
-    streamed: bool,
-) -> AttemptError {
-    {
-        let (mut message, code) = error_message(bytes, status);
-        if streamed && status == 400 && message.to_ascii_lowercase().contains("stream") {
-            message.push_str(
-                " (the model server does not accept \"stream\": set APTIX_LLM_STREAMING=false)",
-            );
-        }
-        if status == 400 && message.to_ascii_lowercase().contains("background") {
-            message.push_str(
-                " (the model server has no background mode: set \"background\": false on this agent context)",
-            );
-        }
-        let should_retry = headers
-            .get("x-should-retry")
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v == "true");
-        let retryable = should_retry.unwrap_or(matches!(status, 408 | 409 | 429) || status >= 500);
-        if code.as_deref() == Some("previous_response_not_found") {
-            return AttemptError {
-                retryable: false,
-                retry_after: None,
-                rate_limited: false,
-                flex_unavailable: false,
-                error: LlmError::PreviousResponseNotFound(message),
-            };
-        }
-        // Flex capacity ran out: not a rate limit of ours (the limiter is not slowed down).
-        let flex_unavailable = status == 429
-            && (code.as_deref() == Some("resource_unavailable")
-                || message
-                    .to_ascii_lowercase()
-                    .contains("resource unavailable"));
-        if retryable {
-            AttemptError {
-                retryable: true,
-                retry_after: retry_after(headers),
-                rate_limited: status == 429 && !flex_unavailable,
-                flex_unavailable,
-                error: LlmError::Unavailable {
-                    attempts: 1,
-                    message: format!("HTTP {status}: {message}"),
-                },
-            }
-        } else {
-            AttemptError {
-                retryable: false,
-                retry_after: None,
-                rate_limited: false,
-                flex_unavailable: false,
-                error: LlmError::Rejected { status, message },
-            }
-        }
-    }
-}
-
 /// A reqwest error's text without the URL (which may carry credentials in a query string).
 /// The body with `"stream": true` added (as its first member: a body is a JSON object).
 fn streamed(body: &str) -> String {
@@ -525,45 +479,6 @@ fn without_url(e: &reqwest::Error) -> String {
         s = s.replace(url.as_str(), "<model server>");
     }
     s
-}
-
-/// The model's error message and code from an error body, or a generic one.
-fn error_message(bytes: &[u8], status: u16) -> (String, Option<String>) {
-    let parsed: Option<Value> = serde_json::from_slice(bytes).ok();
-    let err = parsed.as_ref().and_then(|v| v.get("error"));
-    let message = err
-        .and_then(|e| e.get("message"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("HTTP {status} without an error message"));
-    let code = err
-        .and_then(|e| e.get("code"))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    (message, code)
-}
-
-/// `retry-after-ms`, then `retry-after` (seconds or an HTTP date), when within bounds.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let from_ms = header("retry-after-ms")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|ms| ms / 1000.0);
-    let from_secs = || {
-        let v = header("retry-after")?.trim();
-        if let Ok(secs) = v.parse::<f64>() {
-            return Some(secs);
-        }
-        let when =
-            time::OffsetDateTime::parse(v, &time::format_description::well_known::Rfc2822).ok()?;
-        Some((when - time::OffsetDateTime::now_utc()).as_seconds_f64())
-    };
-    let secs = from_ms.or_else(from_secs)?;
-    if secs.is_finite() && secs >= 0.0 && secs <= MAX_RETRY_AFTER.as_secs_f64() {
-        Some(Duration::from_secs_f64(secs))
-    } else {
-        None
-    }
 }
 
 #[cfg(test)]

@@ -304,7 +304,7 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
 mod tests {
     use std::time::Duration;
 
-    use super::super::{error_message, retry_after};
+    use super::super::refusal::{error_message, retry_after};
     use super::*;
 
     fn fixture(name: &str) -> Value {

@@ -77,9 +77,15 @@ pub(super) fn step(event: &Value, sink: &(dyn Fn(LlmEvent) + Send + Sync)) -> St
             let response = event.get("response").cloned().unwrap_or(Value::Null);
             Step::Done(Box::new(parse_response(&response)))
         }
-        Some("error") => {
+        // An `error` event, or a bare error object framed as an event (gateways relay an
+        // upstream failure so).
+        Some("error") | None if event.get("type").is_some() || event.get("error").is_some() => {
+            let error = event
+                .get("error")
+                .filter(|e| e.is_object())
+                .unwrap_or(event);
             let field = |k: &str| {
-                event
+                error
                     .get(k)
                     .and_then(Value::as_str)
                     .unwrap_or_default()

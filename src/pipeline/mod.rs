@@ -13,6 +13,7 @@
 pub mod backends;
 mod cancel_watch;
 pub mod compose;
+mod history;
 pub mod lifecycle;
 mod model_call;
 mod reasoner;

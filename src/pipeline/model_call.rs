@@ -11,6 +11,7 @@ use tracing::{debug, info, warn};
 
 use super::backends;
 use super::compose::{self, CallSpec, Continuation};
+use super::history;
 use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
 use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult};
@@ -100,13 +101,17 @@ impl Pipeline {
                 service_tier: tier.map(ServiceTier::as_str),
             })
         };
+        let llm = &backend.agent.llm;
+        // A server known to answer continued calls without their conversation is sent it.
+        if previous.is_some() && llm.forgets_history() && !run.session().replay {
+            run.switch_to_replay();
+        }
         let replay = backend.agent.replay || run.session().replay;
         let replayed = match replay {
             true => Some(history(run, progress).await?),
             false => None,
         };
         let started = std::time::Instant::now();
-        let llm = &backend.agent.llm;
         let live = run.live().cloned();
         let to_live = move |e: LlmEvent| {
             if let Some(live) = &live {
@@ -179,10 +184,33 @@ impl Pipeline {
                 }
             }
         };
-        if let Err(LlmError::PreviousResponseNotFound(msg)) = &outcome
-            && !replay
-        {
-            warn!(%msg, "model server does not store responses; switching this session to replay");
+        let shape = history::shape(&run.session().mode_key, &tools_mode.key);
+        // Tokens spent on an answer made again with the conversation replayed.
+        let mut discarded = None;
+        let remake = match &outcome {
+            _ if replay => false,
+            Err(LlmError::PreviousResponseNotFound(msg)) => {
+                warn!(%msg, "model server does not store responses; switching this session to replay");
+                true
+            }
+            Ok(answer) => match history::prior(previous, progress, run.session()) {
+                Some(prior) if history::lost(prior, &shape, &answer.usage, &input) => {
+                    let context = &run.session().contexts.agent_context_id;
+                    if llm.note_forgets_history() {
+                        warn!(%context, input_tokens = answer.usage.prompt_tokens, carried = prior.carried, "the model server answered a continued call without its conversation (a gateway bridging onto a chat model?); this context replays the conversation from now on");
+                    }
+                    self.metrics.history_lost(context);
+                    if let Some(live) = run.live() {
+                        live.progress("the model answered without the conversation so far and is asked again with it: the text streamed since the last progress note is replaced by what follows");
+                    }
+                    discarded = Some(answer.usage);
+                    true
+                }
+                _ => false,
+            },
+            Err(_) => false,
+        };
+        if remake {
             run.switch_to_replay();
             let body = body_for(Some(&history(run, progress).await?), tier);
             outcome = llm
@@ -232,6 +260,7 @@ impl Pipeline {
                 .estimated_cost(context, response.usage.cost_micros);
         }
         progress.usage.add(response.usage);
+        progress.last_call = Some(history::carried(&response.id, &response.usage, shape));
         let texts: Vec<&str> = response
             .items
             .iter()
@@ -252,11 +281,16 @@ impl Pipeline {
             background,
             reattached,
         });
-        let spent = Spent {
+        let mut spent = Spent {
             tenant: run.session().session_id.tenant().to_string(),
             context: run.session().contexts.agent_context_id.clone(),
             usage: response.usage,
         };
+        // The answer made without the conversation was paid for too.
+        if let Some(usage) = discarded {
+            progress.usage.add(usage);
+            spent.usage.add(usage);
+        }
         progress.turn_items.extend(input);
         progress
             .turn_items

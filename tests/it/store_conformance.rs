@@ -62,6 +62,7 @@ fn session(id: &str) -> SessionState {
         previous_response_id: None,
         conversation: vec![],
         replay: false,
+        previous_call: None,
         solution_context: None,
         contexts: Default::default(),
         owner: Some("tenant-a".into()),

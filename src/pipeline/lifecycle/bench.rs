@@ -36,6 +36,7 @@ fn session(id: &SessionId) -> SessionState {
         previous_response_id: Some("resp_0123456789abcdef".into()),
         conversation: Vec::new(),
         replay: false,
+        previous_call: None,
         solution_context: None,
         contexts: Default::default(),
         owner: None,

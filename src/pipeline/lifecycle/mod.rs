@@ -335,6 +335,7 @@ impl Pipeline {
             previous_response_id: None,
             conversation: Vec::new(),
             replay: false,
+            previous_call: None,
             solution_context: None,
             contexts: Default::default(),
             owner: None,
@@ -674,6 +675,7 @@ impl Pipeline {
         });
         let result = InvokeResult::success(response).with_warnings(api_warnings);
         run.session.previous_response_id = Some(response_id);
+        run.session.previous_call = progress.last_call;
         run.session.conversation.extend(progress.turn_items);
         run.session.updated_at = now_rfc3339();
         run.record.status = TurnStatus::Completed;
