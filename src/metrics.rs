@@ -170,10 +170,17 @@ impl Metrics {
         let background_calls = Family::<Labels, Counter>::default();
         registry.register(
             "model_background_calls",
-            "Background model calls by event: started, reattached (a run followed a call an earlier run made), recalled (the server no longer had it, or someone else cancelled it; made again), remade (it ended failed with an error worth retrying; made again), cancelled (on the server)",
+            "Background model calls by event: started, reattached (a run followed a call an earlier run made), recalled (the server no longer had it, or someone else cancelled it; made again), remade (it ended failed with an error worth retrying; made again), cancelled (on the server), foreground (the server could not give it back; made in the foreground)",
             background_calls.clone(),
         );
-        for event in ["started", "reattached", "recalled", "remade", "cancelled"] {
+        for event in [
+            "started",
+            "reattached",
+            "recalled",
+            "remade",
+            "cancelled",
+            "foreground",
+        ] {
             let _ = background_calls.get_or_create(&[("event", event)]);
         }
         let flex_fallbacks = Counter::default();

@@ -67,20 +67,21 @@ fn last_user_text(req: &Value) -> String {
 
 /// The deterministic answer when no reply is scripted.
 pub(super) fn default_reply(req: &Value) -> Reply {
-    let outputs = req
+    // Tool outputs sent after the last user message (a replayed conversation carries the
+    // earlier ones and the message that asked for them).
+    let items = req
         .get("input")
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"))
-                .count()
-        })
-        .unwrap_or(0);
-    let has_user = req.get("input").and_then(Value::as_array).is_some_and(|a| {
-        a.iter()
-            .any(|i| i.get("role").and_then(Value::as_str) == Some("user"))
-    });
-    if outputs > 0 && !has_user {
+        .map_or(&[][..], Vec::as_slice);
+    let since_user = items
+        .iter()
+        .rposition(|i| i.get("role").and_then(Value::as_str) == Some("user"))
+        .map_or(items, |at| &items[at + 1..]);
+    let outputs = since_user
+        .iter()
+        .filter(|i| i.get("type").and_then(Value::as_str) == Some("function_call_output"))
+        .count();
+    if outputs > 0 {
         return Reply::Text(format!("Received {outputs} tool output(s); done."));
     }
     let text = last_user_text(req);

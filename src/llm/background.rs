@@ -35,6 +35,9 @@ pub struct BackgroundCall {
     open: Option<(reqwest::Response, Frames, Vec<Value>)>,
     /// The last sequence number read from the stream.
     after: Option<u64>,
+    /// The answer, when the create call gave the response already finished (a server that
+    /// ignores `background`, as a gateway's bridge onto a chat model does).
+    done: Option<Result<ModelResponse, LlmError>>,
     /// The agent context's call permit, held while the call this worker made runs (one it
     /// re-attached to runs on a permit its maker held).
     _permit: Option<crate::limiter::CallPermit>,
@@ -48,6 +51,7 @@ impl BackgroundCall {
             id,
             open: None,
             after,
+            done: None,
             _permit: None,
         }
     }
@@ -111,7 +115,8 @@ impl LlmClient {
             }
             return Err(refused);
         }
-        if !streamed {
+        // A server that ignores `stream` answers with the response object.
+        if !streamed || is_json(&resp) {
             let bytes = resp.bytes().await.map_err(|e| {
                 AttemptError::transient(format!(
                     "the answer was cut off ({})",
@@ -124,7 +129,9 @@ impl LlmClient {
             let id = response_id(&object).ok_or_else(|| {
                 AttemptError::transient("the background call's answer has no id".into())
             })?;
+            // Already finished (the server ignored `background`): that is the answer.
             return Ok(BackgroundCall {
+                done: finished(&object),
                 _permit: permit,
                 ..BackgroundCall::attach(id, None)
             });
@@ -156,6 +163,7 @@ impl LlmClient {
                         id,
                         open: Some((resp, frames, rest)),
                         after,
+                        done: None,
                         _permit: permit,
                     });
                 }
@@ -173,9 +181,10 @@ impl LlmClient {
     ) -> Result<ModelResponse, LlmError> {
         let started = std::time::Instant::now();
         let sink = sink.filter(|_| self.streaming);
-        let result = match sink {
-            Some(sink) => self.follow_stream(&mut call, sink).await,
-            None => self.poll(&call.id).await,
+        let result = match (call.done.take(), sink) {
+            (Some(done), _) => done,
+            (None, Some(sink)) => self.follow_stream(&mut call, sink).await,
+            (None, None) => self.poll(&call.id).await,
         };
         self.metrics.observe_model_latency(started.elapsed());
         if let Ok(r) = &result {
@@ -220,7 +229,9 @@ impl LlmClient {
                         return done;
                     }
                 }
-                Err(e @ LlmError::Expired(_)) => return Err(e),
+                Err(e @ (LlmError::Expired(_) | LlmError::NotRetrievable { .. })) => {
+                    return Err(e);
+                }
                 Err(e) => {
                     failures += 1;
                     if failures > self.max_retries {
@@ -257,11 +268,26 @@ impl LlmClient {
                         Ok(r) if r.status().as_u16() == 404 => {
                             return Err(LlmError::Expired(call.id.clone()));
                         }
+                        // A server that drops `stream` answers with the response object: a
+                        // finished one is the answer; else it is followed by polling.
+                        Ok(r) if r.status().is_success() && is_json(&r) => {
+                            let object = match r.bytes().await {
+                                Ok(bytes) => serde_json::from_slice::<Value>(&bytes).ok(),
+                                Err(_) => None,
+                            };
+                            match object.as_ref().and_then(finished) {
+                                Some(done) => return done,
+                                None => return self.poll(&call.id).await,
+                            }
+                        }
                         Ok(r) if r.status().is_success() => (r, Frames::default(), Vec::new()),
                         Ok(r) => {
                             let status = r.status().as_u16();
                             let headers = r.headers().clone();
                             let bytes = r.bytes().await.unwrap_or_default();
+                            if let Some(e) = not_retrievable(&call.id, status, &bytes) {
+                                return Err(e);
+                            }
                             let refused = super::refusal::refusal(status, &headers, &bytes, true);
                             if !refused.retryable {
                                 return Err(refused.error);
@@ -324,12 +350,16 @@ impl LlmClient {
             }
             // The stream ended without a terminal event: the server may have ended it (a
             // cancelled response), or the connection broke. The response says which.
+            // Whatever its end (completed, incomplete, failed or cancelled), that is the
+            // answer.
             match self.retrieve(&call.id).await {
-                Ok(object) if object.get("status").and_then(Value::as_str) == Some("cancelled") => {
-                    return Err(LlmError::Expired(call.id.clone()));
+                Ok(object) => {
+                    if let Some(done) = finished(&object) {
+                        return done;
+                    }
                 }
-                Err(e @ LlmError::Expired(_)) => return Err(e),
-                _ => {}
+                Err(e @ (LlmError::Expired(_) | LlmError::NotRetrievable { .. })) => return Err(e),
+                Err(_) => {}
             }
             let progressed = call.after != before;
             if progressed {
@@ -372,6 +402,9 @@ impl LlmClient {
             message: format!("the answer was cut off ({})", super::without_url(&e)),
         })?;
         if !(200..300).contains(&status) {
+            if let Some(e) = not_retrievable(id, status, &bytes) {
+                return Err(e);
+            }
             return Err(super::refusal::refusal(status, &headers, &bytes, false).error);
         }
         serde_json::from_slice(&bytes)
@@ -423,6 +456,29 @@ fn unreachable(e: &reqwest::Error) -> LlmError {
             super::without_url(e)
         ),
     }
+}
+
+/// Whether an answer is JSON (not an event stream).
+fn is_json(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// [`LlmError::NotRetrievable`] when a `GET /responses/{id}` answer says the server has no
+/// such operation: `405`, `501`, or an error whose message says it is not supported (LiteLLM
+/// answers `500` "GET responses is not supported for …").
+fn not_retrievable(id: &str, status: u16, bytes: &[u8]) -> Option<LlmError> {
+    let (message, _) = super::refusal::error_message(bytes, status);
+    let said = message.to_ascii_lowercase();
+    let unsupported = matches!(status, 405 | 501)
+        || said.contains("not supported")
+        || said.contains("not implemented");
+    unsupported.then(|| LlmError::NotRetrievable {
+        id: id.to_string(),
+        message,
+    })
 }
 
 fn response_id(object: &Value) -> Option<String> {

@@ -75,6 +75,16 @@ pub enum LlmError {
         /// Whether a new call may succeed.
         retryable: bool,
     },
+    /// The server made a background response but cannot give it back (`GET
+    /// /responses/{id}` is not supported: a gateway bridging onto a chat model): such a call
+    /// can only be made in the foreground.
+    #[error("the model server cannot retrieve background response {id}: {message}")]
+    NotRetrievable {
+        /// The response id.
+        id: String,
+        /// The server's message.
+        message: String,
+    },
     /// The agent context's limits left no room for the call within the wait bound: nothing
     /// was sent; the turn should run again later.
     #[error(transparent)]
@@ -201,6 +211,9 @@ pub struct LlmClient {
     /// Set once a call continuing from a response was answered without its conversation:
     /// this server (this agent context) does not keep it, and every session replays.
     forgets_history: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once the server could not give back a background response: this context's calls
+    /// are made in the foreground from then on.
+    no_background: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LlmClient {
@@ -246,6 +259,7 @@ impl LlmClient {
             limiter: None,
             streaming: true,
             forgets_history: Arc::default(),
+            no_background: Arc::default(),
         })
     }
 
@@ -288,6 +302,20 @@ impl LlmClient {
     pub fn note_forgets_history(&self) -> bool {
         !self
             .forgets_history
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether this server could not give back a background response (see
+    /// [`LlmError::NotRetrievable`]).
+    pub fn refuses_background(&self) -> bool {
+        self.no_background
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes that this server cannot give back background responses; true the first time.
+    pub fn note_refuses_background(&self) -> bool {
+        !self
+            .no_background
             .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 

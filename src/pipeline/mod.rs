@@ -11,6 +11,7 @@
 //! answered, and only in the step that stores the answer its client is given.
 
 pub mod backends;
+mod background_call;
 mod cancel_watch;
 pub mod compose;
 mod history;

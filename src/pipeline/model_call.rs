@@ -15,13 +15,8 @@ use super::history;
 use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
 use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult};
-use crate::contract::{SessionId, TurnId};
-use crate::live::{LiveBody, LiveEvent};
-use crate::llm::{
-    BackgroundCall, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, OutputItem,
-    SentRequest,
-};
-use crate::state::{CallNote, ModelCallMark};
+use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
+use crate::state::CallNote;
 use crate::store::TurnProgress;
 
 /// The first pause before a flex call refused for capacity is made again; it doubles up to
@@ -76,7 +71,9 @@ impl Pipeline {
             .agent
             .prompt_caching
             .then(|| compose::prompt_cache_key(&sid));
-        let background = backend.agent.calls.background;
+        // A server that could not give back a background response gets foreground calls.
+        let llm = &backend.agent.llm;
+        let mut background = backend.agent.calls.background && !llm.refuses_background();
         // The turn's own tier (a batch's) over its context's.
         let mut tier = run
             .record()
@@ -84,7 +81,7 @@ impl Pipeline {
             .as_deref()
             .and_then(ServiceTier::parse)
             .or(backend.agent.calls.service_tier);
-        let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>| {
+        let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>, background| {
             compose::request_body(&CallSpec {
                 model: backend.model(),
                 instructions: &instructions,
@@ -101,7 +98,6 @@ impl Pipeline {
                 service_tier: tier.map(ServiceTier::as_str),
             })
         };
-        let llm = &backend.agent.llm;
         // A server known to answer continued calls without their conversation is sent it.
         if previous.is_some() && llm.forgets_history() && !run.session().replay {
             run.switch_to_replay();
@@ -140,7 +136,7 @@ impl Pipeline {
         let flex_since = std::time::Instant::now();
         let mut pause = FLEX_PAUSE_MIN;
         let (mut outcome, reattached) = loop {
-            let body = body_for(replayed.as_deref(), tier);
+            let body = body_for(replayed.as_deref(), tier, background);
             let sent = if background {
                 // Boxed: only background turns carry its state (the following, the
                 // deadline, the cancel), not every turn's future.
@@ -154,6 +150,18 @@ impl Pipeline {
             let (Some(outcome), reattached) = sent else {
                 return Ok(Err(CallEnd::Cancelled));
             };
+            if let Err(LlmError::NotRetrievable { id, message }) = &outcome {
+                let context = &run.session().contexts.agent_context_id;
+                if llm.note_refuses_background() {
+                    warn!(%context, response_id = %id, %message, "the model server cannot give back background responses; this context's calls are made in the foreground from now on");
+                }
+                self.metrics.background_call("foreground");
+                if let Some(live) = run.live() {
+                    live.progress("the model server cannot give back the background call, so it is made in the foreground: the text streamed since the last progress note is replaced by what follows");
+                }
+                background = false;
+                continue;
+            }
             let flex_refused = matches!(&outcome, Err(LlmError::FlexUnavailable { .. }))
                 && tier == Some(ServiceTier::Flex);
             let fallback = backend.agent.calls.flex_fallback;
@@ -212,7 +220,7 @@ impl Pipeline {
         };
         if remake {
             run.switch_to_replay();
-            let body = body_for(Some(&history(run, progress).await?), tier);
+            let body = body_for(Some(&history(run, progress).await?), tier, false);
             outcome = llm
                 .create_response_streamed(backend.model(), &body, sink)
                 .await;
@@ -312,225 +320,6 @@ impl Pipeline {
         Ok(Ok((response, spent)))
     }
 
-    /// One background model call ([`crate::llm::BackgroundCall`]): re-attached to when the
-    /// turn's record names one made for this very request (a run that died while it waited),
-    /// else made and recorded before waiting. Streamed text resumes after the last event the
-    /// turn's live output kept. A turn cancelled meanwhile cancels the response on the server
-    /// too; a response the server no longer has is made once more (a progress note and
-    /// `aptix_model_background_calls_total{event="recalled"}` say so). Returns the outcome
-    /// (`None`: cancelled) and whether the call was re-attached to.
-    async fn background_call(
-        &self,
-        run: &mut Run,
-        llm: &LlmClient,
-        body: &SentRequest,
-        sink: Option<EventSink<'_>>,
-    ) -> Result<(Option<Result<ModelResponse, LlmError>>, bool), RetryableFailure> {
-        let (sid, tid) = (
-            run.record().session_id.clone(),
-            run.record().turn_id.clone(),
-        );
-        let request = request_digest(body);
-        let found = run
-            .record()
-            .model_call
-            .as_ref()
-            .filter(|m| m.request == request)
-            .map(|m| m.response_id.clone());
-        // The run took over from one that died waiting for a call: its text goes on where
-        // the client's stopped, unless the call cannot be followed.
-        let seamless = run.take_reattach();
-        let reattached = found.is_some();
-        // Followed again from its start while its clients may have seen some of its text: the
-        // note that it is replaced goes before the first text (none, if the call turns out to
-        // be gone and is made again: that says so itself).
-        let owed = std::sync::atomic::AtomicBool::new(false);
-        let live = run.live().cloned();
-        let noting = |e: LlmEvent| {
-            if owed.swap(false, std::sync::atomic::Ordering::SeqCst)
-                && let Some(live) = &live
-            {
-                live.progress(format!(
-                    "the model call is followed again from its start: {REPLACED}"
-                ));
-            }
-            if let Some(sink) = sink {
-                sink(e);
-            }
-        };
-        let sink: Option<EventSink<'_>> = sink.map(|_| &noting as EventSink<'_>);
-        let mut call = match found {
-            Some(id) => {
-                let after = match run.live() {
-                    Some(_) => self.relayed(&sid, &tid, &id).await,
-                    None => None,
-                };
-                owed.store(
-                    after.is_none() && seamless,
-                    std::sync::atomic::Ordering::SeqCst,
-                );
-                info!(response_id = %id, after = ?after, "re-attaching to the turn's background model call");
-                self.metrics.background_call("reattached");
-                BackgroundCall::attach(id, after)
-            }
-            None => {
-                if seamless {
-                    replace_text(run, "the model call is made again");
-                }
-                match self
-                    .start_background(run, llm, body, sink, &request)
-                    .await?
-                {
-                    Ok(call) => call,
-                    Err(e) => return Ok((Some(Err(e)), false)),
-                }
-            }
-        };
-        // A response the server lost, or that ended `failed` for a reason of its own, is made
-        // again as a new call: a lost one at once the first time, then (and every failed one)
-        // after the pauses of the call retry policy, as many as it allows.
-        let mut remakes = llm.remake_delays();
-        let mut recalled = false;
-        // The turn's deadline stops the call on the server a moment before it drops the run.
-        let stop_at = super::TURN_DEADLINE
-            .try_with(|until| *until)
-            .ok()
-            .map(|until| until.checked_sub(DEADLINE_MARGIN).unwrap_or(until));
-        loop {
-            let id = call.id.clone();
-            let follow = async {
-                match stop_at {
-                    None => Some(llm.follow_background(call, sink).await),
-                    Some(at) => tokio::time::timeout_at(at, llm.follow_background(call, sink))
-                        .await
-                        .ok(),
-                }
-            };
-            let followed = self.unless_cancelled(&sid, &tid, follow).await;
-            match followed {
-                Some(None) => {
-                    warn!(response_id = %id, "the turn's deadline came during its background model call; cancelling it on the server");
-                    self.cancel_on_server(llm, &id).await;
-                    let late = LlmError::Unavailable {
-                        attempts: 1,
-                        message: "the turn's deadline came while the model was still answering"
-                            .into(),
-                    };
-                    return Ok((Some(Err(late)), reattached));
-                }
-                None => {
-                    self.cancel_on_server(llm, &id).await;
-                    return Ok((None, reattached));
-                }
-                Some(Some(Err(
-                    e @ (LlmError::Expired(_)
-                    | LlmError::ResponseFailed {
-                        retryable: true, ..
-                    }),
-                ))) => {
-                    let lost = matches!(e, LlmError::Expired(_));
-                    let pause = if lost && !recalled {
-                        Some(std::time::Duration::ZERO)
-                    } else {
-                        remakes.next()
-                    };
-                    let Some(pause) = pause else {
-                        return Ok((Some(Err(e)), reattached));
-                    };
-                    recalled |= lost;
-                    owed.store(false, std::sync::atomic::Ordering::SeqCst);
-                    let why = if lost {
-                        warn!(response_id = %id, "the model server no longer has the background call; making it again");
-                        self.metrics.background_call("recalled");
-                        "the model server no longer had the model call, so it is made again"
-                    } else {
-                        warn!(response_id = %id, error = %e, retry_in_ms = pause.as_millis() as u64, "the background model call ended failed; making it again");
-                        self.metrics.background_call("remade");
-                        "the model call failed on the model server, so it is made again"
-                    };
-                    replace_text(run, why);
-                    if !pause.is_zero() {
-                        let waited = self
-                            .unless_cancelled(&sid, &tid, tokio::time::sleep(pause))
-                            .await;
-                        if waited.is_none() {
-                            return Ok((None, reattached));
-                        }
-                    }
-                    call = match self
-                        .start_background(run, llm, body, sink, &request)
-                        .await?
-                    {
-                        Ok(call) => call,
-                        Err(e) => return Ok((Some(Err(e)), reattached)),
-                    };
-                }
-                Some(Some(outcome)) => return Ok((Some(outcome), reattached)),
-            }
-        }
-    }
-
-    /// Cancels background response `id` on the model server (a failure is logged: the
-    /// server finishes it, and nobody follows it).
-    async fn cancel_on_server(&self, llm: &LlmClient, id: &str) {
-        match llm.cancel_background(id).await {
-            Ok(()) => self.metrics.background_call("cancelled"),
-            Err(e) => {
-                warn!(response_id = %id, error = %e, "could not cancel the background model call on the server")
-            }
-        }
-    }
-
-    /// Makes a background call and records its response id in the turn before anything
-    /// waits for it. If the record cannot be written, the call is cancelled on the server
-    /// (nobody could re-attach to it) and the turn handed back.
-    async fn start_background(
-        &self,
-        run: &mut Run,
-        llm: &LlmClient,
-        body: &SentRequest,
-        sink: Option<EventSink<'_>>,
-        request: &str,
-    ) -> Result<Result<BackgroundCall, LlmError>, RetryableFailure> {
-        let call = match llm.start_background(body, sink.is_some()).await {
-            Ok(call) => call,
-            Err(e) => return Ok(Err(e)),
-        };
-        self.metrics.background_call("started");
-        let mark = ModelCallMark {
-            response_id: call.id.clone(),
-            request: request.to_string(),
-        };
-        if let Err(f) = self.note_model_call(run, mark).await {
-            if let Err(e) = llm.cancel_background(&call.id).await {
-                warn!(response_id = %call.id, error = %e, "could not cancel a background model call whose id could not be recorded");
-            }
-            return Err(f);
-        }
-        Ok(Ok(call))
-    }
-
-    /// The sequence number of the last event of background response `response_id` whose
-    /// text the turn's live output kept (what its clients can have seen), if any.
-    async fn relayed(&self, sid: &SessionId, tid: &TurnId, response_id: &str) -> Option<u64> {
-        let kept = match self.store.kept_live(sid, tid).await {
-            Ok(kept) => kept,
-            Err(e) => {
-                warn!(error = %e, "could not read the turn's kept live events; its text is streamed again from the start");
-                return None;
-            }
-        };
-        kept.iter()
-            .filter_map(|event| serde_json::from_slice::<LiveEvent>(event).ok())
-            .filter_map(|event| match event.body {
-                LiveBody::Delta {
-                    reached: Some(r), ..
-                } if r.response_id == response_id => Some(r.sequence),
-                _ => None,
-            })
-            .max()
-    }
-
     /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
     /// against its tenant at the same time: one round trip for both instead of two in a row.
     pub(super) async fn counting<T>(&self, spent: Spent, step: impl Future<Output = T>) -> T {
@@ -540,26 +329,6 @@ impl Pipeline {
         tokio::join!(spend, step).1
     }
 }
-
-/// A digest of a request body (what a re-attaching run compares its own request with).
-fn request_digest(body: &SentRequest) -> String {
-    use sha2::Digest as _;
-    crate::hex::lower(&sha2::Sha256::digest(body.json().as_bytes())[..16])
-}
-
-/// Tells a streaming turn's clients that the text streamed so far is replaced by what
-/// follows, and why.
-fn replace_text(run: &Run, why: &str) {
-    if let Some(live) = run.live() {
-        live.progress(format!("{why}: {REPLACED}"));
-    }
-}
-
-/// How long before the turn's deadline a background call is stopped on the server.
-const DEADLINE_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// What a progress note says when the text streamed so far no longer counts.
-const REPLACED: &str = "the text streamed so far is replaced by what follows";
 
 /// The tokens a model answer spent, not yet counted against the tenant: the caller counts
 /// them beside the write that follows the answer ([`Pipeline::counting`]); dropped, they are

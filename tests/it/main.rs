@@ -41,6 +41,7 @@ mod contract_response;
 mod direct_replies;
 mod errors;
 mod front_doors;
+mod gateway;
 mod http_api;
 mod inspect;
 mod lifecycle;
