@@ -527,3 +527,41 @@ const RETRYABLE_FAILURES: &[&str] = &[
     "rate_limit_exceeded",
     "vector_store_timeout",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_without_retrieval_says_so_and_an_expiry_or_outage_does_not() {
+        let litellm = br#"{"error": {"message": "litellm.APIConnectionError: GET responses is not supported for custom_openai", "code": "500"}}"#;
+        assert!(matches!(
+            not_retrievable("resp_1", 500, litellm),
+            Some(LlmError::NotRetrievable { id, .. }) if id == "resp_1"
+        ));
+        assert!(not_retrievable("resp_1", 405, b"").is_some());
+        assert!(not_retrievable("resp_1", 501, b"").is_some());
+        let outage = br#"{"error": {"message": "The server had an error", "code": null}}"#;
+        assert!(not_retrievable("resp_1", 500, outage).is_none());
+        assert!(not_retrievable("resp_1", 404, b"").is_none());
+    }
+
+    #[test]
+    fn a_finished_response_object_is_an_answer_and_an_unfinished_one_is_not() {
+        let object = |status: &str| {
+            serde_json::json!({"id": "resp_1", "status": status, "output": [
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}]})
+        };
+        assert!(finished(&object("queued")).is_none());
+        assert!(finished(&object("in_progress")).is_none());
+        assert!(matches!(finished(&object("completed")), Some(Ok(r)) if r.id == "resp_1"));
+        assert!(matches!(
+            finished(&object("cancelled")),
+            Some(Err(LlmError::Expired(_)))
+        ));
+        assert!(matches!(
+            finished(&object("failed")),
+            Some(Err(LlmError::ResponseFailed { .. }))
+        ));
+    }
+}
