@@ -33,7 +33,9 @@
 //! every key, queue and binding is made from the scoped id.
 //!
 //! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
-//! (tenant quotas) and [`secret`] (what a process is configured with), [`app`] (the
+//! (tenant quotas), [`tokens`] (whom an API token stands for), [`sizing`] (the default
+//! concurrency from the memory a process may use) and [`secret`] (what a process is configured
+//! with), [`causes`] (an error and its causes as one line), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
 //! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text),
@@ -41,6 +43,7 @@
 
 pub mod app;
 pub mod catalog;
+pub mod causes;
 pub mod config;
 pub mod contexts;
 pub mod contract;
@@ -58,11 +61,13 @@ pub mod queue;
 pub mod rag;
 pub mod sched;
 pub mod secret;
+pub mod sizing;
 pub mod state;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
 pub mod tls;
+pub mod tokens;
 pub mod tools;
 pub mod trace;
 pub mod vitals;

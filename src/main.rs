@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory as _, FromArgMatches as _};
 
-use aptix_worker::config::with_causes;
+use aptix_worker::causes::with_causes;
 use aptix_worker::sched::{self, CpuScheduling};
 use aptix_worker::telemetry::{self, LogFormat};
 

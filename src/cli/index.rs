@@ -10,9 +10,10 @@ use anyhow::{Context as _, bail};
 use serde_json::json;
 
 use aptix_worker::app::redis_options;
-use aptix_worker::config::{ApiTokens, Config, LOCAL_TENANT};
+use aptix_worker::config::{Config, LOCAL_TENANT};
 use aptix_worker::contract::InvokeResult;
 use aptix_worker::rag::{ChunkOptions, IndexReport, RedisIndex};
+use aptix_worker::tokens::ApiTokens;
 
 use super::client::ApiClient;
 

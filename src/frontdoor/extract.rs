@@ -17,12 +17,13 @@ use serde::Serialize;
 use super::FrontDoor;
 pub(crate) use super::body::{BatchSized, IndexSized, LimitedBody, RequestSized};
 use crate::catalog::ModeCatalog;
-use crate::config::{ApiTokens, BatchLimits, LOCAL_TENANT};
+use crate::config::{BatchLimits, LOCAL_TENANT};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, RequestLimits, SessionId, TurnId};
 use crate::metrics::Metrics;
 use crate::queue::Broker;
 use crate::rag::{ChunkIndex, ChunkOptions};
 use crate::store::SessionStore;
+use crate::tokens::ApiTokens;
 use crate::trace::TraceContext;
 
 /// What the handlers share.
@@ -94,9 +95,9 @@ pub(crate) fn failure(status: StatusCode, code: ErrorCode, message: impl Into<St
 
 /// Whom the call stands for, if it is authenticated. Without configured tokens every caller
 /// is the `local` tenant and an admin (one person's machine).
-fn caller(state: &HttpState, headers: &HeaderMap) -> Option<crate::config::Caller> {
+fn caller(state: &HttpState, headers: &HeaderMap) -> Option<crate::tokens::Caller> {
     if state.tokens.is_empty() {
-        return Some(crate::config::Caller {
+        return Some(crate::tokens::Caller {
             tenant: LOCAL_TENANT.to_string(),
             admin: true,
         });
@@ -133,7 +134,7 @@ impl axum::extract::FromRequestParts<HttpState> for Tenant {
 /// and whose sessions its ids name: the caller's tenant's, or for an admin the tenant named
 /// with `?tenant=`. `401` as [`Tenant`]; `403 FORBIDDEN` for a tenant's token naming another
 /// tenant.
-pub(crate) struct Reader(pub(crate) crate::config::Caller, String);
+pub(crate) struct Reader(pub(crate) crate::tokens::Caller, String);
 
 impl Reader {
     /// Whether the caller may read (or cancel) work of `owner`.

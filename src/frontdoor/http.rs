@@ -29,10 +29,10 @@ use super::extract::{OpenApiJson, failure};
 use super::openapi::{self as api_doc, ExecuteResult, Failure};
 use super::routes;
 use super::routes::ops::{healthz, metrics, readyz};
-use crate::config::ApiTokens;
 use crate::contexts::KnownContexts;
 use crate::contract::ErrorCode;
 use crate::metrics::Metrics;
+use crate::tokens::ApiTokens;
 use crate::trace::TraceContext;
 
 pub use crate::config::LOCAL_TENANT;

@@ -5,7 +5,7 @@
 use std::error::Error;
 use std::io;
 
-use aptix_worker::config::with_causes;
+use aptix_worker::causes::with_causes;
 use aptix_worker::limiter::LimitStoreError;
 use aptix_worker::llm::ClientError;
 use aptix_worker::queue::QueueError;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aptix_worker::catalog::ModeCatalog;
-use aptix_worker::config::{ApiTokens, BatchLimits};
+use aptix_worker::config::BatchLimits;
 use aptix_worker::contract::RequestLimits;
 use aptix_worker::fake_llm::Reply;
 use aptix_worker::frontdoor::FrontDoor;
@@ -12,6 +12,7 @@ use aptix_worker::frontdoor::http::{HttpState, openapi, router, serve};
 use aptix_worker::metrics::Metrics;
 use aptix_worker::rag::ChunkOptions;
 use aptix_worker::store::SessionStore;
+use aptix_worker::tokens::ApiTokens;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

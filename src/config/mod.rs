@@ -7,60 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::causes::with_causes;
 use crate::contract::RequestLimits;
 pub use crate::secret::Secret;
-
-/// What one turn in flight may cost a worker, for sizing the default concurrency: measured
-/// ~52–57 KiB at 10,000 in flight (`aptix bench --in-flight`), rounded up.
-pub const MEMORY_PER_TURN: u64 = 64 << 10;
-/// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
-pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
-/// See [`MIN_DEFAULT_CONCURRENCY`].
-pub const MAX_DEFAULT_CONCURRENCY: usize = 8192;
-
-/// Turns one worker runs at once unless `APTIX_CONCURRENCY` says otherwise, for a process that
-/// may use `memory` bytes: a turn spends nearly all its time waiting on the model, so a worker
-/// is bound by how many turns it holds, not by CPU. A quarter of the memory at
-/// [`MEMORY_PER_TURN`] each, between 64 and 8,192 (8,192 keep a 2 s model busy at ~4,000
-/// turns/s, more than a worker core runs); the model servers are protected by each agent
-/// context's own limits, not by this number.
-pub fn concurrency_for_memory(memory: u64) -> usize {
-    let fits = memory / 4 / MEMORY_PER_TURN;
-    usize::try_from(fits)
-        .unwrap_or(usize::MAX)
-        .clamp(MIN_DEFAULT_CONCURRENCY, MAX_DEFAULT_CONCURRENCY)
-}
-
-/// The memory this process may use: its cgroup's limit (a container's), else the machine's.
-pub fn memory_limit() -> Option<u64> {
-    let cgroup = [
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ]
-    .iter()
-    .filter_map(|path| std::fs::read_to_string(path).ok())
-    .filter_map(|text| text.trim().parse::<u64>().ok())
-    // cgroup v1 says "no limit" with a number near u64::MAX.
-    .find(|limit| *limit < 1 << 50);
-    cgroup.or_else(|| {
-        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let kib: u64 = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
-    })
-}
-
-/// The default concurrency on this machine or in this container ([`concurrency_for_memory`];
-/// 1,024 where the memory cannot be read).
-pub fn default_concurrency() -> usize {
-    memory_limit().map_or(1024, concurrency_for_memory)
-}
+use crate::sizing::default_concurrency;
 
 /// A configuration variable that could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -72,25 +22,8 @@ pub struct ConfigError {
     pub problem: String,
 }
 
-/// An error and its causes on one line (`outer: inner: …`), for messages that are text. A
-/// cause whose text the line already ends with is not repeated: some clients' errors (lapin's,
-/// redis-rs's) write their cause into their own message and also give it as their source.
-/// (Ours do one or the other, never both: `tests/it/errors.rs`.)
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.ends_with(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    text
-}
-
 pub use crate::contract::ids::LOCAL_TENANT;
+use crate::tokens::ApiTokens;
 
 /// The whole configuration.
 #[derive(Debug, Clone)]
@@ -123,7 +56,7 @@ pub struct Config {
     pub llm_max_retries: usize,
     /// `APTIX_MAX_ITERATIONS`: model calls one turn may make.
     pub max_iterations: usize,
-    /// `APTIX_CONCURRENCY`: turns one worker runs at once ([`default_concurrency`]).
+    /// `APTIX_CONCURRENCY`: turns one worker runs at once ([`crate::sizing::default_concurrency`]).
     pub concurrency: usize,
     /// `APTIX_CONTEXTS_FILE`: agent and conversation contexts (read and checked at start-up;
     /// the built-in `default`s are added where the file has none).
@@ -497,124 +430,11 @@ impl Config {
     }
 }
 
-/// Bearer tokens and whom they stand for; debug output shows tenants only.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct ApiTokens(std::collections::HashMap<String, Caller>);
-
-/// Whom a bearer token stands for: a tenant, and whether it is an admin token (written
-/// `token=tenant:admin`), which may also read every tenant's sessions, turns and batches and
-/// the system's state (the console's system pages, `/v1/admin/…`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The tenant whose turns the token submits.
-    pub tenant: String,
-    /// May read every tenant's work and the system's.
-    pub admin: bool,
-}
-
-/// The mark after a tenant that makes its token an admin token.
-const ADMIN_MARK: &str = ":admin";
-
-impl ApiTokens {
-    /// Tokens from `(token, tenant)` pairs (none of them admin).
-    pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
-        Self(
-            pairs
-                .into_iter()
-                .map(|(token, tenant)| {
-                    (
-                        token,
-                        Caller {
-                            tenant,
-                            admin: false,
-                        },
-                    )
-                })
-                .collect(),
-        )
-    }
-    /// These tokens and `token`, an admin token of `tenant`.
-    pub fn with_admin(mut self, token: impl Into<String>, tenant: impl Into<String>) -> Self {
-        self.0.insert(
-            token.into(),
-            Caller {
-                tenant: tenant.into(),
-                admin: true,
-            },
-        );
-        self
-    }
-    /// The tenant a token stands for.
-    pub fn tenant(&self, token: &str) -> Option<&str> {
-        self.0.get(token).map(|c| c.tenant.as_str())
-    }
-    /// Whom a token stands for.
-    pub fn caller(&self, token: &str) -> Option<&Caller> {
-        self.0.get(token)
-    }
-    /// Whether no tokens are configured.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-    /// The tenants the tokens stand for, sorted, each once.
-    pub fn tenants(&self) -> Vec<&str> {
-        let set: std::collections::BTreeSet<&str> =
-            self.0.values().map(|c| c.tenant.as_str()).collect();
-        set.into_iter().collect()
-    }
-}
-
-impl std::fmt::Debug for ApiTokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut tenants: Vec<&String> = self.0.values().map(|c| &c.tenant).collect();
-        tenants.sort();
-        write!(f, "ApiTokens(tenants: {tenants:?})")
-    }
-}
-
 fn tokens(get: &impl Fn(&str) -> Option<String>) -> Result<ApiTokens, ConfigError> {
-    let mut out = std::collections::HashMap::new();
-    for pair in get("APTIX_API_TOKENS").unwrap_or_default().split(',') {
-        let pair = pair.trim();
-        if pair.is_empty() {
-            continue;
-        }
-        match pair.split_once('=') {
-            Some((token, tenant)) if !token.trim().is_empty() && !tenant.trim().is_empty() => {
-                let tenant = tenant.trim();
-                let (tenant, admin) = match tenant.strip_suffix(ADMIN_MARK) {
-                    Some(t) => (t.trim(), true),
-                    None => (tenant, false),
-                };
-                if tenant.is_empty() {
-                    return Err(ConfigError {
-                        var: "APTIX_API_TOKENS",
-                        problem: "an admin entry must name its tenant: token=tenant:admin".into(),
-                    });
-                }
-                // A tenant's name scopes its session ids in keys and queue names.
-                if let Err(e) = crate::contract::ids::check_tenant(tenant) {
-                    return Err(ConfigError {
-                        var: "APTIX_API_TOKENS",
-                        problem: format!("tenant {tenant:?}: {e}"),
-                    });
-                }
-                let caller = Caller {
-                    tenant: tenant.to_string(),
-                    admin,
-                };
-                out.insert(token.trim().to_string(), caller);
-            }
-            // The entry is not echoed: it holds a secret.
-            _ => {
-                return Err(ConfigError {
-                    var: "APTIX_API_TOKENS",
-                    problem: "every entry must be token=tenant".into(),
-                });
-            }
-        }
-    }
-    Ok(ApiTokens(out))
+    ApiTokens::parse(&get("APTIX_API_TOKENS").unwrap_or_default()).map_err(|problem| ConfigError {
+        var: "APTIX_API_TOKENS",
+        problem,
+    })
 }
 
 /// The default agent context's call settings (see [`Config::llm_calls`]).
@@ -755,175 +575,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
-        let map: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Config::from_lookup(|k| map.get(k).cloned())
-    }
-
-    /// The line an operator reads names each cause once, however many layers repeat it.
-    #[test]
-    fn causes_already_in_the_message_are_not_repeated() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("broker unavailable: {0}")]
-        struct Repeats(#[source] std::io::Error);
-        #[derive(Debug, thiserror::Error)]
-        #[error("cannot set up RabbitMQ")]
-        struct Names(#[source] Box<dyn std::error::Error>);
-        let refused = || std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
-        assert_eq!(
-            with_causes(&Names(Box::new(Repeats(refused())))),
-            "cannot set up RabbitMQ: broker unavailable: refused"
-        );
-        // A cause that adds something is kept.
-        #[derive(Debug, thiserror::Error)]
-        #[error("broker unavailable")]
-        struct Hides(#[source] std::io::Error);
-        assert_eq!(
-            with_causes(&Names(Box::new(Hides(refused())))),
-            "cannot set up RabbitMQ: broker unavailable: refused"
-        );
-    }
-
-    #[test]
-    fn defaults_need_no_environment() {
-        let c = cfg(&[]).unwrap();
-        assert_eq!(c.namespace, "aptix");
-        assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
-        assert_eq!(c.limits, RequestLimits::default());
-        assert_eq!(c.concurrency, default_concurrency());
-        assert!((MIN_DEFAULT_CONCURRENCY..=MAX_DEFAULT_CONCURRENCY).contains(&c.concurrency));
-        assert_eq!(c.reply_queues, crate::queue::ReplyQueues::AsyncTurns);
-        assert_eq!(
-            c.topology().reply_queues,
-            crate::queue::ReplyQueues::AsyncTurns
-        );
-    }
-
-    #[test]
-    fn the_default_concurrency_is_a_quarter_of_the_memory_within_bounds() {
-        const MIB: u64 = 1 << 20;
-        // 256 MiB: 64 MiB for turns at 64 KiB each.
-        assert_eq!(concurrency_for_memory(256 * MIB), 1024);
-        assert_eq!(concurrency_for_memory(1024 * MIB), 4096);
-        assert_eq!(
-            concurrency_for_memory(64 * 1024 * MIB),
-            MAX_DEFAULT_CONCURRENCY
-        );
-        assert_eq!(concurrency_for_memory(8 * MIB), MIN_DEFAULT_CONCURRENCY);
-        assert!(
-            memory_limit().is_some_and(|m| m > 0),
-            "this machine's memory is readable"
-        );
-        let c = cfg(&[("APTIX_CONCURRENCY", "7")]).unwrap();
-        assert_eq!(c.concurrency, 7, "the setting wins");
-    }
-
-    #[test]
-    fn reply_queue_settings_parse_and_say_which_statuses_declare_a_queue() {
-        use crate::queue::ReplyQueues::{AsyncTurns, EverySession, OnSubscribe};
-        for (text, mode, for_wanted, for_unwanted) in [
-            ("every-session", EverySession, true, true),
-            ("async-turns", AsyncTurns, true, false),
-            ("on-subscribe", OnSubscribe, false, false),
-        ] {
-            let c = cfg(&[("APTIX_REPLY_QUEUES", text)]).unwrap();
-            assert_eq!(c.reply_queues, mode);
-            assert_eq!(mode.as_str(), text);
-            assert_eq!(
-                (mode.declared_for(true), mode.declared_for(false)),
-                (for_wanted, for_unwanted),
-                "{text}"
-            );
-        }
-        let e = cfg(&[("APTIX_REPLY_QUEUES", "sometimes")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_REPLY_QUEUES");
-        assert!(e.problem.contains("async-turns"), "{}", e.problem);
-    }
-
-    #[test]
-    fn retry_delays_are_milliseconds_in_order() {
-        let c = cfg(&[("APTIX_RETRY_DELAYS_MS", "200, 400,1000")]).unwrap();
-        assert_eq!(
-            c.topology().retry_delays,
-            [200, 400, 1000].map(Duration::from_millis).to_vec()
-        );
-        assert_eq!(
-            cfg(&[]).unwrap().retry_delays,
-            crate::queue::Topology::new("x").retry_delays
-        );
-        for bad in ["0", "soon", "100,,200"] {
-            let e = cfg(&[("APTIX_RETRY_DELAYS_MS", bad)]).unwrap_err();
-            assert_eq!(e.var, "APTIX_RETRY_DELAYS_MS", "{bad}");
-        }
-    }
-
-    #[test]
-    fn bad_values_name_the_variable() {
-        let e = cfg(&[("APTIX_MAX_BODY_BYTES", "lots")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_MAX_BODY_BYTES");
-        let e = cfg(&[("APTIX_CONCURRENCY", "0")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_CONCURRENCY");
-        let e = cfg(&[("APTIX_NAMESPACE", "a b")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_NAMESPACE");
-        let e = cfg(&[("APTIX_REDIS_MIN_REPLICAS", "one")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_REDIS_MIN_REPLICAS");
-        let e = cfg(&[("APTIX_REDIS_REPLICA_TIMEOUT_MS", "0")]).unwrap_err();
-        assert_eq!(e.var, "APTIX_REDIS_REPLICA_TIMEOUT_MS");
-        let c = cfg(&[("APTIX_REDIS_MIN_REPLICAS", "2")]).unwrap();
-        assert_eq!(c.redis_min_replicas, 2);
-        assert_eq!(cfg(&[]).unwrap().redis_min_replicas, 0, "off by default");
-    }
-
-    #[test]
-    fn limits_are_configurable() {
-        let c = cfg(&[("APTIX_MAX_INSTRUCTION_BYTES", "10")]).unwrap();
-        assert_eq!(c.limits.max_instruction_bytes, 10);
-    }
-
-    #[test]
-    fn secrets_do_not_print() {
-        let c = cfg(&[
-            ("OPENAI_API_KEY", "sk-very-secret"),
-            ("APTIX_API_TOKENS", "tok-secret=tenant-a"),
-        ])
-        .unwrap();
-        let shown = format!("{c:?}");
-        assert!(
-            !shown.contains("sk-very-secret") && !shown.contains("tok-secret"),
-            "{shown}"
-        );
-        assert!(shown.contains("tenant-a"));
-        assert_eq!(c.api_tokens.tenant("tok-secret"), Some("tenant-a"));
-        let e = cfg(&[("APTIX_API_TOKENS", "tok-secret")]).unwrap_err();
-        assert!(!e.to_string().contains("tok-secret"));
-    }
-
-    #[test]
-    fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_did() {
-        let c = cfg(&[("APTIX_API_TOKENS", "t1=acme, t2=ops:admin ,t3=acme")]).unwrap();
-        let caller = |t| c.api_tokens.caller(t).cloned();
-        assert_eq!(
-            caller("t1"),
-            Some(super::Caller {
-                tenant: "acme".into(),
-                admin: false
-            })
-        );
-        assert_eq!(
-            caller("t2"),
-            Some(super::Caller {
-                tenant: "ops".into(),
-                admin: true
-            })
-        );
-        assert_eq!(c.api_tokens.tenants(), vec!["acme", "ops"]);
-        assert!(cfg(&[("APTIX_API_TOKENS", "t1=:admin")]).is_err());
-    }
-}
+mod tests;

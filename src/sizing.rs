@@ -1,0 +1,78 @@
+//! How many turns a worker runs at once by default: a quarter of the memory the process may
+//! use (its cgroup's limit, else the machine's) at what one turn in flight costs.
+//!
+//! Owns: that arithmetic and the memory probe. Must not: read configuration.
+
+/// What one turn in flight may cost a worker, for sizing the default concurrency: measured
+/// ~52–57 KiB at 10,000 in flight (`aptix bench --in-flight`), rounded up.
+pub const MEMORY_PER_TURN: u64 = 64 << 10;
+/// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
+pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
+/// See [`MIN_DEFAULT_CONCURRENCY`].
+pub const MAX_DEFAULT_CONCURRENCY: usize = 8192;
+
+/// Turns one worker runs at once unless `APTIX_CONCURRENCY` says otherwise, for a process that
+/// may use `memory` bytes: a turn spends nearly all its time waiting on the model, so a worker
+/// is bound by how many turns it holds, not by CPU. A quarter of the memory at
+/// [`MEMORY_PER_TURN`] each, between 64 and 8,192 (8,192 keep a 2 s model busy at ~4,000
+/// turns/s, more than a worker core runs); the model servers are protected by each agent
+/// context's own limits, not by this number.
+pub fn concurrency_for_memory(memory: u64) -> usize {
+    let fits = memory / 4 / MEMORY_PER_TURN;
+    usize::try_from(fits)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_DEFAULT_CONCURRENCY, MAX_DEFAULT_CONCURRENCY)
+}
+
+/// The memory this process may use: its cgroup's limit (a container's), else the machine's.
+pub fn memory_limit() -> Option<u64> {
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .filter_map(|path| std::fs::read_to_string(path).ok())
+    .filter_map(|text| text.trim().parse::<u64>().ok())
+    // cgroup v1 says "no limit" with a number near u64::MAX.
+    .find(|limit| *limit < 1 << 50);
+    cgroup.or_else(|| {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let kib: u64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    })
+}
+
+/// The default concurrency on this machine or in this container ([`concurrency_for_memory`];
+/// 1,024 where the memory cannot be read).
+pub fn default_concurrency() -> usize {
+    memory_limit().map_or(1024, concurrency_for_memory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_concurrency_is_a_quarter_of_the_memory_within_bounds() {
+        const MIB: u64 = 1 << 20;
+        // 256 MiB: 64 MiB for turns at 64 KiB each.
+        assert_eq!(concurrency_for_memory(256 * MIB), 1024);
+        assert_eq!(concurrency_for_memory(1024 * MIB), 4096);
+        assert_eq!(
+            concurrency_for_memory(64 * 1024 * MIB),
+            MAX_DEFAULT_CONCURRENCY
+        );
+        assert_eq!(concurrency_for_memory(8 * MIB), MIN_DEFAULT_CONCURRENCY);
+        assert!(
+            memory_limit().is_some_and(|m| m > 0),
+            "this machine's memory is readable"
+        );
+    }
+}
