@@ -1,0 +1,69 @@
+//! The turn's persistent shapes: session state, the turn record with its status, progress,
+//! pending client tools and checkpoint (with the model-answer data a checkpoint holds), leases
+//! and batch records. The floor the store, the pipeline, the worker and the front door stand on.
+//!
+//! Owns: these types and their small invariants (a mode change applied to a session, a record's
+//! first shape). Must not: import anything of this crate but [`crate::contract`]: no store, no
+//! model client, no HTTP.
+
+use serde::{Deserialize, Serialize};
+
+/// A session lease: while held, only its holder may write the session's state. The token grows
+/// with every acquisition, so a write carrying an older token (a holder that paused past its
+/// lease) is rejected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The fencing token.
+    pub token: u64,
+    /// Who holds it (worker id and turn), for logs and debugging.
+    pub holder: String,
+}
+
+mod batch;
+mod model;
+mod request;
+mod session;
+mod turn;
+mod views;
+
+pub use batch::*;
+pub use model::*;
+pub use request::*;
+pub use session::*;
+pub use turn::*;
+pub use views::*;
+
+/// Now, as RFC 3339 UTC.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SentRequest;
+
+    fn sent(text: &str) -> SentRequest {
+        SentRequest::new(serde_json::value::RawValue::from_string(text.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_sent_request_is_stored_and_read_back_as_the_exact_text() {
+        let text = r#"{"model":"m",  "input":[{"b":1,"a":2}]}"#;
+        let stored = serde_json::to_string(&vec![sent(text)]).unwrap();
+        assert_eq!(stored, format!("[{text}]"));
+        let read: Vec<SentRequest> = serde_json::from_str(&stored).unwrap();
+        assert_eq!(read[0].json(), text);
+    }
+
+    #[test]
+    fn the_bytes_sent_are_the_body_itself_not_a_copy() {
+        let body = sent(r#"{"model":"m","input":"hello"}"#);
+        let bytes = body.bytes();
+        assert_eq!(&bytes[..], body.json().as_bytes());
+        assert_eq!(bytes.as_ptr(), body.json().as_ptr());
+        // A clone of the record's body shares it too.
+        assert_eq!(body.clone().bytes().as_ptr(), body.json().as_ptr());
+    }
+}

@@ -1,0 +1,383 @@
+//! A turn's record: its status, progress, pending client tools, checkpoint, history and the
+//! notes of its model and tool calls.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::*;
+use crate::contract::{
+    AgentExecuteResponse, ErrorCode, ErrorMessage, InvokeResult, SessionId, ToolCall, ToolResult,
+    TurnId, Usage,
+};
+
+/// Where a turn is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// Accepted, not yet picked up.
+    Queued,
+    /// A worker is running it.
+    Running,
+    /// Waiting for the client's tool results.
+    AwaitingClientTools,
+    /// Finished with a successful result.
+    Completed,
+    /// Finished with a failed result.
+    Failed,
+    /// Stopped by a cancel request; its result is a failed `TURN_CANCELLED`.
+    Cancelled,
+}
+
+impl TurnStatus {
+    /// Whether the turn has left `queued`/`running`: it has a result a client can act on.
+    pub fn is_settled(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+
+    /// Whether the turn is over for good (completed, failed or cancelled): nothing can move
+    /// it on, a continuation included.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::AwaitingClientTools => "awaiting_client_tools",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// What the reasoner had accumulated when a turn paused for client tools; enough to resume it
+/// on any worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingTools {
+    /// The model response whose function calls are being answered.
+    pub response_id: String,
+    /// The client tool calls, in order: a continuation must answer exactly these.
+    pub client_calls: Vec<ToolCall>,
+    /// Outputs for the same response's server (or undeclared) calls: `(call_id, output)`.
+    pub server_outputs: Vec<(String, String)>,
+    /// The loop's state at the pause.
+    pub progress: TurnProgress,
+}
+
+/// The reasoner's running totals over a turn.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnProgress {
+    /// The mode whose tools the turn offers (chosen before the loop, AGN-011 §4.4).
+    pub tools_mode_key: String,
+    /// Model calls made so far.
+    pub iterations: usize,
+    /// Usage summed so far.
+    pub usage: Usage,
+    /// Server tools run so far (for the final `toolResults`).
+    pub server_tool_results: Vec<ToolResult>,
+    /// Warnings for the user so far.
+    pub user_warnings: Vec<String>,
+    /// Items this turn added to the conversation (inputs and outputs), for replay.
+    pub turn_items: Vec<Value>,
+    /// Successful mode changes in this turn.
+    pub mode_changes: usize,
+    /// What the turn's latest answer carries into a call that continues from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_call: Option<CallTokens>,
+}
+
+/// What a model server that keeps the conversation must count again in the input of a call
+/// continuing from this response (`previous_response_id`): the input and output tokens the
+/// response was given and wrote, less its reasoning (which is not carried on). A call whose
+/// `input_tokens` is smaller did not see that conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallTokens {
+    /// The response.
+    pub response_id: String,
+    /// Its input and visible output tokens.
+    pub carried: u64,
+    /// The prompt's fixed part it was made with (mode and tool set): only a call with the
+    /// same one must count at least `carried` (instructions and tools are not carried on).
+    pub shape: String,
+}
+
+/// A turn's record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnRecord {
+    /// The session (scoped to its tenant).
+    #[serde(with = "crate::contract::ids::scoped")]
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Hash of the user turn's payload: the same ids with another payload is a conflict.
+    pub fingerprint: String,
+    /// Lifecycle status.
+    pub status: TurnStatus,
+    /// The mode the turn started in (AGN-011 §3.2 snapshot).
+    pub mode_key: String,
+    /// Set while the turn waits for client tools (and while their results are processed).
+    pub pending: Option<PendingTools>,
+    /// Client tool call ids already answered by a continuation: a redelivered continuation is
+    /// recognised instead of being taken for a mismatch.
+    #[serde(default)]
+    pub answered: Vec<String>,
+    /// Outputs of server tools already run, per `call_id`: a re-run reuses them instead of
+    /// running a tool twice.
+    pub tool_ledger: BTreeMap<String, String>,
+    /// Request transcript: the model request bodies sent, in order, as they were sent.
+    pub requests: Vec<SentRequest>,
+    /// Times the turn was started (including continuations and retries).
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    pub completed_at: Option<String>,
+    /// The last result (continuation or final) or the failure.
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+    /// The last model answer and the loop state right after it, saved before any of its tools
+    /// run: a re-run after a crash resumes here instead of asking the model again, so tools
+    /// recorded in the ledger are not run twice.
+    #[serde(default)]
+    pub checkpoint: Option<Checkpoint>,
+    /// Fingerprint of the continuation (tool results) the front door accepted for the calls
+    /// in `pending`: the same continuation sent again is recognised, a different one refused.
+    #[serde(default)]
+    pub continuation: Option<String>,
+    /// The direct reply address of the front door that accepted the turn and may wait for
+    /// it (the address of its event hub, where the turn's statuses are sent directly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// The turn's request asked for its text as it is written (`"streaming": true`): the runs
+    /// of its continuations stream too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub streaming: bool,
+    /// The webhook URL the turn was submitted with (its continuations and a cancel deliver
+    /// there too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// The batch the turn is a line of, when that batch's completion is told of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
+    /// The background model call this turn waits for, recorded before it waits: a run that
+    /// dies during it is followed by one that re-attaches instead of calling again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_call: Option<ModelCallMark>,
+    /// Every model call the turn's runs made, in order (what it cost, at which tier).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallNote>,
+    /// The service tier the turn's calls ask for, over its agent context's (a batch's
+    /// `serviceTier`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// What happened to the turn, in order: runs started and ended (and why), settled
+    /// (the first entry and the latest [`HISTORY_KEPT`] - 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<TurnEvent>,
+    /// The server tool calls of the turn's runs, in order (their outputs are in the ledger).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolNote>,
+    /// The tenant's prompts and answers are not kept (`keepBodies: false`): `requests`, each
+    /// call's text and the tools' arguments were left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bodies_withheld: bool,
+}
+
+impl TurnRecord {
+    /// A freshly accepted turn, not yet picked up by a worker.
+    pub fn queued(
+        session_id: SessionId,
+        turn_id: TurnId,
+        fingerprint: String,
+        mode_key: String,
+    ) -> Self {
+        Self {
+            session_id,
+            turn_id,
+            fingerprint,
+            status: TurnStatus::Queued,
+            mode_key,
+            pending: None,
+            answered: Vec::new(),
+            tool_ledger: BTreeMap::new(),
+            requests: Vec::new(),
+            attempts: 0,
+            submitted_at: now_rfc3339(),
+            completed_at: None,
+            result: None,
+            checkpoint: None,
+            continuation: None,
+            reply_to: None,
+            streaming: false,
+            webhook: None,
+            batch: None,
+            model_call: None,
+            calls: Vec::new(),
+            service_tier: None,
+            history: Vec::new(),
+            tools: Vec::new(),
+            bodies_withheld: false,
+        }
+    }
+
+    /// Notes `event` of the turn's current attempt (kept with the next write): the first
+    /// entry and the latest [`HISTORY_KEPT`] - 1 are kept.
+    pub fn note_event(&mut self, event: &str, detail: Option<String>) {
+        self.history.push(TurnEvent {
+            at: now_rfc3339(),
+            event: event.to_string(),
+            attempt: self.attempts,
+            detail,
+        });
+        if self.history.len() > HISTORY_KEPT {
+            self.history.remove(1);
+        }
+    }
+
+    /// The same record with the service tier its calls ask for (a batch's), if any.
+    pub fn at_tier(mut self, tier: Option<&str>) -> Self {
+        self.service_tier = tier.map(str::to_string);
+        self
+    }
+
+    /// The same record with the webhook URL it was submitted with.
+    pub fn with_webhook(mut self, url: Option<&str>) -> Self {
+        self.webhook = url.map(str::to_string);
+        self
+    }
+
+    /// The same record as a line of `batch` (one whose completion is told of).
+    pub fn in_batch(mut self, batch: Option<&str>) -> Self {
+        self.batch = batch.map(str::to_string);
+        self
+    }
+
+    /// The same record of a turn whose request asked (`true`) or did not ask for streaming.
+    pub fn with_streaming(mut self, streaming: bool) -> Self {
+        self.streaming = streaming;
+        self
+    }
+
+    /// The same record naming the front door that waits for it.
+    pub fn replying_to(mut self, address: Option<&str>) -> Self {
+        self.reply_to = address.map(str::to_string);
+        self
+    }
+
+    /// The turn stopped by a cancel request: `cancelled`, with a failed `TURN_CANCELLED`
+    /// result and nothing left to resume.
+    pub fn cancelled(mut self) -> Self {
+        self.note_event("cancelled", None);
+        self.status = TurnStatus::Cancelled;
+        self.pending = None;
+        self.checkpoint = None;
+        self.completed_at = Some(now_rfc3339());
+        self.result = Some(InvokeResult::failure(ErrorMessage::new(
+            ErrorCode::TurnCancelled,
+            format!(
+                "turn {} of session {} was cancelled",
+                self.turn_id,
+                self.session_id.client_id()
+            ),
+        )));
+        self
+    }
+}
+
+/// The resume point of a running turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    /// The model answer whose tool calls are being processed.
+    pub response: ModelResponse,
+    /// The loop state after that answer was accounted for.
+    pub progress: TurnProgress,
+}
+
+/// Entries of a turn's history kept ([`TurnRecord::history`]).
+pub const HISTORY_KEPT: usize = 32;
+
+/// One entry of a turn's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnEvent {
+    /// When (RFC 3339).
+    pub at: String,
+    /// `queued`, `run_started`, `run_ended` (it goes back to the queue), `awaiting_client_tools`,
+    /// `completed`, `failed` or `cancelled`.
+    pub event: String,
+    /// The run it belongs to (0: before the first).
+    pub attempt: u32,
+    /// Why, where there is more to say (a run that ended: its error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// One server tool call of a turn ([`TurnRecord::tools`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolNote {
+    /// The call id the model gave it.
+    pub tool_call_id: String,
+    /// The tool.
+    pub name: String,
+    /// Its arguments as the model wrote them (JSON text).
+    pub arguments: String,
+    /// Its output came from the turn's ledger (a run after a crash) instead of running it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    /// How long it ran, in milliseconds (0 when replayed).
+    pub execution_ms: u64,
+    /// The run that made it.
+    pub attempt: u32,
+}
+
+/// A background model call in flight ([`TurnRecord::model_call`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCallMark {
+    /// The response the model server is working on.
+    pub response_id: String,
+    /// A digest of the request body: only the same request re-attaches to it.
+    pub request: String,
+}
+
+/// What one model call of a turn came to ([`TurnRecord::calls`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallNote {
+    /// The run that made it.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The text of its answer, if it had any (tool calls are in the turn's tool calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The response id.
+    pub response_id: String,
+    /// The model asked for.
+    pub model: String,
+    /// The agent context whose server answered.
+    pub agent_context: String,
+    /// How long the call took, retries included (a re-attached call: since re-attaching).
+    pub latency_ms: u64,
+    /// Tokens it spent.
+    #[schema(value_type = Object)]
+    pub usage: Usage,
+    /// The tier the server reports it used, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// Made in background mode.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
+    /// Followed by a run that re-attached after the one that made it died.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reattached: bool,
+}

@@ -1,0 +1,143 @@
+//! What clients and the console read of a turn's record: its status view and its inspection.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::*;
+use crate::contract::{AgentExecuteResponse, InvokeResult, SessionId, TurnId};
+
+/// A turn's status as clients see it (GET, SSE events, reply messages):
+/// `{sessionId, turnId, status, attempts, submittedAt, completedAt?, result?}`.
+/// Its OpenAPI schema is written in the front door's document (`api_doc::TurnStatusView`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnStatusView {
+    /// The session.
+    pub session_id: SessionId,
+    /// The turn.
+    pub turn_id: TurnId,
+    /// Lifecycle status.
+    pub status: TurnStatus,
+    /// Runs so far.
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub completed_at: Option<String>,
+    /// The latest result, once there is one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+    /// The service tier the model server reports serving the turn's latest model call with
+    /// (`flex`, `default`, …), when it reports one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub service_tier: Option<String>,
+}
+
+impl From<&TurnRecord> for TurnStatusView {
+    fn from(r: &TurnRecord) -> Self {
+        Self {
+            session_id: r.session_id.clone(),
+            turn_id: r.turn_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at.clone(),
+            completed_at: r.completed_at.clone(),
+            result: r.result.clone(),
+            service_tier: r.calls.iter().rev().find_map(|c| c.service_tier.clone()),
+        }
+    }
+}
+
+/// Everything kept of one turn, for a person looking into it (`GET
+/// /v1/sessions/{sessionId}/turns/{turnId}/inspect`, the console's turn inspector).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInspection {
+    /// The session.
+    #[schema(value_type = String)]
+    pub session_id: SessionId,
+    /// The turn.
+    #[schema(value_type = String)]
+    pub turn_id: TurnId,
+    /// Its status now.
+    pub status: TurnStatus,
+    /// Runs so far.
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    /// What happened to it, in order, from `queued` on.
+    pub history: Vec<TurnEvent>,
+    /// Every model call that was answered, in order.
+    pub model_calls: Vec<CallNote>,
+    /// Every model request body sent, as sent (instructions, input, tools; never a key).
+    #[schema(value_type = Vec<Object>)]
+    pub requests: Vec<Value>,
+    /// Every server tool call, in order, with its output from the turn's ledger.
+    pub tool_calls: Vec<InspectedTool>,
+    /// The agent context's service tier asked for this turn, if its batch asked for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// Prompts and answers were not kept for this turn (its tenant's `keepBodies: false`):
+    /// `requests` is empty, and model calls and tool calls come without text and arguments.
+    #[serde(default)]
+    pub bodies_withheld: bool,
+    /// The latest result, once there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+}
+
+/// A server tool call as the inspector shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InspectedTool {
+    /// The call.
+    #[serde(flatten)]
+    pub call: ToolNote,
+    /// Its output as recorded (absent when the record lost it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl From<&TurnRecord> for TurnInspection {
+    fn from(r: &TurnRecord) -> Self {
+        let queued = TurnEvent {
+            at: r.submitted_at.clone(),
+            event: "queued".into(),
+            attempt: 0,
+            detail: None,
+        };
+        Self {
+            session_id: r.session_id.clone(),
+            turn_id: r.turn_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at.clone(),
+            completed_at: r.completed_at.clone(),
+            history: std::iter::once(queued)
+                .chain(r.history.iter().cloned())
+                .collect(),
+            model_calls: r.calls.clone(),
+            requests: r
+                .requests
+                .iter()
+                .filter_map(|b| b.to_value().ok())
+                .collect(),
+            tool_calls: r
+                .tools
+                .iter()
+                .map(|t| InspectedTool {
+                    call: t.clone(),
+                    output: r.tool_ledger.get(&t.tool_call_id).cloned(),
+                })
+                .collect(),
+            service_tier: r.service_tier.clone(),
+            bodies_withheld: r.bodies_withheld,
+            result: r.result.clone(),
+        }
+    }
+}
