@@ -1,0 +1,139 @@
+//! The steps inside a run: a checkpoint before tools run, a background call's id, a tool
+//! output in the ledger, and the reads that tell the run to stop.
+
+use tracing::warn;
+
+use super::{Pipeline, RetryKind, RetryableFailure, permanent, store_failure};
+use crate::contract::{ErrorCode, SessionId, TurnId};
+use crate::llm::ModelResponse;
+use crate::store::{Checkpoint, ToolOutput, TurnProgress};
+use crate::tools::ModeEffect;
+
+use super::*;
+
+impl Pipeline {
+    /// Saves a model answer that calls tools before any of them runs, so a re-run resumes
+    /// from it instead of running them twice.
+    pub(in crate::pipeline) async fn checkpoint(
+        &self,
+        run: &mut Run,
+        response: &ModelResponse,
+        progress: &TurnProgress,
+    ) -> Result<(), RetryableFailure> {
+        run.record.checkpoint = Some(Checkpoint {
+            response: response.clone(),
+            progress: progress.clone(),
+        });
+        // The call it answers is over: nothing to re-attach to.
+        run.record.model_call = None;
+        self.write(run, false, false).await.map(|_| ())
+    }
+
+    /// Records the background model call this run is about to wait for, before it waits
+    /// (a fenced write like every other): a run that dies during the call is followed by one
+    /// that re-attaches to it. A failed write hands the turn back.
+    pub(in crate::pipeline) async fn note_model_call(
+        &self,
+        run: &mut Run,
+        mark: crate::state::ModelCallMark,
+    ) -> Result<(), RetryableFailure> {
+        run.record.model_call = Some(mark);
+        self.write(run, false, false).await.map(|_| ())
+    }
+
+    /// Records one server tool's output in the turn's ledger before the next model call and,
+    /// when the tool changes the mode, the session's new mode with its history entry — one
+    /// step, so a resumed run finds both (it neither runs the tool nor changes the mode again)
+    /// or neither (it runs the tool again). Returns whether the mode changed.
+    pub(in crate::pipeline) async fn record_tool_output(
+        &self,
+        run: &mut Run,
+        call_id: &str,
+        output: &str,
+        effect: Option<ModeEffect>,
+    ) -> Result<bool, RetryableFailure> {
+        run.may_write()?;
+        let mode = effect.as_ref().map(|e| (e.mode_id.as_str(), &e.change));
+        let recorded = self
+            .store
+            .record_tool_output(
+                &GRANT,
+                &run.session.session_id,
+                &run.record.turn_id,
+                ToolOutput {
+                    call_id,
+                    output,
+                    mode_change: mode,
+                },
+                run.held.lease(),
+            )
+            .await;
+        let changed = match recorded {
+            Ok(changed) => changed,
+            Err(e) if effect.is_some() => {
+                run.unsure = true;
+                tracing::error!(error = %e, session_id = %run.session.session_id, "agent_change_mode could not persist the mode");
+                return Err(RetryableFailure {
+                    error: permanent(
+                        ErrorCode::ToolUnavailable,
+                        format!(
+                            "{}: ModeChangeTool failed to change the session mode.",
+                            crate::catalog::CHANGE_MODE_TOOL
+                        ),
+                    ),
+                    kind: RetryKind::Failure,
+                });
+            }
+            Err(e) => {
+                run.unsure = true;
+                return Err(store_failure(e));
+            }
+        };
+        run.record
+            .tool_ledger
+            .insert(call_id.to_string(), output.to_string());
+        let Some(stored) = changed else {
+            return Ok(false);
+        };
+        run.session.mode_id = stored.mode_id;
+        run.session.mode_key = stored.mode_key;
+        run.session.mode_history = stored.mode_history;
+        run.session.updated_at = stored.updated_at;
+        // The step moved any conversation items the stored session still held inline (the
+        // only items pending before the turn settles).
+        run.session.conversation.clear();
+        Ok(true)
+    }
+
+    /// Whether the turn was asked to stop (a store that cannot answer counts as "no": the
+    /// next safe point asks again).
+    pub(in crate::pipeline) async fn cancel_requested(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+    ) -> bool {
+        match self.store.cancel_requested(sid, tid).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                warn!(error = %e, "cannot tell whether the turn was cancelled; going on");
+                false
+            }
+        }
+    }
+
+    /// Runs `work` unless the turn is asked to stop first (the pipeline's watch looks for every
+    /// waiting turn at once, every [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and
+    /// with it an HTTP request in flight.
+    pub(in crate::pipeline) async fn unless_cancelled<T>(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let watched = self.cancels.watch(sid, tid);
+        tokio::select! {
+            out = work => Some(out),
+            () = watched.cancelled() => None,
+        }
+    }
+}
