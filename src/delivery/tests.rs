@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::live::{LiveBody, LiveEvent};
-use crate::queue::{MemoryBroker, ReplyBus as _};
-use crate::state::TurnRecord;
+use crate::queue::{MemoryBroker, ReplyBus as _, SessionEvent};
+use crate::state::{TurnRecord, TurnStatus};
 use crate::store::{Grant, MemoryStore};
 
 struct Parts {
