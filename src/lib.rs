@@ -8,8 +8,9 @@
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
 //!   with a publisher confirm; the HTTP API (`http` and `routes`) and batches.
-//! - [`queue`] — the broker's two halves, the job queue (jobs, delayed retries, dead letters)
-//!   and the reply bus, and the two brokers: RabbitMQ, or the embedded in-memory one.
+//! - [`queue`] — the broker's three parts, the job queue (jobs, delayed retries, dead
+//!   letters), the reply bus and the webhook queue, and the two brokers: RabbitMQ, or the
+//!   embedded in-memory one.
 //! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
 //! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
 //!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F: the only writer

@@ -2,6 +2,9 @@
 //! dead-letter queue (DESIGN.md §5–§6), and the reply bus that carries turn statuses back; the
 //! two halves make the [`Broker`].
 //!
+//! Where: the job queue's types and trait here, the reply bus in `reply_bus.rs`, the queues'
+//! names and settings in `topology.rs`.
+//!
 //! Owns: the [`JobQueue`] and [`ReplyBus`] traits and the two brokers that implement them — [`rabbit::RabbitBroker`] (RabbitMQ
 //! via lapin: quorum queues, publisher confirms, mandatory publishes, manual acks) and
 //! [`memory::MemoryBroker`] (the embedded single-process mode, same semantics). Must not: run
@@ -9,6 +12,8 @@
 
 pub mod memory;
 pub mod rabbit;
+mod reply_bus;
+mod topology;
 
 use std::time::Duration;
 
@@ -16,6 +21,8 @@ use crate::contract::{LOCAL_TENANT, SessionId};
 
 pub use memory::MemoryBroker;
 pub use rabbit::RabbitBroker;
+pub use reply_bus::{Audience, Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
+pub use topology::{ReplyQueues, Topology};
 
 /// A queue operation that failed. Publishing failures are never swallowed: the caller sees
 /// them and does not report the job as accepted (or does not ack the delivery).
@@ -38,147 +45,6 @@ pub enum QueueError {
     /// The broker refused the message (nack) or could not route it (returned).
     #[error("message broker did not accept the message: {0}")]
     Rejected(String),
-}
-
-/// Which sessions have a durable reply queue (`APTIX_REPLY_QUEUES`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyQueues {
-    /// Every session: the worker declares a session's queue with its first status, so a
-    /// client that comes later finds every status there. Costs the broker one queue declaration
-    /// per new session (the dearest thing a new session costs it).
-    EverySession,
-    /// The default: sessions with a turn submitted to be read later
-    /// ([`JobMeta::reply_queue_wanted`]: `POST /v1/turns`, `aptix turns submit`) get their
-    /// queue as with [`ReplyQueues::EverySession`]; a synchronous call's or a batch line's
-    /// status goes to the queue only when a client subscribed (as with
-    /// [`ReplyQueues::OnSubscribe`]): nobody reads those from a reply queue, and a new
-    /// session per document is the batch shape, where declarations would bound throughput.
-    AsyncTurns,
-    /// Sessions a client subscribed to: the queue is declared by the subscriber
-    /// ([`ReplyBus::subscribe_replies`]) and gets the statuses published from then on; the
-    /// worker publishes a session's status to its queue only when it exists and never declares
-    /// one. Statuses from before the subscription are read from the store (HTTP).
-    OnSubscribe,
-}
-
-impl ReplyQueues {
-    /// Whether the worker declares the session's reply queue for a status of a job whose
-    /// submitter does (`true`) or does not want one ([`JobMeta::reply_queue_wanted`]).
-    pub fn declared_for(self, reply_queue_wanted: bool) -> bool {
-        match self {
-            Self::EverySession => true,
-            Self::AsyncTurns => reply_queue_wanted,
-            Self::OnSubscribe => false,
-        }
-    }
-
-    /// The setting's value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::EverySession => "every-session",
-            Self::AsyncTurns => "async-turns",
-            Self::OnSubscribe => "on-subscribe",
-        }
-    }
-}
-
-impl std::str::FromStr for ReplyQueues {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "every-session" => Ok(Self::EverySession),
-            "async-turns" => Ok(Self::AsyncTurns),
-            "on-subscribe" => Ok(Self::OnSubscribe),
-            other => Err(format!(
-                "{other:?} is not one of async-turns, every-session, on-subscribe"
-            )),
-        }
-    }
-}
-
-/// Names of everything the product declares, all under the namespace.
-#[derive(Debug, Clone)]
-pub struct Topology {
-    /// Prefix of every name.
-    pub namespace: String,
-    /// Delays of the retry queues, shortest first; a job's n-th retry uses the n-th (the last
-    /// one repeats).
-    pub retry_delays: Vec<Duration>,
-    /// How long an unused reply queue lives.
-    pub reply_queue_ttl: Duration,
-    /// The most statuses a reply queue holds; the oldest are dropped beyond it.
-    pub reply_queue_max_length: u32,
-    /// Which sessions have a reply queue.
-    pub reply_queues: ReplyQueues,
-    /// Tenants with a lane of their own (those with `maxRunningTurns`).
-    pub lanes: Vec<String>,
-    /// Delays of the webhook retry queues, shortest first (see [`HookQueue`]).
-    pub hook_delays: Vec<Duration>,
-}
-
-impl Topology {
-    /// The defaults under a namespace.
-    pub fn new(namespace: &str) -> Self {
-        Self {
-            namespace: namespace.to_string(),
-            retry_delays: [1, 5, 15, 60, 300].map(Duration::from_secs).to_vec(),
-            reply_queue_ttl: Duration::from_secs(3600),
-            reply_queue_max_length: 1000,
-            reply_queues: ReplyQueues::AsyncTurns,
-            lanes: Vec::new(),
-            hook_delays: [5, 30, 120, 600, 3600].map(Duration::from_secs).to_vec(),
-        }
-    }
-    /// The same topology with a lane for each of `tenants`.
-    pub fn with_lanes<'a>(mut self, tenants: impl IntoIterator<Item = &'a str>) -> Self {
-        self.lanes = tenants.into_iter().map(str::to_string).collect();
-        self
-    }
-    /// A tenant's lane: the job queue of a tenant whose running turns are capped.
-    pub fn lane(&self, tenant: &str) -> String {
-        format!("{}.turns.tenant.{tenant}", self.namespace)
-    }
-    /// The turn job queue.
-    pub fn jobs(&self) -> String {
-        format!("{}.turns", self.namespace)
-    }
-    /// The dead-letter queue.
-    pub fn dead(&self) -> String {
-        format!("{}.turns.dead", self.namespace)
-    }
-    /// The retry queue for one delay.
-    pub fn retry(&self, delay: Duration) -> String {
-        format!("{}.turns.retry.{}ms", self.namespace, delay.as_millis())
-    }
-    /// The exchange of session events (keyed by session): statuses and live events broadcast
-    /// to the front doors that watch a session, one binding per front door and session.
-    pub fn events(&self) -> String {
-        format!("{}.events", self.namespace)
-    }
-    /// A session's reply queue.
-    pub fn reply_queue(&self, session: &SessionId) -> String {
-        format!("{}.reply.{session}", self.namespace)
-    }
-    /// The queue of webhook deliveries waiting to be sent.
-    pub fn hooks(&self) -> String {
-        format!("{}.webhooks", self.namespace)
-    }
-    /// The webhook retry queue for one delay.
-    pub fn hook_retry(&self, delay: Duration) -> String {
-        format!("{}.webhooks.retry.{}ms", self.namespace, delay.as_millis())
-    }
-    /// The webhook deliveries that never succeeded.
-    pub fn hooks_dead(&self) -> String {
-        format!("{}.webhooks.dead", self.namespace)
-    }
-    /// The delay for a job's `retry`-th retry (1-based).
-    pub fn delay_for(&self, retry: u32) -> Duration {
-        let i = (retry.max(1) as usize - 1).min(self.retry_delays.len().saturating_sub(1));
-        self.retry_delays
-            .get(i)
-            .copied()
-            .unwrap_or(Duration::from_secs(1))
-    }
 }
 
 /// What travels with a job besides its body (message headers).
@@ -499,103 +365,6 @@ pub enum DeadChoice {
     /// On the job queue, as a fresh job (attempt 0) of the same tenant, trace, batch and
     /// webhook.
     Requeue,
-}
-
-/// A stream of reply bodies (turn status JSON) of one session.
-pub type Replies = tokio::sync::mpsc::Receiver<Vec<u8>>;
-
-/// What a live subscriber of a session receives, in the order it was published.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SessionEvent {
-    /// A published turn status (JSON).
-    Status(Vec<u8>),
-    /// A running turn's live event (JSON, see [`crate::live`]).
-    Live(Vec<u8>),
-}
-
-/// A stream of a session's statuses and live events.
-pub type SessionEvents = tokio::sync::mpsc::Receiver<SessionEvent>;
-
-/// A subscription of the waiting front door that hears of a session's turns directly: only
-/// results (and live events) of jobs that named [`Direct::address`] in their `reply_to` reach
-/// it, without any per-session routing in the broker.
-#[derive(Debug)]
-pub struct Direct {
-    /// What the job must name (`None`: the broker delivers to every subscriber anyway, as the
-    /// embedded one does).
-    pub address: Option<String>,
-    /// The session's statuses (and live events, if asked for) from jobs that named it. Ends
-    /// when the broker connection behind it is lost: the waiter then reads the store.
-    pub events: SessionEvents,
-}
-
-/// Who, besides a front door waiting at a direct address, a status may be for
-/// ([`ReplyBus::publish_reply`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Audience {
-    /// Somebody announced themselves as a watcher of the session (see
-    /// [`crate::store::SessionStore::mark_watched`]) when the status was stored: `false` lets a
-    /// broker that pays for a publish reaching nobody skip the broadcast and an on-subscribe
-    /// reply queue.
-    pub watched: bool,
-    /// The job's submitter may come back for the session's reply queue
-    /// ([`JobMeta::reply_queue_wanted`]).
-    pub reply_queue_wanted: bool,
-}
-
-impl Audience {
-    /// Anyone who may want it: watchers, and a reply queue wherever the topology keeps one.
-    pub const ANYONE: Self = Self {
-        watched: true,
-        reply_queue_wanted: true,
-    };
-}
-
-/// The reply side of the broker: per-session reply queues and event broadcasts (what a reply
-/// means, and waiting for one, is [`crate::delivery`]).
-#[async_trait::async_trait]
-pub trait ReplyBus: Send + Sync + 'static {
-    /// Publishes a turn status to the session's reply queue (confirmed), to the front doors
-    /// watching the session, and to the direct address `reply_to` when the job named one.
-    /// The session's reply queue is declared for it when the topology's [`ReplyQueues`] says
-    /// so for `audience`; otherwise the status reaches a queue a client subscribed to, if the
-    /// session is watched. An unwatched session's status is not broadcast.
-    async fn publish_reply(
-        &self,
-        session: &SessionId,
-        correlation_id: &str,
-        reply_to: Option<&str>,
-        audience: Audience,
-        body: &[u8],
-    ) -> Result<(), QueueError>;
-    /// Consumes a session's reply queue (what `aptix run` reads its results from).
-    async fn subscribe_replies(&self, session: &SessionId) -> Result<Replies, QueueError>;
-    /// Publishes a live event of a session: transient, unconfirmed, only to the subscribers of
-    /// this moment (and to `reply_to`'s), never to the session's reply queue.
-    async fn publish_live(
-        &self,
-        session: &SessionId,
-        reply_to: Option<&str>,
-        body: &[u8],
-    ) -> Result<(), QueueError>;
-    /// Subscribes to a session's statuses (and its live events when `live`) as a broadcast,
-    /// one ordered stream: every subscriber gets every status published from now on, without
-    /// taking it from the session's reply queue, and what one worker published (live events,
-    /// then the status) arrives in that order. A subscriber too slow for live events misses
-    /// some of them (never a status).
-    async fn subscribe_session(
-        &self,
-        session: &SessionId,
-        live: bool,
-    ) -> Result<SessionEvents, QueueError>;
-    /// Subscribes this process directly to the session's results (with live events when
-    /// `live`) of the jobs that name the returned address: what a front door that submits a
-    /// turn and waits for it uses, at no broker cost per session.
-    async fn subscribe_direct(&self, session: &SessionId, live: bool)
-    -> Result<Direct, QueueError>;
-    /// This process's direct reply address, for a job it may wait for later (a long-poll after
-    /// a `202`); `None` where the broker delivers to every subscriber anyway.
-    async fn direct_address(&self) -> Result<Option<String>, QueueError>;
 }
 
 /// The webhook side of the broker: deliveries waiting to be sent (a durable queue of their

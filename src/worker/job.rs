@@ -72,11 +72,7 @@ impl Worker {
     /// and is still queued or was running (the front door read it under other limits, say),
     /// that turn is failed first with the reasons and its status published, so it does not stay
     /// `queued` behind a job that is gone.
-    async fn unreadable(
-        &self,
-        delivery: &Delivery,
-        errors: Vec<ErrorMessage>,
-    ) -> Disposition {
+    async fn unreadable(&self, delivery: &Delivery, errors: Vec<ErrorMessage>) -> Disposition {
         let reason = errors
             .first()
             .map(|e| format!("unparseable job: {}: {}", e.error_code, e.message))
@@ -129,11 +125,7 @@ impl Worker {
         Disposition::Ack
     }
 
-    async fn run_job(
-        &self,
-        request: &AgentExecuteRequest,
-        delivery: &Delivery,
-    ) -> Disposition {
+    async fn run_job(&self, request: &AgentExecuteRequest, delivery: &Delivery) -> Disposition {
         let started = Started::now();
         let outcome = {
             let _in_flight = self.metrics.run_started();
@@ -218,12 +210,7 @@ impl Worker {
         self.reply(request.into(), delivery, result, None).await
     }
 
-    async fn republish(
-        &self,
-        delivery: &Delivery,
-        attempt: u32,
-        delay: Duration,
-    ) -> Disposition {
+    async fn republish(&self, delivery: &Delivery, attempt: u32, delay: Duration) -> Disposition {
         match self
             .broker
             .publish_retry(&delivery.body, delay, &delivery.meta().at_attempt(attempt))

@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::{
-    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, HookQueue, JobMeta, JobQueue,
-    QueueDepth, QueueError,
+    Acker, ChooseDead, DeadChoice, DeadLetter, Deliveries, Delivery, JobMeta, JobQueue, QueueDepth,
+    QueueError,
 };
 use super::{Direct, Replies, ReplyBus, SessionEvent, SessionEvents};
 use crate::contract::SessionId;
+
+mod hooks;
 
 /// A waiting job.
 struct Job {
@@ -410,58 +412,6 @@ impl JobQueue for MemoryBroker {
 }
 
 #[async_trait::async_trait]
-impl HookQueue for MemoryBroker {
-    async fn enqueue_hook(&self, body: &[u8]) -> Result<(), QueueError> {
-        self.push(Lane::Hooks, Job::fresh(body))
-    }
-
-    async fn retry_hook(&self, body: &[u8], delay: Duration) -> Result<(), QueueError> {
-        let broker = self.clone();
-        let job = Job::fresh(body);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            if let Err(e) = broker.push(Lane::Hooks, job) {
-                tracing::error!(error = %e, "in-memory broker lost a webhook retry");
-            }
-        });
-        Ok(())
-    }
-
-    async fn dead_hook(&self, body: &[u8], reason: &str) -> Result<(), QueueError> {
-        self.lock()?
-            .dead_hooks
-            .push_back((body.to_vec(), reason.to_string()));
-        Ok(())
-    }
-
-    async fn hooks_waiting(&self) -> Result<u64, QueueError> {
-        Ok(self
-            .lock()?
-            .ready
-            .get(&Lane::Hooks)
-            .map_or(0, |q| q.len() as u64))
-    }
-
-    async fn consume_hooks(&self, prefetch: u16) -> Result<Deliveries, QueueError> {
-        self.start_consumer(Lane::Hooks, prefetch)
-    }
-
-    async fn dead_hooks(
-        &self,
-        max: usize,
-        take: bool,
-    ) -> Result<Vec<(Vec<u8>, String)>, QueueError> {
-        let mut state = self.lock()?;
-        let n = max.min(state.dead_hooks.len());
-        Ok(if take {
-            state.dead_hooks.drain(..n).collect()
-        } else {
-            state.dead_hooks.iter().take(n).cloned().collect()
-        })
-    }
-}
-
-#[async_trait::async_trait]
 impl ReplyBus for MemoryBroker {
     async fn publish_reply(
         &self,
@@ -601,73 +551,4 @@ impl MemoryBroker {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::MemoryBroker;
-    use crate::contract::SessionId;
-    use crate::queue::{Audience, ReplyBus};
-
-    fn sid(s: &str) -> SessionId {
-        SessionId::parse(s).expect("valid id")
-    }
-
-    #[tokio::test]
-    async fn a_reply_queue_keeps_its_newest_statuses_up_to_its_length() {
-        let mut t = crate::queue::Topology::new("t");
-        t.reply_queue_max_length = 3;
-        let broker = MemoryBroker::default().with_reply_queues(&t);
-        for i in 0..5 {
-            let body = format!("{i}");
-            broker
-                .publish_reply(&sid("s"), "t", None, Audience::ANYONE, body.as_bytes())
-                .await
-                .unwrap();
-        }
-        let mut replies = broker.subscribe_replies(&sid("s")).await.unwrap();
-        let mut got = Vec::new();
-        while let Ok(body) = replies.try_recv() {
-            got.push(String::from_utf8(body).unwrap());
-        }
-        assert_eq!(got, ["2", "3", "4"]);
-    }
-
-    #[tokio::test]
-    async fn nothing_is_kept_for_sessions_after_their_queues_expire_and_subscribers_leave() {
-        let mut t = crate::queue::Topology::new("t");
-        t.reply_queue_ttl = Duration::from_secs(60);
-        let broker = MemoryBroker::default().with_reply_queues(&t);
-        for i in 0..2_000 {
-            let s = sid(&format!("s{i}"));
-            // A waiter that came and went, and a result nobody consumed.
-            let waiter = broker.subscribe_direct(&s, false).await.unwrap();
-            broker
-                .publish_reply(&s, "t", None, Audience::ANYONE, b"{}")
-                .await
-                .unwrap();
-            drop(waiter);
-        }
-        // Waiters that left are forgotten; unconsumed queues stay until they expire.
-        broker.sweep_after(Duration::from_secs(59));
-        assert_eq!(broker.sessions_held(), 2_000, "the queues, not expired yet");
-        broker.sweep_after(Duration::from_secs(61));
-        assert_eq!(broker.sessions_held(), 0);
-        // Sweeps happen on their own as statuses are published.
-        for i in 0..1_100 {
-            let s = sid(&format!("x{i}"));
-            let _gone = broker.subscribe_session(&s, false).await.unwrap();
-        }
-        assert_eq!(broker.sessions_held(), 1_100);
-        broker
-            .publish_reply(&sid("y"), "t", None, Audience::ANYONE, b"{}")
-            .await
-            .unwrap();
-        for _ in 0..super::SWEEP_EVERY {
-            broker
-                .publish_reply(&sid("y"), "t", None, Audience::ANYONE, b"{}")
-                .await
-                .unwrap();
-        }
-        assert_eq!(broker.sessions_held(), 1, "only y's queue is left");
-    }
-}
+mod tests;
