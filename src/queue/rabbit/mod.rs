@@ -36,7 +36,7 @@ use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicNackOptions, BasicQosOptions,
     ExchangeDeclareOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, ExchangeKind};
 use tokio::sync::{Mutex, mpsc};
 
@@ -46,24 +46,15 @@ use super::{
 };
 
 mod channels;
+mod headers;
 mod hooks;
 mod hub;
 mod replies;
 
 use channels::{Live, Routed};
+use headers::*;
 use hub::EventHub;
 use replies::{DECLARED_QUEUES_CAP, DeclaredQueues};
-
-const ATTEMPT_HEADER: &str = "x-aptix-attempt";
-const REASON_HEADER: &str = "x-aptix-reason";
-const TENANT_HEADER: &str = "x-aptix-tenant";
-const REPLY_TO_HEADER: &str = "x-aptix-reply-to";
-/// Present (`none`) on a job whose submitter will not read the session's reply queue.
-const REPLY_QUEUE_HEADER: &str = "x-aptix-reply-queue";
-/// The submission's own webhook URL, when it named one.
-const WEBHOOK_HEADER: &str = "x-aptix-webhook";
-/// The batch a job is a line of, when that batch's completion is told of.
-const BATCH_HEADER: &str = "x-aptix-batch";
 
 fn unavailable(e: lapin::Error) -> QueueError {
     QueueError::Amqp(e)
@@ -114,94 +105,6 @@ pub struct RabbitBroker {
     hooks_declared: Mutex<bool>,
     /// Whether this process declared the queue of webhook deliveries.
     hook_queue_declared: Mutex<bool>,
-}
-
-fn table(pairs: Vec<(&str, AMQPValue)>) -> FieldTable {
-    let mut t = FieldTable::default();
-    for (k, v) in pairs {
-        t.insert(ShortString::from(k), v);
-    }
-    t
-}
-
-fn text(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s))
-}
-
-/// The arguments of a delay queue: a quorum queue whose messages wait `delay`, then are
-/// dead-lettered (at least once) to `back_to`; full, it refuses publishes.
-fn delay_queue_args(delay: Duration, back_to: &str) -> FieldTable {
-    table(vec![
-        ("x-queue-type", text("quorum")),
-        (
-            "x-message-ttl",
-            AMQPValue::LongLongInt(delay.as_millis() as i64),
-        ),
-        ("x-dead-letter-exchange", text("")),
-        ("x-dead-letter-routing-key", text(back_to)),
-        ("x-dead-letter-strategy", text("at-least-once")),
-        ("x-overflow", text("reject-publish")),
-    ])
-}
-
-/// A job message's headers: its retry count and, when known, its trace context and tenant.
-fn job_headers(meta: &JobMeta) -> FieldTable {
-    let mut headers = vec![(ATTEMPT_HEADER, AMQPValue::LongUInt(meta.attempt))];
-    if let Some(t) = &meta.traceparent {
-        headers.push((crate::trace::TRACEPARENT, text(t)));
-    }
-    if let Some(t) = &meta.tenant {
-        headers.push((TENANT_HEADER, text(t)));
-    }
-    if let Some(r) = &meta.reply_to {
-        headers.push((REPLY_TO_HEADER, text(r)));
-    }
-    if !meta.reply_queue_wanted {
-        headers.push((REPLY_QUEUE_HEADER, text("none")));
-    }
-    if let Some(w) = &meta.webhook {
-        headers.push((WEBHOOK_HEADER, text(w)));
-    }
-    if let Some(b) = &meta.batch {
-        headers.push((BATCH_HEADER, text(b)));
-    }
-    table(headers)
-}
-
-/// A text header of a delivered job, if it has one.
-fn text_header(props: &BasicProperties, name: &str) -> Option<String> {
-    match props.headers().as_ref()?.inner().get(name)? {
-        AMQPValue::LongString(s) => Some(s.to_string()),
-        _ => None,
-    }
-}
-
-/// The headers a job was published with.
-fn meta_of(props: &BasicProperties) -> JobMeta {
-    JobMeta {
-        attempt: attempt_of(props),
-        traceparent: text_header(props, crate::trace::TRACEPARENT),
-        tenant: text_header(props, TENANT_HEADER),
-        reply_to: text_header(props, REPLY_TO_HEADER),
-        reply_queue_wanted: text_header(props, REPLY_QUEUE_HEADER).as_deref() != Some("none"),
-        webhook: text_header(props, WEBHOOK_HEADER),
-        batch: text_header(props, BATCH_HEADER),
-    }
-}
-
-fn attempt_of(props: &BasicProperties) -> u32 {
-    props
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(ATTEMPT_HEADER).cloned())
-        .and_then(|v| match v {
-            AMQPValue::LongUInt(n) => Some(n),
-            AMQPValue::LongLongInt(n) => u32::try_from(n).ok(),
-            AMQPValue::LongInt(n) => u32::try_from(n).ok(),
-            AMQPValue::ShortUInt(n) => Some(u32::from(n)),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 impl RabbitBroker {
@@ -662,50 +565,4 @@ impl JobQueue for RabbitBroker {
 }
 
 #[cfg(test)]
-mod cause_tests {
-    use std::time::Duration;
-
-    use super::RabbitBroker;
-    use crate::queue::{QueueError, Topology};
-
-    /// A failed AMQP operation keeps lapin's error, so callers can tell a refused connection
-    /// from a closed channel instead of reading a flattened message, and says it once.
-    #[tokio::test]
-    async fn an_amqp_failure_keeps_its_cause() {
-        let broker = RabbitBroker::new(
-            "amqp://guest:guest@127.0.0.1:1/%2f",
-            Topology::new("cause"),
-            "aptix-cause-test",
-        )
-        .with_timeout(Duration::from_secs(2));
-        let Err(e) = broker.connect().await else {
-            panic!("nothing listens on port 1");
-        };
-        let QueueError::Amqp(inner) = &e else {
-            panic!("not lapin's error: {e:?}");
-        };
-        assert!(
-            matches!(inner.kind(), lapin::ErrorKind::IOError(_)),
-            "{inner:?}"
-        );
-        assert_eq!(
-            e.to_string(),
-            format!("message broker unavailable: {inner}")
-        );
-        assert!(std::error::Error::source(&e).is_none(), "said once");
-    }
-}
-
-#[cfg(test)]
-mod url_tests {
-    use super::node_urls;
-
-    #[test]
-    fn a_url_list_names_each_node_in_order() {
-        assert_eq!(
-            node_urls("amqp://u:p@h1:5672/%2f, amqp://u:p@h2:5673/%2f,"),
-            ["amqp://u:p@h1:5672/%2f", "amqp://u:p@h2:5673/%2f"]
-        );
-        assert_eq!(node_urls("amqp://h/%2f"), ["amqp://h/%2f"]);
-    }
-}
+mod tests;
