@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
-    AgentExecuteRequest, ErrorCode, ErrorMessage, InvokeResult, LOCAL_TENANT, OnBusy,
-    RequestLimits, RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
+    AgentExecuteRequest, ErrorCode, ErrorMessage, LOCAL_TENANT, OnBusy, RequestLimits,
+    RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
 };
 use crate::delivery::ResultDelivery;
 use crate::metrics::Metrics;
 use crate::pipeline::{Intake, continuation_fingerprint, fingerprint};
-use crate::queue::{Broker, JobMeta, QueueError};
-use crate::tenants::{QuotaError, QuotaExceeded, Quotas};
+use crate::queue::{Broker, JobMeta};
+use crate::tenants::{QuotaError, Quotas};
 use crate::trace::TraceContext;
 use crate::webhooks::guard::Guard;
 pub mod batch;
@@ -23,166 +23,18 @@ mod body;
 pub mod cancel;
 mod console;
 mod counted;
+mod error;
 pub mod extract;
 pub mod http;
 mod links;
 pub mod openapi;
+mod pickup;
 pub mod routes;
 
-use crate::store::{
-    Admission, ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus, TurnStatusView,
-};
+pub use error::SubmitError;
+pub use pickup::Pickup;
 
-/// Why a request was not accepted.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// The body broke the contract (every violation listed).
-    #[error("invalid request")]
-    Invalid(RequestRejected),
-    /// Same ids, different payload.
-    #[error("{}", .0.message)]
-    Conflict(ErrorMessage),
-    /// A continuation for an unknown turn.
-    #[error("{}", .0.message)]
-    NotFound(ErrorMessage),
-    /// A continuation for a turn that is not waiting for client tools.
-    #[error("{}", .0.message)]
-    NotAwaitingTools(ErrorMessage),
-    /// The tenant's daily token quota is spent (the message names when it resets).
-    #[error(transparent)]
-    QuotaExceeded(QuotaExceeded),
-    /// The store or the broker is unavailable; nothing was accepted.
-    #[error("{0}")]
-    Unavailable(String),
-    /// What was asked is done and stored, but telling of it failed (the broker did not take
-    /// the status or its webhook deliveries): asking again tells of it. The message says so.
-    #[error("{0}")]
-    Untold(String),
-}
-
-impl SubmitError {
-    /// The HTTP status this refusal answers with.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            Self::Invalid(_) => 400,
-            Self::NotFound(_) => 404,
-            Self::Conflict(_) | Self::NotAwaitingTools(_) => 409,
-            Self::QuotaExceeded(_) => 429,
-            Self::Unavailable(_) | Self::Untold(_) => 503,
-        }
-    }
-
-    /// The failed `InvokeResult` a client gets for it (the CLI, the synchronous endpoint).
-    pub fn into_invoke_result<T>(self) -> InvokeResult<T> {
-        match self {
-            Self::Invalid(rejected) => rejected.into_invoke_result(),
-            Self::Conflict(m) | Self::NotFound(m) | Self::NotAwaitingTools(m) => {
-                InvokeResult::failure(m)
-            }
-            Self::QuotaExceeded(q) => {
-                InvokeResult::failure(ErrorMessage::new(ErrorCode::QuotaExceeded, q.to_string()))
-            }
-            Self::Unavailable(m) | Self::Untold(m) => {
-                InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, m))
-            }
-        }
-    }
-
-    /// Seconds a client should wait before trying again, when that is known.
-    pub fn retry_after_secs(&self) -> Option<u64> {
-        match self {
-            Self::QuotaExceeded(q) => Some(q.retry_after_secs),
-            _ => None,
-        }
-    }
-}
-
-impl From<QuotaError> for SubmitError {
-    fn from(e: QuotaError) -> Self {
-        match e {
-            QuotaError::Exceeded(q) => Self::QuotaExceeded(q),
-            QuotaError::Unavailable(e) => Self::Unavailable(e.to_string()),
-        }
-    }
-}
-
-impl From<StoreError> for SubmitError {
-    fn from(e: StoreError) -> Self {
-        Self::Unavailable(e.to_string())
-    }
-}
-
-impl From<QueueError> for SubmitError {
-    fn from(e: QueueError) -> Self {
-        Self::Unavailable(e.to_string())
-    }
-}
-
-/// How a submitter will come for a turn's result.
-#[derive(Debug, Clone, Copy)]
-pub struct Pickup<'a> {
-    /// This process's direct reply address, when it waits for the turn (see
-    /// [`crate::queue::ReplyBus::subscribe_direct`]).
-    pub reply_to: Option<&'a str>,
-    /// Whether the submitter may read the session's reply queue later
-    /// ([`JobMeta::reply_queue_wanted`]).
-    pub reply_queue_wanted: bool,
-    /// The batch the turn is a line of, when its completion is told of (`batch.completed`),
-    /// with the batch's webhook (admitted already) for a line that names none of its own.
-    pub batch: Option<(&'a str, Option<&'a str>)>,
-    /// The service tier the turn's model calls ask for (a batch's), over the agent
-    /// context's.
-    pub service_tier: Option<crate::contexts::ServiceTier>,
-}
-
-impl<'a> Pickup<'a> {
-    /// A turn submitted to be read later (`POST /v1/turns`, `aptix turns submit`): by status
-    /// reads, long-polls, streams or the session's reply queue; `reply_to` when this process
-    /// may also wait for it.
-    pub fn later(reply_to: Option<&'a str>) -> Self {
-        Self {
-            reply_to,
-            reply_queue_wanted: true,
-            batch: None,
-            service_tier: None,
-        }
-    }
-    /// A turn whose answer goes out in the HTTP response that submitted it (the synchronous
-    /// endpoint), through this process's direct address.
-    pub fn in_response(reply_to: Option<&'a str>) -> Self {
-        Self {
-            reply_to,
-            reply_queue_wanted: false,
-            batch: None,
-            service_tier: None,
-        }
-    }
-    /// A batch line: its result is read from the batch.
-    pub fn in_batch() -> Self {
-        Self {
-            reply_to: None,
-            reply_queue_wanted: false,
-            batch: None,
-            service_tier: None,
-        }
-    }
-
-    /// The same pickup, the turn's calls at `tier` (when given).
-    pub fn at_tier(self, tier: Option<crate::contexts::ServiceTier>) -> Self {
-        Self {
-            service_tier: tier,
-            ..self
-        }
-    }
-
-    /// A line of batch `id` whose completion is told of, with the batch's `webhook`.
-    pub fn in_tracked_batch(id: &'a str, webhook: Option<&'a str>) -> Self {
-        Self {
-            batch: Some((id, webhook)),
-            ..Self::in_batch()
-        }
-    }
-}
+use crate::store::{Admission, ContextIds, SessionStore, TurnRecord, TurnStatus, TurnStatusView};
 
 /// Accepts requests.
 #[derive(Clone)]
