@@ -20,8 +20,10 @@ use super::invoke::{ErrorMessage, InvokeResult};
 mod fields;
 mod items;
 mod parse;
+mod rag;
 
 pub use parse::{parse_request, parse_request_value};
+pub use rag::{RAG_KEYS, RagCondition, RagOperator, RagScope};
 
 /// Size limits applied while parsing. Exceeding one is an error, never a truncation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -462,35 +464,6 @@ impl ClipboardImage {
     }
 }
 
-/// A RAG scope condition operator (AGN-034 §4.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RagOperator {
-    /// The key's value equals one of the values.
-    #[serde(rename = "==")]
-    Equals,
-    /// The key's value equals none of the values.
-    #[serde(rename = "!=")]
-    NotEquals,
-    /// The key's value contains one of the values.
-    #[serde(rename = "contains")]
-    Contains,
-    /// The key's value contains none of the values.
-    #[serde(rename = "does_not_contain")]
-    DoesNotContain,
-}
-
-impl RagOperator {
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "==" => Self::Equals,
-            "!=" => Self::NotEquals,
-            "contains" => Self::Contains,
-            "does_not_contain" => Self::DoesNotContain,
-            _ => return None,
-        })
-    }
-}
-
 /// Gives a request object the id field `camel` (e.g. `sessionId`) from `id` unless it already
 /// has one in either spelling (`camel` or `pascal`); a `null` counts as absent.
 pub fn default_id(
@@ -506,27 +479,6 @@ pub fn default_id(
         request.remove(pascal);
         request.insert(camel.to_string(), Value::String(id()));
     }
-}
-
-/// The chunk metadata keys a `ragScope` condition can name (DESIGN.md §7).
-pub const RAG_KEYS: &[&str] = &["path", "language", "repo", "tags", "docId"];
-
-/// One scope condition; all conditions of a scope are ANDed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RagCondition {
-    /// The metadata key (non-empty).
-    pub key: String,
-    /// The operator.
-    pub operator: RagOperator,
-    /// The values (at least one).
-    pub values: Vec<String>,
-}
-
-/// Retrieval scope hints.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RagScope {
-    /// The ANDed conditions.
-    pub conditions: Vec<RagCondition>,
 }
 
 // ---------------------------------------------------------------------------------------------
