@@ -1,6 +1,6 @@
 //! The stable error codes every client sees in `InvokeResult.errors[].errorCode`.
 //!
-//! This is the one table of codes in the product; the README mirrors it. A code, once
+//! This is the one table of codes in the product; docs/internals.md mirrors it. A code, once
 //! published, keeps its meaning: clients branch on codes, never on message text.
 
 use serde::{Deserialize, Serialize};
@@ -141,7 +141,7 @@ impl utoipa::PartialSchema for ErrorCode {
             .schema_type(SchemaType::Type(Type::String))
             .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
             .description(Some(
-                "A stable error or warning code (see the README's table).",
+                "A stable error or warning code (see docs/internals.md).",
             ))
             .into()
     }
@@ -155,7 +155,7 @@ impl std::fmt::Display for ErrorCode {
     }
 }
 
-/// Renders the code table as Markdown (the README's table is checked against this).
+/// Renders the code table as Markdown (docs/internals.md's table is checked against this).
 pub fn markdown_table() -> String {
     let mut out = String::from("| errorCode | meaning |\n|---|---|\n");
     for code in ErrorCode::ALL {
@@ -192,10 +192,10 @@ mod tests {
 mod readme {
     #[test]
     fn readme_lists_exactly_these_codes() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../docs/internals.md");
         assert!(
             readme.contains(&super::markdown_table()),
-            "README.md's error code table is out of date: paste `aptix error-codes` into it"
+            "docs/internals.md's error code table is out of date: paste `aptix error-codes` into it"
         );
     }
 }

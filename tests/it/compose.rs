@@ -24,9 +24,17 @@ fn repo_file(path: &str) -> String {
         .unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The names of the settings the README documents (`APTIX_…` in its tables).
-fn documented(readme: &str, var: &str) -> bool {
-    readme.contains(&format!("`{var}`"))
+/// Whether the README or a page of `docs/` documents a setting (`APTIX_…` in their tables).
+fn documented(var: &str) -> bool {
+    let mut pages = vec![repo_file("README.md")];
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    for entry in std::fs::read_dir(&docs).unwrap_or_else(|e| panic!("docs/: {e}")) {
+        let path = entry.expect("a docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(std::fs::read_to_string(&path).expect("a docs page"));
+        }
+    }
+    pages.iter().any(|p| p.contains(&format!("`{var}`")))
 }
 
 /// `ops/compose.cluster.yml`: three RabbitMQ nodes of one cluster that every process is
@@ -37,7 +45,6 @@ fn documented(readme: &str, var: &str) -> bool {
 fn the_cluster_compose_file_has_every_part_of_a_deployment_beyond_one_machine() {
     let doc = compose_file("ops/compose.cluster.yml");
     let services = &doc["services"];
-    let readme = repo_file("README.md");
     let nodes = ["rabbitmq1", "rabbitmq2", "rabbitmq3"];
     let mut cookies = Vec::new();
     for node in nodes {
@@ -80,7 +87,7 @@ fn the_cluster_compose_file_has_every_part_of_a_deployment_beyond_one_machine() 
         for (k, _) in env.as_hash().unwrap() {
             let k = k.as_str().unwrap();
             assert!(
-                documented(&readme, k),
+                documented(k),
                 "{name} sets {k}, which the README does not document"
             );
         }
@@ -212,11 +219,10 @@ fn compose_runs_the_whole_system_with_health_checks_and_scalable_workers() {
         assert_eq!(&check[1..3], ["aptix", "probe"], "{name}: {check:?}");
         assert!(check[3].ends_with("/readyz"));
         let env = s["environment"].as_hash().unwrap();
-        let readme = repo_file("README.md");
         for (k, _) in env {
             let k = k.as_str().unwrap();
             assert!(
-                documented(&readme, k),
+                documented(k),
                 "{name} sets {k}, which the README does not document"
             );
         }

@@ -20,7 +20,7 @@ use crate::frontdoor::openapi::{self as api_doc, Failure};
 /// Submit a batch: NDJSON, one `{"customId", "request"}` per line, each validated on its own.
 #[utoipa::path(post, path = "/v1/batches", tag = "batches",
     params(
-        ("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see the README's Webhooks)"),
+        ("webhook" = Option<String>, Query, description = "Where every line's turn (unless the line names a webhook of its own) and batch.completed are POSTed, signed with the tenant's secret (see docs/http-api.md, Webhooks)"),
         ("serviceTier" = Option<crate::contexts::ServiceTier>, Query, description = "The service tier of every line's model calls (auto, default, flex, priority), over the agent context's; flex is the batch tier: cheaper, slower, and made at default after the context's wait when flex capacity runs out"),
     ),
     request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
