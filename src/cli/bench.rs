@@ -187,9 +187,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         .to_string();
         job_size = body.len();
         submitted.insert((sid.clone(), tid), Instant::now());
-        door.submit(body.as_bytes())
-            .await
-            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+        submit(&door, body.as_bytes()).await?;
     }
     let mut latencies = Vec::with_capacity(opts.turns);
     let mut failed = 0usize;
@@ -327,9 +325,7 @@ async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow:
     let started = Instant::now();
     for i in 0..in_flight {
         let body = serde_json::json!({"sessionId": format!("mem-{i}"), "turnId": "t", "instruction": "hold"}).to_string();
-        door.submit(body.as_bytes())
-            .await
-            .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+        submit(&door, body.as_bytes()).await?;
     }
     // Sample while the turns wait for the model.
     let mut peak = before;
@@ -347,5 +343,18 @@ async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow:
         peak as f64 / 1048576.0,
         per / 1024.0
     );
+    Ok(())
+}
+
+/// Submits a request body as the local tenant's, the way `aptix run` does.
+async fn submit(door: &aptix_worker::frontdoor::FrontDoor, body: &[u8]) -> anyhow::Result<()> {
+    let request = door
+        .parse(body)
+        .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    let trace = aptix_worker::trace::TraceContext::new_root();
+    let pickup = aptix_worker::frontdoor::Pickup::later(None);
+    door.submit(aptix_worker::config::LOCAL_TENANT, &request, &trace, pickup)
+        .await
+        .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! A batch's lines counted towards its `batch.completed` as the webhook sender finishes their
 //! events: a line whose turn event goes to webhooks counts once each of its deliveries is
 //! delivered or dead-lettered, so the batch's completion never reaches a receiver before a
-//! line's event does (see [`super::ResultDelivery::deliver_settled`]).
+//! line's event does (see [`super::ResultDelivery::settle`]).
 //!
 //! Owns: what a finished line event means for its batch. Must not: send anything itself.
 

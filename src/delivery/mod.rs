@@ -40,9 +40,11 @@ use std::time::Duration;
 use crate::contract::{SessionId, TurnId};
 use crate::live::LiveOutlet;
 use crate::queue::{Audience, Broker, QueueError};
+use crate::state::BatchRecord;
 use crate::state::TurnStatusView;
 use crate::store::{SessionStore, StoreError};
-use crate::webhooks::{Target, batch_jobs, turn_jobs};
+use crate::tenants::Tenants;
+use crate::webhooks::{EventType, Target, batch_jobs, turn_jobs};
 
 /// The longest a waiter listening to a subscription goes without reading the store: a status
 /// that never reaches the subscription is still found within this.
@@ -90,13 +92,30 @@ pub struct Webhooks<'a> {
     pub traceparent: Option<&'a str>,
 }
 
+/// A settled turn as its delivery needs it ([`ResultDelivery::settle`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Settling<'a> {
+    /// The direct address of the front door that waits for the turn (the job's `reply_to`).
+    pub reply_to: Option<&'a str>,
+    /// Who else may want the status.
+    pub audience: Audience,
+    /// The tenant the turn belongs to.
+    pub tenant: Option<&'a str>,
+    /// The turn's own webhook (besides its tenant's), if it names one.
+    pub webhook: Option<&'a str>,
+    /// The turn's trace context.
+    pub traceparent: Option<&'a str>,
+    /// The batch the turn is a line of, if any.
+    pub batch: Option<&'a str>,
+}
+
 /// What a settled status of a batch line has to do for its batch's completion
 /// ([`ResultDelivery::deliver_settled`]).
-pub struct BatchOf<'a, F> {
+struct BatchOf<'a, F> {
     /// The batch.
-    pub id: &'a str,
+    id: &'a str,
     /// Who hears of the batch's completion.
-    pub completion: F,
+    completion: F,
 }
 
 /// A status that was stored but could not be delivered yet; whoever holds the turn's job
@@ -159,11 +178,41 @@ impl ResultDelivery {
         self.deliver_as_line(view, to, None).await.map(|_| ())
     }
 
+    /// Delivers a settled turn's status wherever it goes: the waiting front door and the
+    /// session's watchers, the webhooks of its event (its tenant's and its own, as `tenants`
+    /// says), and — for a line of a batch — the batch's completion once the line's events are
+    /// out. The one call the worker and a cancel make.
+    pub async fn settle(
+        &self,
+        tenants: &Tenants,
+        view: &TurnStatusView,
+        turn: Settling<'_>,
+    ) -> Result<(), Undelivered> {
+        let targets = match EventType::of(view.status) {
+            Some(event) => tenants.webhook_targets(turn.tenant, turn.webhook, event),
+            None => Vec::new(),
+        };
+        let to = Addressee {
+            reply_to: turn.reply_to,
+            audience: turn.audience,
+            webhooks: Webhooks {
+                targets: &targets,
+                tenant: turn.tenant,
+                traceparent: turn.traceparent,
+            },
+        };
+        let batch = turn.batch.map(|id| BatchOf {
+            id,
+            completion: |b: &BatchRecord| tenants.batch_targets(b),
+        });
+        self.deliver_settled(view, to, batch).await
+    }
+
     /// [`ResultDelivery::deliver`] for a turn that may be a line of a batch whose completion
     /// is told of (`batch`), then the line noted towards it: at once when its status goes to no
     /// webhook, else by the webhook sender once each of the line's events is delivered or given
     /// up on — so a receiver never gets `batch.completed` before a line's event.
-    pub async fn deliver_settled<F>(
+    async fn deliver_settled<F>(
         &self,
         view: &TurnStatusView,
         to: Addressee<'_>,

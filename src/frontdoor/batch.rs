@@ -427,7 +427,7 @@ impl FrontDoor {
     ) -> Result<(), BatchLineError> {
         let request = parsed.request;
         let submitted = self
-            .submit_for(
+            .submit(
                 tenant,
                 &request,
                 &crate::trace::TraceContext::new_root(),

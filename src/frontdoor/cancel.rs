@@ -13,11 +13,10 @@
 //! its worker writes that).
 
 use crate::contract::{ErrorCode, ErrorMessage, OnBusy, SessionId, TurnId, UserTurn};
-use crate::delivery::{Addressee, BatchOf, Undelivered, Webhooks};
+use crate::delivery::{Settling, Undelivered};
 use crate::frontdoor::{FrontDoor, SubmitError};
 use crate::queue::Audience;
 use crate::store::{BatchRecord, TurnRecord, TurnStatus, TurnStatusView};
-use crate::webhooks::EventType;
 
 /// What a cancel request came to.
 #[derive(Debug)]
@@ -121,27 +120,21 @@ impl FrontDoor {
         record: &TurnRecord,
     ) -> Result<(), SubmitError> {
         // The tenant's webhooks too: the session's tenant is in its (scoped) id.
-        let tenants = self.quotas.tenants();
-        let tenant = Some(record.session_id.tenant());
-        let targets =
-            tenants.webhook_targets(tenant, record.webhook.as_deref(), EventType::TurnCancelled);
-        let to = Addressee {
+        let turn = Settling {
             reply_to: record.reply_to.as_deref(),
             // Whether the submitter wanted a reply queue is not in the record; a cancel is
             // rare enough to keep one wherever the topology might.
             audience: Audience::ANYONE,
-            webhooks: Webhooks {
-                targets: &targets,
-                tenant,
-                traceparent: None,
-            },
+            tenant: Some(record.session_id.tenant()),
+            webhook: record.webhook.as_deref(),
+            traceparent: None,
+            batch: record.batch.as_deref(),
         };
-        // A line of a batch whose completion is told of: this may be its last line.
-        let batch = record.batch.as_deref().map(|id| BatchOf {
-            id,
-            completion: |b: &crate::state::BatchRecord| tenants.batch_targets(b),
-        });
-        match self.delivery.deliver_settled(view, to, batch).await {
+        match self
+            .delivery
+            .settle(self.quotas.tenants(), view, turn)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(Undelivered::NotReplicated(e)) => Err(e.into()),
             Err(e) => {

@@ -264,35 +264,18 @@ impl FrontDoor {
         Ok(self.intake.create(fresh).await?)
     }
 
-    /// Validates and enqueues a request body; returns the turn's status once the job is
-    /// confirmed (or the existing status when the same turn was already accepted).
-    pub async fn submit(&self, body: &[u8]) -> Result<TurnStatusView, SubmitError> {
-        let parsed = parse_request(body, &self.limits).map_err(SubmitError::Invalid)?;
-        self.submit_parsed(&parsed.request).await
+    /// Parses a request body against this front door's limits (every violation listed).
+    pub fn parse(&self, body: &[u8]) -> Result<AgentExecuteRequest, SubmitError> {
+        parse_request(body, &self.limits)
+            .map(|parsed| parsed.request)
+            .map_err(SubmitError::Invalid)
     }
 
-    /// Enqueues an already parsed request (a new trace).
-    pub async fn submit_parsed(
-        &self,
-        request: &AgentExecuteRequest,
-    ) -> Result<TurnStatusView, SubmitError> {
-        self.submit_traced(request, &TraceContext::new_root()).await
-    }
-
-    /// Enqueues an already parsed request as part of `trace`: the job carries it to the worker.
-    pub async fn submit_traced(
-        &self,
-        request: &AgentExecuteRequest,
-        trace: &TraceContext,
-    ) -> Result<TurnStatusView, SubmitError> {
-        self.enqueue_request(request, trace, None, Pickup::later(None))
-            .await
-    }
-
-    /// Checks that `tenant` may submit `request` ([`FrontDoor::authorize`]) and enqueues it as
-    /// the tenant's: on its lane when its running turns are capped, its tokens counted to it.
-    /// `pickup` says how the submitter will come for the result.
-    pub async fn submit_for(
+    /// The one way in: checks that `tenant` may submit `request` ([`FrontDoor::authorize`])
+    /// and enqueues it as the tenant's (`LOCAL_TENANT` for a deployment without tenants): on
+    /// its lane when its running turns are capped, its tokens counted to it, as part of
+    /// `trace`. `pickup` says how the submitter will come for the result.
+    pub async fn submit(
         &self,
         tenant: &str,
         request: &AgentExecuteRequest,

@@ -14,12 +14,11 @@ use crate::contract::{
     AgentExecuteRequest, AgentExecuteResponse, ErrorMessage, InvokeResult, LOCAL_TENANT, SessionId,
     TurnId, parse_request,
 };
-use crate::delivery::{Addressee, BatchOf, Webhooks};
+use crate::delivery::Settling;
 use crate::pipeline::{JobOutcome, Origin, Settled};
 use crate::queue::Delivery;
 use crate::store::TurnStatusView;
 use crate::trace::TraceContext;
-use crate::webhooks::EventType;
 
 use super::*;
 
@@ -267,33 +266,21 @@ impl Worker {
             },
         };
         let status = view.status;
-        let targets = match EventType::of(status) {
-            Some(event) => self.quotas.tenants().webhook_targets(
-                delivery.tenant.as_deref(),
-                delivery.webhook.as_deref(),
-                event,
-            ),
-            None => Vec::new(),
-        };
-        let to = Addressee {
+        let turn = Settling {
             reply_to,
             audience: crate::queue::Audience {
                 watched: settled.watched,
                 reply_queue_wanted: delivery.reply_queue_wanted,
             },
-            webhooks: Webhooks {
-                targets: &targets,
-                tenant: delivery.tenant.as_deref(),
-                traceparent: delivery.traceparent.as_deref(),
-            },
+            tenant: delivery.tenant.as_deref(),
+            webhook: delivery.webhook.as_deref(),
+            traceparent: delivery.traceparent.as_deref(),
+            batch: delivery.batch.as_deref(),
         };
-        // A line of a batch whose completion is told of: this may be its last line.
-        let tenants = self.quotas.tenants();
-        let batch = delivery.batch.as_deref().map(|id| BatchOf {
-            id,
-            completion: |b: &crate::state::BatchRecord| tenants.batch_targets(b),
-        });
-        let delivered = self.delivery.deliver_settled(&view, to, batch).await;
+        let delivered = self
+            .delivery
+            .settle(self.quotas.tenants(), &view, turn)
+            .await;
         match delivered {
             Ok(()) => {
                 self.stats.completed.fetch_add(1, Ordering::Relaxed);

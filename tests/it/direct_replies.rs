@@ -93,7 +93,7 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
         .unwrap()
         .request;
     other
-        .submit_for(
+        .submit(
             "tenant-a",
             &request,
             &TraceContext::new_root(),

@@ -18,6 +18,7 @@ use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::support::SubmitLocal as _;
 use crate::support::{RabbitGuard, RedisGuard, rabbit, rabbit_broker, redis_store, schema};
 
 struct Deployment {
@@ -176,7 +177,7 @@ async fn a_turn_and_a_tool_continuation_go_through() {
     ]);
     let accepted = d
         .door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "read a.md"}),
         ))
         .await
@@ -196,7 +197,7 @@ async fn a_turn_and_a_tool_continuation_go_through() {
         panic!()
     };
     let id = c.tool_call_ids()[0].to_string();
-    d.door.submit(&submit_body(json!({"sessionId": "s", "turnId": "t", "toolResults": [{"toolCallId": id, "executionMs": 2, "resultJson": "{\"text\":\"# A\"}"}]}))).await.unwrap();
+    d.door.submit_local(&submit_body(json!({"sessionId": "s", "turnId": "t", "toolResults": [{"toolCallId": id, "executionMs": 2, "resultJson": "{\"text\":\"# A\"}"}]}))).await.unwrap();
     let second = next_reply(&mut replies, 10).await;
     assert_eq!(second.status, TurnStatus::Completed);
     assert_eq!(second.turn_id.as_str(), "t");
@@ -221,7 +222,7 @@ async fn a_poison_message_is_dead_lettered_and_the_worker_keeps_serving() {
         .unwrap();
     let mut replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}),
         ))
         .await
@@ -271,7 +272,7 @@ async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
     let w = d.worker("w1", narrow, Duration::from_secs(10)).await;
     let mut replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "a longer instruction than ten bytes"}),
         ))
         .await
@@ -320,13 +321,13 @@ async fn a_turn_for_a_busy_session_runs_after_the_first_in_order() {
     let w = d.worker("w1", settings(), Duration::from_secs(10)).await;
     let mut replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t1", "instruction": "first"}),
         ))
         .await
         .unwrap();
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t2", "instruction": "second"}),
         ))
         .await
@@ -371,7 +372,7 @@ async fn past_the_retry_limit_the_job_is_dead_lettered_and_a_failed_result_publi
     let w = d.worker("w1", settings(), Duration::from_secs(10)).await;
     let mut replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}),
         ))
         .await
@@ -403,7 +404,7 @@ async fn the_worker_recovers_when_its_connection_is_force_closed() {
         .await;
     let mut replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t1", "instruction": "before"}),
         ))
         .await
@@ -414,7 +415,7 @@ async fn the_worker_recovers_when_its_connection_is_force_closed() {
     );
     close_connection(w.broker.connection_name());
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t2", "instruction": "after"}),
         ))
         .await
@@ -460,7 +461,7 @@ async fn kill_the_worker_in_its_second_model_call(d: &Deployment) -> Replies {
     let doomed = d.worker("doomed", sudden, LEASE).await;
     let replies = d.replies("s").await;
     d.door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "switch"}),
         ))
         .await
@@ -555,7 +556,7 @@ async fn an_unroutable_publish_is_an_error_not_silence() {
     crate::support::rabbitmqctl(&["delete_queue", &d.topology().jobs()]);
     let err = d
         .door
-        .submit(&submit_body(
+        .submit_local(&submit_body(
             json!({"sessionId": "s", "turnId": "t", "instruction": "hi"}),
         ))
         .await

@@ -744,7 +744,7 @@ async fn a_cancel_whose_answer_is_lost_still_publishes_the_cancelled_status() {
     let tid = TurnId::parse("t1").unwrap();
     let turn = request(json!({"sessionId": sid.as_str(), "turnId": "t1", "instruction": "hi"}));
     proxies.arm(None);
-    door.submit_for(
+    door.submit(
         "tenant-a",
         &turn,
         &TraceContext::new_root(),

@@ -613,3 +613,25 @@ pub fn sid_a(id: &str) -> aptix_worker::contract::SessionId {
         .unwrap()
         .within("tenant-a")
 }
+
+/// Submitting a request body as the local tenant's, the way `aptix run` and `aptix turns`
+/// do: parsed against the front door's limits, then the one way in.
+pub trait SubmitLocal {
+    async fn submit_local(
+        &self,
+        body: &[u8],
+    ) -> Result<aptix_worker::store::TurnStatusView, aptix_worker::frontdoor::SubmitError>;
+}
+
+impl SubmitLocal for aptix_worker::frontdoor::FrontDoor {
+    async fn submit_local(
+        &self,
+        body: &[u8],
+    ) -> Result<aptix_worker::store::TurnStatusView, aptix_worker::frontdoor::SubmitError> {
+        let request = self.parse(body)?;
+        let trace = aptix_worker::trace::TraceContext::new_root();
+        let pickup = aptix_worker::frontdoor::Pickup::later(None);
+        self.submit(aptix_worker::config::LOCAL_TENANT, &request, &trace, pickup)
+            .await
+    }
+}

@@ -12,6 +12,8 @@ use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::queue::Broker;
 use aptix_worker::store::{TurnStatus, TurnStatusView};
 use aptix_worker::worker::Worker;
+
+use crate::support::SubmitLocal as _;
 use tokio_util::sync::CancellationToken;
 
 /// The embedded deployment (no URLs: in-memory broker and store) built as the binary builds
@@ -52,7 +54,7 @@ async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
         .unwrap();
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
-    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
+    door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await; // the turn is now waiting for the model
@@ -74,7 +76,7 @@ async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
         setup(Duration::from_secs(3), Duration::from_millis(200)).await;
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
-    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
+    door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -108,7 +110,7 @@ async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status
         .unwrap();
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
-    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"hi"}"#)
+    door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"hi"}"#)
         .await
         .unwrap();
     let first = tokio::time::timeout(Duration::from_secs(5), replies.recv())
@@ -123,7 +125,7 @@ async fn a_stray_continuation_job_is_dropped_without_overwriting_the_turn_status
         .publish_job(br#"{"sessionId":"s","turnId":"t","toolResults":[{"toolCallId":"c","executionMs":1,"resultJson":"{}"}]}"#)
         .await
         .unwrap();
-    door.submit(br#"{"sessionId":"s","turnId":"t2","instruction":"next"}"#)
+    door.submit_local(br#"{"sessionId":"s","turnId":"t2","instruction":"next"}"#)
         .await
         .unwrap();
     let next = tokio::time::timeout(Duration::from_secs(5), replies.recv())
@@ -169,7 +171,7 @@ async fn a_job_the_worker_cannot_read_fails_its_turn() {
         .unwrap();
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
-    door.submit(br#"{"sessionId":"s","turnId":"t","instruction":"more than ten bytes"}"#)
+    door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"more than ten bytes"}"#)
         .await
         .expect("accepted by the front door's limits");
     let reply = tokio::time::timeout(Duration::from_secs(5), replies.recv())

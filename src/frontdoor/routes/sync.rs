@@ -221,7 +221,7 @@ async fn submit_and_listen(
         .map_err(|e| unavailable_now(e.to_string()))?;
     let accepted = state
         .door
-        .submit_for(
+        .submit(
             tenant,
             request,
             trace,

@@ -48,7 +48,7 @@ pub(crate) async fn post_turn(
     let address = state.door.delivery().address().await;
     match state
         .door
-        .submit_for(
+        .submit(
             &tenant,
             &parsed.request,
             &trace,
