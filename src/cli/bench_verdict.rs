@@ -12,7 +12,7 @@ pub(super) const TARGET_TURNS_PER_SEC: f64 = 2000.0;
 
 /// Above this share of the machine's cores busy, a turn's waits between processes lengthen
 /// with the load (measured: at ~75 % busy the path outside a 200 ms model was ~80 ms, at ~25 %
-/// ~13 ms; docs/benchmarks.md, round six).
+/// ~13 ms; docs/benchmarks-journal.md, round six).
 const BUSY: f64 = 0.7;
 
 /// What a watched process is to the measure.
