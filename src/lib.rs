@@ -39,8 +39,10 @@
 //! with), [`causes`] (an error and its causes as one line), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
-//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text),
-//! [`fake_llm`] (a faithful fake of the Responses API, for tests and demos).
+//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`vitals`]
+//! (each worker's heartbeat and the system view folded from them), [`sched`] (the CPU
+//! scheduling class of the long-running processes), [`fake_llm`] (a faithful fake of the
+//! Responses API — and of a chat-only server — for tests and demos).
 
 pub mod app;
 pub mod catalog;

@@ -8,7 +8,7 @@
 //! `SCHED_BATCH` thread does not preempt a running one when it wakes; it runs when that one
 //! waits or its slice ends, so each wake-up carries more work. That is the trade a queue
 //! worker wants where processes share cores; it is the kernel's `SCHED_BATCH`, what systemd
-//! calls `CPUSchedulingPolicy=batch`, and needs no privilege. Measured in docs/benchmarks.md
+//! calls `CPUSchedulingPolicy=batch`, and needs no privilege. Measured in docs/benchmarks-journal.md
 //! (round eleven).
 //!
 //! Owns: reading the setting and applying it. Must not: be applied once threads are running

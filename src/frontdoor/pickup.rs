@@ -8,7 +8,7 @@ pub struct Pickup<'a> {
     /// [`crate::queue::ReplyBus::subscribe_direct`]).
     pub reply_to: Option<&'a str>,
     /// Whether the submitter may read the session's reply queue later
-    /// ([`JobMeta::reply_queue_wanted`]).
+    /// ([`crate::queue::JobMeta::reply_queue_wanted`]).
     pub reply_queue_wanted: bool,
     /// The batch the turn is a line of, when its completion is told of (`batch.completed`),
     /// with the batch's webhook (admitted already) for a line that names none of its own.
