@@ -13,14 +13,14 @@ pub enum ReplyQueues {
     /// per new session (the dearest thing a new session costs it).
     EverySession,
     /// The default: sessions with a turn submitted to be read later
-    /// ([`JobMeta::reply_queue_wanted`]: `POST /v1/turns`, `aptix turns submit`) get their
+    /// ([`crate::queue::JobMeta::reply_queue_wanted`]: `POST /v1/turns`, `aptix turns submit`) get their
     /// queue as with [`ReplyQueues::EverySession`]; a synchronous call's or a batch line's
     /// status goes to the queue only when a client subscribed (as with
     /// [`ReplyQueues::OnSubscribe`]): nobody reads those from a reply queue, and a new
     /// session per document is the batch shape, where declarations would bound throughput.
     AsyncTurns,
     /// Sessions a client subscribed to: the queue is declared by the subscriber
-    /// ([`ReplyBus::subscribe_replies`]) and gets the statuses published from then on; the
+    /// ([`crate::queue::ReplyBus::subscribe_replies`]) and gets the statuses published from then on; the
     /// worker publishes a session's status to its queue only when it exists and never declares
     /// one. Statuses from before the subscription are read from the store (HTTP).
     OnSubscribe,
@@ -28,7 +28,7 @@ pub enum ReplyQueues {
 
 impl ReplyQueues {
     /// Whether the worker declares the session's reply queue for a status of a job whose
-    /// submitter does (`true`) or does not want one ([`JobMeta::reply_queue_wanted`]).
+    /// submitter does (`true`) or does not want one ([`crate::queue::JobMeta::reply_queue_wanted`]).
     pub fn declared_for(self, reply_queue_wanted: bool) -> bool {
         match self {
             Self::EverySession => true,
