@@ -77,7 +77,7 @@ pub struct Topology {
     pub reply_queues: ReplyQueues,
     /// Tenants with a lane of their own (those with `maxRunningTurns`).
     pub lanes: Vec<String>,
-    /// Delays of the webhook retry queues, shortest first (see [`HookQueue`]).
+    /// Delays of the webhook retry queues, shortest first (see [`crate::queue::HookQueue`]).
     pub hook_delays: Vec<Duration>,
 }
 
