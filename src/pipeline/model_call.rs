@@ -1,7 +1,9 @@
 //! One model call as the reasoner (layer E) makes it through the client (layer C): the turn's
 //! contexts pick the backend, the cancel safe point comes first, a streaming turn's text goes
-//! to its live output, a server that does not store responses switches the session to replay,
-//! and the answer is accounted for (usage and warnings; its tokens are handed back as
+//! to its live output, a server that does not store responses — or answers a continued call
+//! without its conversation (`history.rs`) — switches the session to replay, a server that
+//! cannot give back a background response gets the call in the foreground
+//! (`background_call.rs` follows the others), and the answer is accounted for (usage and warnings; its tokens are handed back as
 //! [`Spent`], counted against the tenant beside the turn's next write).
 //!
 //! Owns: that one call. Must not: loop, run tools or settle the turn.
