@@ -3,8 +3,9 @@
 //! to its live output, a server that does not store responses — or answers a continued call
 //! without its conversation (`history.rs`) — switches the session to replay, a server that
 //! cannot give back a background response gets the call in the foreground
-//! (`background_call.rs` follows the others), and the answer is accounted for (usage and warnings; its tokens are handed back as
-//! [`Spent`], counted against the tenant beside the turn's next write).
+//! (`background_call.rs` follows the others), and the answer is accounted for (usage and
+//! warnings; its tokens are handed back as [`Spent`], counted against the tenant beside the
+//! turn's next write).
 //!
 //! Owns: that one call. Must not: loop, run tools or settle the turn.
 
