@@ -8,7 +8,8 @@
 - And what no schema sees: selectors that match their pods, references that name something
   that exists (config maps, secrets and their keys, the scaled Deployment, the trigger's
   authentication), the job queue the trigger reads, probes on the paths the binary serves, a
-  worker's grace period longer than its drain, and every APTIX_ setting documented in README.
+  worker's grace period longer than its drain, and every APTIX_ setting documented (in the
+  README or a page of docs/).
 
 Exit status 0 when all holds; each problem is printed.
 """
@@ -22,7 +23,10 @@ import yaml
 
 KUBERNETES_VERSION = "1.30.0"
 HERE = pathlib.Path(__file__).resolve().parent
-README = (HERE.parent.parent / "README.md").read_text()
+ROOT = HERE.parent.parent
+DOCUMENTED = "\n".join(
+    p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+)
 
 problems = []
 
@@ -122,8 +126,8 @@ for so in by_kind.get("ScaledObject", []):
 for kind in ("ConfigMap", "Secret"):
     for m in by_kind.get(kind, []):
         for key in m.get("data", m.get("stringData", {})):
-            if key.startswith("APTIX_") and f"`{key}`" not in README:
-                problem(f"{kind}/{m['metadata']['name']}", f"{key} is not a setting the README documents")
+            if key.startswith("APTIX_") and f"`{key}`" not in DOCUMENTED:
+                problem(f"{kind}/{m['metadata']['name']}", f"{key} is not a setting the docs document")
 
 for p in problems:
     print(p)
