@@ -4,7 +4,7 @@
 
 Usage: webhook_verify.py CASES.json, where the file holds {"secret": "whsec_...", "cases":
 [{"id", "timestamp", "signature", "body"}, ...]} and optionally "tenant": then the deliveries
-are verified with that tenant's secret, derived from "secret" as the README says (written here
+are verified with that tenant's secret, derived from "secret" as docs/http-api.md says (written here
 again, not taken from the product): HMAC-SHA256 under the secret's bytes of
 "aptix-webhook-tenant", a NUL and the tenant's name. Prints "<n> verified"; exits 1 naming
 the first delivery that does not verify.
