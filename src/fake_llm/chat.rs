@@ -12,10 +12,11 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::reply::content_text;
 use super::{Inner, Reply, answer_object, default_reply, error_response, unauthorized};
 
 /// `POST /v1/chat/completions`.
@@ -78,31 +79,26 @@ pub(super) async fn create(
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             == Some(true);
-        return streamed(&completion, inner.options.stream_pieces.max(1), usage);
+        let pieces = match inner.options.stream_pieces {
+            0 => 4,
+            n => n,
+        };
+        return streamed(&completion, pieces, usage);
     }
     Json(completion).into_response()
 }
 
 /// A chat message as the Responses input items it stands for.
 fn input_items(message: &Value) -> Vec<Value> {
-    let text = |content: Option<&Value>| match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    };
     match message.get("role").and_then(Value::as_str) {
         Some("tool") => vec![json!({
             "type": "function_call_output",
             "call_id": message.get("tool_call_id").cloned().unwrap_or(Value::Null),
-            "output": text(message.get("content")),
+            "output": content_text(message.get("content")),
         })],
         Some("assistant") => {
             let mut items = Vec::new();
-            let said = text(message.get("content"));
+            let said = content_text(message.get("content"));
             if !said.is_empty() {
                 items.push(json!({"role": "assistant", "content": said}));
             }
@@ -122,7 +118,7 @@ fn input_items(message: &Value) -> Vec<Value> {
             items
         }
         Some(role @ ("user" | "system" | "developer")) => {
-            vec![json!({"role": role, "content": text(message.get("content"))})]
+            vec![json!({"role": role, "content": content_text(message.get("content"))})]
         }
         _ => Vec::new(),
     }
@@ -223,12 +219,7 @@ fn streamed(completion: &Value, pieces: usize, usage: bool) -> Response {
     }
     let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
     body.push_str("data: [DONE]\n\n");
-    let mut resp = (StatusCode::OK, Body::from(body)).into_response();
-    resp.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    resp
+    super::stream::event_stream(Body::from(body))
 }
 
 #[cfg(test)]

@@ -43,6 +43,19 @@ pub enum Reply {
     BrokenStream(String),
 }
 
+/// A message's text: its string content, or its parts' texts one per line.
+pub(super) fn content_text(content: Option<&Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// The text of the last user message (for the default reply).
 fn last_user_text(req: &Value) -> String {
     let items = req
@@ -51,15 +64,7 @@ fn last_user_text(req: &Value) -> String {
         .map_or(&[][..], Vec::as_slice);
     for item in items.iter().rev() {
         if item.get("role").and_then(Value::as_str) == Some("user") {
-            return match item.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                _ => String::new(),
-            };
+            return content_text(item.get("content"));
         }
     }
     String::new()

@@ -183,7 +183,12 @@ pub(super) fn events(
             }
         },
     );
-    let mut resp = (StatusCode::OK, Body::from_stream(body)).into_response();
+    event_stream(Body::from_stream(body))
+}
+
+/// A `200` answering `body` as Server-Sent Events.
+pub(super) fn event_stream(body: Body) -> Response {
+    let mut resp = (StatusCode::OK, body).into_response();
     resp.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream; charset=utf-8"),

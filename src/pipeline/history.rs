@@ -57,18 +57,25 @@ pub(super) fn lost(prior: &CallTokens, shape: &str, usage: &Usage, input: &[Valu
     usage.prompt_tokens + tolerance < prior.carried + own
 }
 
-/// The characters of every string inside `items` (message text, tool outputs, arguments).
+/// The characters of the text inside `items`: message text, tool outputs, call arguments (not
+/// the framing: types, roles, ids).
 fn text_chars(items: &[Value]) -> u64 {
-    fn walk(v: &Value) -> u64 {
+    fn walk(v: &Value, text: bool) -> u64 {
         match v {
-            Value::String(s) => s.chars().count() as u64,
-            Value::Array(a) => a.iter().map(walk).sum(),
-            Value::Object(o) => o.values().map(walk).sum(),
+            Value::String(s) if text => s.chars().count() as u64,
+            Value::Array(a) => a.iter().map(|v| walk(v, text)).sum(),
+            Value::Object(o) => o
+                .iter()
+                .map(|(k, v)| walk(v, TEXT_KEYS.contains(&k.as_str())))
+                .sum(),
             _ => 0,
         }
     }
-    items.iter().map(walk).sum()
+    items.iter().map(|i| walk(i, false)).sum()
 }
+
+/// The fields of input items that hold text the model reads.
+const TEXT_KEYS: &[&str] = &["content", "text", "output", "arguments"];
 
 #[cfg(test)]
 mod tests {
@@ -114,6 +121,15 @@ mod tests {
         // 1,200 carried and 1,000 for the output (at a sixteenth): 1,300 is too few.
         assert!(lost(&prior, "a|a", &usage(1300, 10, 0), &input));
         assert!(!lost(&prior, "a|a", &usage(4300, 10, 0), &input));
+    }
+
+    #[test]
+    fn only_the_text_of_new_items_counts_not_their_framing() {
+        let items = [
+            json!({"role": "user", "content": [{"type": "input_text", "text": "abcd"}]}),
+            json!({"type": "function_call_output", "call_id": "call_123456", "output": "xy"}),
+        ];
+        assert_eq!(text_chars(&items), 6);
     }
 
     #[test]
