@@ -351,9 +351,7 @@ async fn submit(door: &aptix_worker::frontdoor::FrontDoor, body: &[u8]) -> anyho
     let request = door
         .parse(body)
         .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
-    let trace = aptix_worker::trace::TraceContext::new_root();
-    let pickup = aptix_worker::frontdoor::Pickup::later(None);
-    door.submit(aptix_worker::config::LOCAL_TENANT, &request, &trace, pickup)
+    super::submit_local(door, &request)
         .await
         .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
     Ok(())

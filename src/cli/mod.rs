@@ -136,6 +136,18 @@ impl Command {
     }
 }
 
+/// Submits `request` as the local tenant's, in a trace of its own, its result picked up later:
+/// how the commands that run a deployment in-process (`run`, `turns submit`, the bench) enqueue.
+pub(crate) async fn submit_local(
+    door: &aptix_worker::frontdoor::FrontDoor,
+    request: &aptix_worker::contract::AgentExecuteRequest,
+) -> Result<aptix_worker::store::TurnStatusView, aptix_worker::frontdoor::SubmitError> {
+    let trace = aptix_worker::trace::TraceContext::new_root();
+    let pickup = aptix_worker::frontdoor::Pickup::later(None);
+    door.submit(aptix_worker::config::LOCAL_TENANT, request, &trace, pickup)
+        .await
+}
+
 /// Runs the command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {

@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use aptix_worker::app::App;
-use aptix_worker::config::{Config, LOCAL_TENANT};
+use aptix_worker::config::Config;
 use aptix_worker::contract::{self, AgentExecuteResponse, InvokeResult};
 use aptix_worker::delivery::{QueueReader, Waited};
 use aptix_worker::frontdoor::http::{self, check_exposure, ops_router};
@@ -237,9 +237,7 @@ async fn run_files(
         // Act as the client for continuations we can serve, a few rounds at most.
         let mut rounds = 0;
         let result = loop {
-            let trace = aptix_worker::trace::TraceContext::new_root();
-            let pickup = aptix_worker::frontdoor::Pickup::later(None);
-            if let Err(e) = door.submit(LOCAL_TENANT, &request, &trace, pickup).await {
+            if let Err(e) = super::submit_local(&door, &request).await {
                 break e.into_invoke_result();
             }
             let view = wait_for(&mut replies, request.turn_id()).await?;

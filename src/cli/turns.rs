@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use aptix_worker::app::App;
-use aptix_worker::config::{Config, LOCAL_TENANT};
+use aptix_worker::config::Config;
 use aptix_worker::contract::{self, InvokeResult};
 use aptix_worker::store::{TurnStatus, TurnStatusView};
 
@@ -229,10 +229,8 @@ pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     let mut all_ok = true;
     for file in files {
         let body = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
-        let trace = aptix_worker::trace::TraceContext::new_root();
-        let pickup = aptix_worker::frontdoor::Pickup::later(None);
         let submitted = match door.parse(&body) {
-            Ok(request) => door.submit(LOCAL_TENANT, &request, &trace, pickup).await,
+            Ok(request) => super::submit_local(&door, &request).await,
             Err(e) => Err(e),
         };
         match submitted {
