@@ -78,12 +78,13 @@ pub struct App {
 
 impl App {
     pub async fn build(config: &Config) -> Result<Self, BuildError> {
-        let catalog =
-            Arc::new(ModeCatalog::load(config.modes_file.as_deref()).part("the mode catalog")?);
+        let catalog = Arc::new(
+            ModeCatalog::load(config.worker.modes_file.as_deref()).part("the mode catalog")?,
+        );
         // The embedded fake model stands in for the default context when nothing names a
         // model server for it.
-        let fake = if config.model_base_url().is_none()
-            && config.contexts.agent(DEFAULT_CONTEXT).is_none()
+        let fake = if config.model.server().is_none()
+            && config.model.contexts.agent(DEFAULT_CONTEXT).is_none()
         {
             let fake = FakeLlm::start(
                 std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -100,7 +101,7 @@ impl App {
         let contexts = contexts_in_use(config, fake.as_ref().map(FakeLlm::base_url));
         let metrics = Arc::new(Metrics::new());
         // Shared by every process on the Redis: tenants' token counts are kept for all.
-        let limits: Arc<dyn LimitStore> = match &config.redis_url {
+        let limits: Arc<dyn LimitStore> = match &config.store.url {
             Some(url) => Arc::new(
                 RedisLimits::connect(url.expose(), &config.namespace, &redis_options(config))
                     .await
@@ -110,20 +111,20 @@ impl App {
         };
         check_tenant_webhooks(config)?;
         let quotas = Quotas::new(
-            config.tenants.clone(),
+            config.limits.tenants.clone(),
             limits.clone(),
             metrics.clone(),
-            config.call_slot_ttl,
+            config.model.call_slot_ttl,
         );
         let backends = backends(config, &contexts, &limits, &metrics)?;
-        let store: Arc<dyn SessionStore> = match &config.redis_url {
+        let store: Arc<dyn SessionStore> = match &config.store.url {
             Some(url) => {
                 tracing::info!(namespace = %config.namespace, "using the Redis session store");
                 Arc::new(
                     RedisStore::connect_with(
                         url.expose(),
                         &config.namespace,
-                        config.retention,
+                        config.store.retention,
                         &redis_options(config),
                     )
                     .await
@@ -133,7 +134,7 @@ impl App {
             None => Arc::new(MemoryStore::new()),
         };
         let topology = config.topology();
-        let broker: Arc<dyn Broker> = match &config.amqp_url {
+        let broker: Arc<dyn Broker> = match &config.broker.url {
             Some(url) => {
                 let name = format!("aptix-{}", uuid::Uuid::new_v4().simple());
                 let rabbit = RabbitBroker::new(url.expose(), topology.clone(), &name)
@@ -145,7 +146,7 @@ impl App {
             }
             None => Arc::new(MemoryBroker::default().with_reply_queues(&config.topology())),
         };
-        let index: Arc<dyn ChunkIndex> = match &config.redis_url {
+        let index: Arc<dyn ChunkIndex> = match &config.store.url {
             Some(url) => Arc::new(
                 RedisIndex::connect_with(url.expose(), &config.namespace, &redis_options(config))
                     .await
@@ -153,10 +154,10 @@ impl App {
             ),
             None => Arc::new(MemoryIndex::new()),
         };
-        let mut settings = PipelineSettings::new(config.model.clone());
-        settings.max_iterations = config.max_iterations;
-        settings.replay = config.llm_replay;
-        settings.lease_ttl = config.lease;
+        let mut settings = PipelineSettings::new(config.model.name.clone());
+        settings.max_iterations = config.worker.max_iterations;
+        settings.replay = config.model.replay;
+        settings.lease_ttl = config.store.lease;
         let default_llm = backends
             .agent(DEFAULT_CONTEXT)
             .map(|b| b.llm.clone())
@@ -175,7 +176,7 @@ impl App {
             )
             .with_rag(
                 Arc::new(Bm25Retriever::new(index.clone())),
-                config.rag_budget,
+                config.rag.budget,
             );
         let webhooks = Sender::new(
             broker.clone(),
@@ -187,7 +188,7 @@ impl App {
         .part("the webhook sender")?
         .with_lines(Arc::new(crate::delivery::BatchLines::new(
             Arc::new(ResultDelivery::new(store.clone(), broker.clone())),
-            config.tenants.clone(),
+            config.limits.tenants.clone(),
         )));
         Ok(Self {
             webhooks,
@@ -206,12 +207,12 @@ impl App {
     /// The worker of these parts, with the configuration's settings.
     pub fn worker(&self, config: &Config) -> Worker {
         self.worker_with(WorkerSettings {
-            concurrency: u16::try_from(config.concurrency).unwrap_or(u16::MAX),
-            max_attempts: config.max_attempts,
-            turn_deadline: config.turn_deadline,
-            shutdown_grace: config.shutdown_grace,
-            lane_wait: config.lane_wait,
-            limits: config.limits,
+            concurrency: u16::try_from(config.worker.concurrency).unwrap_or(u16::MAX),
+            max_attempts: config.broker.max_attempts,
+            turn_deadline: config.worker.turn_deadline,
+            shutdown_grace: config.worker.shutdown_grace,
+            lane_wait: config.worker.lane_wait,
+            limits: config.limits.request,
             ..WorkerSettings::default()
         })
     }
@@ -230,11 +231,15 @@ impl App {
     }
 
     pub fn front_door(&self, config: &Config) -> FrontDoor {
-        FrontDoor::new(self.store.clone(), self.broker.clone(), config.limits)
-            .with_contexts(self.pipeline.known_contexts())
-            .with_metrics(self.metrics.clone())
-            .with_quotas(self.quotas.clone())
-            .with_webhooks(config.webhooks.guard(), config.webhooks.secrets.clone())
+        FrontDoor::new(
+            self.store.clone(),
+            self.broker.clone(),
+            config.limits.request,
+        )
+        .with_contexts(self.pipeline.known_contexts())
+        .with_metrics(self.metrics.clone())
+        .with_quotas(self.quotas.clone())
+        .with_webhooks(config.webhooks.guard(), config.webhooks.secrets.clone())
     }
 
     pub fn http_state(&self, config: &Config) -> HttpState {
@@ -243,16 +248,16 @@ impl App {
             store: self.store.clone(),
             broker: self.broker.clone(),
             catalog: self.catalog.clone(),
-            tokens: config.api_tokens.clone(),
-            limits: config.limits,
-            batch_limits: config.batch_limits,
+            tokens: config.http.api_tokens.clone(),
+            limits: config.limits.request,
+            batch_limits: config.limits.batch,
             metrics: self.metrics.clone(),
             index: self.index.clone(),
             chunk_options: ChunkOptions {
-                max_lines: config.chunk_lines,
+                max_lines: config.rag.chunk_lines,
             },
-            console: config.console,
-            read_timeout: config.http_read_timeout,
+            console: config.http.console_on(),
+            read_timeout: config.http.read_timeout,
         }
     }
 
@@ -268,7 +273,7 @@ impl App {
     ) -> tokio::task::JoinHandle<std::io::Result<()>> {
         let router = router(self.http_state(config));
         let reading = Reading {
-            timeout: config.http_read_timeout,
+            timeout: config.http.read_timeout,
             metrics: self.metrics.clone(),
         };
         tokio::spawn(serve_with(listener, router, shutdown, reading))
@@ -281,21 +286,23 @@ impl App {
 pub fn contexts_in_use(config: &Config, fallback_url: Option<String>) -> Contexts {
     let default = AgentContext {
         id: DEFAULT_CONTEXT.to_string(),
-        base_url: config.model_base_url().or(fallback_url),
+        base_url: config.model.server().or(fallback_url),
         api_key_env: config
+            .model
             .api_key
             .as_ref()
             .map(|_| "OPENAI_API_KEY".to_string()),
-        api_key: config.api_key.clone(),
-        model: config.model.clone(),
+        api_key: config.model.api_key.clone(),
+        model: config.model.name.clone(),
         max_concurrent_calls: None,
         requests_per_minute: None,
         timeout: None,
         replay: None,
         prompt_caching: None,
-        calls: config.llm_calls.clone(),
+        calls: config.model.calls.clone(),
     };
     config
+        .model
         .contexts
         .clone()
         .with_defaults(default, DEFAULT_BOOT_PROMPT)
@@ -321,21 +328,21 @@ fn backends(
         let mut llm = LlmClient::with_ca(
             base_url,
             agent.api_key.clone(),
-            config.llm_connect_timeout,
-            agent.timeout.unwrap_or(config.llm_timeout),
-            config.llm_max_retries,
+            config.model.connect_timeout,
+            agent.timeout.unwrap_or(config.model.timeout),
+            config.model.max_retries,
             config.tls_ca.as_ref(),
         )
         .part("the model client")?
         .with_metrics(metrics.clone())
-        .with_streaming(config.llm_streaming);
+        .with_streaming(config.model.streaming);
         if agent.is_limited() {
             let call_limits = CallLimits {
                 max_concurrent: agent.max_concurrent_calls,
                 per_window: agent.requests_per_minute,
-                window: config.rate_window,
-                wait: config.capacity_wait,
-                slot_ttl: config.call_slot_ttl,
+                window: config.model.rate_window,
+                wait: config.model.capacity_wait,
+                slot_ttl: config.model.call_slot_ttl,
             };
             llm = llm.with_limiter(CallLimiter::new(
                 limits.clone(),
@@ -347,7 +354,7 @@ fn backends(
         let backend = AgentBackend {
             llm,
             model: agent.model.clone(),
-            replay: agent.replay.unwrap_or(config.llm_replay),
+            replay: agent.replay.unwrap_or(config.model.replay),
             prompt_caching: agent.prompt_caching.unwrap_or(true),
             calls: agent.calls.clone(),
         };
@@ -370,7 +377,7 @@ fn backends(
 /// that is not a secret stopped the configuration already).
 fn check_tenant_webhooks(config: &Config) -> Result<(), BuildError> {
     let guard = config.webhooks.guard();
-    for (tenant, hook) in config.tenants.all_webhooks() {
+    for (tenant, hook) in config.limits.tenants.all_webhooks() {
         let bad = |problem: String| BuildError {
             part: "the tenants file's webhooks",
             source: format!("tenant {tenant:?}, webhook {}: {problem}", hook.target.url).into(),
@@ -391,8 +398,8 @@ pub fn redis_options(config: &Config) -> RedisOptions {
     RedisOptions {
         timeout: config.dependency_timeout,
         ca: config.tls_ca.clone(),
-        cluster: config.redis_cluster,
-        min_replicas: config.redis_min_replicas,
-        replica_timeout: config.redis_replica_timeout,
+        cluster: config.store.cluster,
+        min_replicas: config.store.min_replicas,
+        replica_timeout: config.store.replica_timeout,
     }
 }

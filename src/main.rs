@@ -8,8 +8,9 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, FromArgMatches as _};
 
 use aptix_worker::causes::with_causes;
+use aptix_worker::config::{Process, Sources};
 use aptix_worker::sched::{self, CpuScheduling};
-use aptix_worker::telemetry::{self, LogFormat};
+use aptix_worker::telemetry;
 
 use cli::Cli;
 
@@ -28,25 +29,23 @@ fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let default_level = cli.command.default_log_level();
-    let format = match LogFormat::parse(std::env::var("APTIX_LOG_FORMAT").ok().as_deref()) {
-        Ok(f) => f,
+    // The configuration's layers, read once: the file (APTIX_CONFIG_FILE) and the environment.
+    // What is needed before the runtime starts is read from them here, the rest by the command.
+    let (sources, process) = match Sources::from_env().and_then(|s| {
+        let process = Process::read(&s)?;
+        Ok((s, process))
+    }) {
+        Ok(read) => read,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
     // Before the runtime starts its threads, so that they (and lapin's) inherit the class.
-    let scheduling = if cli.command.long_running() {
-        match CpuScheduling::from_env() {
-            Ok(class) => Some((class, class.apply())),
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        }
-    } else {
-        None
-    };
+    let scheduling = cli.command.long_running().then(|| {
+        let class = process.cpu_scheduling;
+        (class, class.apply())
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -57,7 +56,12 @@ fn main() -> ExitCode {
     // Span export (when asked for) sends from the runtime, so it is set up inside it.
     let telemetry = {
         let _inside = runtime.enter();
-        match telemetry::init(format, default_level, &format!("aptix-{service}")) {
+        match telemetry::init(
+            process.log_format,
+            default_level,
+            &format!("aptix-{service}"),
+            process.tls_ca.as_ref(),
+        ) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("error: {}", with_causes(&e));
@@ -75,7 +79,7 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let code = runtime.block_on(cli::run(cli));
+    let code = runtime.block_on(cli::run(cli, sources));
     // Flush the spans still queued while the runtime that sends them is alive.
     {
         let _inside = runtime.enter();
@@ -85,7 +89,13 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", with_causes(e.as_ref()));
-            ExitCode::FAILURE
+            // A configuration the process cannot start with: the same code as one refused
+            // before the runtime started.
+            if e.is::<aptix_worker::config::ConfigError>() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

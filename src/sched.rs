@@ -52,11 +52,6 @@ impl CpuScheduling {
         }
     }
 
-    /// Reads the setting from the environment.
-    pub fn from_env() -> Result<Self, SchedulingError> {
-        Self::parse(std::env::var(VAR).ok().as_deref())
-    }
-
     /// Puts the calling thread in this class; the threads it starts afterwards inherit it, so
     /// call this before the async runtime (or anything else) starts threads. `Normal` changes
     /// nothing.

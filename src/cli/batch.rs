@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use aptix_worker::app::App;
-use aptix_worker::config::Config;
+use aptix_worker::config::{Config, Sources};
 use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
 
@@ -56,7 +56,7 @@ pub struct BatchArgs {
 }
 
 /// `aptix batch`.
-pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
+pub async fn batch(args: BatchArgs, sources: &Sources<'_>) -> anyhow::Result<ExitCode> {
     let BatchArgs {
         input,
         instruction,
@@ -86,11 +86,9 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
     let url = match url {
         Some(u) => u,
         None => {
-            let mut config = Config::from_env()?;
+            let mut config = Config::read(sources)?;
             // A newcomer's first command: its server shows the console too (unless told not).
-            if std::env::var_os("APTIX_CONSOLE").is_none() {
-                config.console = true;
-            }
+            config.http.console.get_or_insert(true);
             let app = App::build(&config).await?;
             let shutdown = CancellationToken::new();
             let worker_task = app.worker(&config).spawn(shutdown.clone());
@@ -98,7 +96,7 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<ExitCode> {
             let addr = listener.local_addr()?;
             let server = app.spawn_http(&config, listener, shutdown.clone());
             eprintln!("no --url given: running an embedded server at http://{addr}");
-            if config.console {
+            if config.http.console_on() {
                 eprintln!("its console, while the batch runs: http://{addr}/console");
             }
             embedded = Some((shutdown, worker_task, server, app));

@@ -81,12 +81,12 @@ pub(super) async fn parts_with(config: &Config, fake: FakeOptions) -> anyhow::Re
         uuid::Uuid::new_v4().simple()
     );
     // Left-over reply queues (if the run is interrupted) vanish soon.
-    config.reply_queue_ttl = Duration::from_secs(60);
-    config.llm_base_url = Some(fake.base_url());
-    config.api_key = None;
-    config.model = "bench-model".into();
-    config.llm_connect_timeout = Duration::from_secs(5);
-    config.llm_timeout = Duration::from_secs(60);
+    config.broker.reply_queue_ttl = Duration::from_secs(60);
+    config.model.base_url = Some(fake.base_url());
+    config.model.api_key = None;
+    config.model.name = "bench-model".into();
+    config.model.connect_timeout = Duration::from_secs(5);
+    config.model.timeout = Duration::from_secs(60);
     let app = App::build(&config).await?;
     Ok(Parts {
         broker: app.broker.clone(),
@@ -100,13 +100,13 @@ pub(super) async fn parts_with(config: &Config, fake: FakeOptions) -> anyhow::Re
 
 /// Removes the run's queues and keys.
 pub(super) async fn cleanup(p: &Parts) {
-    if let Some(url) = &p.config.amqp_url {
+    if let Some(url) = &p.config.broker.url {
         let r = RabbitBroker::new(url.expose(), p.topology.clone(), "aptix-bench-cleanup");
         let _ = r.delete_topology().await;
     }
-    if let Some(url) = &p.config.redis_url
+    if let Some(url) = &p.config.store.url
         && let Ok(r) =
-            RedisStore::connect(url.expose(), &p.config.namespace, p.config.retention).await
+            RedisStore::connect(url.expose(), &p.config.namespace, p.config.store.retention).await
     {
         let _ = r.delete_namespace().await;
     }
@@ -151,7 +151,14 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
     let mut marks = Vec::with_capacity(sessions.len());
     for sid in &sessions {
         // Watched, as a client that subscribes marks its session (see `WatchMark`).
-        marks.push(WatchMark::hold(p.store.clone(), sid.clone(), p.config.reply_queue_ttl).await?);
+        marks.push(
+            WatchMark::hold(
+                p.store.clone(),
+                sid.clone(),
+                p.config.broker.reply_queue_ttl,
+            )
+            .await?,
+        );
         let mut replies = p.broker.subscribe_replies(sid).await?;
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -248,7 +255,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         sessions.len(),
         opts.latency.as_millis(),
         opts.concurrency,
-        if p.config.amqp_url.is_some() {
+        if p.config.broker.url.is_some() {
             "RabbitMQ"
         } else {
             "in-memory broker"
@@ -263,7 +270,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
     );
     println!(
         "  store: {}",
-        if p.config.redis_url.is_some() {
+        if p.config.store.url.is_some() {
             "Redis"
         } else {
             "in-memory"

@@ -102,7 +102,7 @@ pub(super) fn status_kib(pid: u32, field: &str) -> Option<u64> {
 /// each), lets them sit idle, and prints RabbitMQ's resident memory per queue; deletes them
 /// afterwards.
 pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> {
-    let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
+    let url = config.broker.url.as_ref().context("no APTIX_AMQP_URL")?;
     let mut topology = config.topology();
     topology.namespace = format!(
         "{}-bench-{}",
@@ -283,7 +283,7 @@ pub(super) fn switches_per(before: &CpuSnapshot, after: &CpuSnapshot, n: usize) 
 /// Runs the closed loop, then the baseline.
 pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     anyhow::ensure!(
-        config.amqp_url.is_some() && config.redis_url.is_some(),
+        config.broker.url.is_some() && config.store.url.is_some(),
         "the closed loop measures the services path: set APTIX_AMQP_URL and APTIX_REDIS_URL"
     );
     let fake = FakeOptions {
@@ -319,7 +319,7 @@ async fn closed_loop(p: &super::bench::Parts, opts: &LoopOptions) -> anyhow::Res
     let _ = worker.await;
     driven.report(
         opts,
-        p.config.reply_queues.as_str(),
+        p.config.broker.reply_queues.as_str(),
         "one process",
         &before,
         &after,
@@ -493,7 +493,7 @@ impl Driven {
 /// Bare quorum-queue publish + consume of `n` small messages: confirms pipelined (awaited in
 /// windows, not one by one), acks as they come — the best the broker does for this traffic.
 pub(super) async fn baseline(config: &Config, n: usize, watched: &[Watched]) -> anyhow::Result<()> {
-    let url = config.amqp_url.as_ref().context("no APTIX_AMQP_URL")?;
+    let url = config.broker.url.as_ref().context("no APTIX_AMQP_URL")?;
     let conn = lapin::Connection::connect(url.expose(), lapin::ConnectionProperties::default())
         .await
         .context("connecting to RabbitMQ for the baseline")?;

@@ -129,7 +129,7 @@ fn address_after(line: &str, key: &str) -> Option<String> {
 
 /// Runs the closed loop against separate processes, then the baseline.
 pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
-    let (Some(amqp), Some(redis)) = (&config.amqp_url, &config.redis_url) else {
+    let (Some(amqp), Some(redis)) = (&config.broker.url, &config.store.url) else {
         anyhow::bail!(
             "the closed loop measures the services path: set APTIX_AMQP_URL and APTIX_REDIS_URL"
         );
@@ -148,7 +148,7 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
     let _ = RabbitBroker::new(amqp.expose(), topology, "aptix-bench-cleanup")
         .delete_topology()
         .await;
-    if let Ok(r) = RedisStore::connect(redis.expose(), &namespace, config.retention).await {
+    if let Ok(r) = RedisStore::connect(redis.expose(), &namespace, config.store.retention).await {
         let _ = r.delete_namespace().await;
     }
     result?;
@@ -281,13 +281,12 @@ async fn measure(
     };
     // Serve and worker read APTIX_CPU_SCHEDULING (an unknown class would have stopped them at
     // start); the fake model and the clients keep the normal class.
-    if aptix_worker::sched::CpuScheduling::from_env()? == aptix_worker::sched::CpuScheduling::Batch
-    {
+    if config.worker.cpu_scheduling == aptix_worker::sched::CpuScheduling::Batch {
         threads.push_str(", serve and worker in SCHED_BATCH (APTIX_CPU_SCHEDULING=batch)");
     }
     driven.report(
         opts,
-        config.reply_queues.as_str(),
+        config.broker.reply_queues.as_str(),
         &threads,
         &before,
         &after,

@@ -96,12 +96,12 @@ async fn measure(p: &super::bench::Parts, turns: usize) -> anyhow::Result<()> {
     let show = percentiles;
     println!(
         "aptix bench --first-delta: {turns} streaming turns, one at a time, {} + {}",
-        if p.config.amqp_url.is_some() {
+        if p.config.broker.url.is_some() {
             "RabbitMQ"
         } else {
             "in-memory broker"
         },
-        if p.config.redis_url.is_some() {
+        if p.config.store.url.is_some() {
             "Redis"
         } else {
             "in-memory store"

@@ -126,7 +126,7 @@ pub async fn run(config: &Config, n: usize) -> anyhow::Result<()> {
     // The product: N deliveries on the webhook queue, the sender at default settings.
     let mut topology = config.topology();
     topology.namespace = format!("bench-webhooks-{}", uuid::Uuid::new_v4().simple());
-    let (broker, rabbit): (Arc<dyn Broker>, Option<Arc<RabbitBroker>>) = match &config.amqp_url {
+    let (broker, rabbit): (Arc<dyn Broker>, Option<Arc<RabbitBroker>>) = match &config.broker.url {
         Some(amqp) => {
             let r = Arc::new(RabbitBroker::new(
                 amqp.expose(),
@@ -201,7 +201,7 @@ pub async fn run(config: &Config, n: usize) -> anyhow::Result<()> {
         r.delete_topology().await?;
     }
 
-    let on = if config.amqp_url.is_some() {
+    let on = if config.broker.url.is_some() {
         "RabbitMQ"
     } else {
         "the embedded queue"

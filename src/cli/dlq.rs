@@ -33,10 +33,9 @@ pub struct DlqArgs {
 }
 
 /// `aptix dlq`.
-pub async fn dlq(args: DlqArgs) -> anyhow::Result<ExitCode> {
+pub async fn dlq(args: DlqArgs, config: Config) -> anyhow::Result<ExitCode> {
     let DlqArgs { action } = args;
-    let config = Config::from_env()?;
-    let Some(url) = &config.amqp_url else {
+    let Some(url) = &config.broker.url else {
         anyhow::bail!("APTIX_AMQP_URL is not set: the dead-letter queue lives in RabbitMQ");
     };
     let broker = RabbitBroker::new(url.expose(), config.topology(), "aptix-dlq")

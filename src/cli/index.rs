@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 use serde_json::json;
 
 use aptix_worker::app::redis_options;
-use aptix_worker::config::{Config, LOCAL_TENANT};
+use aptix_worker::config::{Config, LOCAL_TENANT, Sources};
 use aptix_worker::contract::InvokeResult;
 use aptix_worker::rag::{ChunkOptions, IndexReport, RedisIndex};
 use aptix_worker::tokens::ApiTokens;
@@ -41,7 +41,7 @@ pub struct IndexArgs {
 }
 
 /// `aptix index`.
-pub async fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
+pub async fn index(args: IndexArgs, sources: &Sources<'_>) -> anyhow::Result<ExitCode> {
     let IndexArgs {
         folder,
         repo,
@@ -57,13 +57,13 @@ pub async fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
             upload_index(&client, &folder, &repo, &tags).await?
         }
         None => {
-            let config = Config::from_env()?;
-            let Some(redis) = &config.redis_url else {
+            let config = Config::read(sources)?;
+            let Some(redis) = &config.store.url else {
                 anyhow::bail!(
                     "nothing to index into: pass --url of a running server (the embedded in-memory index lives inside it) or set APTIX_REDIS_URL"
                 );
             };
-            let tenant = index_tenant(tenant, &config.api_tokens)?;
+            let tenant = index_tenant(tenant, &config.http.api_tokens)?;
             let index = RedisIndex::connect_with(
                 redis.expose(),
                 &config.namespace,
@@ -71,7 +71,7 @@ pub async fn index(args: IndexArgs) -> anyhow::Result<ExitCode> {
             )
             .await?;
             let opts = ChunkOptions {
-                max_lines: config.chunk_lines,
+                max_lines: config.rag.chunk_lines,
             };
             let mut shown = std::time::Instant::now();
             aptix_worker::rag::index_folder(

@@ -10,6 +10,7 @@
 
 use std::process::ExitCode;
 
+use aptix_worker::config::{Config, Sources};
 use clap::{Parser, Subcommand};
 
 pub mod batch;
@@ -22,6 +23,7 @@ mod bench_stream;
 mod bench_verdict;
 mod bench_webhooks;
 pub mod client;
+pub mod config;
 pub mod dlq;
 pub mod index;
 pub mod progress;
@@ -65,6 +67,10 @@ pub enum Command {
     Batch(batch::BatchArgs),
     /// Print the OpenAPI document of the HTTP API.
     Openapi,
+    /// Print the effective configuration: every setting's value (secrets masked) and where it
+    /// came from (default, the APTIX_CONFIG_FILE file, or the environment variable); with
+    /// --reference, the reference of every setting as Markdown.
+    Config(config::ConfigArgs),
     /// Index a folder for retrieval (Markdown by heading, code by lines): through the HTTP API
     /// with --url, else straight into Redis (APTIX_REDIS_URL). Unchanged files are skipped,
     /// changed ones re-chunked, files gone from the folder removed.
@@ -148,31 +154,34 @@ pub(crate) async fn submit_local(
         .await
 }
 
-/// Runs the command.
-pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Runs the command. `sources` are the configuration's layers, read once by the binary; the
+/// commands that need the configuration get it read from them here.
+pub async fn run(cli: Cli, sources: Sources<'_>) -> anyhow::Result<ExitCode> {
+    let config = || Config::read(&sources);
     match cli.command {
-        Command::Run(args) => serve::run(args).await,
-        Command::Serve(args) => serve::serve(args).await,
-        Command::Worker(args) => serve::worker(args).await,
-        Command::Batch(args) => batch::batch(args).await,
+        Command::Run(args) => serve::run(args, config()?).await,
+        Command::Serve(args) => serve::serve(args, config()?).await,
+        Command::Worker(args) => serve::worker(args, config()?).await,
+        Command::Batch(args) => batch::batch(args, &sources).await,
         Command::Openapi => tools::openapi().await,
-        Command::Index(args) => index::index(args).await,
-        Command::Enqueue(args) => turns::enqueue(args).await,
+        Command::Config(args) => config::config(args, &sources),
+        Command::Index(args) => index::index(args, &sources).await,
+        Command::Enqueue(args) => turns::enqueue(args, config()?).await,
         Command::Watch(args) => watch::watch(args).await,
         Command::Submit(args) => turns::submit(args).await,
         Command::Status(args) => turns::status(args).await,
         Command::Cancel(args) => turns::cancel(args).await,
-        Command::Dlq(args) => dlq::dlq(args).await,
-        Command::Webhooks(args) => webhooks::webhooks(args).await,
+        Command::Dlq(args) => dlq::dlq(args, config()?).await,
+        Command::Webhooks(args) => webhooks::webhooks(args, config()?).await,
         Command::FakeLlm(args) => tools::fake_llm(args).await,
-        Command::Validate(args) => turns::validate(args).await,
-        Command::Modes => tools::modes().await,
-        Command::Contexts => tools::contexts().await,
-        Command::BenchStore(args) => tools::bench_store(args).await,
+        Command::Validate(args) => turns::validate(args, config()?).await,
+        Command::Modes => tools::modes(config()?).await,
+        Command::Contexts => tools::contexts(config()?).await,
+        Command::BenchStore(args) => tools::bench_store(args, config()?).await,
         Command::ErrorCodes => tools::error_codes().await,
-        Command::BenchLimiter(args) => tools::bench_limiter(args).await,
-        Command::BenchRag(args) => tools::bench_rag(args).await,
-        Command::Bench(args) => tools::bench(args).await,
+        Command::BenchLimiter(args) => tools::bench_limiter(args, config()?).await,
+        Command::BenchRag(args) => tools::bench_rag(args, config()?).await,
+        Command::Bench(args) => tools::bench(args, config()?).await,
         Command::Probe(args) => tools::probe(args).await,
     }
 }

@@ -54,7 +54,7 @@ pub struct WorkerArgs {
 }
 
 /// `aptix run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: RunArgs, config: Config) -> anyhow::Result<ExitCode> {
     let RunArgs {
         files,
         workspace,
@@ -62,27 +62,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     } = args;
     if files.is_empty() {
         let listen = listen.unwrap_or_else(default_listen);
-        serve_api(listen, true, true).await
+        serve_api(listen, true, true, config).await
     } else {
-        run_files(&files, &workspace, listen).await
+        run_files(&files, &workspace, listen, config).await
     }
 }
 
 /// `aptix serve`.
-pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    serve_api(args.listen, args.worker, false).await
+pub async fn serve(args: ServeArgs, config: Config) -> anyhow::Result<ExitCode> {
+    serve_api(args.listen, args.worker, false, config).await
 }
 
 /// `aptix worker`.
-pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+pub async fn worker(args: WorkerArgs, config: Config) -> anyhow::Result<ExitCode> {
     let WorkerArgs { listen } = args;
-    let config = Config::from_env()?;
-    if config.amqp_url.is_none() {
+    if config.broker.url.is_none() {
         anyhow::bail!(
             "APTIX_AMQP_URL is not set: a standalone worker needs RabbitMQ (use `aptix run` for the embedded mode)"
         );
     }
-    if config.redis_url.is_none() {
+    if config.store.url.is_none() {
         anyhow::bail!(
             "APTIX_REDIS_URL is not set: workers on several machines need a shared Redis"
         );
@@ -92,7 +91,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let ops = match listen {
         Some(addr) => {
-            check_exposure(&addr, &config.api_tokens)?;
+            check_exposure(&addr, &config.http.api_tokens)?;
             let listener = aptix_worker::net::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(address = %listener.local_addr()?, "serving /healthz, /readyz and /metrics");
@@ -131,13 +130,13 @@ async fn serve_api(
     listen: SocketAddr,
     worker: bool,
     console_by_default: bool,
+    mut config: Config,
 ) -> anyhow::Result<ExitCode> {
-    let mut config = Config::from_env()?;
-    if console_by_default && std::env::var_os("APTIX_CONSOLE").is_none() {
-        config.console = true;
+    if console_by_default {
+        config.http.console.get_or_insert(true);
     }
-    check_exposure(&listen, &config.api_tokens)?;
-    if config.amqp_url.is_none() && !worker {
+    check_exposure(&listen, &config.http.api_tokens)?;
+    if config.broker.url.is_none() && !worker {
         anyhow::bail!(
             "on the embedded in-memory queue nothing else can run the turns: use `aptix run` or add --worker (or set APTIX_AMQP_URL)"
         );
@@ -152,7 +151,7 @@ async fn serve_api(
     // Said once the routes are built: from here a request is answered without delay.
     let server = app.spawn_http(&config, listener, shutdown);
     tracing::info!(%address, worker, "HTTP API listening");
-    if config.console {
+    if config.http.console_on() {
         tracing::info!(url = %format!("http://{address}/console"), "console on");
     }
     server.await??;
@@ -196,15 +195,15 @@ async fn run_files(
     files: &[PathBuf],
     workspace: &Path,
     listen: Option<SocketAddr>,
+    config: Config,
 ) -> anyhow::Result<ExitCode> {
-    let config = Config::from_env()?;
     let app = App::build(&config).await?;
     let door = app.front_door(&config);
     let shutdown = CancellationToken::new();
     let worker_task = app.worker(&config).spawn(shutdown.clone());
     let server = match listen {
         Some(addr) => {
-            check_exposure(&addr, &config.api_tokens)?;
+            check_exposure(&addr, &config.http.api_tokens)?;
             let listener = aptix_worker::net::listen(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             let address = listener.local_addr()?;
@@ -218,7 +217,7 @@ async fn run_files(
     let mut all_ok = true;
     for file in files {
         let body = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
-        let parsed = match contract::parse_request(&body, &config.limits) {
+        let parsed = match contract::parse_request(&body, &config.limits.request) {
             Ok(p) => p,
             Err(rejected) => {
                 all_ok = false;
@@ -232,7 +231,7 @@ async fn run_files(
         // marked watched, so that workers send its statuses there).
         let mut replies = door
             .delivery()
-            .read_reply_queue(request.session_id(), config.reply_queue_ttl)
+            .read_reply_queue(request.session_id(), config.broker.reply_queue_ttl)
             .await?;
         // Act as the client for continuations we can serve, a few rounds at most.
         let mut rounds = 0;
@@ -263,7 +262,7 @@ async fn run_files(
             let cont = json!({
                 "sessionId": c.meta.session_id, "turnId": c.meta.turn_id, "toolResults": results
             });
-            request = contract::parse_request(cont.to_string().as_bytes(), &config.limits)
+            request = contract::parse_request(cont.to_string().as_bytes(), &config.limits.request)
                 .map_err(|r| anyhow::anyhow!("building the continuation: {:?}", r.errors))?
                 .request;
         };

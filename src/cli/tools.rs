@@ -168,17 +168,15 @@ pub async fn openapi() -> anyhow::Result<ExitCode> {
 }
 
 /// `aptix modes`.
-pub async fn modes() -> anyhow::Result<ExitCode> {
-    let config = Config::from_env()?;
-    let catalog = ModeCatalog::load(config.modes_file.as_deref())?;
+pub async fn modes(config: Config) -> anyhow::Result<ExitCode> {
+    let catalog = ModeCatalog::load(config.worker.modes_file.as_deref())?;
     println!("{}", serde_json::to_string_pretty(&catalog.to_json())?);
     Ok(ExitCode::SUCCESS)
 }
 
 /// `aptix contexts`: the agent and conversation contexts in use, keys masked (the contexts
 /// file is checked exactly as a worker checks it at start-up).
-pub async fn contexts() -> anyhow::Result<ExitCode> {
-    let config = Config::from_env()?;
+pub async fn contexts(config: Config) -> anyhow::Result<ExitCode> {
     let contexts = aptix_worker::app::contexts_in_use(&config, None);
     println!("{}", serde_json::to_string_pretty(&contexts.describe())?);
     Ok(ExitCode::SUCCESS)
@@ -258,11 +256,11 @@ pub async fn fake_llm(args: FakeLlmArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `aptix bench-store`.
-pub async fn bench_store(args: BenchStoreArgs) -> anyhow::Result<ExitCode> {
+pub async fn bench_store(args: BenchStoreArgs, config: Config) -> anyhow::Result<ExitCode> {
     let BenchStoreArgs { turns } = args;
-    let config = Config::from_env()?;
     let url = config
-        .redis_url
+        .store
+        .url
         .map(|u| u.expose().to_string())
         .unwrap_or_else(|| "redis://127.0.0.1:6379/".to_string());
     aptix_worker::pipeline::lifecycle::bench::run(&url, turns).await?;
@@ -270,15 +268,14 @@ pub async fn bench_store(args: BenchStoreArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `aptix bench-limiter`.
-pub async fn bench_limiter(args: BenchLimiterArgs) -> anyhow::Result<ExitCode> {
-    let config = Config::from_env()?;
-    let url = config.redis_url.as_ref().map(|u| u.expose().to_string());
+pub async fn bench_limiter(args: BenchLimiterArgs, config: Config) -> anyhow::Result<ExitCode> {
+    let url = config.store.url.as_ref().map(|u| u.expose().to_string());
     aptix_worker::limiter::bench::run(url.as_deref(), args.calls, args.callers.max(1)).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// `aptix bench`.
-pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub async fn bench(args: BenchArgs, config: Config) -> anyhow::Result<ExitCode> {
     let BenchArgs {
         turns,
         sessions,
@@ -297,9 +294,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         reply_queues,
         webhooks,
     } = args;
-    let config = Config::from_env()?;
     let concurrency =
-        concurrency.unwrap_or_else(|| u16::try_from(config.concurrency).unwrap_or(u16::MAX));
+        concurrency.unwrap_or_else(|| u16::try_from(config.worker.concurrency).unwrap_or(u16::MAX));
     if let Some(n) = webhooks {
         super::bench_webhooks::run(&config, n).await?;
         return Ok(ExitCode::SUCCESS);
@@ -351,18 +347,17 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `aptix bench-rag`.
-pub async fn bench_rag(args: BenchRagArgs) -> anyhow::Result<ExitCode> {
+pub async fn bench_rag(args: BenchRagArgs, config: Config) -> anyhow::Result<ExitCode> {
     let BenchRagArgs {
         files,
         sections,
         queries,
     } = args;
-    let config = Config::from_env()?;
     let opts = aptix_worker::rag::bench::RagBenchOptions {
         files,
         sections,
         queries,
     };
-    aptix_worker::rag::bench::run(config.redis_url.as_ref().map(|u| u.expose()), opts).await?;
+    aptix_worker::rag::bench::run(config.store.url.as_ref().map(|u| u.expose()), opts).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -221,9 +221,8 @@ async fn turn_request(
 }
 
 /// `aptix enqueue`.
-pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
+pub async fn enqueue(args: EnqueueArgs, config: Config) -> anyhow::Result<ExitCode> {
     let EnqueueArgs { files } = args;
-    let config = Config::from_env()?;
     let app = App::build(&config).await?;
     let door = app.front_door(&config);
     let mut all_ok = true;
@@ -253,9 +252,8 @@ pub async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `aptix validate`.
-pub async fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+pub async fn validate(args: ValidateArgs, config: Config) -> anyhow::Result<ExitCode> {
     let ValidateArgs { files } = args;
-    let config = Config::from_env()?;
     let mut all_valid = true;
     for file in files {
         let body = if file == "-" {
@@ -267,7 +265,7 @@ pub async fn validate(args: ValidateArgs) -> anyhow::Result<ExitCode> {
         } else {
             std::fs::read(&file).with_context(|| format!("reading {file}"))?
         };
-        let result = match contract::parse_request(&body, &config.limits) {
+        let result = match contract::parse_request(&body, &config.limits.request) {
             Ok(parsed) => InvokeResult::success(parsed.request).with_warnings(parsed.warnings),
             Err(rejected) => rejected.into_invoke_result(),
         };

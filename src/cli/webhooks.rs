@@ -61,9 +61,8 @@ pub struct WebhooksArgs {
 }
 
 /// `aptix webhooks`.
-pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
+pub async fn webhooks(args: WebhooksArgs, config: Config) -> anyhow::Result<ExitCode> {
     let WebhooksArgs { action } = args;
-    let config = Config::from_env()?;
     let (max, replay, api) = match action {
         WebhooksAction::Failed { max, api } => (max, false, api),
         WebhooksAction::Replay { max, api } => (max, true, api),
@@ -72,7 +71,7 @@ pub async fn webhooks(args: WebhooksArgs) -> anyhow::Result<ExitCode> {
     if let Some(url) = &api.url {
         return through_api(&ApiClient::new(url, api.token.clone()), max, replay).await;
     }
-    let Some(amqp) = &config.amqp_url else {
+    let Some(amqp) = &config.broker.url else {
         anyhow::bail!(
             "name where the dead deliveries are: --url (or APTIX_URL) of the deployment's API — the embedded broker of `aptix run` is reached only through it — or APTIX_AMQP_URL for RabbitMQ"
         );
@@ -126,7 +125,7 @@ fn print_dead(dead: &[DeadDelivery]) -> anyhow::Result<()> {
 /// receiver is given it.
 fn secret(config: &Config, tenant: &str) -> anyhow::Result<ExitCode> {
     use aptix_worker::webhooks::{DEFAULT_SECRET_ENV, Target, signing_key};
-    let own = config.tenants.signing_env(tenant);
+    let own = config.limits.tenants.signing_env(tenant);
     let target = Target {
         url: String::new(),
         secret_env: own.to_string(),

@@ -1,8 +1,10 @@
 //! Configuration parsing: every variable's default, value and refusal.
 
 use super::*;
+use crate::contract::RequestLimits;
 use crate::sizing::{MAX_DEFAULT_CONCURRENCY, MIN_DEFAULT_CONCURRENCY, default_concurrency};
 use std::collections::HashMap;
+use std::time::Duration;
 
 fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
     let map: HashMap<String, String> = pairs
@@ -16,11 +18,11 @@ fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
 fn defaults_need_no_environment() {
     let c = cfg(&[]).unwrap();
     assert_eq!(c.namespace, "aptix");
-    assert!(c.amqp_url.is_none() && c.redis_url.is_none() && c.llm_base_url.is_none());
-    assert_eq!(c.limits, RequestLimits::default());
-    assert_eq!(c.concurrency, default_concurrency());
-    assert!((MIN_DEFAULT_CONCURRENCY..=MAX_DEFAULT_CONCURRENCY).contains(&c.concurrency));
-    assert_eq!(c.reply_queues, crate::queue::ReplyQueues::AsyncTurns);
+    assert!(c.broker.url.is_none() && c.store.url.is_none() && c.model.base_url.is_none());
+    assert_eq!(c.limits.request, RequestLimits::default());
+    assert_eq!(c.worker.concurrency, default_concurrency());
+    assert!((MIN_DEFAULT_CONCURRENCY..=MAX_DEFAULT_CONCURRENCY).contains(&c.worker.concurrency));
+    assert_eq!(c.broker.reply_queues, crate::queue::ReplyQueues::AsyncTurns);
     assert_eq!(
         c.topology().reply_queues,
         crate::queue::ReplyQueues::AsyncTurns
@@ -30,7 +32,7 @@ fn defaults_need_no_environment() {
 #[test]
 fn the_concurrency_setting_wins_over_the_default() {
     let c = cfg(&[("APTIX_CONCURRENCY", "7")]).unwrap();
-    assert_eq!(c.concurrency, 7);
+    assert_eq!(c.worker.concurrency, 7);
 }
 
 #[test]
@@ -42,7 +44,7 @@ fn reply_queue_settings_parse_and_say_which_statuses_declare_a_queue() {
         ("on-subscribe", OnSubscribe, false, false),
     ] {
         let c = cfg(&[("APTIX_REPLY_QUEUES", text)]).unwrap();
-        assert_eq!(c.reply_queues, mode);
+        assert_eq!(c.broker.reply_queues, mode);
         assert_eq!(mode.as_str(), text);
         assert_eq!(
             (mode.declared_for(true), mode.declared_for(false)),
@@ -63,7 +65,7 @@ fn retry_delays_are_milliseconds_in_order() {
         [200, 400, 1000].map(Duration::from_millis).to_vec()
     );
     assert_eq!(
-        cfg(&[]).unwrap().retry_delays,
+        cfg(&[]).unwrap().broker.retry_delays,
         crate::queue::Topology::new("x").retry_delays
     );
     for bad in ["0", "soon", "100,,200"] {
@@ -85,14 +87,14 @@ fn bad_values_name_the_variable() {
     let e = cfg(&[("APTIX_REDIS_REPLICA_TIMEOUT_MS", "0")]).unwrap_err();
     assert_eq!(e.var, "APTIX_REDIS_REPLICA_TIMEOUT_MS");
     let c = cfg(&[("APTIX_REDIS_MIN_REPLICAS", "2")]).unwrap();
-    assert_eq!(c.redis_min_replicas, 2);
-    assert_eq!(cfg(&[]).unwrap().redis_min_replicas, 0, "off by default");
+    assert_eq!(c.store.min_replicas, 2);
+    assert_eq!(cfg(&[]).unwrap().store.min_replicas, 0, "off by default");
 }
 
 #[test]
 fn limits_are_configurable() {
     let c = cfg(&[("APTIX_MAX_INSTRUCTION_BYTES", "10")]).unwrap();
-    assert_eq!(c.limits.max_instruction_bytes, 10);
+    assert_eq!(c.limits.request.max_instruction_bytes, 10);
 }
 
 #[test]
@@ -108,7 +110,7 @@ fn secrets_do_not_print() {
         "{shown}"
     );
     assert!(shown.contains("tenant-a"));
-    assert_eq!(c.api_tokens.tenant("tok-secret"), Some("tenant-a"));
+    assert_eq!(c.http.api_tokens.tenant("tok-secret"), Some("tenant-a"));
     let e = cfg(&[("APTIX_API_TOKENS", "tok-secret")]).unwrap_err();
     assert!(!e.to_string().contains("tok-secret"));
 }
@@ -116,7 +118,7 @@ fn secrets_do_not_print() {
 #[test]
 fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_did() {
     let c = cfg(&[("APTIX_API_TOKENS", "t1=acme, t2=ops:admin ,t3=acme")]).unwrap();
-    let caller = |t| c.api_tokens.caller(t).cloned();
+    let caller = |t| c.http.api_tokens.caller(t).cloned();
     assert_eq!(
         caller("t1"),
         Some(crate::tokens::Caller {
@@ -131,6 +133,6 @@ fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_di
             admin: true
         })
     );
-    assert_eq!(c.api_tokens.tenants(), vec!["acme", "ops"]);
+    assert_eq!(c.http.api_tokens.tenants(), vec!["acme", "ops"]);
     assert!(cfg(&[("APTIX_API_TOKENS", "t1=:admin")]).is_err());
 }

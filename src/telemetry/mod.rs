@@ -26,9 +26,6 @@ pub enum TelemetryError {
     /// Span export was asked for outside the async runtime.
     #[error("span export needs the async runtime to be running")]
     NoRuntime,
-    /// The extra CA bundle the exporter should trust cannot be used.
-    #[error("span export")]
-    Ca(#[source] crate::tls::CaError),
     /// The exporter's HTTP client or the exporter itself cannot be built.
     #[error("span export: {0}")]
     Exporter(String),
@@ -97,6 +94,7 @@ pub fn init(
     format: LogFormat,
     default_level: &str,
     service: &str,
+    ca: Option<&crate::tls::ExtraCa>,
 ) -> Result<Telemetry, TelemetryError> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -122,7 +120,7 @@ pub fn init(
     #[cfg(feature = "otel")]
     {
         let provider = if otlp::requested() {
-            Some(otlp::provider(service)?)
+            Some(otlp::provider(service, ca)?)
         } else {
             None
         };
@@ -138,6 +136,7 @@ pub fn init(
     }
     #[cfg(not(feature = "otel"))]
     {
+        let _ = ca;
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(text)

@@ -61,17 +61,13 @@ impl HttpClient for RuntimeClient {
 
 /// Builds the tracer provider (batching, OTLP/HTTP) for `default_service` unless
 /// `OTEL_SERVICE_NAME` names another. Must run inside the tokio runtime.
-pub fn provider(default_service: &str) -> Result<SdkTracerProvider, TelemetryError> {
+pub fn provider(
+    default_service: &str,
+    ca: Option<&crate::tls::ExtraCa>,
+) -> Result<SdkTracerProvider, TelemetryError> {
     crate::tls::install_crypto_provider();
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
-    let ca = match std::env::var("APTIX_TLS_CA_FILE") {
-        Ok(path) if !path.trim().is_empty() => Some(
-            crate::tls::ExtraCa::load(std::path::Path::new(path.trim()))
-                .map_err(TelemetryError::Ca)?,
-        ),
-        _ => None,
-    };
-    let http = crate::tls::http_client_builder(ca.as_ref())
+    let http = crate::tls::http_client_builder(ca)
         .and_then(|b| {
             b.connect_timeout(Duration::from_secs(3))
                 .timeout(Duration::from_secs(10))

@@ -30,7 +30,7 @@ const OUTCOMES: [&str; 3] = ["delivered", "retried", "dead"];
 const COUNT_EVERY: Duration = Duration::from_secs(10);
 
 /// How deliveries are sent.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendSettings {
     /// The longest one POST may take.
     pub timeout: Duration,

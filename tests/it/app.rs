@@ -160,10 +160,10 @@ pub async fn spawn(options: AppOptions) -> App {
             .map(|(_, v)| v.clone())
     })
     .unwrap();
-    config.limits = limits;
-    config.batch_limits = batch_limits;
-    config.reply_queue_ttl = topology.reply_queue_ttl;
-    config.retry_delays = topology.retry_delays.clone();
+    config.limits.request = limits;
+    config.limits.batch = batch_limits;
+    config.broker.reply_queue_ttl = topology.reply_queue_ttl;
+    config.broker.retry_delays = topology.retry_delays.clone();
     if let Some(timeout) = dependency_timeout {
         config.dependency_timeout = timeout;
     }

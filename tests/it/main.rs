@@ -32,6 +32,7 @@ mod cancel;
 mod cli;
 mod compose;
 mod compose_golden;
+mod config_file;
 mod connections;
 mod console;
 mod contexts;

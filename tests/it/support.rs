@@ -576,6 +576,7 @@ pub fn aptix() -> std::process::Command {
         "APTIX_REDIS_URL",
         "APTIX_MODES_FILE",
         "APTIX_CONTEXTS_FILE",
+        "APTIX_CONFIG_FILE",
     ] {
         c.env_remove(var);
     }

@@ -36,8 +36,8 @@ async fn setup(
     let base_url = fake.base_url();
     let mut config =
         Config::from_lookup(|k| (k == "APTIX_LLM_BASE_URL").then(|| base_url.clone())).unwrap();
-    config.llm_max_retries = 0;
-    config.shutdown_grace = grace;
+    config.model.max_retries = 0;
+    config.worker.shutdown_grace = grace;
     let app = App::build(&config).await.unwrap();
     let worker = app.worker(&config);
     let door = app.front_door(&config);
@@ -162,7 +162,7 @@ async fn a_job_the_worker_cannot_read_fails_its_turn() {
     let app = App::build(&config).await.unwrap();
     let door = app.front_door(&config);
     let mut narrow = config.clone();
-    narrow.limits.max_instruction_bytes = 10;
+    narrow.limits.request.max_instruction_bytes = 10;
     let worker = app.worker(&narrow);
     let mut replies = app
         .broker
