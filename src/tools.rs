@@ -228,7 +228,9 @@ impl ServerTool for ListModesTool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryStore, SessionState, SessionStore as _, TurnRecord, TurnStatus};
+    use crate::store::{
+        MemoryStore, SessionState, SessionStore as _, StoreReader as _, TurnRecord, TurnStatus,
+    };
 
     async fn setup() -> (Arc<MemoryStore>, ToolRegistry, ToolContext) {
         let store = Arc::new(MemoryStore::new());

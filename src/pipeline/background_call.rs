@@ -10,7 +10,8 @@
 
 use tracing::{info, warn};
 
-use super::{Pipeline, RetryableFailure, Run};
+use super::model_call::{CallMarks, ModelCaller};
+use super::{RetryableFailure, Run};
 use crate::contract::{SessionId, TurnId};
 use crate::live::{LiveBody, LiveEvent};
 use crate::llm::{
@@ -18,7 +19,7 @@ use crate::llm::{
 };
 use crate::state::ModelCallMark;
 
-impl Pipeline {
+impl ModelCaller {
     /// One background model call ([`crate::llm::BackgroundCall`]): re-attached to when the
     /// turn's record names one made for this very request (a run that died while it waited),
     /// else made and recorded before waiting. Streamed text resumes after the last event the
@@ -32,6 +33,7 @@ impl Pipeline {
         llm: &LlmClient,
         body: &SentRequest,
         sink: Option<EventSink<'_>>,
+        marks: &dyn CallMarks,
     ) -> Result<(Option<Result<ModelResponse, LlmError>>, bool), RetryableFailure> {
         let (sid, tid) = (
             run.record().session_id.clone(),
@@ -85,7 +87,7 @@ impl Pipeline {
                     replace_text(run, "the model call is made again");
                 }
                 match self
-                    .start_background(run, llm, body, sink, &request)
+                    .start_background(run, llm, body, sink, &request, marks)
                     .await?
                 {
                     Ok(call) => call,
@@ -165,7 +167,7 @@ impl Pipeline {
                         }
                     }
                     call = match self
-                        .start_background(run, llm, body, sink, &request)
+                        .start_background(run, llm, body, sink, &request, marks)
                         .await?
                     {
                         Ok(call) => call,
@@ -198,6 +200,7 @@ impl Pipeline {
         body: &SentRequest,
         sink: Option<EventSink<'_>>,
         request: &str,
+        marks: &dyn CallMarks,
     ) -> Result<Result<BackgroundCall, LlmError>, RetryableFailure> {
         let call = match llm.start_background(body, sink.is_some()).await {
             Ok(call) => call,
@@ -208,7 +211,7 @@ impl Pipeline {
             response_id: call.id.clone(),
             request: request.to_string(),
         };
-        if let Err(f) = self.note_model_call(run, mark).await {
+        if let Err(f) = marks.mark_call(run, mark).await {
             if let Err(e) = llm.cancel_background(&call.id).await {
                 warn!(response_id = %call.id, error = %e, "could not cancel a background model call whose id could not be recorded");
             }

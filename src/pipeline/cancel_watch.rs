@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::contract::{SessionId, TurnId};
-use crate::store::SessionStore;
+use crate::store::StoreReader;
 
 /// The watched turns of one pipeline (clones share them).
 #[derive(Clone)]
@@ -24,7 +24,7 @@ pub(super) struct CancelWatch {
 }
 
 struct Inner {
-    store: Arc<dyn SessionStore>,
+    store: Arc<dyn StoreReader>,
     every: Duration,
     watched: Mutex<HashMap<u64, Entry>>,
     next_id: AtomicU64,
@@ -45,7 +45,7 @@ pub(super) struct Watched {
 
 impl CancelWatch {
     /// Watches turns in `store`, looking every `every` (the poller starts with the first watch).
-    pub(super) fn new(store: Arc<dyn SessionStore>, every: Duration) -> Self {
+    pub(super) fn new(store: Arc<dyn StoreReader>, every: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -154,7 +154,7 @@ async fn poll(inner: Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, SessionStore as _};
 
     fn ids(s: &str, t: &str) -> (SessionId, TurnId) {
         (SessionId::parse(s).unwrap(), TurnId::parse(t).unwrap())

@@ -16,7 +16,7 @@ mod cancel_watch;
 pub mod compose;
 mod history;
 pub mod lifecycle;
-mod model_call;
+pub(crate) mod model_call;
 mod reasoner;
 mod server_tools;
 #[cfg(test)]
@@ -193,8 +193,10 @@ impl PipelineSettings {
 pub struct Pipeline {
     store: Arc<dyn SessionStore>,
     catalog: Arc<ModeCatalog>,
-    backends: Arc<Backends>,
-    tools: ToolRegistry,
+    /// Layer C: the model calls (reads the store, never writes it).
+    model: model_call::ModelCaller,
+    /// Layer D: the server tools (neither a model client nor the store).
+    tools: server_tools::ServerTools,
     settings: Arc<PipelineSettings>,
     /// The backends' context ids, computed once.
     contexts: Arc<KnownContexts>,
@@ -202,8 +204,6 @@ pub struct Pipeline {
     rag: Option<Rag>,
     quotas: crate::tenants::Quotas,
     live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
-    /// The turns waiting on the model, watched for a request to stop.
-    cancels: cancel_watch::CancelWatch,
 }
 
 /// Retrieval for the `[CONTEXT]` block.
@@ -289,15 +289,20 @@ impl Pipeline {
             },
             DEFAULT_BOOT_PROMPT,
         );
+        let metrics = Arc::<Metrics>::default();
         Ok(Self {
-            cancels: cancel_watch::CancelWatch::new(store.clone(), lifecycle::CANCEL_POLL),
+            contexts: Arc::new(backends.known()),
+            model: model_call::ModelCaller::new(
+                backends,
+                catalog.clone(),
+                metrics.clone(),
+                store.clone(),
+            ),
             store,
             catalog,
-            contexts: Arc::new(backends.known()),
-            backends: Arc::new(backends),
-            tools,
+            tools: server_tools::ServerTools::new(tools),
             settings: Arc::new(settings),
-            metrics: Arc::default(),
+            metrics,
             rag: None,
             quotas: crate::tenants::Quotas::default(),
             live: None,
@@ -308,7 +313,7 @@ impl Pipeline {
     /// settings (see [`crate::app::App::build`]).
     pub fn with_backends(mut self, backends: Backends) -> Self {
         self.contexts = Arc::new(backends.known());
-        self.backends = Arc::new(backends);
+        self.model.backends = Arc::new(backends);
         self
     }
 
@@ -400,8 +405,18 @@ impl Pipeline {
 
     /// Counts suppressed duplicates in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.model.metrics = metrics.clone();
         self.metrics = metrics;
         self
+    }
+
+    /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
+    /// against its tenant at the same time: one round trip for both instead of two in a row.
+    async fn counting<T>(&self, spent: model_call::Spent, step: impl Future<Output = T>) -> T {
+        let spend = self
+            .quotas
+            .spend(&spent.tenant, &spent.context, spent.usage);
+        tokio::join!(spend, step).1
     }
 
     /// The context ids this pipeline can run (the front door refuses others).
@@ -411,7 +426,7 @@ impl Pipeline {
 
     /// Each agent context with its `maxConcurrentCalls` (for the worker's heartbeat).
     pub fn context_capacities(&self) -> Vec<(String, Option<u32>)> {
-        self.backends.capacities()
+        self.model.backends.capacities()
     }
 
     /// The store (for callers that read turn status).

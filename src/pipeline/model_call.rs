@@ -7,20 +7,28 @@
 //! warnings; its tokens are handed back as [`Spent`], counted against the tenant beside the
 //! turn's next write).
 //!
-//! Owns: that one call. Must not: loop, run tools or settle the turn.
+//! Owns: that one call, as [`ModelCaller`]: a type that holds the model clients and reads the
+//! store (the conversation to replay, the cancel flag, the live events kept) but cannot write
+//! it; the one write a call needs (a background call's id, before anything waits for it) it
+//! asks of the lifecycle through [`CallMarks`]. Must not: loop, run tools or settle the turn.
+
+use std::sync::Arc;
 
 use serde_json::Value;
 use tracing::{debug, info, warn};
 
-use super::backends;
+use super::backends::{self, Backends};
+use super::cancel_watch::CancelWatch;
 use super::compose::{self, CallSpec, Continuation};
 use super::history;
-use super::{CallEnd, Pipeline, RetryKind, RetryableFailure, Run, permanent, store_failure};
+use super::{CallEnd, RetryKind, RetryableFailure, Run, permanent, store_failure};
+use crate::catalog::ModeCatalog;
 use crate::contexts::ServiceTier;
-use crate::contract::{ErrorCode, InvokeResult};
+use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
-use crate::state::CallNote;
-use crate::store::TurnProgress;
+use crate::metrics::Metrics;
+use crate::state::{CallNote, ModelCallMark, TurnProgress};
+use crate::store::StoreReader;
 
 /// The first pause before a flex call refused for capacity is made again; it doubles up to
 /// [`FLEX_PAUSE_MAX`].
@@ -28,7 +36,44 @@ const FLEX_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(500
 /// The longest pause between flex attempts.
 const FLEX_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(8);
 
-impl Pipeline {
+/// Layer C: makes the turn's model calls. Holds the model clients (by agent context), the mode
+/// catalog (for the request's instructions and tools) and a store it can only read.
+#[derive(Clone)]
+pub(super) struct ModelCaller {
+    /// The agent contexts' clients.
+    pub(super) backends: Arc<Backends>,
+    catalog: Arc<ModeCatalog>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) store: Arc<dyn StoreReader>,
+    /// The turns waiting on the model, watched for a request to stop.
+    cancels: CancelWatch,
+}
+
+/// The write a model call asks of the turn's lifecycle (layer F): recording a background
+/// call's response id in the turn, so a run that takes over re-attaches to it.
+#[async_trait::async_trait]
+pub(super) trait CallMarks: Send + Sync {
+    /// Records `mark` in the turn's record, fenced by the run's lease.
+    async fn mark_call(&self, run: &mut Run, mark: ModelCallMark) -> Result<(), RetryableFailure>;
+}
+
+impl ModelCaller {
+    /// A caller over these backends, reading `store`.
+    pub(super) fn new(
+        backends: Backends,
+        catalog: Arc<ModeCatalog>,
+        metrics: Arc<Metrics>,
+        store: Arc<dyn StoreReader>,
+    ) -> Self {
+        Self {
+            cancels: CancelWatch::new(store.clone(), super::lifecycle::CANCEL_POLL),
+            backends: Arc::new(backends),
+            catalog,
+            metrics,
+            store,
+        }
+    }
+
     /// Calls the model once (with the fallback to replay), accounting for the answer.
     pub(super) async fn call_model(
         &self,
@@ -37,6 +82,7 @@ impl Pipeline {
         tools_mode: &crate::catalog::Mode,
         input: Vec<Value>,
         previous: Option<&str>,
+        marks: &dyn CallMarks,
     ) -> Result<Result<(ModelResponse, Spent), CallEnd>, RetryableFailure> {
         let backend = match self.backends.resolve(&run.session().contexts) {
             Ok(b) => b,
@@ -143,7 +189,7 @@ impl Pipeline {
             let sent = if background {
                 // Boxed: only background turns carry its state (the following, the
                 // deadline, the cancel), not every turn's future.
-                Box::pin(self.background_call(run, llm, &body, sink)).await?
+                Box::pin(self.background_call(run, llm, &body, sink, marks)).await?
             } else {
                 let call = llm.create_response_streamed(backend.model(), &body, sink);
                 (self.unless_cancelled(&sid, &tid, call).await, false)
@@ -323,22 +369,40 @@ impl Pipeline {
         Ok(Ok((response, spent)))
     }
 
-    /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
-    /// against its tenant at the same time: one round trip for both instead of two in a row.
-    pub(super) async fn counting<T>(&self, spent: Spent, step: impl Future<Output = T>) -> T {
-        let spend = self
-            .quotas
-            .spend(&spent.tenant, &spent.context, spent.usage);
-        tokio::join!(spend, step).1
+    /// Whether the turn was asked to stop (a store that cannot tell is taken as "no": the
+    /// next safe point asks again).
+    pub(super) async fn cancel_requested(&self, sid: &SessionId, tid: &TurnId) -> bool {
+        match self.store.cancel_requested(sid, tid).await {
+            Ok(asked) => asked,
+            Err(e) => {
+                warn!(error = %e, "cannot tell whether the turn was cancelled; going on");
+                false
+            }
+        }
+    }
+
+    /// Runs `work` unless the turn is asked to stop first (`None`), watched with the worker's
+    /// other turns in a model call.
+    pub(super) async fn unless_cancelled<T>(
+        &self,
+        sid: &SessionId,
+        tid: &TurnId,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let watched = self.cancels.watch(sid, tid);
+        tokio::select! {
+            out = work => Some(out),
+            () = watched.cancelled() => None,
+        }
     }
 }
 
 /// The tokens a model answer spent, not yet counted against the tenant: the caller counts
-/// them beside the write that follows the answer ([`Pipeline::counting`]); dropped, they are
+/// them beside the write that follows the answer (`Pipeline::counting`); dropped, they are
 /// never counted.
 pub(super) struct Spent {
-    tenant: String,
+    pub(super) tenant: String,
     /// The agent context whose server answered.
-    context: String,
-    usage: crate::contract::Usage,
+    pub(super) context: String,
+    pub(super) usage: crate::contract::Usage,
 }

@@ -61,7 +61,7 @@ impl Pipeline {
         };
         let (existing, loaded) = (begun.turn, begun.session);
         // Contexts the front door should have refused fail the turn, stored like any result.
-        let found = (self.backends).contexts_of(asked, turn, loaded.as_ref(), begun.latched);
+        let found = (self.model.backends).contexts_of(asked, turn, loaded.as_ref(), begun.latched);
         let (resolved, contexts) = match found {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
@@ -369,12 +369,14 @@ impl Pipeline {
                     let tools_mode = compose::tools_mode(&self.catalog, &progress);
                     let sent = std::mem::take(&mut input);
                     match self
+                        .model
                         .call_model(
                             &mut run,
                             &mut progress,
                             &tools_mode,
                             sent,
                             previous.as_deref(),
+                            self,
                         )
                         .await
                     {
@@ -538,7 +540,8 @@ impl Pipeline {
     ) -> Result<String, RetryableFailure> {
         let started = std::time::Instant::now();
         let step = self
-            .run_server_tool(run, progress, call_id, name, arguments)
+            .tools
+            .run(run, progress, call_id, name, arguments)
             .await?;
         let attempt = run.record().attempts;
         run.note_tool(crate::state::ToolNote {

@@ -1,17 +1,18 @@
 //! Server tools (AGN-027 layer D): one call of a server-side tool, or its output replayed from
 //! the turn's ledger so a retried turn does not run it twice.
 //!
-//! Owns: dispatch to the tool registry and reading the ledger. Must not: loop, call the model,
-//! apply a mode change (it hands the change to the reasoner) or write the turn's state.
+//! Owns: dispatch to the tool registry and reading the ledger, as [`ServerTools`]: a type that
+//! holds the tools and nothing else (no model client, no store). Must not: loop, call the
+//! model, apply a mode change (it hands the change to the reasoner) or write the turn's state.
 
 use serde_json::json;
 use tracing::info;
 
-use super::{Pipeline, RetryKind, RetryableFailure, Run, permanent};
+use super::{RetryKind, RetryableFailure, Run, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
-use crate::store::TurnProgress;
-use crate::tools::{ModeEffect, ToolContext, ToolRun};
+use crate::state::TurnProgress;
+use crate::tools::{ModeEffect, ToolContext, ToolRegistry, ToolRun};
 
 /// What one server tool call came to.
 pub(super) struct ToolStep {
@@ -24,11 +25,22 @@ pub(super) struct ToolStep {
     pub(super) record: bool,
 }
 
-impl Pipeline {
-    /// Runs (or replays from the ledger) one server tool call.
-    pub(super) async fn run_server_tool(
+/// Layer D: the server tools a turn may call.
+#[derive(Clone)]
+pub(super) struct ServerTools {
+    registry: ToolRegistry,
+}
+
+impl ServerTools {
+    /// The tools of `registry`.
+    pub(super) fn new(registry: ToolRegistry) -> Self {
+        Self { registry }
+    }
+
+    /// Runs (or replays from the ledger) one server tool call; `run` is only read.
+    pub(super) async fn run(
         &self,
-        run: &mut Run,
+        run: &Run,
         progress: &mut TurnProgress,
         call_id: &str,
         name: &str,
@@ -57,7 +69,7 @@ impl Pipeline {
             }
             return Ok(step(out, None, false));
         }
-        let Some(tool) = self.tools.get(name) else {
+        let Some(tool) = self.registry.get(name) else {
             let missing =
                 json!({"error": format!("Tool '{name}' is not implemented on the server.")});
             return Ok(step(missing.to_string(), None, false));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     BatchRecord, ContextIds, Grant, Lease, Saved, SessionState, SessionStore, StoreError,
-    ToolOutput, TurnRecord,
+    StoreReader, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -89,7 +89,7 @@ impl MemoryStore {
 }
 
 #[async_trait::async_trait]
-impl SessionStore for MemoryStore {
+impl StoreReader for MemoryStore {
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError> {
         Ok(self.lock()?.sessions.get(id).cloned())
     }
@@ -110,6 +110,91 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.order.get(session).cloned().unwrap_or_default())
     }
 
+    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
+        Ok(self.lock()?.owners.get(session).cloned())
+    }
+
+    async fn cancel_requested(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .lock()?
+            .cancels
+            .contains(&(session.clone(), turn.clone())))
+    }
+
+    async fn latched_contexts(
+        &self,
+        session: &SessionId,
+    ) -> Result<Option<ContextIds>, StoreError> {
+        Ok(self.lock()?.contexts.get(session).cloned())
+    }
+
+    async fn conversation(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        Ok(self
+            .lock()?
+            .conversations
+            .get(session)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn kept_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let inner = self.lock()?;
+        let now = Instant::now();
+        Ok(inner
+            .live
+            .get(&(session.clone(), turn.clone()))
+            .filter(|(until, _)| *until > now)
+            .map(|(_, events)| events.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn fenced_rejections(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
+    }
+
+    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
+        Ok(self.lock()?.batches.get(id).cloned())
+    }
+
+    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self
+            .lock()?
+            .heartbeats
+            .iter()
+            .map(|(w, b)| (w.clone(), b.clone()))
+            .collect())
+    }
+
+    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
+        let state = self.lock()?;
+        let mut theirs: Vec<&BatchRecord> = state
+            .batches
+            .values()
+            .filter(|b| b.tenant == tenant)
+            .collect();
+        // RFC 3339 times of one clock in UTC sort as text; the id breaks ties.
+        theirs.sort_by(|a, b| (&b.created_at, &b.batch_id).cmp(&(&a.created_at, &a.batch_id)));
+        Ok(theirs
+            .into_iter()
+            .take(max)
+            .map(|b| b.batch_id.clone())
+            .collect())
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionStore for MemoryStore {
     async fn create_turn(
         &self,
         _grant: &Grant,
@@ -168,10 +253,6 @@ impl SessionStore for MemoryStore {
         }
     }
 
-    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError> {
-        Ok(self.lock()?.owners.get(session).cloned())
-    }
-
     async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
         Ok(self
             .lock()?
@@ -197,24 +278,6 @@ impl SessionStore for MemoryStore {
     async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
         self.lock()?.cancels.insert((session.clone(), turn.clone()));
         Ok(())
-    }
-
-    async fn cancel_requested(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-    ) -> Result<bool, StoreError> {
-        Ok(self
-            .lock()?
-            .cancels
-            .contains(&(session.clone(), turn.clone())))
-    }
-
-    async fn latched_contexts(
-        &self,
-        session: &SessionId,
-    ) -> Result<Option<ContextIds>, StoreError> {
-        Ok(self.lock()?.contexts.get(session).cloned())
     }
 
     async fn acquire_lease(
@@ -272,18 +335,6 @@ impl SessionStore for MemoryStore {
             inner.leases.remove(session);
         }
         Ok(())
-    }
-
-    async fn conversation(
-        &self,
-        session: &SessionId,
-    ) -> Result<Vec<serde_json::Value>, StoreError> {
-        Ok(self
-            .lock()?
-            .conversations
-            .get(session)
-            .cloned()
-            .unwrap_or_default())
     }
 
     async fn save(
@@ -369,21 +420,6 @@ impl SessionStore for MemoryStore {
         Ok(())
     }
 
-    async fn kept_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let inner = self.lock()?;
-        let now = Instant::now();
-        Ok(inner
-            .live
-            .get(&(session.clone(), turn.clone()))
-            .filter(|(until, _)| *until > now)
-            .map(|(_, events)| events.iter().cloned().collect())
-            .unwrap_or_default())
-    }
-
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
         let now = Instant::now();
@@ -437,19 +473,11 @@ impl SessionStore for MemoryStore {
         Ok(changed)
     }
 
-    fn fenced_rejections(&self) -> u64 {
-        self.fenced.load(Ordering::Relaxed)
-    }
-
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
         self.lock()?
             .batches
             .insert(batch.batch_id.clone(), batch.clone());
         Ok(())
-    }
-
-    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
-        Ok(self.lock()?.batches.get(id).cloned())
     }
 
     async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
@@ -462,31 +490,6 @@ impl SessionStore for MemoryStore {
     async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
         self.lock()?.heartbeats.remove(worker);
         Ok(())
-    }
-
-    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        Ok(self
-            .lock()?
-            .heartbeats
-            .iter()
-            .map(|(w, b)| (w.clone(), b.clone()))
-            .collect())
-    }
-
-    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {
-        let state = self.lock()?;
-        let mut theirs: Vec<&BatchRecord> = state
-            .batches
-            .values()
-            .filter(|b| b.tenant == tenant)
-            .collect();
-        // RFC 3339 times of one clock in UTC sort as text; the id breaks ties.
-        theirs.sort_by(|a, b| (&b.created_at, &b.batch_id).cmp(&(&a.created_at, &a.batch_id)));
-        Ok(theirs
-            .into_iter()
-            .take(max)
-            .map(|b| b.batch_id.clone())
-            .collect())
     }
 
     async fn note_batch(

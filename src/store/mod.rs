@@ -167,13 +167,12 @@ pub enum Admission {
     Turn(Option<Box<TurnRecord>>),
 }
 
-/// Session and turn persistence. Implementations: [`MemoryStore`] (embedded, tests) and
-/// [`RedisStore`]; both pass one conformance suite (`tests/it/store_conformance.rs`).
-///
-/// Every write a worker makes during a turn carries its [`Lease`] and is rejected if that lease
-/// is no longer the session's current one.
+/// What a store answers without changing anything: sessions, turns, the conversation, cancel
+/// requests, live events, batches and heartbeats. Everything that only reads state holds this
+/// (the model call, the routes that read); only the turn's lifecycle and the parts that write
+/// non-turn state hold a [`SessionStore`].
 #[async_trait::async_trait]
-pub trait SessionStore: Send + Sync + 'static {
+pub trait StoreReader: Send + Sync + 'static {
     /// The session, if it exists.
     async fn get_session(&self, id: &SessionId) -> Result<Option<SessionState>, StoreError>;
     /// The turn, if it exists in that session.
@@ -184,6 +183,69 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<Option<TurnRecord>, StoreError>;
     /// The session's turn ids with their status, oldest first.
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError>;
+    /// The tenant that owns the session, if any.
+    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
+    /// Whether the turn was asked to stop.
+    async fn cancel_requested(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<bool, StoreError>;
+    /// For each turn, whether it was asked to stop: [`StoreReader::cancel_requested`] for many
+    /// turns at once (the worker's watch over its turns in a model call), in as few requests
+    /// as the store can.
+    async fn cancels_requested(
+        &self,
+        turns: &[(SessionId, TurnId)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut asked = Vec::with_capacity(turns.len());
+        for (session, turn) in turns {
+            asked.push(self.cancel_requested(session, turn).await?);
+        }
+        Ok(asked)
+    }
+    /// The contexts the session latched, if any.
+    async fn latched_contexts(&self, session: &SessionId)
+    -> Result<Option<ContextIds>, StoreError>;
+    /// The session's conversation as stored, oldest item first (empty for an unknown session).
+    async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
+    /// The live events kept of a turn ([`SessionStore::keep_live`]), oldest first.
+    async fn kept_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// How many writes were rejected because their lease was stale.
+    fn fenced_rejections(&self) -> u64;
+    /// The batch, if it exists.
+    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError>;
+    /// The ids of `tenant`'s latest batches, newest first, at most `max` (some may have
+    /// expired since).
+    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
+    /// Every heartbeat held, by worker, however old.
+    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// Several turns at once, in the order asked (`None` where absent); one round trip where
+    /// the backend allows it.
+    async fn get_turns(
+        &self,
+        ids: &[(SessionId, TurnId)],
+    ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (sid, tid) in ids {
+            out.push(self.get_turn(sid, tid).await?);
+        }
+        Ok(out)
+    }
+}
+
+/// Session and turn persistence: the reads of [`StoreReader`] and the writes. Implementations:
+/// [`MemoryStore`] (embedded, tests) and [`RedisStore`]; both pass one conformance suite
+/// (`tests/it/store_conformance.rs`).
+///
+/// Every write a worker makes during a turn carries its [`Lease`] and is rejected if that lease
+/// is no longer the session's current one; the turn-state writes take layer F's [`Grant`].
+#[async_trait::async_trait]
+pub trait SessionStore: StoreReader {
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
     async fn create_turn(
@@ -232,8 +294,6 @@ pub trait SessionStore: Send + Sync + 'static {
         current: &TurnRecord,
         new: &TurnRecord,
     ) -> Result<bool, StoreError>;
-    /// The tenant that owns the session, if any.
-    async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
     /// Makes `tenant` the session's owner unless it has one; returns the owner.
     async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError>;
     /// Latches `contexts` as the session's unless it has latched some already; returns the
@@ -247,28 +307,6 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Asks whoever runs the turn to stop it at its next safe point (kept as long as turn
     /// records). Not fenced: the front door asks without holding the lease.
     async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError>;
-    /// Whether the turn was asked to stop.
-    async fn cancel_requested(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-    ) -> Result<bool, StoreError>;
-    /// For each turn, whether it was asked to stop: [`SessionStore::cancel_requested`] for many
-    /// turns at once (the worker's watch over its turns in a model call), in as few requests
-    /// as the store can.
-    async fn cancels_requested(
-        &self,
-        turns: &[(SessionId, TurnId)],
-    ) -> Result<Vec<bool>, StoreError> {
-        let mut asked = Vec::with_capacity(turns.len());
-        for (session, turn) in turns {
-            asked.push(self.cancel_requested(session, turn).await?);
-        }
-        Ok(asked)
-    }
-    /// The contexts the session latched, if any.
-    async fn latched_contexts(&self, session: &SessionId)
-    -> Result<Option<ContextIds>, StoreError>;
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,
@@ -339,13 +377,11 @@ pub trait SessionStore: Send + Sync + 'static {
         session: &SessionId,
         lease: &Lease,
     ) -> Result<(), StoreError>;
-    /// The session's conversation as stored, oldest item first (empty for an unknown session).
-    async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
     /// Writes the turn record and, when given, the session state, in one atomic step checked
     /// against the lease; with `release`, the lease is released in the same step. The
     /// session's pending conversation items are appended to its stored conversation in the
     /// same step (the caller drops them once the save succeeded). Reads in that step whether
-    /// the turn was asked to stop ([`SessionStore::cancel_requested`]): a request made before
+    /// the turn was asked to stop ([`StoreReader::cancel_requested`]): a request made before
     /// the write is seen, and one made after it meets the record as written.
     async fn save(
         &self,
@@ -372,12 +408,6 @@ pub trait SessionStore: Send + Sync + 'static {
         turn: &TurnId,
         event: &[u8],
     ) -> Result<(), StoreError>;
-    /// The live events kept of a turn ([`SessionStore::keep_live`]), oldest first.
-    async fn kept_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-    ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Returns once everything stored for `session` so far is held by as many replicas as the
     /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
     /// called after a turn settles (before its status is published and its job acknowledged)
@@ -399,21 +429,12 @@ pub trait SessionStore: Send + Sync + 'static {
         entry: ToolOutput<'_>,
         lease: &Lease,
     ) -> Result<Option<SessionState>, StoreError>;
-    /// How many writes were rejected because their lease was stale.
-    fn fenced_rejections(&self) -> u64;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
-    /// The batch, if it exists.
-    async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError>;
-    /// The ids of `tenant`'s latest batches, newest first, at most `max` (some may have
-    /// expired since).
-    async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.
     async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError>;
     /// Removes worker `worker`'s heartbeat (it stopped, or it is long gone).
     async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError>;
-    /// Every heartbeat held, by worker, however old.
-    async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
     /// (each counted once, however often it settles) and, from the front door once every line
     /// was enqueued, how many lines have turns. `true` when every line has settled and the
@@ -445,18 +466,6 @@ pub trait SessionStore: Send + Sync + 'static {
         line: (&SessionId, &TurnId),
         url: &str,
     ) -> Result<bool, StoreError>;
-    /// Several turns at once, in the order asked (`None` where absent); one round trip where
-    /// the backend allows it.
-    async fn get_turns(
-        &self,
-        ids: &[(SessionId, TurnId)],
-    ) -> Result<Vec<Option<TurnRecord>>, StoreError> {
-        let mut out = Vec::with_capacity(ids.len());
-        for (sid, tid) in ids {
-            out.push(self.get_turn(sid, tid).await?);
-        }
-        Ok(out)
-    }
 }
 
 /// Turns read from the store at once when counting a batch's progress.

@@ -28,7 +28,7 @@ use aptix_worker::frontdoor::Pickup;
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{JobOutcome, Pipeline, PipelineSettings};
 use aptix_worker::store::redis::{RedisOptions, RedisStore};
-use aptix_worker::store::{Retention, SessionStore};
+use aptix_worker::store::{Retention, SessionStore, StoreReader as _};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};

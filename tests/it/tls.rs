@@ -280,7 +280,7 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
     )
     .await
     .unwrap();
-    use aptix_worker::store::SessionStore as _;
+    use aptix_worker::store::StoreReader as _;
     let record = store
         .get_turn(
             &aptix_worker::contract::SessionId::parse("tls-s").unwrap(),

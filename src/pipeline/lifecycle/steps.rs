@@ -1,10 +1,8 @@
 //! The steps inside a run: a checkpoint before tools run, a background call's id, a tool
 //! output in the ledger, and the reads that tell the run to stop.
 
-use tracing::warn;
-
 use super::{Pipeline, RetryKind, RetryableFailure, permanent, store_failure};
-use crate::contract::{ErrorCode, SessionId, TurnId};
+use crate::contract::ErrorCode;
 use crate::llm::ModelResponse;
 use crate::store::{Checkpoint, ToolOutput, TurnProgress};
 use crate::tools::ModeEffect;
@@ -104,36 +102,15 @@ impl Pipeline {
         run.session.conversation.clear();
         Ok(true)
     }
+}
 
-    /// Whether the turn was asked to stop (a store that cannot answer counts as "no": the
-    /// next safe point asks again).
-    pub(in crate::pipeline) async fn cancel_requested(
+#[async_trait::async_trait]
+impl crate::pipeline::model_call::CallMarks for Pipeline {
+    async fn mark_call(
         &self,
-        sid: &SessionId,
-        tid: &TurnId,
-    ) -> bool {
-        match self.store.cancel_requested(sid, tid).await {
-            Ok(asked) => asked,
-            Err(e) => {
-                warn!(error = %e, "cannot tell whether the turn was cancelled; going on");
-                false
-            }
-        }
-    }
-
-    /// Runs `work` unless the turn is asked to stop first (the pipeline's watch looks for every
-    /// waiting turn at once, every [`CANCEL_POLL`]); `None` when it was: `work` is dropped, and
-    /// with it an HTTP request in flight.
-    pub(in crate::pipeline) async fn unless_cancelled<T>(
-        &self,
-        sid: &SessionId,
-        tid: &TurnId,
-        work: impl std::future::Future<Output = T>,
-    ) -> Option<T> {
-        let watched = self.cancels.watch(sid, tid);
-        tokio::select! {
-            out = work => Some(out),
-            () = watched.cancelled() => None,
-        }
+        run: &mut Run,
+        mark: crate::state::ModelCallMark,
+    ) -> Result<(), RetryableFailure> {
+        self.note_model_call(run, mark).await
     }
 }

@@ -1,4 +1,5 @@
 //! Layer F's transitions over the embedded store.
+use crate::store::StoreReader as _;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -53,7 +53,7 @@ async fn an_undecodable_value_names_its_key_and_keeps_its_cause() {
         .query_async(&mut store.conn())
         .await
         .expect("SET");
-    let e = crate::store::SessionStore::get_session(&store, &sid).await;
+    let e = crate::store::StoreReader::get_session(&store, &sid).await;
     store.delete_namespace().await.expect("clean up");
     let Err(e) = e else {
         panic!("a corrupt session must not read as one: {e:?}");
@@ -88,7 +88,7 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
         .query_async(&mut store.conn())
         .await
         .expect("SET");
-    let mut session: SessionState = crate::store::SessionStore::get_session(&store, &sid)
+    let mut session: SessionState = crate::store::StoreReader::get_session(&store, &sid)
         .await
         .expect("read")
         .expect("stored");
@@ -118,7 +118,7 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
     )
     .await
     .expect("save");
-    let moved = crate::store::SessionStore::conversation(&store, &sid).await;
+    let moved = crate::store::StoreReader::conversation(&store, &sid).await;
     let raw: String = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut store.conn())
