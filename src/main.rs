@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     // The configuration's layers, read once: the file (APTIX_CONFIG_FILE) and the environment.
     // What is needed before the runtime starts is read from them here, the rest by the command.
     let (sources, process) = match Sources::from_env().and_then(|s| {
-        let process = Process::read(&s)?;
+        let process = Process::read(&s, cli.command.long_running())?;
         Ok((s, process))
     }) {
         Ok(read) => read,

@@ -171,12 +171,16 @@ pub struct Process {
 }
 
 impl Process {
-    /// Reads the process settings.
-    pub fn read(sources: &Sources) -> Result<Self, ConfigError> {
+    /// Reads the process settings; the CPU scheduling class only for a `long_running` command
+    /// (the others keep the class they were started in, whatever the setting says).
+    pub fn read(sources: &Sources, long_running: bool) -> Result<Self, ConfigError> {
         let r = setting::Reader::new(sources);
         Ok(Self {
             log_format: telemetry::Telemetry::read(&r)?.log_format,
-            cpu_scheduling: worker::read_cpu_scheduling(&r)?,
+            cpu_scheduling: match long_running {
+                true => worker::read_cpu_scheduling(&r)?,
+                false => crate::sched::CpuScheduling::Normal,
+            },
             tls_ca: deployment::read_ca(&r)?,
         })
     }

@@ -91,7 +91,8 @@ pub static CPU_SCHEDULING: Setting = Setting {
     default: Default::Value("normal"),
     about: "`batch` runs `serve`, `worker` and `run` in the kernel's `SCHED_BATCH` class (Linux, no \
             privilege needed): a thread that wakes another is not preempted by it at once, so each \
-            wake-up carries more work (measured in docs/benchmarks.md)",
+            wake-up carries more work (measured in docs/benchmarks.md); an unknown value stops \
+            those commands (exit 2), the others ignore it",
 };
 
 /// The settings of this section.
@@ -146,12 +147,19 @@ impl Worker {
             shutdown_grace: r.duration(&SHUTDOWN_GRACE)?,
             lane_wait: r.positive_duration(&LANE_WAIT)?,
             modes_file: r.text(&MODES_FILE)?,
-            cpu_scheduling: read_cpu_scheduling(r)?,
+            // Checked strictly only where it applies (by the binary, for `serve`, `worker` and
+            // `run`): the other commands start whatever it says.
+            cpu_scheduling: r
+                .parse(&CPU_SCHEDULING, |t, _| {
+                    Ok(CpuScheduling::parse(Some(t)).unwrap_or_default())
+                })?
+                .unwrap_or_default(),
         })
     }
 }
 
-/// The CPU scheduling class (the binary reads it before the runtime starts its threads).
+/// The CPU scheduling class, an unknown one refused (the binary reads it for the long-running
+/// commands before the runtime starts its threads).
 pub fn read_cpu_scheduling(r: &Reader) -> Result<CpuScheduling, ConfigError> {
     Ok(r.parse(&CPU_SCHEDULING, |t, _| {
         CpuScheduling::parse(Some(t)).map_err(|e| e.to_string())

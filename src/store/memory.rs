@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    BatchRecord, ContextIds, Grant, Lease, Saved, SessionState, SessionStore, StoreError,
-    StoreReader, ToolOutput, TurnRecord,
+    BatchRecord, ContextIds, Grant, Lease, RecordWriter, Saved, SessionState, SessionStore,
+    StoreError, StoreReader, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -397,38 +397,6 @@ impl SessionStore for MemoryStore {
         })
     }
 
-    async fn keep_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-        event: &[u8],
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let now = Instant::now();
-        if inner.live.len() >= 1024 {
-            inner.live.retain(|_, (until, _)| *until > now);
-        }
-        let (until, events) = inner
-            .live
-            .entry((session.clone(), turn.clone()))
-            .or_insert_with(|| (now, std::collections::VecDeque::new()));
-        *until = now + super::LIVE_KEPT;
-        events.push_back(event.to_vec());
-        while events.len() > super::LIVE_EVENTS_PER_TURN {
-            events.pop_front();
-        }
-        Ok(())
-    }
-
-    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let now = Instant::now();
-        inner.watched.retain(|_, until| *until > now);
-        let until = inner.watched.entry(session.clone()).or_insert(now);
-        *until = (*until).max(now + ttl);
-        Ok(())
-    }
-
     async fn record_tool_output(
         &self,
         _grant: &Grant,
@@ -471,6 +439,41 @@ impl SessionStore for MemoryStore {
                 .insert(call_id.to_string(), output.to_string());
         }
         Ok(changed)
+    }
+}
+
+#[async_trait::async_trait]
+impl RecordWriter for MemoryStore {
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let now = Instant::now();
+        if inner.live.len() >= 1024 {
+            inner.live.retain(|_, (until, _)| *until > now);
+        }
+        let (until, events) = inner
+            .live
+            .entry((session.clone(), turn.clone()))
+            .or_insert_with(|| (now, std::collections::VecDeque::new()));
+        *until = now + super::LIVE_KEPT;
+        events.push_back(event.to_vec());
+        while events.len() > super::LIVE_EVENTS_PER_TURN {
+            events.pop_front();
+        }
+        Ok(())
+    }
+
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let now = Instant::now();
+        inner.watched.retain(|_, until| *until > now);
+        let until = inner.watched.entry(session.clone()).or_insert(now);
+        *until = (*until).max(now + ttl);
+        Ok(())
     }
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {

@@ -244,8 +244,69 @@ pub trait StoreReader: Send + Sync + 'static {
 ///
 /// Every write a worker makes during a turn carries its [`Lease`] and is rejected if that lease
 /// is no longer the session's current one; the turn-state writes take layer F's [`Grant`].
+/// The store's writes that are not a turn's state: watch marks, kept live events, batches,
+/// their completion and heartbeats. The front door, the delivery owner and the worker's
+/// vitals write these; none needs layer F's [`Grant`].
 #[async_trait::async_trait]
-pub trait SessionStore: StoreReader {
+pub trait RecordWriter: StoreReader {
+    /// Marks the session as watched for at least `ttl` from now (a mark that lasts longer is
+    /// left as it is). A worker sends a session's statuses to the session's watchers and to
+    /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
+    /// whoever subscribes marks the session first and again while it stays (see
+    /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
+    /// follows the subscription, one saved after it is sent.
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
+    /// Keeps one live event of a streaming turn (its JSON, [`crate::live::LiveEvent`]) for
+    /// [`LIVE_KEPT`] after the turn's latest, the newest [`LIVE_EVENTS_PER_TURN`] of each
+    /// turn: a client that reconnects to any front door with `Last-Event-ID` gets the text it
+    /// missed from here. Not turn state: an event not kept costs such a client some text.
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError>;
+    /// Stores a batch (kept as long as turn records).
+    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
+    /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.
+    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError>;
+    /// Removes worker `worker`'s heartbeat (it stopped, or it is long gone).
+    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError>;
+    /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
+    /// (each counted once, however often it settles) and, from the front door once every line
+    /// was enqueued, how many lines have turns. `true` when every line has settled and the
+    /// batch is not marked done ([`SessionStore::batch_done`]) — whoever notes the last piece
+    /// tells of it.
+    async fn note_batch(
+        &self,
+        id: &str,
+        settled: Option<(&SessionId, &TurnId)>,
+        lines: Option<usize>,
+    ) -> Result<bool, StoreError>;
+    /// Marks batch `id` as told of (after its `batch.completed` deliveries were enqueued).
+    async fn batch_done(&self, id: &str) -> Result<(), StoreError>;
+    /// Notes, before they are enqueued, that the turn event of batch `id`'s line `line` goes
+    /// to `urls`: the line counts towards the batch's completion only once each of them is
+    /// finished ([`SessionStore::line_event_finished`]), so `batch.completed` never overtakes
+    /// a line's event. Kept for the turn retention.
+    async fn expect_line_events(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        urls: &[&str],
+    ) -> Result<(), StoreError>;
+    /// Notes that the event of batch `id`'s line `line` to `url` was delivered or given up on;
+    /// `true` when none of the line's events is left (also when none was expected).
+    async fn line_event_finished(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        url: &str,
+    ) -> Result<bool, StoreError>;
+}
+
+#[async_trait::async_trait]
+pub trait SessionStore: RecordWriter {
     /// Creates the record of a newly accepted turn unless one exists; returns the existing one
     /// otherwise. Not fenced: the front door writes it without holding the session's lease.
     async fn create_turn(
@@ -391,23 +452,6 @@ pub trait SessionStore: StoreReader {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
-    /// Marks the session as watched for at least `ttl` from now (a mark that lasts longer is
-    /// left as it is). A worker sends a session's statuses to the session's watchers and to
-    /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
-    /// whoever subscribes marks the session first and again while it stays (see
-    /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
-    /// follows the subscription, one saved after it is sent.
-    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
-    /// Keeps one live event of a streaming turn (its JSON, [`crate::live::LiveEvent`]) for
-    /// [`LIVE_KEPT`] after the turn's latest, the newest [`LIVE_EVENTS_PER_TURN`] of each
-    /// turn: a client that reconnects to any front door with `Last-Event-ID` gets the text it
-    /// missed from here. Not turn state: an event not kept costs such a client some text.
-    async fn keep_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-        event: &[u8],
-    ) -> Result<(), StoreError>;
     /// Returns once everything stored for `session` so far is held by as many replicas as the
     /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
     /// called after a turn settles (before its status is published and its job acknowledged)
@@ -429,43 +473,6 @@ pub trait SessionStore: StoreReader {
         entry: ToolOutput<'_>,
         lease: &Lease,
     ) -> Result<Option<SessionState>, StoreError>;
-    /// Stores a batch (kept as long as turn records).
-    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
-    /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.
-    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError>;
-    /// Removes worker `worker`'s heartbeat (it stopped, or it is long gone).
-    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError>;
-    /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
-    /// (each counted once, however often it settles) and, from the front door once every line
-    /// was enqueued, how many lines have turns. `true` when every line has settled and the
-    /// batch is not marked done ([`SessionStore::batch_done`]) — whoever notes the last piece
-    /// tells of it.
-    async fn note_batch(
-        &self,
-        id: &str,
-        settled: Option<(&SessionId, &TurnId)>,
-        lines: Option<usize>,
-    ) -> Result<bool, StoreError>;
-    /// Marks batch `id` as told of (after its `batch.completed` deliveries were enqueued).
-    async fn batch_done(&self, id: &str) -> Result<(), StoreError>;
-    /// Notes, before they are enqueued, that the turn event of batch `id`'s line `line` goes
-    /// to `urls`: the line counts towards the batch's completion only once each of them is
-    /// finished ([`SessionStore::line_event_finished`]), so `batch.completed` never overtakes
-    /// a line's event. Kept for the turn retention.
-    async fn expect_line_events(
-        &self,
-        id: &str,
-        line: (&SessionId, &TurnId),
-        urls: &[&str],
-    ) -> Result<(), StoreError>;
-    /// Notes that the event of batch `id`'s line `line` to `url` was delivered or given up on;
-    /// `true` when none of the line's events is left (also when none was expected).
-    async fn line_event_finished(
-        &self,
-        id: &str,
-        line: (&SessionId, &TurnId),
-        url: &str,
-    ) -> Result<bool, StoreError>;
 }
 
 /// Turns read from the store at once when counting a batch's progress.

@@ -29,8 +29,8 @@ use std::time::Duration;
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, BatchRecord, Begun, ContextIds, Grant, Lease, Retention, Saved, SessionState,
-    SessionStore, StoreError, StoreReader, ToolOutput, TurnRecord,
+    Admission, Begun, ContextIds, Grant, Lease, Retention, Saved, SessionState, SessionStore,
+    StoreError, StoreReader, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -42,6 +42,8 @@ mod codec;
 mod connection;
 mod many;
 mod reads;
+mod records;
+mod replication;
 mod scripts;
 
 use codec::{decode, encode, with_ledger};
@@ -59,55 +61,7 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     fenced: std::sync::Arc<AtomicU64>,
     round_trips: std::sync::Arc<AtomicU64>,
-    replication: Option<std::sync::Arc<Replication>>,
-}
-
-/// `WAIT` for replicas (`APTIX_REDIS_MIN_REPLICAS`), on a connection of its own: `WAIT` blocks
-/// the connection it is sent on until the replicas answer, and every other command of the
-/// process shares the main one.
-struct Replication {
-    conn: std::sync::RwLock<RedisConnection>,
-    /// When the connection was last made again (see [`Replication::renew`]).
-    renewed: tokio::sync::Mutex<std::time::Instant>,
-    url: String,
-    options: RedisOptions,
-    min: u32,
-    timeout: Duration,
-}
-
-impl Replication {
-    fn conn(&self) -> RedisConnection {
-        self.conn
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Makes the connection again after it failed, at most once a second. A cluster
-    /// connection that mostly sends `WAIT` to a slot's primary may keep the slot map from
-    /// before a failover and time out against the dead node for good (seen in
-    /// `tests/it/redis_failover.rs`); a new one reads the map afresh.
-    async fn renew(&self) {
-        let Ok(mut renewed) = self.renewed.try_lock() else {
-            return; // another caller is at it
-        };
-        if renewed.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        *renewed = std::time::Instant::now();
-        match connection(&self.url, &self.options).await {
-            Ok(conn) => {
-                *self
-                    .conn
-                    .write()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
-                tracing::info!("made the Redis connection for replica acknowledgements again");
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot make the Redis connection for replica acknowledgements again")
-            }
-        }
-    }
+    replication: Option<std::sync::Arc<replication::Replication>>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -147,7 +101,7 @@ impl RedisStore {
         let conn = connection(url, options).await.map_err(unavailable)?;
         let replication = match options.min_replicas {
             0 => None,
-            min => Some(std::sync::Arc::new(Replication {
+            min => Some(std::sync::Arc::new(replication::Replication {
                 conn: std::sync::RwLock::new(connection(url, options).await.map_err(unavailable)?),
                 renewed: tokio::sync::Mutex::new(std::time::Instant::now()),
                 url: url.to_string(),
@@ -526,103 +480,10 @@ impl SessionStore for RedisStore {
     /// settle or fencing token, whichever connection or process wrote it. On a cluster the
     /// `WAIT` goes to the primary of the session's slot only.
     async fn confirm_replicated(&self, session: &SessionId) -> Result<(), StoreError> {
-        let Some(r) = &self.replication else {
-            return Ok(());
-        };
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let marker = self.key("replicated", session);
-        let timeout_ms = r.timeout.as_millis() as u64;
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(r.min).arg(timeout_ms);
-        let waited: Result<i64, StoreError> = async {
-            Ok(match r.conn() {
-                RedisConnection::Single(mut c) => {
-                    let (acked,): (i64,) = redis::pipe()
-                        .set_options(
-                            &marker,
-                            1,
-                            redis::SetOptions::default()
-                                .with_expiration(redis::SetExpiry::PX(5000)),
-                        )
-                        .ignore()
-                        .add_command(wait)
-                        .query_async(&mut c)
-                        .await
-                        .map_err(unavailable)?;
-                    acked
-                }
-                RedisConnection::Cluster(mut c) => {
-                    let _: () = redis::cmd("SET")
-                        .arg(&marker)
-                        .arg(1)
-                        .arg("PX")
-                        .arg(5000)
-                        .query_async(&mut c)
-                        .await
-                        .map_err(unavailable)?;
-                    use redis::cluster_routing::{
-                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-                    };
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                        Route::with_key(&marker, SlotAddr::Master),
-                    ));
-                    let answer = c.route_command(wait, route).await.map_err(unavailable)?;
-                    redis::from_redis_value(answer)
-                        .map_err(|e| StoreError::Unavailable(format!("WAIT answered: {e}")))?
-                }
-            })
+        match &self.replication {
+            Some(r) => self.wait_for_replicas(r, session).await,
+            None => Ok(()),
         }
-        .await;
-        let acked = match waited {
-            Ok(acked) => acked,
-            Err(e) => {
-                r.renew().await;
-                return Err(e);
-            }
-        };
-        let acked = u32::try_from(acked).unwrap_or(0);
-        if acked < r.min {
-            return Err(StoreError::NotReplicated {
-                session: session.to_string(),
-                wanted: r.min,
-                acked,
-                waited: r.timeout,
-            });
-        }
-        Ok(())
-    }
-
-    async fn keep_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-        event: &[u8],
-    ) -> Result<(), StoreError> {
-        let key = self.turn_key("live", session, turn);
-        let keep = super::LIVE_EVENTS_PER_TURN as isize;
-        let () = redis::pipe()
-            .rpush(&key, event)
-            .ignore()
-            .ltrim(&key, -keep, -1)
-            .ignore()
-            .pexpire(&key, ms(super::LIVE_KEPT) as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
-        let _: i64 = self
-            .scripts
-            .mark_watched
-            .key(self.key("watched", session))
-            .arg(ms(ttl))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
     }
 
     async fn record_tool_output(
@@ -673,130 +534,6 @@ impl SessionStore for RedisStore {
             s.conversation.clear();
             s
         }))
-    }
-
-    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
-        let key = format!("{}:batch:{}", self.namespace, batch.batch_id);
-        // The tenant's index first: an entry whose batch was never stored is skipped when
-        // listing, a batch missing from the index would never be listed.
-        let index = format!("{}:batches:{{{}}}", self.namespace, batch.tenant);
-        let now = time::OffsetDateTime::now_utc();
-        let created = time::OffsetDateTime::parse(
-            &batch.created_at,
-            &time::format_description::well_known::Rfc3339,
-        )
-        .unwrap_or(now);
-        let millis = |t: time::OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as f64;
-        let kept_since = now - self.retention.turns;
-        let _: () = redis::pipe()
-            .zadd(&index, &batch.batch_id, millis(created))
-            .ignore()
-            .zrembyscore(&index, "-inf", format!("({}", millis(kept_since)))
-            .ignore()
-            .pexpire(&index, ms(self.retention.turns) as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        let _: () = self
-            .conn()
-            .pset_ex(&key, encode(batch)?, ms(self.retention.turns))
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
-        let key = format!("{}:workers", self.namespace);
-        let _: () = redis::pipe()
-            .hset(&key, worker, body)
-            .ignore()
-            // Gone with the last worker: nothing of a stopped fleet is left behind.
-            .pexpire(&key, HEARTBEATS_KEPT_MS)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
-        let key = format!("{}:workers", self.namespace);
-        let _: () = self.conn().hdel(&key, worker).await.map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn note_batch(
-        &self,
-        id: &str,
-        settled: Option<(&SessionId, &TurnId)>,
-        lines: Option<usize>,
-    ) -> Result<bool, StoreError> {
-        let key = |part: &str| format!("{}:batchlines:{{{id}}}:{part}", self.namespace);
-        let member = settled.map_or(String::new(), |(s, t)| format!("{s}\n{t}"));
-        let done: i64 = self
-            .scripts
-            .note_batch
-            .key(key("settled"))
-            .key(key("lines"))
-            .key(key("done"))
-            .arg(member)
-            .arg(lines.map_or(String::new(), |n| n.to_string()))
-            .arg(ms(self.retention.turns))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(done == 1)
-    }
-
-    async fn batch_done(&self, id: &str) -> Result<(), StoreError> {
-        let key = format!("{}:batchlines:{{{id}}}:done", self.namespace);
-        let _: () = self
-            .conn()
-            .pset_ex(&key, "1", ms(self.retention.turns))
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn expect_line_events(
-        &self,
-        id: &str,
-        line: (&SessionId, &TurnId),
-        urls: &[&str],
-    ) -> Result<(), StoreError> {
-        if urls.is_empty() {
-            return Ok(());
-        }
-        let key = self.line_events_key(id, line);
-        let _: () = redis::pipe()
-            .atomic()
-            .sadd(&key, urls)
-            .ignore()
-            .pexpire(&key, ms(self.retention.turns) as i64)
-            .ignore()
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
-    async fn line_event_finished(
-        &self,
-        id: &str,
-        line: (&SessionId, &TurnId),
-        url: &str,
-    ) -> Result<bool, StoreError> {
-        let key = self.line_events_key(id, line);
-        let (left,): (i64,) = redis::pipe()
-            .atomic()
-            .srem(&key, url)
-            .ignore()
-            .scard(&key)
-            .query_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(left == 0)
     }
 }
 

@@ -1,0 +1,172 @@
+//! The Redis store's writes that are not a turn's state: watch marks, kept live events,
+//! batches and their completion, heartbeats.
+
+use std::time::Duration;
+
+use redis::AsyncCommands as _;
+
+use super::codec::encode;
+use super::{HEARTBEATS_KEPT_MS, RedisStore, ms, unavailable};
+use crate::contract::{SessionId, TurnId};
+use crate::state::BatchRecord;
+use crate::store::{RecordWriter, StoreError};
+
+#[async_trait::async_trait]
+impl RecordWriter for RedisStore {
+    async fn keep_live(
+        &self,
+        session: &SessionId,
+        turn: &TurnId,
+        event: &[u8],
+    ) -> Result<(), StoreError> {
+        let key = self.turn_key("live", session, turn);
+        let keep = crate::store::LIVE_EVENTS_PER_TURN as isize;
+        let () = redis::pipe()
+            .rpush(&key, event)
+            .ignore()
+            .ltrim(&key, -keep, -1)
+            .ignore()
+            .pexpire(&key, ms(crate::store::LIVE_KEPT) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
+        let _: i64 = self
+            .scripts
+            .mark_watched
+            .key(self.key("watched", session))
+            .arg(ms(ttl))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
+        let key = format!("{}:batch:{}", self.namespace, batch.batch_id);
+        // The tenant's index first: an entry whose batch was never stored is skipped when
+        // listing, a batch missing from the index would never be listed.
+        let index = format!("{}:batches:{{{}}}", self.namespace, batch.tenant);
+        let now = time::OffsetDateTime::now_utc();
+        let created = time::OffsetDateTime::parse(
+            &batch.created_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .unwrap_or(now);
+        let millis = |t: time::OffsetDateTime| (t.unix_timestamp_nanos() / 1_000_000) as f64;
+        let kept_since = now - self.retention.turns;
+        let _: () = redis::pipe()
+            .zadd(&index, &batch.batch_id, millis(created))
+            .ignore()
+            .zrembyscore(&index, "-inf", format!("({}", millis(kept_since)))
+            .ignore()
+            .pexpire(&index, ms(self.retention.turns) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let _: () = self
+            .conn()
+            .pset_ex(&key, encode(batch)?, ms(self.retention.turns))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
+        let key = format!("{}:workers", self.namespace);
+        let _: () = redis::pipe()
+            .hset(&key, worker, body)
+            .ignore()
+            // Gone with the last worker: nothing of a stopped fleet is left behind.
+            .pexpire(&key, HEARTBEATS_KEPT_MS)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
+        let key = format!("{}:workers", self.namespace);
+        let _: () = self.conn().hdel(&key, worker).await.map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn note_batch(
+        &self,
+        id: &str,
+        settled: Option<(&SessionId, &TurnId)>,
+        lines: Option<usize>,
+    ) -> Result<bool, StoreError> {
+        let key = |part: &str| format!("{}:batchlines:{{{id}}}:{part}", self.namespace);
+        let member = settled.map_or(String::new(), |(s, t)| format!("{s}\n{t}"));
+        let done: i64 = self
+            .scripts
+            .note_batch
+            .key(key("settled"))
+            .key(key("lines"))
+            .key(key("done"))
+            .arg(member)
+            .arg(lines.map_or(String::new(), |n| n.to_string()))
+            .arg(ms(self.retention.turns))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(done == 1)
+    }
+
+    async fn batch_done(&self, id: &str) -> Result<(), StoreError> {
+        let key = format!("{}:batchlines:{{{id}}}:done", self.namespace);
+        let _: () = self
+            .conn()
+            .pset_ex(&key, "1", ms(self.retention.turns))
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn expect_line_events(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        urls: &[&str],
+    ) -> Result<(), StoreError> {
+        if urls.is_empty() {
+            return Ok(());
+        }
+        let key = self.line_events_key(id, line);
+        let _: () = redis::pipe()
+            .atomic()
+            .sadd(&key, urls)
+            .ignore()
+            .pexpire(&key, ms(self.retention.turns) as i64)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn line_event_finished(
+        &self,
+        id: &str,
+        line: (&SessionId, &TurnId),
+        url: &str,
+    ) -> Result<bool, StoreError> {
+        let key = self.line_events_key(id, line);
+        let (left,): (i64,) = redis::pipe()
+            .atomic()
+            .srem(&key, url)
+            .ignore()
+            .scard(&key)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(left == 0)
+    }
+}
