@@ -42,7 +42,7 @@ use crate::live::LiveOutlet;
 use crate::queue::{Audience, Broker, QueueError};
 use crate::state::BatchRecord;
 use crate::state::TurnStatusView;
-use crate::store::{SessionStore, StoreError};
+use crate::store::{RecordWriter, StoreError};
 use crate::tenants::Tenants;
 use crate::webhooks::{EventType, Target, batch_jobs, turn_jobs};
 
@@ -60,7 +60,7 @@ const LONGEST_POLL: Duration = Duration::from_secs(1);
 /// Delivers turns' statuses and live output, and waits for them. Cheap to clone.
 #[derive(Clone)]
 pub struct ResultDelivery {
-    store: Arc<dyn SessionStore>,
+    store: Arc<dyn RecordWriter>,
     broker: Arc<dyn Broker>,
 }
 
@@ -158,12 +158,12 @@ pub enum Unavailable {
 
 impl ResultDelivery {
     /// Delivery over `store` (the truth) and `broker` (the news).
-    pub fn new(store: Arc<dyn SessionStore>, broker: Arc<dyn Broker>) -> Self {
+    pub fn new(store: Arc<dyn RecordWriter>, broker: Arc<dyn Broker>) -> Self {
         Self { store, broker }
     }
 
     /// The store statuses are delivered from.
-    pub(crate) fn store(&self) -> &Arc<dyn SessionStore> {
+    pub(crate) fn store(&self) -> &Arc<dyn RecordWriter> {
         &self.store
     }
 

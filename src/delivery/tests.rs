@@ -1,7 +1,7 @@
 //! The delivery's waits over the embedded broker and store (the RabbitMQ and Redis behaviour
 //! of the same calls is in the integration tests).
 
-use crate::store::StoreReader as _;
+use crate::store::{SessionStore as _, StoreReader as _};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -15,7 +15,7 @@ use crate::contract::{SessionId, TurnId};
 use crate::live::LiveEvent;
 use crate::queue::{QueueError, Replies, SessionEvent, SessionEvents};
 use crate::state::{TurnStatus, TurnStatusView};
-use crate::store::{SessionStore, StoreError};
+use crate::store::{RecordWriter, StoreError};
 
 use super::*;
 
@@ -198,7 +198,7 @@ pub enum Heard {
 /// Listens for one turn: on its subscription while it lasts (reading the store every
 /// [`RECHECK`] all the same), on the store alone after that.
 pub struct Listener {
-    store: Arc<dyn SessionStore>,
+    store: Arc<dyn RecordWriter>,
     session: SessionId,
     turn: TurnId,
     address: Option<String>,
@@ -437,7 +437,7 @@ impl WatchMark {
     /// Marks `session` and keeps it marked while the returned value lives. Fails when the
     /// store cannot be written: the caller's subscription would not be sent anything.
     pub async fn hold(
-        store: Arc<dyn SessionStore>,
+        store: Arc<dyn RecordWriter>,
         session: SessionId,
         linger: Duration,
     ) -> Result<Self, StoreError> {

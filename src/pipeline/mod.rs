@@ -12,6 +12,7 @@
 
 pub mod backends;
 mod background_call;
+mod call_reads;
 mod cancel_watch;
 pub mod compose;
 mod history;
@@ -50,7 +51,7 @@ use crate::live::{LiveOutlet, LiveSettings, LiveTurn};
 use crate::llm::LlmClient;
 use crate::metrics::Metrics;
 use crate::rag::{RagBudget, RagQuery, Retriever};
-use crate::store::{SessionStore, StoreError, TurnStatusView};
+use crate::store::{RecordWriter, SessionStore, StoreError, StoreReader, TurnStatusView};
 use crate::tools::ToolRegistry;
 
 /// A failure that may succeed if the turn is run again later (the queue retries it).
@@ -191,19 +192,18 @@ impl PipelineSettings {
 /// Runs turns.
 #[derive(Clone)]
 pub struct Pipeline {
-    store: Arc<dyn SessionStore>,
+    /// Layer F: the turn's transitions, the only holder of the store's writer here.
+    life: lifecycle::Lifecycle,
+    /// What the reasoner reads of the store (a waiting turn, its session).
+    reader: Arc<dyn StoreReader>,
     catalog: Arc<ModeCatalog>,
     /// Layer C: the model calls (reads the store, never writes it).
     model: model_call::ModelCaller,
     /// Layer D: the server tools (neither a model client nor the store).
     tools: server_tools::ServerTools,
-    settings: Arc<PipelineSettings>,
     /// The backends' context ids, computed once.
     contexts: Arc<KnownContexts>,
-    metrics: Arc<Metrics>,
     rag: Option<Rag>,
-    quotas: crate::tenants::Quotas,
-    live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
 }
 
 /// Retrieval for the `[CONTEXT]` block.
@@ -296,16 +296,19 @@ impl Pipeline {
                 backends,
                 catalog.clone(),
                 metrics.clone(),
-                store.clone(),
+                Arc::new(call_reads::StoreCallReads(store.clone())),
+                cancel_watch::CancelWatch::new(store.clone(), lifecycle::CANCEL_POLL),
             ),
-            store,
+            life: lifecycle::Lifecycle::new(
+                store.clone(),
+                catalog.clone(),
+                Arc::new(settings),
+                metrics,
+            ),
+            reader: store,
             catalog,
             tools: server_tools::ServerTools::new(tools),
-            settings: Arc::new(settings),
-            metrics,
             rag: None,
-            quotas: crate::tenants::Quotas::default(),
-            live: None,
         })
     }
 
@@ -393,20 +396,20 @@ impl Pipeline {
     /// Streams the text of turns that ask for it (`"streaming": true`) to `outlet` as the
     /// model writes it, with progress notes; without an outlet such turns run unstreamed.
     pub fn with_live(mut self, outlet: Arc<dyn LiveOutlet>, settings: LiveSettings) -> Self {
-        self.live = Some((outlet, settings));
+        self.life.live = Some((outlet, settings));
         self
     }
 
     /// Counts every model call's tokens against its session owner's daily quota.
     pub fn with_quotas(mut self, quotas: crate::tenants::Quotas) -> Self {
-        self.quotas = quotas;
+        self.life.quotas = quotas;
         self
     }
 
     /// Counts suppressed duplicates in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.model.metrics = metrics.clone();
-        self.metrics = metrics;
+        self.life.metrics = metrics;
         self
     }
 
@@ -414,6 +417,7 @@ impl Pipeline {
     /// against its tenant at the same time: one round trip for both instead of two in a row.
     async fn counting<T>(&self, spent: model_call::Spent, step: impl Future<Output = T>) -> T {
         let spend = self
+            .life
             .quotas
             .spend(&spent.tenant, &spent.context, spent.usage);
         tokio::join!(spend, step).1
@@ -429,9 +433,31 @@ impl Pipeline {
         self.model.backends.capacities()
     }
 
-    /// The store (for callers that read turn status).
-    pub fn store(&self) -> &Arc<dyn SessionStore> {
-        &self.store
+    /// Fails a turn for good after its retries ran out (the queue calls this before it
+    /// dead-letters the job), so the failure is stored and published like any result; the
+    /// stored result instead when the turn already finished.
+    pub async fn give_up(
+        &self,
+        request: &AgentExecuteRequest,
+        error: ErrorMessage,
+    ) -> Result<Settled, RetryableFailure> {
+        self.life.give_up(request, error).await
+    }
+
+    /// Fails the turn of a job that cannot be read (see `Lifecycle::fail_unreadable`).
+    pub async fn fail_unreadable(
+        &self,
+        sid: &SessionId,
+        tid: &crate::contract::TurnId,
+        errors: Vec<ErrorMessage>,
+    ) -> Result<Option<Settled>, RetryableFailure> {
+        self.life.fail_unreadable(sid, tid, errors).await
+    }
+
+    /// The store as the parts outside the pipeline use it (the worker's delivery and
+    /// heartbeats): its reads and the writes that are not a turn's state.
+    pub fn store(&self) -> Arc<dyn RecordWriter> {
+        self.life.records()
     }
 
     /// Runs one request to its next stable point: a final answer, a client tool continuation,
@@ -495,7 +521,7 @@ impl Pipeline {
         async {
             match request {
                 AgentExecuteRequest::UserTurn(turn) => {
-                    let live = match &self.live {
+                    let live = match &self.life.live {
                         Some((outlet, settings)) if turn.streaming() => Some(LiveTurn::start(
                             outlet.clone(),
                             turn.session_id(),

@@ -7,9 +7,9 @@
 //! warnings; its tokens are handed back as [`Spent`], counted against the tenant beside the
 //! turn's next write).
 //!
-//! Owns: that one call, as [`ModelCaller`]: a type that holds the model clients and reads the
-//! store (the conversation to replay, the cancel flag, the live events kept) but cannot write
-//! it; the one write a call needs (a background call's id, before anything waits for it) it
+//! Owns: that one call, as [`ModelCaller`]: a type that holds the model clients and no store:
+//! what it reads (the conversation to replay, the cancel flag, the live events kept) comes
+//! through [`CallReads`]; the one write a call needs (a background call's id, before anything waits for it) it
 //! asks of the lifecycle through [`CallMarks`]. Must not: loop, run tools or settle the turn.
 
 use std::sync::Arc;
@@ -21,14 +21,13 @@ use super::backends::{self, Backends};
 use super::cancel_watch::CancelWatch;
 use super::compose::{self, CallSpec, Continuation};
 use super::history;
-use super::{CallEnd, RetryKind, RetryableFailure, Run, permanent, store_failure};
+use super::{CallEnd, RetryKind, RetryableFailure, Run, permanent};
 use crate::catalog::ModeCatalog;
 use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
 use crate::metrics::Metrics;
 use crate::state::{CallNote, ModelCallMark, TurnProgress};
-use crate::store::StoreReader;
 
 /// The first pause before a flex call refused for capacity is made again; it doubles up to
 /// [`FLEX_PAUSE_MAX`].
@@ -37,16 +36,27 @@ const FLEX_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(500
 const FLEX_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// Layer C: makes the turn's model calls. Holds the model clients (by agent context), the mode
-/// catalog (for the request's instructions and tools) and a store it can only read.
+/// catalog (for the request's instructions and tools) and the reads it needs ([`CallReads`]).
 #[derive(Clone)]
 pub(super) struct ModelCaller {
     /// The agent contexts' clients.
     pub(super) backends: Arc<Backends>,
     catalog: Arc<ModeCatalog>,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) store: Arc<dyn StoreReader>,
+    pub(super) store: Arc<dyn CallReads>,
     /// The turns waiting on the model, watched for a request to stop.
     cancels: CancelWatch,
+}
+
+/// What a model call reads of the turn's stored state.
+#[async_trait::async_trait]
+pub(super) trait CallReads: Send + Sync {
+    /// The session's conversation as stored, oldest item first.
+    async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, RetryableFailure>;
+    /// Whether the turn was asked to stop (`Err`: the store could not tell, and why).
+    async fn cancel_requested(&self, sid: &SessionId, tid: &TurnId) -> Result<bool, String>;
+    /// The live events kept of the turn, oldest first (`Err`: why they cannot be read).
+    async fn kept_live(&self, sid: &SessionId, tid: &TurnId) -> Result<Vec<Vec<u8>>, String>;
 }
 
 /// The write a model call asks of the turn's lifecycle (layer F): recording a background
@@ -58,15 +68,17 @@ pub(super) trait CallMarks: Send + Sync {
 }
 
 impl ModelCaller {
-    /// A caller over these backends, reading `store`.
+    /// A caller over these backends, reading through `store`, its calls watched for cancel
+    /// requests by `cancels`.
     pub(super) fn new(
         backends: Backends,
         catalog: Arc<ModeCatalog>,
         metrics: Arc<Metrics>,
-        store: Arc<dyn StoreReader>,
+        store: Arc<dyn CallReads>,
+        cancels: CancelWatch,
     ) -> Self {
         Self {
-            cancels: CancelWatch::new(store.clone(), super::lifecycle::CANCEL_POLL),
+            cancels,
             backends: Arc::new(backends),
             catalog,
             metrics,
@@ -106,11 +118,7 @@ impl ModelCaller {
         // The conversation so far — as stored, then what the run has not stored yet — read
         // only when the call replays it: it grows with the session.
         let history = async |run: &Run, progress: &TurnProgress| {
-            let mut items = self
-                .store
-                .conversation(&run.session().session_id)
-                .await
-                .map_err(store_failure)?;
+            let mut items = self.store.conversation(&run.session().session_id).await?;
             items.extend(run.session().conversation.iter().cloned());
             items.extend(progress.turn_items.iter().cloned());
             Ok::<_, RetryableFailure>(items)

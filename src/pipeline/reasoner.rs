@@ -40,11 +40,11 @@ impl Pipeline {
         // The contexts the turn asks for are checked before anything is stored: only known
         // ones are latched (in the begin step, for a new session).
         let asked = backends::asked_for(&self.contexts, turn);
-        let begun = self.begin(sid, tid, asked.as_ref().ok()).await?;
+        let begun = self.life.begin(sid, tid, asked.as_ref().ok()).await?;
         // A turn that already ran (a duplicate or redelivered job) answers with its stored
         // result; another payload's turn is not this job's.
         if let Some(rec) = &begun.turn {
-            let answer = match self.finished(rec, &fp) {
+            let answer = match self.life.finished(rec, &fp) {
                 Ok(None) => None,
                 Ok(Some(done)) => Some(Ok(Settled::stored(done))),
                 Err(not_the_turns) => Some(Err(not_the_turns)),
@@ -68,9 +68,10 @@ impl Pipeline {
                 let record = existing.unwrap_or_else(|| {
                     TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new())
                 });
-                let session = loaded.unwrap_or_else(|| self.new_session(sid));
+                let session = loaded.unwrap_or_else(|| self.life.new_session(sid));
                 let refused = backends::refused(errors);
                 return Ok(self
+                    .life
                     .fail_at_start(held, record, session, live, refused)
                     .await?);
             }
@@ -83,7 +84,7 @@ impl Pipeline {
         // The session is written at the start of the run only when it is new or the turn
         // changes it; otherwise the write that settles the turn is its next one.
         let mut changed = loaded.is_none();
-        let mut session = loaded.unwrap_or_else(|| self.new_session(sid));
+        let mut session = loaded.unwrap_or_else(|| self.life.new_session(sid));
         if session.contexts != contexts {
             session.contexts = contexts;
             changed = true;
@@ -127,7 +128,9 @@ impl Pipeline {
                 self.context_chunks(sid, turn).await
             }
         };
-        let start = self.start_user_turn(held, record, session, changed, live);
+        let start = self
+            .life
+            .start_user_turn(held, record, session, changed, live);
         let (started, chunks) = Box::pin(async { tokio::join!(start, retrieval) }).await;
         let run = started?;
         // One line per turn at info is its end; a start is worth one only when it is a retry or
@@ -195,7 +198,7 @@ impl Pipeline {
                 && let Some(result) = &record.result
                 && record.status != TurnStatus::Running
             {
-                self.metrics.duplicate_suppressed("worker");
+                self.life.metrics.duplicate_suppressed("worker");
                 return Err(Box::new(Ok(Settled::stored(result.clone()))));
             }
             // Awaiting client tools (a continuation run directly), queued for the continuation
@@ -224,11 +227,16 @@ impl Pipeline {
             }
             Ok(record)
         };
-        if let Err(answer) = check(self.store.get_turn(sid, tid).await.map_err(store_failure)?) {
+        if let Err(answer) = check(
+            self.reader
+                .get_turn(sid, tid)
+                .await
+                .map_err(store_failure)?,
+        ) {
             return *answer;
         }
-        let held = self.lease(sid, tid).await?;
-        let reread = match self.store.get_turn(sid, tid).await {
+        let held = self.life.lease(sid, tid).await?;
+        let reread = match self.reader.get_turn(sid, tid).await {
             Ok(r) => r,
             Err(e) => {
                 held.release().await;
@@ -242,7 +250,7 @@ impl Pipeline {
                 return *answer;
             }
         };
-        let session = match self.store.get_session(sid).await {
+        let session = match self.reader.get_session(sid).await {
             Ok(Some(s)) => s,
             other => {
                 held.release().await;
@@ -267,7 +275,7 @@ impl Pipeline {
             .collect();
         // A turn that streams streams its continuations' runs too; every live event is out
         // before the worker publishes the result.
-        let live = match &self.live {
+        let live = match &self.life.live {
             Some((outlet, settings)) if record.streaming => Some(LiveTurn::start(
                 outlet.clone(),
                 sid,
@@ -277,7 +285,9 @@ impl Pipeline {
             )),
             _ => None,
         };
-        let run = self.open_continuation(held, record, session, tenant, live.clone());
+        let run = self
+            .life
+            .open_continuation(held, record, session, tenant, live.clone());
         let settled = self
             .continue_with_results(run, cont, &expected, submitted, pending)
             .await;
@@ -300,11 +310,12 @@ impl Pipeline {
         if let Err(mismatch) = check_tool_results(expected, cont.tool_results()) {
             warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
             return Ok(self
+                .life
                 .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
                 .await?);
         }
-        if let Err(f) = self.accept_tool_results(&mut run, submitted).await {
-            return Err(self.hand_back(run, f).await.into());
+        if let Err(f) = self.life.accept_tool_results(&mut run, submitted).await {
+            return Err(self.life.hand_back(run, f).await.into());
         }
         if run.record().checkpoint.is_some() {
             return Ok(self
@@ -356,15 +367,15 @@ impl Pipeline {
                     cp.response
                 }
                 _ => {
-                    if progress.iterations >= self.settings.max_iterations {
+                    if progress.iterations >= self.life.settings.max_iterations {
                         let result = InvokeResult::failure(permanent(
                             ErrorCode::IterationLimit,
                             format!(
                                 "the turn reached the limit of {} model calls without a final answer",
-                                self.settings.max_iterations
+                                self.life.settings.max_iterations
                             ),
                         ));
-                        return Box::pin(self.fail_turn(run, result)).await;
+                        return Box::pin(self.life.fail_turn(run, result)).await;
                     }
                     let tools_mode = compose::tools_mode(&self.catalog, &progress);
                     let sent = std::mem::take(&mut input);
@@ -376,18 +387,18 @@ impl Pipeline {
                             &tools_mode,
                             sent,
                             previous.as_deref(),
-                            self,
+                            &self.life,
                         )
                         .await
                     {
                         Err(retryable) => {
-                            return Err(Box::pin(self.hand_back(run, retryable)).await);
+                            return Err(Box::pin(self.life.hand_back(run, retryable)).await);
                         }
                         Ok(Err(CallEnd::Failed(failed))) => {
-                            return Box::pin(self.fail_turn(run, *failed)).await;
+                            return Box::pin(self.life.fail_turn(run, *failed)).await;
                         }
                         Ok(Err(CallEnd::Cancelled)) => {
-                            return Box::pin(self.cancel_turn(run)).await;
+                            return Box::pin(self.life.cancel_turn(run)).await;
                         }
                         // An answer that calls tools is saved before any of them runs: a
                         // re-run resumes here instead of running them twice. An answer without
@@ -395,9 +406,10 @@ impl Pipeline {
                         // second write of the same turn one round trip earlier; a run that dies
                         // in between asks the model again, as one that dies during the call.
                         Ok(Ok((response, spent))) if calls_tools(&response) => {
-                            let saved = Box::pin(self.checkpoint(&mut run, &response, &progress));
+                            let saved =
+                                Box::pin(self.life.checkpoint(&mut run, &response, &progress));
                             if let Err(f) = self.counting(spent, saved).await {
-                                return Err(Box::pin(self.hand_back(run, f)).await);
+                                return Err(Box::pin(self.life.hand_back(run, f)).await);
                             }
                             response
                         }
@@ -447,9 +459,10 @@ impl Pipeline {
                             ErrorCode::LlmBadResponse,
                             "the model answered with neither text nor tool calls",
                         ));
-                        return self.fail_turn(run, result).await;
+                        return self.life.fail_turn(run, result).await;
                     }
-                    self.complete_turn(run, progress, response.id, text, api_warnings)
+                    self.life
+                        .complete_turn(run, progress, response.id, text, api_warnings)
                         .await
                 };
                 return match uncounted {
@@ -503,14 +516,14 @@ impl Pipeline {
                         {
                             Ok(out) => outputs.push((call_id, out)),
                             Err(retryable) => {
-                                return Err(Box::pin(self.hand_back(run, retryable)).await);
+                                return Err(Box::pin(self.life.hand_back(run, retryable)).await);
                             }
                         }
                     }
                 }
             }
             if !client_calls.is_empty() {
-                return Box::pin(self.await_client_tools(
+                return Box::pin(self.life.await_client_tools(
                     run,
                     progress,
                     response.id,
@@ -560,6 +573,7 @@ impl Pipeline {
             return Ok(step.output);
         }
         let changed = self
+            .life
             .record_tool_output(run, call_id, &step.output, step.effect)
             .await?;
         // The next calls of this turn carry the new mode; the last change wins.

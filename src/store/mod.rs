@@ -249,6 +249,14 @@ pub trait StoreReader: Send + Sync + 'static {
 /// vitals write these; none needs layer F's [`Grant`].
 #[async_trait::async_trait]
 pub trait RecordWriter: StoreReader {
+    /// Returns once everything stored for `session` so far is held by as many replicas as the
+    /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
+    /// called after a turn settles (before its status is published and its job acknowledged)
+    /// and after a lease is taken (a new fencing token). Stores without replicas have nothing
+    /// to wait for.
+    async fn confirm_replicated(&self, _session: &SessionId) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// Marks the session as watched for at least `ttl` from now (a mark that lasts longer is
     /// left as it is). A worker sends a session's statuses to the session's watchers and to
     /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
@@ -452,14 +460,6 @@ pub trait SessionStore: RecordWriter {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
-    /// Returns once everything stored for `session` so far is held by as many replicas as the
-    /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
-    /// called after a turn settles (before its status is published and its job acknowledged)
-    /// and after a lease is taken (a new fencing token). Stores without replicas have nothing
-    /// to wait for.
-    async fn confirm_replicated(&self, _session: &SessionId) -> Result<(), StoreError> {
-        Ok(())
-    }
     /// Records one server tool's output in the turn's ledger before the next model call and,
     /// when the tool changed the session's mode, the new mode and its history entry — in one
     /// atomic step checked against the lease, so a resumed run finds both or neither. Returns
@@ -481,7 +481,7 @@ const BATCH_READ_CHUNK: usize = 500;
 /// Counts `batch`'s turns by status (what `GET /v1/batches/{id}` answers, and the data of a
 /// `batch.completed` event).
 pub async fn batch_progress(
-    store: &dyn SessionStore,
+    store: &dyn StoreReader,
     batch: &BatchRecord,
 ) -> Result<crate::state::BatchProgress, StoreError> {
     let mut p = crate::state::BatchProgress {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::metrics::Metrics;
-use crate::store::SessionStore;
+use crate::store::RecordWriter;
 use crate::vitals::{BEAT, ContextLoad, Heartbeat, Identity, KEPT_SLOTS, Slot, unix_ms};
 
 /// Writes the worker's heartbeat every [`BEAT`] until `stop` fires, then takes it back (the
@@ -12,7 +12,7 @@ use crate::vitals::{BEAT, ContextLoad, Heartbeat, Identity, KEPT_SLOTS, Slot, un
 /// [`crate::vitals::GONE_AFTER`]). A heartbeat the
 /// store does not take is logged and skipped: it is for people looking, nothing waits on it.
 pub(crate) async fn beat(
-    store: std::sync::Arc<dyn SessionStore>,
+    store: std::sync::Arc<dyn RecordWriter>,
     metrics: std::sync::Arc<Metrics>,
     identity: Identity,
     capacities: Vec<(String, Option<u32>)>,

@@ -1,16 +1,16 @@
 //! Turns no run can finish: given up after their retries, or whose job cannot be read.
 
-use super::{Pipeline, RetryableFailure, Settled, TurnResult, fingerprint, store_failure};
+use super::{Lifecycle, RetryableFailure, Settled, TurnResult, fingerprint, store_failure};
 use crate::contract::{AgentExecuteRequest, ErrorMessage, InvokeResult, SessionId, TurnId};
 use crate::store::{TurnRecord, TurnStatus};
 
 use super::*;
 
-impl Pipeline {
+impl Lifecycle {
     /// Fails a turn for good after its retries ran out (the queue calls this before it
     /// dead-letters the job), so the failure is stored and published like any result. Returns
     /// the stored result instead when the turn already finished.
-    pub async fn give_up(
+    pub(in crate::pipeline) async fn give_up(
         &self,
         request: &AgentExecuteRequest,
         error: ErrorMessage,
@@ -40,7 +40,7 @@ impl Pipeline {
     /// turn that is queued, or was running when a run of it died. A turn that ended already
     /// answers with its stored result (to publish again); `None` when there is no turn, or it
     /// waits for client tools.
-    pub async fn fail_unreadable(
+    pub(in crate::pipeline) async fn fail_unreadable(
         &self,
         sid: &SessionId,
         tid: &TurnId,

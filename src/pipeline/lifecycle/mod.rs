@@ -1,20 +1,21 @@
-//! The turn lifecycle (AGN-027 layer F: persistence is terminal). The one module that writes a
-//! turn's state: it alone makes the store's [`Grant`], so every other module — the reasoner,
-//! the model call, the server tools, the worker, the front door — moves a turn only through the
-//! transitions here. A run's turn and session are held in a [`Run`] whose fields only this
-//! module can change.
+//! The turn lifecycle (AGN-027 layer F: persistence is terminal), as [`Lifecycle`]. The one
+//! module that writes a turn's state: inside the pipeline it alone holds the store's writer
+//! (the reasoner holds a `Lifecycle` and a reader; the model call and the server tools neither),
+//! and in the crate it alone makes the store's [`Grant`], so every other module — the worker,
+//! the front door — moves a turn only through the transitions here. A run's turn and session
+//! are held in a [`Run`] whose fields only this module can change.
 //!
 //! The transitions, each **one atomic store step** (one Lua script on Redis, one lock on the
 //! embedded store), checked against the session's lease:
 //!
 //! | transition | what the step writes |
 //! |---|---|
-//! | begin ([`Pipeline::begin`]) | the lease taken (and a new session's contexts latched), read with the turn and session |
-//! | start ([`Pipeline::start_user_turn`], [`Pipeline::accept_tool_results`]) | the turn `running`, its attempt counted (and the session, when the turn changes it) |
-//! | checkpoint ([`Pipeline::checkpoint`]) | a model answer that calls tools, before any of them runs |
-//! | record a tool output ([`Pipeline::record_tool_output`]) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
+//! | begin ([`Lifecycle::begin`]) | the lease taken (and a new session's contexts latched), read with the turn and session |
+//! | start ([`Lifecycle::start_user_turn`], [`Lifecycle::accept_tool_results`]) | the turn `running`, its attempt counted (and the session, when the turn changes it) |
+//! | checkpoint ([`Lifecycle::checkpoint`]) | a model answer that calls tools, before any of them runs |
+//! | record a tool output ([`Lifecycle::record_tool_output`]) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
 //! | complete / await client tools / fail / cancel | the turn's result and status, the session (conversation head, items, mode), the lease given back |
-//! | hand back ([`Pipeline::hand_back`]) | after a failure that was not a write: the record as this run last stored it, the lease given back |
+//! | hand back ([`Lifecycle::hand_back`]) | after a failure that was not a write: the record as this run last stored it, the lease given back |
 //!
 //! and at the front door ([`Intake`]): admit a new turn, take back one whose job was not
 //! accepted, queue a continuation (and take it back), cancel a waiting turn — each a
@@ -53,13 +54,60 @@ use std::time::Duration;
 use tracing::info;
 
 use super::{
-    Interrupted, NoLease, Pipeline, RetryKind, RetryableFailure, Settled, TurnResult, fingerprint,
-    permanent, store_failure,
+    Interrupted, NoLease, PipelineSettings, RetryKind, RetryableFailure, Settled, TurnResult,
+    fingerprint, permanent, store_failure,
 };
+use crate::catalog::ModeCatalog;
 use crate::contract::{ErrorCode, SessionId, SessionMeta, TurnId};
 use crate::live::LiveTurn;
+use crate::live::{LiveOutlet, LiveSettings};
+use crate::metrics::Metrics;
 use crate::state::SentRequest;
+use crate::store::SessionStore;
 use crate::store::{ContextIds, Grant, Saved, SessionState, TurnProgress, TurnRecord};
+
+/// Layer F: the turn's state transitions. Within the pipeline the only holder of the store's
+/// writer (its field is private to this module): the reasoner (E) moves a turn only by calling
+/// these methods, the model call (C) and the server tools (D) hold no writer at all.
+#[derive(Clone)]
+pub(super) struct Lifecycle {
+    store: Arc<dyn SessionStore>,
+    /// The mode catalog (a new session's first mode, the answer's mode name).
+    pub(super) catalog: Arc<ModeCatalog>,
+    /// The pipeline's settings (lease length, worker id).
+    pub(super) settings: Arc<PipelineSettings>,
+    /// Counts fenced writes, turns and their outcomes.
+    pub(super) metrics: Arc<Metrics>,
+    /// Where streaming turns' text goes, if anywhere.
+    pub(super) live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
+    /// Tenants' quotas (read at a turn's start).
+    pub(super) quotas: crate::tenants::Quotas,
+}
+
+impl Lifecycle {
+    /// Layer F over `store`.
+    pub(super) fn new(
+        store: Arc<dyn SessionStore>,
+        catalog: Arc<ModeCatalog>,
+        settings: Arc<PipelineSettings>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            store,
+            catalog,
+            settings,
+            metrics,
+            live: None,
+            quotas: crate::tenants::Quotas::default(),
+        }
+    }
+
+    /// The store, for wiring the parts outside the pipeline that write records of their own
+    /// (delivery, heartbeats).
+    pub(super) fn records(&self) -> Arc<dyn crate::store::RecordWriter> {
+        self.store.clone()
+    }
+}
 
 /// Layer F's grant: the right to call the store's turn-state writes. Nowhere else in `src/`
 /// makes one (see the test `only_layer_f_makes_a_grant`).
@@ -199,7 +247,7 @@ impl Run {
     }
 }
 
-impl Pipeline {
+impl Lifecycle {
     /// The session part of a turn's answer.
     pub(super) fn meta(&self, session: &SessionState, turn_id: &TurnId) -> SessionMeta {
         SessionMeta {
@@ -262,7 +310,7 @@ pub(super) fn busy(sid: &SessionId) -> NoLease {
     })
 }
 
-/// What a user turn's run starts from ([`Pipeline::begin`]).
+/// What a user turn's run starts from ([`Lifecycle::begin`]).
 pub(super) struct Begin {
     /// The turn as stored.
     pub(super) turn: Option<TurnRecord>,

@@ -5,14 +5,16 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use super::{Interrupted, NoLease, Pipeline, RetryableFailure, Settled, TurnResult, store_failure};
+use super::{
+    Interrupted, Lifecycle, NoLease, RetryableFailure, Settled, TurnResult, store_failure,
+};
 use crate::contract::{SessionId, TurnId};
 use crate::live::LiveTurn;
 use crate::store::{ContextIds, Lease, SessionState, TurnRecord, TurnStatus, now_rfc3339};
 
 use super::*;
 
-impl Pipeline {
+impl Lifecycle {
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
     pub(in crate::pipeline) async fn lease(
         &self,

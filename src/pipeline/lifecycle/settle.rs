@@ -3,7 +3,7 @@
 
 use tracing::{info, warn};
 
-use super::{Interrupted, Pipeline, RetryKind, RetryableFailure, Settled, TurnResult, permanent};
+use super::{Interrupted, Lifecycle, RetryKind, RetryableFailure, Settled, TurnResult, permanent};
 use crate::contract::{
     AgentExecuteResponse, ClientToolContinuation, ErrorCode, ErrorMessage, FinalResponse,
     InvokeResult, ToolCall,
@@ -14,7 +14,7 @@ use crate::store::{
 
 use super::*;
 
-impl Pipeline {
+impl Lifecycle {
     /// Hands the turn back to the queue after a retryable failure, giving the lease back so a
     /// retry can proceed at once; returns the failure for the caller to report.
     ///

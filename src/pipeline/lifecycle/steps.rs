@@ -1,7 +1,7 @@
 //! The steps inside a run: a checkpoint before tools run, a background call's id, a tool
 //! output in the ledger, and the reads that tell the run to stop.
 
-use super::{Pipeline, RetryKind, RetryableFailure, permanent, store_failure};
+use super::{Lifecycle, RetryKind, RetryableFailure, permanent, store_failure};
 use crate::contract::ErrorCode;
 use crate::llm::ModelResponse;
 use crate::store::{Checkpoint, ToolOutput, TurnProgress};
@@ -9,7 +9,7 @@ use crate::tools::ModeEffect;
 
 use super::*;
 
-impl Pipeline {
+impl Lifecycle {
     /// Saves a model answer that calls tools before any of them runs, so a re-run resumes
     /// from it instead of running them twice.
     pub(in crate::pipeline) async fn checkpoint(
@@ -105,7 +105,7 @@ impl Pipeline {
 }
 
 #[async_trait::async_trait]
-impl crate::pipeline::model_call::CallMarks for Pipeline {
+impl crate::pipeline::model_call::CallMarks for Lifecycle {
     async fn mark_call(
         &self,
         run: &mut Run,

@@ -26,10 +26,11 @@ async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
     let dyn_store: Arc<dyn SessionStore> = store.clone();
     let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
     let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
-    let held = pipeline.lease(&sid, &tid).await.unwrap();
+    let held = pipeline.life.lease(&sid, &tid).await.unwrap();
     let record = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
-    let session = pipeline.new_session(&sid);
+    let session = pipeline.life.new_session(&sid);
     let run = pipeline
+        .life
         .start_user_turn(held, record, session, true, None)
         .await
         .unwrap();
@@ -53,6 +54,7 @@ fn to_ddr(catalog: &ModeCatalog) -> ModeEffect {
 async fn a_mode_change_persists_with_its_history_and_its_ledger_entry() {
     let (store, pipeline, mut run) = running().await;
     let changed = pipeline
+        .life
         .record_tool_output(
             &mut run,
             "call_1",
@@ -96,6 +98,7 @@ async fn a_mode_change_that_cannot_persist_is_a_retryable_tool_failure_and_write
         .unwrap()
         .unwrap();
     let failure = pipeline
+        .life
         .record_tool_output(
             &mut run,
             "call_1",
@@ -137,6 +140,7 @@ async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
         .unwrap();
     assert!(
         pipeline
+            .life
             .record_tool_output(&mut run, "call_1", "{}", None)
             .await
             .is_err()
@@ -147,7 +151,7 @@ async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
         error: crate::contract::ErrorMessage::new(ErrorCode::LlmUnavailable, "later"),
         kind: crate::pipeline::RetryKind::Failure,
     };
-    pipeline.hand_back(run, failure).await;
+    pipeline.life.hand_back(run, failure).await;
     let after = store.get_turn(&sid, &tid).await.unwrap().unwrap();
     assert_eq!(
         serde_json::to_value(&before).unwrap(),

@@ -474,18 +474,6 @@ impl SessionStore for RedisStore {
             .map_err(|e| self.map_fenced(sid, e))
     }
 
-    /// One write of our own to the session's primary (a marker key that lives a few seconds),
-    /// then `WAIT` on the same connection: replication is one ordered stream, so once the
-    /// replicas hold the marker they hold every write to that primary before it — the turn's
-    /// settle or fencing token, whichever connection or process wrote it. On a cluster the
-    /// `WAIT` goes to the primary of the session's slot only.
-    async fn confirm_replicated(&self, session: &SessionId) -> Result<(), StoreError> {
-        match &self.replication {
-            Some(r) => self.wait_for_replicas(r, session).await,
-            None => Ok(()),
-        }
-    }
-
     async fn record_tool_output(
         &self,
         _grant: &Grant,
