@@ -157,7 +157,7 @@ impl Backends {
 }
 
 /// The failed result of a turn whose contexts cannot be used.
-pub(super) fn refused(errors: Vec<ErrorMessage>) -> super::TurnResult {
+pub(super) fn refused(errors: Vec<ErrorMessage>) -> super::outcome::TurnResult {
     InvokeResult::failures(errors).unwrap_or_else(|| {
         InvokeResult::failure(ErrorMessage::new(
             ErrorCode::UnknownContext,

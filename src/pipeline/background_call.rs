@@ -10,8 +10,9 @@
 
 use tracing::{info, warn};
 
+use super::lifecycle::Run;
 use super::model_call::{CallMarks, ModelCaller};
-use super::{RetryableFailure, Run};
+use super::outcome::RetryableFailure;
 use crate::contract::{SessionId, TurnId};
 use crate::live::{LiveBody, LiveEvent};
 use crate::llm::{

@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::model_call::CallReads;
-use super::{RetryableFailure, store_failure};
+use super::outcome::{RetryableFailure, store_failure};
 use crate::contract::{SessionId, TurnId};
 use crate::store::StoreReader;
 

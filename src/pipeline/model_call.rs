@@ -21,7 +21,8 @@ use super::backends::{self, Backends};
 use super::cancel_watch::CancelWatch;
 use super::compose::{self, CallSpec, Continuation};
 use super::history;
-use super::{CallEnd, RetryKind, RetryableFailure, Run, permanent};
+use super::lifecycle::{Lifecycle, Run};
+use super::outcome::{CallEnd, RetryKind, RetryableFailure, permanent};
 use crate::catalog::ModeCatalog;
 use crate::contexts::ServiceTier;
 use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
@@ -65,6 +66,14 @@ pub(super) trait CallReads: Send + Sync {
 pub(super) trait CallMarks: Send + Sync {
     /// Records `mark` in the turn's record, fenced by the run's lease.
     async fn mark_call(&self, run: &mut Run, mark: ModelCallMark) -> Result<(), RetryableFailure>;
+}
+
+/// The lifecycle records the mark in the turn ([`Lifecycle::note_model_call`]).
+#[async_trait::async_trait]
+impl CallMarks for Lifecycle {
+    async fn mark_call(&self, run: &mut Run, mark: ModelCallMark) -> Result<(), RetryableFailure> {
+        self.note_model_call(run, mark).await
+    }
 }
 
 impl ModelCaller {
@@ -413,4 +422,12 @@ pub(super) struct Spent {
     /// The agent context whose server answered.
     pub(super) context: String,
     pub(super) usage: crate::contract::Usage,
+}
+
+/// Whether the model's answer asks for a tool (server or client) to be run.
+pub(super) fn calls_tools(response: &ModelResponse) -> bool {
+    response
+        .items
+        .iter()
+        .any(|i| matches!(i, OutputItem::FunctionCall { .. }))
 }

@@ -1,22 +1,24 @@
-//! The reasoner (AGN-027 layer E): the only loop of a turn. It composes each model request,
-//! calls the model (one call: [`super::model_call`]), runs server tools through [`super::server_tools`], applies mode changes
-//! and decides whether the turn is done, waits for client tools, or fails. User turns and
-//! tool continuations both enter here.
-//!
-//! Owns: the loop, iteration limits, replay of the conversation, mode changes (decided here,
-//! stored by layer F with the tool's output). Must not: write the turn's state — it moves the
-//! run only through [`super::lifecycle`]'s transitions (F alone holds the store's grant).
+//! The reasoner (AGN-027 layer E): the only loop of a turn, and the only layer that holds the
+//! others. It composes each request (B), calls the model through the [`Pipeline`]'s model
+//! caller (C), runs server tools through its server tools (D), applies mode changes and decides
+//! whether the turn is done, waits for client tools, or fails; user turns and continuations
+//! both enter here. Owns: the loop, iteration limits, mode changes (stored by F with the tool's
+//! output). Must not: write the turn's state: it holds no store writer, only the lifecycle (F)
+//! whose transitions move the run, and a reader.
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
+use super::Pipeline;
 use super::backends;
 use super::compose;
-use super::{
-    CallEnd, Interrupted, Pipeline, RetryableFailure, Run, Settled, continuation_fingerprint,
-    fingerprint, permanent, store_failure,
+use super::lifecycle::Run;
+use super::model_call;
+use super::outcome::{
+    CallEnd, Interrupted, RetryableFailure, Settled, continuation_fingerprint, fingerprint,
+    permanent, store_failure,
 };
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
@@ -25,7 +27,7 @@ use crate::contract::{
     UserTurn, check_tool_results,
 };
 use crate::live::LiveTurn;
-use crate::llm::{ModelResponse, OutputItem};
+use crate::llm::OutputItem;
 use crate::store::{StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 
 impl Pipeline {
@@ -405,7 +407,7 @@ impl Pipeline {
                         // calls settles the turn in the next write, so a checkpoint would be a
                         // second write of the same turn one round trip earlier; a run that dies
                         // in between asks the model again, as one that dies during the call.
-                        Ok(Ok((response, spent))) if calls_tools(&response) => {
+                        Ok(Ok((response, spent))) if model_call::calls_tools(&response) => {
                             let saved =
                                 Box::pin(self.life.checkpoint(&mut run, &response, &progress));
                             if let Err(f) = self.counting(spent, saved).await {
@@ -591,12 +593,4 @@ impl Pipeline {
         run.note_progress(progress);
         Ok(step.output)
     }
-}
-
-/// Whether the model's answer asks for a tool (server or client) to be run.
-fn calls_tools(response: &ModelResponse) -> bool {
-    response
-        .items
-        .iter()
-        .any(|i| matches!(i, OutputItem::FunctionCall { .. }))
 }

@@ -8,7 +8,8 @@
 use serde_json::json;
 use tracing::info;
 
-use super::{RetryKind, RetryableFailure, Run, permanent};
+use super::lifecycle::Run;
+use super::outcome::{RetryKind, RetryableFailure, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
 use crate::state::TurnProgress;

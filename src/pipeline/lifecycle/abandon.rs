@@ -10,7 +10,7 @@ impl Lifecycle {
     /// Fails a turn for good after its retries ran out (the queue calls this before it
     /// dead-letters the job), so the failure is stored and published like any result. Returns
     /// the stored result instead when the turn already finished.
-    pub(in crate::pipeline) async fn give_up(
+    pub(crate) async fn give_up(
         &self,
         request: &AgentExecuteRequest,
         error: ErrorMessage,
@@ -40,7 +40,7 @@ impl Lifecycle {
     /// turn that is queued, or was running when a run of it died. A turn that ended already
     /// answers with its stored result (to publish again); `None` when there is no turn, or it
     /// waits for client tools.
-    pub(in crate::pipeline) async fn fail_unreadable(
+    pub(crate) async fn fail_unreadable(
         &self,
         sid: &SessionId,
         tid: &TurnId,

@@ -14,7 +14,7 @@ use crate::store::{Lease, SessionStore};
 /// ([`HeldLease::released_by_store`]). A run that is abandoned without either (its task
 /// cancelled, its process gone) stops renewing and leaves the lease to expire after its TTL, as
 /// a crashed worker would: no write of the abandoned run can land after that (fencing).
-pub(in crate::pipeline) struct HeldLease {
+pub(crate) struct HeldLease {
     pub(super) lease: Lease,
     pub(super) session: SessionId,
     pub(super) store: Arc<dyn SessionStore>,
@@ -24,14 +24,14 @@ pub(in crate::pipeline) struct HeldLease {
 
 impl HeldLease {
     /// The lease, for the writes made under it.
-    pub(in crate::pipeline) fn lease(&self) -> &Lease {
+    pub(crate) fn lease(&self) -> &Lease {
         &self.lease
     }
 
     /// Gives the lease back now if the run still holds it (a compare-and-delete on its own
     /// token: a no-op when a step already released it or another run took it over); a store
     /// that cannot be reached lets it expire instead.
-    pub(in crate::pipeline) async fn release(mut self) {
+    pub(crate) async fn release(mut self) {
         self.given_back = true;
         self.renewer.abort();
         if let Err(e) = self

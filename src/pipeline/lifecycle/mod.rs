@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use tracing::info;
 
-use super::{
+use super::outcome::{
     Interrupted, NoLease, PipelineSettings, RetryKind, RetryableFailure, Settled, TurnResult,
     fingerprint, permanent, store_failure,
 };

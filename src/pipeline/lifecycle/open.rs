@@ -16,11 +16,7 @@ use super::*;
 
 impl Lifecycle {
     /// Takes the session's lease (one turn at a time per session) and keeps it renewed.
-    pub(in crate::pipeline) async fn lease(
-        &self,
-        sid: &SessionId,
-        tid: &TurnId,
-    ) -> Result<HeldLease, NoLease> {
+    pub(crate) async fn lease(&self, sid: &SessionId, tid: &TurnId) -> Result<HeldLease, NoLease> {
         let holder = self.holder(tid);
         match self
             .store
@@ -58,7 +54,7 @@ impl Lifecycle {
     /// [`SessionStore::begin_turn`](crate::store::SessionStore::begin_turn)). The turn
     /// comes back even when the session is busy, for a duplicate job's stored result. A new
     /// session latches `contexts` in the same step.
-    pub(in crate::pipeline) async fn begin(
+    pub(crate) async fn begin(
         &self,
         sid: &SessionId,
         tid: &TurnId,
@@ -130,7 +126,7 @@ impl Lifecycle {
         }
     }
 
-    pub(in crate::pipeline) fn new_session(&self, sid: &SessionId) -> SessionState {
+    pub(crate) fn new_session(&self, sid: &SessionId) -> SessionState {
         let mode = self.catalog.default_mode();
         let now = now_rfc3339();
         SessionState {
@@ -155,7 +151,7 @@ impl Lifecycle {
     /// new session, or one the turn changes). A fresh run's next step is its model call, whose
     /// safe point this write answers (whether the turn had been asked to stop). A write that
     /// fails hands the turn back.
-    pub(in crate::pipeline) async fn start_user_turn(
+    pub(crate) async fn start_user_turn(
         &self,
         held: HeldLease,
         mut record: TurnRecord,
@@ -195,7 +191,7 @@ impl Lifecycle {
     }
 
     /// Fails a user turn at the start of a run (its contexts cannot run), as an attempt.
-    pub(in crate::pipeline) async fn fail_at_start(
+    pub(crate) async fn fail_at_start(
         &self,
         held: HeldLease,
         mut record: TurnRecord,
@@ -211,7 +207,7 @@ impl Lifecycle {
     /// A run of a continuation for a turn waiting for client tools (nothing written yet): the
     /// turn `running` with its attempt counted, the session's owner and mode key as the run
     /// sees them. Next: [`Pipeline::accept_tool_results`], or a failure.
-    pub(in crate::pipeline) fn open_continuation(
+    pub(crate) fn open_continuation(
         &self,
         held: HeldLease,
         mut record: TurnRecord,
@@ -250,7 +246,7 @@ impl Lifecycle {
 
     /// Records that the client's results for these calls were accepted, with the turn
     /// `running`. Returns whether the turn had been asked to stop, read in the same step.
-    pub(in crate::pipeline) async fn accept_tool_results(
+    pub(crate) async fn accept_tool_results(
         &self,
         run: &mut Run,
         submitted: Vec<String>,

@@ -23,7 +23,7 @@ impl Lifecycle {
     /// (with the requests it sent), releasing the lease in the same step. After a failed write
     /// the run cannot know what the store holds, so it writes nothing of the turn: it only
     /// gives the lease back if it still holds it, and the next run reads what is there.
-    pub(in crate::pipeline) async fn hand_back(
+    pub(crate) async fn hand_back(
         &self,
         mut run: Run,
         failure: RetryableFailure,
@@ -44,7 +44,7 @@ impl Lifecycle {
     }
 
     /// The stored result of `rec` if it is finished; `Err` when `rec` is another payload's turn.
-    pub(in crate::pipeline) fn finished(
+    pub(crate) fn finished(
         &self,
         rec: &TurnRecord,
         fp: &str,
@@ -82,7 +82,7 @@ impl Lifecycle {
         }
     }
 
-    pub(in crate::pipeline) async fn complete_turn(
+    pub(crate) async fn complete_turn(
         &self,
         mut run: Run,
         progress: TurnProgress,
@@ -122,7 +122,7 @@ impl Lifecycle {
         Ok(result)
     }
 
-    pub(in crate::pipeline) async fn await_client_tools(
+    pub(crate) async fn await_client_tools(
         &self,
         mut run: Run,
         progress: TurnProgress,
@@ -158,7 +158,7 @@ impl Lifecycle {
         Ok(result)
     }
 
-    pub(in crate::pipeline) async fn fail_turn(
+    pub(crate) async fn fail_turn(
         &self,
         mut run: Run,
         result: TurnResult,
@@ -178,10 +178,7 @@ impl Lifecycle {
     /// Ends a turn that was asked to stop: `cancelled`, its failed `TURN_CANCELLED` result
     /// stored; the session's continuation state stays as it was before the turn, so the next
     /// turn works.
-    pub(in crate::pipeline) async fn cancel_turn(
-        &self,
-        mut run: Run,
-    ) -> Result<Settled, RetryableFailure> {
+    pub(crate) async fn cancel_turn(&self, mut run: Run) -> Result<Settled, RetryableFailure> {
         info!("turn cancelled on request");
         run.record = Box::new(run.record.cancelled());
         let result = run.record.result.clone().unwrap_or_else(|| {

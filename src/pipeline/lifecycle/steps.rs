@@ -12,7 +12,7 @@ use super::*;
 impl Lifecycle {
     /// Saves a model answer that calls tools before any of them runs, so a re-run resumes
     /// from it instead of running them twice.
-    pub(in crate::pipeline) async fn checkpoint(
+    pub(crate) async fn checkpoint(
         &self,
         run: &mut Run,
         response: &ModelResponse,
@@ -30,7 +30,7 @@ impl Lifecycle {
     /// Records the background model call this run is about to wait for, before it waits
     /// (a fenced write like every other): a run that dies during the call is followed by one
     /// that re-attaches to it. A failed write hands the turn back.
-    pub(in crate::pipeline) async fn note_model_call(
+    pub(crate) async fn note_model_call(
         &self,
         run: &mut Run,
         mark: crate::state::ModelCallMark,
@@ -43,7 +43,7 @@ impl Lifecycle {
     /// when the tool changes the mode, the session's new mode with its history entry — one
     /// step, so a resumed run finds both (it neither runs the tool nor changes the mode again)
     /// or neither (it runs the tool again). Returns whether the mode changed.
-    pub(in crate::pipeline) async fn record_tool_output(
+    pub(crate) async fn record_tool_output(
         &self,
         run: &mut Run,
         call_id: &str,
@@ -101,16 +101,5 @@ impl Lifecycle {
         // only items pending before the turn settles).
         run.session.conversation.clear();
         Ok(true)
-    }
-}
-
-#[async_trait::async_trait]
-impl crate::pipeline::model_call::CallMarks for Lifecycle {
-    async fn mark_call(
-        &self,
-        run: &mut Run,
-        mark: crate::state::ModelCallMark,
-    ) -> Result<(), RetryableFailure> {
-        self.note_model_call(run, mark).await
     }
 }
