@@ -12,14 +12,20 @@
 //!   letters), the reply bus and the webhook queue, and the two brokers: RabbitMQ, or the
 //!   embedded in-memory one.
 //! - [`worker`] — consume → run → reply → ack / retry / dead-letter.
-//! - [`pipeline`] — one turn: `compose` (B), the model call in [`llm`] (C), `server_tools` (D)
-//!   with [`tools`] and the mode [`catalog`], `reasoner` (E), `lifecycle` (F: the only writer
-//!   of a turn's state, each transition one atomic store step), and `backends` (a turn's
-//!   contexts → its model client, model and boot prompt); each model call holds to its agent
-//!   context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block from
+//! - [`pipeline`] — one turn, the AGN-027 layers as types: `compose` (B, functions that
+//!   import neither a model client nor the store), `model_call` (C: `ModelCaller`, over the
+//!   client in [`llm`]; it reads through `CallReads` and holds no store), `server_tools` (D:
+//!   `ServerTools`, over [`tools`] and the mode [`catalog`]; no model client, no store),
+//!   `reasoner` (E: the `Pipeline`, the only one that holds the others and loops) and
+//!   `lifecycle` (F: `Lifecycle`, the only holder of the store's writer in the pipeline, each
+//!   transition one atomic store step); `outcome` holds what a run comes to, `backends` maps a
+//!   turn's contexts to its model client, model and boot prompt; each model call holds to its
+//!   agent context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block from
 //!   [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
-//!   or memory, leases and fencing.
+//!   or memory, leases and fencing, behind three traits: `StoreReader` (reads), `RecordWriter`
+//!   (writes that are not a turn's state: watch marks, live events, batches, heartbeats) and
+//!   `SessionStore` (the turn-state writes, which take layer F's grant).
 //! - [`delivery`] — the one owner of result delivery: a settled status delivered (on the
 //!   store's replicas, then to the session's reply queue, the front door waiting for it and the
 //!   session's watchers), a streaming turn's live events kept and published, and every wait for
@@ -33,7 +39,8 @@
 //! where a request's tenant becomes known (the front door, the worker, a route's reader), and
 //! every key, queue and binding is made from the scoped id.
 //!
-//! Beside the path: [`contract`] (the wire format), [`config`], [`contexts`], [`tenants`]
+//! Beside the path: [`contract`] (the wire format), [`config`] (typed sections declared once,
+//! read from the environment over an optional TOML file), [`contexts`], [`tenants`]
 //! (tenant quotas), [`tokens`] (whom an API token stands for), [`sizing`] (the default
 //! concurrency from the memory a process may use) and [`secret`] (what a process is configured
 //! with), [`causes`] (an error and its causes as one line), [`app`] (the
@@ -43,6 +50,10 @@
 //! (each worker's heartbeat and the system view folded from them), [`sched`] (the CPU
 //! scheduling class of the long-running processes), [`fake_llm`] (a faithful fake of the
 //! Responses API — and of a chat-only server — for tests and demos).
+//!
+//! The `aptix` binary (`src/main.rs`, the commands in `src/cli/`) is what operators run; the
+//! benchmarks are a workspace member of their own (`crates/bench`, `aptix-bench`), and the
+//! library's entry points for them are built only with the `bench` feature.
 
 pub mod app;
 pub mod catalog;

@@ -16,7 +16,7 @@ use cli::Cli;
 
 /// mimalloc, not the system allocator: a turn allocates and frees many small buffers across
 /// threads, and glibc's malloc spent about a third of the process's CPU on it, much of it
-/// waiting on arena locks (`perf` on `aptix bench --closed-loop`, docs/benchmarks.md).
+/// waiting on arena locks (`perf` on `aptix-bench turns --closed-loop`, docs/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

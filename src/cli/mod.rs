@@ -15,13 +15,6 @@ use clap::{Parser, Subcommand};
 
 pub mod batch;
 mod batch_inputs;
-pub mod bench;
-mod bench_callgrind;
-mod bench_loop;
-mod bench_procs;
-mod bench_stream;
-mod bench_verdict;
-mod bench_webhooks;
 pub mod client;
 pub mod config;
 pub mod dlq;
@@ -101,20 +94,8 @@ pub enum Command {
     /// Print the agent and conversation contexts in use (APTIX_CONTEXTS_FILE plus the
     /// built-in `default`s), keys masked; a bad contexts file is reported naming the entry.
     Contexts,
-    /// Measure the session store's hot path (begin + commit of a turn) against a bare Redis
-    /// SET+GET baseline, on APTIX_REDIS_URL (default redis://127.0.0.1:6379/).
-    BenchStore(tools::BenchStoreArgs),
-    /// Measure what the per-context call limiter adds to each model call (in memory, and on
-    /// Redis when APTIX_REDIS_URL is set) against the bare semaphore / Redis round trip.
-    BenchLimiter(tools::BenchLimiterArgs),
     /// Print the table of error codes as Markdown.
     ErrorCodes,
-    /// Measure indexing and BM25 queries on a synthetic corpus (memory, and Redis when
-    /// APTIX_REDIS_URL is set) against baselines measured in the same run.
-    BenchRag(tools::BenchRagArgs),
-    /// Push turns through the real job path against the fake model and compare with a bare
-    /// publish/consume baseline (RabbitMQ/Redis when their URLs are set, else in-memory).
-    Bench(tools::BenchArgs),
     /// GET a URL and succeed on a 2xx answer (container health checks: the image has no curl).
     Probe(tools::ProbeArgs),
 }
@@ -143,7 +124,7 @@ impl Command {
 }
 
 /// Submits `request` as the local tenant's, in a trace of its own, its result picked up later:
-/// how the commands that run a deployment in-process (`run`, `turns submit`, the bench) enqueue.
+/// how the commands that run a deployment in-process (`run`, `turns submit`) enqueue.
 pub(crate) async fn submit_local(
     door: &aptix_worker::frontdoor::FrontDoor,
     request: &aptix_worker::contract::AgentExecuteRequest,
@@ -177,11 +158,7 @@ pub async fn run(cli: Cli, sources: Sources<'_>) -> anyhow::Result<ExitCode> {
         Command::Validate(args) => turns::validate(args, config()?).await,
         Command::Modes => tools::modes(config()?).await,
         Command::Contexts => tools::contexts(config()?).await,
-        Command::BenchStore(args) => tools::bench_store(args, config()?).await,
         Command::ErrorCodes => tools::error_codes().await,
-        Command::BenchLimiter(args) => tools::bench_limiter(args, config()?).await,
-        Command::BenchRag(args) => tools::bench_rag(args, config()?).await,
-        Command::Bench(args) => tools::bench(args, config()?).await,
         Command::Probe(args) => tools::probe(args).await,
     }
 }

@@ -1,4 +1,4 @@
-//! `aptix bench-limiter`: what the per-context limiter adds to each model call, against the
+//! `aptix-bench limiter`: what the per-context limiter adds to each model call, against the
 //! bare component measured in the same run — a `tokio` semaphore for the in-memory limiter, one
 //! Redis round trip (`PING`, pipelined by the same multiplexed connection when callers overlap)
 //! for the Redis one. Limits are set so that no call ever waits: what is measured is the cost

@@ -15,6 +15,7 @@
 //! Owns: the waiting and the permits. The counting itself is a [`LimitStore`]: [`memory`]
 //! (one process) or [`redis`] (every process sharing the Redis). Must not: call the model.
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod memory;
 pub mod redis;

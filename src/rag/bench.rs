@@ -1,4 +1,4 @@
-//! `aptix bench-rag`: index and query time on a synthetic corpus of a few thousand chunks, for
+//! `aptix-bench rag`: index and query time on a synthetic corpus of a few thousand chunks, for
 //! the in-memory and the Redis index, each against a baseline measured in the same run:
 //!
 //! - indexing against chunking alone (memory) and against one pipelined `HSET` of each chunk's
@@ -220,7 +220,7 @@ pub async fn run(redis_url: Option<&str>, opts: RagBenchOptions) -> Result<(), R
     let chunk_time = t.elapsed();
     let n_chunks: usize = chunked.iter().map(Vec::len).sum();
     println!(
-        "aptix bench-rag: {} files, {n_chunks} chunks, {VOCABULARY}-word Zipf vocabulary, {} queries of 5 terms, top 8",
+        "aptix-bench rag: {} files, {n_chunks} chunks, {VOCABULARY}-word Zipf vocabulary, {} queries of 5 terms, top 8",
         files.len(),
         qs.len()
     );

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::request::{RagCondition, RagOperator};
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod bm25;
 pub mod chunker;

@@ -682,26 +682,3 @@ fn a_process_with_a_bad_contexts_file_does_not_start_and_names_the_entry() {
         );
     }
 }
-
-#[test]
-fn bench_limiter_reports_both_limiters_against_their_baselines() {
-    let out = crate::cli::aptix()
-        .args(["bench-limiter", "--calls", "400", "--callers", "4"])
-        .env("APTIX_REDIS_URL", crate::support::redis_url())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for line in [
-        "baseline: tokio semaphore",
-        "baseline: one round trip (PING)",
-        "limiter (slot + rate + release)",
-        "Redis, 4 caller(s)",
-    ] {
-        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
-    }
-}

@@ -1,4 +1,4 @@
-//! `aptix bench-store`: Redis round trips and time per turn on the store's hot path (begin and
+//! `aptix-bench store`: Redis round trips and time per turn on the store's hot path (begin and
 //! commit of a turn, as layer F does them) against a bare `SET`+`GET` baseline measured in
 //! the same run. Commands are counted with Redis's own `total_commands_processed`.
 

@@ -44,6 +44,7 @@ mod open;
 mod settle;
 mod steps;
 
+#[cfg(feature = "bench")]
 pub mod bench;
 pub use intake::Intake;
 pub(super) use lease::HeldLease;

@@ -1,4 +1,4 @@
-//! `aptix bench --closed-loop`: the services path as clients drive it. `--sessions` clients,
+//! `aptix-bench turns --closed-loop`: the services path as clients drive it. `--sessions` clients,
 //! each sending its next turn through the synchronous endpoint (over HTTP) when the previous
 //! one answered — ten turns per session, or with `--new-session-per-turn` a fresh session each
 //! time (what `aptix batch` does) — against the fake model at `--latency-ms`, on RabbitMQ and
@@ -154,7 +154,7 @@ pub async fn idle_reply_queues(config: &Config, n: usize) -> anyhow::Result<()> 
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = rss_kib("beam.smp");
     println!(
-        "aptix bench --reply-queues: {n} idle reply queues of one {} B status each, declared in {:.1} s ({:.0}/s)",
+        "aptix-bench turns --reply-queues: {n} idle reply queues of one {} B status each, declared in {:.1} s ({:.0}/s)",
         status.len(),
         took.as_secs_f64(),
         n as f64 / took.as_secs_f64()
@@ -438,7 +438,7 @@ impl Driven {
         let mut all: Vec<Duration> = self.first.iter().chain(&self.later).copied().collect();
         all.sort();
         println!(
-            "aptix bench --closed-loop: {} clients (started {}), {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
+            "aptix-bench turns --closed-loop: {} clients (started {}), {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
             opts.sessions,
             if opts.ramp_up.is_zero() {
                 "at once".to_string()

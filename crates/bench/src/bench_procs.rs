@@ -1,4 +1,4 @@
-//! `aptix bench --closed-loop --processes`: the closed loop against the product as an operator
+//! `aptix-bench turns --closed-loop --processes`: the closed loop against the product as an operator
 //! runs it — `aptix fake-llm`, `aptix serve` and `aptix worker` as separate processes of this
 //! binary on RabbitMQ and Redis, under a namespace of the run's own — so each process gets
 //! its own CPU per turn and its own memory per turn in flight. The clients run in this
@@ -134,7 +134,7 @@ pub async fn run(config: &Config, opts: &LoopOptions) -> anyhow::Result<()> {
             "the closed loop measures the services path: set APTIX_AMQP_URL and APTIX_REDIS_URL"
         );
     };
-    let exe = std::env::current_exe().context("finding this binary")?;
+    let exe = aptix_binary()?;
     let namespace = format!(
         "{}-bench-{}",
         config.namespace,
@@ -319,6 +319,22 @@ async fn measure(
         }
     }
     Ok(())
+}
+
+/// The `aptix` binary the processes run: `APTIX_BIN`, else the one beside this binary (cargo
+/// builds both into the same directory).
+fn aptix_binary() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("APTIX_BIN") {
+        return Ok(path.into());
+    }
+    let here = std::env::current_exe().context("finding this binary")?;
+    let beside = here.with_file_name("aptix");
+    anyhow::ensure!(
+        beside.exists(),
+        "no aptix binary at {} (build it with `cargo build`, or name one in APTIX_BIN)",
+        beside.display()
+    );
+    Ok(beside)
 }
 
 #[cfg(test)]

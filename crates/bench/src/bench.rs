@@ -1,4 +1,4 @@
-//! `aptix bench`: turns pushed through the real job path (front door → broker → worker →
+//! `aptix-bench turns`: turns pushed through the real job path (front door → broker → worker →
 //! pipeline → store → reply) against the fake model at a fixed latency, compared with a bare
 //! publish/consume baseline of same-sized messages measured in the same run.
 //!
@@ -250,7 +250,7 @@ async fn throughput(p: &Parts, opts: &BenchOptions) -> anyhow::Result<()> {
         .map(|l| l.saturating_sub(opts.latency))
         .collect();
     println!(
-        "aptix bench: {} turns over {} sessions, model latency {} ms, worker concurrency {}, {}",
+        "aptix-bench turns: {} turns over {} sessions, model latency {} ms, worker concurrency {}, {}",
         opts.turns,
         sessions.len(),
         opts.latency.as_millis(),
@@ -344,7 +344,7 @@ async fn memory_inner(p: &Parts, in_flight: usize, latency: Duration) -> anyhow:
     let _ = task.await;
     let per = (peak.saturating_sub(before)) as f64 / in_flight as f64;
     println!(
-        "aptix bench --in-flight: {in_flight} turns held against a {} ms model; resident memory {:.1} MiB -> {:.1} MiB; {:.1} KiB per in-flight turn (includes the fake model's share of the process)",
+        "aptix-bench turns --in-flight: {in_flight} turns held against a {} ms model; resident memory {:.1} MiB -> {:.1} MiB; {:.1} KiB per in-flight turn (includes the fake model's share of the process)",
         latency.as_millis(),
         before as f64 / 1048576.0,
         peak as f64 / 1048576.0,
@@ -358,7 +358,9 @@ async fn submit(door: &aptix_worker::frontdoor::FrontDoor, body: &[u8]) -> anyho
     let request = door
         .parse(body)
         .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
-    super::submit_local(door, &request)
+    let trace = aptix_worker::trace::TraceContext::new_root();
+    let pickup = aptix_worker::frontdoor::Pickup::later(None);
+    door.submit(aptix_worker::config::LOCAL_TENANT, &request, &trace, pickup)
         .await
         .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
     Ok(())

@@ -1,4 +1,4 @@
-//! `aptix bench --first-delta`: how much later a streaming turn's first words reach its client
+//! `aptix-bench turns --first-delta`: how much later a streaming turn's first words reach its client
 //! than the model wrote them. For each turn, the time from the fake model handing its first
 //! text delta to the connection to the client reading its first NDJSON `delta` line — through
 //! the front door, the worker, the events exchange and the event hub — against the same model
@@ -95,7 +95,7 @@ async fn measure(p: &super::bench::Parts, turns: usize) -> anyhow::Result<()> {
     relayed.sort();
     let show = percentiles;
     println!(
-        "aptix bench --first-delta: {turns} streaming turns, one at a time, {} + {}",
+        "aptix-bench turns --first-delta: {turns} streaming turns, one at a time, {} + {}",
         if p.config.broker.url.is_some() {
             "RabbitMQ"
         } else {

@@ -1,4 +1,4 @@
-//! `aptix bench --webhooks N`: what sending webhook deliveries costs. A receiver on loopback
+//! `aptix-bench turns --webhooks N`: what sending webhook deliveries costs. A receiver on loopback
 //! answers 204 to every POST; the baseline is the bare HTTP client POSTing the same signed
 //! body with the sender's concurrency (the best sending can do here); the product is the
 //! sender taking N deliveries from the webhook queue (RabbitMQ with `APTIX_AMQP_URL`, else the

@@ -1,4 +1,4 @@
-//! `aptix bench --closed-loop --processes --callgrind worker|serve|fake-llm`: one of the
+//! `aptix-bench turns --closed-loop --processes --callgrind worker|serve|fake-llm`: one of the
 //! processes runs under valgrind's callgrind, and the run reports the instructions it executed
 //! per turn. Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
 //! what else the host does), the count repeats within a fraction of a percent for the same

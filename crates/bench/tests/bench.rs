@@ -1,0 +1,223 @@
+//! The benchmarks run end to end, from outside, as whoever reproduces docs/benchmarks.md runs
+//! them: each prints its figures beside the baseline measured in the same run (the figures
+//! themselves are not checked: no timing in tests). They need RabbitMQ and Redis (the local
+//! ones, or `APTIX_TEST_AMQP_URL` / `APTIX_TEST_REDIS_URL`) and fail without them.
+
+use std::process::Command;
+
+/// The benchmark binary, with no configuration of the environment the tests run in, and the
+/// `aptix` binary beside it (cargo builds the workspace's binaries into one directory; the
+/// process bench starts `aptix serve`, `aptix worker` and `aptix fake-llm`).
+fn bench() -> Command {
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_aptix-bench"));
+    let mut c = Command::new(&exe);
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    for var in [
+        "APTIX_LLM_BASE_URL",
+        "OPENAI_API_KEY",
+        "APTIX_AMQP_URL",
+        "APTIX_REDIS_URL",
+        "APTIX_MODES_FILE",
+        "APTIX_CONTEXTS_FILE",
+        "APTIX_CONFIG_FILE",
+    ] {
+        c.env_remove(var);
+    }
+    c.env("APTIX_BIN", exe.with_file_name("aptix"));
+    c
+}
+
+fn redis_url() -> String {
+    std::env::var("APTIX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+fn amqp_url() -> String {
+    std::env::var("APTIX_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+/// The streaming and closed-loop benches (in one process, and against separate processes) run
+/// end to end on RabbitMQ and Redis and print their figures beside their baselines (the
+/// figures themselves are not checked: no timing here).
+#[test]
+fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
+    let run = |args: &[&str]| {
+        let out = bench()
+            .args(args)
+            .env("APTIX_AMQP_URL", amqp_url())
+            .env("APTIX_REDIS_URL", redis_url())
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let first = run(&["turns", "--first-delta", "--turns", "5"]);
+    for line in [
+        "model called directly",
+        "client's first NDJSON line",
+        "added by the product",
+    ] {
+        assert!(first.contains(line), "{line:?} missing from\n{first}");
+    }
+    let lp = run(&[
+        "turns",
+        "--closed-loop",
+        "--sessions",
+        "4",
+        "--turns",
+        "40",
+        "--new-session-per-turn",
+        "--baseline-messages",
+        "500",
+    ]);
+    for line in [
+        "completed 40 / failed 0",
+        "latency, first turn of a session",
+        "CPU per turn: aptix",
+        "context switches per turn: aptix",
+        "RabbitMQ (beam.smp)",
+        "target >= 2000 turns/s: ",
+        "ms per turn across the watched processes",
+        "bound by ",
+        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+        "baseline CPU per message (reply): ",
+        "is the floor of the services' CPU per turn",
+    ] {
+        assert!(lp.contains(line), "{line:?} missing from\n{lp}");
+    }
+    // The same loop against `serve`, `worker` and `fake-llm` processes, each measured.
+    let procs = run(&[
+        "turns",
+        "--closed-loop",
+        "--processes",
+        "--sessions",
+        "4",
+        "--turns",
+        "40",
+        "--baseline-messages",
+        "500",
+    ]);
+    for line in [
+        "serve, worker and fake model as processes",
+        "completed 40 / failed 0",
+        "latency, later turns",
+        "CPU per turn: aptix serve",
+        "aptix worker",
+        "the fake model",
+        "context switches per turn: aptix serve",
+        "memory with 4 turns in flight: serve",
+        "target >= 2000 turns/s: ",
+        "bound by ",
+        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+        "baseline CPU per message (reply): ",
+        "is the floor of the services' CPU per turn",
+    ] {
+        assert!(procs.contains(line), "{line:?} missing from\n{procs}");
+    }
+    // The worker hands every turn between threads: its count of switches cannot be zero.
+    let switches = procs
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("context switches per turn: "))
+        .unwrap_or_else(|| panic!("no context switch line in\n{procs}"));
+    let worker: f64 = switches
+        .split(", ")
+        .find_map(|p| p.strip_prefix("aptix worker "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no worker figure in {switches:?}"));
+    assert!(worker > 0.0, "{switches}");
+    // One process under callgrind: its instructions per turn, counted while the turns ran,
+    // and its profile kept where it was asked to be.
+    let kept =
+        std::env::temp_dir().join(format!("aptix-cg-test-{}", uuid::Uuid::new_v4().simple()));
+    let counted = run(&[
+        "turns",
+        "--closed-loop",
+        "--processes",
+        "--callgrind",
+        "worker",
+        "--callgrind-out",
+        kept.to_str().expect("a UTF-8 temp dir"),
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--baseline-messages",
+        "100",
+    ]);
+    let profile = counted
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("callgrind profile of the turns: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no kept profile named in\n{counted}"));
+    assert!(
+        profile.starts_with(kept.to_str().unwrap_or_default()),
+        "{profile}"
+    );
+    let dump = std::fs::read_to_string(profile).expect("the kept profile");
+    assert!(dump.lines().any(|l| l.starts_with("totals:")), "{profile}");
+    std::fs::remove_dir_all(&kept).expect("removes the kept profile");
+    // The count a run printed for the process labelled `label`.
+    let instructions = |out: &str, label: &str| -> u64 {
+        let prefix = format!("instructions per turn (callgrind): {label} ");
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no instruction count for {label} in\n{out}"))
+    };
+    let per_turn = instructions(&counted, "aptix worker");
+    // A turn parses a job, runs Lua scripts' replies, calls the model and publishes: far more
+    // than ten thousand instructions; a count that small was not taken over the turns.
+    assert!(
+        per_turn > 10_000,
+        "{per_turn} instructions per turn\n{counted}"
+    );
+    // The bench's own model can be counted the same way (it shares the cores).
+    let fake = run(&[
+        "turns",
+        "--closed-loop",
+        "--processes",
+        "--callgrind",
+        "fake-llm",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--baseline-messages",
+        "100",
+    ]);
+    let answer = instructions(&fake, "the fake model");
+    // Reading a request and writing a Response object: well over ten thousand instructions.
+    assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
+}
+
+#[test]
+fn bench_limiter_reports_both_limiters_against_their_baselines() {
+    let out = bench()
+        .args(["limiter", "--calls", "400", "--callers", "4"])
+        .env("APTIX_REDIS_URL", redis_url())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "baseline: tokio semaphore",
+        "baseline: one round trip (PING)",
+        "limiter (slot + rate + release)",
+        "Redis, 4 caller(s)",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
+    }
+}
