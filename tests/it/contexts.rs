@@ -2,6 +2,7 @@
 //! with the right key and model, boot prompts, latching, refusals, and the per-context call
 //! limits — in one process on both backends, and across worker processes on RabbitMQ + Redis.
 
+use super::contexts_processes::metric;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -9,17 +10,16 @@ use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, code, spawn};
-use crate::processes::Processes;
 use crate::support::schema;
 
-const FAST_KEY: &str = "sk-fast-0123456789abcdef";
-const SLOW_KEY: &str = "sk-slow-fedcba9876543210";
+pub(super) const FAST_KEY: &str = "sk-fast-0123456789abcdef";
+pub(super) const SLOW_KEY: &str = "sk-slow-fedcba9876543210";
 
 /// Two model servers, each insisting on its own key, and a contexts file naming them.
-struct Models {
-    fast: FakeLlm,
+pub(super) struct Models {
+    pub(super) fast: FakeLlm,
     slow: FakeLlm,
-    file: PathBuf,
+    pub(super) file: PathBuf,
 }
 
 impl Drop for Models {
@@ -28,7 +28,7 @@ impl Drop for Models {
     }
 }
 
-async fn fake(key: &str, latency: Duration) -> FakeLlm {
+pub(super) async fn fake(key: &str, latency: Duration) -> FakeLlm {
     FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
         FakeOptions {
@@ -44,7 +44,7 @@ async fn fake(key: &str, latency: Duration) -> FakeLlm {
 
 /// `fast` (capped at two calls at once) and `slow` (five calls per rate window) agent
 /// contexts; `triage` and `review` (with its own model) conversation contexts.
-async fn models(latency: Duration) -> Models {
+pub(super) async fn models(latency: Duration) -> Models {
     let (fast, slow) = (
         fake(FAST_KEY, latency).await,
         fake(SLOW_KEY, Duration::ZERO).await,
@@ -73,7 +73,7 @@ async fn models(latency: Duration) -> Models {
 }
 
 impl Models {
-    fn env(&self) -> Vec<(&'static str, String)> {
+    pub(super) fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("APTIX_CONTEXTS_FILE", self.file.display().to_string()),
             ("FAST_KEY", FAST_KEY.to_string()),
@@ -84,7 +84,7 @@ impl Models {
     }
 }
 
-async fn app_with(backend: Backend, models: &Models) -> App {
+pub(super) async fn app_with(backend: Backend, models: &Models) -> App {
     spawn(AppOptions {
         backend,
         extra_env: models.env(),
@@ -93,7 +93,12 @@ async fn app_with(backend: Backend, models: &Models) -> App {
     .await
 }
 
-fn turn(session: &str, turn: &str, agent: Option<&str>, conversation: Option<&str>) -> String {
+pub(super) fn turn(
+    session: &str,
+    turn: &str,
+    agent: Option<&str>,
+    conversation: Option<&str>,
+) -> String {
     let mut body = json!({"sessionId": session, "turnId": turn, "instruction": "hello"});
     if let Some(a) = agent {
         body["agentContextId"] = json!(a);
@@ -104,21 +109,21 @@ fn turn(session: &str, turn: &str, agent: Option<&str>, conversation: Option<&st
     body.to_string()
 }
 
-async fn completed(app: &App, session: &str, turn: &str) -> Value {
+pub(super) async fn completed(app: &App, session: &str, turn: &str) -> Value {
     let status = app.settled("tok-a", session, turn).await;
     assert_eq!(status["status"], "completed", "{status}");
     json!({ "result": status })
 }
 
 /// The system message of a model request, if it has one.
-fn boot_prompt(request: &Value) -> Option<String> {
+pub(super) fn boot_prompt(request: &Value) -> Option<String> {
     request["input"].as_array()?.iter().find_map(|item| {
         (item["role"] == "system" || item["role"] == "developer")
             .then(|| item["content"].to_string())
     })
 }
 
-async fn requests_reach_the_right_server_with_the_right_key_model_and_boot_prompt(
+pub(super) async fn requests_reach_the_right_server_with_the_right_key_model_and_boot_prompt(
     backend: Backend,
 ) {
     let models = models(Duration::ZERO).await;
@@ -171,7 +176,7 @@ async fn requests_reach_the_right_server_with_the_right_key_model_and_boot_promp
     assert!(boot_prompt(&default[0]).unwrap().contains("Aptix Reasoner"));
 }
 
-async fn a_session_latches_its_contexts_on_its_first_turn(backend: Backend) {
+pub(super) async fn a_session_latches_its_contexts_on_its_first_turn(backend: Backend) {
     let models = models(Duration::ZERO).await;
     let app = app_with(backend, &models).await;
     let (status, body) = app
@@ -227,7 +232,7 @@ async fn a_session_latches_its_contexts_on_its_first_turn(backend: Backend) {
     assert_eq!(models.fast.requests().len(), 3, "nothing more ran");
 }
 
-async fn unknown_contexts_are_refused_at_every_door(backend: Backend) {
+pub(super) async fn unknown_contexts_are_refused_at_every_door(backend: Backend) {
     let models = models(Duration::ZERO).await;
     let app = app_with(backend, &models).await;
     let (status, body) = app
@@ -280,7 +285,7 @@ async fn unknown_contexts_are_refused_at_every_door(backend: Backend) {
     assert!(models.fast.requests().is_empty());
 }
 
-async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
+pub(super) async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
     let models = models(Duration::from_millis(300)).await;
     let app = app_with(backend, &models).await;
     for i in 0..8 {
@@ -346,7 +351,7 @@ async fn limits_hold_calls_of_a_context_within_one_process(backend: Backend) {
     );
 }
 
-async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: Backend) {
+pub(super) async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: Backend) {
     let models = models(Duration::ZERO).await;
     // Two slow calls hold both of the context's slots for longer than a call waits.
     let hold = || {
@@ -400,7 +405,7 @@ async fn a_turn_without_capacity_goes_back_to_the_queue_and_completes(backend: B
     );
 }
 
-async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Backend) {
+pub(super) async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Backend) {
     let models = models(Duration::ZERO).await;
     models.slow.push([Reply::Error {
         status: 429,
@@ -442,7 +447,7 @@ async fn a_429_holds_every_call_of_the_context_for_its_retry_after(backend: Back
     );
 }
 
-async fn an_agent_context_brings_its_own_timeout_and_replay_setting(backend: Backend) {
+pub(super) async fn an_agent_context_brings_its_own_timeout_and_replay_setting(backend: Backend) {
     let models = models(Duration::ZERO).await;
     let mut env = models.env();
     env.push(("APTIX_MAX_ATTEMPTS", "1".to_string()));
@@ -492,193 +497,4 @@ async fn an_agent_context_brings_its_own_timeout_and_replay_setting(backend: Bac
         "{:?}",
         started.elapsed()
     );
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
-for_each_backend!(
-    backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
-    tests: [
-        requests_reach_the_right_server_with_the_right_key_model_and_boot_prompt,
-        a_session_latches_its_contexts_on_its_first_turn,
-        unknown_contexts_are_refused_at_every_door,
-        limits_hold_calls_of_a_context_within_one_process,
-        a_turn_without_capacity_goes_back_to_the_queue_and_completes,
-        a_429_holds_every_call_of_the_context_for_its_retry_after,
-        an_agent_context_brings_its_own_timeout_and_replay_setting,
-    ],
-);
-
-/// `aptix serve` and `aptix worker` processes with the contexts of `models`.
-async fn deployment(models: &Models, workers: usize, slot_ttl_ms: u64) -> Processes {
-    let mut env = models.env();
-    env.push(("APTIX_CALL_SLOT_TTL_MS", slot_ttl_ms.to_string()));
-    Processes::start(env, &[], workers).await
-}
-
-/// A turn `t` of `session` on agent context `agent`.
-fn on(session: &str, agent: &str) -> String {
-    turn(session, "t", Some(agent), None)
-}
-
-/// Live call slots of an agent context, read from Redis.
-async fn slots_in_use(d: &Processes, context: &str) -> u32 {
-    use aptix_worker::limiter::LimitStore as _;
-    let limits = aptix_worker::limiter::RedisLimits::connect(
-        &crate::support::redis_url(),
-        &d.namespace,
-        &aptix_worker::store::redis::RedisOptions {
-            timeout: Duration::from_secs(3),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    limits.slots_in_use(context).await.unwrap()
-}
-
-#[tokio::test]
-async fn two_worker_processes_never_run_more_than_the_cap_of_a_context() {
-    let models = models(Duration::from_millis(400)).await;
-    let d = deployment(&models, 2, 5_000).await;
-    let sessions: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
-    for s in &sessions {
-        d.submit(on(s, "fast")).await;
-    }
-    for s in &sessions {
-        d.wait_completed(s).await;
-    }
-    assert_eq!(models.fast.requests().len(), 8);
-    assert_eq!(
-        models.fast.peak_in_flight(),
-        2,
-        "two workers with eight turns each could run all eight at once; the cap is two"
-    );
-    assert_eq!(
-        slots_in_use(&d, "fast").await,
-        0,
-        "every slot was given back"
-    );
-    // Both workers ran turns: the cap held across processes, not inside one.
-    let ran = d.logged("turn started");
-    assert!(ran.iter().all(|n| *n > 0), "turns per worker: {ran:?}");
-}
-
-#[tokio::test]
-async fn a_worker_killed_holding_a_slot_frees_it_when_the_slot_expires() {
-    const SLOT_TTL_MS: u64 = 2_000;
-    let models = models(Duration::ZERO).await;
-    // The first call hangs: the worker that makes it dies holding the context's only slot.
-    models.fast.push([Reply::Delay(
-        Duration::from_secs(30),
-        Box::new(Reply::Text("too late".into())),
-    )]);
-    let capped_to_one = std::fs::read_to_string(&models.file)
-        .unwrap()
-        .replace("\"maxConcurrentCalls\":2", "\"maxConcurrentCalls\":1");
-    std::fs::write(&models.file, capped_to_one).unwrap();
-    let mut d = deployment(&models, 1, SLOT_TTL_MS).await;
-    d.submit(on("held", "fast")).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while models.fast.requests().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the first call never reached the model"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(slots_in_use(&d, "fast").await, 1);
-    let mut dead = d.workers.remove(0);
-    dead.child.kill().unwrap();
-    dead.child.wait().unwrap();
-    let killed = Instant::now();
-    d.add_worker();
-    d.submit(on("next", "fast")).await;
-    // The dead worker's job comes back (its channel closed) and, like the new turn, needs the
-    // slot the dead worker still holds until it expires.
-    d.wait_completed("next").await;
-    d.wait_completed("held").await;
-    let freed_after = killed.elapsed();
-    assert!(
-        freed_after < Duration::from_millis(SLOT_TTL_MS) + Duration::from_secs(10),
-        "capacity came back after {freed_after:?}"
-    );
-    let arrivals = models.fast.arrivals();
-    assert_eq!(
-        arrivals.len(),
-        3,
-        "the hung call, then the two turns: {arrivals:?}"
-    );
-    assert!(
-        arrivals[1] - arrivals[0] >= Duration::from_millis(SLOT_TTL_MS - 200),
-        "no call ran beside the dead worker's until its slot expired: {arrivals:?}"
-    );
-    assert_eq!(slots_in_use(&d, "fast").await, 0);
-}
-
-#[test]
-fn aptix_contexts_prints_the_example_file_with_keys_masked() {
-    let out = crate::cli::aptix()
-        .args(["contexts"])
-        .env("APTIX_CONTEXTS_FILE", "examples/contexts.json")
-        .env("OPENAI_API_KEY", "sk-proj-0123456789abcdefWXYZ")
-        .env("VLLM_API_KEY", "vllm-local-secret-key")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed: Value = serde_json::from_str(&stdout).unwrap();
-    let ids: Vec<&str> = listed["agentContexts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["default", "local-vllm", "openai-strong"]);
-    assert_eq!(
-        listed["agentContexts"][0]["model"], "gpt-4.1-mini",
-        "the file's default wins"
-    );
-    assert_eq!(listed["agentContexts"][0]["apiKey"], "sk-…WXYZ");
-    assert!(!stdout.contains("0123456789abcdef") && !stdout.contains("vllm-local-secret-key"));
-    let conversations: Vec<&str> = listed["conversationContexts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(conversations, ["ddr-review", "default", "triage"]);
-}
-
-#[test]
-fn a_process_with_a_bad_contexts_file_does_not_start_and_names_the_entry() {
-    for command in [
-        &["contexts"][..],
-        &["worker", "--listen", "127.0.0.1:0"],
-        &["serve", "--listen", "127.0.0.1:0"],
-    ] {
-        let out = crate::cli::aptix()
-            .args(command)
-            .env("APTIX_CONTEXTS_FILE", "examples/contexts.json")
-            .env("OPENAI_API_KEY", "sk-proj-0123456789abcdefWXYZ")
-            .env_remove("VLLM_API_KEY")
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{command:?} started: {stderr}");
-        assert!(
-            stderr.contains("APTIX_CONTEXTS_FILE")
-                && stderr.contains("agentContexts[2] (\"local-vllm\")")
-                && stderr.contains("VLLM_API_KEY"),
-            "{command:?}: {stderr}"
-        );
-    }
 }

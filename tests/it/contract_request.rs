@@ -7,28 +7,28 @@ use aptix_worker::contract::{
 };
 use serde_json::{Value, json};
 
-const PNG_B64: &str = "iVBORw0KGgo="; // 8 bytes of PNG signature
+pub(super) const PNG_B64: &str = "iVBORw0KGgo="; // 8 bytes of PNG signature
 
-fn user_turn() -> Value {
+pub(super) fn user_turn() -> Value {
     json!({"sessionId": "s-1", "turnId": "t-1", "instruction": "Summarise AGN-033."})
 }
 
-fn continuation() -> Value {
+pub(super) fn continuation() -> Value {
     json!({"sessionId": "s-1", "turnId": "t-1",
            "toolResults": [{"toolCallId": "call_1", "executionMs": 12, "resultJson": "{\"ok\":true}"}]})
 }
 
-fn artifact() -> Value {
+pub(super) fn artifact() -> Value {
     json!({"relativePath": "docs/AGN-033.md", "fileName": "AGN-033.md", "contents": "# AGN-033", "origin": "ide"})
 }
 
-fn with(mut base: Value, pointer: &str, value: Value) -> Value {
+pub(super) fn with(mut base: Value, pointer: &str, value: Value) -> Value {
     set(&mut base, pointer, value);
     base
 }
 
 /// Sets (or, with `Value::Null` and a trailing `!`, removes) the field at a JSON pointer.
-fn set(v: &mut Value, pointer: &str, value: Value) {
+pub(super) fn set(v: &mut Value, pointer: &str, value: Value) {
     let (parent, key) = pointer.rsplit_once('/').expect("pointer");
     let target = if parent.is_empty() {
         v
@@ -44,15 +44,15 @@ fn set(v: &mut Value, pointer: &str, value: Value) {
     }
 }
 
-fn without(base: Value, pointer: &str) -> Value {
+pub(super) fn without(base: Value, pointer: &str) -> Value {
     with(base, &format!("{pointer}!"), Value::Null)
 }
 
-fn parse(v: &Value) -> Result<AgentExecuteRequest, Vec<(ErrorCode, String)>> {
+pub(super) fn parse(v: &Value) -> Result<AgentExecuteRequest, Vec<(ErrorCode, String)>> {
     parse_with(v, &RequestLimits::default())
 }
 
-fn parse_with(
+pub(super) fn parse_with(
     v: &Value,
     limits: &RequestLimits,
 ) -> Result<AgentExecuteRequest, Vec<(ErrorCode, String)>> {
@@ -67,7 +67,7 @@ fn parse_with(
 }
 
 #[track_caller]
-fn assert_ok(v: Value) -> AgentExecuteRequest {
+pub(super) fn assert_ok(v: Value) -> AgentExecuteRequest {
     match parse(&v) {
         Ok(r) => r,
         Err(errors) => panic!("expected {v} to parse, got {errors:?}"),
@@ -77,12 +77,12 @@ fn assert_ok(v: Value) -> AgentExecuteRequest {
 /// Asserts that parsing fails with exactly one error, with this code, whose message starts with
 /// `path: `.
 #[track_caller]
-fn assert_err(v: Value, code: ErrorCode, path: &str) {
+pub(super) fn assert_err(v: Value, code: ErrorCode, path: &str) {
     assert_err_with(v, &RequestLimits::default(), code, path)
 }
 
 #[track_caller]
-fn assert_err_with(v: Value, limits: &RequestLimits, code: ErrorCode, path: &str) {
+pub(super) fn assert_err_with(v: Value, limits: &RequestLimits, code: ErrorCode, path: &str) {
     match parse_with(&v, limits) {
         Ok(r) => panic!("expected {v} to fail with {code}, it parsed as {r:?}"),
         Err(errors) => {
@@ -102,7 +102,7 @@ fn assert_err_with(v: Value, limits: &RequestLimits, code: ErrorCode, path: &str
 }
 
 #[test]
-fn a_minimal_user_turn_parses() {
+pub(super) fn a_minimal_user_turn_parses() {
     let AgentExecuteRequest::UserTurn(t) = assert_ok(user_turn()) else {
         panic!("expected a user turn")
     };
@@ -113,7 +113,7 @@ fn a_minimal_user_turn_parses() {
 }
 
 #[test]
-fn session_and_turn_ids_are_required() {
+pub(super) fn session_and_turn_ids_are_required() {
     assert_err(
         without(user_turn(), "/sessionId"),
         ErrorCode::MissingField,
@@ -142,7 +142,7 @@ fn session_and_turn_ids_are_required() {
 }
 
 #[test]
-fn ids_use_a_safe_charset_and_length() {
+pub(super) fn ids_use_a_safe_charset_and_length() {
     for ok in ["a", "A.b_c:d-9", &"x".repeat(128)] {
         assert_ok(with(user_turn(), "/sessionId", json!(ok)));
         assert_ok(with(user_turn(), "/turnId", json!(ok)));
@@ -174,7 +174,7 @@ fn ids_use_a_safe_charset_and_length() {
 }
 
 #[test]
-fn pascal_case_names_are_accepted_and_duplicates_rejected() {
+pub(super) fn pascal_case_names_are_accepted_and_duplicates_rejected() {
     let pascal = json!({"SessionId": "s", "TurnId": "t", "Instruction": "hi",
                         "InputArtifacts": [{"RelativePath": "a.md", "FileName": "a.md", "Contents": "x", "Origin": "user"}]});
     let AgentExecuteRequest::UserTurn(t) = assert_ok(pascal) else {
@@ -189,7 +189,7 @@ fn pascal_case_names_are_accepted_and_duplicates_rejected() {
 }
 
 #[test]
-fn a_user_turn_needs_an_input() {
+pub(super) fn a_user_turn_needs_an_input() {
     let bare = json!({"sessionId": "s", "turnId": "t"});
     assert_err(bare.clone(), ErrorCode::EmptyTurn, "$");
     assert_err(
@@ -212,7 +212,7 @@ fn a_user_turn_needs_an_input() {
 }
 
 #[test]
-fn server_owned_fields_are_forbidden_in_both_scenarios() {
+pub(super) fn server_owned_fields_are_forbidden_in_both_scenarios() {
     for field in [
         "mode",
         "Mode",
@@ -243,7 +243,7 @@ fn server_owned_fields_are_forbidden_in_both_scenarios() {
 }
 
 #[test]
-fn a_continuation_carries_only_tool_results() {
+pub(super) fn a_continuation_carries_only_tool_results() {
     let AgentExecuteRequest::ToolContinuation(c) = assert_ok(continuation()) else {
         panic!()
     };
@@ -281,7 +281,7 @@ fn a_continuation_carries_only_tool_results() {
 }
 
 #[test]
-fn tool_result_rules() {
+pub(super) fn tool_result_rules() {
     let p = "toolResults[0]";
     let tr = "/toolResults/0";
     assert_err(
@@ -360,7 +360,7 @@ fn tool_result_rules() {
 }
 
 #[test]
-fn artifact_rules() {
+pub(super) fn artifact_rules() {
     let a = "/inputArtifacts/0";
     let p = "inputArtifacts[0]";
     let base = with(user_turn(), "/inputArtifacts", json!([artifact()]));
@@ -409,7 +409,7 @@ fn artifact_rules() {
 }
 
 #[test]
-fn relative_paths_must_be_relative_and_contained() {
+pub(super) fn relative_paths_must_be_relative_and_contained() {
     let a = "/inputArtifacts/0/relativePath";
     let base = with(user_turn(), "/inputArtifacts", json!([artifact()]));
     for ok in [
@@ -442,7 +442,7 @@ fn relative_paths_must_be_relative_and_contained() {
 }
 
 #[test]
-fn clipboard_image_rules() {
+pub(super) fn clipboard_image_rules() {
     let i = "/clipboardImages/0";
     let p = "clipboardImages[0]";
     let base = with(
@@ -492,7 +492,7 @@ fn clipboard_image_rules() {
 }
 
 #[test]
-fn rag_condition_rules() {
+pub(super) fn rag_condition_rules() {
     let c = "/ragScope/conditions/0";
     let p = "ragScope.conditions[0]";
     let base = with(
@@ -543,194 +543,4 @@ fn rag_condition_rules() {
         ErrorCode::MissingField,
         "ragScope.conditions",
     );
-}
-
-#[test]
-fn size_limits_are_errors_not_truncation() {
-    let limits = RequestLimits {
-        max_body_bytes: 4096,
-        max_instruction_bytes: 10,
-        max_artifact_bytes: 5,
-        max_image_bytes: 8,
-    };
-    let ok = |v: Value| parse_with(&v, &limits).expect("within limits");
-    ok(with(user_turn(), "/instruction", json!("0123456789")));
-    assert_err_with(
-        with(user_turn(), "/instruction", json!("0123456789A")),
-        &limits,
-        ErrorCode::PayloadTooLarge,
-        "instruction",
-    );
-    let short = with(user_turn(), "/instruction", json!("go"));
-    let art = with(short.clone(), "/inputArtifacts", json!([artifact()]));
-    ok(with(
-        art.clone(),
-        "/inputArtifacts/0/contents",
-        json!("12345"),
-    ));
-    assert_err_with(
-        with(art.clone(), "/inputArtifacts/0/contents", json!("123456")),
-        &limits,
-        ErrorCode::PayloadTooLarge,
-        "inputArtifacts[0].contents",
-    );
-    // base64 artifacts are measured after decoding: 8 base64 chars = 6 bytes
-    let b64 = with(art, "/inputArtifacts/0/encoding", json!("base64"));
-    ok(with(
-        b64.clone(),
-        "/inputArtifacts/0/contents",
-        json!("aGVsbG8="),
-    ));
-    assert_err_with(
-        with(b64, "/inputArtifacts/0/contents", json!("aGVsbG8h")),
-        &limits,
-        ErrorCode::PayloadTooLarge,
-        "inputArtifacts[0].contents",
-    );
-    let img = with(
-        short,
-        "/clipboardImages",
-        json!([{"id": "i", "mimeType": "image/png", "dataBase64": PNG_B64}]),
-    );
-    ok(img.clone());
-    assert_err_with(
-        with(img, "/clipboardImages/0/dataBase64", json!("iVBORw0KGgoA")),
-        &limits,
-        ErrorCode::PayloadTooLarge,
-        "clipboardImages[0].dataBase64",
-    );
-    // the body limit is checked before anything else
-    let big = with(user_turn(), "/solutionContextText", json!("x".repeat(5000)));
-    let rejected = parse_request(big.to_string().as_bytes(), &limits).unwrap_err();
-    assert!(rejected.is_body_too_large());
-    assert_eq!(rejected.errors[0].error_code, ErrorCode::PayloadTooLarge);
-    assert!(rejected.errors[0].message.starts_with("$: "));
-    let small = parse_request(
-        with(user_turn(), "/instruction", json!("go"))
-            .to_string()
-            .as_bytes(),
-        &limits,
-    );
-    assert!(small.is_ok());
-}
-
-#[test]
-fn unknown_fields_are_ignored_with_a_warning() {
-    let v = with(
-        with(user_turn(), "/conversationId", json!("old")),
-        "/inputArtifacts",
-        json!([with(artifact(), "/sha", json!("abc"))]),
-    );
-    let parsed =
-        parse_request(v.to_string().as_bytes(), &RequestLimits::default()).expect("parses");
-    let warnings: Vec<(ErrorCode, &str)> = parsed
-        .warnings
-        .iter()
-        .map(|w| (w.error_code, w.message.as_str()))
-        .collect();
-    assert_eq!(warnings.len(), 2, "{warnings:?}");
-    assert!(warnings.iter().all(|(c, _)| *c == ErrorCode::UnknownField));
-    assert!(
-        warnings
-            .iter()
-            .any(|(_, m)| m.starts_with("conversationId: "))
-    );
-    assert!(
-        warnings
-            .iter()
-            .any(|(_, m)| m.starts_with("inputArtifacts[0].sha: "))
-    );
-    let clean = parse_request(
-        user_turn().to_string().as_bytes(),
-        &RequestLimits::default(),
-    )
-    .unwrap();
-    assert!(clean.warnings.is_empty());
-}
-
-#[test]
-fn every_violation_is_reported_not_just_the_first() {
-    let v = json!({"sessionId": "bad id", "mode": "general", "inputArtifacts": [{"relativePath": "/abs", "fileName": "f", "contents": "c", "origin": "disk"}],
-                   "ragScope": {"conditions": [{"key": "", "operator": "~", "values": []}]}});
-    let errors = parse(&v).unwrap_err();
-    let codes: Vec<ErrorCode> = errors.iter().map(|e| e.0).collect();
-    for expected in [
-        ErrorCode::InvalidId,
-        ErrorCode::MissingField,
-        ErrorCode::ForbiddenField,
-        ErrorCode::InvalidPath,
-        ErrorCode::InvalidArtifact,
-        ErrorCode::InvalidRagCondition,
-    ] {
-        assert!(
-            codes.contains(&expected),
-            "{expected} missing from {errors:?}"
-        );
-    }
-    assert_eq!(
-        codes
-            .iter()
-            .filter(|c| **c == ErrorCode::InvalidRagCondition)
-            .count(),
-        3,
-        "{errors:?}"
-    );
-}
-
-#[test]
-fn bodies_that_are_not_json_objects_are_malformed() {
-    for body in [&b"{"[..], b"", b"[]", b"42", b"\"x\"", b"\xff\xfe"] {
-        let rejected = parse_request(body, &RequestLimits::default()).unwrap_err();
-        assert_eq!(rejected.errors.len(), 1);
-        assert_eq!(rejected.errors[0].error_code, ErrorCode::MalformedJson);
-        assert!(rejected.errors[0].message.starts_with("$: "));
-    }
-}
-
-#[test]
-fn a_byte_order_mark_before_the_body_is_skipped_and_anywhere_else_is_malformed() {
-    let body = serde_json::to_vec(&user_turn()).unwrap();
-    let with_bom = [&b"\xEF\xBB\xBF"[..], &body].concat();
-    let parsed =
-        parse_request(&with_bom, &RequestLimits::default()).expect("a leading BOM is skipped");
-    assert_eq!(parsed.request.session_id().as_str(), "s-1");
-    // After whitespace, or twice, it is no longer the text's first character: not JSON.
-    for bad in [
-        [&b" \xEF\xBB\xBF"[..], &body].concat(),
-        [&b"\xEF\xBB\xBF\xEF\xBB\xBF"[..], &body].concat(),
-    ] {
-        let rejected = parse_request(&bad, &RequestLimits::default()).unwrap_err();
-        assert_eq!(rejected.errors[0].error_code, ErrorCode::MalformedJson);
-    }
-    // Inside a string it is content, kept as sent.
-    let inside = with(user_turn(), "/instruction", json!("\u{feff}hello"));
-    let AgentExecuteRequest::UserTurn(turn) = assert_ok(inside) else {
-        panic!("a user turn");
-    };
-    assert_eq!(turn.instruction(), Some("\u{feff}hello"));
-}
-
-#[test]
-fn rejected_requests_become_failed_invoke_results() {
-    let rejected = parse_request(b"{}", &RequestLimits::default()).unwrap_err();
-    let result: aptix_worker::contract::InvokeResult<()> = rejected.into_invoke_result();
-    let json = serde_json::to_value(&result).unwrap();
-    assert_eq!(json["successful"], json!(false));
-    assert!(json.get("result").is_none());
-    assert_eq!(json["errors"].as_array().unwrap().len(), 3, "{json}");
-}
-
-#[test]
-fn valid_requests_round_trip_through_their_wire_form() {
-    let full = json!({"sessionId": "s", "turnId": "t", "instruction": "i",
-        "inputArtifacts": [with(artifact(), "/language", json!("markdown"))],
-        "clipboardImages": [{"id": "i1", "mimeType": "image/png", "dataBase64": PNG_B64}],
-        "ragScope": {"conditions": [{"key": "docId", "operator": "contains", "values": ["AGN"]}]},
-        "solutionContextText": "ctx", "workspaceId": "w", "repo": "r", "language": "rust", "streaming": true,
-        "agentContextId": "default", "conversationContextId": "default"});
-    for v in [full, continuation()] {
-        let first = assert_ok(v);
-        let again = assert_ok(serde_json::to_value(&first).unwrap());
-        assert_eq!(first, again);
-    }
 }

@@ -1,21 +1,19 @@
 //! Retrieval: chunking, the index (memory and real Redis, one suite), BM25 ranking, `ragScope`
 //! operators, the budget and the composed `[CONTEXT]` block, on a small corpus written here.
 
+use super::rag_scope::cond;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use aptix_worker::contract::request::{RagCondition, RagOperator};
-use aptix_worker::contract::{RequestLimits, parse_request};
-use aptix_worker::fake_llm::Reply;
 use aptix_worker::rag::{
-    Bm25Retriever, Chunk, ChunkIndex, ChunkOptions, MemoryIndex, RagBudget, RagQuery, RedisIndex,
-    Retriever, chunk_file, index_folder,
+    Bm25Retriever, Chunk, ChunkIndex, ChunkOptions, MemoryIndex, RagQuery, RedisIndex, Retriever,
+    chunk_file, index_folder,
 };
-use serde_json::json;
 
-use crate::support::{RedisGuard, Setup, harness, redis_store, redis_url, request};
+use crate::support::{RedisGuard, redis_store, redis_url};
 
-const QUEUE_DOC: &str = "# AGN-201 Queue retries
+pub(super) const QUEUE_DOC: &str = "# AGN-201 Queue retries
 **Tags:** queue, retries
 
 Why jobs are retried through delay queues.
@@ -29,7 +27,7 @@ A failed job goes to a delay queue whose messages dead-letter back to the job qu
 ## Risks
 Poison messages loop forever unless the attempt count is capped.";
 
-const LEASE_DOC: &str = "# AGN-202 Session leases
+pub(super) const LEASE_DOC: &str = "# AGN-202 Session leases
 **Tags:** state, redis
 
 Only one turn of a session runs at a time.
@@ -42,7 +40,7 @@ happens every third of the lease time; a stale fencing token makes every write f
 A global lock per session in the database.";
 
 /// A Rust file of 130 lines: three chunks of at most 60 lines.
-fn code_file() -> String {
+pub(super) fn code_file() -> String {
     (1..=130)
         .map(|i| match i {
             1 => "// Lease handling for sessions.".to_string(),
@@ -54,7 +52,7 @@ fn code_file() -> String {
 }
 
 /// The corpus in a fresh folder.
-fn corpus() -> PathBuf {
+pub(super) fn corpus() -> PathBuf {
     let root = std::env::temp_dir().join(format!("aptix-rag-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(root.join("docs")).unwrap();
     std::fs::create_dir_all(root.join("src")).unwrap();
@@ -65,7 +63,7 @@ fn corpus() -> PathBuf {
     root
 }
 
-struct Cleanup(PathBuf);
+pub(super) struct Cleanup(pub(super) PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
@@ -73,12 +71,12 @@ impl Drop for Cleanup {
     }
 }
 
-fn opts() -> ChunkOptions {
+pub(super) fn opts() -> ChunkOptions {
     ChunkOptions { max_lines: 60 }
 }
 
 #[test]
-fn markdown_is_chunked_by_heading_with_exact_line_spans() {
+pub(super) fn markdown_is_chunked_by_heading_with_exact_line_spans() {
     let chunks = chunk_file(
         "aptix",
         "docs/AGN-201-queue-retries.md",
@@ -124,7 +122,7 @@ fn markdown_is_chunked_by_heading_with_exact_line_spans() {
 }
 
 #[test]
-fn code_is_chunked_by_a_bounded_number_of_lines() {
+pub(super) fn code_is_chunked_by_a_bounded_number_of_lines() {
     let code = code_file();
     let chunks = chunk_file("aptix", "src/lease.rs", &code, &[], opts()).unwrap();
     let spans: Vec<(usize, usize)> = chunks.iter().map(|c| (c.line_start, c.line_end)).collect();
@@ -148,7 +146,7 @@ fn code_is_chunked_by_a_bounded_number_of_lines() {
 
 /// Both index implementations, the Redis one under a fresh namespace on the local Redis and on
 /// the tests' Redis Cluster.
-async fn indexes() -> Vec<(&'static str, Arc<dyn ChunkIndex>, Option<RedisGuard>)> {
+pub(super) async fn indexes() -> Vec<(&'static str, Arc<dyn ChunkIndex>, Option<RedisGuard>)> {
     let guard = redis_store().await;
     let redis = RedisIndex::connect(&redis_url(), guard.store.namespace())
         .await
@@ -170,7 +168,7 @@ async fn indexes() -> Vec<(&'static str, Arc<dyn ChunkIndex>, Option<RedisGuard>
     ]
 }
 
-async fn search(
+pub(super) async fn search(
     index: &Arc<dyn ChunkIndex>,
     tenant: &str,
     text: &str,
@@ -194,7 +192,7 @@ async fn search(
 }
 
 #[tokio::test]
-async fn reindexing_replaces_changed_files_and_deletes_removed_ones() {
+pub(super) async fn reindexing_replaces_changed_files_and_deletes_removed_ones() {
     for (name, index, _guard) in indexes().await {
         let root = corpus();
         let _c = Cleanup(root.clone());
@@ -283,7 +281,7 @@ async fn reindexing_replaces_changed_files_and_deletes_removed_ones() {
 }
 
 #[tokio::test]
-async fn the_obviously_relevant_chunk_ranks_first() {
+pub(super) async fn the_obviously_relevant_chunk_ranks_first() {
     for (name, index, _guard) in indexes().await {
         let root = corpus();
         let _c = Cleanup(root.clone());
@@ -318,7 +316,7 @@ async fn the_obviously_relevant_chunk_ranks_first() {
 
 /// 120 files of 6 chunks whose words follow a long-tailed distribution (`w0` in most chunks,
 /// `w150` in few), tagged by file parity; deterministic.
-async fn long_tailed_corpus(index: &dyn ChunkIndex) {
+pub(super) async fn long_tailed_corpus(index: &dyn ChunkIndex) {
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
         state ^= state << 13;
@@ -360,7 +358,7 @@ async fn long_tailed_corpus(index: &dyn ChunkIndex) {
 /// its list, a posting read by id is the one in the list — and ranking that reads the rarest
 /// terms first returns exactly what scoring every chunk does, scope and all.
 #[tokio::test]
-async fn pruned_ranking_reads_each_index_alike_and_matches_the_full_ranking() {
+pub(super) async fn pruned_ranking_reads_each_index_alike_and_matches_the_full_ranking() {
     for (name, index, _guard) in indexes().await {
         long_tailed_corpus(index.as_ref()).await;
         let terms: Vec<String> = ["w0", "w3", "w40", "w190", "absent"]
@@ -444,282 +442,4 @@ async fn pruned_ranking_reads_each_index_alike_and_matches_the_full_ranking() {
             );
         }
     }
-}
-
-fn cond(key: &str, operator: RagOperator, values: &[&str]) -> RagCondition {
-    RagCondition {
-        key: key.into(),
-        operator,
-        values: values.iter().map(|v| v.to_string()).collect(),
-    }
-}
-
-#[tokio::test]
-async fn each_scope_operator_filters_and_conditions_are_anded() {
-    for (name, index, _guard) in indexes().await {
-        let root = corpus();
-        let _c = Cleanup(root.clone());
-        index_folder(
-            index.as_ref(),
-            "t",
-            "aptix",
-            &root,
-            &["team-a".into()],
-            opts(),
-            |_, _| {},
-        )
-        .await
-        .unwrap();
-        let paths = |hits: Vec<(String, usize)>| {
-            let mut p: Vec<String> = hits.into_iter().map(|h| h.0).collect();
-            p.sort();
-            p.dedup();
-            p
-        };
-        // "lease" appears in all three files.
-        let q = "lease session queue";
-        assert_eq!(
-            paths(search(&index, "t", q, vec![]).await).len(),
-            3,
-            "{name}"
-        );
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![cond("language", RagOperator::Equals, &["rust"])]
-                )
-                .await
-            ),
-            vec!["src/lease.rs"],
-            "{name}: =="
-        );
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![cond("docId", RagOperator::NotEquals, &["AGN-201"])]
-                )
-                .await
-            ),
-            vec!["docs/AGN-202-session-leases.md", "src/lease.rs"],
-            "{name}: !="
-        );
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![cond("path", RagOperator::Contains, &["DOCS/"])]
-                )
-                .await
-            ),
-            vec![
-                "docs/AGN-201-queue-retries.md",
-                "docs/AGN-202-session-leases.md"
-            ],
-            "{name}: contains"
-        );
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![cond("tags", RagOperator::DoesNotContain, &["queue"])]
-                )
-                .await
-            ),
-            vec!["docs/AGN-202-session-leases.md", "src/lease.rs"],
-            "{name}: does_not_contain"
-        );
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![
-                        cond("tags", RagOperator::Equals, &["team-a"]),
-                        cond("language", RagOperator::Equals, &["markdown"]),
-                        cond("docId", RagOperator::Equals, &["AGN-202"]),
-                    ]
-                )
-                .await
-            ),
-            vec!["docs/AGN-202-session-leases.md"],
-            "{name}: ANDed"
-        );
-        assert!(
-            search(
-                &index,
-                "t",
-                q,
-                vec![cond("repo", RagOperator::Equals, &["other"])]
-            )
-            .await
-            .is_empty(),
-            "{name}"
-        );
-        // A key chunks do not have is ignored.
-        assert_eq!(
-            paths(
-                search(
-                    &index,
-                    "t",
-                    q,
-                    vec![cond("owner", RagOperator::Equals, &["x"])]
-                )
-                .await
-            )
-            .len(),
-            3
-        );
-    }
-}
-
-#[test]
-fn an_unknown_scope_key_is_a_warning_not_an_error() {
-    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "x",
-        "ragScope": {"conditions": [{"key": "owner", "operator": "==", "values": ["me"]},
-                                     {"key": "docId", "operator": "==", "values": ["AGN-1"]}]}});
-    let parsed = parse_request(body.to_string().as_bytes(), &RequestLimits::default()).unwrap();
-    assert_eq!(parsed.warnings.len(), 1);
-    assert_eq!(parsed.warnings[0].error_code.as_str(), "UNKNOWN_RAG_KEY");
-    assert!(
-        parsed.warnings[0]
-            .message
-            .starts_with("ragScope.conditions[0].key:"),
-        "{}",
-        parsed.warnings[0].message
-    );
-}
-
-/// The `[CONTEXT]` text the fake model received in the user message of call `n`.
-fn context_of(h: &crate::support::Harness, n: usize) -> String {
-    let reqs = h.fake.requests();
-    let input = reqs[n]["input"].as_array().unwrap();
-    let user = input.iter().find(|i| i["role"] == "user").unwrap();
-    user["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["text"].as_str())
-        .find(|t| t.starts_with("[CONTEXT]"))
-        .unwrap_or_default()
-        .to_string()
-}
-
-#[tokio::test]
-async fn the_composed_block_is_golden_and_the_budget_bounds_it() {
-    let root = corpus();
-    let _c = Cleanup(root.clone());
-    let index: Arc<dyn ChunkIndex> = Arc::new(MemoryIndex::new());
-    index_folder(
-        index.as_ref(),
-        "local",
-        "aptix",
-        &root,
-        &[],
-        opts(),
-        |_, _| {},
-    )
-    .await
-    .unwrap();
-    let h = harness(Setup::default()).await;
-    let budget = RagBudget {
-        max_chunks: 2,
-        max_chars: 10_000,
-    };
-    let pipeline = h
-        .pipeline
-        .clone()
-        .with_rag(Arc::new(Bm25Retriever::new(index.clone())), budget);
-    h.fake
-        .push([Reply::Text("ok".into()), Reply::Text("ok".into())]);
-    let turn = request(json!({
-        "sessionId": "s", "turnId": "t1",
-        "instruction": "Check the session fencing token and lease renewal rules",
-        "inputArtifacts": [{"relativePath": "notes/todo.md", "fileName": "todo.md",
-                            "contents": "- check leases\n", "origin": "user"}],
-        "ragScope": {"conditions": [{"key": "docId", "operator": "==", "values": ["AGN-202"]}]}
-    }));
-    pipeline.run(&turn).await.unwrap();
-    let expected = "[CONTEXT]
-
-=== CHUNK 1 ===
-Id: artifact_1
-Path: notes/todo.md
-Lines: 1-1
-Language: markdown
-```markdown
-- check leases
-```
-
-=== CHUNK 2 ===
-Id: ID_A
-Path: docs/AGN-202-session-leases.md
-Lines: 6-8
-Language: markdown
-```markdown
-## Decision
-A worker takes the session lease with a fencing token before running a turn. Lease renewal
-happens every third of the lease time; a stale fencing token makes every write fail.
-```
-
-=== CHUNK 3 ===
-Id: ID_B
-Path: docs/AGN-202-session-leases.md
-Lines: 1-4
-Language: markdown
-```markdown
-# AGN-202 Session leases
-**Tags:** state, redis
-
-Only one turn of a session runs at a time.
-```
-
-";
-    let ids: Vec<String> = {
-        let all = chunk_file(
-            "aptix",
-            "docs/AGN-202-session-leases.md",
-            LEASE_DOC,
-            &[],
-            opts(),
-        )
-        .unwrap();
-        vec![all[1].id.clone(), all[0].id.clone()]
-    };
-    let expected = expected.replace("ID_A", &ids[0]).replace("ID_B", &ids[1]);
-    assert_eq!(context_of(&h, 0), expected);
-
-    // A character budget that fits only the best chunk: the others are cut (and logged).
-    let decision = &chunk_file(
-        "aptix",
-        "docs/AGN-202-session-leases.md",
-        LEASE_DOC,
-        &[],
-        opts(),
-    )
-    .unwrap()[1];
-    let tight = RagBudget {
-        max_chunks: 5,
-        max_chars: decision.content.chars().count() + 10,
-    };
-    let pipeline = h
-        .pipeline
-        .clone()
-        .with_rag(Arc::new(Bm25Retriever::new(index)), tight);
-    let turn = request(json!({"sessionId": "s2", "turnId": "t1",
-        "instruction": "fencing token lease renewal session queue"}));
-    pipeline.run(&turn).await.unwrap();
-    let block = context_of(&h, 1);
-    assert_eq!(block.matches("=== CHUNK ").count(), 1, "{block}");
-    assert!(block.contains(&format!("Id: {}\n", decision.id)), "{block}");
 }

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use aptix_worker::catalog::ModeCatalog;
 use aptix_worker::contract::{AgentExecuteRequest, AgentExecuteResponse, SessionId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions};
-use aptix_worker::frontdoor::Pickup;
 use aptix_worker::llm::LlmClient;
 use aptix_worker::pipeline::{JobOutcome, Pipeline, PipelineSettings};
 use aptix_worker::store::redis::{RedisOptions, RedisStore};
@@ -38,7 +37,7 @@ use crate::support::{request, schema};
 
 /// Where the connection is cut, relative to the counted write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cut {
+pub(super) enum Cut {
     /// The write is not forwarded: it never happens.
     Before,
     /// The write is forwarded and run; its answer is held back and the connection dropped.
@@ -47,7 +46,7 @@ enum Cut {
 
 /// What a run of the proxies does to the traffic.
 #[derive(Default)]
-struct Plan {
+pub(super) struct Plan {
     /// The write scripts' SHA1s, with their names.
     writes: HashMap<Vec<u8>, &'static str>,
     /// Cut at the write with this number (1-based), once.
@@ -59,10 +58,10 @@ struct Plan {
 
 /// What to do (once) when the cut fires, before the connection is dropped: it runs on the
 /// relay's task, so it must be quick (spawn what takes long).
-type OnCut = Arc<Mutex<Option<Box<dyn Fn() + Send>>>>;
+pub(super) type OnCut = Arc<Mutex<Option<Box<dyn Fn() + Send>>>>;
 
 /// One or more proxies (one per Redis node) sharing one plan and one count.
-struct Proxies {
+pub(super) struct Proxies {
     plan: Arc<Mutex<Plan>>,
     /// Called when the cut fires, before the connection is dropped.
     on_cut: OnCut,
@@ -70,7 +69,7 @@ struct Proxies {
 }
 
 impl Proxies {
-    fn new(writes: HashMap<Vec<u8>, &'static str>) -> Self {
+    pub(super) fn new(writes: HashMap<Vec<u8>, &'static str>) -> Self {
         Self {
             plan: Arc::new(Mutex::new(Plan {
                 writes,
@@ -82,7 +81,7 @@ impl Proxies {
     }
 
     /// Starts a proxy on `listener` to `target`.
-    fn serve(&mut self, listener: TcpListener, target: String) {
+    pub(super) fn serve(&mut self, listener: TcpListener, target: String) {
         let (plan, on_cut) = (self.plan.clone(), self.on_cut.clone());
         self.tasks.push(tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -95,18 +94,18 @@ impl Proxies {
     }
 
     /// A new run: count from zero, cut at `cut`.
-    fn arm(&self, cut: Option<(usize, Cut)>) {
+    pub(super) fn arm(&self, cut: Option<(usize, Cut)>) {
         let mut plan = self.plan.lock().unwrap();
         plan.cut = cut;
         plan.seen.clear();
         plan.fired = false;
     }
 
-    fn seen(&self) -> Vec<&'static str> {
+    pub(super) fn seen(&self) -> Vec<&'static str> {
         self.plan.lock().unwrap().seen.clone()
     }
 
-    fn fired(&self) -> bool {
+    pub(super) fn fired(&self) -> bool {
         self.plan.lock().unwrap().fired
     }
 }
@@ -120,7 +119,7 @@ impl Drop for Proxies {
 }
 
 /// The length of the first complete RESP command in `buf`, with its first two arguments.
-fn command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
+pub(super) fn command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
     fn line(buf: &[u8], at: usize) -> Option<(i64, usize)> {
         let end = buf[at..].windows(2).position(|w| w == b"\r\n")? + at;
         let n = std::str::from_utf8(&buf[at + 1..end]).ok()?.parse().ok()?;
@@ -149,7 +148,12 @@ fn command(buf: &[u8]) -> Option<(usize, Vec<Vec<u8>>)> {
 }
 
 /// Relays one connection, counting writes client → server and cutting where the plan says.
-async fn relay(client: TcpStream, server: TcpStream, plan: Arc<Mutex<Plan>>, on_cut: OnCut) {
+pub(super) async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    plan: Arc<Mutex<Plan>>,
+    on_cut: OnCut,
+) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let dropped = CancellationToken::new();
@@ -236,7 +240,7 @@ async fn relay(client: TcpStream, server: TcpStream, plan: Arc<Mutex<Plan>>, on_
 }
 
 /// A Redis server of the test's own, with an append-only file fsynced at every write.
-struct AofRedis {
+pub(super) struct AofRedis {
     port: u16,
     dir: std::path::PathBuf,
     child: Arc<Mutex<Option<Child>>>,
@@ -276,7 +280,7 @@ impl AofRedis {
     }
 }
 
-fn spawn_aof(port: u16, dir: &std::path::Path, child: &Mutex<Option<Child>>) {
+pub(super) fn spawn_aof(port: u16, dir: &std::path::Path, child: &Mutex<Option<Child>>) {
     let c = Command::new("redis-server")
         .args([
             "--port",
@@ -304,7 +308,7 @@ fn spawn_aof(port: u16, dir: &std::path::Path, child: &Mutex<Option<Child>>) {
     }
 }
 
-fn redis_ping(port: u16) -> redis::RedisResult<String> {
+pub(super) fn redis_ping(port: u16) -> redis::RedisResult<String> {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
     let mut conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
     redis::cmd("PING").query(&mut conn)
@@ -322,7 +326,7 @@ impl Drop for AofRedis {
 
 /// The write scripts of a store (every script but the renewal, which runs on a timer, and the
 /// read-only watch mark), by SHA1.
-fn write_scripts(store: &RedisStore) -> HashMap<Vec<u8>, &'static str> {
+pub(super) fn write_scripts(store: &RedisStore) -> HashMap<Vec<u8>, &'static str> {
     store
         .script_hashes()
         .into_iter()
@@ -332,7 +336,7 @@ fn write_scripts(store: &RedisStore) -> HashMap<Vec<u8>, &'static str> {
 }
 
 /// The writes of the turns below without a cut, in order.
-const WRITES: [&str; 11] = [
+pub(super) const WRITES: [&str; 11] = [
     "begin",         // t1: lease taken, turn and session read
     "save",          // t1 running
     "save",          // checkpoint: the answer calling both tools
@@ -347,7 +351,7 @@ const WRITES: [&str; 11] = [
 ];
 
 /// Runs a job until it settles, as the queue redelivers it; its settled result.
-async fn settle(worker: &Pipeline, job: &AgentExecuteRequest, what: &str) -> Value {
+pub(super) async fn settle(worker: &Pipeline, job: &AgentExecuteRequest, what: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match worker.execute(job, Duration::from_secs(20)).await {
@@ -362,7 +366,11 @@ async fn settle(worker: &Pipeline, job: &AgentExecuteRequest, what: &str) -> Val
 }
 
 /// A worker over a store reached through the proxies.
-async fn worker(url: &str, cluster: bool, fake: &FakeLlm) -> (Pipeline, Arc<RedisStore>) {
+pub(super) async fn worker(
+    url: &str,
+    cluster: bool,
+    fake: &FakeLlm,
+) -> (Pipeline, Arc<RedisStore>) {
     let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
     let options = RedisOptions {
         timeout: Duration::from_secs(2),
@@ -393,7 +401,7 @@ async fn worker(url: &str, cluster: bool, fake: &FakeLlm) -> (Pipeline, Arc<Redi
 
 /// The turn's life with the plan armed: t1 (server tool + client tool), its continuation, t2.
 /// Returns the writes the proxies saw.
-async fn one_life(
+pub(super) async fn one_life(
     proxies: &Proxies,
     url: &str,
     cluster: bool,
@@ -484,7 +492,7 @@ async fn one_life(
 }
 
 /// Every cut point, before and after, against the store reached through `url`.
-async fn every_cut(proxies: &Proxies, url: &str, cluster: bool) {
+pub(super) async fn every_cut(proxies: &Proxies, url: &str, cluster: bool) {
     let clean = one_life(proxies, url, cluster, None).await;
     assert_eq!(clean, WRITES, "the writes of the turn's life, uncut");
     for at in 1..=WRITES.len() {
@@ -499,7 +507,7 @@ async fn every_cut(proxies: &Proxies, url: &str, cluster: bool) {
     }
 }
 
-async fn listener() -> (TcpListener, u16) {
+pub(super) async fn listener() -> (TcpListener, u16) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     (l, port)
@@ -507,7 +515,7 @@ async fn listener() -> (TcpListener, u16) {
 
 /// Scripts loaded before each life, so every write is one `EVALSHA` (a `NOSCRIPT` answer
 /// would send it twice and shift the count).
-async fn preload(url: &str) {
+pub(super) async fn preload(url: &str) {
     RedisStore::connect(url, "aptix-preload", Retention::default())
         .await
         .expect("Redis answers")
@@ -517,7 +525,7 @@ async fn preload(url: &str) {
 }
 
 #[tokio::test]
-async fn a_cut_at_any_write_of_a_turn_loses_nothing_on_redis() {
+pub(super) async fn a_cut_at_any_write_of_a_turn_loses_nothing_on_redis() {
     let target = crate::support::redis_url();
     let target = target
         .trim_start_matches("redis://")
@@ -534,7 +542,7 @@ async fn a_cut_at_any_write_of_a_turn_loses_nothing_on_redis() {
 }
 
 #[tokio::test]
-async fn a_redis_killed_at_any_write_and_restarted_from_its_aof_loses_nothing() {
+pub(super) async fn a_redis_killed_at_any_write_and_restarted_from_its_aof_loses_nothing() {
     let redis = Arc::new(AofRedis::start());
     let direct = format!("redis://127.0.0.1:{}/", redis.port);
     let probe = RedisStore::connect(&direct, "probe", Retention::default())
@@ -565,11 +573,11 @@ async fn a_redis_killed_at_any_write_and_restarted_from_its_aof_loses_nothing() 
 
 /// Three masters announcing the proxies' ports as their addresses, so a cluster client that
 /// follows the slot map still goes through them.
-struct ProxiedCluster {
-    children: Vec<Child>,
-    dir: std::path::PathBuf,
+pub(super) struct ProxiedCluster {
+    pub(super) children: Vec<Child>,
+    pub(super) dir: std::path::PathBuf,
     /// The nodes' own ports.
-    ports: Vec<u16>,
+    pub(super) ports: Vec<u16>,
 }
 
 impl Drop for ProxiedCluster {
@@ -580,200 +588,4 @@ impl Drop for ProxiedCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-#[tokio::test]
-async fn a_cut_at_any_write_of_a_turn_loses_nothing_on_a_redis_cluster() {
-    let dir = std::env::temp_dir().join(format!(
-        "aptix-cut-cluster-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut listeners = Vec::new();
-    for _ in 0..3 {
-        listeners.push(listener().await);
-    }
-    let mut ports: Vec<u16> = Vec::new();
-    while ports.len() < 3 {
-        let p = crate::support::free_port();
-        let bus_free = std::net::TcpListener::bind(("127.0.0.1", p + 10_000)).is_ok();
-        if p < 55_000 && bus_free && !ports.contains(&p) {
-            ports.push(p);
-        }
-    }
-    let mut cluster = ProxiedCluster {
-        children: Vec::new(),
-        dir: dir.clone(),
-        ports: ports.clone(),
-    };
-    for (port, (_, proxy_port)) in ports.iter().zip(&listeners) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "no", "--cluster-enabled", "yes"])
-            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-            .args(["--cluster-node-timeout", "2000"])
-            .args(["--cluster-announce-ip", "127.0.0.1"])
-            .args(["--cluster-announce-port", &proxy_port.to_string()])
-            .args(["--cluster-announce-bus-port", &(port + 10_000).to_string()])
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed");
-        cluster.children.push(child);
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for port in &cluster.ports {
-        while redis_ping(*port).is_err() {
-            assert!(Instant::now() < deadline, "node {port} did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let probe = RedisStore::connect(
-        &format!("redis://127.0.0.1:{}/", ports[0]),
-        "probe",
-        Retention::default(),
-    )
-    .await
-    .unwrap();
-    let mut proxies = Proxies::new(write_scripts(&probe));
-    let mut urls = Vec::new();
-    for ((l, proxy_port), port) in listeners.into_iter().zip(&ports) {
-        proxies.serve(l, format!("127.0.0.1:{port}"));
-        urls.push(format!("redis://127.0.0.1:{proxy_port}/"));
-    }
-    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let created = tokio::task::spawn_blocking(move || {
-        Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-    })
-    .await
-    .unwrap()
-    .expect("redis-cli must be installed");
-    assert!(
-        created.status.success(),
-        "cluster create: {}",
-        String::from_utf8_lossy(&created.stdout)
-    );
-    for port in &ports {
-        loop {
-            let info: String = redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query(
-                    &mut redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                        .unwrap()
-                        .get_connection()
-                        .unwrap(),
-                )
-                .unwrap();
-            if info.contains("cluster_state:ok") {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline + Duration::from_secs(20),
-                "node {port}: {info}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let url = urls.join(",");
-    let preload_all = || async {
-        for port in &ports {
-            preload(&format!("redis://127.0.0.1:{port}/")).await;
-        }
-    };
-    preload_all().await;
-    every_cut(&proxies, &url, true).await;
-    drop(cluster);
-}
-
-/// A cancel of a queued turn whose compare-and-set ran but whose answer was lost: the front
-/// door reads the record back, finds the turn cancelled by its own step, and still publishes
-/// the cancelled status (before, the client got an error, a second cancel found the turn
-/// cancelled, and no subscriber ever heard of it).
-#[tokio::test]
-async fn a_cancel_whose_answer_is_lost_still_publishes_the_cancelled_status() {
-    use aptix_worker::contract::{RequestLimits, TurnId};
-    use aptix_worker::frontdoor::FrontDoor;
-    use aptix_worker::frontdoor::cancel::Cancelled;
-    use aptix_worker::queue::{MemoryBroker, ReplyBus as _};
-    use aptix_worker::trace::TraceContext;
-
-    let target = crate::support::redis_url();
-    preload(&target).await;
-    let probe = RedisStore::connect(&target, "probe", Retention::default())
-        .await
-        .expect("Redis must be running for this test");
-    let mut proxies = Proxies::new(write_scripts(&probe));
-    let (l, port) = listener().await;
-    proxies.serve(
-        l,
-        target
-            .trim_start_matches("redis://")
-            .trim_end_matches('/')
-            .to_string(),
-    );
-    let ns = format!("aptix-test-{}", uuid::Uuid::new_v4().simple());
-    let store: Arc<dyn SessionStore> = Arc::new(
-        RedisStore::connect_with(
-            &format!("redis://127.0.0.1:{port}/"),
-            &ns,
-            Retention::default(),
-            &RedisOptions {
-                timeout: Duration::from_secs(2),
-                ..RedisOptions::default()
-            },
-        )
-        .await
-        .unwrap(),
-    );
-    let broker = Arc::new(MemoryBroker::new());
-    let door = FrontDoor::new(store.clone(), broker.clone(), RequestLimits::default());
-    let sid = SessionId::parse("cancel-lost").unwrap();
-    let tid = TurnId::parse("t1").unwrap();
-    let turn = request(json!({"sessionId": sid.as_str(), "turnId": "t1", "instruction": "hi"}));
-    proxies.arm(None);
-    door.submit(
-        "tenant-a",
-        &turn,
-        &TraceContext::new_root(),
-        Pickup::later(None),
-    )
-    .await
-    .expect("accepted");
-    let mut replies = broker
-        .subscribe_replies(&sid.within("tenant-a"))
-        .await
-        .unwrap();
-    // The writes so far: the admission. The next is the cancel's compare-and-set.
-    let admitted = proxies.seen().len();
-    assert_eq!(proxies.seen(), ["admit_turn"]);
-    proxies.arm(Some((1, Cut::After)));
-    let cancelled = door
-        .cancel("tenant-a", &sid, &tid)
-        .await
-        .expect("the cancel is answered: its step was applied");
-    assert!(proxies.fired() && admitted == 1);
-    let Cancelled::Done(view) = cancelled else {
-        panic!("a queued turn is cancelled at once: {cancelled:?}");
-    };
-    assert_eq!(view.status, aptix_worker::store::TurnStatus::Cancelled);
-    let published = tokio::time::timeout(Duration::from_secs(5), replies.recv())
-        .await
-        .expect("the cancelled status is published")
-        .expect("a reply");
-    let published: Value = serde_json::from_slice(&published).unwrap();
-    assert_eq!(published["status"], "cancelled", "{published}");
-    assert_eq!(published["turnId"], "t1", "{published}");
 }

@@ -10,7 +10,11 @@ use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, Backend, spawn};
 
-async fn app(backend: Backend, fake: FakeOptions, env: Vec<(&'static str, String)>) -> App {
+pub(super) async fn app(
+    backend: Backend,
+    fake: FakeOptions,
+    env: Vec<(&'static str, String)>,
+) -> App {
     spawn(AppOptions {
         backend,
         fake,
@@ -20,7 +24,7 @@ async fn app(backend: Backend, fake: FakeOptions, env: Vec<(&'static str, String
     .await
 }
 
-fn pieces(n: usize, delay_ms: u64) -> FakeOptions {
+pub(super) fn pieces(n: usize, delay_ms: u64) -> FakeOptions {
     FakeOptions {
         stream_pieces: n,
         stream_delay: Duration::from_millis(delay_ms),
@@ -28,13 +32,13 @@ fn pieces(n: usize, delay_ms: u64) -> FakeOptions {
     }
 }
 
-fn streaming_turn(session: &str, turn: &str, instruction: &str) -> String {
+pub(super) fn streaming_turn(session: &str, turn: &str, instruction: &str) -> String {
     json!({"sessionId": session, "turnId": turn, "instruction": instruction, "streaming": true})
         .to_string()
 }
 
 /// The NDJSON lines of a streamed synchronous answer, each with when it arrived.
-async fn stream_lines(app: &App, body: String) -> Vec<(Instant, Value)> {
+pub(super) async fn stream_lines(app: &App, body: String) -> Vec<(Instant, Value)> {
     let resp = app
         .http
         .post(format!("{}/api/ai/agent/execute", app.base))
@@ -69,7 +73,7 @@ async fn stream_lines(app: &App, body: String) -> Vec<(Instant, Value)> {
 }
 
 /// A line's keys, sorted.
-fn keys(line: &Value) -> Vec<&str> {
+pub(super) fn keys(line: &Value) -> Vec<&str> {
     let mut keys: Vec<&str> = line
         .as_object()
         .unwrap()
@@ -80,7 +84,7 @@ fn keys(line: &Value) -> Vec<&str> {
     keys
 }
 
-fn deltas(lines: &[(Instant, Value)]) -> Vec<&Value> {
+pub(super) fn deltas(lines: &[(Instant, Value)]) -> Vec<&Value> {
     lines
         .iter()
         .map(|(_, l)| l)
@@ -88,7 +92,7 @@ fn deltas(lines: &[(Instant, Value)]) -> Vec<&Value> {
         .collect()
 }
 
-fn answer_of(lines: &[(Instant, Value)]) -> String {
+pub(super) fn answer_of(lines: &[(Instant, Value)]) -> String {
     let (_, last) = lines.last().expect("a final line");
     assert_eq!(
         (&last["kind"], &last["index"]),
@@ -100,7 +104,9 @@ fn answer_of(lines: &[(Instant, Value)]) -> String {
         .to_string()
 }
 
-async fn deltas_come_in_order_before_the_final_line_and_make_up_the_answer(backend: Backend) {
+pub(super) async fn deltas_come_in_order_before_the_final_line_and_make_up_the_answer(
+    backend: Backend,
+) {
     // A reply queue for every session, so the synchronous call's session has one to look at.
     let every = vec![("APTIX_REPLY_QUEUES", "every-session".to_string())];
     let app = app(backend, pieces(6, 10), every).await;
@@ -144,7 +150,9 @@ async fn deltas_come_in_order_before_the_final_line_and_make_up_the_answer(backe
     );
 }
 
-async fn the_first_delta_reaches_the_client_while_the_model_still_streams(backend: Backend) {
+pub(super) async fn the_first_delta_reaches_the_client_while_the_model_still_streams(
+    backend: Backend,
+) {
     // Eight text pieces 250 ms apart: the model takes over two seconds to finish.
     let app = app(backend, pieces(8, 250), Vec::new()).await;
     let lines = stream_lines(&app, streaming_turn("s", "t", "slowly")).await;
@@ -157,7 +165,7 @@ async fn the_first_delta_reaches_the_client_while_the_model_still_streams(backen
     );
 }
 
-async fn a_broken_stream_is_retried_and_the_answer_has_its_text_once(backend: Backend) {
+pub(super) async fn a_broken_stream_is_retried_and_the_answer_has_its_text_once(backend: Backend) {
     let app = app(
         backend,
         pieces(6, 20),
@@ -203,7 +211,7 @@ async fn a_broken_stream_is_retried_and_the_answer_has_its_text_once(backend: Ba
     assert_eq!(app.fake.requests().len(), 2);
 }
 
-async fn a_turn_run_again_after_a_failed_run_keeps_its_indices_rising(backend: Backend) {
+pub(super) async fn a_turn_run_again_after_a_failed_run_keeps_its_indices_rising(backend: Backend) {
     // No retries inside the call: the broken stream fails the run, and the job runs again.
     let app = app(
         backend,
@@ -237,7 +245,9 @@ async fn a_turn_run_again_after_a_failed_run_keeps_its_indices_rising(backend: B
     assert!(indices.windows(2).all(|w| w[0] < w[1]), "{indices:?}");
 }
 
-async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(backend: Backend) {
+pub(super) async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(
+    backend: Backend,
+) {
     let app = app(backend, pieces(4, 0), Vec::new()).await;
     let instruction = "#fake:call workspace_read_file {\"path\":\"docs/SECRET-PATH.md\"}";
     let lines = stream_lines(&app, streaming_turn("s", "t", instruction)).await;
@@ -293,7 +303,7 @@ async fn a_client_tool_turn_streams_no_arguments_and_ends_with_its_continuation(
 
 /// The SSE events of `session` (as tenant A) as `(event, id, data)`, read until `until` says
 /// stop or thirty seconds pass.
-async fn sse(
+pub(super) async fn sse(
     app: &App,
     session: &str,
     last_event_id: Option<&str>,
@@ -347,7 +357,9 @@ pub(crate) async fn sse_at(
     events
 }
 
-async fn sse_shows_delta_events_before_the_turn_event_and_only_to_their_session(backend: Backend) {
+pub(super) async fn sse_shows_delta_events_before_the_turn_event_and_only_to_their_session(
+    backend: Backend,
+) {
     let app = app(backend, pieces(5, 20), Vec::new()).await;
     let (ready_a, wait_a) = tokio::sync::oneshot::channel();
     let (ready_b, wait_b) = tokio::sync::oneshot::channel();
@@ -416,7 +428,7 @@ async fn sse_shows_delta_events_before_the_turn_event_and_only_to_their_session(
     assert_eq!(replayed, originals);
 }
 
-async fn a_server_without_streaming_gets_a_clear_error_or_plain_calls(backend: Backend) {
+pub(super) async fn a_server_without_streaming_gets_a_clear_error_or_plain_calls(backend: Backend) {
     let refusing = FakeOptions {
         no_streaming: true,
         ..FakeOptions::default()
@@ -445,7 +457,9 @@ async fn a_server_without_streaming_gets_a_clear_error_or_plain_calls(backend: B
     assert!(app_off.fake.requests()[0].get("stream").is_none());
 }
 
-async fn an_sse_client_that_reconnects_mid_turn_gets_the_text_it_missed(backend: Backend) {
+pub(super) async fn an_sse_client_that_reconnects_mid_turn_gets_the_text_it_missed(
+    backend: Backend,
+) {
     let app = app(backend, pieces(10, 150), Vec::new()).await;
     let (ready, wait) = tokio::sync::oneshot::channel();
     let two_deltas =
@@ -495,149 +509,3 @@ for_each_backend!(
         an_sse_client_that_reconnects_mid_turn_gets_the_text_it_missed,
     ],
 );
-
-/// Runs `aptix` with `args`, returning each stdout chunk with when it arrived, and stderr.
-fn run_cli(args: &[&str]) -> (Vec<(Instant, String)>, String, bool) {
-    use std::io::Read as _;
-    let mut child = crate::cli::aptix()
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let mut chunks = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = stdout.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        chunks.push((
-            Instant::now(),
-            String::from_utf8_lossy(&buf[..n]).into_owned(),
-        ));
-    }
-    let ok = child.wait().unwrap().success();
-    (chunks, err.join().unwrap(), ok)
-}
-
-#[tokio::test]
-async fn aptix_submit_stream_and_watch_print_the_text_as_it_arrives() {
-    let app = app(Backend::Embedded, pieces(6, 250), Vec::new()).await;
-    let file = std::env::temp_dir().join(format!(
-        "aptix-stream-{}.json",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::write(
-        &file,
-        json!({"sessionId": "cli", "turnId": "t1", "instruction": "go"}).to_string(),
-    )
-    .unwrap();
-    let base = app.base.clone();
-    let path = file.display().to_string();
-    // `aptix watch` follows the session while `aptix submit --stream` runs a turn in it.
-    let watch_base = base.clone();
-    let watcher = tokio::task::spawn_blocking(move || {
-        run_cli(&[
-            "watch",
-            "cli",
-            "--count",
-            "1",
-            "--url",
-            &watch_base,
-            "--token",
-            "tok-a",
-        ])
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (chunks, stderr, ok) = tokio::task::spawn_blocking(move || {
-        run_cli(&[
-            "submit", "--stream", &path, "--url", &base, "--token", "tok-a",
-        ])
-    })
-    .await
-    .unwrap();
-    assert!(ok, "{stderr}");
-    let out: String = chunks.iter().map(|(_, c)| c.as_str()).collect();
-    let (text, result) = out.split_once('\n').unwrap();
-    let result: Value = serde_json::from_str(result).unwrap();
-    assert_eq!(result["result"]["primaryOutputText"], text, "{out}");
-    let first = chunks.first().unwrap().0;
-    let last = chunks.last().unwrap().0;
-    assert!(
-        last.duration_since(first) > Duration::from_millis(800),
-        "the text was printed all at once at the end: {chunks:?}"
-    );
-    let (chunks, stderr, ok) = watcher.await.unwrap();
-    assert!(ok, "{stderr}");
-    let out: String = chunks.iter().map(|(_, c)| c.as_str()).collect();
-    let (watched_text, status) = out.split_once('\n').unwrap();
-    assert_eq!(watched_text, text, "{out}");
-    let status: Value = serde_json::from_str(status.trim()).unwrap();
-    assert_eq!(status["status"], "completed");
-}
-
-#[tokio::test]
-async fn aptix_fake_llm_streams_in_pieces_and_breaks_the_streams_it_is_told_to() {
-    let fake = crate::support::Listening::start(crate::cli::aptix().args([
-        "fake-llm",
-        "--listen",
-        "127.0.0.1:0",
-        "--stream-pieces",
-        "3",
-        "--break-streams",
-        "1",
-    ]));
-    let call = || async {
-        let resp = crate::support::http_client()
-            .post(format!("{}/v1/responses", fake.url()))
-            .json(&json!({"model": "m", "input": "hello there", "stream": true}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert!(
-            resp.headers()["content-type"]
-                .to_str()
-                .unwrap()
-                .starts_with("text/event-stream")
-        );
-        let mut body = resp.bytes_stream();
-        let mut text = String::new();
-        let mut broke = false;
-        while let Some(chunk) = body.next().await {
-            match chunk {
-                Ok(c) => text.push_str(&String::from_utf8_lossy(&c)),
-                Err(_) => {
-                    broke = true;
-                    break;
-                }
-            }
-        }
-        (text, broke)
-    };
-    let (first, broke) = call().await;
-    assert!(broke, "the first stream breaks");
-    assert!(first.contains("response.output_text.delta") && !first.contains("response.completed"));
-    let (second, broke) = call().await;
-    assert!(!broke);
-    let types: Vec<&str> = second
-        .lines()
-        .filter_map(|l| l.strip_prefix("event: "))
-        .collect();
-    assert_eq!(types.first(), Some(&"response.created"));
-    assert_eq!(types.last(), Some(&"response.completed"));
-    assert_eq!(
-        types
-            .iter()
-            .filter(|t| **t == "response.output_text.delta")
-            .count(),
-        3
-    );
-}

@@ -136,7 +136,7 @@ pub(crate) fn turn_with_webhook(session: &str, turn: &str, url: &str) -> String 
 /// implementation that is not ours); panics naming the one that does not verify.
 /// The test apps' `tok-a` is tenant-a's: its deliveries are signed with tenant-a's secret,
 /// derived from the deployment's (the verifier derives it itself).
-fn verify_independently(deliveries: &[Received]) {
+pub(super) fn verify_independently(deliveries: &[Received]) {
     assert_eq!(verify_with(SECRET, Some("tenant-a"), deliveries), Ok(()));
 }
 
@@ -187,7 +187,9 @@ pub(crate) fn verify_with(
     }
 }
 
-async fn a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event(backend: Backend) {
+pub(super) async fn a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event(
+    backend: Backend,
+) {
     let receiver = Receiver::start([Answer::Status(500), Answer::Status(503)]).await;
     let app = spawn(AppOptions {
         backend,
@@ -253,7 +255,7 @@ async fn a_receiver_that_fails_twice_gets_one_acknowledged_delivery_per_event(ba
     verify_independently(&got);
 }
 
-async fn a_private_address_is_refused_at_submission_and_at_delivery(backend: Backend) {
+pub(super) async fn a_private_address_is_refused_at_submission_and_at_delivery(backend: Backend) {
     let receiver = Receiver::start([]).await;
     // http is allowed, no address range is: loopback is not public.
     let app = spawn(AppOptions {
@@ -328,7 +330,7 @@ async fn a_private_address_is_refused_at_submission_and_at_delivery(backend: Bac
     assert!(receiver.got().is_empty(), "{:?}", receiver.got());
 }
 
-async fn a_submission_whose_tenant_cannot_sign_is_refused(backend: Backend) {
+pub(super) async fn a_submission_whose_tenant_cannot_sign_is_refused(backend: Backend) {
     let app = spawn(AppOptions {
         backend,
         extra_env: vec![("APTIX_WEBHOOK_ALLOW_HTTP", "true".to_string())],
@@ -355,7 +357,7 @@ async fn a_submission_whose_tenant_cannot_sign_is_refused(backend: Backend) {
 
 /// A tenant's webhooks from the tenants file: each gets the events it lists (all when it lists
 /// none), signed with the tenant's own secret.
-async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
+pub(super) async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
     const TENANT_SECRET: &str = "whsec_dGVuYW50LWEncyBvd24gc2lnbmluZyBzZWNyZXQ=";
     let (failures_only, everything) = (Receiver::start([]).await, Receiver::start([]).await);
     let tenants = std::env::temp_dir().join(format!(
@@ -395,7 +397,7 @@ async fn a_tenants_webhooks_get_the_events_they_list(backend: Backend) {
 }
 
 /// The synchronous endpoint answers with the result as always, and the webhook gets it too.
-async fn the_synchronous_endpoint_answers_and_still_delivers(backend: Backend) {
+pub(super) async fn the_synchronous_endpoint_answers_and_still_delivers(backend: Backend) {
     let receiver = Receiver::start([]).await;
     let app = spawn(AppOptions {
         backend,
@@ -425,7 +427,9 @@ async fn the_synchronous_endpoint_answers_and_still_delivers(backend: Backend) {
 
 /// A batch with a webhook: every line's turn is an event there, and once the last line has
 /// settled, one `batch.completed` whose data is the batch's progress.
-async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(backend: Backend) {
+pub(super) async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(
+    backend: Backend,
+) {
     let receiver = Receiver::start([]).await;
     let app = spawn(AppOptions {
         backend,
@@ -490,7 +494,7 @@ async fn a_batch_of_100_lines_gives_100_turn_events_and_one_batch_completed(back
 /// A batch whose line repeats a turn that completed before (same ids, same payload): no
 /// worker settles that line again, and the batch is still told of once the others settle;
 /// likewise with a line whose turn is refused when it is enqueued.
-async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backend) {
+pub(super) async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backend) {
     let receiver = Receiver::start([]).await;
     let app = spawn(AppOptions {
         backend,
@@ -543,7 +547,7 @@ async fn a_batch_with_a_line_that_settled_before_still_completes(backend: Backen
 }
 
 /// A batch's webhook is held to the same rules as a turn's: nothing is accepted otherwise.
-async fn a_batch_with_a_refused_webhook_is_refused_whole(backend: Backend) {
+pub(super) async fn a_batch_with_a_refused_webhook_is_refused_whole(backend: Backend) {
     let app = spawn(AppOptions {
         backend,
         extra_env: vec![("APTIX_WEBHOOK_SECRET", SECRET.to_string())],
@@ -580,105 +584,3 @@ for_each_backend!(
         a_batch_with_a_line_that_settled_before_still_completes,
     ],
 );
-
-/// Deliveries that fail past the give-up age are dead-lettered; `aptix webhooks failed` lists
-/// them and `aptix webhooks replay` sends them again, with the same event id.
-#[tokio::test]
-async fn a_receiver_down_past_the_schedule_is_dead_lettered_and_replay_delivers_it() {
-    let receiver = Receiver::start([Answer::Status(503); 100]).await;
-    let settings = [
-        ("APTIX_WEBHOOK_RETRY_DELAYS_SECS", "1"),
-        ("APTIX_WEBHOOK_GIVE_UP_SECS", "4"),
-    ];
-    let app = spawn(AppOptions {
-        extra_env: webhook_env(&settings),
-        ..AppOptions::default()
-    })
-    .await;
-    let (status, body) = app
-        .post(Some("tok-a"), turn_with_webhook("s", "t1", &receiver.url))
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while app.broker.dead_hooks(1, false).await.unwrap().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "not dead-lettered: {:#?}",
-            receiver.got()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Tried every second until the next try would come past the give-up age.
-    let tried = receiver.got().len();
-    assert!((2..=5).contains(&tried), "{tried} attempts");
-    let cli = |args: &[&str]| {
-        let out = crate::support::aptix()
-            .args(args)
-            .env("APTIX_AMQP_URL", crate::support::amqp_url())
-            .env("APTIX_NAMESPACE", &app.topology.namespace)
-            .envs(settings)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let failed = cli(&["webhooks", "failed"]);
-    let listed: Value = serde_json::from_str(failed.lines().next().unwrap()).unwrap();
-    let id = receiver.got()[0].headers["webhook-id"].clone();
-    assert_eq!(listed["eventId"], id.as_str(), "{failed}");
-    assert_eq!(listed["event"], "turn.completed");
-    assert_eq!(listed["attempts"], tried);
-    assert!(
-        listed["lastError"].as_str().unwrap().contains("503"),
-        "{failed}"
-    );
-    // Listing leaves them where they are.
-    assert_eq!(app.broker.dead_hooks(10, false).await.unwrap().len(), 1);
-    receiver.answer_from_now([]);
-    cli(&["webhooks", "replay"]);
-    let got = receiver
-        .until(Duration::from_secs(30), |got| {
-            got.iter().any(|r| r.answered == 200)
-        })
-        .await;
-    assert_eq!(got.len(), tried + 1);
-    assert_eq!(got[tried].headers["webhook-id"], id, "the same event");
-    verify_independently(&got[tried..]);
-    assert!(app.broker.dead_hooks(10, false).await.unwrap().is_empty());
-}
-
-/// A worker SIGKILLed while its POST waits for the receiver: the delivery was never acked, so
-/// the next worker sends it again — at least once, with the same event id.
-#[tokio::test]
-async fn a_sender_killed_mid_post_delivers_again_after_restart() {
-    let receiver = Receiver::start([Answer::Hang]).await;
-    // The default schedule: no retry happens here, and the processes' queues are the ones
-    // the test's clean-up knows.
-    let env = webhook_env(&[])
-        .into_iter()
-        .filter(|(k, _)| *k != "APTIX_WEBHOOK_RETRY_DELAYS_SECS")
-        .collect();
-    let mut p = crate::processes::Processes::start(env, &[], 1).await;
-    p.submit(turn_with_webhook("s", "t1", &receiver.url)).await;
-    receiver
-        .until(Duration::from_secs(30), |got| got.len() == 1)
-        .await;
-    let mut killed = p.workers.remove(0);
-    killed.child.kill().unwrap();
-    let _ = killed.child.wait();
-    p.add_worker();
-    let got = receiver
-        .until(Duration::from_secs(30), |got| {
-            got.iter().any(|r| r.answered == 200)
-        })
-        .await;
-    assert_eq!(got.len(), 2, "{got:#?}");
-    assert_eq!(got[0].headers["webhook-id"], got[1].headers["webhook-id"]);
-    assert_eq!(got[0].body, got[1].body);
-    // No tokens: the local tenant's deliveries are signed with the deployment's secret.
-    assert_eq!(verify_with(SECRET, None, &got), Ok(()));
-}
