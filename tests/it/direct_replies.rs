@@ -11,7 +11,7 @@ use aptix_worker::trace::TraceContext;
 use serde_json::{Value, json};
 
 use crate::app::{App, AppOptions, spawn};
-use crate::queue_e2e::{binding_keys, count};
+use crate::queue_events::{binding_keys, count};
 
 /// An app on RabbitMQ and Redis whose model takes `latency` to answer.
 async fn slow_app(latency: Duration) -> App {

@@ -3,8 +3,8 @@
 //! different continuations wins, unknown contexts never get in, and a job the worker refuses
 //! before running still settles its turn in the store.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use super::lifecycle_http::by_default_only_turns_submitted_to_be_read_later_keep_a_reply_queue;
+use std::time::Duration;
 
 use aptix_worker::contract::{TurnId, parse_request};
 use aptix_worker::fake_llm::Reply;
@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use crate::app::{App, AppOptions, Backend, code, spawn};
 
 /// The right to write turn state directly, as these tests of the store do.
-const G: &aptix_worker::store::Grant = &aptix_worker::store::Grant::for_tests();
+pub(super) const G: &aptix_worker::store::Grant = &aptix_worker::store::Grant::for_tests();
 
-async fn app_on(backend: Backend) -> App {
+pub(super) async fn app_on(backend: Backend) -> App {
     spawn(AppOptions {
         backend,
         ..AppOptions::default()
@@ -26,7 +26,7 @@ async fn app_on(backend: Backend) -> App {
 }
 
 /// Runs a user turn whose model answer asks the client to read a file; returns the call id.
-async fn awaiting_tools(app: &App, sid: &str, tid: &str) -> String {
+pub(super) async fn awaiting_tools(app: &App, sid: &str, tid: &str) -> String {
     app.fake.push([Reply::Calls(vec![(
         "workspace_read_file".into(),
         json!({"path": "README.md"}),
@@ -51,7 +51,7 @@ async fn awaiting_tools(app: &App, sid: &str, tid: &str) -> String {
         .to_string()
 }
 
-fn continuation(sid: &str, tid: &str, call: &str, contents: &str) -> String {
+pub(super) fn continuation(sid: &str, tid: &str, call: &str, contents: &str) -> String {
     json!({"sessionId": sid, "turnId": tid, "toolResults": [{
         "toolCallId": call, "executionMs": 3,
         "resultJson": json!({"contents": contents}).to_string()
@@ -59,7 +59,7 @@ fn continuation(sid: &str, tid: &str, call: &str, contents: &str) -> String {
     .to_string()
 }
 
-async fn a_continuation_reads_queued_as_soon_as_it_is_accepted(backend: Backend) {
+pub(super) async fn a_continuation_reads_queued_as_soon_as_it_is_accepted(backend: Backend) {
     let app = app_on(backend).await;
     let call = awaiting_tools(&app, "s", "t").await;
     // The model takes a while on the continuation, so a stale status could not hide.
@@ -90,7 +90,7 @@ async fn a_continuation_reads_queued_as_soon_as_it_is_accepted(backend: Backend)
     );
 }
 
-async fn of_two_different_continuations_exactly_one_is_accepted(backend: Backend) {
+pub(super) async fn of_two_different_continuations_exactly_one_is_accepted(backend: Backend) {
     let app = app_on(backend).await;
     let call = awaiting_tools(&app, "s", "t").await;
     app.fake.push([Reply::Delay(
@@ -150,7 +150,7 @@ async fn of_two_different_continuations_exactly_one_is_accepted(backend: Backend
     assert_eq!(app.fake.requests().len(), 2);
 }
 
-async fn unknown_contexts_are_refused_at_the_front_door(backend: Backend) {
+pub(super) async fn unknown_contexts_are_refused_at_the_front_door(backend: Backend) {
     let app = app_on(backend).await;
     for (field, id) in [
         ("agentContextId", "nope"),
@@ -216,7 +216,7 @@ async fn unknown_contexts_are_refused_at_the_front_door(backend: Backend) {
     assert!(app.store.list_turns(&sid2).await.unwrap().is_empty());
 }
 
-async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend) {
+pub(super) async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend) {
     let app = app_on(backend).await;
     // A front door configured with more contexts than this worker accepted the turn.
     let body =
@@ -256,7 +256,7 @@ async fn a_job_the_worker_refuses_before_running_still_settles(backend: Backend)
     assert!(app.fake.requests().is_empty(), "the model was never called");
 }
 
-async fn a_long_poll_answers_as_soon_as_the_result_is_published(backend: Backend) {
+pub(super) async fn a_long_poll_answers_as_soon_as_the_result_is_published(backend: Backend) {
     let app = app_on(backend).await;
     // Long enough that a store read once a second would answer hundreds of ms late.
     app.fake.push([Reply::Delay(
@@ -287,7 +287,7 @@ async fn a_long_poll_answers_as_soon_as_the_result_is_published(backend: Backend
     );
 }
 
-async fn every_error_is_an_invoke_result_naming_the_parameter(backend: Backend) {
+pub(super) async fn every_error_is_an_invoke_result_naming_the_parameter(backend: Backend) {
     let app = app_on(backend).await;
     app.fake.push([Reply::Text("ok".into())]);
     app.post(
@@ -343,7 +343,7 @@ async fn every_error_is_an_invoke_result_naming_the_parameter(backend: Backend) 
     }
 }
 
-async fn every_answer_carries_a_request_id(backend: Backend) {
+pub(super) async fn every_answer_carries_a_request_id(backend: Backend) {
     let app = app_on(backend).await;
     for (method, path) in [
         ("GET", "/healthz"),
@@ -375,245 +375,6 @@ async fn every_answer_carries_a_request_id(backend: Backend) {
     }
 }
 
-async fn boom() -> &'static str {
-    panic!("a handler bug")
-}
-
-/// A handler that panics is answered with a JSON `InvokeResult` (`INTERNAL`, 500) that names
-/// the request id, and the server goes on serving.
-#[tokio::test]
-async fn a_panicking_handler_gets_an_internal_invoke_result() {
-    use aptix_worker::frontdoor::http::{serve, with_http_layers};
-    let metrics = Arc::new(aptix_worker::metrics::Metrics::new());
-    let router = with_http_layers(
-        axum::Router::new()
-            .route("/boom", axum::routing::get(boom))
-            .route("/fine", axum::routing::get(|| async { "fine" })),
-        metrics.clone(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(serve(listener, router, stop.clone()));
-    let http = crate::support::http_client();
-    let resp = http.get(format!("{base}/boom")).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 500);
-    assert!(resp.headers().contains_key("x-request-id"));
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(code(&body), "INTERNAL");
-    assert!(
-        body["errors"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("x-request-id")
-    );
-    let resp = http.get(format!("{base}/fine")).send().await.unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    // The panic is counted as the 500 it was answered with.
-    let text = metrics.encode();
-    assert!(
-        text.contains("aptix_http_requests_total{route=\"/boom\",method=\"GET\",status=\"500\"} 1"),
-        "{text}"
-    );
-    stop.cancel();
-}
-
-/// A request whose client gives up before the answer still shows in the metrics, as 499.
-#[tokio::test]
-async fn a_request_the_client_abandons_is_counted_as_499() {
-    use aptix_worker::frontdoor::http::{serve, with_http_layers};
-    let metrics = Arc::new(aptix_worker::metrics::Metrics::new());
-    let router = with_http_layers(
-        axum::Router::new().route(
-            "/slow/{id}",
-            axum::routing::get(|| async {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                "late"
-            }),
-        ),
-        metrics.clone(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(serve(listener, router, stop.clone()));
-    let gave_up = crate::support::http_client()
-        .get(format!("{base}/slow/1"))
-        .timeout(Duration::from_millis(300))
-        .send()
-        .await;
-    assert!(gave_up.is_err(), "the client timed out");
-    let line = "aptix_http_requests_total{route=\"/slow/{id}\",method=\"GET\",status=\"499\"} 1";
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !metrics.encode().contains(line) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not counted: {}",
-            metrics.encode()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    stop.cancel();
-}
-
-/// Reply queues expire when unused; publishing to one does not keep it alive. A session that
-/// comes back after its queue expired must find its results in the queue again, whether the
-/// front door had its event consumer bound for the session (synchronous endpoint, long-poll)
-/// or not (plain polling) — with `APTIX_REPLY_QUEUES=every-session`, which keeps a queue for
-/// every status. RabbitMQ only: the embedded broker's queues do not expire.
-#[tokio::test]
-async fn a_session_whose_reply_queue_expired_gets_its_results_there_again() {
-    let ttl = Duration::from_millis(1500);
-    let app = spawn(AppOptions {
-        reply_queue_ttl: Some(ttl),
-        extra_env: vec![("APTIX_REPLY_QUEUES", "every-session".into())],
-        ..AppOptions::default()
-    })
-    .await;
-    let peek = crate::support::amqp_peek().await;
-    let queue = app.topology.reply_queue(&crate::support::sid_a("s"));
-    let until_expired = || async {
-        for _ in 0..30 {
-            if !crate::support::queue_exists(&queue).await {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        panic!("the reply queue {queue} did not expire");
-    };
-    // The turn ids of the replies waiting in the session's queue. A reply reaches the queue a
-    // moment after the publish completes at the front door's event consumer (each queue takes
-    // the message on its own), so wait up to two seconds for it to show.
-    let turn_ids_in_queue = || async {
-        let mut found = Vec::new();
-        for _ in 0..20 {
-            found.extend(
-                crate::support::take_all(&peek, &queue)
-                    .await
-                    .iter()
-                    .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
-                    .filter_map(|v| v["turnId"].as_str().map(str::to_string)),
-            );
-            if !found.is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        found
-    };
-    // First turn: the queue is created and gets the result.
-    app.fake.push([Reply::Text("one".into())]);
-    app.post(
-        Some("tok-a"),
-        json!({"sessionId": "s", "turnId": "t1", "instruction": "x"}).to_string(),
-    )
-    .await;
-    let (_, body) = app
-        .get(Some("tok-a"), "/v1/sessions/s/turns/t1?wait=10")
-        .await;
-    assert_eq!(body["result"]["status"], "completed");
-    assert_eq!(turn_ids_in_queue().await, ["t1"]);
-    until_expired().await;
-    // Second turn through the synchronous endpoint: the front door's event queue is bound for
-    // the session, so a publish would not be returned even with the reply queue gone.
-    app.fake.push([Reply::Text("two".into())]);
-    let resp = app
-        .http
-        .post(format!("{}/api/ai/agent/execute", app.base))
-        .bearer_auth("tok-a")
-        .body(json!({"sessionId": "s", "turnId": "t2", "instruction": "x"}).to_string())
-        .send()
-        .await
-        .unwrap();
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["result"]["primaryOutputText"], "two", "{body}");
-    assert_eq!(turn_ids_in_queue().await, ["t2"]);
-    until_expired().await;
-    // Third turn, polled without waiting (no event consumer bound).
-    app.fake.push([Reply::Text("three".into())]);
-    app.post(
-        Some("tok-a"),
-        json!({"sessionId": "s", "turnId": "t3", "instruction": "x"}).to_string(),
-    )
-    .await;
-    let mut status = String::new();
-    for _ in 0..100 {
-        let (_, body) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t3").await;
-        status = body["result"]["status"].as_str().unwrap_or_default().into();
-        if status == "completed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(status, "completed");
-    // The reply is published after the result is stored.
-    assert_eq!(turn_ids_in_queue().await, ["t3"]);
-}
-
-/// At the default `APTIX_REPLY_QUEUES=async-turns`, a turn submitted with `POST /v1/turns`
-/// leaves its status in the session's reply queue for a client that subscribes later
-/// (`aptix watch`); a synchronous call and a batch line, whose answers are read from the HTTP
-/// response and the batch, do not make the broker keep a queue for their sessions.
-async fn by_default_only_turns_submitted_to_be_read_later_keep_a_reply_queue(backend: Backend) {
-    let app = app_on(backend).await;
-    // Read later: submitted, settled, then subscribed to.
-    app.post(
-        Some("tok-a"),
-        json!({"sessionId": "later", "turnId": "t", "instruction": "x"}).to_string(),
-    )
-    .await;
-    app.settled("tok-a", "later", "t").await;
-    // Answered in the response.
-    let resp = app
-        .http
-        .post(format!("{}/api/ai/agent/execute", app.base))
-        .bearer_auth("tok-a")
-        .body(json!({"sessionId": "sync", "turnId": "t", "instruction": "x"}).to_string())
-        .send()
-        .await
-        .unwrap();
-    let body: Value = resp.json().await.unwrap();
-    assert_eq!(body["successful"], true, "{body}");
-    // A batch line, read from the batch.
-    let line = json!({"customId": "doc", "request": {"sessionId": "line", "instruction": "x"}});
-    let (status, body) = app
-        .post_to(Some("tok-a"), "/v1/batches", line.to_string())
-        .await;
-    assert_eq!(status, 202, "{body}");
-    let id = body["result"]["batchId"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, body) = app.get(Some("tok-a"), &format!("/v1/batches/{id}")).await;
-        if body["result"]["completed"] == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the batch did not finish: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let first_status = |session: &'static str| {
-        let broker = app.broker.clone();
-        async move {
-            let sid = crate::support::sid_a(session);
-            let mut replies = broker.subscribe_replies(&sid).await.unwrap();
-            tokio::time::timeout(Duration::from_millis(800), replies.recv())
-                .await
-                .ok()
-                .flatten()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        }
-    };
-    let kept = first_status("later")
-        .await
-        .expect("the status waits in the queue");
-    assert_eq!(kept["status"], "completed", "{kept}");
-    for session in ["sync", "line"] {
-        assert_eq!(first_status(session).await, None, "{session} kept a queue");
-    }
-}
-
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
@@ -627,208 +388,3 @@ for_each_backend!(
         every_answer_carries_a_request_id,
     ],
 );
-
-/// Redis stops answering (a proxy in front of it holds every byte, connections stay open):
-/// `POST /v1/turns` answers 503 within a bound instead of hanging, `/readyz` answers within a
-/// second naming the store, nothing is left half-accepted, and all recovers when Redis does.
-#[tokio::test]
-async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
-    let proxy = crate::support::StallProxy::start("127.0.0.1:6379").await;
-    let app = spawn(AppOptions {
-        redis_url: Some(format!("redis://{}/", proxy.addr)),
-        dependency_timeout: Some(Duration::from_millis(700)),
-        ..AppOptions::default()
-    })
-    .await;
-    app.fake.push([Reply::Text("before".into())]);
-    let turn = |tid: &str| json!({"sessionId": "s", "turnId": tid, "instruction": "x"}).to_string();
-    let (status, _) = app.post(Some("tok-a"), turn("t1")).await;
-    assert_eq!(status, 202);
-    let (_, done) = app
-        .get(Some("tok-a"), "/v1/sessions/s/turns/t1?wait=10")
-        .await;
-    assert_eq!(done["result"]["status"], "completed");
-
-    proxy.stall(true);
-    let started = Instant::now();
-    let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
-    assert_eq!(
-        (status, code(&body)),
-        (503, "SERVICE_UNAVAILABLE"),
-        "{body}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "{:?}",
-        started.elapsed()
-    );
-    // A read is refused as promptly, without claiming anything about acceptance.
-    let (status, body) = app.get(Some("tok-a"), "/v1/sessions/s/turns/t1").await;
-    assert_eq!(status, 503, "{body}");
-    assert_eq!(
-        body["errors"][0]["message"],
-        "the service is temporarily unavailable; try again"
-    );
-    let started = Instant::now();
-    let (status, body) = app.get(None, "/readyz").await;
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
-    assert_eq!(status, 503);
-    let named = body["errors"].as_array().unwrap().iter().any(|e| {
-        e["message"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("session store:")
-    });
-    assert!(named, "{body}");
-
-    proxy.stall(false);
-    // The writes held by the stall arrive now, in order: the turn's record and then its
-    // removal. What is left is what was accepted.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let sid = crate::support::sid_a("s");
-    let turns: Vec<String> = app
-        .store
-        .list_turns(&sid)
-        .await
-        .unwrap()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    assert_eq!(turns, ["t1"], "the refused turn left nothing behind");
-    app.fake.push([Reply::Text("after".into())]);
-    let (status, body) = app.post(Some("tok-a"), turn("t3")).await;
-    assert_eq!(status, 202, "{body}");
-    let (_, done) = app
-        .get(Some("tok-a"), "/v1/sessions/s/turns/t3?wait=10")
-        .await;
-    assert_eq!(done["result"]["status"], "completed");
-    let (status, _) = app.get(None, "/readyz").await;
-    assert_eq!(status, 200);
-}
-
-/// RabbitMQ stops answering: the front door does not wait for a confirm without end; the turn
-/// is refused with 503 and taken back, `/readyz` names the broker within a second.
-#[tokio::test]
-async fn a_stalled_broker_is_a_prompt_503_and_the_turn_is_taken_back() {
-    let proxy = crate::support::StallProxy::start("127.0.0.1:5672").await;
-    let app = spawn(AppOptions {
-        amqp_url: Some(format!("amqp://guest:guest@{}/%2f", proxy.addr)),
-        dependency_timeout: Some(Duration::from_millis(700)),
-        ..AppOptions::default()
-    })
-    .await;
-    let turn = |tid: &str| json!({"sessionId": "s", "turnId": tid, "instruction": "x"}).to_string();
-    app.fake.push([Reply::Text("before".into())]);
-    let (status, _) = app.post(Some("tok-a"), turn("t1")).await;
-    assert_eq!(status, 202);
-    proxy.stall(true);
-    let started = Instant::now();
-    let (status, body) = app.post(Some("tok-a"), turn("t2")).await;
-    assert_eq!(
-        (status, code(&body)),
-        (503, "SERVICE_UNAVAILABLE"),
-        "{body}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "{:?}",
-        started.elapsed()
-    );
-    let sid = crate::support::sid_a("s");
-    let t2 = TurnId::parse("t2").unwrap();
-    assert!(
-        app.store.get_turn(&sid, &t2).await.unwrap().is_none(),
-        "a turn whose job was not confirmed is not left queued"
-    );
-    let started = Instant::now();
-    let (status, body) = app.get(None, "/readyz").await;
-    assert!(
-        started.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        started.elapsed()
-    );
-    assert_eq!(status, 503);
-    let named = body["errors"].as_array().unwrap().iter().any(|e| {
-        e["message"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("message broker:")
-    });
-    assert!(named, "{body}");
-    proxy.stall(false);
-}
-
-/// A cancel decided at the front door whose status the broker does not take is stored, but
-/// the client is not told it went well: 503 saying the turn is cancelled and to cancel again.
-/// Cancelling again once the broker is back answers 200 and puts the status in the session's
-/// reply queue (where a stored-but-untold cancel would never have gone).
-#[tokio::test]
-async fn a_cancel_the_broker_does_not_take_is_a_503_and_cancelling_again_tells_of_it() {
-    let proxy = crate::support::StallProxy::start("127.0.0.1:5672").await;
-    let app = spawn(AppOptions {
-        amqp_url: Some(format!("amqp://guest:guest@{}/%2f", proxy.addr)),
-        dependency_timeout: Some(Duration::from_millis(700)),
-        ..AppOptions::default()
-    })
-    .await;
-    let instruction = "#fake:call workspace_read_file {\"path\":\"README.md\"}";
-    let body = json!({"sessionId": "s", "turnId": "t", "instruction": instruction}).to_string();
-    assert_eq!(app.post(Some("tok-a"), body).await.0, 202);
-    let waiting = app.settled("tok-a", "s", "t").await;
-    assert_eq!(waiting["status"], "awaiting_client_tools", "{waiting}");
-    let cancel = || app.post_to(Some("tok-a"), "/v1/sessions/s/turns/t/cancel", Vec::new());
-    let peek = crate::support::amqp_peek().await;
-    let queue = app.topology.reply_queue(&crate::support::sid_a("s"));
-    crate::support::take_all(&peek, &queue).await;
-
-    proxy.stall(true);
-    let (status, body) = cancel().await;
-    assert_eq!(
-        (status, code(&body)),
-        (503, "SERVICE_UNAVAILABLE"),
-        "{body}"
-    );
-    let message = body["errors"][0]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("is cancelled") && message.contains("cancel it again"),
-        "{body}"
-    );
-    let record = app
-        .store
-        .get_turn(&crate::support::sid_a("s"), &TurnId::parse("t").unwrap())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.status.as_str(), "cancelled");
-    proxy.stall(false);
-    // What the stalled connection held may still arrive; only what the next cancel tells
-    // counts from here on.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    crate::support::take_all(&peek, &queue).await;
-
-    let (status, body) = cancel().await;
-    assert_eq!(
-        (status, &body["result"]["status"]),
-        (200, &json!("cancelled")),
-        "{body}"
-    );
-    let mut told = Vec::new();
-    for _ in 0..30 {
-        told.extend(
-            crate::support::take_all(&peek, &queue)
-                .await
-                .iter()
-                .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
-                .filter(|v| v["turnId"] == "t" && v["status"] == "cancelled"),
-        );
-        if !told.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(told.len(), 1, "the second cancel tells of the turn once");
-}

@@ -10,9 +10,7 @@ use aptix_worker::contract::{ErrorCode, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
 use aptix_worker::frontdoor::FrontDoor;
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::queue::{
-    JobQueue as _, RabbitBroker, Replies, ReplyBus as _, SessionEvent, Topology,
-};
+use aptix_worker::queue::{JobQueue as _, RabbitBroker, Replies, ReplyBus as _, Topology};
 use aptix_worker::store::{SessionStore, TurnStatus, TurnStatusView};
 use aptix_worker::worker::{Worker, WorkerSettings};
 use serde_json::json;
@@ -21,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::SubmitLocal as _;
 use crate::support::{RabbitGuard, RedisGuard, rabbit, rabbit_broker, redis_store, schema};
 
-struct Deployment {
+pub(super) struct Deployment {
     fake: FakeLlm,
     store: Arc<dyn SessionStore>,
     rabbit: RabbitGuard,
@@ -29,7 +27,7 @@ struct Deployment {
     _redis: RedisGuard,
 }
 
-struct RunningWorker {
+pub(super) struct RunningWorker {
     broker: Arc<RabbitBroker>,
     worker: Worker,
     stop: CancellationToken,
@@ -115,7 +113,7 @@ impl Deployment {
     }
 }
 
-fn settings() -> WorkerSettings {
+pub(super) fn settings() -> WorkerSettings {
     WorkerSettings {
         concurrency: 8,
         max_attempts: 3,
@@ -125,7 +123,7 @@ fn settings() -> WorkerSettings {
     }
 }
 
-async fn next_reply(r: &mut Replies, secs: u64) -> TurnStatusView {
+pub(super) async fn next_reply(r: &mut Replies, secs: u64) -> TurnStatusView {
     let body = tokio::time::timeout(Duration::from_secs(secs), r.recv())
         .await
         .expect("a reply in time")
@@ -133,12 +131,12 @@ async fn next_reply(r: &mut Replies, secs: u64) -> TurnStatusView {
     serde_json::from_slice(&body).expect("a turn status")
 }
 
-fn submit_body(v: serde_json::Value) -> Vec<u8> {
+pub(super) fn submit_body(v: serde_json::Value) -> Vec<u8> {
     v.to_string().into_bytes()
 }
 
 /// Kills a worker's broker connection from the RabbitMQ side.
-fn close_connection(name: &str) {
+pub(super) fn close_connection(name: &str) {
     let out = Command::new("rabbitmqctl")
         .args([
             "-q",
@@ -164,7 +162,7 @@ fn close_connection(name: &str) {
 }
 
 #[tokio::test]
-async fn a_turn_and_a_tool_continuation_go_through() {
+pub(super) async fn a_turn_and_a_tool_continuation_go_through() {
     let d = Deployment::new(FakeOptions::default()).await;
     let w = d.worker("w1", settings(), Duration::from_secs(10)).await;
     let mut replies = d.replies("s").await;
@@ -207,7 +205,7 @@ async fn a_turn_and_a_tool_continuation_go_through() {
 }
 
 #[tokio::test]
-async fn a_poison_message_is_dead_lettered_and_the_worker_keeps_serving() {
+pub(super) async fn a_poison_message_is_dead_lettered_and_the_worker_keeps_serving() {
     let d = Deployment::new(FakeOptions::default()).await;
     let w = d.worker("w1", settings(), Duration::from_secs(10)).await;
     d.rabbit
@@ -260,7 +258,7 @@ async fn a_poison_message_is_dead_lettered_and_the_worker_keeps_serving() {
 /// `APTIX_MAX_*` limits) fails its turn with the parser's reasons, published like any result,
 /// and is dead-lettered: the turn does not stay `queued` behind a job that is gone.
 #[tokio::test]
-async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
+pub(super) async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
     let d = Deployment::new(FakeOptions::default()).await;
     let narrow = WorkerSettings {
         limits: aptix_worker::contract::RequestLimits {
@@ -312,7 +310,7 @@ async fn a_job_the_worker_cannot_read_fails_its_turn_and_is_dead_lettered() {
 }
 
 #[tokio::test]
-async fn a_turn_for_a_busy_session_runs_after_the_first_in_order() {
+pub(super) async fn a_turn_for_a_busy_session_runs_after_the_first_in_order() {
     let d = Deployment::new(FakeOptions {
         latency: Duration::from_millis(400),
         ..Default::default()
@@ -360,7 +358,7 @@ async fn a_turn_for_a_busy_session_runs_after_the_first_in_order() {
 }
 
 #[tokio::test]
-async fn past_the_retry_limit_the_job_is_dead_lettered_and_a_failed_result_published() {
+pub(super) async fn past_the_retry_limit_the_job_is_dead_lettered_and_a_failed_result_published() {
     let d = Deployment::new(FakeOptions::default()).await;
     for _ in 0..10 {
         d.fake.push([Reply::Error {
@@ -397,7 +395,7 @@ async fn past_the_retry_limit_the_job_is_dead_lettered_and_a_failed_result_publi
 }
 
 #[tokio::test]
-async fn the_worker_recovers_when_its_connection_is_force_closed() {
+pub(super) async fn the_worker_recovers_when_its_connection_is_force_closed() {
     let d = Deployment::new(FakeOptions::default()).await;
     let w = d
         .worker("recover", settings(), Duration::from_secs(10))
@@ -442,7 +440,7 @@ async fn the_worker_recovers_when_its_connection_is_force_closed() {
 /// Runs turn `s/t` on a worker that changes the mode (a server tool), then dies in its second
 /// model call the way a killed process does: no ack, no retry, no lease release (the lease
 /// expires after `LEASE`). Returns the session's replies, subscribed before the submission.
-async fn kill_the_worker_in_its_second_model_call(d: &Deployment) -> Replies {
+pub(super) async fn kill_the_worker_in_its_second_model_call(d: &Deployment) -> Replies {
     d.fake.push([
         Reply::Calls(vec![(
             "agent_change_mode".into(),
@@ -484,10 +482,10 @@ async fn kill_the_worker_in_its_second_model_call(d: &Deployment) -> Replies {
     replies
 }
 
-const LEASE: Duration = Duration::from_millis(600);
+pub(super) const LEASE: Duration = Duration::from_millis(600);
 
 #[tokio::test]
-async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
+pub(super) async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
     let d = Deployment::new(FakeOptions::default()).await;
     let mut replies = kill_the_worker_in_its_second_model_call(&d).await;
     d.fake
@@ -519,7 +517,7 @@ async fn a_worker_killed_mid_turn_leaves_the_turn_completed_exactly_once() {
 }
 
 #[tokio::test]
-async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once() {
+pub(super) async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once() {
     let d = Deployment::new(FakeOptions::default()).await;
     let sid = SessionId::parse("s").unwrap();
     let tid = TurnId::parse("t").unwrap();
@@ -550,7 +548,7 @@ async fn a_turn_cancelled_while_its_worker_is_dead_ends_cancelled_exactly_once()
 }
 
 #[tokio::test]
-async fn an_unroutable_publish_is_an_error_not_silence() {
+pub(super) async fn an_unroutable_publish_is_an_error_not_silence() {
     let d = Deployment::new(FakeOptions::default()).await;
     // Someone deletes the job queue under us: the mandatory publish comes back as returned.
     crate::support::rabbitmqctl(&["delete_queue", &d.topology().jobs()]);
@@ -564,243 +562,5 @@ async fn an_unroutable_publish_is_an_error_not_silence() {
     assert!(
         matches!(err, aptix_worker::frontdoor::SubmitError::Unavailable(ref m) if m.contains("unroutable")),
         "{err:?}"
-    );
-}
-
-/// Consumers whose tag is `tag`.
-fn consumers_tagged(tag: &str) -> usize {
-    rabbitmqctl_lines(&["list_consumers", "consumer_tag"])
-        .iter()
-        .filter(|l| l.as_str() == tag)
-        .count()
-}
-
-/// The routing keys of every binding on the broker.
-pub(crate) fn binding_keys() -> Vec<String> {
-    rabbitmqctl_lines(&["list_bindings", "routing_key"])
-}
-
-pub(crate) fn count(keys: &[String], key: &str) -> usize {
-    keys.iter().filter(|k| k.as_str() == key).count()
-}
-
-fn rabbitmqctl_lines(args: &[&str]) -> Vec<String> {
-    crate::support::rabbitmqctl(&[&["-q", "--no-table-headers"], args].concat())
-        .lines()
-        .map(|l| l.trim().to_string())
-        .collect()
-}
-
-#[tokio::test]
-async fn event_subscribers_share_one_consumer_and_unwatched_sessions_are_unbound() {
-    let guard = rabbit().await;
-    let tag = format!("events-{}", guard.broker.connection_name());
-    let prefix = format!("hub-{}", uuid::Uuid::new_v4().simple());
-    let key = |i: usize| format!("{prefix}-{i}");
-    let mut streams = Vec::new();
-    for i in 0..20 {
-        let sid = SessionId::parse(key(i)).unwrap();
-        streams.push(guard.broker.subscribe_session(&sid, false).await.unwrap());
-    }
-    // A second subscriber of the same session shares the binding, though it wants live
-    // events too: statuses and live events travel on one exchange.
-    let sid0 = SessionId::parse(key(0)).unwrap();
-    let mut twin = guard.broker.subscribe_session(&sid0, true).await.unwrap();
-    // The broker's listing can lag behind a busy broker (and each `rabbitmqctl` call takes a
-    // second or more on a loaded machine): ask again for up to 20 s, judging the last answer.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut seen = consumers_tagged(&tag);
-    while seen != 1 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        seen = consumers_tagged(&tag);
-    }
-    assert_eq!(
-        seen,
-        1,
-        "one consumer for every subscriber; the consumers listed:\n{}",
-        rabbitmqctl_lines(&["list_consumers", "queue_name", "consumer_tag"]).join("\n")
-    );
-    let keys = binding_keys();
-    assert!(
-        (0..20).all(|i| count(&keys, &key(i)) == 1),
-        "one binding per session"
-    );
-
-    // Both subscribers of session 0 get its event; nobody else does.
-    let body = br#"{"turnId":"t"}"#;
-    guard
-        .broker
-        .publish_reply(
-            &sid0,
-            "t",
-            None,
-            aptix_worker::queue::Audience::ANYONE,
-            body,
-        )
-        .await
-        .unwrap();
-    for rx in [&mut streams[0], &mut twin] {
-        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .unwrap();
-        assert_eq!(got, Some(SessionEvent::Status(body.to_vec())));
-    }
-    assert!(streams[1].try_recv().is_err());
-
-    // Subscribers that go away while their sessions are quiet: their bindings are removed.
-    streams.truncate(1);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while {
-        let keys = binding_keys();
-        (1..20).any(|i| count(&keys, &key(i)) > 0)
-    } {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "unwatched sessions are still bound"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // Session 0 is still watched: its event binding stays (its durable reply queue has none:
-    // it is published to through the default exchange).
-    assert_eq!(count(&binding_keys(), &key(0)), 1);
-    drop(twin);
-}
-
-#[tokio::test]
-async fn event_streams_end_when_the_connection_drops_and_resubscribing_works() {
-    let guard = rabbit().await;
-    let sid = SessionId::parse(format!("drop-{}", uuid::Uuid::new_v4().simple())).unwrap();
-    let mut before = guard.broker.subscribe_session(&sid, false).await.unwrap();
-    close_connection(guard.broker.connection_name());
-    let ended = tokio::time::timeout(Duration::from_secs(10), before.recv())
-        .await
-        .expect("the stream ends instead of hanging");
-    assert_eq!(ended, None);
-    // The next subscription opens a fresh consumer on a fresh connection.
-    let mut after = guard.broker.subscribe_session(&sid, false).await.unwrap();
-    guard
-        .broker
-        .publish_reply(
-            &sid,
-            "t",
-            None,
-            aptix_worker::queue::Audience::ANYONE,
-            b"{}",
-        )
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), after.recv())
-        .await
-        .unwrap();
-    assert_eq!(got, Some(SessionEvent::Status(b"{}".to_vec())));
-}
-
-#[tokio::test]
-async fn a_reply_queue_declared_with_other_arguments_is_used_as_it_is() {
-    let guard = rabbit().await;
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    let (old, fresh) = (
-        SessionId::parse(format!("old-{id}")).unwrap(),
-        SessionId::parse(format!("fresh-{id}")).unwrap(),
-    );
-    // As an older version left it: a day's expiry and no length limit. Declaring it with
-    // today's arguments is refused by the broker (PRECONDITION_FAILED closes the channel).
-    let conn = crate::support::amqp_peek().await;
-    let ch = conn.create_channel().await.unwrap();
-    let mut args = lapin::types::FieldTable::default();
-    args.insert(
-        "x-expires".into(),
-        lapin::types::AMQPValue::LongLongInt(60_000),
-    );
-    let old_queue = guard.topology.reply_queue(&old);
-    ch.queue_declare(
-        old_queue.as_str().into(),
-        lapin::options::QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await
-    .unwrap();
-    guard
-        .broker
-        .publish_reply(
-            &old,
-            "t1",
-            None,
-            aptix_worker::queue::Audience::ANYONE,
-            b"one",
-        )
-        .await
-        .expect("published to the queue as it is");
-    guard
-        .broker
-        .publish_reply(
-            &old,
-            "t2",
-            None,
-            aptix_worker::queue::Audience::ANYONE,
-            b"two",
-        )
-        .await
-        .unwrap();
-    // The refusal closed only the declaring channel: jobs still go out, and a new session's
-    // queue is declared on a fresh channel.
-    guard.broker.publish_job(b"{}").await.unwrap();
-    guard
-        .broker
-        .publish_reply(
-            &fresh,
-            "t",
-            None,
-            aptix_worker::queue::Audience::ANYONE,
-            b"three",
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        crate::support::take_all(&conn, &old_queue).await,
-        [b"one".to_vec(), b"two".to_vec()]
-    );
-    assert_eq!(
-        crate::support::take_all(&conn, &guard.topology.reply_queue(&fresh)).await,
-        [b"three".to_vec()]
-    );
-    // The new queue carries today's arguments: an idle expiry and a length limit.
-    let listed = rabbitmqctl_lines(&["list_queues", "name", "arguments"]);
-    let line = listed
-        .iter()
-        .find(|l| l.starts_with(&guard.topology.reply_queue(&fresh)))
-        .expect("the new reply queue is listed");
-    assert!(
-        line.contains("x-max-length") && line.contains("x-expires"),
-        "{line}"
-    );
-    let _ = ch
-        .queue_delete(old_queue.as_str().into(), Default::default())
-        .await;
-}
-
-#[tokio::test]
-async fn a_full_reply_queue_drops_its_oldest_statuses() {
-    let mut topology = crate::support::test_topology();
-    topology.reply_queue_max_length = 2;
-    let guard = RabbitGuard {
-        broker: rabbit_broker(&topology, "max-length").await,
-        topology,
-    };
-    let sid = SessionId::parse(format!("full-{}", uuid::Uuid::new_v4().simple())).unwrap();
-    for body in [&b"1"[..], b"2", b"3"] {
-        guard
-            .broker
-            .publish_reply(&sid, "t", None, aptix_worker::queue::Audience::ANYONE, body)
-            .await
-            .unwrap();
-    }
-    let conn = crate::support::amqp_peek().await;
-    assert_eq!(
-        crate::support::take_all(&conn, &guard.topology.reply_queue(&sid)).await,
-        [b"2".to_vec(), b"3".to_vec()]
     );
 }

@@ -1,0 +1,240 @@
+//! The store conformance suite, on every store: the begin step (the lease with the turn and session
+//! read, a new session's contexts latched), what a save reads back (a stop request, a watch mark)
+//! and how a watch mark lasts.
+
+use super::store_conformance::*;
+use aptix_worker::contract::TurnId;
+use aptix_worker::store::{ContextIds, StoreError, ToolOutput, TurnStatus};
+use std::time::Duration;
+
+pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
+    let st = &s.store;
+    let tid = TurnId::parse("t").unwrap();
+    // Nothing stored yet: the lease, and nothing to read.
+    let first = st
+        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None)
+        .await
+        .unwrap();
+    let lease = first.lease.expect("a free session's lease");
+    assert!(first.turn.is_none() && first.session.is_none());
+    assert_eq!(first.latched, None, "no contexts were given to latch");
+    // Another run of the session finds it busy, and no session is read for it.
+    let busy = st
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
+    assert!(busy.lease.is_none() && busy.session.is_none());
+    // What the first run stores (the ledger included) is what the next begin reads.
+    let mut state = session("s");
+    state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
+    let mut t = turn("s", "t");
+    st.save(G, Some(&state), &t, &lease, false).await.unwrap();
+    st.record_tool_output(
+        G,
+        &sid("s"),
+        &tid,
+        ToolOutput {
+            call_id: "call_1",
+            output: "{\"ok\":1}",
+            mode_change: None,
+        },
+        &lease,
+    )
+    .await
+    .unwrap();
+    t.tool_ledger.insert("call_1".into(), "{\"ok\":1}".into());
+    // Busy, yet the turn is read: a duplicate job may only need its stored result.
+    let busy = st
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
+    assert!(busy.lease.is_none() && busy.session.is_none());
+    assert_eq!(busy.turn.as_ref(), Some(&t));
+    t.status = TurnStatus::Completed;
+    st.save(G, None, &t, &lease, true).await.unwrap();
+    let next = st
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
+    let taken = next.lease.expect("released by the settling save");
+    assert!(taken.token > lease.token, "a new lease fences the old one");
+    assert_eq!(next.turn, Some(t.clone()));
+    state.conversation.clear(); // stored apart from the session
+    assert_eq!(next.session, Some(state));
+    // The lease begin took is a lease like any other: it fences the old holder's writes.
+    assert!(matches!(
+        st.save(G, None, &t, &lease, false).await,
+        Err(StoreError::Fenced(_))
+    ));
+    st.save(G, None, &t, &taken, true).await.unwrap();
+    assert!(
+        st.acquire_lease(G, &sid("s"), "w3", LONG)
+            .await
+            .unwrap()
+            .is_some(),
+        "released"
+    );
+}
+
+pub(super) async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subject) {
+    let st = &s.store;
+    let fast = ContextIds::named_or_default(Some("fast"), None);
+    let slow = ContextIds::named_or_default(Some("slow"), None);
+    // A new session: the lease, and the given contexts latched in the same step.
+    let first = st
+        .begin_turn(G, &sid("s"), &tid("t1"), "w1", LONG, Some(&fast))
+        .await
+        .unwrap();
+    let lease = first.lease.expect("a free session's lease");
+    assert_eq!(first.latched, Some(fast.clone()));
+    assert_eq!(
+        st.latched_contexts(&sid("s")).await.unwrap(),
+        Some(fast.clone())
+    );
+    // Busy: nothing latched and nothing read back.
+    let busy = st
+        .begin_turn(G, &sid("other"), &tid("t1"), "w1", LONG, None)
+        .await
+        .unwrap();
+    assert!(busy.lease.is_some());
+    let busy = st
+        .begin_turn(G, &sid("other"), &tid("t2"), "w2", LONG, Some(&fast))
+        .await
+        .unwrap();
+    assert!(busy.lease.is_none() && busy.latched.is_none());
+    assert_eq!(st.latched_contexts(&sid("other")).await.unwrap(), None);
+    // Still no session stored, other contexts latched (the front door admitted them): those
+    // come back and stay.
+    st.release_lease(G, &sid("s"), &lease).await.unwrap();
+    let again = st
+        .begin_turn(G, &sid("s"), &tid("t1"), "w2", LONG, Some(&slow))
+        .await
+        .unwrap();
+    let lease = again.lease.expect("released");
+    assert_eq!(again.latched, Some(fast.clone()));
+    assert_eq!(
+        st.latched_contexts(&sid("s")).await.unwrap(),
+        Some(fast.clone())
+    );
+    // Once the session is stored, its own contexts are the run's: nothing is latched or read.
+    st.save(G, Some(&session("s")), &turn("s", "t1"), &lease, true)
+        .await
+        .unwrap();
+    let stored = st
+        .begin_turn(G, &sid("s"), &tid("t2"), "w3", LONG, Some(&slow))
+        .await
+        .unwrap();
+    assert!(stored.lease.is_some() && stored.session.is_some());
+    assert_eq!(stored.latched, None);
+    assert_eq!(st.latched_contexts(&sid("s")).await.unwrap(), Some(fast));
+}
+
+pub(super) async fn a_save_reads_whether_the_turn_was_asked_to_stop(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let saved = st
+        .save(G, Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(!saved.stop_requested);
+    // Another turn's request is not this one's.
+    st.request_cancel(&sid("s"), &tid("other")).await.unwrap();
+    let saved = st.save(G, None, &t, &lease, false).await.unwrap();
+    assert!(!saved.stop_requested);
+    st.request_cancel(&sid("s"), &tid("t")).await.unwrap();
+    // With or without the session, keeping or releasing the lease, the request is read.
+    let saved = st
+        .save(G, Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(saved.stop_requested);
+    let saved = st.save(G, None, &t, &lease, true).await.unwrap();
+    assert!(saved.stop_requested);
+}
+
+pub(super) async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let saved = st.save(G, None, &t, &lease, false).await.unwrap();
+    assert!(!saved.watched, "no one marked the session");
+    // Another session's mark is not this one's.
+    st.mark_watched(&sid("other"), LONG).await.unwrap();
+    assert!(!st.save(G, None, &t, &lease, false).await.unwrap().watched);
+    st.mark_watched(&sid("s"), LONG).await.unwrap();
+    // With or without the session, keeping or releasing the lease, the mark is read.
+    let saved = st
+        .save(G, Some(&session("s")), &t, &lease, false)
+        .await
+        .unwrap();
+    assert!(saved.watched);
+    // A shorter mark does not shorten a longer one.
+    st.mark_watched(&sid("s"), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(st.save(G, None, &t, &lease, true).await.unwrap().watched);
+    // A mark lapses.
+    let lease = st
+        .acquire_lease(G, &sid("u"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    st.mark_watched(&sid("u"), Duration::from_millis(600))
+        .await
+        .unwrap();
+    let u = turn("u", "t");
+    assert!(st.save(G, None, &u, &lease, false).await.unwrap().watched);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!st.save(G, None, &u, &lease, false).await.unwrap().watched);
+}
+
+pub(super) async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped(s: Subject) {
+    use aptix_worker::delivery::WatchMark;
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    // Renewed every 250 ms, each mark lasting 750 ms: a quarter of a second of slack either
+    // way for a loaded machine.
+    let linger = Duration::from_millis(500);
+    let mark = WatchMark::hold(st.clone(), sid("s"), linger).await.unwrap();
+    // Held for several times the mark's own lifetime: renewed meanwhile.
+    for _ in 0..4 {
+        tokio::time::sleep(linger).await;
+        assert!(st.save(G, None, &t, &lease, false).await.unwrap().watched);
+    }
+    drop(mark);
+    // It lasts at least `linger` after the holder has gone, then lapses.
+    tokio::time::sleep(linger / 2).await;
+    assert!(st.save(G, None, &t, &lease, false).await.unwrap().watched);
+    tokio::time::sleep(linger * 2).await;
+    assert!(!st.save(G, None, &t, &lease, false).await.unwrap().watched);
+}
+
+for_each_backend!(
+    backends: [
+        memory => super::memory(),
+        redis => super::redis().await,
+        cluster => super::cluster().await,
+    ],
+    tests: [
+        begin_takes_the_lease_and_reads_the_turn_and_session,
+        begin_latches_a_new_sessions_contexts_and_only_then,
+        a_save_reads_whether_the_turn_was_asked_to_stop,
+        a_save_reads_whether_the_session_is_marked_watched,
+        a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped,
+    ],
+);

@@ -1,0 +1,199 @@
+//! The store conformance suite, on every store: the stored conversation, mode changes and their
+//! history, racing holders that take turns and lose nothing.
+
+use super::store_conformance::*;
+use aptix_worker::contract::TurnId;
+use aptix_worker::store::{ModeChange, StoreError, ToolOutput, TurnStatus, now_rfc3339};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+pub(super) async fn the_conversation_grows_by_appends_and_only_under_the_lease(s: Subject) {
+    let st = &s.store;
+    let item = |n: u32| serde_json::json!({"role": "user", "content": format!("item {n}")});
+    assert!(st.conversation(&sid("s")).await.unwrap().is_empty());
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = session("s");
+    state.conversation = vec![item(1), item(2)];
+    st.save(G, Some(&state), &turn("s", "t1"), &lease, false)
+        .await
+        .unwrap();
+    // The next save carries only what is new; a save without the session appends nothing.
+    state.conversation = vec![item(3)];
+    st.save(G, Some(&state), &turn("s", "t2"), &lease, false)
+        .await
+        .unwrap();
+    st.save(G, None, &turn("s", "t2"), &lease, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)]
+    );
+    // A mode change keeps it, and hands back a session with nothing pending.
+    let change = ModeChange {
+        previous_mode: "general".into(),
+        new_mode: "ddr_authoring".into(),
+        timestamp: now_rfc3339(),
+        reason: "r".into(),
+        turn_id: TurnId::parse("t2").unwrap(),
+    };
+    let changed = st
+        .record_tool_output(
+            G,
+            &sid("s"),
+            &TurnId::parse("t2").unwrap(),
+            ToolOutput {
+                call_id: "call_m",
+                output: "{}",
+                mode_change: Some(("X", &change)),
+            },
+            &lease,
+        )
+        .await
+        .unwrap()
+        .expect("the mode changed");
+    assert!(changed.conversation.is_empty());
+    // A stale holder's save appends nothing.
+    st.release_lease(G, &sid("s"), &lease).await.unwrap();
+    let _other = st
+        .acquire_lease(G, &sid("s"), "w2", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    state.conversation = vec![item(4)];
+    assert!(matches!(
+        st.save(G, Some(&state), &turn("s", "t3"), &lease, false)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)]
+    );
+    assert!(
+        st.conversation(&sid("other")).await.unwrap().is_empty(),
+        "per session"
+    );
+}
+
+pub(super) async fn change_mode_appends_history(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    st.save(G, Some(&session("s")), &turn("s", "t"), &lease, false)
+        .await
+        .unwrap();
+    let tid = TurnId::parse("t").unwrap();
+    let change = ModeChange {
+        previous_mode: "general".into(),
+        new_mode: "ddr_authoring".into(),
+        timestamp: now_rfc3339(),
+        reason: "DDR".into(),
+        turn_id: tid.clone(),
+    };
+    let state = st
+        .record_tool_output(
+            G,
+            &sid("s"),
+            &tid,
+            ToolOutput {
+                call_id: "call_mode",
+                output: "{\"success\":true}",
+                mode_change: Some(("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", &change)),
+            },
+            &lease,
+        )
+        .await
+        .unwrap()
+        .expect("the mode changed");
+    // The ledger entry was written in the same step.
+    let recorded = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!(
+        recorded.tool_ledger.get("call_mode").map(String::as_str),
+        Some("{\"success\":true}")
+    );
+    assert_eq!(
+        (state.mode_key.as_str(), state.mode_id.as_str()),
+        ("ddr_authoring", "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22")
+    );
+    let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
+    assert_eq!(stored.mode_history, vec![change.clone()]);
+    let missing = st
+        .acquire_lease(G, &sid("nobody"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        st.record_tool_output(
+            G,
+            &sid("nobody"),
+            &tid,
+            ToolOutput {
+                call_id: "call_x",
+                output: "{}",
+                mode_change: Some(("X", &change))
+            },
+            &missing
+        )
+        .await,
+        Err(StoreError::Corrupt(_))
+    ));
+}
+
+pub(super) async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (st, inside, done) = (s.store.clone(), inside.clone(), done.clone());
+        tasks.spawn(async move {
+            let lease = loop {
+                if let Some(l) = st
+                    .acquire_lease(G, &sid("hot"), &format!("w{i}"), LONG)
+                    .await
+                    .unwrap()
+                {
+                    break l;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            };
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let mut t = turn("hot", &format!("t{i}"));
+            t.status = TurnStatus::Completed;
+            st.save(G, None, &t, &lease, true).await.unwrap();
+            done.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("task");
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 16);
+    assert_eq!(s.store.list_turns(&sid("hot")).await.unwrap().len(), 16);
+}
+
+for_each_backend!(
+    backends: [
+        memory => super::memory(),
+        redis => super::redis().await,
+        cluster => super::cluster().await,
+    ],
+    tests: [
+        the_conversation_grows_by_appends_and_only_under_the_lease,
+        change_mode_appends_history,
+        racing_holders_take_turns_and_none_is_lost,
+    ],
+);
