@@ -15,8 +15,9 @@ use aptix_worker::queue::RabbitBroker;
 use aptix_worker::store::RedisStore;
 
 use super::bench_callgrind::{Callgrind, Counted};
-use super::bench_loop::{LoopOptions, baseline, cpu_snapshot, drive, status_kib};
+use super::bench_loop::{LoopOptions, baseline, drive};
 use super::bench_verdict::Part;
+use super::procfs::{cpu_snapshot, status_kib};
 
 /// How long a process has to report that it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(30);

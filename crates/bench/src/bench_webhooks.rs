@@ -20,7 +20,7 @@ use aptix_worker::webhooks::send::Sender;
 use aptix_worker::webhooks::sign::{Secrets, SigningKey};
 use aptix_worker::webhooks::{EventType, HookJob, Target};
 
-use super::bench_loop::{cpu_seconds, pids_named};
+use super::procfs::{cpu_seconds, pids_named};
 
 const SECRET_ENV: &str = "APTIX_BENCH_WEBHOOK_SECRET";
 const SECRET: &str = "whsec_YmVuY2htYXJrLXNlY3JldC1vZi0zMi1ieXRlcy4uLg==";

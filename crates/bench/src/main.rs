@@ -13,6 +13,7 @@ mod bench_procs;
 mod bench_stream;
 mod bench_verdict;
 mod bench_webhooks;
+mod procfs;
 
 use std::process::ExitCode;
 use std::time::Duration;
