@@ -280,6 +280,8 @@ async fn dead_letters_are_listed_and_requeued_through_the_api(backend: Backend) 
     assert_eq!((status, code(&refused)), (403, "FORBIDDEN"));
 
     let calls = app.fake.requests().len();
+    let repeats = "aptix_duplicates_suppressed_total{stage=\"worker\"}";
+    let before = crate::support::metric_value(&app.metrics_text().await, repeats).unwrap_or(0.0);
     let (status, body) = requeue(
         &app,
         json!({"turns": [{"sessionId": "dead", "turnId": "t"}]}),
@@ -287,9 +289,10 @@ async fn dead_letters_are_listed_and_requeued_through_the_api(backend: Backend) 
     .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"], json!({"requeued": 1, "kept": 0}));
-    // The requeued job ran: its turn had failed, so its status was delivered again — the model
-    // was not called, nothing went back to the dead letters, and the turn is still failed.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The requeued job ran: its turn had failed, so the worker answered it from the stored
+    // result (a repeat it counts) and delivered its status again — the model was not called,
+    // nothing went back to the dead letters, and the turn is still failed.
+    app.wait_for_metric(repeats, |n| n > before).await;
     assert_eq!(listed(&app).await["result"], json!([]));
     assert_eq!(app.fake.requests().len(), calls);
     assert_eq!(app.settled("tok-a", "dead", "t").await["status"], "failed");

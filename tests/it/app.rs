@@ -288,6 +288,25 @@ impl App {
             .unwrap()
     }
 
+    /// Waits (up to 10 s) until the series `series` of `/metrics` satisfies `until` (an absent
+    /// series reads 0: counters appear with their first event), and returns its value: a test
+    /// waits on what the product says happened, not on the clock.
+    pub async fn wait_for_metric(&self, series: &str, until: impl Fn(f64) -> bool) -> f64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = self.metrics_text().await;
+            let value = crate::support::metric_value(&text, series).unwrap_or(0.0);
+            if until(value) {
+                return value;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{series} stayed at {value}:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until the fake model has received `n` requests.
     pub async fn wait_for_model_calls(&self, n: usize) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

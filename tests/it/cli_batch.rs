@@ -1,6 +1,7 @@
 //! `aptix batch`, `aptix index` and `aptix watch` driven as a user runs them: a folder as a batch
 //! that resumes, a batch killed mid-run, incremental indexing, text split across reads.
 
+use crate::support::metric;
 use super::cli::*;
 use crate::support::Listening;
 
@@ -244,11 +245,6 @@ pub(super) fn http_get(port: u16, path: &str) -> String {
     answer
 }
 
-pub(super) fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
 
 #[test]
 pub(super) fn a_batch_killed_mid_run_resumes_without_running_any_turn_twice() {

@@ -4,6 +4,7 @@
 //! body stops short of its `Content-Length` are each closed after the read timeout and
 //! counted; an answer that takes longer than the timeout (a long-poll) is never cut.
 
+use crate::support::metric;
 use std::time::{Duration, Instant};
 
 use aptix_worker::fake_llm::FakeOptions;
@@ -26,11 +27,6 @@ async fn until_closed(mut conn: TcpStream, limit: Duration) -> (String, Option<D
     (String::from_utf8_lossy(&seen).into_owned(), at)
 }
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-}
 
 #[tokio::test]
 async fn silent_slow_idle_and_short_body_connections_are_closed_and_counted() {

@@ -453,15 +453,17 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
             t.contains("Dead letters (1)") && t.contains("dl / t1")
         })
         .await;
+    let repeats = "aptix_duplicates_suppressed_total{stage=\"worker\"}";
+    let before = crate::support::metric_value(&app.metrics_text().await, repeats).unwrap_or(0.0);
     browser.click("#dead-letters .requeue").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
             t.contains("None.")
         })
         .await;
-    // Requeued, its job ran again: the turn had failed already, so its status was delivered
-    // again and nothing went back to the dead letters.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Requeued, its job ran again: the turn had failed already, so the worker answered it from
+    // the stored result (a repeat it counts), and nothing went back to the dead letters.
+    app.wait_for_metric(repeats, |n| n > before).await;
     let (status, dead) = app.get(Some("tok-root"), "/v1/admin/dead-letters").await;
     assert_eq!(status, 200);
     assert_eq!(dead["result"], json!([]), "{dead}");

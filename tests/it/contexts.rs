@@ -2,7 +2,7 @@
 //! with the right key and model, boot prompts, latching, refusals, and the per-context call
 //! limits — in one process on both backends, and across worker processes on RabbitMQ + Redis.
 
-use super::contexts_processes::metric;
+use crate::support::metric;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

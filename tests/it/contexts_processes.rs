@@ -8,11 +8,6 @@ use aptix_worker::fake_llm::Reply;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-pub(super) fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
 
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],

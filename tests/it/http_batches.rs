@@ -1,5 +1,6 @@
 //! Batches and metrics over HTTP: good and bad lines, limits, what the metrics count.
 
+use crate::support::metric;
 use crate::app::{code, spawn_app, spawn_app_with};
 use aptix_worker::config::BatchLimits;
 use aptix_worker::contract::RequestLimits;
@@ -202,11 +203,6 @@ pub(super) async fn a_batch_over_the_limits_is_413_and_nothing_runs() {
     assert!(app.fake.requests().is_empty());
 }
 
-pub(super) fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
 
 #[tokio::test]
 pub(super) async fn metrics_count_what_happened() {

@@ -457,3 +457,15 @@ impl SubmitLocal for aptix_worker::frontdoor::FrontDoor {
             .await
     }
 }
+
+/// The value of one series (`name{labels}`, exactly as `/metrics` writes it) in a Prometheus
+/// text; `None` when the series is not there (yet).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The value of one series in a Prometheus text (a panic showing the text when it is absent).
+pub fn metric(text: &str, series: &str) -> f64 {
+    metric_value(text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}

@@ -3,6 +3,7 @@
 //! tenant's new turns once spent (while its accepted turns finish), with the counts shown by
 //! `GET /v1/tenant/usage` and in the metrics.
 
+use crate::support::metric;
 use std::time::{Duration, Instant};
 
 use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
@@ -34,11 +35,6 @@ async fn usage(app: &App, token: &str) -> Value {
 
 /// A metric's value in the exposition; a series that is missing fails the test (a renamed
 /// metric must not make an assertion pass by reading zero).
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-}
 
 const A_TURNS: usize = 2000;
 const B_TURNS: usize = 20;
