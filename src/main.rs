@@ -89,13 +89,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", with_causes(e.as_ref()));
-            // A configuration the process cannot start with: the same code as one refused
-            // before the runtime started.
-            if e.is::<aptix_worker::config::ConfigError>() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            ExitCode::FAILURE
         }
     }
 }

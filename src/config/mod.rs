@@ -166,7 +166,7 @@ pub struct Process {
     pub log_format: crate::telemetry::LogFormat,
     /// The long-running processes' CPU scheduling class.
     pub cpu_scheduling: crate::sched::CpuScheduling,
-    /// Extra trusted roots (the span exporter's too).
+    /// Extra trusted roots for the span exporter (read only when span export is asked for).
     pub tls_ca: Option<crate::tls::ExtraCa>,
 }
 
@@ -181,7 +181,15 @@ impl Process {
                 true => worker::read_cpu_scheduling(&r)?,
                 false => crate::sched::CpuScheduling::Normal,
             },
-            tls_ca: deployment::read_ca(&r)?,
+            // Read here only for the span exporter, when it is asked for: the commands that
+            // use the bundle otherwise read it (and report it) with the rest.
+            tls_ca: match crate::telemetry::EXPORT_VARS
+                .iter()
+                .any(|v| sources.env(v).is_some())
+            {
+                true => deployment::read_ca(&r)?,
+                false => None,
+            },
         })
     }
 }

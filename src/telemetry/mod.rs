@@ -31,6 +31,12 @@ pub enum TelemetryError {
     Exporter(String),
 }
 
+/// OpenTelemetry's variables that ask for span export (either is enough).
+pub const EXPORT_VARS: [&str; 2] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+];
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -142,13 +148,7 @@ pub fn init(
             .with(text)
             .with(json)
             .try_init();
-        if [
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        ]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-        {
+        if EXPORT_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
             tracing::warn!(
                 service,
                 "OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no span export (feature `otel`)"

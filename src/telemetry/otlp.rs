@@ -21,12 +21,9 @@ const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Whether the environment asks for span export.
 pub fn requested() -> bool {
-    [
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-    ]
-    .iter()
-    .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
+    super::EXPORT_VARS
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
 }
 
 /// The exporter's HTTP client: reqwest, driven on the process's tokio runtime. The batch

@@ -1,9 +1,9 @@
 //! `aptix batch`, `aptix index` and `aptix watch` driven as a user runs them: a folder as a batch
 //! that resumes, a batch killed mid-run, incremental indexing, text split across reads.
 
-use crate::support::metric;
 use super::cli::*;
 use crate::support::Listening;
+use crate::support::metric;
 
 pub(super) fn write(dir: &std::path::Path, name: &str, text: &str) {
     std::fs::write(dir.join(name), text).unwrap();
@@ -244,7 +244,6 @@ pub(super) fn http_get(port: u16, path: &str) -> String {
     conn.read_to_string(&mut answer).unwrap();
     answer
 }
-
 
 #[test]
 pub(super) fn a_batch_killed_mid_run_resumes_without_running_any_turn_twice() {

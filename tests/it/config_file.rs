@@ -95,10 +95,13 @@ fn a_limit_set_in_the_file_is_the_limit_the_product_applies() {
 
 #[test]
 fn a_bad_file_stops_every_command_naming_the_file_and_the_key() {
-    for (text, expect) in [
-        ("[model]\ntimout = \"5s\"\n", "model.timout"),
-        ("[model]\ntimeout = \"soon\"\n", "key model.timeout"),
-        ("[model\n", "not TOML"),
+    // A file that cannot be read as a whole stops the binary before any command (exit 2, as a
+    // bad APTIX_LOG_FORMAT does); a value that does not parse stops the command that reads it
+    // (exit 1, as a bad variable always has).
+    for (text, expect, code) in [
+        ("[model]\ntimout = \"5s\"\n", "model.timout", 2),
+        ("[model\n", "not TOML", 2),
+        ("[model]\ntimeout = \"soon\"\n", "key model.timeout", 1),
     ] {
         let (_dir, path) = file(text);
         let out = aptix()
@@ -107,7 +110,7 @@ fn a_bad_file_stops_every_command_naming_the_file_and_the_key() {
             .output()
             .expect("runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{text}: {stderr}");
+        assert_eq!(out.status.code(), Some(code), "{text}: {stderr}");
         assert!(stderr.contains(expect), "{text}: {stderr}");
     }
     let out = aptix()

@@ -27,7 +27,6 @@ async fn until_closed(mut conn: TcpStream, limit: Duration) -> (String, Option<D
     (String::from_utf8_lossy(&seen).into_owned(), at)
 }
 
-
 #[tokio::test]
 async fn silent_slow_idle_and_short_body_connections_are_closed_and_counted() {
     let app = spawn(AppOptions {

@@ -8,7 +8,6 @@ use aptix_worker::fake_llm::Reply;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [

@@ -1,7 +1,7 @@
 //! Batches and metrics over HTTP: good and bad lines, limits, what the metrics count.
 
-use crate::support::metric;
 use crate::app::{code, spawn_app, spawn_app_with};
+use crate::support::metric;
 use aptix_worker::config::BatchLimits;
 use aptix_worker::contract::RequestLimits;
 use aptix_worker::fake_llm::Reply;
@@ -202,7 +202,6 @@ pub(super) async fn a_batch_over_the_limits_is_413_and_nothing_runs() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(app.fake.requests().is_empty());
 }
-
 
 #[tokio::test]
 pub(super) async fn metrics_count_what_happened() {

@@ -461,8 +461,13 @@ impl SubmitLocal for aptix_worker::frontdoor::FrontDoor {
 /// The value of one series (`name{labels}`, exactly as `/metrics` writes it) in a Prometheus
 /// text; `None` when the series is not there (yet).
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// The value of one series in a Prometheus text (a panic showing the text when it is absent).

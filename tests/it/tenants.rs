@@ -33,9 +33,6 @@ async fn usage(app: &App, token: &str) -> Value {
     body["result"].clone()
 }
 
-/// A metric's value in the exposition; a series that is missing fails the test (a renamed
-/// metric must not make an assertion pass by reading zero).
-
 const A_TURNS: usize = 2000;
 const B_TURNS: usize = 20;
 const A_CAP: u64 = 2;
