@@ -307,6 +307,12 @@ impl App {
         }
     }
 
+    /// How many turns the front door has accepted (enqueued, broker-confirmed) so far: a
+    /// request it refused left this where it was, so nothing can run for it.
+    pub async fn accepted_turns(&self) -> f64 {
+        crate::support::metric(&self.metrics_text().await, "aptix_turns_accepted_total")
+    }
+
     /// Waits until the fake model has received `n` requests.
     pub async fn wait_for_model_calls(&self, n: usize) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);

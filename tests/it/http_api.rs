@@ -50,6 +50,7 @@ pub(super) async fn a_turn_is_accepted_then_long_polled_to_completion() {
 #[tokio::test]
 pub(super) async fn invalid_requests_are_400_with_every_violation_and_nothing_enqueued() {
     let app = spawn_app(RequestLimits::default()).await;
+    let accepted = app.accepted_turns().await;
     let (status, body) = app
         .post(
             Some("tok-a"),
@@ -75,7 +76,8 @@ pub(super) async fn invalid_requests_are_400_with_every_violation_and_nothing_en
     }
     let (status, body) = app.post(Some("tok-a"), "not json").await;
     assert_eq!((status, code(&body)), (400, "MALFORMED_JSON"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Refused before anything was enqueued: the front door accepted no turn, so none can run.
+    assert_eq!(app.accepted_turns().await, accepted, "nothing was enqueued");
     assert!(app.fake.requests().is_empty(), "nothing ran");
 }
 

@@ -187,6 +187,7 @@ pub(super) async fn a_batch_over_the_limits_is_413_and_nothing_runs() {
         max_lines: 2,
     };
     let app = spawn_app_with(RequestLimits::default(), limits).await;
+    let accepted = app.accepted_turns().await;
     let line = json!({"customId": "a", "request": {"instruction": "x"}}).to_string();
     let (status, body) = app
         .post_to(
@@ -199,7 +200,8 @@ pub(super) async fn a_batch_over_the_limits_is_413_and_nothing_runs() {
     let big = json!({"customId": "a", "request": {"instruction": "x".repeat(2000)}}).to_string();
     let (status, _) = app.post_to(Some("tok-a"), "/v1/batches", big).await;
     assert_eq!(status, 413);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Refused whole before any line was enqueued: no turn accepted, none can run.
+    assert_eq!(app.accepted_turns().await, accepted, "nothing was enqueued");
     assert!(app.fake.requests().is_empty());
 }
 

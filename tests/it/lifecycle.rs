@@ -140,13 +140,15 @@ pub(super) async fn of_two_different_continuations_exactly_one_is_accepted(backe
         sent.contains(&format!("version {}", accepted[0])),
         "the accepted results reach the model: {sent}"
     );
-    // After it ran, the winner sent again gets the settled status; nothing runs again.
+    // After it ran, the winner sent again gets the settled status from the store; nothing is
+    // enqueued again, so nothing runs again.
+    let accepted = app.accepted_turns().await;
     let (status, again) = app.post(Some("tok-a"), winner.clone()).await;
     assert_eq!(
         (status, again["result"]["status"].as_str()),
         (202, Some("completed"))
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.accepted_turns().await, accepted, "nothing was enqueued");
     assert_eq!(app.fake.requests().len(), 2);
 }
 
