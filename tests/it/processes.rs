@@ -16,7 +16,7 @@ pub struct Processes {
     env: Vec<(String, String)>,
     pub serve: Listening,
     pub workers: Vec<Listening>,
-    _redis: RedisGuard,
+    redis: RedisGuard,
     _rabbit: RabbitGuard,
 }
 
@@ -58,7 +58,7 @@ impl Processes {
             env,
             serve,
             workers: Vec::new(),
-            _redis: redis,
+            redis,
             _rabbit: rabbit,
         };
         for _ in 0..workers {
@@ -115,6 +115,11 @@ impl Processes {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The deployment's store, as the tests look at it from outside the processes.
+    pub fn store(&self) -> &aptix_worker::store::RedisStore {
+        &self.redis.store
     }
 
     /// Submits a turn (as the local tenant); it must be accepted.
