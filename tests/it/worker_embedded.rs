@@ -44,9 +44,21 @@ async fn setup(
     (app.broker.clone(), worker, door, (app, fake))
 }
 
+/// Waits (up to 10 s) until the fake model has a request: the turn is in its model call.
+async fn model_called(fake: &FakeLlm) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fake.requests().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model was never called"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
-    let (broker, worker, door, _kept) =
+    let (broker, worker, door, kept) =
         setup(Duration::from_millis(500), Duration::from_secs(5)).await;
     let mut replies = broker
         .subscribe_replies(&SessionId::parse("s").unwrap())
@@ -57,7 +69,7 @@ async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
     door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await; // the turn is now waiting for the model
+    model_called(&kept.1).await; // the turn is now waiting for the model
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
@@ -72,14 +84,14 @@ async fn shutdown_finishes_in_flight_turns_within_the_grace_period() {
 
 #[tokio::test]
 async fn turns_unfinished_at_the_deadline_are_left_for_redelivery() {
-    let (broker, worker, door, _kept) =
+    let (broker, worker, door, kept) =
         setup(Duration::from_secs(3), Duration::from_millis(200)).await;
     let stop = CancellationToken::new();
     let task = worker.spawn(stop.clone());
     door.submit_local(br#"{"sessionId":"s","turnId":"t","instruction":"slow"}"#)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    model_called(&kept.1).await;
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(2), task)
         .await
