@@ -473,8 +473,18 @@ pub(super) async fn an_sse_client_that_reconnects_mid_turn_gets_the_text_it_miss
             202
         );
     });
-    // Disconnected while the model goes on writing.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Disconnected while the model goes on writing: reconnect once the turn kept more live
+    // events than this client saw (text it missed), as the store holds them for any front door.
+    let seen = before.len();
+    let (sid, tid) = (
+        crate::support::sid_a("rc"),
+        aptix_worker::contract::TurnId::parse("t").unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.store.kept_live(&sid, &tid).await.unwrap().len() <= seen {
+        assert!(Instant::now() < deadline, "the model wrote nothing more");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let last_id = before.last().unwrap().1.clone();
     let (ready, _) = tokio::sync::oneshot::channel();
     let turn_seen = |e: &[(String, String, Value)]| e.iter().any(|(k, _, _)| k == "turn");
