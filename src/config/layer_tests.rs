@@ -362,3 +362,40 @@ fn the_reference_in_the_docs_is_the_generated_one() {
         }
     }
 }
+
+#[test]
+fn the_process_settings_refuse_only_what_the_command_uses() {
+    let sources = |pairs: &'static [(&'static str, &'static str)]| {
+        Sources::from_lookup(move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+        .unwrap()
+    };
+    // An unknown class stops the long-running commands only.
+    let odd = sources(&[("APTIX_CPU_SCHEDULING", "fifo")]);
+    assert_eq!(
+        Process::read(&odd, true).unwrap_err().var,
+        "APTIX_CPU_SCHEDULING"
+    );
+    assert!(Process::read(&odd, false).is_ok());
+    // The CA bundle is read before the runtime only for span export.
+    let ca = sources(&[("APTIX_TLS_CA_FILE", "/nonexistent/ca.pem")]);
+    assert!(Process::read(&ca, false).unwrap().tls_ca.is_none());
+    let exporting = sources(&[
+        ("APTIX_TLS_CA_FILE", "/nonexistent/ca.pem"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
+    ]);
+    assert_eq!(
+        Process::read(&exporting, false).unwrap_err().var,
+        "APTIX_TLS_CA_FILE"
+    );
+    // A bad log format stops every command.
+    let json5 = sources(&[("APTIX_LOG_FORMAT", "json5")]);
+    assert_eq!(
+        Process::read(&json5, false).unwrap_err().var,
+        "APTIX_LOG_FORMAT"
+    );
+}
