@@ -399,3 +399,21 @@ fn the_process_settings_refuse_only_what_the_command_uses() {
         "APTIX_LOG_FORMAT"
     );
 }
+
+#[test]
+fn the_example_file_in_the_docs_reads() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+    let docs = std::fs::read_to_string(path).unwrap();
+    let example = docs
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/configuration.md shows an example file");
+    let file = temp_file(example);
+    let path = file.path().to_string_lossy().into_owned();
+    let c = read(&[("APTIX_CONFIG_FILE", &path)]).unwrap();
+    assert_eq!(c.model.timeout, Duration::from_secs(120));
+    assert_eq!(c.store.min_replicas, 1);
+    assert_eq!(c.http.console, Some(true));
+    assert!(c.effective().iter().any(|e| e.origin == Origin::File));
+}
