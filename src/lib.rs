@@ -24,8 +24,10 @@
 //!   [`rag`].
 //! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
 //!   or memory, leases and fencing, behind three traits: `StoreReader` (reads), `RecordWriter`
-//!   (writes that are not a turn's state: watch marks, live events, batches, heartbeats) and
-//!   `SessionStore` (the turn-state writes, which take layer F's grant).
+//!   (writes that are not a turn's state: owners, latched contexts, cancel requests, watch
+//!   marks, live events, batches, heartbeats; what the front door and its handlers hold) and
+//!   `SessionStore` (the turn-state writes, which take layer F's grant; held by the lifecycle
+//!   and its `Intake`, and by the composition root that wires them).
 //! - [`delivery`] — the one owner of result delivery: a settled status delivered (on the
 //!   store's replicas, then to the session's reply queue, the front door waiting for it and the
 //!   session's watchers), a streaming turn's live events kept and published, and every wait for

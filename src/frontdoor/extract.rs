@@ -22,7 +22,7 @@ use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, RequestLimits, Sess
 use crate::metrics::Metrics;
 use crate::queue::Broker;
 use crate::rag::{ChunkIndex, ChunkOptions};
-use crate::store::SessionStore;
+use crate::store::RecordWriter;
 use crate::tokens::ApiTokens;
 use crate::trace::TraceContext;
 
@@ -31,8 +31,9 @@ use crate::trace::TraceContext;
 pub struct HttpState {
     /// Accepts requests.
     pub door: FrontDoor,
-    /// Reads turn and session state.
-    pub store: Arc<dyn SessionStore>,
+    /// Reads turn and session state, and writes what is not a turn's state (heartbeats let go,
+    /// the console's reads): no handler can write a turn.
+    pub store: Arc<dyn RecordWriter>,
     /// For readiness checks.
     pub broker: Arc<dyn Broker>,
     /// For mode display names.

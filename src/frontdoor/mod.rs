@@ -34,13 +34,16 @@ pub mod routes;
 pub use error::SubmitError;
 pub use pickup::Pickup;
 
-use crate::store::{Admission, ContextIds, SessionStore, TurnRecord, TurnStatus, TurnStatusView};
+use crate::store::{
+    Admission, ContextIds, RecordWriter, SessionStore, TurnRecord, TurnStatus, TurnStatusView,
+};
 
 /// Accepts requests.
 #[derive(Clone)]
 pub struct FrontDoor {
-    /// For reads; every write of a turn goes through `intake` (layer F).
-    store: Arc<dyn SessionStore>,
+    /// Reads, and the writes that are not a turn's state (owners, cancel requests, batches):
+    /// it cannot write a turn; every write of a turn goes through `intake` (layer F).
+    store: Arc<dyn RecordWriter>,
     intake: Intake,
     broker: Arc<dyn Broker>,
     /// Where a cancelled turn's status goes, and how waiters hear of turns.

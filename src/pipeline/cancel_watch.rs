@@ -154,7 +154,7 @@ async fn poll(inner: Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{MemoryStore, SessionStore as _};
+    use crate::store::{MemoryStore, RecordWriter as _};
 
     fn ids(s: &str, t: &str) -> (SessionId, TurnId) {
         (SessionId::parse(s).unwrap(), TurnId::parse(t).unwrap())

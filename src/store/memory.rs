@@ -253,33 +253,6 @@ impl SessionStore for MemoryStore {
         }
     }
 
-    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
-        Ok(self
-            .lock()?
-            .owners
-            .entry(session.clone())
-            .or_insert_with(|| tenant.to_string())
-            .clone())
-    }
-
-    async fn latch_contexts(
-        &self,
-        session: &SessionId,
-        contexts: &ContextIds,
-    ) -> Result<ContextIds, StoreError> {
-        Ok(self
-            .lock()?
-            .contexts
-            .entry(session.clone())
-            .or_insert_with(|| contexts.clone())
-            .clone())
-    }
-
-    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
-        self.lock()?.cancels.insert((session.clone(), turn.clone()));
-        Ok(())
-    }
-
     async fn acquire_lease(
         &self,
         _grant: &Grant,
@@ -444,6 +417,32 @@ impl SessionStore for MemoryStore {
 
 #[async_trait::async_trait]
 impl RecordWriter for MemoryStore {
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
+        Ok(self
+            .lock()?
+            .owners
+            .entry(session.clone())
+            .or_insert_with(|| tenant.to_string())
+            .clone())
+    }
+
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError> {
+        Ok(self
+            .lock()?
+            .contexts
+            .entry(session.clone())
+            .or_insert_with(|| contexts.clone())
+            .clone())
+    }
+
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
+        self.lock()?.cancels.insert((session.clone(), turn.clone()));
+        Ok(())
+    }
     async fn keep_live(
         &self,
         session: &SessionId,

@@ -244,11 +244,25 @@ pub trait StoreReader: Send + Sync + 'static {
 ///
 /// Every write a worker makes during a turn carries its [`Lease`] and is rejected if that lease
 /// is no longer the session's current one; the turn-state writes take layer F's [`Grant`].
-/// The store's writes that are not a turn's state: watch marks, kept live events, batches,
-/// their completion and heartbeats. The front door, the delivery owner and the worker's
-/// vitals write these; none needs layer F's [`Grant`].
+/// The store's writes that are not a turn's state: a session's owner and latched contexts,
+/// cancel requests, watch marks, kept live events, batches and their completion, heartbeats,
+/// and the wait for replicas. The front door, its handlers, the delivery owner and the worker's
+/// vitals hold this, not a [`SessionStore`]: they cannot write a turn.
 #[async_trait::async_trait]
 pub trait RecordWriter: StoreReader {
+    /// Makes `tenant` the session's owner unless it has one; returns the owner.
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError>;
+    /// Latches `contexts` as the session's unless it has latched some already; returns the
+    /// latched ones (and keeps them as long as the session). Not fenced: the front door
+    /// latches when it accepts a session's first turn.
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError>;
+    /// Asks whoever runs the turn to stop it at its next safe point (kept as long as turn
+    /// records). Not fenced: the front door asks without holding the lease.
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError>;
     /// Returns once everything stored for `session` so far is held by as many replicas as the
     /// deployment requires (`APTIX_REDIS_MIN_REPLICAS`), else [`StoreError::NotReplicated`]:
     /// called after a turn settles (before its status is published and its job acknowledged)
@@ -363,19 +377,6 @@ pub trait SessionStore: RecordWriter {
         current: &TurnRecord,
         new: &TurnRecord,
     ) -> Result<bool, StoreError>;
-    /// Makes `tenant` the session's owner unless it has one; returns the owner.
-    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError>;
-    /// Latches `contexts` as the session's unless it has latched some already; returns the
-    /// latched ones (and keeps them as long as the session). Not fenced: the front door
-    /// latches when it accepts a session's first turn.
-    async fn latch_contexts(
-        &self,
-        session: &SessionId,
-        contexts: &ContextIds,
-    ) -> Result<ContextIds, StoreError>;
-    /// Asks whoever runs the turn to stop it at its next safe point (kept as long as turn
-    /// records). Not fenced: the front door asks without holding the lease.
-    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError>;
     /// Takes the session's lease for `ttl`; `None` when another holder has it (session busy).
     async fn acquire_lease(
         &self,

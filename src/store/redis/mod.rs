@@ -283,34 +283,6 @@ impl SessionStore for RedisStore {
         Ok(replaced == 1)
     }
 
-    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
-        self.set_once(&self.key("owner", session), tenant).await
-    }
-
-    async fn latch_contexts(
-        &self,
-        session: &SessionId,
-        contexts: &ContextIds,
-    ) -> Result<ContextIds, StoreError> {
-        let key = self.key("contexts", session);
-        let latched = self.set_once(&key, &encode(contexts)?).await?;
-        decode(&key, Some(latched))?
-            .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
-    }
-
-    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
-        let _: () = self
-            .conn()
-            .pset_ex(
-                self.turn_key("cancel", session, turn),
-                "1",
-                ms(self.retention.turns),
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(())
-    }
-
     async fn acquire_lease(
         &self,
         _grant: &Grant,

@@ -5,14 +5,41 @@ use std::time::Duration;
 
 use redis::AsyncCommands as _;
 
-use super::codec::encode;
+use super::codec::{decode, encode};
 use super::{HEARTBEATS_KEPT_MS, RedisStore, ms, unavailable};
 use crate::contract::{SessionId, TurnId};
-use crate::state::BatchRecord;
+use crate::state::{BatchRecord, ContextIds};
 use crate::store::{RecordWriter, StoreError};
 
 #[async_trait::async_trait]
 impl RecordWriter for RedisStore {
+    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
+        self.set_once(&self.key("owner", session), tenant).await
+    }
+
+    async fn latch_contexts(
+        &self,
+        session: &SessionId,
+        contexts: &ContextIds,
+    ) -> Result<ContextIds, StoreError> {
+        let key = self.key("contexts", session);
+        let latched = self.set_once(&key, &encode(contexts)?).await?;
+        decode(&key, Some(latched))?
+            .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
+    }
+
+    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
+        let _: () = self
+            .conn()
+            .pset_ex(
+                self.turn_key("cancel", session, turn),
+                "1",
+                ms(self.retention.turns),
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
     /// One write of our own to the session's primary (a marker key that lives a few seconds),
     /// then `WAIT` on the same connection: replication is one ordered stream, so once the
     /// replicas hold the marker they hold every write to that primary before it — the turn's
