@@ -9,7 +9,16 @@ use std::time::{Duration, Instant};
 
 /// Runs `aptix` with `args`, returning each stdout chunk with when it arrived, and stderr.
 fn run_cli(args: &[&str]) -> (Vec<(Instant, String)>, String, bool) {
-    use std::io::Read as _;
+    run_cli_telling(args, None)
+}
+
+/// [`run_cli`], telling `told` once a line of stderr contains its text (what the command says
+/// when it got somewhere: `aptix watch` once its stream is open).
+fn run_cli_telling(
+    args: &[&str],
+    told: Option<(&'static str, std::sync::mpsc::Sender<()>)>,
+) -> (Vec<(Instant, String)>, String, bool) {
+    use std::io::{BufRead as _, Read as _};
     let mut child = crate::cli::aptix()
         .args(args)
         .stdout(std::process::Stdio::piped())
@@ -20,7 +29,18 @@ fn run_cli(args: &[&str]) -> (Vec<(Instant, String)>, String, bool) {
     let mut stderr = child.stderr.take().unwrap();
     let err = std::thread::spawn(move || {
         let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
+        for line in std::io::BufReader::new(&mut stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if let Some((marker, tell)) = &told
+                && line.contains(marker)
+            {
+                let _ = tell.send(());
+            }
+            s.push_str(&line);
+            s.push('\n');
+        }
         s
     });
     let mut chunks = Vec::new();
@@ -54,19 +74,27 @@ async fn aptix_submit_stream_and_watch_print_the_text_as_it_arrives() {
     let path = file.display().to_string();
     // `aptix watch` follows the session while `aptix submit --stream` runs a turn in it.
     let watch_base = base.clone();
+    let (subscribed, watching) = std::sync::mpsc::channel();
     let watcher = tokio::task::spawn_blocking(move || {
-        run_cli(&[
-            "watch",
-            "cli",
-            "--count",
-            "1",
-            "--url",
-            &watch_base,
-            "--token",
-            "tok-a",
-        ])
+        run_cli_telling(
+            &[
+                "watch",
+                "cli",
+                "--count",
+                "1",
+                "--url",
+                &watch_base,
+                "--token",
+                "tok-a",
+            ],
+            Some(("watching session", subscribed)),
+        )
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The turn is submitted once `aptix watch` says its stream is open.
+    tokio::task::spawn_blocking(move || watching.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("aptix watch opened its stream");
     let (chunks, stderr, ok) = tokio::task::spawn_blocking(move || {
         run_cli(&[
             "submit", "--stream", &path, "--url", &base, "--token", "tok-a",
