@@ -63,10 +63,9 @@ async fn a_stalled_redis_is_a_prompt_503_and_nothing_is_half_accepted() {
     });
     assert!(named, "{body}");
 
-    proxy.stall(false);
-    // The writes held by the stall arrive now, in order: the turn's record and then its
-    // removal. What is left is what was accepted.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The writes held by the stall arrive now, in order, ahead of the reads below on the same
+    // connection: the turn's record and then its removal. What is left is what was accepted.
+    proxy.resume().await;
     let sid = crate::support::sid_a("s");
     let turns: Vec<String> = app
         .store

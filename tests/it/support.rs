@@ -353,6 +353,8 @@ pub struct StallProxy {
     /// Where clients connect.
     pub addr: std::net::SocketAddr,
     stalled: Arc<std::sync::atomic::AtomicBool>,
+    /// Chunks read from one side and not yet written to the other.
+    in_transit: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -363,8 +365,10 @@ impl StallProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stalled = Arc::new(AtomicBool::new(false));
+        let in_transit = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let target = target.to_string();
         let flag = stalled.clone();
+        let moving = in_transit.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
@@ -379,7 +383,7 @@ impl StallProxy {
                     ),
                     (Box::new(sr), Box::new(cw)),
                 ] {
-                    let flag = flag.clone();
+                    let (flag, moving) = (flag.clone(), moving.clone());
                     tokio::spawn(async move {
                         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
                         let mut buf = vec![0u8; 16 * 1024];
@@ -388,10 +392,13 @@ impl StallProxy {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => n,
                             };
+                            moving.fetch_add(1, Ordering::SeqCst);
                             while flag.load(Ordering::SeqCst) {
                                 tokio::time::sleep(Duration::from_millis(10)).await;
                             }
-                            if to.write_all(&buf[..n]).await.is_err() {
+                            let written = to.write_all(&buf[..n]).await;
+                            moving.fetch_sub(1, Ordering::SeqCst);
+                            if written.is_err() {
                                 return;
                             }
                         }
@@ -402,7 +409,23 @@ impl StallProxy {
         Self {
             addr,
             stalled,
+            in_transit,
             task,
+        }
+    }
+
+    /// Forwards again, and returns once every byte held by the stall has been passed on (in
+    /// order, to the side it was going to).
+    pub async fn resume(&self) {
+        use std::sync::atomic::Ordering;
+        self.stall(false);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.in_transit.load(Ordering::SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the proxy still holds bytes"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
