@@ -11,11 +11,12 @@ use super::{ALL, Config, Setting};
 pub fn markdown() -> String {
     let mut out = String::new();
     for group in ALL {
-        let section = group
-            .first()
-            .and_then(|s| s.key.split_once('.'))
-            .map_or("top level", |(section, _)| section);
-        let _ = writeln!(out, "### `{section}`\n");
+        match group.first().and_then(|s| s.key.split_once('.')) {
+            Some((section, _)) => {
+                let _ = writeln!(out, "### `[{section}]`\n");
+            }
+            None => out.push_str("### Top level (no section)\n\n"),
+        }
         out.push_str("| variable | file key | default | meaning |\n|---|---|---|---|\n");
         for s in group.iter() {
             let _ = writeln!(

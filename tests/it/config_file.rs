@@ -134,7 +134,7 @@ fn the_reference_command_prints_every_variable_and_key() {
         "`APTIX_LLM_TIMEOUT`<br>or `APTIX_LLM_TIMEOUT_SECS` (seconds)",
         "`model.timeout`",
         "`APTIX_WEBHOOK_GIVE_UP_SECS`",
-        "### `telemetry`",
+        "### `[telemetry]`",
     ] {
         assert!(stdout.contains(name), "{name} missing");
     }
