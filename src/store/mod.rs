@@ -27,16 +27,17 @@ pub use redis::RedisStore;
 /// takes back or replaces its record, takes, renews or gives back the session's lease, saves
 /// the turn and its session, records a server tool's output) takes one.
 ///
-/// AGN-027 layer F ([`crate::pipeline::lifecycle`]) is the one place that makes a grant, so
-/// the compiler holds every other module to reading: the front door and the pipeline's other
-/// layers move a turn only through F's transitions. `lifecycle`'s tests check that no other
-/// file of `src/` calls [`Grant::layer_f`]; integration tests of the stores themselves get one
-/// from [`Grant::for_tests`] (feature `test-support`).
+/// AGN-027 layer F ([`crate::pipeline::lifecycle`]) is the one place that makes a grant: the
+/// pipeline's other layers and the front door do not even hold a [`SessionStore`], and clippy
+/// (`clippy.toml`, `disallowed-methods`) refuses a call of [`Grant::layer_f`] anywhere but F's
+/// one allowed call, so whoever holds a store still moves a turn only through F's transitions.
+/// Integration tests of the stores themselves get one from [`Grant::for_tests`] (feature
+/// `test-support`).
 #[derive(Debug)]
 pub struct Grant(());
 
 impl Grant {
-    /// Layer F's grant. Called in `src/pipeline/lifecycle/` only (a test checks).
+    /// Layer F's grant. Called in `src/pipeline/lifecycle/` only (clippy refuses it elsewhere).
     pub(crate) const fn layer_f() -> Self {
         Self(())
     }

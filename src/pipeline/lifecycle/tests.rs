@@ -159,30 +159,3 @@ async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
         "the hand-back wrote nothing"
     );
 }
-
-/// Only layer F makes the store's grant: no other file of `src/` names its constructor.
-#[test]
-fn only_layer_f_makes_a_grant() {
-    fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, found);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap();
-                if text.contains(concat!("Grant::", "layer_f(")) {
-                    found.push(path.display().to_string());
-                }
-            }
-        }
-    }
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut found = Vec::new();
-    walk(&src, &mut found);
-    found.sort();
-    let allowed = [src.join("pipeline/lifecycle/mod.rs").display().to_string()];
-    assert_eq!(
-        found, allowed,
-        "only layer F (and the grant's definition) make a grant"
-    );
-}
