@@ -11,7 +11,7 @@ pub static URL: Setting = Setting {
     var: "APTIX_AMQP_URL",
     key: "broker.url",
     aliases: &[],
-    kind: Kind::Secret,
+    kind: Kind::SecretUrls,
     default: Default::Unset,
     about: "RabbitMQ URL, or a cluster's node URLs comma-separated (connect to the first that \
             answers, move on when it goes); unset = the embedded in-memory queue",

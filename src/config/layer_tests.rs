@@ -285,6 +285,14 @@ fn a_bad_file_is_refused_naming_the_file_the_key_and_the_variable() {
         "{}",
         e.problem
     );
+    let unknown_section = temp_file("[modle]\ntimeout = \"5s\"\n");
+    let path = unknown_section.path().to_string_lossy().into_owned();
+    let e = read(&[("APTIX_CONFIG_FILE", &path)]).unwrap_err();
+    assert!(
+        e.problem.contains("modle.timeout") && e.problem.contains("broker, store, model"),
+        "{}",
+        e.problem
+    );
     let bad_value = temp_file("[model]\ntimeout = \"soon\"\n");
     let path = bad_value.path().to_string_lossy().into_owned();
     let e = read(&[("APTIX_CONFIG_FILE", &path)]).unwrap_err();

@@ -60,6 +60,7 @@ fn kind(k: Kind) -> String {
         Kind::Durations => "(durations, comma-separated) ".to_string(),
         Kind::Flag => "(flag) ".to_string(),
         Kind::Secret => "(secret, never printed) ".to_string(),
+        Kind::SecretUrls => "(credentials never printed) ".to_string(),
         Kind::Choice(words) => format!("(one of {}) ", words.join(", ")),
         Kind::Text | Kind::Number | Kind::Path => String::new(),
     }

@@ -51,8 +51,10 @@ pub enum Unit {
 pub enum Kind {
     /// Free text.
     Text,
-    /// Text never printed (keys, tokens, URLs with credentials).
+    /// Text never printed (keys, tokens).
     Secret,
+    /// URLs, comma-separated, printed without their credentials.
+    SecretUrls,
     /// `true` or `false` (also `1`/`0`, `yes`/`no`, `on`/`off`).
     Flag,
     /// A whole number.
@@ -122,8 +124,8 @@ impl Effective {
     pub fn shown(&self) -> String {
         match (&self.value, self.setting.kind) {
             (None, _) => "(unset)".to_string(),
-            (Some(_), Kind::Secret) if !self.setting.var.ends_with("_URL") => "****".to_string(),
-            (Some(v), Kind::Secret) => v
+            (Some(_), Kind::Secret) => "****".to_string(),
+            (Some(v), Kind::SecretUrls) => v
                 .split(',')
                 .map(hide_userinfo)
                 .collect::<Vec<_>>()

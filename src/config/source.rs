@@ -134,7 +134,12 @@ impl FileLayer {
             return Err(problem(format!(
                 "no setting is called {unknown:?} (known here: {})",
                 if known.is_empty() {
-                    "none; sections are broker, store, model, worker, http, limits, rag, webhooks, telemetry".to_string()
+                    let sections: Vec<&str> = super::ALL
+                        .iter()
+                        .filter_map(|group| group.first()?.key.split_once('.'))
+                        .map(|(section, _)| section)
+                        .collect();
+                    format!("none; the sections are {}", sections.join(", "))
                 } else {
                     known.join(", ")
                 }

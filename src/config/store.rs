@@ -10,7 +10,7 @@ pub static URL: Setting = Setting {
     var: "APTIX_REDIS_URL",
     key: "store.url",
     aliases: &[],
-    kind: Kind::Secret,
+    kind: Kind::SecretUrls,
     default: Default::Unset,
     about: "Redis URL; unset = the embedded in-memory store. With `APTIX_REDIS_CLUSTER`, nodes of \
             a Redis Cluster comma-separated (one reachable node is enough)",
