@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::catalog::ModeCatalog;
 use crate::config::Config;
 use crate::contexts::{AgentContext, Contexts, DEFAULT_CONTEXT};
@@ -17,6 +19,7 @@ use crate::frontdoor::FrontDoor;
 use crate::frontdoor::http::{HttpState, Reading, router, serve_with};
 use crate::limiter::{CallLimiter, CallLimits, LimitStore, MemoryLimits, RedisLimits};
 use crate::llm::LlmClient;
+use crate::mcp::McpTools;
 use crate::metrics::Metrics;
 use crate::pipeline::{
     AgentBackend, Backends, Conversation, DEFAULT_BOOT_PROMPT, Pipeline, PipelineSettings,
@@ -72,6 +75,10 @@ pub struct App {
     pub quotas: Quotas,
     /// Sends the webhook deliveries (run beside every worker).
     pub webhooks: Sender,
+    /// The MCP tool sources (`APTIX_TOOLS_FILE`), when there are any.
+    pub mcp: Option<McpTools>,
+    /// Stops keeping the MCP sources connected when the parts go.
+    _stop_tools: tokio_util::sync::DropGuard,
     /// Keeps the built-in fake model alive when no model server is configured.
     _fake: Option<FakeLlm>,
 }
@@ -178,6 +185,26 @@ impl App {
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag.budget,
             );
+        // MCP tool sources: kept connected by tasks of their own for as long as the parts live.
+        let stop_tools = CancellationToken::new();
+        let mcp = match config.tools.sources.sources.is_empty() {
+            true => None,
+            false => Some(
+                McpTools::start(
+                    config.tools.sources.clone(),
+                    config.tools.guard.clone(),
+                    config.tls_ca.as_ref(),
+                    catalog.tools().iter().map(|t| t.name.clone()).collect(),
+                    metrics.clone(),
+                    stop_tools.clone(),
+                )
+                .part("the MCP tool sources")?,
+            ),
+        };
+        let pipeline = match &mcp {
+            Some(m) => pipeline.with_mcp(m.clone()),
+            None => pipeline,
+        };
         let webhooks = Sender::new(
             broker.clone(),
             (config.webhooks.guard(), config.webhooks.secrets.clone()),
@@ -200,6 +227,8 @@ impl App {
             metrics,
             index,
             quotas,
+            mcp,
+            _stop_tools: stop_tools.drop_guard(),
             _fake: fake,
         })
     }
@@ -258,6 +287,7 @@ impl App {
             },
             console: config.http.console_on(),
             read_timeout: config.http.read_timeout,
+            mcp: self.mcp.clone(),
         }
     }
 

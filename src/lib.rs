@@ -15,7 +15,9 @@
 //! - [`pipeline`] — one turn, the AGN-027 layers as types: `compose` (B, functions that
 //!   import neither a model client nor the store), `model_call` (C: `ModelCaller`, over the
 //!   client in [`llm`]; it reads through `CallReads` and holds no store), `server_tools` (D:
-//!   `ServerTools`, over [`tools`] and the mode [`catalog`]; no model client, no store),
+//!   `ServerTools`, over [`tools`] and the mode [`catalog`], and the MCP servers operators
+//!   plug in through [`mcp`], whose calls its executor `server_tools::mcp` makes exactly once
+//!   where that matters; no model client, no store writer),
 //!   `reasoner` (E: the `Pipeline`, the only one that holds the others and loops) and
 //!   `lifecycle` (F: `Lifecycle`, the only holder of the store's writer in the pipeline, each
 //!   transition one atomic store step); `outcome` holds what a run comes to, `backends` maps a
@@ -70,6 +72,7 @@ pub mod hex;
 pub mod limiter;
 pub mod live;
 pub mod llm;
+pub mod mcp;
 pub mod metrics;
 pub mod net;
 pub mod pipeline;

@@ -359,7 +359,7 @@ impl ModeCatalog {
 
 /// Checks the rules the Responses API applies to `strict: true` function schemas: every object
 /// lists all its properties in `required` and sets `additionalProperties: false`.
-fn check_strict_schema(schema: &Value) -> Result<(), String> {
+pub fn check_strict_schema(schema: &Value) -> Result<(), String> {
     if let Some(props) = schema.get("properties").and_then(Value::as_object) {
         let required: Vec<&str> = schema
             .get("required")

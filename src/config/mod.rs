@@ -24,6 +24,7 @@ pub mod setting;
 pub mod source;
 pub mod store;
 pub mod telemetry;
+pub mod tools;
 pub mod webhooks;
 pub mod worker;
 
@@ -55,6 +56,7 @@ pub static ALL: &[&[&Setting]] = &[
     limits::SETTINGS,
     rag::SETTINGS,
     webhooks::SETTINGS,
+    tools::SETTINGS,
     telemetry::SETTINGS,
 ];
 
@@ -91,6 +93,8 @@ pub struct Config {
     pub rag: rag::Rag,
     /// `[webhooks]`.
     pub webhooks: WebhookConfig,
+    /// `[tools]`: MCP server tools.
+    pub tools: tools::Tools,
     /// `[telemetry]`: logs.
     pub telemetry: telemetry::Telemetry,
     /// Every setting's effective value and where it came from, for `aptix config`.
@@ -123,6 +127,7 @@ impl Config {
         let limits = limits::Limits::read(&r)?;
         let rag = rag::Rag::read(&r)?;
         let webhooks = WebhookConfig::read(&r, &limits.tenants)?;
+        let tools = tools::Tools::read(&r)?;
         let telemetry = telemetry::Telemetry::read(&r)?;
         Ok(Self {
             namespace: top.namespace,
@@ -136,6 +141,7 @@ impl Config {
             limits,
             rag,
             webhooks,
+            tools,
             telemetry,
             effective: r.into_effective(),
         })

@@ -102,6 +102,8 @@ error_codes! {
     UnknownOutputItem = "UNKNOWN_OUTPUT_ITEM",
     /// A server tool could not run (for example its store is unreachable); retryable.
     ToolUnavailable = "TOOL_UNAVAILABLE",
+    /// An MCP tool call that may not be repeated was sent by an earlier run that died before its answer was recorded; the tool source asks to fail the turn rather than tell the model.
+    ToolOutcomeUnknown = "TOOL_OUTCOME_UNKNOWN",
     /// The request has no valid `Authorization: Bearer <token>`.
     Unauthorized = "UNAUTHORIZED",
     /// The token is valid but the route is for admin tokens only (`token=tenant:admin` in `APTIX_API_TOKENS`).

@@ -55,6 +55,8 @@ pub struct HttpState {
     /// How long a body may stop arriving before the request is answered `408` and its
     /// connection closed (`APTIX_HTTP_READ_TIMEOUT_SECS`).
     pub read_timeout: Duration,
+    /// The MCP tool sources of this process, when it has any (`/readyz` reports them).
+    pub mcp: Option<crate::mcp::McpTools>,
 }
 
 impl HttpState {

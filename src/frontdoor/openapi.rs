@@ -90,12 +90,31 @@ pub struct Failure {
     result_id: String,
 }
 
-/// `/healthz` and `/readyz`: `{"status": "alive" | "ready"}`.
+/// `/healthz` and `/readyz`: `{"status": "alive" | "ready"}`, and on `/readyz` of a process
+/// with MCP tool sources, each source's state.
 #[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
 #[allow(dead_code)] // a schema, never built
 pub struct Health {
     /// `alive` or `ready`.
     status: String,
+    /// Each MCP tool source: connected and listed (`up`), its tools, why it is down.
+    tool_sources: Option<Vec<ToolSourceState>>,
+}
+
+/// One MCP tool source's state.
+#[derive(ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // a schema, never built
+pub struct ToolSourceState {
+    /// Its name in the tools file.
+    name: String,
+    /// Connected and its tools listed.
+    up: bool,
+    /// The tools it offers.
+    tools: u64,
+    /// Why it is down.
+    problem: Option<String>,
 }
 
 macro_rules! named_schema {

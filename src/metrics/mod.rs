@@ -18,6 +18,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod register;
+mod tools;
+
+pub use tools::{ToolFamilies, ToolOutcome};
 
 type Labels = [(&'static str, &'static str); 1];
 /// `context="<agent context id>"`.
@@ -84,6 +87,8 @@ pub struct Metrics {
     webhooks_in_flight: Gauge,
     webhook_queue_depth: Gauge,
     webhook_send_lag: Gauge<f64, AtomicU64>,
+    /// The MCP server tools' families.
+    pub tools: ToolFamilies,
     /// The counts of the current heartbeat slot (see [`crate::vitals`]).
     pulse: crate::vitals::Pulse,
     /// The route templates seen, so a request's labels share one copy of its route's name.

@@ -268,6 +268,7 @@ impl Metrics {
             "Age of the event of this process's latest webhook attempt (time since its first enqueue): how far behind sending is",
             webhook_send_lag.clone(),
         );
+        let tools = super::tools::ToolFamilies::register(&mut registry);
         Self {
             registry,
             turns,
@@ -306,6 +307,7 @@ impl Metrics {
             webhooks_in_flight,
             webhook_queue_depth,
             webhook_send_lag,
+            tools,
             pulse: crate::vitals::Pulse::default(),
             routes: RwLock::default(),
         }

@@ -5,6 +5,9 @@
 //! catalog block as `instructions` on every call, and either `previous_response_id` or the
 //! replayed conversation. Must not: call the model, run tools, loop or retry.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -12,6 +15,7 @@ use serde_json::{Value, json};
 use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog};
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
+use crate::mcp::McpTool;
 pub use crate::rag::ContextChunk;
 use crate::state::SentRequest;
 
@@ -185,6 +189,43 @@ pub fn user_message(
         parts.push(json!({"type": "input_image", "image_url": image.data_url(), "detail": "auto"}));
     }
     json!({"role": "user", "content": parts})
+}
+
+/// The turn's `tools` array: the mode's tools (`base`, as the catalog wrote them) followed by
+/// the MCP tools the turn is offered, each as written when its source listed it. No JSON tree
+/// is built: the arrays are joined as text.
+pub fn with_tools<'a>(
+    base: Option<Cow<'a, RawValue>>,
+    mcp: &[Arc<McpTool>],
+) -> Option<Cow<'a, RawValue>> {
+    if mcp.is_empty() {
+        return base;
+    }
+    let mut joined = String::from("[");
+    if let Some(base) = &base {
+        let text = base.get().trim();
+        let inner = text
+            .strip_prefix('[')
+            .and_then(|t| t.strip_suffix(']'))
+            .unwrap_or_default()
+            .trim();
+        if !inner.is_empty() {
+            joined.push_str(inner);
+            joined.push(',');
+        }
+    }
+    for (i, t) in mcp.iter().enumerate() {
+        if i > 0 {
+            joined.push(',');
+        }
+        joined.push_str(t.wire.get());
+    }
+    joined.push(']');
+    // Joined from valid JSON values: it parses; should it not, the mode's tools alone go.
+    match RawValue::from_string(joined) {
+        Ok(raw) => Some(Cow::Owned(raw)),
+        Err(_) => base,
+    }
 }
 
 /// A `function_call_output` input item.

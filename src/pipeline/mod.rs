@@ -130,6 +130,12 @@ impl Pipeline {
         self
     }
 
+    /// Offers the tools of these MCP sources as server tools too (layer D runs them).
+    pub fn with_mcp(mut self, mcp: crate::mcp::McpTools) -> Self {
+        self.tools = self.tools.with_mcp(mcp);
+        self
+    }
+
     /// Adds retrieved chunks to every user turn's `[CONTEXT]` block, within `budget`.
     pub fn with_rag(mut self, retriever: Arc<dyn Retriever>, budget: RagBudget) -> Self {
         self.rag = Some(Rag { retriever, budget });

@@ -100,7 +100,7 @@ impl ModelCaller {
         &self,
         run: &mut Run,
         progress: &mut TurnProgress,
-        tools_mode: &crate::catalog::Mode,
+        (tools_mode, mcp): (&crate::catalog::Mode, &[Arc<crate::mcp::McpTool>]),
         input: Vec<Value>,
         previous: Option<&str>,
         marks: &dyn CallMarks,
@@ -132,7 +132,7 @@ impl ModelCaller {
             items.extend(progress.turn_items.iter().cloned());
             Ok::<_, RetryableFailure>(items)
         };
-        let tools = self.catalog.wire_tools(tools_mode);
+        let tools = compose::with_tools(self.catalog.wire_tools(tools_mode), mcp);
         let cache_key = backend
             .agent
             .prompt_caching

@@ -17,9 +17,10 @@ use super::compose;
 use super::lifecycle::Run;
 use super::model_call;
 use super::outcome::{
-    CallEnd, Interrupted, RetryableFailure, Settled, continuation_fingerprint, fingerprint,
-    permanent, store_failure,
+    CallEnd, Interrupted, RetryableFailure, Settled, TurnResult, continuation_fingerprint,
+    fingerprint, permanent, store_failure,
 };
+use super::server_tools::ToolEnd;
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
 use crate::contract::{
@@ -28,6 +29,7 @@ use crate::contract::{
 };
 use crate::live::LiveTurn;
 use crate::llm::OutputItem;
+use crate::mcp::McpTool;
 use crate::store::{StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 
 impl Pipeline {
@@ -380,13 +382,16 @@ impl Pipeline {
                         return Box::pin(self.life.fail_turn(run, result)).await;
                     }
                     let tools_mode = compose::tools_mode(&self.catalog, &progress);
+                    let mcp = self
+                        .tools
+                        .offered(&tools_mode.key, run.session().session_id.tenant());
                     let sent = std::mem::take(&mut input);
                     match self
                         .model
                         .call_model(
                             &mut run,
                             &mut progress,
-                            &tools_mode,
+                            (&tools_mode, &mcp),
                             sent,
                             previous.as_deref(),
                             &self.life,
@@ -423,7 +428,11 @@ impl Pipeline {
                 }
             };
             let tools_mode = compose::tools_mode(&self.catalog, &progress);
-            let tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
+            let mcp = self
+                .tools
+                .offered(&tools_mode.key, run.session().session_id.tenant());
+            let mut tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
+            tools.extend(mcp.iter().map(|t| &t.def));
 
             let mut texts = Vec::new();
             let mut refusals = Vec::new();
@@ -507,16 +516,20 @@ impl Pipeline {
                         if let Some(live) = run.live() {
                             live.progress(format!("running the server tool {name}"));
                         }
+                        let mcp_tool = mcp.iter().find(|t| t.def.name == name);
                         match Box::pin(self.server_tool_call(
                             &mut run,
                             &mut progress,
                             &call_id,
-                            &name,
+                            (&name, mcp_tool),
                             &arguments,
                         ))
                         .await
                         {
-                            Ok(out) => outputs.push((call_id, out)),
+                            Ok(Ok(out)) => outputs.push((call_id, out)),
+                            Ok(Err(failed)) => {
+                                return Box::pin(self.life.fail_turn(run, *failed)).await;
+                            }
                             Err(retryable) => {
                                 return Err(Box::pin(self.life.hand_back(run, retryable)).await);
                             }
@@ -550,14 +563,25 @@ impl Pipeline {
         run: &mut Run,
         progress: &mut TurnProgress,
         call_id: &str,
-        name: &str,
+        (name, mcp_tool): (&str, Option<&Arc<McpTool>>),
         arguments: &str,
-    ) -> Result<String, RetryableFailure> {
+    ) -> Result<Result<String, Box<TurnResult>>, RetryableFailure> {
         let started = std::time::Instant::now();
-        let step = self
+        let step = match self
             .tools
-            .run(run, progress, call_id, name, arguments)
-            .await?;
+            .run(
+                run,
+                progress,
+                call_id,
+                (name, mcp_tool),
+                arguments,
+                &self.life,
+            )
+            .await?
+        {
+            ToolEnd::Step(step) => step,
+            ToolEnd::Fail(result) => return Ok(Err(Box::new(result))),
+        };
         let attempt = run.record().attempts;
         run.note_tool(crate::state::ToolNote {
             tool_call_id: call_id.to_string(),
@@ -572,7 +596,7 @@ impl Pipeline {
             attempt,
         });
         if !step.record {
-            return Ok(step.output);
+            return Ok(Ok(step.output));
         }
         let changed = self
             .life
@@ -591,6 +615,6 @@ impl Pipeline {
         }
         // The checkpoint's progress must include this tool's result for a resumed run.
         run.note_progress(progress);
-        Ok(step.output)
+        Ok(Ok(step.output))
     }
 }

@@ -131,7 +131,9 @@ pub struct TurnRecord {
     #[serde(default)]
     pub answered: Vec<String>,
     /// Outputs of server tools already run, per `call_id`: a re-run reuses them instead of
-    /// running a tool twice.
+    /// running a tool twice. An MCP call that may not be repeated is also marked here before it
+    /// goes out, under [`sent_key`]: a run that finds the mark without an output knows an
+    /// earlier run sent it and died before its answer was recorded.
     pub tool_ledger: BTreeMap<String, String>,
     /// Request transcript: the model request bodies sent, in order, as they were sent.
     pub requests: Vec<SentRequest>,
@@ -191,7 +193,18 @@ pub struct TurnRecord {
     pub bodies_withheld: bool,
 }
 
+/// The ledger key that marks server tool call `call_id` as sent (a space cannot be in an
+/// id, so it cannot be another call's key).
+pub fn sent_key(call_id: &str) -> String {
+    format!("sent {call_id}")
+}
+
 impl TurnRecord {
+    /// Whether an earlier run sent server tool call `call_id` (see [`sent_key`]).
+    pub fn was_sent(&self, call_id: &str) -> bool {
+        self.tool_ledger.contains_key(&sent_key(call_id))
+    }
+
     /// A freshly accepted turn, not yet picked up by a worker.
     pub fn queued(
         session_id: SessionId,

@@ -228,6 +228,7 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         chunk_options: ChunkOptions::default(),
         console: false,
         read_timeout: aptix_worker::frontdoor::http::HEADER_READ_TIMEOUT,
+        mcp: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

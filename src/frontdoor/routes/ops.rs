@@ -21,7 +21,8 @@ pub(crate) async fn healthz() -> Response {
     )
 }
 
-/// Readiness: RabbitMQ and Redis are reachable.
+/// Readiness: RabbitMQ and Redis are reachable (MCP tool sources are reported beside, and a
+/// down one is a warning).
 #[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
         (status = 200, description = "Ready", body = api_doc::InvokeResult<api_doc::Health>),
@@ -39,10 +40,30 @@ pub(crate) async fn readyz(State(state): State<HttpState>) -> Response {
         .collect();
     match InvokeResult::<()>::failures(errors) {
         Some(failed) => answer(StatusCode::SERVICE_UNAVAILABLE, failed),
-        None => answer(
-            StatusCode::OK,
-            InvokeResult::success(serde_json::json!({"status": "ready"})),
-        ),
+        None => {
+            // MCP tool sources are reported, not required: a worker whose tool server is down
+            // still runs every turn that does not call it (and those that do fail retryably).
+            let sources = state.mcp.as_ref().map(|m| m.status()).unwrap_or_default();
+            let warnings = sources.iter().filter(|s| !s.up).map(|s| {
+                ErrorMessage::new(
+                    ErrorCode::ToolUnavailable,
+                    format!(
+                        "MCP tool source {}: {}",
+                        s.name,
+                        s.problem.as_deref().unwrap_or("down")
+                    ),
+                )
+            });
+            let warnings: Vec<ErrorMessage> = warnings.collect();
+            let mut body = serde_json::json!({"status": "ready"});
+            if !sources.is_empty() {
+                body["toolSources"] = serde_json::json!(sources);
+            }
+            answer(
+                StatusCode::OK,
+                InvokeResult::success(body).with_warnings(warnings),
+            )
+        }
     }
 }
 

@@ -1,17 +1,26 @@
-//! Server tools (AGN-027 layer D): one call of a server-side tool, or its output replayed from
-//! the turn's ledger so a retried turn does not run it twice.
+//! Server tools (AGN-027 layer D): one call of a server-side tool — a built-in one or one of
+//! an MCP server an operator plugged in ([`mcp`]) — or its output replayed from the turn's
+//! ledger so a retried turn does not run it twice.
 //!
-//! Owns: dispatch to the tool registry and reading the ledger, as [`ServerTools`]: a type that
-//! holds the tools and nothing else (no model client, no store). Must not: loop, call the
-//! model, apply a mode change (it hands the change to the reasoner) or write the turn's state.
+//! Owns: dispatch to the built-in registry and the MCP tools, and reading the ledger, as
+//! [`ServerTools`]: a type that holds the tools and nothing else (no model client, no store).
+//! Must not: loop, call the model, apply a mode change (it hands the change to the reasoner)
+//! or write the turn's state (the one write a call needs first, its sent mark, is asked of
+//! layer F through [`mcp::SentMarks`]).
+
+pub(super) mod mcp;
+
+use std::sync::Arc;
 
 use serde_json::json;
 use tracing::info;
 
 use super::lifecycle::Run;
+use super::outcome::TurnResult;
 use super::outcome::{RetryKind, RetryableFailure, permanent};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, ToolCallId, ToolOutcome, ToolResult};
+use crate::mcp::{McpTool, McpTools};
 use crate::state::TurnProgress;
 use crate::tools::{ModeEffect, ToolContext, ToolRegistry, ToolRun};
 
@@ -26,27 +35,55 @@ pub(super) struct ToolStep {
     pub(super) record: bool,
 }
 
+/// What a server tool call came to.
+pub(super) enum ToolEnd {
+    /// An output for the model (the tool's answer, or why it was not called).
+    Step(ToolStep),
+    /// The turn fails (an MCP call left unknown by a crash, by its source's choice).
+    Fail(TurnResult),
+}
+
 /// Layer D: the server tools a turn may call.
 #[derive(Clone)]
 pub(super) struct ServerTools {
     registry: ToolRegistry,
+    mcp: Option<McpTools>,
 }
 
 impl ServerTools {
     /// The tools of `registry`.
     pub(super) fn new(registry: ToolRegistry) -> Self {
-        Self { registry }
+        Self {
+            registry,
+            mcp: None,
+        }
     }
 
-    /// Runs (or replays from the ledger) one server tool call; `run` is only read.
+    /// Adds the tools of MCP servers.
+    pub(super) fn with_mcp(mut self, mcp: McpTools) -> Self {
+        self.mcp = Some(mcp);
+        self
+    }
+
+    /// The MCP tools a turn of `tenant` in mode `mode` is offered (none without sources).
+    pub(super) fn offered(&self, mode: &str, tenant: &str) -> Vec<Arc<McpTool>> {
+        self.mcp
+            .as_ref()
+            .map(|m| m.offered(mode, tenant))
+            .unwrap_or_default()
+    }
+
+    /// Runs (or replays from the ledger) one server tool call; `mcp_tool` is the MCP tool of
+    /// that name the turn was offered, if it is one. `run` is written only through `marks`.
     pub(super) async fn run(
         &self,
-        run: &Run,
+        run: &mut Run,
         progress: &mut TurnProgress,
         call_id: &str,
-        name: &str,
+        (name, mcp_tool): (&str, Option<&Arc<McpTool>>),
         arguments: &str,
-    ) -> Result<ToolStep, RetryableFailure> {
+        marks: &dyn mcp::SentMarks,
+    ) -> Result<ToolEnd, RetryableFailure> {
         let step = |output: String, effect, record| ToolStep {
             output,
             effect,
@@ -68,12 +105,15 @@ impl ServerTools {
                     outcome,
                 });
             }
-            return Ok(step(out, None, false));
+            return Ok(ToolEnd::Step(step(out, None, false)));
+        }
+        if let (Some(mcp), Some(tool)) = (&self.mcp, mcp_tool) {
+            return mcp::call(mcp, tool, (run, progress), call_id, arguments, marks).await;
         }
         let Some(tool) = self.registry.get(name) else {
             let missing =
                 json!({"error": format!("Tool '{name}' is not implemented on the server.")});
-            return Ok(step(missing.to_string(), None, false));
+            return Ok(ToolEnd::Step(step(missing.to_string(), None, false)));
         };
         let ctx = ToolContext {
             session_id: run.session().session_id.clone(),
@@ -89,14 +129,14 @@ impl ServerTools {
             execution_ms,
             outcome: ToolOutcome::Result(JsonText::from_value(value)),
         };
-        match outcome {
+        let step = match outcome {
             ToolRun::Ok(value) => {
                 progress.server_tool_results.push(result(&value));
-                Ok(step(value.to_string(), None, true))
+                step(value.to_string(), None, true)
             }
             ToolRun::ChangeMode { output, effect } => {
                 progress.server_tool_results.push(result(&output));
-                Ok(step(output.to_string(), Some(effect), true))
+                step(output.to_string(), Some(effect), true)
             }
             ToolRun::Rejected(message) => {
                 info!(tool = %name, %message, "server tool rejected its arguments");
@@ -106,12 +146,15 @@ impl ServerTools {
                     outcome: ToolOutcome::Error(message.clone()),
                 });
                 let output = json!({"success": false, "error": message}).to_string();
-                Ok(step(output, None, true))
+                step(output, None, true)
             }
-            ToolRun::Unavailable(message) => Err(RetryableFailure {
-                error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
-                kind: RetryKind::Failure,
-            }),
-        }
+            ToolRun::Unavailable(message) => {
+                return Err(RetryableFailure {
+                    error: permanent(ErrorCode::ToolUnavailable, format!("{name}: {message}")),
+                    kind: RetryKind::Failure,
+                });
+            }
+        };
+        Ok(ToolEnd::Step(step))
     }
 }

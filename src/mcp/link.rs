@@ -1,0 +1,377 @@
+//! One source's connection, kept by a task of its own: connect (an HTTP session, or the
+//! command started as a child process), `tools/list`, list again on
+//! `notifications/tools/list_changed`, and on any end of the connection (the server gone, the
+//! child dead, a call's transport failing) connect again after a growing pause. A source that
+//! does not answer leaves the worker running: it is down in `/readyz` and in
+//! `aptix_tool_source_up`, and its tools are absent until it first lists them; one that goes
+//! away later keeps its last listing (the turns that call it fail retryably meanwhile).
+//!
+//! Owns: the connection's life and one call over it. Must not: know of turns or the ledger.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation};
+use rmcp::service::{NotificationContext, Peer, RoleClient, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, ServiceExt as _};
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::listing::McpTool;
+use super::sources::{Source, Transport};
+use crate::metrics::Metrics;
+use crate::webhooks::guard::Guard;
+
+/// The first pause before connecting again; it doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+/// The longest pause between attempts to connect.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
+
+/// Why a call did not run as a tool.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallFailure {
+    /// Not connected.
+    #[error("the source {source_name} is not connected: {why}")]
+    Down {
+        /// The source.
+        source_name: String,
+        /// Its last connection error.
+        why: String,
+    },
+    /// No answer within the call timeout.
+    #[error("the source {source_name} did not answer within {timeout:?}")]
+    Timeout {
+        /// The source.
+        source_name: String,
+        /// The call timeout.
+        timeout: Duration,
+    },
+    /// A JSON-RPC error, or the transport failed during the call.
+    #[error("the call to {source_name} failed: {why}")]
+    Failed {
+        /// The source.
+        source_name: String,
+        /// What the SDK said.
+        why: String,
+    },
+}
+
+/// The client side of a connection: it hears `tools/list_changed`.
+#[derive(Clone)]
+struct Listener {
+    changed: Arc<Notify>,
+}
+
+impl ClientHandler for Listener {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        self.changed.notify_one();
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("aptix-worker", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// One source, its connection and its last listing.
+pub struct Link {
+    /// The source as configured.
+    pub source: Source,
+    peer: RwLock<Option<Peer<RoleClient>>>,
+    tools: RwLock<Arc<Vec<Arc<McpTool>>>>,
+    up: AtomicBool,
+    listed_once: AtomicBool,
+    last_error: Mutex<String>,
+    slots: Semaphore,
+    changed: Arc<Notify>,
+    broken: Notify,
+    attempted: Notify,
+}
+
+impl Link {
+    /// A link for `source`, not yet connected.
+    pub fn new(source: Source) -> Self {
+        Self {
+            slots: Semaphore::new(source.max_in_flight),
+            source,
+            peer: RwLock::default(),
+            tools: RwLock::default(),
+            up: AtomicBool::new(false),
+            listed_once: AtomicBool::new(false),
+            last_error: Mutex::new("not connected yet".into()),
+            changed: Arc::new(Notify::new()),
+            broken: Notify::new(),
+            attempted: Notify::new(),
+        }
+    }
+
+    /// Its tools as last listed.
+    pub fn tools(&self) -> Arc<Vec<Arc<McpTool>>> {
+        self.tools.read().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Whether it is connected and has listed its tools.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Why it is not up (the last error), or `None` when it is.
+    pub fn problem(&self) -> Option<String> {
+        if self.is_up() {
+            return None;
+        }
+        Some(
+            self.last_error
+                .lock()
+                .map(|e| e.clone())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Waits until the first attempt to connect has ended (either way).
+    pub async fn first_attempt(&self) {
+        let notified = self.attempted.notified();
+        if self.listed_once.load(Ordering::Acquire) || self.problem_seen() {
+            return;
+        }
+        notified.await;
+    }
+
+    fn problem_seen(&self) -> bool {
+        self.last_error
+            .lock()
+            .map(|e| e.as_str() != "not connected yet")
+            .unwrap_or(true)
+    }
+
+    /// Calls tool `remote` with `arguments` and `meta`; the result as JSON.
+    pub async fn call(
+        &self,
+        remote: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+    ) -> Result<Value, CallFailure> {
+        let source_name = self.source.name.clone();
+        let _slot = self.slots.acquire().await.map_err(|_| CallFailure::Down {
+            source_name: source_name.clone(),
+            why: "shutting down".into(),
+        })?;
+        let peer = self.peer.read().ok().and_then(|p| p.clone());
+        let Some(peer) = peer else {
+            return Err(CallFailure::Down {
+                source_name,
+                why: self.problem().unwrap_or_default(),
+            });
+        };
+        let mut params = CallToolRequestParams::new(remote.to_string()).with_arguments(arguments);
+        params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
+            meta,
+        )));
+        let timeout = self.source.call_timeout;
+        match tokio::time::timeout(timeout, peer.call_tool(params)).await {
+            Err(_) => Err(CallFailure::Timeout {
+                source_name,
+                timeout,
+            }),
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| CallFailure::Failed {
+                source_name,
+                why: format!("the result cannot be read: {e}"),
+            }),
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallFailure::Failed {
+                source_name,
+                why: format!("error {}: {}", e.code.0, e.message),
+            }),
+            Ok(Err(e)) => {
+                self.broken.notify_one();
+                Err(CallFailure::Failed {
+                    source_name,
+                    why: crate::causes::with_causes(&e),
+                })
+            }
+        }
+    }
+
+    /// Keeps the source connected until `stop`.
+    pub async fn keep(
+        self: Arc<Self>,
+        http: reqwest::Client,
+        guard: Guard,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) {
+        let mut pause = FIRST_PAUSE;
+        while !stop.is_cancelled() {
+            let connected = tokio::select! {
+                c = tokio::time::timeout(self.source.connect_timeout, self.connect(&http, &guard)) => c,
+                () = stop.cancelled() => return,
+            };
+            let service = match connected {
+                Ok(Ok(service)) => service,
+                Ok(Err(why)) => {
+                    self.down(&metrics, why);
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = stop.cancelled() => return,
+                    }
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    continue;
+                }
+                Err(_) => {
+                    self.down(
+                        &metrics,
+                        format!("no answer within {:?}", self.source.connect_timeout),
+                    );
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    continue;
+                }
+            };
+            let peer = service.peer().clone();
+            if let Err(why) = self.list(&peer, &metrics).await {
+                self.down(&metrics, why);
+                continue;
+            }
+            pause = FIRST_PAUSE;
+            if let Ok(mut p) = self.peer.write() {
+                *p = Some(peer.clone());
+            }
+            self.serve(service, &peer, &metrics, &stop).await;
+            if let Ok(mut p) = self.peer.write() {
+                *p = None;
+            }
+            if !stop.is_cancelled() {
+                self.down(&metrics, "the connection ended".into());
+            }
+        }
+    }
+
+    /// While connected: lists again when told the list changed; returns when the connection
+    /// ends, a call found it broken, or at `stop`.
+    async fn serve(
+        &self,
+        service: RunningService<RoleClient, Listener>,
+        peer: &Peer<RoleClient>,
+        metrics: &Metrics,
+        stop: &CancellationToken,
+    ) {
+        let cancel = service.cancellation_token();
+        let mut ended = std::pin::pin!(service.waiting());
+        loop {
+            tokio::select! {
+                _ = &mut ended => return,
+                () = self.changed.notified() => {
+                    info!(source = %self.source.name, "the tool list changed; listing again");
+                    if let Err(why) = self.list(peer, metrics).await {
+                        warn!(source = %self.source.name, %why, "listing the tools again failed");
+                    }
+                }
+                () = self.broken.notified() => break,
+                () = stop.cancelled() => break,
+            }
+        }
+        cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), ended).await;
+    }
+
+    async fn connect(
+        &self,
+        http: &reqwest::Client,
+        guard: &Guard,
+    ) -> Result<RunningService<RoleClient, Listener>, String> {
+        let listener = Listener {
+            changed: self.changed.clone(),
+        };
+        match &self.source.transport {
+            Transport::Http { url, headers } => {
+                let url = guard
+                    .parse(url)
+                    .map_err(|e| format!("the url is refused: {e}"))?;
+                let mut custom = std::collections::HashMap::new();
+                for (name, value) in headers {
+                    let name = reqwest::header::HeaderName::try_from(name.as_str())
+                        .map_err(|e| format!("header {name:?}: {e}"))?;
+                    let mut value = reqwest::header::HeaderValue::try_from(value.expose())
+                        .map_err(|_| {
+                            format!("header {name}: the value is not a valid header value")
+                        })?;
+                    value.set_sensitive(true);
+                    custom.insert(name, value);
+                }
+                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(custom)
+                    .max_concurrent_requests(self.source.max_in_flight);
+                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                listener
+                    .serve(transport)
+                    .await
+                    .map_err(|e| crate::causes::with_causes(&e))
+            }
+            Transport::Stdio { command, args, env } => {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(args)
+                    .envs(env.iter().map(|(k, v)| (k, v.expose())))
+                    .kill_on_drop(true);
+                let (child, _stderr) = TokioChildProcess::builder(cmd)
+                    .stderr(std::process::Stdio::inherit())
+                    .spawn()
+                    .map_err(|e| format!("{command} cannot be started: {e}"))?;
+                listener
+                    .serve(child)
+                    .await
+                    .map_err(|e| crate::causes::with_causes(&e))
+            }
+        }
+    }
+
+    /// `tools/list`, kept as this source's tools.
+    async fn list(&self, peer: &Peer<RoleClient>, metrics: &Metrics) -> Result<(), String> {
+        let listed = tokio::time::timeout(self.source.connect_timeout, peer.list_all_tools())
+            .await
+            .map_err(|_| "tools/list got no answer".to_string())?
+            .map_err(|e| format!("tools/list failed: {}", crate::causes::with_causes(&e)))?;
+        let mut tools = Vec::with_capacity(listed.len());
+        for tool in &listed {
+            let json = serde_json::to_value(tool).unwrap_or(Value::Null);
+            match McpTool::from_listing(&self.source, &json) {
+                Ok(t) => tools.push(Arc::new(t)),
+                Err(super::listing::Skipped::NotAllowed) => {}
+                Err(why) => {
+                    warn!(source = %self.source.name, tool = %tool.name, %why, "a listed tool is not offered")
+                }
+            }
+        }
+        info!(source = %self.source.name, listed = listed.len(), offered = tools.len(), "MCP tools listed");
+        metrics.tools.source(&self.source.name, true, tools.len());
+        if let Ok(mut t) = self.tools.write() {
+            *t = Arc::new(tools);
+        }
+        self.up.store(true, Ordering::Release);
+        self.listed_once.store(true, Ordering::Release);
+        self.attempted.notify_waiters();
+        Ok(())
+    }
+
+    fn down(&self, metrics: &Metrics, why: String) {
+        let was_up = self.up.swap(false, Ordering::AcqRel);
+        if was_up || !self.problem_seen() {
+            warn!(source = %self.source.name, %why, "MCP tool source is down");
+        }
+        if let Ok(mut e) = self.last_error.lock() {
+            *e = why;
+        }
+        metrics
+            .tools
+            .source(&self.source.name, false, self.tools().len());
+        self.attempted.notify_waiters();
+    }
+}
