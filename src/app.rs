@@ -201,6 +201,19 @@ impl App {
                 .part("the MCP tool sources")?,
             ),
         };
+        // Each source's first try (bounded by its connect timeout) before any turn runs, so the
+        // first turns are offered what the sources that answer have.
+        if let Some(m) = &mcp {
+            m.first_attempts().await;
+            for s in m.status() {
+                match s.problem {
+                    None => tracing::info!(source = %s.name, tools = s.tools, "MCP tool source up"),
+                    Some(why) => {
+                        tracing::warn!(source = %s.name, %why, "MCP tool source down; its tools are offered once it answers")
+                    }
+                }
+            }
+        }
         let pipeline = match &mcp {
             Some(m) => pipeline.with_mcp(m.clone()),
             None => pipeline,

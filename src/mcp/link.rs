@@ -35,7 +35,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(10);
 /// Why a call did not run as a tool.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallFailure {
-    /// Not connected.
+    /// Not connected: nothing was sent.
     #[error("the source {source_name} is not connected: {why}")]
     Down {
         /// The source.
@@ -43,7 +43,23 @@ pub enum CallFailure {
         /// Its last connection error.
         why: String,
     },
-    /// No answer within the call timeout.
+    /// The server could not be reached for the call: nothing was sent.
+    #[error("the source {source_name} cannot be reached: {why}")]
+    Unreachable {
+        /// The source.
+        source_name: String,
+        /// What the client said.
+        why: String,
+    },
+    /// The server answered with a JSON-RPC error: the tool did not run.
+    #[error("the source {source_name} refused the call: {why}")]
+    Refused {
+        /// The source.
+        source_name: String,
+        /// The error's code and message.
+        why: String,
+    },
+    /// No answer within the call timeout: the tool may have run.
     #[error("the source {source_name} did not answer within {timeout:?}")]
     Timeout {
         /// The source.
@@ -51,14 +67,65 @@ pub enum CallFailure {
         /// The call timeout.
         timeout: Duration,
     },
-    /// A JSON-RPC error, or the transport failed during the call.
-    #[error("the call to {source_name} failed: {why}")]
-    Failed {
+    /// The connection failed during the call: the tool may have run.
+    #[error("the call to {source_name} broke off: {why}")]
+    Broken {
         /// The source.
         source_name: String,
-        /// What the SDK said.
+        /// What the client said.
         why: String,
     },
+}
+
+impl CallFailure {
+    /// Whether the tool may have run although no answer came.
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, Self::Timeout { .. } | Self::Broken { .. })
+    }
+}
+
+/// The HTTP client's error inside `e`, if the failure was one. The SDK keeps it as a field
+/// (of its initialize error, and of its HTTP error), not as a source, so the chain is walked
+/// through those by hand.
+fn http_client_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a reqwest::Error> {
+    use rmcp::service::ClientInitializeError;
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut at = Some(e);
+    while let Some(err) = at {
+        if let Some(ClientInitializeError::TransportError { error, .. }) = err.downcast_ref() {
+            at = Some(error);
+            continue;
+        }
+        match err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            Some(StreamableHttpError::Client(r)) => return Some(r),
+            _ => {
+                if let Some(r) = err.downcast_ref::<reqwest::Error>() {
+                    return Some(r);
+                }
+            }
+        }
+        at = err.source();
+    }
+    None
+}
+
+/// `e` and its causes as one line, with the HTTP client's own causes (a refused address, a
+/// connection refused) that the SDK's message leaves out.
+fn described(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = crate::causes::with_causes(e);
+    if let Some(r) = http_client_error(e) {
+        let inner = crate::causes::with_causes(r);
+        if let Some((_, causes)) = inner.split_once(": ") {
+            out.push_str(": ");
+            out.push_str(causes);
+        }
+    }
+    out
+}
+
+/// Whether `e` is a failure to connect: a request that never left.
+fn never_connected(e: &(dyn std::error::Error + 'static)) -> bool {
+    http_client_error(e).is_some_and(reqwest::Error::is_connect)
 }
 
 /// The client side of a connection: it hears `tools/list_changed`.
@@ -119,6 +186,11 @@ impl Link {
     /// Its tools as last listed.
     pub fn tools(&self) -> Arc<Vec<Arc<McpTool>>> {
         self.tools.read().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Whether a call can be sent now.
+    pub fn is_connected(&self) -> bool {
+        self.peer.read().is_ok_and(|p| p.is_some())
     }
 
     /// Whether it is connected and has listed its tools.
@@ -184,19 +256,21 @@ impl Link {
                 source_name,
                 timeout,
             }),
-            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| CallFailure::Failed {
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| CallFailure::Broken {
                 source_name,
                 why: format!("the result cannot be read: {e}"),
             }),
-            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallFailure::Failed {
+            Ok(Err(rmcp::ServiceError::McpError(e))) => Err(CallFailure::Refused {
                 source_name,
                 why: format!("error {}: {}", e.code.0, e.message),
             }),
             Ok(Err(e)) => {
                 self.broken.notify_one();
-                Err(CallFailure::Failed {
-                    source_name,
-                    why: crate::causes::with_causes(&e),
+                let why = described(&e);
+                Err(if never_connected(&e) {
+                    CallFailure::Unreachable { source_name, why }
+                } else {
+                    CallFailure::Broken { source_name, why }
                 })
             }
         }
@@ -311,10 +385,7 @@ impl Link {
                     .custom_headers(custom)
                     .max_concurrent_requests(self.source.max_in_flight);
                 let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
-                listener
-                    .serve(transport)
-                    .await
-                    .map_err(|e| crate::causes::with_causes(&e))
+                listener.serve(transport).await.map_err(|e| described(&e))
             }
             Transport::Stdio { command, args, env } => {
                 let mut cmd = tokio::process::Command::new(command);

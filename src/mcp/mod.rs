@@ -163,6 +163,13 @@ impl McpTools {
             .map(|l| &l.source)
     }
 
+    /// Whether `tool`'s source is connected (a call can be sent now).
+    pub fn connected(&self, tool: &McpTool) -> bool {
+        self.links
+            .iter()
+            .any(|l| l.source.name == tool.source && l.is_connected())
+    }
+
     /// Calls `tool` with `arguments`; `meta` goes in the request's `_meta`.
     pub async fn call(
         &self,

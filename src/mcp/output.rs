@@ -1,6 +1,8 @@
 //! An MCP tool result as a Responses API `function_call_output`: what the model can take.
 //!
-//! `structuredContent` is given as its JSON; otherwise the text items are joined. An image,
+//! The content items are joined (text as it is); a result that carries only
+//! `structuredContent` gives it as its JSON (a server that sends both sends the same data as
+//! text too, as the protocol asks, so the text is what the model reads). An image,
 //! audio or a binary resource becomes a short description (the model cannot take the bytes as
 //! a tool output); an embedded text resource gives its text. An output longer than the
 //! source's cap is cut at a character boundary and says so. A result with `isError: true` is
@@ -28,23 +30,19 @@ pub struct ModelOutput {
 /// `max_bytes` long (plus the note that says it was cut).
 pub fn model_output(result: &Value, max_bytes: usize) -> ModelOutput {
     let is_error = result.get("isError").and_then(Value::as_bool) == Some(true);
-    let structured = result
-        .get("structuredContent")
-        .filter(|v| !v.is_null() && !is_error);
-    let body = match structured {
-        Some(v) => v.to_string(),
-        None => result
-            .get("content")
-            .and_then(Value::as_array)
-            .map(|items| {
-                items
-                    .iter()
-                    .map(describe)
-                    .filter(|s| !s.is_empty())
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .unwrap_or_default(),
+    let content = result
+        .get("content")
+        .and_then(Value::as_array)
+        .filter(|items| !items.is_empty());
+    let body = match (content, result.get("structuredContent")) {
+        (Some(items), _) => items
+            .iter()
+            .map(describe)
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        (None, Some(v)) if !v.is_null() => v.to_string(),
+        (None, _) => String::new(),
     };
     let (body, cut) = cut_to(body, max_bytes);
     let text = if is_error {
@@ -126,10 +124,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn text_items_are_joined_and_structured_content_wins() {
+    fn text_items_are_joined_and_structured_content_stands_in_for_none() {
         let r = json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
         assert_eq!(model_output(&r, 100).text, "a\nb");
-        let r = json!({"content": [{"type": "text", "text": "{\"n\":1}"}], "structuredContent": {"n": 1}});
+        let r = json!({"content": [{"type": "text", "text": "ok"}], "structuredContent": {"result": "ok"}});
+        assert_eq!(
+            model_output(&r, 100).text,
+            "ok",
+            "the text, when there is some"
+        );
+        let r = json!({"content": [], "structuredContent": {"n": 1}});
         assert_eq!(model_output(&r, 100).text, r#"{"n":1}"#);
     }
 

@@ -594,6 +594,9 @@ impl Pipeline {
                 0
             },
             attempt,
+            source: step.mcp.as_ref().map(|m| m.source.clone()),
+            outcome: step.mcp.as_ref().map(|m| m.outcome.to_string()),
+            repeated: step.mcp.as_ref().is_some_and(|m| m.repeated),
         });
         if !step.record {
             return Ok(Ok(step.output));

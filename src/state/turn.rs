@@ -194,15 +194,21 @@ pub struct TurnRecord {
 }
 
 /// The ledger key that marks server tool call `call_id` as sent (a space cannot be in an
-/// id, so it cannot be another call's key).
+/// id, so it cannot be another call's key). Its value is when it was sent, or [`NOT_SENT`].
 pub fn sent_key(call_id: &str) -> String {
     format!("sent {call_id}")
 }
 
+/// The value of a [`sent_key`] entry once the call is known not to have left (the mark is
+/// written before the call; a call that then could not be sent takes it back).
+pub const NOT_SENT: &str = "not sent";
+
 impl TurnRecord {
     /// Whether an earlier run sent server tool call `call_id` (see [`sent_key`]).
     pub fn was_sent(&self, call_id: &str) -> bool {
-        self.tool_ledger.contains_key(&sent_key(call_id))
+        self.tool_ledger
+            .get(&sent_key(call_id))
+            .is_some_and(|v| v != NOT_SENT)
     }
 
     /// A freshly accepted turn, not yet picked up by a worker.
@@ -351,6 +357,16 @@ pub struct ToolNote {
     pub execution_ms: u64,
     /// The run that made it.
     pub attempt: u32,
+    /// The MCP source that ran it (none for a built-in tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// What an MCP call came to (`answered`, `tool_error`, `rejected`, `repeat_refused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// An MCP call made again because a run that had sent it died before its answer was
+    /// recorded (the tool is safe to repeat).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repeated: bool,
 }
 
 /// A background model call in flight ([`TurnRecord::model_call`]).

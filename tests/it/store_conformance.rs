@@ -121,6 +121,9 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             replayed: false,
             execution_ms: 3,
             attempt: 1,
+            source: Some("tickets".into()),
+            outcome: Some("answered".into()),
+            repeated: true,
         }],
         bodies_withheld: true,
     }

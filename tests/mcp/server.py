@@ -1,9 +1,9 @@
 """An MCP server for the tests, written with the official Python SDK (PyPI `mcp`, 2.x).
 
-Run as `server.py http PORT` (Streamable HTTP at http://127.0.0.1:PORT/mcp) or `server.py stdio`.
-Every call is appended to $MCP_STATE_DIR/calls.jsonl (tool, arguments, the request's
+Run as `server.py http PORT STATE_DIR` (Streamable HTTP at http://127.0.0.1:PORT/mcp) or
+`server.py stdio STATE_DIR`. Every call is appended to STATE_DIR/calls.jsonl (tool, arguments, the request's
 `_meta.idempotencyKey`, the server's pid), so a test sees from outside what ran and how often. A
-call with `delay_ms` first writes $MCP_STATE_DIR/started-<tool> and then waits: a test kills the
+call with `delay_ms` first writes STATE_DIR/started-<tool> and then waits: a test kills the
 worker while the call is in flight.
 
 Tools: `lookup` (read-only, structured output), `mark` (idempotent), `add` (a side-effecting
@@ -22,7 +22,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
-STATE = Path(os.environ.get("MCP_STATE_DIR", "."))
+STATE = Path(sys.argv[3] if sys.argv[1:2] == ["http"] else sys.argv[2])
 server = MCPServer("aptix-test-tools")
 
 

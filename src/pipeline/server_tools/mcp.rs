@@ -6,8 +6,10 @@
 //! died before recording its answer is made again only when the tool is safe to repeat
 //! (read-only or idempotent, or the operator says so); otherwise the model is told the
 //! earlier attempt's outcome is unknown (or, by the source's `unknownOutcome: "fail"`, the
-//! turn fails with `TOOL_OUTCOME_UNKNOWN`). A call that may not repeat is marked sent (by
-//! layer F, through [`SentMarks`]) before it goes out. Every call carries an idempotency key
+//! turn fails with `TOOL_OUTCOME_UNKNOWN`). Every call is marked sent (by layer F, through
+//! [`SentMarks`]) before it goes out, and the mark taken back when the call is known not to
+//! have left (not connected, refused, a connection that never opened): the mark of a tool
+//! safe to repeat counts the repeat (`aptix_tool_calls_total{outcome="repeated"}`). Every call carries an idempotency key
 //! in `_meta` so a server can de-duplicate by itself. A result with `isError` is the tool's
 //! answer, for the model; a call that could not run (source down, protocol error, timeout)
 //! fails the turn retryably, like a model server that is down.
@@ -23,7 +25,7 @@ use tracing::{info, warn};
 
 use super::super::lifecycle::Run;
 use super::super::outcome::{RetryKind, RetryableFailure, permanent};
-use super::{ToolEnd, ToolStep};
+use super::{McpNote, ToolEnd, ToolStep};
 use crate::contract::request::JsonText;
 use crate::contract::{ErrorCode, InvokeResult, ToolCallId, ToolOutcome, ToolResult};
 use crate::mcp::sources::Unknown;
@@ -31,12 +33,14 @@ use crate::mcp::{McpTool, McpTools};
 use crate::metrics::ToolOutcome as Counted;
 use crate::state::TurnProgress;
 
-/// The write an MCP call asks of the turn's lifecycle (layer F) before it goes out: the mark
-/// that it was sent.
+/// The writes an MCP call asks of the turn's lifecycle (layer F): the mark that it was sent,
+/// before it goes out, and taking the mark back when it is known not to have left.
 #[async_trait::async_trait]
 pub(in crate::pipeline) trait SentMarks: Send + Sync {
     /// Marks call `call_id` as sent in the turn's ledger, fenced by the run's lease.
     async fn mark_sent(&self, run: &mut Run, call_id: &str) -> Result<(), RetryableFailure>;
+    /// Marks call `call_id` as not sent after all.
+    async fn unmark_sent(&self, run: &mut Run, call_id: &str) -> Result<(), RetryableFailure>;
 }
 
 /// The lifecycle writes the mark as a ledger entry ([`crate::state::sent_key`]), fenced by the
@@ -46,6 +50,13 @@ impl SentMarks for super::super::lifecycle::Lifecycle {
     async fn mark_sent(&self, run: &mut Run, call_id: &str) -> Result<(), RetryableFailure> {
         let sent = crate::state::sent_key(call_id);
         self.record_tool_output(run, &sent, &crate::store::now_rfc3339(), None)
+            .await
+            .map(|_| ())
+    }
+
+    async fn unmark_sent(&self, run: &mut Run, call_id: &str) -> Result<(), RetryableFailure> {
+        let sent = crate::state::sent_key(call_id);
+        self.record_tool_output(run, &sent, crate::state::NOT_SENT, None)
             .await
             .map(|_| ())
     }
@@ -73,7 +84,9 @@ pub(super) async fn call(
             .call(&tool.source, &tool.remote, outcome, took)
     };
     let tool_call_id = ToolCallId::parse(call_id).unwrap_or_else(|_| ToolCallId::generate());
-    let answer = |progress: &mut TurnProgress, output: String, error: bool, ms: u64| {
+    let answer = |progress: &mut TurnProgress,
+                  (output, error, ms): (String, bool, u64),
+                  (counted_as, repeated): (Counted, bool)| {
         let outcome = if error {
             ToolOutcome::Error(output.clone())
         } else {
@@ -91,6 +104,11 @@ pub(super) async fn call(
             output,
             effect: None,
             record: true,
+            mcp: Some(McpNote {
+                source: tool.source.clone(),
+                outcome: counted_as.as_str(),
+                repeated,
+            }),
         }))
     };
     let args = match tool.arguments(arguments) {
@@ -99,11 +117,12 @@ pub(super) async fn call(
             info!(tool = %tool.def.name, %message, "MCP tool call refused: its arguments do not match the schema");
             counted(Counted::Rejected, None);
             let output = json!({"success": false, "error": message}).to_string();
-            return answer(progress, output, true, 0);
+            return answer(progress, (output, true, 0), (Counted::Rejected, false));
         }
     };
     let source = mcp.source(&tool.source);
-    if run.record().was_sent(call_id) {
+    let repeated = run.record().was_sent(call_id);
+    if repeated {
         if tool.repeat_safe {
             warn!(tool = %tool.def.name, call_id, "an earlier run sent this call and died before its answer was recorded; the tool is safe to repeat, so it is called again");
             counted(Counted::Repeated, None);
@@ -121,11 +140,19 @@ pub(super) async fn call(
                 ))));
             }
             let output = json!({"success": false, "outcomeUnknown": true, "error": message});
-            return answer(progress, output.to_string(), true, 0);
+            return answer(
+                progress,
+                (output.to_string(), true, 0),
+                (Counted::RepeatRefused, false),
+            );
         }
-    } else if !tool.repeat_safe {
-        marks.mark_sent(run, call_id).await?;
     }
+    // Nothing is marked for a call that cannot leave now: it fails as a source that is down.
+    if !mcp.connected(tool) {
+        counted(Counted::Failed, None);
+        return Err(unavailable(tool, "its source is not connected"));
+    }
+    marks.mark_sent(run, call_id).await?;
     let mut meta = Map::new();
     let session = run.record().session_id.to_string();
     let turn = run.record().turn_id.to_string();
@@ -143,30 +170,38 @@ pub(super) async fn call(
     match result {
         Ok(result) => {
             let out = crate::mcp::output::model_output(&result, cap);
-            counted(
-                if out.is_error {
-                    Counted::ToolError
-                } else {
-                    Counted::Answered
-                },
-                Some(took),
-            );
+            let outcome = if out.is_error {
+                Counted::ToolError
+            } else {
+                Counted::Answered
+            };
+            counted(outcome, Some(took));
             if out.cut {
                 info!(tool = %tool.def.name, max_bytes = cap, "the tool's output was cut to the source's cap");
             }
-            answer(progress, out.text, out.is_error, took.as_millis() as u64)
+            let ms = took.as_millis() as u64;
+            answer(progress, (out.text, out.is_error, ms), (outcome, repeated))
         }
         Err(failure) => {
             counted(Counted::Failed, Some(took));
-            warn!(tool = %tool.def.name, error = %failure, "an MCP tool could not run; the turn is tried again later");
-            Err(RetryableFailure {
-                error: permanent(
-                    ErrorCode::ToolUnavailable,
-                    format!("{}: {failure}", tool.def.name),
-                ),
-                kind: RetryKind::Failure,
-            })
+            warn!(tool = %tool.def.name, error = %failure, may_have_run = failure.may_have_run(), "an MCP tool could not run; the turn is tried again later");
+            if !failure.may_have_run() {
+                // Known not to have left (or refused unrun): the next run calls it as new.
+                marks.unmark_sent(run, call_id).await?;
+            }
+            Err(unavailable(tool, &failure.to_string()))
         }
+    }
+}
+
+/// The retryable failure of a call of `tool` that could not run.
+fn unavailable(tool: &McpTool, why: &str) -> RetryableFailure {
+    RetryableFailure {
+        error: permanent(
+            ErrorCode::ToolUnavailable,
+            format!("{}: {why}", tool.def.name),
+        ),
+        kind: RetryKind::Failure,
     }
 }
 

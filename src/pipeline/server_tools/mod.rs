@@ -33,6 +33,18 @@ pub(super) struct ToolStep {
     /// Whether the output still has to be recorded in the ledger (not when it came from
     /// there, or when no tool ran).
     pub(super) record: bool,
+    /// For an MCP call: its source, what it came to, and whether it was a repeat.
+    pub(super) mcp: Option<McpNote>,
+}
+
+/// What the turn's record keeps of an MCP call besides its output.
+pub(super) struct McpNote {
+    /// The source.
+    pub(super) source: String,
+    /// `answered`, `tool_error`, `rejected` or `repeat_refused`.
+    pub(super) outcome: &'static str,
+    /// Made again after a crash left its outcome unknown.
+    pub(super) repeated: bool,
 }
 
 /// What a server tool call came to.
@@ -88,6 +100,7 @@ impl ServerTools {
             output,
             effect,
             record,
+            mcp: None,
         };
         if let Some(out) = run.record().tool_ledger.get(call_id).cloned() {
             info!(tool = %name, call_id, "reusing the recorded output of a server tool");
