@@ -19,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod dlq;
 pub mod index;
+pub mod mcp;
 pub mod progress;
 pub mod serve;
 pub mod tools;
@@ -94,6 +95,10 @@ pub enum Command {
     /// Print the agent and conversation contexts in use (APTIX_CONTEXTS_FILE plus the
     /// built-in `default`s), keys masked; a bad contexts file is reported naming the entry.
     Contexts,
+    /// Print the server tools in use per mode: the built-in ones and those of the MCP servers
+    /// of APTIX_TOOLS_FILE (connected as a worker connects them), with their sources and
+    /// annotations; exit 1 when a source does not answer.
+    Tools,
     /// Print the table of error codes as Markdown.
     ErrorCodes,
     /// GET a URL and succeed on a 2xx answer (container health checks: the image has no curl).
@@ -158,6 +163,7 @@ pub async fn run(cli: Cli, sources: Sources<'_>) -> anyhow::Result<ExitCode> {
         Command::Validate(args) => turns::validate(args, config()?).await,
         Command::Modes => tools::modes(config()?).await,
         Command::Contexts => tools::contexts(config()?).await,
+        Command::Tools => mcp::tools(config()?).await,
         Command::ErrorCodes => tools::error_codes().await,
         Command::Probe(args) => tools::probe(args).await,
     }

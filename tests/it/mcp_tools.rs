@@ -365,6 +365,86 @@ pub(super) async fn a_url_outside_the_allow_list_is_refused(backend: Backend) {
     assert!(server.state.calls().is_empty());
 }
 
+/// `aptix tools`, as an operator runs it: the catalog per mode with each MCP tool's source,
+/// annotations and repeat safety; a mode the source does not serve lacks its tools; a source
+/// that does not answer makes it exit 1, naming the problem.
+#[tokio::test]
+async fn aptix_tools_prints_the_catalog_in_use_per_mode() {
+    let server = HttpServer::start().await;
+    let file = ToolsFile::new(vec![
+        server.source(
+            "calc",
+            json!({"prefix": "t_", "modes": ["general"], "repeat": {"add": "safe"}}),
+        ),
+        json!({"name": "gone", "url": format!("http://127.0.0.1:{}/mcp", free_port()), "connectTimeoutMs": 500}),
+    ]);
+    let out = crate::support::aptix()
+        .arg("tools")
+        .envs(file.env())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a source is down");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("did not answer"));
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sources = printed["sources"].as_array().unwrap();
+    assert_eq!(
+        (&sources[0]["name"], &sources[0]["up"]),
+        (&json!("calc"), &json!(true))
+    );
+    assert_eq!(
+        (&sources[1]["name"], &sources[1]["up"]),
+        (&json!("gone"), &json!(false))
+    );
+    assert!(
+        sources[1]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("127.0.0.1"),
+        "{printed}"
+    );
+    let mode = |key: &str| {
+        printed["modes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mode"] == key)
+            .unwrap()["tools"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let general = mode("general");
+    let tool = |name: &str| general.iter().find(|t| t["name"] == name).unwrap().clone();
+    assert_eq!(tool("agent_change_mode")["location"], "server");
+    let lookup = tool("t_lookup");
+    assert_eq!(
+        (
+            &lookup["source"],
+            &lookup["remoteName"],
+            &lookup["annotations"]["readOnly"]
+        ),
+        (&json!("calc"), &json!("lookup"), &json!(true))
+    );
+    assert_eq!(lookup["repeatedAfterACrash"], true);
+    assert_eq!(tool("t_mark")["repeatedAfterACrash"], true, "idempotent");
+    assert_eq!(
+        tool("t_add")["repeatedAfterACrash"],
+        true,
+        "the operator's override"
+    );
+    assert_eq!(
+        tool("t_nap")["annotations"]["destructive"],
+        true,
+        "MCP's default"
+    );
+    assert!(
+        mode("ddr_authoring")
+            .iter()
+            .all(|t| t.get("source").is_none()),
+        "a mode the source does not serve"
+    );
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
