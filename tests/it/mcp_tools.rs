@@ -445,6 +445,44 @@ async fn aptix_tools_prints_the_catalog_in_use_per_mode() {
     );
 }
 
+/// The README's example: `examples/mcp/tools.json` (its command pointed at the SDK's
+/// interpreter, as the README's install puts it at `.venv-mcp`) with `aptix run` runs a turn
+/// that calls the example server's tool, and its output is in the turn's tool results.
+#[tokio::test]
+async fn the_readme_example_runs_a_turn_that_calls_a_tool() {
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/mcp/tools.json");
+    let mut tools: Value =
+        serde_json::from_str(&std::fs::read_to_string(example).unwrap()).unwrap();
+    assert_eq!(tools["sources"][0]["command"], ".venv-mcp/bin/python");
+    tools["sources"][0]["command"] = json!(crate::mcp_support::python());
+    let file = std::env::temp_dir().join(format!(
+        "aptix-example-tools-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, tools.to_string()).unwrap();
+    let out = crate::support::aptix()
+        .args(["run", "examples/mcp/turn.json"])
+        .env("APTIX_TOOLS_FILE", &file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json_start = stdout.find('{').unwrap();
+    let result: Value = serde_json::from_str(&stdout[json_start..]).unwrap();
+    let output = result["result"]["toolResults"][0]["resultJson"]
+        .as_str()
+        .unwrap();
+    assert!(
+        output.contains("Oslo: 21 °C and sunny tomorrow."),
+        "{result}"
+    );
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
