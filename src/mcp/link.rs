@@ -423,6 +423,9 @@ impl Link {
         }
         info!(source = %self.source.name, listed = listed.len(), offered = tools.len(), "MCP tools listed");
         metrics.tools.source(&self.source.name, true, tools.len());
+        metrics
+            .tools
+            .listed(&self.source.name, tools.iter().map(|t| t.remote.as_str()));
         if let Ok(mut t) = self.tools.write() {
             *t = Arc::new(tools);
         }

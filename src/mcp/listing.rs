@@ -64,6 +64,8 @@ pub struct McpTool {
     pub hints: Hints,
     /// Whether a call whose outcome a crash left unknown may be made again.
     pub repeat_safe: bool,
+    /// Whether a call needs a person's approval before it runs.
+    pub needs_approval: bool,
     /// Its `inputSchema`, compiled (`None`: the schema does not compile; calls are not checked
     /// here and the server checks them).
     validator: Option<jsonschema::Validator>,
@@ -130,6 +132,11 @@ impl McpTool {
             .unwrap_or_default()
             .to_string();
         let hints = Hints::read(tool.get("annotations"));
+        let said_destructive = tool
+            .get("annotations")
+            .and_then(|a| a.get("destructiveHint"))
+            .and_then(Value::as_bool);
+        let needs_approval = source.needs_approval(&remote, said_destructive, hints.read_only);
         let repeat_safe = match source.repeat.get(&remote) {
             Some(Repeat::Safe) => true,
             Some(Repeat::Never) => false,
@@ -158,6 +165,7 @@ impl McpTool {
             wire,
             hints,
             repeat_safe,
+            needs_approval,
         })
     }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
+pub mod approval;
 pub mod link;
 pub mod listing;
 pub mod output;

@@ -7,7 +7,7 @@
 //!    "headers": {"Authorization": {"env": "TICKETS_TOKEN", "prefix": "Bearer "}},
 //!    "tools": ["search_*", "file_ticket"], "prefix": "tickets_",
 //!    "modes": ["agent"], "tenants": ["tenant-a"],
-//!    "repeat": {"file_ticket": "never"}},
+//!    "repeat": {"file_ticket": "never"}, "approval": ["file_ticket"]},
 //!   {"name": "local", "command": "python3", "args": ["tools.py"]}
 //! ]}
 //! ```
@@ -70,6 +70,33 @@ pub enum Unknown {
     Fail,
 }
 
+/// Which of a source's tools need a person's approval before a call runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(untagged)]
+pub enum Approval {
+    /// `"annotated"` (the default), `"always"` or `"never"`.
+    Rule(ApprovalRule),
+    /// These tools (names at the server, or `*` globs).
+    Tools(Vec<String>),
+    /// Absent: [`ApprovalRule::Annotated`].
+    #[default]
+    #[serde(skip)]
+    Default,
+}
+
+/// An approval rule for every tool of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalRule {
+    /// The tools that say `destructiveHint: true` and are not read-only (saying nothing is
+    /// not enough: most servers annotate nothing, and a batch could then use none of them).
+    Annotated,
+    /// Every call.
+    Always,
+    /// No call.
+    Never,
+}
+
 /// One MCP server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Source {
@@ -95,6 +122,8 @@ pub struct Source {
     pub repeat: BTreeMap<String, Repeat>,
     /// What to do with a call left unknown by a crash.
     pub unknown_outcome: Unknown,
+    /// Which tools need a person's approval.
+    pub approval: Approval,
     /// The largest tool output passed to the model, in bytes; longer ones are cut, saying so.
     pub max_output_bytes: usize,
 }
@@ -103,6 +132,20 @@ impl Source {
     /// Whether the tool `remote` (its name at the server) is offered.
     pub fn allows(&self, remote: &str) -> bool {
         self.allow.is_empty() || self.allow.iter().any(|g| glob_matches(g, remote))
+    }
+
+    /// Whether a call of tool `remote` (its name at the server), which says `destructive` of
+    /// itself explicitly (`None`: it says nothing) and may be `read_only`, needs a person's
+    /// approval.
+    pub fn needs_approval(&self, remote: &str, destructive: Option<bool>, read_only: bool) -> bool {
+        match &self.approval {
+            Approval::Rule(ApprovalRule::Always) => true,
+            Approval::Rule(ApprovalRule::Never) => false,
+            Approval::Tools(globs) => globs.iter().any(|g| glob_matches(g, remote)),
+            Approval::Rule(ApprovalRule::Annotated) | Approval::Default => {
+                destructive == Some(true) && !read_only
+            }
+        }
     }
 
     /// Whether mode `key` offers this source's tools.
@@ -183,6 +226,8 @@ struct SourceShape {
     repeat: BTreeMap<String, Repeat>,
     #[serde(default)]
     unknown_outcome: Unknown,
+    #[serde(default)]
+    approval: Approval,
     max_output_bytes: Option<usize>,
 }
 
@@ -289,6 +334,7 @@ impl ToolSources {
                 tenants: s.tenants,
                 repeat: s.repeat,
                 unknown_outcome: s.unknown_outcome,
+                approval: s.approval,
                 max_output_bytes: s.max_output_bytes.unwrap_or(16 * 1024).max(256),
                 name: s.name,
             });
@@ -371,6 +417,28 @@ mod tests {
         assert_eq!(s.sources[1].unknown_outcome, Unknown::Fail);
         assert_eq!(s.sources[1].repeat["add"], Repeat::Safe);
         assert_eq!(s.sources[0].max_in_flight, 16);
+    }
+
+    #[test]
+    fn approval_is_asked_as_the_source_says() {
+        let source = |approval: &str| {
+            let file = format!(r#"{{"sources": [{{"name": "a", "url": "http://x"{approval}}}]}}"#);
+            ToolSources::parse(&file, env).unwrap().sources.remove(0)
+        };
+        let default = source("");
+        assert!(default.needs_approval("t", Some(true), false));
+        assert!(
+            !default.needs_approval("t", None, false),
+            "saying nothing is not enough"
+        );
+        assert!(!default.needs_approval("t", Some(true), true), "read-only");
+        assert!(source(r#", "approval": "always""#).needs_approval("t", None, true));
+        assert!(!source(r#", "approval": "never""#).needs_approval("t", Some(true), false));
+        let listed = source(r#", "approval": ["file_*"]"#);
+        assert!(listed.needs_approval("file_ticket", None, true));
+        assert!(!listed.needs_approval("search", Some(true), false));
+        let bad = r#"{"sources": [{"name": "a", "url": "http://x", "approval": "sometimes"}]}"#;
+        assert!(ToolSources::parse(bad, env).is_err());
     }
 
     #[test]

@@ -29,6 +29,12 @@ pub enum ToolOutcome {
     Repeated,
     /// Not made again after a crash left its outcome unknown (the tool may not repeat).
     RepeatRefused,
+    /// Not run yet: the turn asks a person to approve it.
+    ApprovalAsked,
+    /// A person approved it (it then runs).
+    Approved,
+    /// A person denied it; the model is told.
+    Denied,
 }
 
 impl ToolOutcome {
@@ -41,6 +47,9 @@ impl ToolOutcome {
             Self::Failed => "failed",
             Self::Repeated => "repeated",
             Self::RepeatRefused => "repeat_refused",
+            Self::ApprovalAsked => "approval_asked",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
         }
     }
 }
@@ -79,7 +88,7 @@ impl ToolFamilies {
         );
         registry.register(
             "tool_calls",
-            "MCP server tool calls by source, tool and outcome (answered, tool_error, rejected, failed, repeated, repeat_refused)",
+            "MCP server tool calls by source, tool and outcome (answered, tool_error, rejected, failed, repeated, repeat_refused, approval_asked, approved, denied)",
             this.calls.clone(),
         );
         registry.register(
@@ -97,6 +106,26 @@ impl ToolFamilies {
         self.tools
             .get_or_create(&label)
             .set(i64::try_from(tools).unwrap_or(i64::MAX));
+    }
+
+    /// Source `source` listed `tools`: their `answered` and `failed` series, and the source's
+    /// latency, exist from now on at zero (rates and alerts over them mean something from the
+    /// first scrape).
+    pub fn listed<'a>(&self, source: &str, tools: impl IntoIterator<Item = &'a str>) {
+        for tool in tools {
+            for outcome in [ToolOutcome::Answered, ToolOutcome::Failed] {
+                self.calls
+                    .get_or_create(&[
+                        ("source", source.to_string()),
+                        ("tool", tool.to_string()),
+                        ("outcome", outcome.as_str().to_string()),
+                    ])
+                    .inc_by(0);
+            }
+        }
+        let _ = self
+            .latency
+            .get_or_create(&[("source", source.to_string())]);
     }
 
     /// A call of `tool` at `source` came to `outcome`, after `took` (`None`: nothing was sent).

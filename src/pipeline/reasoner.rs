@@ -29,7 +29,8 @@ use crate::contract::{
 };
 use crate::live::LiveTurn;
 use crate::llm::OutputItem;
-use crate::mcp::McpTool;
+use crate::mcp::{McpTool, approval};
+use crate::metrics::ToolOutcome as Counted;
 use crate::store::{StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
 
 impl Pipeline {
@@ -331,17 +332,81 @@ impl Pipeline {
             .iter()
             .map(|(id, out)| compose::tool_output(id, out))
             .collect();
+        let mut progress = pending.progress;
         for r in cont.tool_results() {
-            let output = match &r.outcome {
-                ToolOutcome::Result(json) => json.as_str().to_string(),
-                ToolOutcome::Error(msg) => json!({"error": msg}).to_string(),
+            let asked = pending
+                .client_calls
+                .iter()
+                .find(|c| c.tool_call_id == r.tool_call_id)
+                .and_then(approval::asked);
+            let output = match asked {
+                // An approval question's answer: the call runs (or the model hears why not).
+                Some((tool, arguments)) => {
+                    let ran = Box::pin(self.approved_call(
+                        &mut run,
+                        &mut progress,
+                        r,
+                        (&tool, &arguments),
+                    ));
+                    match ran.await {
+                        Ok(Ok(out)) => out,
+                        Ok(Err(failed)) => return Ok(self.life.fail_turn(run, *failed).await?),
+                        Err(f) => return Err(self.life.hand_back(run, f).await.into()),
+                    }
+                }
+                None => match &r.outcome {
+                    ToolOutcome::Result(json) => json.as_str().to_string(),
+                    ToolOutcome::Error(msg) => json!({"error": msg}).to_string(),
+                },
             };
             input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
         }
         // The next step is the model call, whose safe point the write above answered (kept
         // in the run by `accept_tool_results`).
         let previous = Some(pending.response_id.clone());
-        Ok(self.reason(run, pending.progress, input, previous).await?)
+        Ok(self.reason(run, progress, input, previous).await?)
+    }
+
+    /// The client's answer `r` to an approval question about a call of `tool` with
+    /// `arguments`: approved, the call runs through layer D as the model asked it (recorded in
+    /// the ledger, so a run after a crash does not run it again); denied, the model gets why.
+    async fn approved_call(
+        &self,
+        run: &mut Run,
+        progress: &mut TurnProgress,
+        r: &crate::contract::ToolResult,
+        (tool, arguments): (&str, &str),
+    ) -> Result<Result<String, Box<TurnResult>>, RetryableFailure> {
+        let tools_mode = compose::tools_mode(&self.catalog, progress);
+        let offered = self
+            .tools
+            .offered(&tools_mode.key, run.session().session_id.tenant());
+        let Some(mcp_tool) = offered.iter().find(|t| t.def.name == tool) else {
+            warn!(%tool, "an approved tool is no longer offered");
+            let gone = json!({"error": format!("Tool '{tool}' is no longer available.")});
+            return Ok(Ok(gone.to_string()));
+        };
+        let counted = |outcome| {
+            let t = mcp_tool.as_ref();
+            self.life
+                .metrics
+                .tools
+                .call(&t.source, &t.remote, outcome, None);
+        };
+        let call_id = r.tool_call_id.as_str();
+        match approval::answer(&r.outcome) {
+            Err(reason) => {
+                counted(Counted::Denied);
+                info!(%tool, call_id, %reason, "a person denied the call");
+                Ok(Ok(approval::denied_output(tool, &reason)))
+            }
+            Ok(()) => {
+                counted(Counted::Approved);
+                info!(%tool, call_id, "a person approved the call; running it");
+                self.server_tool_call(run, progress, call_id, (tool, Some(mcp_tool)), arguments)
+                    .await
+            }
+        }
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
@@ -513,10 +578,34 @@ impl Pipeline {
                         }
                     }
                     Some(ToolLocation::Server) => {
+                        let mcp_tool = mcp.iter().find(|t| t.def.name == name);
+                        // A call that needs a person's approval waits for it as a client call
+                        // (one approved and run already is in the ledger: D replays it).
+                        if let Some(tool) = mcp_tool.filter(|t| {
+                            t.needs_approval && !run.record().tool_ledger.contains_key(&call_id)
+                        }) {
+                            match ToolCallId::parse(&call_id) {
+                                Ok(id) => {
+                                    let counted = Counted::ApprovalAsked;
+                                    self.life.metrics.tools.call(
+                                        &tool.source,
+                                        &tool.remote,
+                                        counted,
+                                        None,
+                                    );
+                                    info!(tool = %name, %call_id, "the call waits for a person's approval");
+                                    client_calls.push(approval::question(&id, tool, &arguments));
+                                }
+                                Err(_) => {
+                                    let out = json!({"error": format!("The call to '{name}' has an invalid call id; call it again.")}).to_string();
+                                    outputs.push((call_id, out));
+                                }
+                            }
+                            continue;
+                        }
                         if let Some(live) = run.live() {
                             live.progress(format!("running the server tool {name}"));
                         }
-                        let mcp_tool = mcp.iter().find(|t| t.def.name == name);
                         match Box::pin(self.server_tool_call(
                             &mut run,
                             &mut progress,

@@ -55,6 +55,7 @@ mod lifecycle;
 mod lifecycle_http;
 mod lifecycle_stalls;
 mod limiter;
+mod mcp_approvals;
 mod mcp_crash;
 mod mcp_support;
 mod mcp_tools;

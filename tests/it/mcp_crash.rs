@@ -56,7 +56,13 @@ async fn kill_during(
 async fn services_a_worker_killed_mid_call_never_repeats_the_counter_and_repeats_the_idempotent_tool()
  {
     let server = HttpServer::start().await;
-    let file = ToolsFile::new(vec![server.source("calc", json!({}))]);
+    let file = ToolsFile::new(vec![
+        server.source("calc", json!({})),
+        server.source(
+            "strict",
+            json!({"prefix": "strict_", "tools": ["add"], "unknownOutcome": "fail"}),
+        ),
+    ]);
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
         FakeOptions::default(),
@@ -129,6 +135,7 @@ async fn services_a_worker_killed_mid_call_never_repeats_the_counter_and_repeats
         (&json!("answered"), &json!(true)),
         "{seen}"
     );
+
     let text = crate::support::http_client()
         .get(format!("{}/metrics", procs.workers.last().unwrap().url()))
         .send()
@@ -143,5 +150,26 @@ async fn services_a_worker_killed_mid_call_never_repeats_the_counter_and_repeats
             "aptix_tool_calls_total{source=\"calc\",tool=\"mark\",outcome=\"repeated\"}"
         ),
         1.0
+    );
+
+    // A source that asks to fail rather than tell: the turn fails with its own code.
+    kill_during(
+        &mut procs,
+        &server,
+        "strict",
+        "add",
+        "strict_add {\"amount\": 5, \"delay_ms\": 4000}",
+    )
+    .await;
+    let done = settled(&procs, "strict", "t").await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(
+        done["result"]["errors"][0]["errorCode"], "TOOL_OUTCOME_UNKNOWN",
+        "{done}"
+    );
+    assert_eq!(
+        server.state.calls_of("add").len(),
+        2,
+        "once for each session, never twice"
     );
 }

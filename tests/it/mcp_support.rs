@@ -75,13 +75,16 @@ impl State {
             .collect()
     }
 
-    /// Waits (up to 20 s) until a call of `tool` with `delay_ms` has started.
+    /// Waits (up to 20 s) until a call of `tool` with `delay_ms` has started, and takes its
+    /// marker away (the next call makes a new one).
     pub async fn wait_started(&self, tool: &str) {
+        let marker = self.dir.join(format!("started-{tool}"));
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.dir.join(format!("started-{tool}")).exists() {
+        while !marker.exists() {
             assert!(Instant::now() < deadline, "{tool} was never called");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let _ = std::fs::remove_file(marker);
     }
 
     /// A tools-file source running the server over stdio.

@@ -122,6 +122,39 @@ pub(super) async fn discovered_tools_are_offered_and_their_outputs_reach_the_mod
     assert_eq!(answered, 1.0);
 }
 
+/// A source's `tenants` and `modes` decide whose turns, in which modes, are offered its tools:
+/// tenant B's turn gets them, tenant A's does not (a call of one answers "not available").
+pub(super) async fn a_source_is_offered_only_to_its_tenants(backend: Backend) {
+    let server = HttpServer::start().await;
+    let file = ToolsFile::new(vec![server.source(
+        "calc",
+        json!({"tenants": ["tenant-b"], "modes": ["general"]}),
+    )]);
+    let app = app_with(backend, &file, vec![]).await;
+    wait_up(&app, "calc").await;
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "#fake:call lookup {\"city\": \"Rome\"}"});
+    assert_eq!(app.post(Some("tok-b"), body.to_string()).await.0, 202);
+    assert_eq!(app.settled("tok-b", "s", "t").await["status"], "completed");
+    assert!(offered(&app.fake.requests()[0]).contains(&"lookup".to_string()));
+    let done = run(&app, "s", "t", "#fake:call lookup {\"city\": \"Rome\"}").await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let requests = app.fake.requests();
+    assert!(
+        !offered(&requests[2]).contains(&"lookup".to_string()),
+        "not tenant A's"
+    );
+    let out = tool_outputs(&requests[3]);
+    assert!(
+        out[0].1.contains("is not available in this mode"),
+        "{out:?}"
+    );
+    assert_eq!(
+        server.state.calls_of("lookup").len(),
+        1,
+        "tenant B's call only"
+    );
+}
+
 /// A tool that answers `isError` answers the model; arguments that do not match the schema
 /// answer the model without calling the server.
 pub(super) async fn a_tool_error_and_a_schema_mismatch_answer_the_model(backend: Backend) {
@@ -488,6 +521,7 @@ for_each_backend!(
     tests: [
         discovered_tools_are_offered_and_their_outputs_reach_the_model,
         a_tool_error_and_a_schema_mismatch_answer_the_model,
+        a_source_is_offered_only_to_its_tenants,
         a_call_past_its_timeout_fails_the_turn_retryably,
         a_source_down_and_back_loses_and_doubles_nothing,
         a_list_changed_notification_brings_new_tools,

@@ -71,8 +71,15 @@ async fn every_metric_the_alerts_and_the_dashboard_name_is_exported() {
     ));
     let file = serde_json::json!({"tenants": [{"id": "tenant-a", "tokensPerDay": 1000, "maxRunningTurns": 4}]});
     std::fs::write(&tenants, file.to_string()).unwrap();
+    // And an MCP tool source (a real server): its source, call and latency series exist
+    // once it has listed its tools.
+    let server = crate::mcp_support::HttpServer::start().await;
+    let tools =
+        crate::mcp_support::ToolsFile::new(vec![server.source("calc", serde_json::json!({}))]);
+    let mut env = tools.env();
+    env.push(("APTIX_TENANTS_FILE", tenants.display().to_string()));
     let app = spawn(AppOptions {
-        extra_env: vec![("APTIX_TENANTS_FILE", tenants.display().to_string())],
+        extra_env: env,
         ..AppOptions::default()
     })
     .await;
