@@ -15,6 +15,7 @@ mod background_call;
 mod call_reads;
 mod cancel_watch;
 pub mod compose;
+mod continuation;
 mod history;
 pub mod lifecycle;
 pub(crate) mod model_call;

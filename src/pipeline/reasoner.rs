@@ -1,10 +1,11 @@
 //! The reasoner (AGN-027 layer E): the only loop of a turn, and the only layer that holds the
 //! others. It composes each request (B), calls the model through the [`Pipeline`]'s model
 //! caller (C), runs server tools through its server tools (D), applies mode changes and decides
-//! whether the turn is done, waits for client tools, or fails; user turns and continuations
-//! both enter here. Owns: the loop, iteration limits, mode changes (stored by F with the tool's
-//! output). Must not: write the turn's state: it holds no store writer, only the lifecycle (F)
-//! whose transitions move the run, and a reader.
+//! whether the turn is done, waits for client tools (or for a person's approval of an MCP
+//! call), or fails; user turns enter here, continuations through `continuation` and then here.
+//! Owns: the loop, iteration limits, mode changes (stored by F with the tool's output). Must
+//! not: write the turn's state: it holds no store writer, only the lifecycle (F) whose
+//! transitions move the run, and a reader.
 
 use std::sync::Arc;
 
@@ -17,21 +18,18 @@ use super::compose;
 use super::lifecycle::Run;
 use super::model_call;
 use super::outcome::{
-    CallEnd, Interrupted, RetryableFailure, Settled, TurnResult, continuation_fingerprint,
-    fingerprint, permanent, store_failure,
+    CallEnd, Interrupted, RetryableFailure, Settled, TurnResult, fingerprint, permanent,
+    store_failure,
 };
 use super::server_tools::ToolEnd;
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
-use crate::contract::{
-    ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, ToolContinuation, ToolOutcome,
-    UserTurn, check_tool_results,
-};
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, UserTurn};
 use crate::live::LiveTurn;
 use crate::llm::OutputItem;
 use crate::mcp::{McpTool, approval};
 use crate::metrics::ToolOutcome as Counted;
-use crate::store::{StoreError, TurnProgress, TurnRecord, TurnStatus, now_rfc3339};
+use crate::store::{TurnProgress, TurnRecord, now_rfc3339};
 
 impl Pipeline {
     pub(super) async fn run_user_turn(
@@ -172,241 +170,6 @@ impl Pipeline {
         };
         let previous = run.session().previous_response_id.clone();
         Ok(self.reason(run, progress, input, previous).await?)
-    }
-
-    pub(super) async fn run_continuation(
-        &self,
-        cont: &ToolContinuation,
-        tenant: Option<&str>,
-        reply_to: Option<&str>,
-    ) -> Result<Settled, Interrupted> {
-        let (sid, tid) = (cont.session_id(), cont.turn_id());
-        let fp = continuation_fingerprint(cont);
-        let submitted: Vec<String> = cont
-            .tool_results()
-            .iter()
-            .map(|r| r.tool_call_id.to_string())
-            .collect();
-        // Err: the job's answer without running — the turn's stored result (a redelivery), or not
-        // the turn's job at all.
-        type Answer = Box<Result<Settled, Interrupted>>;
-        let check = |record: Option<TurnRecord>| -> Result<TurnRecord, Answer> {
-            let Some(record) = record else {
-                let unknown = InvokeResult::failure(permanent(
-                    ErrorCode::TurnNotFound,
-                    format!("turn {tid} does not exist in session {}", sid.client_id()),
-                ));
-                return Err(Box::new(Err(Interrupted::NotTheTurns(Box::new(unknown)))));
-            };
-            // A continuation that was already applied (a redelivery) gets the turn's result.
-            if submitted.iter().all(|id| record.answered.contains(id))
-                && let Some(result) = &record.result
-                && record.status != TurnStatus::Running
-            {
-                self.life.metrics.duplicate_suppressed("worker");
-                return Err(Box::new(Ok(Settled::stored(result.clone()))));
-            }
-            // Awaiting client tools (a continuation run directly), queued for the continuation
-            // the front door accepted, or running with the pending calls still recorded (a run
-            // of this continuation that crashed): these accept the results. A queued turn
-            // accepted another continuation than this one: this job is not the turn's.
-            let accepted_other = record.status == TurnStatus::Queued
-                && record.continuation.as_deref() != Some(fp.as_str());
-            if record.pending.is_none()
-                || accepted_other
-                || !matches!(
-                    record.status,
-                    TurnStatus::AwaitingClientTools | TurnStatus::Queued | TurnStatus::Running
-                )
-            {
-                let not_waiting = InvokeResult::failure(permanent(
-                    ErrorCode::TurnNotAwaitingTools,
-                    format!(
-                        "turn {tid} is {}, not awaiting_client_tools; tool results are not accepted",
-                        record.status.as_str()
-                    ),
-                ));
-                return Err(Box::new(Err(Interrupted::NotTheTurns(Box::new(
-                    not_waiting,
-                )))));
-            }
-            Ok(record)
-        };
-        if let Err(answer) = check(
-            self.reader
-                .get_turn(sid, tid)
-                .await
-                .map_err(store_failure)?,
-        ) {
-            return *answer;
-        }
-        let held = self.life.lease(sid, tid).await?;
-        let reread = match self.reader.get_turn(sid, tid).await {
-            Ok(r) => r,
-            Err(e) => {
-                held.release().await;
-                return Err(store_failure(e).into());
-            }
-        };
-        let record = match check(reread) {
-            Ok(r) => r,
-            Err(answer) => {
-                held.release().await;
-                return *answer;
-            }
-        };
-        let session = match self.reader.get_session(sid).await {
-            Ok(Some(s)) => s,
-            other => {
-                held.release().await;
-                return Err(store_failure(match other {
-                    Err(e) => e,
-                    _ => StoreError::Corrupt(format!(
-                        "session {} of a waiting turn is missing",
-                        sid.client_id()
-                    )),
-                })
-                .into());
-            }
-        };
-        let Some(pending) = record.pending.clone() else {
-            held.release().await;
-            return Err(store_failure(StoreError::Corrupt("pending calls vanished".into())).into());
-        };
-        let expected: Vec<ToolCallId> = pending
-            .client_calls
-            .iter()
-            .map(|c| c.tool_call_id.clone())
-            .collect();
-        // A turn that streams streams its continuations' runs too; every live event is out
-        // before the worker publishes the result.
-        let live = match &self.life.live {
-            Some((outlet, settings)) if record.streaming => Some(LiveTurn::start(
-                outlet.clone(),
-                sid,
-                tid,
-                reply_to,
-                *settings,
-            )),
-            _ => None,
-        };
-        let run = self
-            .life
-            .open_continuation(held, record, session, tenant, live.clone());
-        let settled = self
-            .continue_with_results(run, cont, &expected, submitted, pending)
-            .await;
-        if let Some(live) = live {
-            live.finish().await;
-        }
-        settled
-    }
-
-    /// A continuation's run once it holds the turn: checks and records the client's results,
-    /// then reasons on from them (or from the checkpoint of a run that died after a call).
-    async fn continue_with_results(
-        &self,
-        mut run: Run,
-        cont: &ToolContinuation,
-        expected: &[ToolCallId],
-        submitted: Vec<String>,
-        pending: crate::state::PendingTools,
-    ) -> Result<Settled, Interrupted> {
-        if let Err(mismatch) = check_tool_results(expected, cont.tool_results()) {
-            warn!(%mismatch, "tool results do not match the pending calls; failing the turn");
-            return Ok(self
-                .life
-                .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
-                .await?);
-        }
-        if let Err(f) = self.life.accept_tool_results(&mut run, submitted).await {
-            return Err(self.life.hand_back(run, f).await.into());
-        }
-        if run.record().checkpoint.is_some() {
-            return Ok(self
-                .reason(run, TurnProgress::default(), Vec::new(), None)
-                .await?);
-        }
-        let mut input: Vec<Value> = pending
-            .server_outputs
-            .iter()
-            .map(|(id, out)| compose::tool_output(id, out))
-            .collect();
-        let mut progress = pending.progress;
-        for r in cont.tool_results() {
-            let asked = pending
-                .client_calls
-                .iter()
-                .find(|c| c.tool_call_id == r.tool_call_id)
-                .and_then(approval::asked);
-            let output = match asked {
-                // An approval question's answer: the call runs (or the model hears why not).
-                Some((tool, arguments)) => {
-                    let ran = Box::pin(self.approved_call(
-                        &mut run,
-                        &mut progress,
-                        r,
-                        (&tool, &arguments),
-                    ));
-                    match ran.await {
-                        Ok(Ok(out)) => out,
-                        Ok(Err(failed)) => return Ok(self.life.fail_turn(run, *failed).await?),
-                        Err(f) => return Err(self.life.hand_back(run, f).await.into()),
-                    }
-                }
-                None => match &r.outcome {
-                    ToolOutcome::Result(json) => json.as_str().to_string(),
-                    ToolOutcome::Error(msg) => json!({"error": msg}).to_string(),
-                },
-            };
-            input.push(compose::tool_output(r.tool_call_id.as_str(), &output));
-        }
-        // The next step is the model call, whose safe point the write above answered (kept
-        // in the run by `accept_tool_results`).
-        let previous = Some(pending.response_id.clone());
-        Ok(self.reason(run, progress, input, previous).await?)
-    }
-
-    /// The client's answer `r` to an approval question about a call of `tool` with
-    /// `arguments`: approved, the call runs through layer D as the model asked it (recorded in
-    /// the ledger, so a run after a crash does not run it again); denied, the model gets why.
-    async fn approved_call(
-        &self,
-        run: &mut Run,
-        progress: &mut TurnProgress,
-        r: &crate::contract::ToolResult,
-        (tool, arguments): (&str, &str),
-    ) -> Result<Result<String, Box<TurnResult>>, RetryableFailure> {
-        let tools_mode = compose::tools_mode(&self.catalog, progress);
-        let offered = self
-            .tools
-            .offered(&tools_mode.key, run.session().session_id.tenant());
-        let Some(mcp_tool) = offered.iter().find(|t| t.def.name == tool) else {
-            warn!(%tool, "an approved tool is no longer offered");
-            let gone = json!({"error": format!("Tool '{tool}' is no longer available.")});
-            return Ok(Ok(gone.to_string()));
-        };
-        let counted = |outcome| {
-            let t = mcp_tool.as_ref();
-            self.life
-                .metrics
-                .tools
-                .call(&t.source, &t.remote, outcome, None);
-        };
-        let call_id = r.tool_call_id.as_str();
-        match approval::answer(&r.outcome) {
-            Err(reason) => {
-                counted(Counted::Denied);
-                info!(%tool, call_id, %reason, "a person denied the call");
-                Ok(Ok(approval::denied_output(tool, &reason)))
-            }
-            Ok(()) => {
-                counted(Counted::Approved);
-                info!(%tool, call_id, "a person approved the call; running it");
-                self.server_tool_call(run, progress, call_id, (tool, Some(mcp_tool)), arguments)
-                    .await
-            }
-        }
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.
@@ -647,7 +410,7 @@ impl Pipeline {
     /// One server tool call: layer D runs it (or replays it from the ledger); a mode change it
     /// asks for is applied here, the only place one is; then its output is recorded in the
     /// turn's ledger, so a resumed run neither runs the tool nor changes the mode again.
-    async fn server_tool_call(
+    pub(super) async fn server_tool_call(
         &self,
         run: &mut Run,
         progress: &mut TurnProgress,
