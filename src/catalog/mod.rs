@@ -137,21 +137,29 @@ struct FunctionTool<'a> {
     strict: bool,
 }
 
-/// `tools` as a request body's `tools` array of function tools; `None` when there are none.
-fn wire_tools(tools: &[&ToolDef]) -> Result<Option<Box<RawValue>>, CatalogError> {
-    if tools.is_empty() {
-        return Ok(None);
-    }
-    let functions: Vec<FunctionTool<'_>> = tools
-        .iter()
-        .map(|t| FunctionTool {
+impl<'a> FunctionTool<'a> {
+    fn of(t: &'a ToolDef) -> Self {
+        Self {
             kind: "function",
             name: &t.name,
             description: &t.description,
             parameters: &t.parameters,
             strict: t.strict,
-        })
-        .collect();
+        }
+    }
+}
+
+/// `tool` as one function tool of a request body's `tools` array (JSON text).
+pub fn function_tool(tool: &ToolDef) -> Result<Box<RawValue>, serde_json::Error> {
+    serde_json::value::to_raw_value(&FunctionTool::of(tool))
+}
+
+/// `tools` as a request body's `tools` array of function tools; `None` when there are none.
+fn wire_tools(tools: &[&ToolDef]) -> Result<Option<Box<RawValue>>, CatalogError> {
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let functions: Vec<FunctionTool<'_>> = tools.iter().map(|t| FunctionTool::of(t)).collect();
     serde_json::value::to_raw_value(&functions)
         .map(Some)
         .map_err(|e| CatalogError(format!("the tools cannot be written as JSON: {e}")))

@@ -81,17 +81,6 @@ impl std::fmt::Debug for McpTool {
     }
 }
 
-/// A function tool as a request body declares it.
-#[derive(Serialize)]
-struct FunctionTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    name: &'a str,
-    description: &'a str,
-    parameters: &'a Value,
-    strict: bool,
-}
-
 /// Why a listed tool is not offered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Skipped {
@@ -149,14 +138,7 @@ impl McpTool {
             parameters: schema,
             location: ToolLocation::Server,
         };
-        let wire = serde_json::value::to_raw_value(&FunctionTool {
-            kind: "function",
-            name: &def.name,
-            description: &def.description,
-            parameters: &def.parameters,
-            strict: def.strict,
-        })
-        .map_err(|_| Skipped::BadSchema)?;
+        let wire = crate::catalog::function_tool(&def).map_err(|_| Skipped::BadSchema)?;
         Ok(Self {
             validator: jsonschema::validator_for(&def.parameters).ok(),
             source: source.name.clone(),
