@@ -1,5 +1,6 @@
 //! Counting every HTTP answer in the process's metrics: a tower layer put around each route (so
-//! the route's template is known) that times the request until its answer's status and headers.
+//! the route's template is known) that counts the request in flight and times it until its
+//! answer's status and headers.
 //!
 //! Owns: what is recorded per answer. Must not: change a request or its answer.
 
@@ -52,6 +53,8 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         let route = request.extensions().get::<MatchedPath>().cloned();
         let method = request.method().clone();
+        self.metrics
+            .http_started(route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str));
         CountedAnswer {
             answer: self.inner.call(request),
             record: Some(Record {

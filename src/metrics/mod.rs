@@ -79,6 +79,7 @@ pub struct Metrics {
     quota_rejections: Family<QuotaLabels, Counter>,
     http_requests: Family<RequestLabels, Counter>,
     http_duration: RouteHistograms,
+    http_in_flight: Family<RouteLabel, Gauge>,
     http_timeouts: Family<Labels, Counter>,
     dependency_up: Family<Labels, Gauge>,
     webhook_outcomes: Family<[(&'static str, &'static str); 2], Counter>,
@@ -138,8 +139,23 @@ impl Metrics {
     /// An HTTP request was answered: `route` is the route's template (the same few series
     /// whatever ids a path carries; [`UNMATCHED_ROUTE`] for a path no route has), `took` the
     /// time until the answer's status and headers (a stream's body goes on after it).
+    /// An HTTP request of route template `route` arrived (answered: [`Metrics::http_answered`]).
+    pub fn http_started(&self, route: &str) {
+        let route = self.route_name(route);
+        self.http_in_flight
+            .get_or_create(&RouteLabel { route })
+            .inc();
+    }
+
+    /// An HTTP request [`Metrics::http_started`] was answered with `status` after `took` (or
+    /// its client went away first).
     pub fn http_answered(&self, route: &str, method: &str, status: u16, took: Duration) {
         let route = self.route_name(route);
+        self.http_in_flight
+            .get_or_create(&RouteLabel {
+                route: route.clone(),
+            })
+            .dec();
         self.http_duration
             .get_or_create(&RouteLabel {
                 route: route.clone(),

@@ -220,6 +220,12 @@ impl Metrics {
             "Time from an HTTP request's arrival to its answer's status and headers, by route template (a streamed body goes on after it)",
             http_duration.clone(),
         );
+        let http_in_flight = Family::<RouteLabel, Gauge>::default();
+        registry.register(
+            "http_requests_in_flight",
+            "HTTP requests this process is answering now, by route template: synchronous waits and long-polls show here while they wait",
+            http_in_flight.clone(),
+        );
         let http_timeouts = Family::<Labels, Counter>::default();
         registry.register(
             "http_connections_timed_out",
@@ -299,6 +305,7 @@ impl Metrics {
             quota_rejections,
             http_requests,
             http_duration,
+            http_in_flight,
             http_timeouts,
             dependency_up,
             webhook_outcomes,

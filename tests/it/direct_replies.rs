@@ -59,7 +59,11 @@ async fn waiting_on_the_front_door_that_accepted_the_turn_binds_nothing() {
     let poll = long_poll(&app, &poll_sid);
     // Both wait while the model takes its time: neither session is bound anywhere.
     app.wait_for_model_calls(2).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.wait_for_metric(
+        "aptix_http_requests_in_flight{route=\"/v1/sessions/{sessionId}/turns/{turnId}\"}",
+        |v| v >= 1.0,
+    )
+    .await;
     let keys = binding_keys();
     assert_eq!(
         count(&keys, crate::support::sid_a(&sync_sid).as_str()),
