@@ -18,6 +18,7 @@ use aptix_worker::app::App;
 use aptix_worker::config::{Config, Sources};
 use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
+use aptix_worker::mcp::approval::APPROVAL_TOOL;
 
 use super::batch_inputs::{assign_ids, read_inputs, salt};
 use super::client::ApiClient;
@@ -344,7 +345,12 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
                 let why = line
                     .result
                     .as_ref()
-                    .and_then(|r| r.errors().first().map(|e| e.message.clone()))
+                    .and_then(|r| {
+                        r.errors()
+                            .first()
+                            .map(|e| e.message.clone())
+                            .or_else(|| awaiting_approval(&line, r))
+                    })
                     .unwrap_or_else(|| format!("status {}", line.status));
                 outcome.failed.push((item.custom_id.clone(), why));
             }
@@ -361,6 +367,30 @@ pub async fn run_batch(client: &ApiClient, job: &BatchJob) -> anyhow::Result<Bat
     std::fs::write(&file, serde_json::to_string_pretty(&summary)? + "\n")
         .with_context(|| format!("writing {}", file.display()))?;
     Ok(outcome)
+}
+
+/// For a line whose turn waits for a person's approval of server tool calls: what it waits
+/// for, and how to answer.
+fn awaiting_approval(
+    line: &BatchResultLine,
+    result: &InvokeResult<AgentExecuteResponse>,
+) -> Option<String> {
+    let Some(AgentExecuteResponse::ClientToolContinuation(waiting)) = result.result() else {
+        return None;
+    };
+    let asked: Vec<String> = waiting
+        .tool_calls()
+        .filter_map(aptix_worker::mcp::approval::asked)
+        .map(|(tool, _)| tool)
+        .collect();
+    (!asked.is_empty()).then(|| {
+        format!(
+            "waits for a person's approval of {} (answer {APPROVAL_TOOL} for session {} turn {}: see docs/tools.md)",
+            asked.join(", "),
+            line.session_id.as_ref().map_or("?", |s| s.client_id()),
+            line.turn_id.as_ref().map_or("?", |t| t.as_str()),
+        )
+    })
 }
 
 /// Follows an accepted batch of `expected` items until none is queued or running, showing
@@ -406,6 +436,11 @@ async fn follow(
                 else {
                     continue;
                 };
+                // A question for a person (the approval of a server tool call) is not this
+                // command's to answer: the line waits, and is listed as waiting for it.
+                if waiting.tool_calls().any(|c| c.name == APPROVAL_TOOL) {
+                    continue;
+                }
                 let r = rounds.entry(id.clone()).or_default();
                 *r += 1;
                 if *r > job.max_tool_rounds {

@@ -247,7 +247,12 @@ async fn run_files(
             let Some(AgentExecuteResponse::ClientToolContinuation(c)) = result.result() else {
                 break result;
             };
-            if rounds > 4 {
+            // A question for a person (approving a server tool call) is not ours to answer:
+            // the turn is left waiting, and shown as it is.
+            let for_a_person = c
+                .tool_calls()
+                .any(|t| t.name == aptix_worker::mcp::approval::APPROVAL_TOOL);
+            if rounds > 4 || for_a_person {
                 break result;
             }
             println!(

@@ -173,6 +173,53 @@ pub(super) async fn a_batch_line_waits_for_approval_and_its_webhook_asks(backend
         .await;
 }
 
+/// `aptix batch` answers the client tools it can, but never a question for a person: the line
+/// whose model calls a tool that needs approval is left waiting and listed as such.
+#[tokio::test]
+async fn aptix_batch_leaves_an_approval_to_a_person_and_lists_it() {
+    let server = HttpServer::start().await;
+    let file = ToolsFile::new(vec![server.source("calc", json!({"approval": ["add"]}))]);
+    let root =
+        std::env::temp_dir().join(format!("aptix-approve-{}", uuid::Uuid::new_v4().simple()));
+    let (input, out) = (root.join("in"), root.join("out"));
+    std::fs::create_dir_all(&input).unwrap();
+    std::fs::write(
+        input.join("a.md"),
+        "# A\n\n#fake:call add {\"amount\": 1}\n",
+    )
+    .unwrap();
+    std::fs::write(input.join("b.md"), "# B\n\nNothing to do.\n").unwrap();
+    let o = crate::support::aptix()
+        .arg("batch")
+        .arg(&input)
+        .args(["--instruction", "Review it", "--poll-ms", "50", "--out"])
+        .arg(&out)
+        .envs(file.env())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("1 completed now"), "{stdout}");
+    assert!(
+        stdout.contains("a.md: waits for a person's approval of add"),
+        "{stdout}"
+    );
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let reason = summary["failed"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("aptix_approve_server_tool"), "{summary}");
+    assert!(
+        server.state.calls_of("add").is_empty(),
+        "nothing ran unapproved"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
