@@ -285,47 +285,45 @@ impl Link {
         stop: CancellationToken,
     ) {
         let mut pause = FIRST_PAUSE;
-        while !stop.is_cancelled() {
-            let connected = tokio::select! {
-                c = tokio::time::timeout(self.source.connect_timeout, self.connect(&http, &guard)) => c,
+        loop {
+            let attempt = async {
+                let service =
+                    tokio::time::timeout(self.source.connect_timeout, self.connect(&http, &guard))
+                        .await
+                        .map_err(|_| {
+                            format!("no answer within {:?}", self.source.connect_timeout)
+                        })??;
+                let peer = service.peer().clone();
+                self.list(&peer, &metrics).await?;
+                Ok::<_, String>((service, peer))
+            };
+            let attempt = tokio::select! {
+                a = attempt => a,
                 () = stop.cancelled() => return,
             };
-            let service = match connected {
-                Ok(Ok(service)) => service,
-                Ok(Err(why)) => {
-                    self.down(&metrics, why);
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = stop.cancelled() => return,
+            match attempt {
+                Ok((service, peer)) => {
+                    pause = FIRST_PAUSE;
+                    if let Ok(mut p) = self.peer.write() {
+                        *p = Some(peer.clone());
                     }
-                    pause = (pause * 2).min(MAX_PAUSE);
-                    continue;
+                    self.serve(service, &peer, &metrics, &stop).await;
+                    if let Ok(mut p) = self.peer.write() {
+                        *p = None;
+                    }
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    self.down(&metrics, "the connection ended".into());
                 }
-                Err(_) => {
-                    self.down(
-                        &metrics,
-                        format!("no answer within {:?}", self.source.connect_timeout),
-                    );
-                    pause = (pause * 2).min(MAX_PAUSE);
-                    continue;
-                }
-            };
-            let peer = service.peer().clone();
-            if let Err(why) = self.list(&peer, &metrics).await {
-                self.down(&metrics, why);
-                continue;
+                Err(why) => self.down(&metrics, why),
             }
-            pause = FIRST_PAUSE;
-            if let Ok(mut p) = self.peer.write() {
-                *p = Some(peer.clone());
+            // A pause before the next attempt, growing while attempts fail.
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stop.cancelled() => return,
             }
-            self.serve(service, &peer, &metrics, &stop).await;
-            if let Ok(mut p) = self.peer.write() {
-                *p = None;
-            }
-            if !stop.is_cancelled() {
-                self.down(&metrics, "the connection ended".into());
-            }
+            pause = (pause * 2).min(MAX_PAUSE);
         }
     }
 
