@@ -477,6 +477,7 @@ for_each_backend!(
 async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
     broker: Arc<dyn Broker>,
     queue_exists: impl AsyncFn(&SessionId) -> bool,
+    unconsumed: impl AsyncFn(&SessionId) -> bool,
 ) {
     let sid = SessionId::parse(format!("on-sub-{}", uuid::Uuid::new_v4().simple())).unwrap();
     broker
@@ -495,7 +496,12 @@ async fn on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
         .unwrap();
     assert_eq!(got.as_deref(), Some(&b"after"[..]), "only what came after");
     drop(replies);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client went away: once the broker has let its consumer go, a status waits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !unconsumed(&sid).await {
+        assert!(std::time::Instant::now() < deadline, "the consumer stayed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     broker
         .publish_reply(&sid, "t3", None, Audience::ANYONE, b"later")
         .await
@@ -524,6 +530,8 @@ async fn on_subscribe_reply_queues_in_memory() {
     on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
         Arc::new(broker),
         async |_sid: &SessionId| held.sessions_held() > 0,
+        // The embedded broker lets a dropped subscription go as it is dropped.
+        async |_sid: &SessionId| true,
     )
     .await;
 }
@@ -538,6 +546,9 @@ async fn on_subscribe_reply_queues_on_rabbitmq() {
     on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
         guard.broker.clone(),
         async |sid: &SessionId| crate::support::queue_exists(&topology.reply_queue(sid)).await,
+        async |sid: &SessionId| {
+            crate::support::queue_consumers(&topology.reply_queue(sid)).await == Some(0)
+        },
     )
     .await;
 }

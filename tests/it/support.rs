@@ -331,6 +331,30 @@ pub async fn queue_exists(queue: &str) -> bool {
     .expect("rabbitmqctl task")
 }
 
+/// How many consumers queue `queue` has (`None`: there is no such queue), as RabbitMQ says.
+pub async fn queue_consumers(queue: &str) -> Option<u32> {
+    let queue = queue.to_string();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args([
+                "list_queues",
+                "-q",
+                "--no-table-headers",
+                "name",
+                "consumers",
+            ])
+            .output()
+            .expect("rabbitmqctl runs");
+        assert!(out.status.success(), "rabbitmqctl list_queues failed");
+        String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+            let mut cols = l.split_whitespace();
+            (cols.next()? == queue).then(|| cols.next()?.parse().ok())?
+        })
+    })
+    .await
+    .expect("rabbitmqctl task")
+}
+
 /// Takes every message waiting in a queue (a get: it restarts the queue's expiry).
 pub async fn take_all(conn: &lapin::Connection, queue: &str) -> Vec<Vec<u8>> {
     let ch = conn.create_channel().await.expect("channel");
