@@ -530,8 +530,7 @@ async fn on_subscribe_reply_queues_in_memory() {
     on_subscribe_a_reply_queue_exists_once_a_client_subscribed(
         Arc::new(broker),
         async |_sid: &SessionId| held.sessions_held() > 0,
-        // The embedded broker lets a dropped subscription go as it is dropped.
-        async |_sid: &SessionId| true,
+        async |_sid: &SessionId| true, // a dropped subscription goes as it is dropped
     )
     .await;
 }
