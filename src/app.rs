@@ -187,19 +187,19 @@ impl App {
             );
         // MCP tool sources: kept connected by tasks of their own for as long as the parts live.
         let stop_tools = CancellationToken::new();
-        let mcp = match config.tools.sources.sources.is_empty() {
-            true => None,
-            false => Some(
-                McpTools::start(
-                    config.tools.sources.clone(),
-                    config.tools.guard.clone(),
-                    config.tls_ca.as_ref(),
-                    catalog.tools().iter().map(|t| t.name.clone()).collect(),
-                    metrics.clone(),
-                    stop_tools.clone(),
-                )
-                .part("the MCP tool sources")?,
-            ),
+        let mcp = if config.tools.sources.sources.is_empty() {
+            None
+        } else {
+            let reserved = catalog.tools().iter().map(|t| t.name.clone()).collect();
+            let mcp = McpTools::start(
+                config.tools.sources.clone(),
+                config.tools.guard.clone(),
+                config.tls_ca.as_ref(),
+                reserved,
+                metrics.clone(),
+                stop_tools.clone(),
+            );
+            Some(mcp.part("the MCP tool sources")?)
         };
         // Each source's first try (bounded by its connect timeout) before any turn runs, so the
         // first turns are offered what the sources that answer have.

@@ -135,6 +135,13 @@ async fn serve_api(
     if console_by_default {
         config.http.console.get_or_insert(true);
     }
+    if !worker && !config.tools.sources.sources.is_empty() {
+        // A front door runs no turns: its workers connect to the tool sources, it does not.
+        tracing::info!(
+            "APTIX_TOOLS_FILE is for the workers; this front door does not connect to its sources"
+        );
+        config.tools.sources = Default::default();
+    }
     check_exposure(&listen, &config.http.api_tokens)?;
     if config.broker.url.is_none() && !worker {
         anyhow::bail!(
