@@ -18,7 +18,7 @@ use aptix_worker::app::App;
 use aptix_worker::config::{Config, Sources};
 use aptix_worker::contract::{AgentExecuteResponse, InvokeResult};
 use aptix_worker::frontdoor::batch::{BatchAccepted, BatchProgress, BatchResultLine};
-use aptix_worker::mcp::approval::APPROVAL_TOOL;
+use aptix_worker::mcp::approval::{APPROVAL_TOOL, Asked};
 
 use super::batch_inputs::{assign_ids, read_inputs, salt};
 use super::client::ApiClient;
@@ -381,7 +381,10 @@ fn awaiting_approval(
     let asked: Vec<String> = waiting
         .tool_calls()
         .filter_map(aptix_worker::mcp::approval::asked)
-        .map(|(tool, _)| tool)
+        .map(|asked| match asked {
+            Asked::Server { tool, .. } => tool,
+            Asked::Hosted { source, tool } => format!("{tool} ({source})"),
+        })
         .collect();
     (!asked.is_empty()).then(|| {
         format!(

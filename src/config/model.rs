@@ -276,6 +276,8 @@ impl Model {
                     })?
                     .flatten(),
                 prices: r.parse(&PRICES, |t, _| Prices::parse_list(t))?,
+                // Hosted tools are a contexts file's: the environment's default has none.
+                hosted_tools: Vec::new(),
             },
             contexts: r
                 .parse(&CONTEXTS_FILE, |path, _| {

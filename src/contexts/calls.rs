@@ -141,6 +141,8 @@ pub struct CallSettings {
     pub flex_fallback: Option<Duration>,
     /// Prices for the cost estimate; none: no cost is estimated.
     pub prices: Option<Prices>,
+    /// OpenAI's hosted tools every call of the context offers (`hostedTools`).
+    pub hosted_tools: Vec<super::HostedTool>,
 }
 
 impl Default for CallSettings {
@@ -150,6 +152,7 @@ impl Default for CallSettings {
             service_tier: None,
             flex_fallback: Some(FLEX_FALLBACK_AFTER),
             prices: None,
+            hosted_tools: Vec::new(),
         }
     }
 }

@@ -114,6 +114,8 @@ struct AgentEntry {
     service_tier: Option<String>,
     flex_fallback_after_secs: Option<super::calls::FallbackEntry>,
     prices: Option<super::calls::PricesEntry>,
+    #[serde(default)]
+    hosted_tools: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -226,6 +228,7 @@ impl Contexts {
                 service_tier,
                 flex_fallback,
                 prices,
+                hosted_tools: super::hosted::read(entry.hosted_tools, &env).map_err(&bad)?,
             };
             out.agents.insert(
                 entry.id.clone(),
@@ -330,6 +333,7 @@ impl Contexts {
                         "cachedInputPerMillion": p.cached_input_micros as f64 / 1e6,
                         "outputPerMillion": p.output_micros as f64 / 1e6,
                     })),
+                    "hostedTools": a.calls.hosted_tools.iter().map(super::HostedTool::describe).collect::<Vec<_>>(),
                 })
             })
             .collect();

@@ -13,6 +13,7 @@
 
 mod calls;
 mod file;
+mod hosted;
 
 use std::collections::BTreeSet;
 
@@ -21,6 +22,7 @@ use crate::state::ContextIds;
 
 pub use calls::{CallSettings, FLEX_FALLBACK_AFTER, Prices, ServiceTier};
 pub use file::{AgentContext, Contexts, ContextsError, ConversationContext};
+pub use hosted::HostedTool;
 
 /// An agent context's base URL, checked: an http(s) URL with a host. `Err` says what is wrong
 /// with it (the contexts file and the model client both refuse such a URL at start-up).

@@ -26,6 +26,7 @@ pub fn component_validator(openapi_json: &Path, component: &str) -> Result<Reque
         serde_json::from_str(&text).map_err(|e| format!("invalid OpenAPI JSON: {e}"))?;
     if let Some(components) = doc.get_mut("components") {
         discriminated_one_of_to_any_of(components);
+        errata(components);
     }
     let schema = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -46,6 +47,20 @@ pub fn component_validator(openapi_json: &Path, component: &str) -> Result<Reque
 #[cfg(not(feature = "schema-check"))]
 pub fn component_validator(_openapi_json: &Path, _component: &str) -> Result<RequestCheck, String> {
     Err("this build has no JSON Schema engine: build with `--features schema-check` to check requests against the OpenAPI document".into())
+}
+
+/// Where the document contradicts itself and the live API: `MCPApprovalResponse` lists a
+/// `request_id` among its required properties without defining it, and neither the API nor its
+/// SDKs send or take one (an answer is `type`, `approval_request_id`, `approve`, and optionally
+/// `id` and `reason`). The phantom requirement is dropped; everything else stays.
+#[cfg_attr(not(feature = "schema-check"), allow(dead_code))]
+fn errata(components: &mut Value) {
+    if let Some(required) = components
+        .pointer_mut("/schemas/MCPApprovalResponse/required")
+        .and_then(Value::as_array_mut)
+    {
+        required.retain(|r| r != "request_id");
+    }
 }
 
 /// OpenAPI resolves a `oneOf` that has a `discriminator` by the discriminator property; plain
@@ -70,7 +85,7 @@ fn discriminated_one_of_to_any_of(v: &mut Value) {
 
 pub(super) type Rejection = (String, Option<String>, Option<String>);
 
-fn reject(message: impl Into<String>, param: &str) -> Rejection {
+pub(super) fn reject(message: impl Into<String>, param: &str) -> Rejection {
     (message.into(), Some(param.to_string()), None)
 }
 
@@ -91,6 +106,7 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
     };
     let mut outputs: Vec<String> = Vec::new();
     let mut calls_in_input: Vec<String> = Vec::new();
+    let (mut approval_requests, mut approval_answers) = (Vec::new(), Vec::new());
     for (i, item) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         match item.get("type").and_then(Value::as_str) {
@@ -165,10 +181,13 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
                 }
             }
             Some(other) => {
-                return Err(reject(
-                    format!("Invalid value: '{other}'."),
-                    &format!("{at}.type"),
-                ));
+                let asked_or_answered = (&mut approval_requests, &mut approval_answers);
+                if !super::hosted::check_item(item, other, &at, asked_or_answered)? {
+                    return Err(reject(
+                        format!("Invalid value: '{other}'."),
+                        &format!("{at}.type"),
+                    ));
+                }
             }
         }
     }
@@ -179,11 +198,18 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
             .ok_or_else(|| reject("Invalid type for 'tools'.", "tools"))?;
         for (i, t) in tools.iter().enumerate() {
             let at = format!("tools[{i}]");
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(reject(
-                    "Only function tools are supported by this fake.",
-                    &format!("{at}.type"),
-                ));
+            match t.get("type").and_then(Value::as_str) {
+                Some("function") => {}
+                Some(hosted) if super::hosted::is_hosted_tool(hosted) => {
+                    super::hosted::check_tool(t, &at)?;
+                    continue;
+                }
+                _ => {
+                    return Err(reject(
+                        "Only function tools and the hosted web_search, file_search and mcp tools are supported by this fake.",
+                        &format!("{at}.type"),
+                    ));
+                }
             }
             if t.get("function").is_some() {
                 return Err(reject(
@@ -243,7 +269,14 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
             inner.stored.lock().ok().and_then(|s| s.get(prev).cloned())
         };
         match stored {
-            Some(s) => must_answer.extend(s.pending_calls),
+            Some(s) => {
+                must_answer.extend(s.pending_calls);
+                approval_requests.extend(
+                    s.approvals
+                        .iter()
+                        .filter_map(|a| a["id"].as_str().map(str::to_string)),
+                );
+            }
             None => {
                 return Err((
                     format!("Previous response with id '{prev}' not found."),
@@ -260,6 +293,15 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
                 "input",
             ));
         }
+    }
+    if let Some(unknown) = approval_answers
+        .iter()
+        .find(|a| !approval_requests.contains(a))
+    {
+        return Err(reject(
+            format!("No approval request found with id '{unknown}'."),
+            "input",
+        ));
     }
     for out in &outputs {
         if !must_answer.contains(out) {

@@ -5,7 +5,8 @@
 //! `previous_response_id`; and, given the official OpenAPI document, the full `CreateResponse`
 //! schema), stores responses so `previous_response_id` works (or runs stateless), and answers
 //! with real `Response` objects. Tests script it reply by reply; with no script it answers
-//! deterministically, and an instruction line `#fake:call <tool> <json>` makes it call a tool.
+//! deterministically, and an instruction line `#fake:call <tool> <json>` makes it call a tool
+//! (`#fake:hosted …` one of OpenAI's hosted tools: see `hosted`).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ use serde_json::{Value, json};
 mod background;
 mod chat;
 mod check;
+mod hosted;
 mod reply;
 mod response;
 mod stored;
@@ -30,6 +32,7 @@ mod stream;
 
 use check::check_request;
 pub use check::{component_validator, create_response_validator};
+pub use hosted::HostedUse;
 pub use reply::Reply;
 use reply::default_reply;
 use stored::{Stored, StoredResponses};
@@ -452,7 +455,12 @@ fn answer_object(
         Reply::Text(t) => ("completed", vec![message(inner, text_part(t))], None),
         Reply::Refusal(r) => ("completed", vec![message(inner, json!({"type": "refusal", "refusal": r}))], None),
         Reply::Incomplete(t) => ("incomplete", vec![message(inner, text_part(t))], Some("max_output_tokens")),
-        Reply::UnknownItemThenText(t) => ("completed", vec![json!({"type": "web_search_call", "id": next_id(inner, "ws"), "status": "completed"}), message(inner, text_part(t))], None),
+        Reply::UnknownItemThenText(t) => ("completed", vec![json!({"type": "image_generation_call", "id": next_id(inner, "ig"), "status": "completed", "result": null}), message(inner, text_part(t))], None),
+        Reply::Hosted(used) => {
+            let (mut items, text) = hosted::output(inner, &req, used, |p| next_id(inner, p));
+            items.extend(text.map(|t| message(inner, text_part(&t))));
+            ("completed", items, None)
+        }
         Reply::Empty => ("completed", vec![], None),
         Reply::Calls(calls) => ("completed", calls.iter().map(|(name, args)| json!({
             "type": "function_call", "id": next_id(inner, "fc"), "call_id": next_id(inner, "call"),
@@ -484,6 +492,7 @@ fn answer_object(
         Reply::Delay(..) => unreachable!("delays are unwrapped above"),
     };
     let broken = matches!(reply, Reply::BrokenStream(_));
+    let approvals = hosted::requests_in(&output);
     let pending_calls: Vec<String> = output
         .iter()
         .filter(|o| o["type"] == "function_call")
@@ -546,6 +555,7 @@ fn answer_object(
             id,
             Stored {
                 pending_calls,
+                approvals,
                 context_tokens,
             },
         );

@@ -19,8 +19,10 @@ pub enum Reply {
     Refusal(String),
     /// Text cut short (`status: incomplete`, reason `max_output_tokens`).
     Incomplete(String),
-    /// An output item of a type clients do not know, followed by text.
+    /// An output item of a type clients do not handle, followed by text.
     UnknownItemThenText(String),
+    /// The model uses one of OpenAI's hosted tools (see [`super::HostedUse`]).
+    Hosted(super::HostedUse),
     /// An answer with no usable output (an empty output array).
     Empty,
     /// An HTTP error with an OpenAI-style error body and optional retry headers.
@@ -89,7 +91,13 @@ pub(super) fn default_reply(req: &Value) -> Reply {
     if outputs > 0 {
         return Reply::Text(format!("Received {outputs} tool output(s); done."));
     }
+    if let Some(answered) = super::hosted::answered(since_user) {
+        return Reply::Hosted(answered);
+    }
     let text = last_user_text(req);
+    if let Some(used) = text.lines().find_map(super::hosted::asked) {
+        return Reply::Hosted(used);
+    }
     let calls: Vec<(String, Value)> = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("#fake:call "))

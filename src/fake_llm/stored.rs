@@ -11,6 +11,8 @@ use std::collections::{HashMap, VecDeque};
 pub(super) struct Stored {
     /// The `call_id`s of its function calls (a follow-up must answer each).
     pub pending_calls: Vec<String>,
+    /// Its `mcp_approval_request` items (a follow-up may answer them).
+    pub approvals: Vec<serde_json::Value>,
     /// The tokens of the conversation up to and including this response, as a follow-up's
     /// input counts them: its own input and its output, less the reasoning (which the live
     /// API does not carry into the next call).
@@ -57,6 +59,7 @@ mod tests {
     fn stored(tokens: u64) -> Stored {
         Stored {
             pending_calls: Vec::new(),
+            approvals: Vec::new(),
             context_tokens: tokens,
         }
     }

@@ -13,6 +13,7 @@ use backon::Retryable as _;
 use crate::limiter::CallLimiter;
 
 mod background;
+mod hosted;
 mod parse;
 mod refusal;
 mod stream;

@@ -1,5 +1,5 @@
 //! Normalising a Responses API `Response` object: output items (text, refusals, function
-//! calls, reasoning, unknown types), the items kept for replay, usage, and `failed` /
+//! calls, reasoning, hosted tools' items, unknown types), the items kept for replay, usage, and `failed` /
 //! `incomplete` statuses.
 //!
 //! The answer is read into borrowed wire types that name only the fields used: everything
@@ -275,6 +275,11 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
                 });
             }
             "reasoning" => items.push(OutputItem::Reasoning),
+            hosted if super::hosted::is_hosted(hosted) => {
+                let (item, replay) = super::hosted::read(hosted, raw).map_err(bad)?;
+                replay_items.push(replay);
+                items.push(item);
+            }
             other => items.push(OutputItem::Unknown {
                 item_type: other.to_string(),
             }),
@@ -385,9 +390,15 @@ mod tests {
         assert_eq!(
             r.items,
             vec![
-                OutputItem::Unknown {
-                    item_type: "web_search_call".into()
-                },
+                OutputItem::Hosted(crate::state::HostedCall {
+                    item_type: "web_search_call".into(),
+                    id: "ws_1".into(),
+                    status: "completed".into(),
+                    server_label: None,
+                    name: "web_search".into(),
+                    detail: "q".into(),
+                    error: None,
+                }),
                 OutputItem::Text("line \"one\"\nline \u{e9} and two".into()),
                 OutputItem::FunctionCall {
                     call_id: "c\\1".into(),
@@ -397,7 +408,9 @@ mod tests {
             ]
         );
         assert_eq!(r.usage.total_tokens, 7);
-        assert_eq!(r.replay_items.len(), 2);
+        // The hosted call is replayed whole, with the message and the function call.
+        assert_eq!(r.replay_items.len(), 3);
+        assert_eq!(r.replay_items[0]["action"]["query"], "q");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::catalog::{CHANGE_MODE_TOOL, LIST_MODES_TOOL, ModeCatalog};
+use crate::contexts::HostedTool;
 use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 use crate::mcp::McpTool;
@@ -192,13 +193,14 @@ pub fn user_message(
 }
 
 /// The turn's `tools` array: the mode's tools (`base`, as the catalog wrote them) followed by
-/// the MCP tools the turn is offered, each as written when its source listed it. No JSON tree
-/// is built: the arrays are joined as text.
+/// the MCP tools the turn is offered, each as written when its source listed it, and the
+/// agent context's hosted tools. No JSON tree is built: the arrays are joined as text.
 pub fn with_tools<'a>(
     base: Option<Cow<'a, RawValue>>,
     mcp: &[Arc<McpTool>],
+    hosted: &[HostedTool],
 ) -> Option<Cow<'a, RawValue>> {
-    if mcp.is_empty() {
+    if mcp.is_empty() && hosted.is_empty() {
         return base;
     }
     let mut joined = String::from("[");
@@ -214,11 +216,15 @@ pub fn with_tools<'a>(
             joined.push(',');
         }
     }
-    for (i, t) in mcp.iter().enumerate() {
+    let added = mcp
+        .iter()
+        .map(|t| t.wire.get())
+        .chain(hosted.iter().map(HostedTool::wire));
+    for (i, wire) in added.enumerate() {
         if i > 0 {
             joined.push(',');
         }
-        joined.push_str(t.wire.get());
+        joined.push_str(wire);
     }
     joined.push(']');
     // Joined from valid JSON values: it parses; should it not, the mode's tools alone go.

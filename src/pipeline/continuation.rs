@@ -191,8 +191,14 @@ impl Pipeline {
                 .find(|c| c.tool_call_id == r.tool_call_id)
                 .and_then(approval::asked);
             let output = match asked {
+                // A hosted tool's approval: the model server runs the call (or hears why not).
+                Some(approval::Asked::Hosted { source, tool }) => {
+                    let metrics = &self.life.metrics;
+                    input.push(super::hosted::answer(metrics, r, (&source, &tool)));
+                    continue;
+                }
                 // An approval question's answer: the call runs (or the model hears why not).
-                Some((tool, arguments)) => {
+                Some(approval::Asked::Server { tool, arguments }) => {
                     let ran = Box::pin(self.approved_call(
                         &mut run,
                         &mut progress,

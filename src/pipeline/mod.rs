@@ -17,6 +17,7 @@ mod cancel_watch;
 pub mod compose;
 mod continuation;
 mod history;
+mod hosted;
 pub mod lifecycle;
 pub(crate) mod model_call;
 mod outcome;

@@ -132,7 +132,11 @@ impl ModelCaller {
             items.extend(progress.turn_items.iter().cloned());
             Ok::<_, RetryableFailure>(items)
         };
-        let tools = compose::with_tools(self.catalog.wire_tools(tools_mode), mcp);
+        let tools = compose::with_tools(
+            self.catalog.wire_tools(tools_mode),
+            mcp,
+            &backend.agent.calls.hosted_tools,
+        );
         let cache_key = backend
             .agent
             .prompt_caching
@@ -424,10 +428,13 @@ pub(super) struct Spent {
     pub(super) usage: crate::contract::Usage,
 }
 
-/// Whether the model's answer asks for a tool (server or client) to be run.
+/// Whether the model's answer asks for a tool (server or client) to be run, or a hosted
+/// tool's call to be approved.
 pub(super) fn calls_tools(response: &ModelResponse) -> bool {
-    response
-        .items
-        .iter()
-        .any(|i| matches!(i, OutputItem::FunctionCall { .. }))
+    response.items.iter().any(|i| {
+        matches!(
+            i,
+            OutputItem::FunctionCall { .. } | OutputItem::ApprovalRequest { .. }
+        )
+    })
 }

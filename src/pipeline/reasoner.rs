@@ -192,13 +192,23 @@ impl Pipeline {
             // settles the turn.
             let mut uncounted = None;
             // Resume from a checkpoint (a re-run after a crash), or ask the model.
-            let response = match run.record().checkpoint.clone() {
+            let checkpoint = match run.record().checkpoint.clone() {
                 Some(cp) if input.is_empty() => {
                     info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
                     progress = cp.progress;
-                    cp.response
+                    Some(cp.response)
                 }
-                _ => {
+                _ => None,
+            };
+            // The tools of this step: those the call offers are those its answer may call.
+            let tools_mode = compose::tools_mode(&self.catalog, &progress);
+            let mcp = self
+                .tools
+                .offered(&tools_mode.key, run.session().session_id.tenant());
+            let from_model = checkpoint.is_none();
+            let response = match checkpoint {
+                Some(response) => response,
+                None => {
                     if progress.iterations >= self.life.settings.max_iterations {
                         let result = InvokeResult::failure(permanent(
                             ErrorCode::IterationLimit,
@@ -209,10 +219,6 @@ impl Pipeline {
                         ));
                         return Box::pin(self.life.fail_turn(run, result)).await;
                     }
-                    let tools_mode = compose::tools_mode(&self.catalog, &progress);
-                    let mcp = self
-                        .tools
-                        .offered(&tools_mode.key, run.session().session_id.tenant());
                     let sent = std::mem::take(&mut input);
                     match self
                         .model
@@ -255,16 +261,13 @@ impl Pipeline {
                     }
                 }
             };
-            let tools_mode = compose::tools_mode(&self.catalog, &progress);
-            let mcp = self
-                .tools
-                .offered(&tools_mode.key, run.session().session_id.tenant());
             let mut tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
             tools.extend(mcp.iter().map(|t| &t.def));
 
             let mut texts = Vec::new();
             let mut refusals = Vec::new();
             let mut calls = Vec::new();
+            let mut approvals: Vec<ToolCall> = Vec::new();
             for item in &response.items {
                 match item {
                     OutputItem::Text(t) => texts.push(t.clone()),
@@ -275,6 +278,20 @@ impl Pipeline {
                         arguments,
                     } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
                     OutputItem::Reasoning => {}
+                    // Ran by the model server during the call: recorded once, when it came.
+                    OutputItem::Hosted(call) if from_model => {
+                        super::hosted::note(&mut run, &self.life.metrics, call);
+                    }
+                    OutputItem::Hosted(_) => {}
+                    OutputItem::ApprovalRequest {
+                        id,
+                        server_label,
+                        name,
+                        arguments,
+                    } => approvals.extend(super::hosted::question(
+                        &self.life.metrics,
+                        (id, server_label, name, arguments),
+                    )),
                     OutputItem::Unknown { item_type: kind } => {
                         warn!(kind = %kind, "ignoring an unknown output item");
                         api_warnings.push(ErrorMessage::new(
@@ -287,7 +304,7 @@ impl Pipeline {
                 }
             }
 
-            if calls.is_empty() {
+            if calls.is_empty() && approvals.is_empty() {
                 let mut text = texts.join("\n\n");
                 if text.is_empty() {
                     text = refusals.join("\n\n");
@@ -318,7 +335,7 @@ impl Pipeline {
             // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
             // the one chosen before the loop.
             let mut outputs: Vec<(String, String)> = Vec::new();
-            let mut client_calls: Vec<ToolCall> = Vec::new();
+            let mut client_calls: Vec<ToolCall> = approvals;
             for (call_id, name, arguments) in calls {
                 let def = tools.iter().find(|t| t.name == name);
                 match def.map(|d| d.location) {

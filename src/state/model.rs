@@ -23,11 +23,54 @@ pub enum OutputItem {
     },
     /// Reasoning, ignored.
     Reasoning,
+    /// A call the model server ran itself (one of OpenAI's hosted tools), as it reported it.
+    Hosted(HostedCall),
+    /// A hosted `mcp` tool's call that waits for a person's approval (`mcp_approval_request`):
+    /// answered in the next request with an `mcp_approval_response`.
+    ApprovalRequest {
+        /// The request's id (`approval_request_id` of the answer).
+        id: String,
+        /// The `server_label` of the hosted MCP server.
+        server_label: String,
+        /// The tool to run.
+        name: String,
+        /// Its arguments, as JSON text.
+        arguments: String,
+    },
     /// An item type this client does not know; ignored with a warning.
     Unknown {
         /// The item's type.
         item_type: String,
     },
+}
+
+/// A hosted tool's call as the model server reported it: `web_search_call`,
+/// `file_search_call`, `mcp_call`, `mcp_list_tools`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HostedCall {
+    /// The item's `type`.
+    pub item_type: String,
+    /// The item's `id`.
+    pub id: String,
+    /// Its `status` (`completed` when the item has none, as `mcp_list_tools`).
+    pub status: String,
+    /// The hosted MCP server's `server_label`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_label: Option<String>,
+    /// What ran: the MCP tool's name, else the item type without `_call`.
+    pub name: String,
+    /// What it was asked: the search's query, the file search's queries, the MCP arguments.
+    pub detail: String,
+    /// The error it reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl HostedCall {
+    /// Whether it reported a failure.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || matches!(self.status.as_str(), "failed" | "incomplete")
+    }
 }
 
 /// A normalised model answer.

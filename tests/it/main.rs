@@ -47,6 +47,7 @@ mod direct_replies;
 mod errors;
 mod front_doors;
 mod gateway;
+mod hosted_tools;
 mod http_api;
 mod http_api_edges;
 mod http_batches;
