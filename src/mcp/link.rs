@@ -382,7 +382,10 @@ impl Link {
                 let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
                     .custom_headers(custom)
                     .max_concurrent_requests(self.source.max_in_flight);
-                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                let transport = StreamableHttpClientTransport::with_client(
+                    super::traced::Traced(http.clone()),
+                    config,
+                );
                 listener.serve(transport).await.map_err(|e| described(&e))
             }
             Transport::Stdio { command, args, env } => {

@@ -21,6 +21,7 @@ pub mod link;
 pub mod listing;
 pub mod output;
 pub mod sources;
+mod traced;
 
 pub use link::CallFailure;
 pub use listing::{Hints, McpTool};

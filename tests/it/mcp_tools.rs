@@ -33,10 +33,22 @@ async fn wait_up(app: &App, source: &str) {
     .await;
 }
 
-/// Submits turn `turn` of session `session` (tenant A) with `instruction`; its settled status.
+/// The trace the client of [`run`] sends its turns in.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+/// Submits turn `turn` of session `session` (tenant A) with `instruction`, in trace
+/// [`TRACE_ID`]; its settled status.
 async fn run(app: &App, session: &str, turn: &str, instruction: &str) -> Value {
     let body = json!({"sessionId": session, "turnId": turn, "instruction": instruction});
-    let (status, accepted) = app.post(Some("tok-a"), body.to_string()).await;
+    let trace = format!("00-{TRACE_ID}-00f067aa0ba902b7-01");
+    let (status, accepted) = app
+        .post_with(
+            Some("tok-a"),
+            "/v1/turns",
+            &[("traceparent", &trace)],
+            body.to_string(),
+        )
+        .await;
     assert_eq!(status, 202, "{accepted}");
     app.settled("tok-a", session, turn).await
 }
@@ -99,6 +111,22 @@ pub(super) async fn discovered_tools_are_offered_and_their_outputs_reach_the_mod
             call["key"],
             idempotency_key("tenant-a/s", "t", call_id).as_str(),
             "{call}"
+        );
+        // The client's trace goes on to the tool server, as a header of the call's own HTTP
+        // request and in its `_meta`, under a span of the worker's.
+        let header = call["traceparent"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no traceparent header: {call}"));
+        assert_eq!(call["metaTraceparent"], header, "{call}");
+        let parts: Vec<&str> = header.split('-').collect();
+        assert_eq!(
+            (parts.len(), parts[0], parts[1]),
+            (4, "00", TRACE_ID),
+            "{call}"
+        );
+        assert_ne!(
+            parts[2], "00f067aa0ba902b7",
+            "a span of the worker's: {call}"
         );
     }
     // The turn's record names the source and the outcome of each call.

@@ -2,7 +2,7 @@
 
 Run as `server.py http PORT STATE_DIR` (Streamable HTTP at http://127.0.0.1:PORT/mcp) or
 `server.py stdio STATE_DIR`. Every call is appended to STATE_DIR/calls.jsonl (tool, arguments, the request's
-`_meta.idempotencyKey`, the server's pid), so a test sees from outside what ran and how often. A
+`_meta.idempotencyKey` and `_meta.traceparent`, the HTTP request's `traceparent` header, the server's pid), so a test sees from outside what ran and how often. A
 call with `delay_ms` first writes STATE_DIR/started-<tool> and then waits: a test kills the
 worker while the call is in flight.
 
@@ -26,22 +26,35 @@ STATE = Path(sys.argv[3] if sys.argv[1:2] == ["http"] else sys.argv[2])
 server = MCPServer("aptix-test-tools")
 
 
-def idempotency_key(ctx: Context) -> str | None:
+def meta_value(ctx: Context, key: str) -> str | None:
     rc = ctx.request_context
     for meta in (rc.meta, (rc.params or {}).get("_meta")):
         if meta is None:
             continue
         if isinstance(meta, dict):
-            found = meta.get("idempotencyKey")
+            found = meta.get(key)
         else:
-            found = getattr(meta, "idempotencyKey", None) or (getattr(meta, "model_extra", None) or {}).get("idempotencyKey")
+            found = getattr(meta, key, None) or (getattr(meta, "model_extra", None) or {}).get(key)
         if found:
             return found
     return None
 
 
+def header(ctx: Context, name: str) -> str | None:
+    """A header of the HTTP request that carried the call (None over stdio)."""
+    headers = getattr(getattr(ctx.request_context, "request", None), "headers", None)
+    return headers.get(name) if headers is not None else None
+
+
 async def record(ctx: Context, tool: str, args: dict, delay_ms: int = 0) -> None:
-    line = {"tool": tool, "args": args, "key": idempotency_key(ctx), "pid": os.getpid()}
+    line = {
+        "tool": tool,
+        "args": args,
+        "key": meta_value(ctx, "idempotencyKey"),
+        "metaTraceparent": meta_value(ctx, "traceparent"),
+        "traceparent": header(ctx, "traceparent"),
+        "pid": os.getpid(),
+    }
     with open(STATE / "calls.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
     if delay_ms:
