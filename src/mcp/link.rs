@@ -67,6 +67,19 @@ pub enum CallFailure {
         /// The call timeout.
         timeout: Duration,
     },
+    /// Every place among the source's calls in flight (`maxInFlight`) stayed taken for the
+    /// call timeout: nothing was sent.
+    #[error(
+        "the source {source_name} had {max_in_flight} calls in flight for {waited:?}; this one was not sent"
+    )]
+    Busy {
+        /// The source.
+        source_name: String,
+        /// Its `maxInFlight`.
+        max_in_flight: usize,
+        /// How long the call waited.
+        waited: Duration,
+    },
     /// The connection failed during the call: the tool may have run.
     #[error("the call to {source_name} broke off: {why}")]
     Broken {
@@ -81,6 +94,25 @@ impl CallFailure {
     /// Whether the tool may have run although no answer came.
     pub fn may_have_run(&self) -> bool {
         matches!(self, Self::Timeout { .. } | Self::Broken { .. })
+    }
+}
+
+/// A place among a source's calls in flight (`maxInFlight`), taken before a call is marked
+/// sent: a call that waits for one has not left, and a run that dies waiting leaves no mark.
+pub struct Slot<'a> {
+    link: &'a Link,
+    _permit: tokio::sync::SemaphorePermit<'a>,
+}
+
+impl Slot<'_> {
+    /// Calls tool `remote` in this place; see [`Link::call`].
+    pub async fn call(
+        self,
+        remote: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+    ) -> Result<Value, CallFailure> {
+        self.link.call_now(remote, arguments, meta).await
     }
 }
 
@@ -227,18 +259,45 @@ impl Link {
             .unwrap_or(true)
     }
 
-    /// Calls tool `remote` with `arguments` and `meta`; the result as JSON.
+    /// A place among the source's calls in flight, waited for at most the call timeout.
+    pub async fn reserve(&self) -> Result<Slot<'_>, CallFailure> {
+        let waited = self.source.call_timeout;
+        match tokio::time::timeout(waited, self.slots.acquire()).await {
+            Err(_) => Err(CallFailure::Busy {
+                source_name: self.source.name.clone(),
+                max_in_flight: self.source.max_in_flight,
+                waited,
+            }),
+            Ok(Err(_)) => Err(CallFailure::Down {
+                source_name: self.source.name.clone(),
+                why: "shutting down".into(),
+            }),
+            Ok(Ok(permit)) => Ok(Slot {
+                link: self,
+                _permit: permit,
+            }),
+        }
+    }
+
+    /// Calls tool `remote` with `arguments` and `meta` once a place is free; the result as
+    /// JSON.
     pub async fn call(
         &self,
         remote: &str,
         arguments: Map<String, Value>,
         meta: Map<String, Value>,
     ) -> Result<Value, CallFailure> {
+        self.reserve().await?.call(remote, arguments, meta).await
+    }
+
+    /// The call itself, in a place taken by [`Link::reserve`].
+    async fn call_now(
+        &self,
+        remote: &str,
+        arguments: Map<String, Value>,
+        meta: Map<String, Value>,
+    ) -> Result<Value, CallFailure> {
         let source_name = self.source.name.clone();
-        let _slot = self.slots.acquire().await.map_err(|_| CallFailure::Down {
-            source_name: source_name.clone(),
-            why: "shutting down".into(),
-        })?;
         let peer = self.peer.read().ok().and_then(|p| p.clone());
         let Some(peer) = peer else {
             return Err(CallFailure::Down {
@@ -448,5 +507,40 @@ impl Link {
             .tools
             .source(&self.source.name, false, self.tools().len());
         self.attempted.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waits_for_a_place_at_most_its_timeout_and_then_was_not_sent() {
+        let file = r#"{"sources": [{"name": "a", "url": "http://127.0.0.1:9/mcp",
+            "maxInFlight": 1, "callTimeoutMs": 500}]}"#;
+        let source = crate::mcp::sources::ToolSources::parse(file, |_| None)
+            .unwrap()
+            .sources
+            .remove(0);
+        let link = Link::new(source);
+        let held = link.reserve().await.expect("the one place is free");
+        let started = tokio::time::Instant::now();
+        let Err(failure) = link.reserve().await else {
+            panic!("a second place while the only one is held");
+        };
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        assert!(
+            matches!(
+                failure,
+                CallFailure::Busy {
+                    max_in_flight: 1,
+                    ..
+                }
+            ),
+            "{failure}"
+        );
+        assert!(!failure.may_have_run());
+        drop(held);
+        assert!(link.reserve().await.is_ok(), "free again once given back");
     }
 }

@@ -172,6 +172,18 @@ impl McpTools {
             .any(|l| l.source.name == tool.source && l.is_connected())
     }
 
+    /// A place among the calls in flight of `tool`'s source, waited for at most its call
+    /// timeout (see [`link::Slot`]).
+    pub async fn reserve(&self, tool: &McpTool) -> Result<link::Slot<'_>, CallFailure> {
+        let Some(link) = self.links.iter().find(|l| l.source.name == tool.source) else {
+            return Err(CallFailure::Down {
+                source_name: tool.source.clone(),
+                why: "no such source".into(),
+            });
+        };
+        link.reserve().await
+    }
+
     /// Calls `tool` with `arguments`; `meta` goes in the request's `_meta`.
     pub async fn call(
         &self,

@@ -245,6 +245,62 @@ async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_
     browser.shot("batch").await;
 }
 
+/// The inspector lists an MCP tool call (our source) and a hosted one (run by the model
+/// server) with the built-in calls, each saying where it ran.
+#[tokio::test]
+async fn the_inspector_shows_mcp_and_hosted_tool_calls() {
+    let server = crate::mcp_support::HttpServer::start().await;
+    let file = crate::mcp_support::ToolsFile::new(vec![server.source("calc", json!({}))]);
+    let model = crate::contexts::fake("sk-console-0123456789", Duration::ZERO).await;
+    let contexts = std::env::temp_dir().join(format!("aptix-console-{}.json", std::process::id()));
+    let context = json!({"agentContexts": [{"id": "default", "baseUrl": model.base_url(),
+        "apiKeyEnv": "CONSOLE_KEY", "model": "m", "hostedTools": [{"type": "web_search"}]}]});
+    std::fs::write(&contexts, context.to_string()).unwrap();
+    let mut env = file.env();
+    env.extend([
+        ("APTIX_CONSOLE", "true".to_string()),
+        ("APTIX_CONTEXTS_FILE", contexts.display().to_string()),
+        ("CONSOLE_KEY", "sk-console-0123456789".to_string()),
+    ]);
+    let app = spawn(AppOptions {
+        backend: Backend::Embedded,
+        extra_env: env,
+        ..AppOptions::default()
+    })
+    .await;
+    let _ = std::fs::remove_file(&contexts);
+    app.wait_for_metric("aptix_tool_source_up{source=\"calc\"}", |v| v == 1.0)
+        .await;
+    for (turn, instruction) in [
+        ("t1", "#fake:call lookup {\"city\": \"Oslo\"}"),
+        ("t2", "#fake:hosted web_search aptix"),
+    ] {
+        let body = json!({"sessionId": "tools", "turnId": turn, "instruction": instruction});
+        assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+        assert_eq!(
+            app.settled("tok-a", "tools", turn).await["status"],
+            "completed"
+        );
+    }
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    for (turn, expected) in [
+        ("t1", "lookup · MCP calc"),
+        ("t2", "web_search · hosted by openai"),
+    ] {
+        browser
+            .show(&app.base, &format!("/turn/tools/{turn}"))
+            .await;
+        let row = browser
+            .text_when(".tool-call", Duration::from_secs(10), |t| {
+                t.contains(expected)
+            })
+            .await;
+        assert!(row.contains(expected), "{row}");
+    }
+    browser.shot("inspector-tools").await;
+}
+
 #[tokio::test]
 async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothing() {
     let app = console_app().await;

@@ -3,7 +3,8 @@
 //! Each measures the product against a baseline measured in the same run (docs/benchmarks.md
 //! has today's figures and how to reproduce them): `turns` pushes turns through the real job
 //! path (in-process, or as separate `aptix` processes with their CPU per turn and callgrind's
-//! instruction counts), `store`, `limiter` and `rag` measure one part each. Configuration is
+//! instruction counts), `store`, `limiter` and `rag` measure one part each, and `tool-call`
+//! what an MCP server tool call adds to a turn. Configuration is
 //! the product's (`APTIX_*`, `APTIX_CONFIG_FILE`).
 
 mod bench;
@@ -11,6 +12,7 @@ mod bench_callgrind;
 mod bench_loop;
 mod bench_procs;
 mod bench_stream;
+mod bench_tools;
 mod bench_verdict;
 mod bench_webhooks;
 mod procfs;
@@ -50,6 +52,26 @@ enum Command {
     /// Measure indexing and BM25 queries on a synthetic corpus (memory, and Redis when
     /// APTIX_REDIS_URL is set) against baselines measured in the same run.
     Rag(BenchRagArgs),
+    /// Measure what one MCP server tool call adds to a turn (latency and CPU) against the
+    /// bare call of the same tool through the same client, on any Streamable HTTP MCP server.
+    ToolCall(BenchToolCallArgs),
+}
+
+/// Arguments of `aptix-bench tool-call`.
+#[derive(Debug, clap::Args)]
+pub struct BenchToolCallArgs {
+    /// Calls and turns per phase.
+    #[arg(long, default_value_t = 300)]
+    pub turns: usize,
+    /// The MCP server's Streamable HTTP endpoint (e.g. http://127.0.0.1:8765/mcp).
+    #[arg(long)]
+    pub mcp_url: String,
+    /// The tool to call.
+    #[arg(long)]
+    pub tool: String,
+    /// Its arguments, a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub arguments: String,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +112,7 @@ fn main() -> ExitCode {
             Command::Store(args) => bench_store(args, config).await,
             Command::Limiter(args) => bench_limiter(args, config).await,
             Command::Rag(args) => bench_rag(args, config).await,
+            Command::ToolCall(args) => bench_tool_call(args, config).await,
         }
     });
     match done {
@@ -304,5 +327,20 @@ async fn bench_rag(args: BenchRagArgs, config: Config) -> anyhow::Result<ExitCod
         queries,
     };
     aptix_worker::rag::bench::run(config.store.url.as_ref().map(|u| u.expose()), opts).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench_tool_call(args: BenchToolCallArgs, config: Config) -> anyhow::Result<ExitCode> {
+    let arguments = match serde_json::from_str(&args.arguments) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => anyhow::bail!("--arguments must be a JSON object, not {}", args.arguments),
+    };
+    let options = bench_tools::ToolCallOptions {
+        turns: args.turns,
+        url: args.mcp_url,
+        tool: args.tool,
+        arguments,
+    };
+    bench_tools::run(&config, options).await?;
     Ok(ExitCode::SUCCESS)
 }

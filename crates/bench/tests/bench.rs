@@ -221,3 +221,67 @@ fn bench_limiter_reports_both_limiters_against_their_baselines() {
         assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
     }
 }
+
+/// The tool-call bench runs against a real MCP server (the official Python SDK's, the one the
+/// product's tests use; `.ci/run` installs it and sets `APTIX_MCP_PYTHON`), on Redis, and
+/// prints each phase beside the bare call; every call it made reached the server.
+#[test]
+fn bench_tool_call_reports_a_turn_s_tool_call_against_the_bare_call() {
+    let python = std::env::var("APTIX_MCP_PYTHON").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+        format!("{home}/.cache/aptix-ci/mcp-2.3.0/bin/python")
+    });
+    assert!(
+        std::path::Path::new(&python).exists(),
+        "{python} is missing: install the MCP SDK (`pip install mcp==2.3.0 uvicorn` in a venv; .ci/run does) or set APTIX_MCP_PYTHON"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap();
+    let state = std::env::temp_dir().join(format!("aptix-bench-mcp-{}", std::process::id()));
+    std::fs::create_dir_all(&state).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/mcp/server.py");
+    let mut server = Command::new(&python)
+        .args([script, "http", &port.to_string()])
+        .arg(&state)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = bench()
+        .args(["tool-call", "--turns", "20", "--tool", "lookup"])
+        .args(["--arguments", r#"{"city": "Oslo"}"#])
+        .arg("--mcp-url")
+        .arg(format!("http://127.0.0.1:{port}/mcp"))
+        .env("APTIX_REDIS_URL", redis_url())
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let calls = std::fs::read_to_string(state.join("calls.jsonl")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&state);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "baseline: bare MCP call",
+        "turn without a tool call",
+        "turn with one MCP tool call",
+        "the tool call adds to a turn: latency",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
+    }
+    // 20 measured and 5 warm-up calls in each of the two phases that call the tool.
+    assert_eq!(calls.lines().count(), 50, "{calls}");
+}

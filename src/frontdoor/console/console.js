@@ -307,7 +307,7 @@ function inspectorView(session, turn, tenant) {
             "tr",
             { class: "tool-call" },
             el("td", { class: "num" }, c.attempt),
-            el("td", {}, c.name, c.source ? " · MCP " + c.source : "", c.outcome && c.outcome !== "answered" ? " · " + c.outcome : "", c.repeated ? " (repeated after a crash)" : "", c.replayed ? " (replayed from the ledger)" : ""),
+            el("td", {}, c.name, c.source ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "", c.outcome && c.outcome !== "answered" ? " · " + c.outcome : "", c.repeated ? " (repeated after a crash)" : "", c.replayed ? " (replayed from the ledger)" : ""),
             el("td", {}, el("pre", {}, c.arguments)),
             el("td", {}, c.output ? el("details", {}, el("summary", {}, "output"), el("pre", {}, c.output)) : ""),
             el("td", { class: "num" }, c.executionMs + " ms")

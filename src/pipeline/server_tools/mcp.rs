@@ -152,6 +152,16 @@ pub(super) async fn call(
         counted(Counted::Failed, None);
         return Err(unavailable(tool, "its source is not connected"));
     }
+    // A place among the source's calls in flight is taken before the mark: a call waiting
+    // for one has not left, and a run that dies waiting must not leave it "sent".
+    let slot = match mcp.reserve(tool).await {
+        Ok(slot) => slot,
+        Err(failure) => {
+            counted(Counted::Failed, None);
+            warn!(tool = %tool.def.name, error = %failure, "an MCP tool call could not be sent; the turn is tried again later");
+            return Err(unavailable(tool, &failure.to_string()));
+        }
+    };
     marks.mark_sent(run, call_id).await?;
     let mut meta = Map::new();
     let session = run.record().session_id.to_string();
@@ -165,7 +175,7 @@ pub(super) async fn call(
     }
     let cap = source.map_or(16 * 1024, |s| s.max_output_bytes);
     let started = Instant::now();
-    let result = mcp.call(tool, args, meta).await;
+    let result = slot.call(&tool.remote, args, meta).await;
     let took = started.elapsed();
     match result {
         Ok(result) => {
