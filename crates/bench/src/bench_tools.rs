@@ -128,6 +128,13 @@ pub(super) async fn run(config: &Config, o: ToolCallOptions) -> anyhow::Result<(
         cpu_added,
         times(cpu_added, bare.cpu_us),
     );
+    println!(
+        "  beyond the bare call (the model's second call, the checkpoint, the sent mark, the ledger): latency {:+.3} ms, CPU {:+.1} µs; a turn without a tool call: {:.3} ms, {:.1} µs",
+        (lat_added - bare.p50.as_secs_f64()) * 1e3,
+        cpu_added - bare.cpu_us,
+        plain.p50.as_secs_f64() * 1e3,
+        plain.cpu_us,
+    );
     Ok(())
 }
 
