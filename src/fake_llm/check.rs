@@ -85,7 +85,7 @@ fn discriminated_one_of_to_any_of(v: &mut Value) {
 
 pub(super) type Rejection = (String, Option<String>, Option<String>);
 
-pub(super) fn reject(message: impl Into<String>, param: &str) -> Rejection {
+fn reject(message: impl Into<String>, param: &str) -> Rejection {
     (message.into(), Some(param.to_string()), None)
 }
 
@@ -182,7 +182,9 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
             }
             Some(other) => {
                 let asked_or_answered = (&mut approval_requests, &mut approval_answers);
-                if !super::hosted::check_item(item, other, &at, asked_or_answered)? {
+                let known = super::hosted::check_item(item, other, &at, asked_or_answered)
+                    .map_err(|(message, param)| reject(message, &param))?;
+                if !known {
                     return Err(reject(
                         format!("Invalid value: '{other}'."),
                         &format!("{at}.type"),
@@ -201,7 +203,8 @@ pub(super) fn check_request(inner: &Inner, req: &Value) -> Result<(), Rejection>
             match t.get("type").and_then(Value::as_str) {
                 Some("function") => {}
                 Some(hosted) if super::hosted::is_hosted_tool(hosted) => {
-                    super::hosted::check_tool(t, &at)?;
+                    super::hosted::check_tool(t, &at)
+                        .map_err(|(message, param)| reject(message, &param))?;
                     continue;
                 }
                 _ => {

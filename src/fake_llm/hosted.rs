@@ -13,7 +13,13 @@
 use serde_json::{Value, json};
 
 use super::Inner;
-use super::check::{Rejection, reject};
+
+/// Why the API refuses a request: its message and the parameter it names.
+pub(super) type Refusal = (String, String);
+
+fn refuse(message: impl Into<String>, param: &str) -> Refusal {
+    (message.into(), param.to_string())
+}
 
 /// What the model does with a hosted tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,19 +86,19 @@ pub(super) fn answered(items: &[Value]) -> Option<HostedUse> {
 }
 
 /// Checks a hosted tool object the way the API does (the schema check covers the rest).
-pub(super) fn check_tool(t: &Value, at: &str) -> Result<(), Rejection> {
+pub(super) fn check_tool(t: &Value, at: &str) -> Result<(), Refusal> {
     match t.get("type").and_then(Value::as_str).unwrap_or("") {
         "file_search"
             if t.get("vector_store_ids")
                 .and_then(Value::as_array)
                 .is_none() =>
         {
-            Err(reject(
+            Err(refuse(
                 "Missing required parameter: 'tools[].vector_store_ids'.",
                 at,
             ))
         }
-        "mcp" if t.get("server_label").and_then(Value::as_str).is_none() => Err(reject(
+        "mcp" if t.get("server_label").and_then(Value::as_str).is_none() => Err(refuse(
             "Missing required parameter: 'tools[].server_label'.",
             at,
         )),
@@ -107,12 +113,12 @@ pub(super) fn check_item(
     kind: &str,
     at: &str,
     (requests, answers): (&mut Vec<String>, &mut Vec<String>),
-) -> Result<bool, Rejection> {
+) -> Result<bool, Refusal> {
     let need = |k: &str| {
         item.get(k)
             .and_then(Value::as_str)
             .map(str::to_string)
-            .ok_or_else(|| reject(format!("Missing required parameter: '{at}.{k}'."), at))
+            .ok_or_else(|| refuse(format!("Missing required parameter: '{at}.{k}'."), at))
     };
     match kind {
         "web_search_call" | "file_search_call" | "mcp_call" | "mcp_list_tools" => {
@@ -121,7 +127,7 @@ pub(super) fn check_item(
         "mcp_approval_request" => requests.push(need("id")?),
         "mcp_approval_response" => {
             if item.get("approve").and_then(Value::as_bool).is_none() {
-                return Err(reject(
+                return Err(refuse(
                     format!("Missing required parameter: '{at}.approve'."),
                     at,
                 ));
