@@ -86,7 +86,19 @@ pub struct RedisIndex {
     conn: RedisConnection,
     namespace: String,
     put_file: std::sync::Arc<Script>,
+    frequencies: std::sync::Arc<Script>,
 }
+
+/// KEYS: the tenant's stats, then one term's postings per term. Returns {chunks, tokens,
+/// document frequency of each term}; for a tenant with no index only {false, false}: a turn
+/// of a tenant that indexed nothing reads one hash, not one per word of its instruction.
+const FREQUENCIES: &str = r"
+local stats = redis.call('HMGET', KEYS[1], 'chunks', 'tokens')
+if not stats[1] then return {false, false} end
+local out = {stats[1], stats[2]}
+for i = 2, #KEYS do out[#out + 1] = redis.call('HLEN', KEYS[i]) end
+return out
+";
 
 fn unavailable(e: redis::RedisError) -> RagError {
     RagError::Redis(e)
@@ -138,6 +150,7 @@ impl RedisIndex {
             conn,
             namespace: namespace.to_string(),
             put_file: std::sync::Arc::new(Script::new(PUT_FILE)),
+            frequencies: std::sync::Arc::new(Script::new(FREQUENCIES)),
         })
     }
 
@@ -320,32 +333,37 @@ impl ChunkIndex for RedisIndex {
     async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
         let stats = self.key(tenant, "stats");
         let prefix = self.key(tenant, "term:");
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET").arg(&stats).arg("chunks").arg("tokens");
+        let mut invocation = self.frequencies.prepare_invoke();
+        invocation.key(&stats);
         for t in terms {
-            pipe.cmd("HLEN").arg(format!("{prefix}{t}"));
+            invocation.key(format!("{prefix}{t}"));
         }
-        let mut raw: Vec<redis::Value> = pipe
-            .query_async(&mut self.conn.clone())
+        let mut raw: Vec<redis::Value> = invocation
+            .invoke_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
         let bad = |what: &str, e: redis::ParsingError| {
             RagError::Corrupt(format!("{what}: unexpected reply ({e})"))
         };
-        if raw.len() != terms.len() + 1 {
+        let indexed = raw.len() == terms.len() + 2;
+        if !indexed && raw.len() != 2 {
             return Err(RagError::Corrupt(format!(
-                "{stats}: {} replies to {} reads",
+                "{stats}: {} replies for {} terms",
                 raw.len(),
-                terms.len() + 1
+                terms.len()
             )));
         }
-        let lens = raw.split_off(1);
-        let (chunks, tokens): (Option<i64>, Option<i64>) = raw
-            .pop()
-            .map(redis::FromRedisValue::from_redis_value)
-            .transpose()
-            .map_err(|e| bad(&stats, e))?
-            .unwrap_or_default();
+        let lens = if indexed {
+            raw.split_off(2)
+        } else {
+            vec![redis::Value::Int(0); terms.len()]
+        };
+        let number = |v: redis::Value| -> Result<Option<i64>, RagError> {
+            redis::FromRedisValue::from_redis_value(v).map_err(|e| bad(&stats, e))
+        };
+        let mut two = raw.into_iter();
+        let chunks = two.next().map(number).transpose()?.flatten();
+        let tokens = two.next().map(number).transpose()?.flatten();
         let df = lens
             .into_iter()
             .zip(terms)

@@ -74,6 +74,7 @@ mod rag;
 mod rag_scope;
 mod redis_cluster;
 mod redis_cluster_failover;
+mod redis_commands;
 mod redis_failover;
 mod restarts;
 mod store_conformance;

@@ -8,22 +8,25 @@ use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
 
 impl RedisStore {
     /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
-    /// the session, and returns what it holds (one round trip).
+    /// the session, and returns what it holds (one round trip, two commands: `SET NX GET PX`
+    /// answers what the key held, if anything, and `PEXPIRE` keeps one already set).
     pub(super) async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
-        let (_, held, _): (Option<String>, String, i64) = redis::pipe()
+        let ttl = ms(self.retention.sessions);
+        let (held, _): (Option<String>, i64) = redis::pipe()
             .cmd("SET")
             .arg(key)
             .arg(value)
             .arg("NX")
-            .cmd("GET")
-            .arg(key)
+            .arg("GET")
+            .arg("PX")
+            .arg(ttl)
             .cmd("PEXPIRE")
             .arg(key)
-            .arg(ms(self.retention.sessions))
+            .arg(ttl)
             .query_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
-        Ok(held)
+        Ok(held.unwrap_or_else(|| value.to_string()))
     }
 
     /// [`crate::store::SessionStore::admit_turn`] in one script (`ADMIT_TURN`); without an

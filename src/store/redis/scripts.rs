@@ -3,6 +3,22 @@
 
 use redis::Script;
 
+/// A Lua function: `latch(key, value, ttl)` sets `key` to `value` unless it holds one, keeps it
+/// `ttl` ms either way, and returns what it holds — one command for a new key (`SET NX GET PX`,
+/// Redis 7.0 or later), two for one already set.
+macro_rules! latch_fn {
+    () => {
+        r"
+local function latch(key, value, ttl)
+  local held = redis.call('SET', key, value, 'NX', 'GET', 'PX', ttl)
+  if not held then return value end
+  redis.call('PEXPIRE', key, ttl)
+  return held
+end
+"
+    };
+}
+
 const ACQUIRE: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local token = redis.call('INCR', KEYS[2])
@@ -16,7 +32,9 @@ return token
 /// Returns {token or false, turn JSON or false, ledger as field/value pairs, session JSON or
 /// false, latched contexts JSON or false}; the session only when the lease was taken, the
 /// contexts only then and for a session not stored yet, latching ARGV[4] unless some are.
-const BEGIN: &str = r"
+const BEGIN: &str = concat!(
+    latch_fn!(),
+    r"
 local turn = redis.call('GET', KEYS[3])
 local ledger = redis.call('HGETALL', KEYS[4])
 if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false, false} end
@@ -26,12 +44,11 @@ redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
 local session = redis.call('GET', KEYS[5])
 local latched = false
 if not session and ARGV[4] ~= '' then
-  redis.call('SET', KEYS[6], ARGV[4], 'NX')
-  redis.call('PEXPIRE', KEYS[6], ARGV[3])
-  latched = redis.call('GET', KEYS[6])
+  latched = latch(KEYS[6], ARGV[4], ARGV[3])
 end
 return {token, turn, ledger, session, latched}
-";
+"
+);
 
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -123,17 +140,15 @@ return 1
 /// Returns {0, owner} (another tenant's session), {1, latched contexts} (other contexts),
 /// {2, existing turn JSON}, or {3, false} (created); stops writing at the first refusal.
 /// Without a tenant and contexts it is the plain create-unless-it-exists of a turn record.
-const ADMIT_TURN: &str = r"
+const ADMIT_TURN: &str = concat!(
+    latch_fn!(),
+    r"
 if ARGV[1] ~= '' then
-  redis.call('SET', KEYS[1], ARGV[1], 'NX')
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  local owner = redis.call('GET', KEYS[1])
+  local owner = latch(KEYS[1], ARGV[1], ARGV[6])
   if owner ~= ARGV[1] then return {0, owner} end
 end
 if ARGV[2] ~= '' then
-  redis.call('SET', KEYS[2], ARGV[2], 'NX')
-  redis.call('PEXPIRE', KEYS[2], ARGV[6])
-  local latched = redis.call('GET', KEYS[2])
+  local latched = latch(KEYS[2], ARGV[2], ARGV[6])
   if latched ~= ARGV[2] then return {1, latched} end
 end
 local existing = redis.call('GET', KEYS[3])
@@ -142,7 +157,8 @@ redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 redis.call('RPUSH', KEYS[4], ARGV[5])
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return {3, false}
-";
+"
+);
 
 /// KEYS: turn, turns list, session, latched contexts. ARGV: the record as created, turn id.
 /// A session left with no turn and no state was never run: the contexts its admission latched

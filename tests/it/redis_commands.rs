@@ -1,0 +1,128 @@
+//! What a turn costs Redis, counted from outside: `redis-cli monitor` watches the local Redis
+//! while turns of new sessions run through the synchronous endpoint (front door, RabbitMQ,
+//! worker, Redis: the whole product), and every command naming the test's namespace is
+//! counted — those inside the Lua scripts too, which MONITOR shows one by one (the workers'
+//! heartbeats, which come with time rather than turns, are left out). The ceilings are
+//! today's figures: a change that adds a command or a round trip to a turn fails here and
+//! says which commands a turn makes.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::app::{AppOptions, Backend, spawn};
+
+/// Commands a client sends (a script call is one; a pipeline's commands count one each, though
+/// they share a round trip) and commands in all, per turn. 2026-11-28: 14 and 54 before the
+/// latches became `SET NX GET` and a tenant without an index stopped reading one hash per word.
+const MOST_SENT_PER_TURN: f64 = 12.0;
+const MOST_COMMANDS_PER_TURN: f64 = 48.0;
+
+/// One MONITOR line: whether it ran inside a script, and the command's name.
+fn read(line: &str) -> Option<(bool, String)> {
+    // `1732780000.123456 [0 127.0.0.1:5555] "SET" "key" ...` or `[0 lua] "GET" ...`
+    let (from, rest) = line.split_once(']')?;
+    let in_script = from.ends_with("lua");
+    let name = rest.trim().split('"').nth(1)?.to_ascii_uppercase();
+    Some((in_script, name))
+}
+
+#[tokio::test]
+async fn a_turn_costs_redis_a_counted_number_of_commands() {
+    let app = spawn(AppOptions {
+        backend: Backend::Services,
+        ..AppOptions::default()
+    })
+    .await;
+    let ns = app.topology.namespace.clone();
+    let turn = |session: String| {
+        json!({"sessionId": session, "turnId": "t", "instruction": "summarise the design"})
+            .to_string()
+    };
+    // A first turn warms what is made once (scripts loaded, queues declared).
+    let (status, _) = app
+        .post_to(Some("tok-a"), "/api/ai/agent/execute", turn("warm".into()))
+        .await;
+    assert_eq!(status, 200);
+
+    let mut monitor = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379", "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli runs (the Redis tools are installed with Redis)");
+    let out = monitor.stdout.take().expect("its output");
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let reader = {
+        let (seen, ns) = (seen.clone(), ns.clone());
+        // The workers' heartbeats come with time, not with turns.
+        let heartbeats = format!("{ns}:workers\"");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if line.trim() == "OK" {
+                    let _ = ready_tx.send(());
+                } else if line.contains(&ns) && !line.contains(&heartbeats) {
+                    seen.lock().unwrap().push(line);
+                }
+            }
+        })
+    };
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("MONITOR answers OK");
+    const TURNS: usize = 20;
+    for i in 0..TURNS {
+        let (status, body) = app
+            .post_to(
+                Some("tok-a"),
+                "/api/ai/agent/execute",
+                turn(format!("s{i}")),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["result"]["kind"], "final", "{body}");
+    }
+    // The last turn's reply reached the client after its settle; what follows it (the
+    // worker's ack bookkeeping) is given a moment to show — an absence cannot be waited for.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let _ = reader.join();
+
+    let lines = seen.lock().unwrap().clone();
+    let mut sent = BTreeMap::<String, usize>::new();
+    let mut inside = BTreeMap::<String, usize>::new();
+    for (in_script, name) in lines.iter().filter_map(|l| read(l)) {
+        *(if in_script { &mut inside } else { &mut sent })
+            .entry(name)
+            .or_default() += 1;
+    }
+    let per = |m: &BTreeMap<String, usize>| m.values().sum::<usize>() as f64 / TURNS as f64;
+    let (sent_per, all_per) = (per(&sent), per(&sent) + per(&inside));
+    let report = format!(
+        "per turn: {sent_per:.2} sent, {all_per:.2} commands in all\n  sent: {sent:?}\n  inside scripts: {inside:?}"
+    );
+    println!("{report}");
+    assert!(
+        sent_per > 0.0,
+        "no command of the namespace was seen: {report}"
+    );
+    assert!(sent_per <= MOST_SENT_PER_TURN, "{report}");
+    assert!(all_per <= MOST_COMMANDS_PER_TURN, "{report}");
+}
+
+#[test]
+fn a_monitor_line_is_read() {
+    assert_eq!(
+        read(r#"1732780000.123456 [0 127.0.0.1:5555] "evalsha" "abc" "2" "k1""#),
+        Some((false, "EVALSHA".into()))
+    );
+    assert_eq!(
+        read(r#"1732780000.123456 [0 lua] "PEXPIRE" "ns:session:s" "1000""#),
+        Some((true, "PEXPIRE".into()))
+    );
+}
