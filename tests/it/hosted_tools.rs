@@ -172,16 +172,23 @@ async fn the_fake_answers_hosted_tools_as_the_api_does() {
 /// Hosted calls reach the model as tools, come back recorded on the turn and counted.
 pub(super) async fn hosted_calls_are_offered_recorded_and_counted(backend: Backend) {
     let h = app_with(backend).await;
-    for (turn, line) in [
-        ("t1", "#fake:hosted web_search rust mcp"),
-        ("t2", "#fake:hosted mcp docs search {\"q\": \"retries\"}"),
+    // The second turn streams: the hosted items come as the stream's output items.
+    for (turn, line, streaming) in [
+        ("t1", "#fake:hosted web_search rust mcp", false),
+        (
+            "t2",
+            "#fake:hosted mcp docs search {\"q\": \"retries\"}",
+            true,
+        ),
     ] {
-        let body = json!({"sessionId": "s", "turnId": turn, "instruction": line});
+        let body = json!({"sessionId": "s", "turnId": turn, "instruction": line,
+            "streaming": streaming});
         assert_eq!(h.app.post(Some("tok-a"), body.to_string()).await.0, 202);
         let done = h.app.settled("tok-a", "s", turn).await;
         assert_eq!(done["status"], "completed", "{done}");
     }
     let sent = h.model.requests();
+    assert_eq!(sent[1]["stream"], true, "the second turn's call streamed");
     let tools = sent[0]["tools"].as_array().unwrap();
     let kinds: Vec<&str> = tools.iter().filter_map(|t| t["type"].as_str()).collect();
     for kind in ["web_search", "file_search", "mcp"] {
