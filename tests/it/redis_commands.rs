@@ -22,6 +22,41 @@ use crate::app::{AppOptions, Backend, spawn};
 const MOST_SENT_PER_TURN: f64 = 12.0;
 const MOST_COMMANDS_PER_TURN: f64 = 48.0;
 
+/// The turn record a settled turn leaves, in bytes (the last one written of each turn; its
+/// answer's text included). 2026-11-28: 3.9 KB for a one-line answer (issue 52 aims at
+/// 1.5 KB plus the answer).
+const MOST_RECORD_BYTES: usize = 4000;
+
+/// A MONITOR line's arguments, unquoted (MONITOR writes each as a quoted string with `\"`,
+/// `\\` and `\xNN` escapes).
+fn arguments(line: &str) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            continue;
+        }
+        let mut arg = Vec::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('x') => {
+                        let hex: String = chars.by_ref().take(2).collect();
+                        arg.push(u8::from_str_radix(&hex, 16).unwrap_or(b'?'));
+                    }
+                    Some('n') => arg.push(b'\n'),
+                    Some(other) => arg.extend(other.to_string().bytes()),
+                    None => break,
+                },
+                c => arg.extend(c.to_string().bytes()),
+            }
+        }
+        out.push(arg);
+    }
+    out
+}
+
 /// One MONITOR line: whether it ran inside a script, and the command's name.
 fn read(line: &str) -> Option<(bool, String)> {
     // `1732780000.123456 [0 127.0.0.1:5555] "SET" "key" ...` or `[0 lua] "GET" ...`
@@ -101,10 +136,26 @@ async fn a_turn_costs_redis_a_counted_number_of_commands() {
             .entry(name)
             .or_default() += 1;
     }
+    // The last record written of each turn: what a settled turn keeps.
+    let turn_keys = format!("{ns}:turn:{{");
+    let mut records = BTreeMap::<String, usize>::new();
+    for args in lines.iter().map(|l| arguments(l)) {
+        if args.len() >= 3
+            && args[0].eq_ignore_ascii_case(b"SET")
+            && args[1].starts_with(turn_keys.as_bytes())
+        {
+            records.insert(
+                String::from_utf8_lossy(&args[1]).into_owned(),
+                args[2].len(),
+            );
+        }
+    }
+    let largest = records.values().copied().max().unwrap_or(0);
     let per = |m: &BTreeMap<String, usize>| m.values().sum::<usize>() as f64 / TURNS as f64;
     let (sent_per, all_per) = (per(&sent), per(&sent) + per(&inside));
     let report = format!(
-        "per turn: {sent_per:.2} sent, {all_per:.2} commands in all\n  sent: {sent:?}\n  inside scripts: {inside:?}"
+        "per turn: {sent_per:.2} sent, {all_per:.2} commands in all; turn records up to {largest} bytes ({} turns)\n  sent: {sent:?}\n  inside scripts: {inside:?}",
+        records.len()
     );
     println!("{report}");
     assert!(
@@ -113,6 +164,12 @@ async fn a_turn_costs_redis_a_counted_number_of_commands() {
     );
     assert!(sent_per <= MOST_SENT_PER_TURN, "{report}");
     assert!(all_per <= MOST_COMMANDS_PER_TURN, "{report}");
+    assert_eq!(
+        records.len(),
+        TURNS,
+        "every turn's record was seen written: {report}"
+    );
+    assert!(largest <= MOST_RECORD_BYTES, "{report}");
 }
 
 #[test]
@@ -124,5 +181,9 @@ fn a_monitor_line_is_read() {
     assert_eq!(
         read(r#"1732780000.123456 [0 lua] "PEXPIRE" "ns:session:s" "1000""#),
         Some((true, "PEXPIRE".into()))
+    );
+    assert_eq!(
+        arguments(r#"1.0 [0 lua] "SET" "k" "{\"a\":\"\\u00e9\"}\xc3\xa9""#),
+        [&b"SET"[..], b"k", "{\"a\":\"\\u00e9\"}\u{e9}".as_bytes()]
     );
 }
