@@ -1,6 +1,7 @@
 //! `aptix tools`: the server tools in use, per mode — the built-in ones and those of the MCP
 //! sources of the tools file (`APTIX_TOOLS_FILE`), each with its source, what it says of itself
-//! (MCP annotations) and whether a call of it is repeated after a crash. The sources are
+//! (MCP annotations) and whether a call of it is repeated after a crash; and OpenAI's hosted
+//! tools each agent context sends (tokens left out). The sources are
 //! connected as a worker connects them; the command exits 1 when one does not answer.
 
 use std::collections::BTreeSet;
@@ -52,12 +53,21 @@ pub async fn tools(config: Config) -> anyhow::Result<ExitCode> {
             json!({"mode": mode.key, "tools": builtin.chain(plugged).collect::<Vec<_>>()})
         })
         .collect();
+    // OpenAI's hosted tools go with every call of their agent context, whatever the mode.
+    let hosted: Vec<Value> = config
+        .model
+        .contexts
+        .agents()
+        .filter(|a| !a.calls.hosted_tools.is_empty())
+        .map(|a| {
+            let tools: Vec<Value> = a.calls.hosted_tools.iter().map(|t| t.describe()).collect();
+            json!({"agentContext": a.id, "tools": tools})
+        })
+        .collect();
     let sources = mcp.status();
     let down = sources.iter().filter(|s| !s.up).count();
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&json!({"sources": sources, "modes": modes}))?
-    );
+    let printed = json!({"sources": sources, "modes": modes, "hostedTools": hosted});
+    println!("{}", serde_json::to_string_pretty(&printed)?);
     stop.cancel();
     if down > 0 {
         eprintln!("{down} MCP tool source(s) did not answer; see \"problem\" above");

@@ -169,6 +169,43 @@ async fn the_fake_answers_hosted_tools_as_the_api_does() {
     );
 }
 
+/// `aptix tools` lists each agent context's hosted tools, the token's variable and not the
+/// token.
+#[tokio::test]
+async fn aptix_tools_lists_the_hosted_tools_of_each_context() {
+    let file = std::env::temp_dir().join(format!(
+        "aptix-hosted-tools-{}.json",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let contexts = json!({"agentContexts": [{"id": "openai", "baseUrl": "https://api.openai.com/v1",
+        "apiKeyEnv": "HOSTED_KEY", "model": "m", "hostedTools": hosted_tools()}]});
+    std::fs::write(&file, contexts.to_string()).unwrap();
+    let out = crate::support::aptix()
+        .arg("tools")
+        .env("APTIX_CONTEXTS_FILE", &file)
+        .env("HOSTED_KEY", KEY)
+        .env("DOCS_TOKEN", DOCS_TOKEN)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains(DOCS_TOKEN),
+        "the token is not printed: {stdout}"
+    );
+    let printed: Value = serde_json::from_str(&stdout).unwrap();
+    let listed = &printed["hostedTools"][0];
+    assert_eq!(listed["agentContext"], "openai", "{printed}");
+    let tools = listed["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 4, "{printed}");
+    assert_eq!(tools[2]["authorizationEnv"], "DOCS_TOKEN");
+}
+
 /// Hosted calls reach the model as tools, come back recorded on the turn and counted.
 pub(super) async fn hosted_calls_are_offered_recorded_and_counted(backend: Backend) {
     let h = app_with(backend).await;
