@@ -91,7 +91,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED s
 if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
-if redis.call('EXISTS', KEYS[5]) == 1 then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+redis.call('PEXPIRE', KEYS[5], ARGV[3])
 if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
 local read = redis.call('EXISTS', KEYS[7]) + 2 * redis.call('EXISTS', KEYS[8])
 if ARGV[6] == '' then return read end
