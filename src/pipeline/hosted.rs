@@ -41,10 +41,11 @@ pub(super) fn note(run: &mut Run, metrics: &Metrics, call: &HostedCall) {
     });
 }
 
-/// The approval question for the model server's request `id` to run `name` on `server_label`;
-/// `None` (with a warning) when the id cannot be a tool call id.
+/// The approval question for the model server's request `id` to run `name` on `server_label`,
+/// counted as asked in `metrics` when given; `None` (with a warning) when the id cannot be a
+/// tool call id.
 pub(super) fn question(
-    metrics: &Metrics,
+    metrics: Option<&Metrics>,
     (id, server_label, name, arguments): (&str, &str, &str, &str),
 ) -> Option<ToolCall> {
     let source = approval::hosted_source(Some(server_label));
@@ -52,9 +53,11 @@ pub(super) fn question(
         warn!(%source, tool = %name, id, "an approval request with an unusable id; not asked");
         return None;
     };
-    metrics
-        .tools
-        .call(&source, name, Counted::ApprovalAsked, None);
+    if let Some(metrics) = metrics {
+        metrics
+            .tools
+            .call(&source, name, Counted::ApprovalAsked, None);
+    }
     info!(%source, tool = %name, id, "a hosted tool's call waits for a person's approval");
     Some(approval::hosted_question(
         &call_id,

@@ -289,7 +289,8 @@ impl Pipeline {
                         name,
                         arguments,
                     } => approvals.extend(super::hosted::question(
-                        &self.life.metrics,
+                        // Counted as asked once, when the answer came (not again on resuming).
+                        from_model.then_some(&*self.life.metrics),
                         (id, server_label, name, arguments),
                     )),
                     OutputItem::Unknown { item_type: kind } => {

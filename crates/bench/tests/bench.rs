@@ -36,6 +36,26 @@ fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
+/// What a bench that exited 0 printed; fails with its output otherwise.
+#[track_caller]
+fn printed(out: std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Fails naming the first of `lines` that `stdout` lacks.
+#[track_caller]
+fn assert_lines(stdout: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
+    }
+}
+
 /// The streaming and closed-loop benches (in one process, and against separate processes) run
 /// end to end on RabbitMQ and Redis and print their figures beside their baselines (the
 /// figures themselves are not checked: no timing here).
@@ -49,22 +69,17 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
             .env("RUST_LOG", "warn")
             .output()
             .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{args:?}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        printed(out)
     };
     let first = run(&["turns", "--first-delta", "--turns", "5"]);
-    for line in [
-        "model called directly",
-        "client's first NDJSON line",
-        "added by the product",
-    ] {
-        assert!(first.contains(line), "{line:?} missing from\n{first}");
-    }
+    assert_lines(
+        &first,
+        &[
+            "model called directly",
+            "client's first NDJSON line",
+            "added by the product",
+        ],
+    );
     let lp = run(&[
         "turns",
         "--closed-loop",
@@ -76,22 +91,23 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "--baseline-messages",
         "500",
     ]);
-    for line in [
-        "completed 40 / failed 0",
-        "latency, first turn of a session",
-        "CPU per turn: aptix",
-        "context switches per turn: aptix",
-        "RabbitMQ (beam.smp)",
-        "target >= 2000 turns/s: ",
-        "ms per turn across the watched processes",
-        "bound by ",
-        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
-        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
-        "baseline CPU per message (reply): ",
-        "is the floor of the services' CPU per turn",
-    ] {
-        assert!(lp.contains(line), "{line:?} missing from\n{lp}");
-    }
+    assert_lines(
+        &lp,
+        &[
+            "completed 40 / failed 0",
+            "latency, first turn of a session",
+            "CPU per turn: aptix",
+            "context switches per turn: aptix",
+            "RabbitMQ (beam.smp)",
+            "target >= 2000 turns/s: ",
+            "ms per turn across the watched processes",
+            "bound by ",
+            "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+            "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+            "baseline CPU per message (reply): ",
+            "is the floor of the services' CPU per turn",
+        ],
+    );
     // The same loop against `serve`, `worker` and `fake-llm` processes, each measured.
     let procs = run(&[
         "turns",
@@ -104,24 +120,25 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         "--baseline-messages",
         "500",
     ]);
-    for line in [
-        "serve, worker and fake model as processes",
-        "completed 40 / failed 0",
-        "latency, later turns",
-        "CPU per turn: aptix serve",
-        "aptix worker",
-        "the fake model",
-        "context switches per turn: aptix serve",
-        "memory with 4 turns in flight: serve",
-        "target >= 2000 turns/s: ",
-        "bound by ",
-        "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
-        "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
-        "baseline CPU per message (reply): ",
-        "is the floor of the services' CPU per turn",
-    ] {
-        assert!(procs.contains(line), "{line:?} missing from\n{procs}");
-    }
+    assert_lines(
+        &procs,
+        &[
+            "serve, worker and fake model as processes",
+            "completed 40 / failed 0",
+            "latency, later turns",
+            "CPU per turn: aptix serve",
+            "aptix worker",
+            "the fake model",
+            "context switches per turn: aptix serve",
+            "memory with 4 turns in flight: serve",
+            "target >= 2000 turns/s: ",
+            "bound by ",
+            "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
+            "baseline, the reply leg (exclusive classic queue, transient, unconfirmed, no-ack consumer), 500 messages",
+            "baseline CPU per message (reply): ",
+            "is the floor of the services' CPU per turn",
+        ],
+    );
     // The worker hands every turn between threads: its count of switches cannot be zero.
     let switches = procs
         .lines()
@@ -206,20 +223,15 @@ fn bench_limiter_reports_both_limiters_against_their_baselines() {
         .env("APTIX_REDIS_URL", redis_url())
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_lines(
+        &printed(out),
+        &[
+            "baseline: tokio semaphore",
+            "baseline: one round trip (PING)",
+            "limiter (slot + rate + release)",
+            "Redis, 4 caller(s)",
+        ],
     );
-    for line in [
-        "baseline: tokio semaphore",
-        "baseline: one round trip (PING)",
-        "limiter (slot + rate + release)",
-        "Redis, 4 caller(s)",
-    ] {
-        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
-    }
 }
 
 /// The tool-call bench runs against a real MCP server (the official Python SDK's, the one the
@@ -268,20 +280,15 @@ fn bench_tool_call_reports_a_turn_s_tool_call_against_the_bare_call() {
     let _ = server.wait();
     let calls = std::fs::read_to_string(state.join("calls.jsonl")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&state);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    assert_lines(
+        &printed(out),
+        &[
+            "baseline: bare MCP call",
+            "turn without a tool call",
+            "turn with one MCP tool call",
+            "the tool call adds to a turn: latency",
+        ],
     );
-    for line in [
-        "baseline: bare MCP call",
-        "turn without a tool call",
-        "turn with one MCP tool call",
-        "the tool call adds to a turn: latency",
-    ] {
-        assert!(stdout.contains(line), "{line:?} missing from\n{stdout}");
-    }
     // 20 measured and 5 warm-up calls in each of the two phases that call the tool.
     assert_eq!(calls.lines().count(), 50, "{calls}");
 }
