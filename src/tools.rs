@@ -278,6 +278,7 @@ mod tests {
             history: Vec::new(),
             tools: Vec::new(),
             bodies_withheld: false,
+            runs_begun: 0,
         };
         let lease = store
             .acquire_lease(

@@ -84,6 +84,19 @@ pub trait LimitStore: Send + Sync + 'static {
         counts: &[(String, u64)],
         keep: Duration,
     ) -> Result<(), LimitStoreError>;
+    /// [`LimitStore::add_tokens`] and [`LimitStore::add_tally`] for the same `key` and
+    /// `day`: one step where the backend allows (Redis: one script).
+    async fn add_usage(
+        &self,
+        key: &str,
+        day: &str,
+        tokens: u64,
+        counts: &[(String, u64)],
+        keep: Duration,
+    ) -> Result<(), LimitStoreError> {
+        self.add_tokens(key, day, tokens, keep).await?;
+        self.add_tally(key, day, counts, keep).await
+    }
     /// `key`'s tally for `day`, by field (empty when nothing was counted).
     async fn tally(
         &self,

@@ -65,6 +65,16 @@ end
 return 1
 ";
 
+/// KEYS: a day's count, the same day's tally (one slot). ARGV: keep ms, the amount to count,
+/// then the tally's field/amount pairs. Adds both in one step, each kept ARGV[1] from now.
+const ADD_USAGE: &str = r"
+redis.call('INCRBY', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+for i = 3, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+";
+
 /// The limits of every process sharing one Redis, under the deployment's namespace.
 #[derive(Clone)]
 pub struct RedisLimits {
@@ -79,6 +89,7 @@ struct Scripts {
     count_slots: Script,
     try_rate: Script,
     slow_down: Script,
+    add_usage: Script,
 }
 
 impl std::fmt::Debug for RedisLimits {
@@ -118,6 +129,7 @@ impl RedisLimits {
                 count_slots: Script::new(COUNT_SLOTS),
                 try_rate: Script::new(TRY_RATE),
                 slow_down: Script::new(SLOW_DOWN),
+                add_usage: Script::new(ADD_USAGE),
             }),
         })
     }
@@ -269,6 +281,30 @@ impl LimitStore for RedisLimits {
         pipe.cmd("PEXPIRE").arg(&hash).arg(ms(keep)).ignore();
         pipe.query_async::<()>(&mut self.conn.clone())
             .await
+            .map_err(unavailable)
+    }
+
+    async fn add_usage(
+        &self,
+        key: &str,
+        day: &str,
+        tokens: u64,
+        counts: &[(String, u64)],
+        keep: Duration,
+    ) -> Result<(), LimitStoreError> {
+        let mut invocation = self.scripts.add_usage.prepare_invoke();
+        invocation
+            .key(self.key(&format!("tokens:{day}"), key))
+            .key(self.key(&format!("usage:{day}"), key))
+            .arg(ms(keep))
+            .arg(tokens);
+        for (field, n) in counts {
+            invocation.arg(field).arg(*n);
+        }
+        invocation
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await
+            .map(drop)
             .map_err(unavailable)
     }
 

@@ -43,7 +43,12 @@ impl Pipeline {
         // The contexts the turn asks for are checked before anything is stored: only known
         // ones are latched (in the begin step, for a new session).
         let asked = backends::asked_for(&self.contexts, turn);
-        let begun = self.life.begin(sid, tid, asked.as_ref().ok()).await?;
+        // Retrieval only reads: it goes out beside the begin step, one round trip for both
+        // instead of two in a row (its chunks are dropped when the run does not start fresh).
+        let begin = self.life.begin(sid, tid, asked.as_ref().ok());
+        let (begun, chunks) =
+            Box::pin(async { tokio::join!(begin, self.context_chunks(sid, turn)) }).await;
+        let begun = begun?;
         // A turn that already ran (a duplicate or redelivered job) answers with its stored
         // result; another payload's turn is not this job's.
         if let Some(rec) = &begun.turn {
@@ -75,7 +80,7 @@ impl Pipeline {
                 let refused = backends::refused(errors);
                 return Ok(self
                     .life
-                    .fail_at_start(held, record, session, live, refused)
+                    .fail_at_start(held, record, session, live, refused, begun.runs)
                     .await?);
             }
             Err(e) => {
@@ -116,26 +121,23 @@ impl Pipeline {
 
         // A record this run creates (its front door's write was lost) says what the request
         // asked, streaming included.
+        let stored = existing.is_some();
         let record = existing.unwrap_or_else(|| {
             TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone())
                 .with_streaming(turn.streaming())
         });
-        // The session exists, as this turn sees it, and the turn is running before any tool
-        // can touch them. Retrieval only reads, so it goes out beside that write: one round
-        // trip for both instead of two in a row (a resumed run does not retrieve).
         let resuming = record.checkpoint.is_some();
-        let retrieval = async {
-            if resuming {
-                Vec::new()
-            } else {
-                self.context_chunks(sid, turn).await
-            }
+        let start = super::lifecycle::Start {
+            changed,
+            stored,
+            runs: begun.runs,
+            stop_requested: begun.stop_requested,
         };
-        let start = self
-            .life
-            .start_user_turn(held, record, session, changed, live);
-        let (started, chunks) = Box::pin(async { tokio::join!(start, retrieval) }).await;
-        let run = started?;
+        let run = Box::pin(
+            self.life
+                .start_user_turn(held, record, session, start, live),
+        )
+        .await?;
         // One line per turn at info is its end; a start is worth one only when it is a retry or
         // a resumption (a turn that runs again).
         let (attempt, resumed) = (run.record().attempts, resuming);

@@ -191,6 +191,11 @@ pub struct TurnRecord {
     /// call's text and the tools' arguments were left out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub bodies_withheld: bool,
+    /// The runs of the turn begun when it was read (the ledger's [`RUNS_BEGUN`], not part of
+    /// the record as stored): a compare-and-set on the record as read fails if a run has
+    /// begun since, though that run has not written the record yet.
+    #[serde(skip)]
+    pub runs_begun: u32,
 }
 
 /// The ledger key that marks server tool call `call_id` as sent (a space cannot be in an
@@ -203,7 +208,25 @@ pub fn sent_key(call_id: &str) -> String {
 /// written before the call; a call that then could not be sent takes it back).
 pub const NOT_SENT: &str = "not sent";
 
+/// The ledger field that counts the runs of a user turn begun: the step that begins a run
+/// adds one as it takes the session's lease, so a run that dies before it writes the turn is
+/// counted all the same, and a reader sees the turn `running` from then on (see
+/// [`TurnRecord::with_runs_begun`]). The space keeps it apart from call ids.
+pub const RUNS_BEGUN: &str = "runs begun";
+
 impl TurnRecord {
+    /// The record as a reader sees it beside the ledger's count of runs begun
+    /// ([`RUNS_BEGUN`]): a turn not settled nor waiting whose count is ahead of the runs the
+    /// record saw is `running`, in that attempt (its run writes the turn only when it has
+    /// something to keep).
+    pub fn with_runs_begun(&mut self, runs: u32) {
+        self.runs_begun = runs;
+        if runs > self.attempts && !self.status.is_settled() && self.pending.is_none() {
+            self.attempts = runs;
+            self.status = TurnStatus::Running;
+        }
+    }
+
     /// Whether an earlier run sent server tool call `call_id` (see [`sent_key`]).
     pub fn was_sent(&self, call_id: &str) -> bool {
         self.tool_ledger
@@ -244,6 +267,7 @@ impl TurnRecord {
             history: Vec::new(),
             tools: Vec::new(),
             bodies_withheld: false,
+            runs_begun: 0,
         }
     }
 

@@ -121,15 +121,17 @@ pub const LIVE_EVENTS_PER_TURN: usize = 512;
 pub const LIVE_KEPT: Duration = Duration::from_secs(30);
 
 /// One server tool's output for the turn's ledger ([`SessionStore::record_tool_output`]), with
-/// the mode change the tool makes, if any.
+/// the session the tool changed, if it did.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolOutput<'a> {
     /// The model's `call_id` of the tool call.
     pub call_id: &'a str,
     /// What the tool answered the model.
     pub output: &'a str,
-    /// The new mode's catalog id and its history entry (`agent_change_mode`).
-    pub mode_change: Option<(&'a str, &'a ModeChange)>,
+    /// The session as the run holds it with the tool's change applied (`agent_change_mode`:
+    /// the new mode and its history entry), written whole; its conversation items, if any,
+    /// are appended to the stored conversation.
+    pub session: Option<&'a SessionState>,
 }
 
 /// What [`SessionStore::begin_turn`] found.
@@ -144,12 +146,18 @@ pub struct Begun {
     /// For a new session (the lease taken, no session stored) when contexts to latch were
     /// given: the session's latched contexts — those, unless it had latched others.
     pub latched: Option<ContextIds>,
+    /// With the lease: the runs of the turn begun, this one included (the count the step
+    /// keeps in the turn's ledger, [`crate::state::RUNS_BEGUN`]); 0 without it.
+    pub runs: u32,
+    /// With the lease: whether the turn had been asked to stop.
+    pub stop_requested: bool,
 }
 
 /// What [`SessionStore::save`] read in its step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Saved {
-    /// The turn had been asked to stop when it was written.
+    /// The turn had been asked to stop when it was written (read only by a write that keeps
+    /// the lease: one that gives it back ends the run).
     pub stop_requested: bool,
     /// Someone may be watching the session: it was marked ([`SessionStore::mark_watched`])
     /// when the turn was written.
@@ -363,13 +371,14 @@ pub trait SessionStore: RecordWriter {
         ))
     }
     /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
-    /// (its job was never confirmed, so nothing will run it); `false` when it changed or is
-    /// gone. When that leaves the session with no turn and no state (it never ran), the
+    /// and that no run has begun (its job was never confirmed, so nothing should run it);
+    /// `false` when it changed, is gone or a run began. When that leaves the session with no turn and no state (it never ran), the
     /// contexts its admission latched are let go in the same step (the owner it claimed stays:
     /// a job accepted after all runs as that tenant's). Not fenced, like `create_turn`.
     async fn discard_turn(&self, grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError>;
-    /// Replaces a turn record only if it is still exactly `current` (compare-and-set); `false`
-    /// when it changed or is gone, and nothing was written. Not fenced: the front door uses it
+    /// Replaces a turn record only if it is still exactly `current` (compare-and-set), with
+    /// as many runs begun as when it was read ([`TurnRecord::runs_begun`]); `false` when it
+    /// changed, is gone or a run began since, and nothing was written. Not fenced: the front door uses it
     /// to move a turn that waits for client tools back to `queued` when it accepts their
     /// results, and to undo that when the job was not accepted.
     async fn replace_turn(
@@ -398,9 +407,12 @@ pub trait SessionStore: RecordWriter {
     /// turn and, with the lease, the session — the reads see everything written before the
     /// lease was taken, so nothing can settle the turn between them and the run. The turn is
     /// read even when another holder has the lease: a stored result may be all a duplicate
-    /// job needs. With the lease and no session stored, `contexts` (when given) are latched
-    /// as [`SessionStore::latch_contexts`] does and the latched ones come back. One round trip
-    /// where the backend allows (Redis: one script).
+    /// job needs. With the lease, the step also counts the run in the turn's ledger
+    /// ([`crate::state::RUNS_BEGUN`]: readers see the turn `running` from then on, and a
+    /// run that dies before writing is counted) and reads whether the turn was asked to stop;
+    /// with no session stored, `contexts` (when given) are latched as
+    /// [`SessionStore::latch_contexts`] does and the latched ones come back. One atomic step
+    /// (Redis: one script; embedded: one lock).
     async fn begin_turn(
         &self,
         grant: &Grant,
@@ -409,38 +421,7 @@ pub trait SessionStore: RecordWriter {
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
-    ) -> Result<Begun, StoreError> {
-        let lease = self.acquire_lease(grant, session, holder, ttl).await?;
-        let read = async {
-            let turn = self.get_turn(session, turn).await?;
-            let state = match lease {
-                Some(_) => self.get_session(session).await?,
-                None => None,
-            };
-            let latched = match (&lease, &state, contexts) {
-                (Some(_), None, Some(contexts)) => {
-                    Some(self.latch_contexts(session, contexts).await?)
-                }
-                _ => None,
-            };
-            Ok((turn, state, latched))
-        };
-        match read.await {
-            Ok((turn, state, latched)) => Ok(Begun {
-                turn,
-                lease,
-                session: state,
-                latched,
-            }),
-            Err(e) => {
-                // Nothing will run under a lease whose reads failed: give it back.
-                if let Some(lease) = &lease {
-                    let _ = self.release_lease(grant, session, lease).await;
-                }
-                Err(e)
-            }
-        }
-    }
+    ) -> Result<Begun, StoreError>;
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(
         &self,
@@ -463,10 +444,9 @@ pub trait SessionStore: RecordWriter {
         release: bool,
     ) -> Result<Saved, StoreError>;
     /// Records one server tool's output in the turn's ledger before the next model call and,
-    /// when the tool changed the session's mode, the new mode and its history entry — in one
-    /// atomic step checked against the lease, so a resumed run finds both or neither. Returns
-    /// the session as it now is after a mode change (with no pending conversation items; the
-    /// session must exist), `None` without one.
+    /// when the tool changed the session (its mode), the session — in one atomic step checked
+    /// against the lease, so a resumed run finds both or neither. The session is the run's
+    /// own (only the lease holder writes it), so it need not be stored yet.
     async fn record_tool_output(
         &self,
         grant: &Grant,
@@ -474,7 +454,7 @@ pub trait SessionStore: RecordWriter {
         turn: &TurnId,
         entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<Option<SessionState>, StoreError>;
+    ) -> Result<(), StoreError>;
 }
 
 /// Turns read from the store at once when counting a batch's progress.

@@ -396,13 +396,7 @@ impl Quotas {
         .map(|(field, n)| (format!("{context}/{field}"), n))
         .collect();
         let (k, cost) = (key(tenant), cost_key(tenant));
-        let counted = async {
-            self.store
-                .add_tokens(&k, &day, tokens, KEEP_COUNT)
-                .await
-                .map(drop)
-        };
-        let tallied = self.store.add_tally(&k, &day, &counts, KEEP_COUNT);
+        let counted = self.store.add_usage(&k, &day, tokens, &counts, KEEP_COUNT);
         let priced = async {
             match usage.cost_micros {
                 0 => Ok(()),
@@ -413,8 +407,8 @@ impl Quotas {
                     .map(drop),
             }
         };
-        let (counted, tallied, priced) = tokio::join!(counted, tallied, priced);
-        if let Err(e) = counted.and(tallied).and(priced) {
+        let (counted, priced) = tokio::join!(counted, priced);
+        if let Err(e) = counted.and(priced) {
             tracing::warn!(%tenant, tokens, error = %e, "cannot count the tenant's model usage; its quotas may be overrun");
         }
     }

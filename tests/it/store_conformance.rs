@@ -126,6 +126,7 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             repeated: true,
         }],
         bodies_withheld: true,
+        runs_begun: 0,
     }
 }
 
@@ -292,7 +293,7 @@ pub(super) async fn a_stale_holder_cannot_write(s: Subject) {
             ToolOutput {
                 call_id: "call_1",
                 output: "{}",
-                mode_change: None
+                session: None
             },
             &a
         )
@@ -306,6 +307,8 @@ pub(super) async fn a_stale_holder_cannot_write(s: Subject) {
         reason: "r".into(),
         turn_id: tid.clone(),
     };
+    let mut changed = session("s");
+    changed.apply_mode_change("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", change);
     assert!(matches!(
         st.record_tool_output(
             G,
@@ -314,7 +317,7 @@ pub(super) async fn a_stale_holder_cannot_write(s: Subject) {
             ToolOutput {
                 call_id: "call_2",
                 output: "{}",
-                mode_change: Some(("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", &change))
+                session: Some(&changed)
             },
             &a
         )
@@ -365,7 +368,7 @@ pub(super) async fn the_ledger_is_never_lost_by_a_later_save(s: Subject) {
         ToolOutput {
             call_id: "call_1",
             output: "{\"ok\":1}",
-            mode_change: None,
+            session: None,
         },
         &lease,
     )

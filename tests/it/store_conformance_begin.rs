@@ -18,12 +18,19 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     let lease = first.lease.expect("a free session's lease");
     assert!(first.turn.is_none() && first.session.is_none());
     assert_eq!(first.latched, None, "no contexts were given to latch");
-    // Another run of the session finds it busy, and no session is read for it.
+    assert_eq!(
+        (first.runs, first.stop_requested),
+        (1, false),
+        "the run counted"
+    );
+    // Another run of the session finds it busy, and no session is read for it, nor is it
+    // counted.
     let busy = st
         .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
+    assert_eq!(busy.runs, 0);
     // What the first run stores (the ledger included) is what the next begin reads.
     let mut state = session("s");
     state.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
@@ -36,13 +43,15 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
         ToolOutput {
             call_id: "call_1",
             output: "{\"ok\":1}",
-            mode_change: None,
+            session: None,
         },
         &lease,
     )
     .await
     .unwrap();
     t.tool_ledger.insert("call_1".into(), "{\"ok\":1}".into());
+    // The count of runs begun comes with the turn as read (not as a tool output).
+    t.runs_begun = 1;
     // Busy, yet the turn is read: a duplicate job may only need its stored result.
     let busy = st
         .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
@@ -58,6 +67,10 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
         .unwrap();
     let taken = next.lease.expect("released by the settling save");
     assert!(taken.token > lease.token, "a new lease fences the old one");
+    assert_eq!(
+        next.runs, 2,
+        "this run counted too (the turn as read shows the one before)"
+    );
     assert_eq!(next.turn, Some(t.clone()));
     state.conversation.clear(); // stored apart from the session
     assert_eq!(next.session, Some(state));
@@ -73,6 +86,71 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
             .unwrap()
             .is_some(),
         "released"
+    );
+}
+
+pub(super) async fn begin_counts_the_run_that_readers_then_see_running(s: Subject) {
+    let st = &s.store;
+    let tid = TurnId::parse("t").unwrap();
+    let mut queued = turn("s", "t");
+    (queued.status, queued.attempts) = (TurnStatus::Queued, 0);
+    assert_eq!(st.create_turn(G, &queued).await.unwrap(), None);
+    let first = st
+        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None)
+        .await
+        .unwrap();
+    assert_eq!(first.runs, 1);
+    // The record was not written, yet a reader sees the run: running, in attempt 1.
+    let read = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!(
+        (read.status, read.attempts, read.runs_begun),
+        (TurnStatus::Running, 1, 1)
+    );
+    // A compare-and-set on the record as read before the run began fails (the front door
+    // cannot cancel or take back a turn a worker runs), and so does taking it back.
+    assert!(
+        !st.replace_turn(G, &queued, &queued.clone().cancelled())
+            .await
+            .unwrap()
+    );
+    assert!(!st.discard_turn(G, &queued).await.unwrap());
+    assert_eq!(
+        st.get_turn(&sid("s"), &tid).await.unwrap().unwrap().status,
+        TurnStatus::Running
+    );
+    // A stop request is read by the next begin; a run that died unwritten is counted.
+    st.request_cancel(&sid("s"), &tid).await.unwrap();
+    st.release_lease(G, &sid("s"), first.lease.as_ref().unwrap())
+        .await
+        .unwrap();
+    let second = st
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .await
+        .unwrap();
+    assert_eq!((second.runs, second.stop_requested), (2, true));
+    assert_eq!(
+        second.turn.map(|t| t.attempts),
+        Some(1),
+        "read before this run counted"
+    );
+    // A settled turn is what its record says, however many runs began.
+    let mut done = queued.clone();
+    (done.status, done.attempts) = (TurnStatus::Completed, 2);
+    st.save(G, None, &done, second.lease.as_ref().unwrap(), true)
+        .await
+        .unwrap();
+    let dup = st
+        .begin_turn(G, &sid("s"), &tid, "w3", LONG, None)
+        .await
+        .unwrap();
+    assert_eq!(dup.runs, 3);
+    let read = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
+    assert_eq!((read.status, read.attempts), (TurnStatus::Completed, 2));
+    // A compare-and-set on the record as read now holds.
+    assert!(
+        st.replace_turn(G, &read, &read.clone().cancelled())
+            .await
+            .unwrap()
     );
 }
 
@@ -147,14 +225,17 @@ pub(super) async fn a_save_reads_whether_the_turn_was_asked_to_stop(s: Subject) 
     let saved = st.save(G, None, &t, &lease, false).await.unwrap();
     assert!(!saved.stop_requested);
     st.request_cancel(&sid("s"), &tid("t")).await.unwrap();
-    // With or without the session, keeping or releasing the lease, the request is read.
+    // With or without the session, the request is read by a write that keeps the lease; one
+    // that gives it back ends the run and does not read it.
     let saved = st
         .save(G, Some(&session("s")), &t, &lease, false)
         .await
         .unwrap();
     assert!(saved.stop_requested);
-    let saved = st.save(G, None, &t, &lease, true).await.unwrap();
+    let saved = st.save(G, None, &t, &lease, false).await.unwrap();
     assert!(saved.stop_requested);
+    let saved = st.save(G, None, &t, &lease, true).await.unwrap();
+    assert!(!saved.stop_requested);
 }
 
 pub(super) async fn a_save_reads_whether_the_session_is_marked_watched(s: Subject) {
@@ -232,6 +313,7 @@ for_each_backend!(
     ],
     tests: [
         begin_takes_the_lease_and_reads_the_turn_and_session,
+        begin_counts_the_run_that_readers_then_see_running,
         begin_latches_a_new_sessions_contexts_and_only_then,
         a_save_reads_whether_the_turn_was_asked_to_stop,
         a_save_reads_whether_the_session_is_marked_watched,

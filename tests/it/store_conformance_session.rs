@@ -34,7 +34,7 @@ pub(super) async fn the_conversation_grows_by_appends_and_only_under_the_lease(s
         st.conversation(&sid("s")).await.unwrap(),
         [item(1), item(2), item(3)]
     );
-    // A mode change keeps it, and hands back a session with nothing pending.
+    // A mode change keeps it, and appends what the changed session carries.
     let change = ModeChange {
         previous_mode: "general".into(),
         new_mode: "ddr_authoring".into(),
@@ -42,22 +42,30 @@ pub(super) async fn the_conversation_grows_by_appends_and_only_under_the_lease(s
         reason: "r".into(),
         turn_id: TurnId::parse("t2").unwrap(),
     };
-    let changed = st
-        .record_tool_output(
-            G,
-            &sid("s"),
-            &TurnId::parse("t2").unwrap(),
-            ToolOutput {
-                call_id: "call_m",
-                output: "{}",
-                mode_change: Some(("X", &change)),
-            },
-            &lease,
-        )
-        .await
-        .unwrap()
-        .expect("the mode changed");
-    assert!(changed.conversation.is_empty());
+    let mut changed = session("s");
+    changed.apply_mode_change("X", change);
+    st.record_tool_output(
+        G,
+        &sid("s"),
+        &TurnId::parse("t2").unwrap(),
+        ToolOutput {
+            call_id: "call_m",
+            output: "{}",
+            session: Some(&changed),
+        },
+        &lease,
+    )
+    .await
+    .unwrap();
+    let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.mode_id.as_str(), stored.conversation.len()),
+        ("X", 0)
+    );
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)]
+    );
     // A stale holder's save appends nothing.
     st.release_lease(G, &sid("s"), &lease).await.unwrap();
     let _other = st
@@ -99,53 +107,65 @@ pub(super) async fn change_mode_appends_history(s: Subject) {
         reason: "DDR".into(),
         turn_id: tid.clone(),
     };
-    let state = st
-        .record_tool_output(
-            G,
-            &sid("s"),
-            &tid,
-            ToolOutput {
-                call_id: "call_mode",
-                output: "{\"success\":true}",
-                mode_change: Some(("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", &change)),
-            },
-            &lease,
-        )
-        .await
-        .unwrap()
-        .expect("the mode changed");
+    let mut changed = session("s");
+    changed.apply_mode_change("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", change.clone());
+    st.record_tool_output(
+        G,
+        &sid("s"),
+        &tid,
+        ToolOutput {
+            call_id: "call_mode",
+            output: "{\"success\":true}",
+            session: Some(&changed),
+        },
+        &lease,
+    )
+    .await
+    .unwrap();
     // The ledger entry was written in the same step.
     let recorded = st.get_turn(&sid("s"), &tid).await.unwrap().unwrap();
     assert_eq!(
         recorded.tool_ledger.get("call_mode").map(String::as_str),
         Some("{\"success\":true}")
     );
+    let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
     assert_eq!(
-        (state.mode_key.as_str(), state.mode_id.as_str()),
+        (stored.mode_key.as_str(), stored.mode_id.as_str()),
         ("ddr_authoring", "A9E1F9C15A0C4F8D9AF51F3E8B2A6D22")
     );
-    let stored = st.get_session(&sid("s")).await.unwrap().unwrap();
     assert_eq!(stored.mode_history, vec![change.clone()]);
-    let missing = st
-        .acquire_lease(G, &sid("nobody"), "w1", LONG)
+
+    // A new session's run changes the mode before the session was ever written: the step
+    // stores it whole (the run's session is the truth under its lease).
+    let fresh = st
+        .acquire_lease(G, &sid("fresh"), "w1", LONG)
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(
-        st.record_tool_output(
-            G,
-            &sid("nobody"),
-            &tid,
-            ToolOutput {
-                call_id: "call_x",
-                output: "{}",
-                mode_change: Some(("X", &change))
-            },
-            &missing
-        )
-        .await,
-        Err(StoreError::Corrupt(_))
-    ));
+    st.save(G, None, &turn("fresh", "t"), &fresh, false)
+        .await
+        .unwrap();
+    assert!(st.get_session(&sid("fresh")).await.unwrap().is_none());
+    let mut first = session("fresh");
+    first.apply_mode_change("A9E1F9C15A0C4F8D9AF51F3E8B2A6D22", change.clone());
+    st.record_tool_output(
+        G,
+        &sid("fresh"),
+        &tid,
+        ToolOutput {
+            call_id: "call_x",
+            output: "{}",
+            session: Some(&first),
+        },
+        &fresh,
+    )
+    .await
+    .unwrap();
+    let stored = st.get_session(&sid("fresh")).await.unwrap().unwrap();
+    assert_eq!(
+        (stored.mode_key.as_str(), stored.mode_history.len()),
+        ("ddr_authoring", 1)
+    );
 }
 
 pub(super) async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {

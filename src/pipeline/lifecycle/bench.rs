@@ -83,7 +83,7 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
             .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let tid = TurnId::parse(format!("t{i}")).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         // begin: the lease with the turn and the session read under it (and a new session's
-        // contexts latched; one script), then the running record
+        // contexts latched, the run counted; one script)
         let begun = store
             .begin_turn(
                 &GRANT,
@@ -99,9 +99,7 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
             .ok_or_else(|| StoreError::Corrupt("bench session unexpectedly busy".into()))?;
         let state = begun.session.unwrap_or_else(|| session(&sid));
         let mut rec = record(&sid, &tid);
-        store
-            .save(&GRANT, Some(&state), &rec, &lease, false)
-            .await?;
+        // (the begin step counted the run: nothing is written until it settles)
         // commit: result, status, session and lease release in one step
         rec.status = TurnStatus::Completed;
         store.save(&GRANT, Some(&state), &rec, &lease, true).await?;

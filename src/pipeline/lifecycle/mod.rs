@@ -10,8 +10,8 @@
 //!
 //! | transition | what the step writes |
 //! |---|---|
-//! | begin ([`Lifecycle::begin`]) | the lease taken (and a new session's contexts latched), read with the turn and session |
-//! | start ([`Lifecycle::start_user_turn`], [`Lifecycle::accept_tool_results`]) | the turn `running`, its attempt counted (and the session, when the turn changes it) |
+//! | begin ([`Lifecycle::begin`]) | the lease taken, the run counted (readers see the turn `running`; a new session's contexts latched), read with the turn, the session and any stop request |
+//! | start ([`Lifecycle::accept_tool_results`]; [`Lifecycle::start_user_turn`] only for a turn whose record was not stored) | the turn `running`, its attempt counted |
 //! | checkpoint ([`Lifecycle::checkpoint`]) | a model answer that calls tools, before any of them runs |
 //! | record a tool output ([`Lifecycle::record_tool_output`]) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
 //! | complete / await client tools / fail / cancel | the turn's result and status, the session (conversation head, items, mode), the lease given back |
@@ -48,6 +48,7 @@ mod steps;
 pub mod bench;
 pub use intake::Intake;
 pub(super) use lease::HeldLease;
+pub(crate) use open::Start;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,6 +143,9 @@ pub(super) struct Run {
     /// Whether the record keeps what the model was sent and answered and the server tools'
     /// arguments (for the turn inspector); off for tenants whose `keepBodies` is false.
     keep_bodies: bool,
+    /// The run changed the session (a new one, or its owner, contexts or mode key) and has not
+    /// written it yet: the next write of the turn carries it.
+    session_unsaved: bool,
 }
 
 impl Run {
@@ -160,6 +164,7 @@ impl Run {
             unsure: false,
             reattach: false,
             keep_bodies: true,
+            session_unsaved: false,
         }
     }
 
@@ -263,7 +268,8 @@ impl Lifecycle {
         }
     }
 
-    /// The one write of a run's turn (and, with `with_session`, its session) through
+    /// The one write of a run's turn (and, with `with_session` or a session the run changed
+    /// and has not written, its session) through
     /// [`SessionStore::save`](crate::store::SessionStore::save); with `release`, the lease is
     /// given back in the same step. A failure marks the run unsure (see [`Run::unsure`]).
     async fn write(
@@ -273,6 +279,7 @@ impl Lifecycle {
         release: bool,
     ) -> Result<Saved, RetryableFailure> {
         run.may_write()?;
+        let with_session = with_session || run.session_unsaved;
         let session = with_session.then_some(&run.session);
         match self
             .store
@@ -283,6 +290,7 @@ impl Lifecycle {
                 if with_session {
                     // The store holds them now.
                     run.session.conversation.clear();
+                    run.session_unsaved = false;
                 }
                 if release {
                     run.held.released_by_store();
@@ -322,6 +330,10 @@ pub(super) struct Begin {
     pub(super) session: Option<SessionState>,
     /// A new session's contexts, latched by the begin step.
     pub(super) latched: Option<ContextIds>,
+    /// With the lease: the runs of the turn begun, this one included.
+    pub(super) runs: u32,
+    /// With the lease: whether the turn had been asked to stop.
+    pub(super) stop_requested: bool,
 }
 
 #[cfg(test)]

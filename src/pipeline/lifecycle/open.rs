@@ -81,6 +81,8 @@ impl Lifecycle {
             held,
             session: begun.session,
             latched: begun.latched,
+            runs: begun.runs,
+            stop_requested: begun.stop_requested,
         })
     }
 
@@ -147,21 +149,23 @@ impl Lifecycle {
     }
 
     /// Starts a run of a user turn: the turn (the stored record, or a new one) becomes
-    /// `running` with its attempt counted, and is written with the session when `changed` (a
-    /// new session, or one the turn changes). A fresh run's next step is its model call, whose
-    /// safe point this write answers (whether the turn had been asked to stop). A write that
-    /// fails hands the turn back.
+    /// `running` in the attempt the begin step counted. Nothing is written when the record is
+    /// stored: the begin step counted the run (readers see it `running`) and read whether it
+    /// was asked to stop, which a fresh run's first model call takes as its safe point; the
+    /// record, with its `run_started` event, and a session the run changed (`changed`) go
+    /// with the run's next write. A record the front door's write lost is written now (a
+    /// failed write hands the turn back).
     pub(crate) async fn start_user_turn(
         &self,
         held: HeldLease,
         mut record: TurnRecord,
         session: SessionState,
-        changed: bool,
+        start: Start,
         live: Option<Arc<LiveTurn>>,
     ) -> Result<Run, RetryableFailure> {
         record.status = TurnStatus::Running;
         record.mode_key = session.mode_key.clone();
-        record.attempts += 1;
+        record.attempts = attempt(&record, start.runs);
         // A run that died waiting for a background call: this one re-attaches to it and its
         // text goes on where the client's stopped (the call says otherwise if it cannot).
         let reattach = record.model_call.is_some() && record.attempts > 1;
@@ -179,7 +183,14 @@ impl Lifecycle {
         let mut run = Run::open(session, record, held, live);
         run.reattach = reattach;
         run.keep_bodies = self.keeps_bodies(&run.session);
-        match self.write(&mut run, changed, false).await {
+        run.session_unsaved = start.changed;
+        if start.stored {
+            if run.record.checkpoint.is_none() {
+                run.stop_read = Some(start.stop_requested);
+            }
+            return Ok(run);
+        }
+        match self.write(&mut run, false, false).await {
             Ok(saved) => {
                 if run.record.checkpoint.is_none() {
                     run.stop_read = Some(saved.stop_requested);
@@ -198,8 +209,9 @@ impl Lifecycle {
         session: SessionState,
         live: Option<Arc<LiveTurn>>,
         result: TurnResult,
+        runs: u32,
     ) -> Result<Settled, RetryableFailure> {
-        record.attempts += 1;
+        record.attempts = attempt(&record, runs);
         self.fail_turn(Run::open(session, record, held, live), result)
             .await
     }
@@ -276,4 +288,24 @@ impl Lifecycle {
             }
         }
     }
+}
+
+/// How a user turn's run starts ([`Lifecycle::start_user_turn`]), from its begin step.
+pub(crate) struct Start {
+    /// The session is new, or the run changed it (owner, contexts, mode key, solution
+    /// context): the run's next write carries it.
+    pub(crate) changed: bool,
+    /// The turn's record is stored (the front door wrote it); otherwise the run writes it.
+    pub(crate) stored: bool,
+    /// The runs of the turn begun, this one included ([`Begin::runs`]).
+    pub(crate) runs: u32,
+    /// Whether the turn had been asked to stop when the run began.
+    pub(crate) stop_requested: bool,
+}
+
+/// The attempt a run of `record` is: the count of runs begun, or one more than the record
+/// says when that is more (runs counted in the record alone: a continuation's, or a record
+/// written before runs were counted at their beginning).
+fn attempt(record: &TurnRecord, runs: u32) -> u32 {
+    runs.max(record.attempts + 1)
 }

@@ -51,7 +51,13 @@ impl Lifecycle {
         effect: Option<ModeEffect>,
     ) -> Result<bool, RetryableFailure> {
         run.may_write()?;
-        let mode = effect.as_ref().map(|e| (e.mode_id.as_str(), &e.change));
+        // The session as the run holds it, with the new mode: the run's own (only the lease
+        // holder writes it), and perhaps not stored yet (a new session's first write).
+        let changed = effect.map(|e| {
+            let mut session = run.session.clone();
+            session.apply_mode_change(&e.mode_id, e.change);
+            session
+        });
         let recorded = self
             .store
             .record_tool_output(
@@ -61,14 +67,14 @@ impl Lifecycle {
                 ToolOutput {
                     call_id,
                     output,
-                    mode_change: mode,
+                    session: changed.as_ref(),
                 },
                 run.held.lease(),
             )
             .await;
-        let changed = match recorded {
-            Ok(changed) => changed,
-            Err(e) if effect.is_some() => {
+        match recorded {
+            Ok(()) => {}
+            Err(e) if changed.is_some() => {
                 run.unsure = true;
                 tracing::error!(error = %e, session_id = %run.session.session_id, "agent_change_mode could not persist the mode");
                 return Err(RetryableFailure {
@@ -93,13 +99,10 @@ impl Lifecycle {
         let Some(stored) = changed else {
             return Ok(false);
         };
-        run.session.mode_id = stored.mode_id;
-        run.session.mode_key = stored.mode_key;
-        run.session.mode_history = stored.mode_history;
-        run.session.updated_at = stored.updated_at;
-        // The step moved any conversation items the stored session still held inline (the
-        // only items pending before the turn settles).
+        run.session = stored;
+        // The step stored the session whole, any conversation items it held with it.
         run.session.conversation.clear();
+        run.session_unsaved = false;
         Ok(true)
     }
 }

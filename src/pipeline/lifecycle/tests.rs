@@ -8,7 +8,7 @@ use crate::catalog::ModeCatalog;
 use crate::contract::{ErrorCode, SessionId, TurnId};
 use crate::llm::LlmClient;
 use crate::pipeline::{Pipeline, PipelineSettings};
-use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, now_rfc3339};
+use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
 /// A pipeline over a memory store, and a started run of turn `t` of session `s`.
@@ -31,10 +31,20 @@ async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
     let session = pipeline.life.new_session(&sid);
     let run = pipeline
         .life
-        .start_user_turn(held, record, session, true, None)
+        .start_user_turn(held, record, session, start(), None)
         .await
         .unwrap();
     (store, pipeline, run)
+}
+
+/// How a run of a turn whose record is not stored starts (it writes the record).
+fn start() -> super::Start {
+    super::Start {
+        changed: true,
+        stored: false,
+        runs: 1,
+        stop_requested: false,
+    }
 }
 
 fn to_ddr(catalog: &ModeCatalog) -> ModeEffect {
@@ -158,4 +168,69 @@ async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
         serde_json::to_value(&after).unwrap(),
         "the hand-back wrote nothing"
     );
+}
+
+#[tokio::test]
+async fn a_run_of_a_stored_turn_writes_nothing_until_it_has_something_to_keep() {
+    let store = Arc::new(MemoryStore::new());
+    let catalog = Arc::new(ModeCatalog::builtin());
+    let llm = LlmClient::new(
+        "http://127.0.0.1:9/v1",
+        None,
+        Duration::from_secs(1),
+        Duration::from_secs(1),
+        0,
+    )
+    .unwrap();
+    let dyn_store: Arc<dyn SessionStore> = store.clone();
+    let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+    let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
+    let queued = TurnRecord::queued(sid.clone(), tid.clone(), String::new(), String::new());
+    store.create_turn(&GRANT, &queued).await.unwrap();
+    let begun = pipeline.life.begin(&sid, &tid, None).await.unwrap();
+    assert_eq!((begun.runs, begun.stop_requested), (1, false));
+    let start = super::Start {
+        changed: true,
+        stored: true,
+        runs: begun.runs,
+        stop_requested: begun.stop_requested,
+    };
+    let held = begun.held.unwrap();
+    let session = pipeline.life.new_session(&sid);
+    let mut run = pipeline
+        .life
+        .start_user_turn(held, begun.turn.unwrap(), session, start, None)
+        .await
+        .unwrap();
+    assert_eq!(store.saves(), 0, "the begin step was the run's only write");
+    // A reader sees the turn running in its first attempt all the same.
+    let read = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+    assert_eq!((read.status, read.attempts), (TurnStatus::Running, 1));
+    assert!(store.get_session(&sid).await.unwrap().is_none());
+    // The run's next write carries the new session with the record.
+    pipeline
+        .life
+        .note_model_call(
+            &mut run,
+            crate::state::ModelCallMark {
+                response_id: "resp_1".into(),
+                request: "r".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.saves(), 1);
+    assert!(store.get_session(&sid).await.unwrap().is_some());
+    let read = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+    assert_eq!(
+        read.history.first().map(|e| e.event.as_str()),
+        Some("run_started")
+    );
+    // A run that ends without another write (its worker died; here it gives the lease back)
+    // is followed by one counted as the second, though neither wrote its attempt.
+    run.held.release().await;
+    let again = pipeline.life.begin(&sid, &tid, None).await.unwrap();
+    assert_eq!(again.runs, 2);
+    let read = store.get_turn(&sid, &tid).await.unwrap().unwrap();
+    assert_eq!((read.status, read.attempts), (TurnStatus::Running, 2));
 }

@@ -2,7 +2,7 @@
 //! latched (each set once, then kept as long as the session), and the one script that claims,
 //! latches and records a queued turn in one round trip.
 
-use super::codec::{decode, encode};
+use super::codec::{decode, encode, runs_begun};
 use super::{RedisStore, ms, unavailable};
 use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
 
@@ -42,13 +42,14 @@ impl RedisStore {
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let (step, found): (i64, Option<String>) = self
+        let (step, found, runs): (i64, Option<String>, Option<String>) = self
             .scripts
             .admit_turn
             .key(self.key("owner", session))
             .key(&contexts_key)
             .key(&key)
             .key(self.key("turns", session))
+            .key(self.turn_key("ledger", session, &turn.turn_id))
             .arg(owner.unwrap_or(""))
             .arg(match contexts {
                 Some(c) => encode(c)?,
@@ -66,7 +67,13 @@ impl RedisStore {
             1 => decode(&contexts_key, found)?
                 .map(Admission::OtherContexts)
                 .ok_or_else(|| StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))),
-            2 | 3 => Ok(Admission::Turn(decode(&key, found)?.map(Box::new))),
+            2 | 3 => {
+                let mut existing: Option<TurnRecord> = decode(&key, found)?;
+                if let (Some(record), Some(runs)) = (existing.as_mut(), runs) {
+                    record.with_runs_begun(runs_begun(&key, &runs)?);
+                }
+                Ok(Admission::Turn(existing.map(Box::new)))
+            }
             other => Err(StoreError::Corrupt(format!(
                 "{key}: the admission script answered step {other}"
             ))),

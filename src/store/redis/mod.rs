@@ -30,7 +30,7 @@ use redis::AsyncCommands as _;
 
 use super::{
     Admission, Begun, ContextIds, Grant, Lease, Retention, Saved, SessionState, SessionStore,
-    StoreError, StoreReader, ToolOutput, TurnRecord,
+    StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -256,6 +256,7 @@ impl SessionStore for RedisStore {
             .key(self.key("turns", &turn.session_id))
             .key(self.key("session", &turn.session_id))
             .key(self.key("contexts", &turn.session_id))
+            .key(self.turn_key("ledger", &turn.session_id, &turn.turn_id))
             .arg(encode(turn)?)
             .arg(turn.turn_id.as_str())
             .invoke_async(&mut self.conn())
@@ -274,9 +275,11 @@ impl SessionStore for RedisStore {
             .scripts
             .replace_turn
             .key(self.turn_key("turn", &current.session_id, &current.turn_id))
+            .key(self.turn_key("ledger", &current.session_id, &current.turn_id))
             .arg(encode(current)?)
             .arg(encode(new)?)
             .arg(ms(self.retention.turns))
+            .arg(current.runs_begun)
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -320,12 +323,14 @@ impl SessionStore for RedisStore {
         let (session_key, contexts_key) =
             (self.key("session", session), self.key("contexts", session));
         let to_latch = contexts.map(encode).transpose()?.unwrap_or_default();
-        let (token, raw_turn, ledger, raw_session, raw_latched): (
+        let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop): (
             Option<u64>,
             Option<String>,
             std::collections::BTreeMap<String, String>,
             Option<String>,
             Option<String>,
+            u32,
+            i64,
         ) = self
             .scripts
             .begin
@@ -335,10 +340,12 @@ impl SessionStore for RedisStore {
             .key(self.turn_key("ledger", session, turn))
             .key(&session_key)
             .key(&contexts_key)
+            .key(self.turn_key("cancel", session, turn))
             .arg(holder)
             .arg(ms(ttl))
             .arg(ms(self.retention.sessions))
             .arg(to_latch)
+            .arg(ms(self.retention.turns))
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;
@@ -359,6 +366,8 @@ impl SessionStore for RedisStore {
                 lease,
                 session,
                 latched,
+                runs,
+                stop_requested: stop == 1,
             }),
             Err(e) => {
                 // Nothing will run under a lease whose reads failed: give it back rather than
@@ -453,25 +462,7 @@ impl SessionStore for RedisStore {
         turn: &TurnId,
         entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<Option<SessionState>, StoreError> {
-        let ToolOutput {
-            call_id,
-            output,
-            mode_change,
-        } = entry;
-        // With a mode change, the session is read and changed here and written by the script
-        // with the ledger entry. Read-modify-write is safe: only the lease holder writes the
-        // session, and the script writes nothing if the lease moved on in between.
-        let state = match mode_change {
-            Some((mode_id, change)) => {
-                let mut state = self.get_session(session).await?.ok_or_else(|| {
-                    StoreError::Corrupt(format!("session {session} does not exist"))
-                })?;
-                state.apply_mode_change(mode_id, change.clone());
-                Some(state)
-            }
-            None => None,
-        };
+    ) -> Result<(), StoreError> {
         let mut invocation = self.scripts.record_output.prepare_invoke();
         invocation
             .key(self.key("lease", session))
@@ -479,21 +470,17 @@ impl SessionStore for RedisStore {
             .key(self.key("session", session))
             .key(self.key("conversation", session))
             .arg(lease_value(lease))
-            .arg(call_id)
-            .arg(output)
+            .arg(entry.call_id)
+            .arg(entry.output)
             .arg(ms(self.retention.turns))
-            .arg(state.as_ref().map(encode).transpose()?.unwrap_or_default())
+            .arg(entry.session.map(encode).transpose()?.unwrap_or_default())
             .arg(ms(self.retention.sessions));
-        // A session stored before the conversation moved out still holds it: it moves now.
-        for item in state.iter().flat_map(|s| &s.conversation) {
+        for item in entry.session.iter().flat_map(|s| &s.conversation) {
             invocation.arg(encode(item)?);
         }
         let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
         result.map_err(|e| self.map_fenced(session, e))?;
-        Ok(state.map(|mut s| {
-            s.conversation.clear();
-            s
-        }))
+        Ok(())
     }
 }
 

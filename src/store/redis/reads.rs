@@ -75,7 +75,7 @@ impl StoreReader for RedisStore {
             .iter()
             .map(|(sid, tid)| self.turn_key("cancel", sid, tid))
             .collect();
-        self.read_many("EXISTS", &keys).await
+        self.read_many("EXISTS", &keys, None).await
     }
 
     async fn latched_contexts(

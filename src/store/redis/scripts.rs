@@ -27,28 +27,32 @@ redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
 return token
 ";
 
-/// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts.
-/// ARGV: holder, lease TTL ms, counter TTL ms (and contexts TTL), contexts JSON or ''.
-/// Returns {token or false, turn JSON or false, ledger as field/value pairs, session JSON or
-/// false, latched contexts JSON or false}; the session only when the lease was taken, the
-/// contexts only then and for a session not stored yet, latching ARGV[4] unless some are.
-const BEGIN: &str = concat!(
-    latch_fn!(),
-    r"
+/// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts, the turn's
+///       stop request.
+/// ARGV: holder, lease TTL ms, counter TTL ms (and contexts TTL), contexts JSON or '', turn
+///       TTL ms.
+/// Returns {token or false, turn JSON or false, ledger as field/value pairs (as before this
+/// run), session JSON or false, latched contexts JSON or false, runs begun, stop requested};
+/// the rest only when the lease was taken: the session, the contexts for a session not stored
+/// yet (latching ARGV[4] unless some are; latched ones keep the TTL the front door's
+/// admission gave them moments before), the count of runs begun with this one (kept in
+/// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0).
+const BEGIN: &str = r"
 local turn = redis.call('GET', KEYS[3])
 local ledger = redis.call('HGETALL', KEYS[4])
-if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false, false} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false, false, 0, 0} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
+redis.call('PEXPIRE', KEYS[4], ARGV[5])
 local session = redis.call('GET', KEYS[5])
 local latched = false
 if not session and ARGV[4] ~= '' then
-  latched = latch(KEYS[6], ARGV[4], ARGV[3])
+  latched = redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
 end
-return {token, turn, ledger, session, latched}
-"
-);
+return {token, turn, ledger, session, latched, runs, redis.call('EXISTS', KEYS[7])}
+";
 
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -84,16 +88,22 @@ macro_rules! append_conversation {
 ///       the session's watch mark.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
 ///       session TTL ms, then the session's conversation items to append (with a session).
-/// Returns 1 when the turn has been asked to stop, plus 2 when the session is marked watched.
+/// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
+/// back: the run is over), plus 2 when the session is marked watched. The ledger (KEYS[5]) is
+/// not touched: the begin step and each tool output keep it for the turn's TTL, and what it
+/// held at this write is in the record too.
 const SAVE: &str = concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
-redis.call('PEXPIRE', KEYS[5], ARGV[3])
-if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) end
-local read = redis.call('EXISTS', KEYS[7]) + 2 * redis.call('EXISTS', KEYS[8])
+local read = 2 * redis.call('EXISTS', KEYS[8])
+if ARGV[4] == '1' then
+  redis.call('DEL', KEYS[1])
+else
+  read = read + redis.call('EXISTS', KEYS[7])
+end
 if ARGV[6] == '' then return read end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 ",
@@ -134,37 +144,39 @@ end
 return 1
 ";
 
-/// KEYS: owner, contexts, turn, turns index.
+/// KEYS: owner, contexts, turn, turns index, the turn's ledger.
 /// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
 /// turn id, session TTL ms.
-/// Returns {0, owner} (another tenant's session), {1, latched contexts} (other contexts),
-/// {2, existing turn JSON}, or {3, false} (created); stops writing at the first refusal.
+/// Returns {0, owner, false} (another tenant's session), {1, latched contexts, false} (other
+/// contexts), {2, existing turn JSON, its runs begun or false}, or {3, false, false}
+/// (created); stops writing at the first refusal.
 /// Without a tenant and contexts it is the plain create-unless-it-exists of a turn record.
 const ADMIT_TURN: &str = concat!(
     latch_fn!(),
     r"
 if ARGV[1] ~= '' then
   local owner = latch(KEYS[1], ARGV[1], ARGV[6])
-  if owner ~= ARGV[1] then return {0, owner} end
+  if owner ~= ARGV[1] then return {0, owner, false} end
 end
 if ARGV[2] ~= '' then
   local latched = latch(KEYS[2], ARGV[2], ARGV[6])
-  if latched ~= ARGV[2] then return {1, latched} end
+  if latched ~= ARGV[2] then return {1, latched, false} end
 end
-local existing = redis.call('GET', KEYS[3])
-if existing then return {2, existing} end
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
+local existing = redis.call('SET', KEYS[3], ARGV[3], 'NX', 'GET', 'PX', ARGV[4])
+if existing then return {2, existing, redis.call('HGET', KEYS[5], 'runs begun')} end
 redis.call('RPUSH', KEYS[4], ARGV[5])
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
-return {3, false}
+return {3, false, false}
 "
 );
 
-/// KEYS: turn, turns list, session, latched contexts. ARGV: the record as created, turn id.
+/// KEYS: turn, turns list, session, latched contexts, the turn's ledger. ARGV: the record as
+/// created, turn id. Only a turn no run has begun (its ledger counts none) is taken back.
 /// A session left with no turn and no state was never run: the contexts its admission latched
 /// go with the turn (a job accepted after all latches them again when it begins).
 const DISCARD_TURN: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('HEXISTS', KEYS[5], 'runs begun') == 1 then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('LREM', KEYS[2], 1, ARGV[2])
 if redis.call('LLEN', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
@@ -173,9 +185,11 @@ end
 return 1
 ";
 
-/// KEYS: turn. ARGV: the record as read, the new record, turn TTL ms.
+/// KEYS: turn, its ledger. ARGV: the record as read, the new record, turn TTL ms, the runs
+/// begun when it was read (a run begun since has not written the record yet, but it runs).
 const REPLACE_TURN: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], 'runs begun') or '0') ~= tonumber(ARGV[4]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 ";

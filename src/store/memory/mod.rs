@@ -6,9 +6,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod records;
+
 use super::{
-    BatchRecord, ContextIds, Grant, Lease, RecordWriter, Saved, SessionState, SessionStore,
-    StoreError, StoreReader, ToolOutput, TurnRecord,
+    BatchRecord, Begun, ContextIds, Grant, Lease, Saved, SessionState, SessionStore, StoreError,
+    StoreReader, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -53,9 +55,52 @@ struct Inner {
     watched: HashMap<SessionId, Instant>,
     /// Streaming turns' latest live events, kept until when.
     live: HashMap<(SessionId, TurnId), KeptLive>,
+    /// The runs of each turn begun (what the Redis store keeps in the turn's ledger).
+    runs: HashMap<(SessionId, TurnId), u32>,
 }
 
 impl Inner {
+    /// A turn as a reader sees it: the record with the runs begun.
+    fn turn(&self, key: &(SessionId, TurnId)) -> Option<TurnRecord> {
+        let mut record = self.turns.get(key)?.clone();
+        record.runs_begun = 0;
+        record.with_runs_begun(self.runs.get(key).copied().unwrap_or(0));
+        Some(record)
+    }
+
+    /// Stores `s`, its conversation items appended to the session's conversation.
+    fn store_session(&mut self, s: &SessionState) {
+        self.conversations
+            .entry(s.session_id.clone())
+            .or_default()
+            .extend(s.conversation.iter().cloned());
+        let stored = SessionState {
+            conversation: Vec::new(),
+            ..s.clone()
+        };
+        self.sessions.insert(s.session_id.clone(), stored);
+    }
+
+    /// Takes `session`'s lease for `holder` unless another holder has it.
+    fn take_lease(&mut self, session: &SessionId, holder: &str, ttl: Duration) -> Option<Lease> {
+        if self
+            .leases
+            .get(session)
+            .is_some_and(|(_, until)| *until > Instant::now())
+        {
+            return None;
+        }
+        let token = self.fences.entry(session.clone()).or_insert(0);
+        *token += 1;
+        let lease = Lease {
+            token: *token,
+            holder: holder.to_string(),
+        };
+        self.leases
+            .insert(session.clone(), (lease.clone(), Instant::now() + ttl));
+        Some(lease)
+    }
+
     fn holds(&self, session: &SessionId, lease: &Lease) -> bool {
         self.leases
             .get(session)
@@ -99,11 +144,7 @@ impl StoreReader for MemoryStore {
         session: &SessionId,
         turn: &TurnId,
     ) -> Result<Option<TurnRecord>, StoreError> {
-        Ok(self
-            .lock()?
-            .turns
-            .get(&(session.clone(), turn.clone()))
-            .cloned())
+        Ok(self.lock()?.turn(&(session.clone(), turn.clone())))
     }
 
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError> {
@@ -202,8 +243,8 @@ impl SessionStore for MemoryStore {
     ) -> Result<Option<TurnRecord>, StoreError> {
         let mut inner = self.lock()?;
         let key = (turn.session_id.clone(), turn.turn_id.clone());
-        if let Some(existing) = inner.turns.get(&key) {
-            return Ok(Some(existing.clone()));
+        if let Some(existing) = inner.turn(&key) {
+            return Ok(Some(existing));
         }
         inner.turns.insert(key, turn.clone());
         inner
@@ -217,7 +258,7 @@ impl SessionStore for MemoryStore {
     async fn discard_turn(&self, _grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock()?;
         let key = (turn.session_id.clone(), turn.turn_id.clone());
-        if inner.turns.get(&key) != Some(turn) {
+        if inner.turns.get(&key) != Some(turn) || inner.runs.contains_key(&key) {
             return Ok(false);
         }
         inner.turns.remove(&key);
@@ -244,13 +285,11 @@ impl SessionStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut inner = self.lock()?;
         let key = (current.session_id.clone(), current.turn_id.clone());
-        match inner.turns.get_mut(&key) {
-            Some(stored) if stored == current => {
-                *stored = new.clone();
-                Ok(true)
-            }
-            _ => Ok(false),
+        if inner.turn(&key).as_ref() != Some(current) {
+            return Ok(false);
         }
+        inner.turns.insert(key, new.clone());
+        Ok(true)
     }
 
     async fn acquire_lease(
@@ -260,24 +299,53 @@ impl SessionStore for MemoryStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError> {
+        Ok(self.lock()?.take_lease(session, holder, ttl))
+    }
+
+    async fn begin_turn(
+        &self,
+        _grant: &Grant,
+        session: &SessionId,
+        turn: &TurnId,
+        holder: &str,
+        ttl: Duration,
+        contexts: Option<&ContextIds>,
+    ) -> Result<Begun, StoreError> {
         let mut inner = self.lock()?;
-        if inner
-            .leases
-            .get(session)
-            .is_some_and(|(_, until)| *until > Instant::now())
-        {
-            return Ok(None);
-        }
-        let token = inner.fences.entry(session.clone()).or_insert(0);
-        *token += 1;
-        let lease = Lease {
-            token: *token,
-            holder: holder.to_string(),
+        let key = (session.clone(), turn.clone());
+        let record = inner.turn(&key);
+        let Some(lease) = inner.take_lease(session, holder, ttl) else {
+            return Ok(Begun {
+                turn: record,
+                lease: None,
+                session: None,
+                latched: None,
+                runs: 0,
+                stop_requested: false,
+            });
         };
-        inner
-            .leases
-            .insert(session.clone(), (lease.clone(), Instant::now() + ttl));
-        Ok(Some(lease))
+        let runs = inner.runs.entry(key.clone()).or_insert(0);
+        *runs += 1;
+        let runs = *runs;
+        let state = inner.sessions.get(session).cloned();
+        let latched = match (&state, contexts) {
+            (None, Some(contexts)) => Some(
+                inner
+                    .contexts
+                    .entry(session.clone())
+                    .or_insert_with(|| contexts.clone())
+                    .clone(),
+            ),
+            _ => None,
+        };
+        Ok(Begun {
+            turn: record,
+            lease: Some(lease),
+            session: state,
+            latched,
+            runs,
+            stop_requested: inner.cancels.contains(&key),
+        })
     }
 
     async fn renew_lease(
@@ -325,16 +393,7 @@ impl SessionStore for MemoryStore {
         }
         self.saves.fetch_add(1, Ordering::Relaxed);
         if let Some(s) = session {
-            inner
-                .conversations
-                .entry(s.session_id.clone())
-                .or_default()
-                .extend(s.conversation.iter().cloned());
-            let stored = SessionState {
-                conversation: Vec::new(),
-                ..s.clone()
-            };
-            inner.sessions.insert(s.session_id.clone(), stored);
+            inner.store_session(s);
         }
         let key = (turn.session_id.clone(), turn.turn_id.clone());
         let mut record = turn.clone();
@@ -354,7 +413,7 @@ impl SessionStore for MemoryStore {
                 .or_default()
                 .push(turn.turn_id.clone());
         }
-        let stop_requested = inner.cancels.contains(&key);
+        let stop_requested = !release && inner.cancels.contains(&key);
         inner.turns.insert(key, record);
         if release {
             inner.leases.remove(&turn.session_id);
@@ -377,181 +436,24 @@ impl SessionStore for MemoryStore {
         turn: &TurnId,
         entry: ToolOutput<'_>,
         lease: &Lease,
-    ) -> Result<Option<SessionState>, StoreError> {
-        let ToolOutput {
-            call_id,
-            output,
-            mode_change,
-        } = entry;
+    ) -> Result<(), StoreError> {
         let mut inner = self.lock()?;
         if !inner.holds(session, lease) {
             drop(inner);
             return Err(self.fenced(session));
         }
         let key = (session.clone(), turn.clone());
-        if !inner.turns.contains_key(&key) {
+        let Some(record) = inner.turns.get_mut(&key) else {
             return Err(StoreError::Corrupt(format!(
                 "turn {session}/{turn} does not exist"
             )));
-        }
-        // Both checks come before either write: the step is whole or not at all.
-        let changed = match mode_change {
-            Some((mode_id, change)) => {
-                let mut state = inner.sessions.get(session).cloned().ok_or_else(|| {
-                    StoreError::Corrupt(format!("session {session} does not exist"))
-                })?;
-                state.apply_mode_change(mode_id, change.clone());
-                inner.sessions.insert(session.clone(), state.clone());
-                Some(state)
-            }
-            None => None,
         };
-        if let Some(record) = inner.turns.get_mut(&key) {
-            record
-                .tool_ledger
-                .insert(call_id.to_string(), output.to_string());
-        }
-        Ok(changed)
-    }
-}
-
-#[async_trait::async_trait]
-impl RecordWriter for MemoryStore {
-    async fn claim_owner(&self, session: &SessionId, tenant: &str) -> Result<String, StoreError> {
-        Ok(self
-            .lock()?
-            .owners
-            .entry(session.clone())
-            .or_insert_with(|| tenant.to_string())
-            .clone())
-    }
-
-    async fn latch_contexts(
-        &self,
-        session: &SessionId,
-        contexts: &ContextIds,
-    ) -> Result<ContextIds, StoreError> {
-        Ok(self
-            .lock()?
-            .contexts
-            .entry(session.clone())
-            .or_insert_with(|| contexts.clone())
-            .clone())
-    }
-
-    async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
-        self.lock()?.cancels.insert((session.clone(), turn.clone()));
-        Ok(())
-    }
-    async fn keep_live(
-        &self,
-        session: &SessionId,
-        turn: &TurnId,
-        event: &[u8],
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let now = Instant::now();
-        if inner.live.len() >= 1024 {
-            inner.live.retain(|_, (until, _)| *until > now);
-        }
-        let (until, events) = inner
-            .live
-            .entry((session.clone(), turn.clone()))
-            .or_insert_with(|| (now, std::collections::VecDeque::new()));
-        *until = now + super::LIVE_KEPT;
-        events.push_back(event.to_vec());
-        while events.len() > super::LIVE_EVENTS_PER_TURN {
-            events.pop_front();
+        record
+            .tool_ledger
+            .insert(entry.call_id.to_string(), entry.output.to_string());
+        if let Some(state) = entry.session {
+            inner.store_session(state);
         }
         Ok(())
-    }
-
-    async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let now = Instant::now();
-        inner.watched.retain(|_, until| *until > now);
-        let until = inner.watched.entry(session.clone()).or_insert(now);
-        *until = (*until).max(now + ttl);
-        Ok(())
-    }
-
-    async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {
-        self.lock()?
-            .batches
-            .insert(batch.batch_id.clone(), batch.clone());
-        Ok(())
-    }
-
-    async fn put_heartbeat(&self, worker: &str, body: &[u8]) -> Result<(), StoreError> {
-        self.lock()?
-            .heartbeats
-            .insert(worker.to_string(), body.to_vec());
-        Ok(())
-    }
-
-    async fn drop_heartbeat(&self, worker: &str) -> Result<(), StoreError> {
-        self.lock()?.heartbeats.remove(worker);
-        Ok(())
-    }
-
-    async fn note_batch(
-        &self,
-        id: &str,
-        settled: Option<(&SessionId, &TurnId)>,
-        lines: Option<usize>,
-    ) -> Result<bool, StoreError> {
-        let mut inner = self.lock()?;
-        let note = inner.batch_lines.entry(id.to_string()).or_default();
-        if let Some((s, t)) = settled {
-            note.settled.insert((s.clone(), t.clone()));
-        }
-        if lines.is_some() {
-            note.lines = lines;
-        }
-        Ok(!note.done && note.lines.is_some_and(|n| note.settled.len() >= n))
-    }
-
-    async fn batch_done(&self, id: &str) -> Result<(), StoreError> {
-        self.lock()?
-            .batch_lines
-            .entry(id.to_string())
-            .or_default()
-            .done = true;
-        Ok(())
-    }
-
-    async fn expect_line_events(
-        &self,
-        id: &str,
-        (sid, tid): (&SessionId, &TurnId),
-        urls: &[&str],
-    ) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let note = inner.batch_lines.entry(id.to_string()).or_default();
-        let pending = note.pending.entry((sid.clone(), tid.clone())).or_default();
-        pending.extend(urls.iter().map(|u| u.to_string()));
-        Ok(())
-    }
-
-    async fn line_event_finished(
-        &self,
-        id: &str,
-        (sid, tid): (&SessionId, &TurnId),
-        url: &str,
-    ) -> Result<bool, StoreError> {
-        let mut inner = self.lock()?;
-        let note = inner.batch_lines.entry(id.to_string()).or_default();
-        let line = (sid.clone(), tid.clone());
-        let left = match note.pending.get_mut(&line) {
-            Some(pending) => {
-                pending.remove(url);
-                pending.len()
-            }
-            None => 0,
-        };
-        if left == 0 {
-            note.pending.remove(&line);
-        }
-        Ok(left == 0)
     }
 }
