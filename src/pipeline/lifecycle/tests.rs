@@ -11,8 +11,8 @@ use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::store::{MemoryStore, ModeChange, SessionStore, TurnRecord, TurnStatus, now_rfc3339};
 use crate::tools::ModeEffect;
 
-/// A pipeline over a memory store, and a started run of turn `t` of session `s`.
-async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
+/// A pipeline over a memory store (its model server address answers nothing).
+fn pipeline() -> (Arc<MemoryStore>, Pipeline) {
     let store = Arc::new(MemoryStore::new());
     let catalog = Arc::new(ModeCatalog::builtin());
     let llm = LlmClient::new(
@@ -25,6 +25,12 @@ async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
     .unwrap();
     let dyn_store: Arc<dyn SessionStore> = store.clone();
     let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+    (store, pipeline)
+}
+
+/// A pipeline over a memory store, and a started run of turn `t` of session `s`.
+async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
+    let (store, pipeline) = pipeline();
     let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
     let held = pipeline.life.lease(&sid, &tid).await.unwrap();
     let record = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
@@ -172,18 +178,7 @@ async fn after_a_failed_write_a_run_writes_nothing_more_of_the_turn() {
 
 #[tokio::test]
 async fn a_run_of_a_stored_turn_writes_nothing_until_it_has_something_to_keep() {
-    let store = Arc::new(MemoryStore::new());
-    let catalog = Arc::new(ModeCatalog::builtin());
-    let llm = LlmClient::new(
-        "http://127.0.0.1:9/v1",
-        None,
-        Duration::from_secs(1),
-        Duration::from_secs(1),
-        0,
-    )
-    .unwrap();
-    let dyn_store: Arc<dyn SessionStore> = store.clone();
-    let pipeline = Pipeline::new(dyn_store, catalog, llm, PipelineSettings::new("m")).unwrap();
+    let (store, pipeline) = pipeline();
     let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
     let queued = TurnRecord::queued(sid.clone(), tid.clone(), String::new(), String::new());
     store.create_turn(&GRANT, &queued).await.unwrap();
