@@ -18,7 +18,7 @@ use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 use crate::mcp::McpTool;
 pub use crate::rag::ContextChunk;
-use crate::state::SentRequest;
+use crate::state::{Prompt, SentRequest};
 
 /// The boot prompt used when a turn names no conversation context.
 pub const DEFAULT_BOOT_PROMPT: &str = "You are the Aptix Reasoner, an assistant for software teams working with Aptix design records (DDRs), workflows and code. Answer in Markdown. Use only the material in [CONTEXT] as authoritative source content, cite chunks by Id or number, and say so when something you need is missing. Put machine-readable payloads in fenced code blocks with a language tag.";
@@ -93,22 +93,57 @@ pub fn prompt_cache_key(session: &crate::contract::SessionId) -> String {
     format!("aptix-{}", &crate::hex::lower(&digest)[..32])
 }
 
-/// The `CreateResponse` body for one call, serialised once: the same text is sent and kept
-/// in the turn's transcript.
+/// The `CreateResponse` body for one call, serialised once: the text sent.
 pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
+    request(spec).sent
+}
+
+/// One call's request: the body sent, and the body the turn's transcript keeps — the same
+/// without the call's prompt (instructions and tools, the same for every call of a mode and
+/// tool set), which it names instead and the store keeps once.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The body sent.
+    pub sent: SentRequest,
+    /// The body kept, naming its prompt.
+    pub kept: SentRequest,
+    /// The call's prompt.
+    pub prompt: Prompt,
+}
+
+/// [`request_body`], with the body the transcript keeps: the input is serialised once for
+/// both.
+pub fn request(spec: &CallSpec<'_>) -> Request {
     let replayed = match spec.continuation {
         Continuation::Replay(items) => items,
         Continuation::Fresh | Continuation::Previous(_) => &[],
     };
-    let body = Body {
+    // A session's first item, the system message with its boot prompt, is the same for every
+    // session of a conversation context: it goes with the prompt too.
+    let first = replayed.first().or(spec.input.first());
+    let boot = first.filter(|item| item.get("role").and_then(Value::as_str) == Some("system"));
+    let rest = raw(&Input(replayed, spec.input, usize::from(boot.is_some())));
+    let boot = boot.map(raw);
+    let input = match &boot {
+        None => rest.clone(),
+        Some(boot) => {
+            let inner = &rest.get()[1..rest.get().len() - 1];
+            let comma = if inner.is_empty() { "" } else { "," };
+            RawValue::from_string(format!("[{}{comma}{inner}]", boot.get()))
+                .expect("an array of JSON values is JSON")
+        }
+    };
+    let prompt = Prompt::of(spec.instructions, spec.tools, boot.as_deref());
+    let body = |kept: bool| Body {
         model: spec.model,
-        instructions: spec.instructions,
+        instructions: (!kept).then_some(spec.instructions),
+        prompt: kept.then_some(prompt.id.as_str()),
         previous_response_id: match spec.continuation {
             Continuation::Previous(id) => Some(id),
             Continuation::Fresh | Continuation::Replay(_) => None,
         },
-        input: Input(replayed, spec.input),
-        tools: spec.tools,
+        input: if kept { &rest } else { &input },
+        tools: spec.tools.filter(|_| !kept),
         tool_choice: spec.tool_choice.map(|name| FunctionChoice {
             kind: "function",
             name,
@@ -118,21 +153,25 @@ pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
         store: spec.background.then_some(true),
         service_tier: spec.service_tier,
     };
-    // Infallible: every part is a string, a bool or a `Value` (whose map keys are strings),
-    // written to memory.
-    let json = serde_json::value::to_raw_value(&body)
-        .expect("a request body of strings and JSON values always serialises");
-    SentRequest::new(json)
+    Request {
+        sent: SentRequest::new(raw(&body(false))),
+        kept: SentRequest::new(raw(&body(true))),
+        prompt,
+    }
 }
 
-/// The wire shape of a `CreateResponse` body, borrowing what it sends.
+/// The wire shape of a `CreateResponse` body, borrowing what it sends (and, as the transcript
+/// keeps it, naming its prompt instead of carrying it).
 #[derive(Serialize)]
 struct Body<'a> {
     model: &'a str,
-    instructions: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a str>,
+    #[serde(rename = "aptixPrompt", skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     previous_response_id: Option<&'a str>,
-    input: Input<'a>,
+    input: &'a RawValue,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -147,13 +186,19 @@ struct Body<'a> {
     service_tier: Option<&'a str>,
 }
 
-/// The replayed items, then the call's new ones, as one array.
-struct Input<'a>(&'a [Value], &'a [Value]);
+/// The replayed items, then the call's new ones, as one array (without the first so many).
+struct Input<'a>(&'a [Value], &'a [Value], usize);
 
 impl Serialize for Input<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().chain(self.1))
+        s.collect_seq(self.0.iter().chain(self.1).skip(self.2))
     }
+}
+
+/// `value` as raw JSON. Infallible for what a request holds: strings, bools, numbers and JSON
+/// values (whose map keys are strings), written to memory.
+fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("JSON values always serialise")
 }
 
 #[derive(Serialize)]

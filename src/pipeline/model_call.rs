@@ -152,7 +152,7 @@ impl ModelCaller {
             .and_then(ServiceTier::parse)
             .or(backend.agent.calls.service_tier);
         let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>, background| {
-            compose::request_body(&CallSpec {
+            compose::request(&CallSpec {
                 model: backend.model(),
                 instructions: &instructions,
                 tools: tools.as_deref(),
@@ -210,9 +210,9 @@ impl ModelCaller {
             let sent = if background {
                 // Boxed: only background turns carry its state (the following, the
                 // deadline, the cancel), not every turn's future.
-                Box::pin(self.background_call(run, llm, &body, sink, marks)).await?
+                Box::pin(self.background_call(run, llm, &body.sent, sink, marks)).await?
             } else {
-                let call = llm.create_response_streamed(backend.model(), &body, sink);
+                let call = llm.create_response_streamed(backend.model(), &body.sent, sink);
                 (self.unless_cancelled(&sid, &tid, call).await, false)
             };
             // The transcript keeps every request sent, answered or not.
@@ -292,7 +292,7 @@ impl ModelCaller {
             run.switch_to_replay();
             let body = body_for(Some(&history(run, progress).await?), tier, false);
             outcome = llm
-                .create_response_streamed(backend.model(), &body, sink)
+                .create_response_streamed(backend.model(), &body.sent, sink)
                 .await;
             run.note_request(body);
         }

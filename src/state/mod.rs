@@ -21,6 +21,7 @@ pub struct Lease {
 
 mod batch;
 mod model;
+mod prompt;
 mod request;
 mod session;
 mod turn;
@@ -28,6 +29,7 @@ mod views;
 
 pub use batch::*;
 pub use model::*;
+pub use prompt::*;
 pub use request::*;
 pub use session::*;
 pub use turn::*;

@@ -73,7 +73,9 @@ pub struct TurnInspection {
     pub history: Vec<TurnEvent>,
     /// Every model call that was answered, in order.
     pub model_calls: Vec<CallNote>,
-    /// Every model request body sent, as sent (instructions, input, tools; never a key).
+    /// Every model request body sent, as sent (instructions, input, tools; never a key). A
+    /// request whose prompt is no longer kept names it under `aptixPrompt` instead of carrying
+    /// its instructions and tools.
     #[schema(value_type = Vec<Object>)]
     pub requests: Vec<Value>,
     /// Every server tool call, in order, with its output from the turn's ledger.
@@ -103,8 +105,23 @@ pub struct InspectedTool {
     pub output: Option<String>,
 }
 
-impl From<&TurnRecord> for TurnInspection {
-    fn from(r: &TurnRecord) -> Self {
+impl TurnInspection {
+    /// The prompts the turn's transcript names (see [`super::Prompt`]), each once.
+    pub fn prompts_named(r: &TurnRecord) -> Vec<String> {
+        let mut ids: Vec<String> = r
+            .requests
+            .iter()
+            .filter_map(|b| b.to_value().ok())
+            .filter_map(|v| super::prompt_of(&v).map(str::to_string))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// The turn as the inspector shows it, its requests as sent (their prompts put back from
+    /// `prompts`, by id).
+    pub fn of(r: &TurnRecord, prompts: &std::collections::BTreeMap<String, String>) -> Self {
         let queued = TurnEvent {
             at: r.submitted_at.clone(),
             event: "queued".into(),
@@ -125,7 +142,7 @@ impl From<&TurnRecord> for TurnInspection {
             requests: r
                 .requests
                 .iter()
-                .filter_map(|b| b.to_value().ok())
+                .filter_map(|b| super::joined(b, prompts))
                 .collect(),
             tool_calls: r
                 .tools
@@ -139,5 +156,12 @@ impl From<&TurnRecord> for TurnInspection {
             bodies_withheld: r.bodies_withheld,
             result: r.result.clone(),
         }
+    }
+}
+
+impl From<&TurnRecord> for TurnInspection {
+    /// The turn as kept: requests naming their prompts rather than carrying them.
+    fn from(r: &TurnRecord) -> Self {
+        Self::of(r, &std::collections::BTreeMap::new())
     }
 }

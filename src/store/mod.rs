@@ -18,7 +18,8 @@ use crate::contract::{SessionId, TurnId};
 
 pub use crate::state::{
     BatchItem, BatchLineError, BatchRecord, Checkpoint, ContextIds, Lease, ModeChange,
-    PendingTools, SessionState, TurnProgress, TurnRecord, TurnStatus, TurnStatusView, now_rfc3339,
+    PendingTools, Prompt, SessionState, TurnProgress, TurnRecord, TurnStatus, TurnStatusView,
+    now_rfc3339,
 };
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
@@ -233,6 +234,12 @@ pub trait StoreReader: Send + Sync + 'static {
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
     /// Every heartbeat held, by worker, however old.
     async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    /// The prompts kept under these ids ([`RecordWriter::keep_prompt`]), by id; one kept no
+    /// longer is absent.
+    async fn prompts(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError>;
     /// Several turns at once, in the order asked (`None` where absent); one round trip where
     /// the backend allows it.
     async fn get_turns(
@@ -297,6 +304,10 @@ pub trait RecordWriter: StoreReader {
         turn: &TurnId,
         event: &[u8],
     ) -> Result<(), StoreError>;
+    /// Keeps a call's prompt (its instructions and tools, by its id) at least as long as any
+    /// turn record whose transcript names it: turn records name prompts rather than carry
+    /// them. Cheap to call for every call: a store writes each prompt only now and then.
+    async fn keep_prompt(&self, prompt: &Prompt) -> Result<(), StoreError>;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.

@@ -75,6 +75,30 @@ async fn a_turn_with_a_server_tool_shows_its_calls_tools_and_history(backend: Ba
     assert_eq!(requests[0]["model"], "m");
     assert!(!requests[0]["instructions"].as_str().unwrap().is_empty());
     assert!(requests[0]["input"].to_string().contains("Modes?"));
+    // Exactly what the model server received, though the record keeps each request without
+    // its prompt (instructions and tools), which it names and the store keeps once.
+    assert_eq!(requests, &app.fake.requests(), "the requests as sent");
+    let sid = aptix_worker::contract::SessionId::parse("i")
+        .unwrap()
+        .within("tenant-a");
+    let kept = app
+        .store
+        .get_turn(&sid, &aptix_worker::contract::TurnId::parse("t").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    for request in &kept.requests {
+        let value = request.to_value().unwrap();
+        assert!(
+            value.get("instructions").is_none() && value.get("tools").is_none(),
+            "{value}"
+        );
+        assert_eq!(
+            value["aptixPrompt"].as_str().map(str::len),
+            Some(32),
+            "{value}"
+        );
+    }
     let tools = seen["toolCalls"].as_array().unwrap();
     assert_eq!(tools.len(), 1, "{seen}");
     assert_eq!(tools[0]["name"], "agent_list_modes");

@@ -27,9 +27,10 @@ const MOST_SENT_PER_TURN: f64 = 5.0;
 const MOST_COMMANDS_PER_TURN: f64 = 38.0;
 
 /// The turn record a settled turn leaves, in bytes (the last one written of each turn; its
-/// answer's text included). 2026-11-28: 3.9 KB for a one-line answer (issue 52 aims at
-/// 1.5 KB plus the answer).
-const MOST_RECORD_BYTES: usize = 4000;
+/// answer's text included, twice: the call's and the result's). 2026-11-28: 3.9 KB for a
+/// one-line answer while each request kept its prompt (instructions, tools, the boot
+/// prompt's system message); 1.5 KB once requests named their prompt instead.
+const MOST_RECORD_BYTES: usize = 1500;
 
 /// A MONITOR line's arguments, unquoted (MONITOR writes each as a quoted string with `\"`,
 /// `\\` and `\xNN` escapes).

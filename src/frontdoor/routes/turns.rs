@@ -129,14 +129,21 @@ pub(crate) async fn inspect_turn(
         Ok(ids) => ids,
         Err(refused) => return refused.into_response(),
     };
-    match state.store.get_turn(&sid, &tid).await {
-        Err(e) => unavailable(e),
-        Ok(None) => not_found_turn(&sid, &tid),
-        Ok(Some(r)) => answer(
-            StatusCode::OK,
-            InvokeResult::success(crate::state::TurnInspection::from(&r)),
-        ),
-    }
+    let record = match state.store.get_turn(&sid, &tid).await {
+        Err(e) => return unavailable(e),
+        Ok(None) => return not_found_turn(&sid, &tid),
+        Ok(Some(r)) => r,
+    };
+    // The requests as sent: each with the prompt its transcript names put back.
+    let named = crate::state::TurnInspection::prompts_named(&record);
+    let prompts = match state.store.prompts(&named).await {
+        Ok(prompts) => prompts,
+        Err(e) => return unavailable(e),
+    };
+    answer(
+        StatusCode::OK,
+        InvokeResult::success(crate::state::TurnInspection::of(&record, &prompts)),
+    )
 }
 
 /// A turn's status; `?wait=<seconds>` long-polls until it leaves queued/running.

@@ -64,7 +64,6 @@ use crate::contract::{ErrorCode, SessionId, SessionMeta, TurnId};
 use crate::live::LiveTurn;
 use crate::live::{LiveOutlet, LiveSettings};
 use crate::metrics::Metrics;
-use crate::state::SentRequest;
 use crate::store::SessionStore;
 use crate::store::{ContextIds, Grant, Saved, SessionState, TurnProgress, TurnRecord};
 
@@ -146,6 +145,8 @@ pub(super) struct Run {
     /// The run changed the session (a new one, or its owner, contexts or mode key) and has not
     /// written it yet: the next write of the turn carries it.
     session_unsaved: bool,
+    /// The prompts of requests in the transcript that the next write keeps.
+    prompts: Vec<crate::state::Prompt>,
 }
 
 impl Run {
@@ -165,6 +166,7 @@ impl Run {
             reattach: false,
             keep_bodies: true,
             session_unsaved: false,
+            prompts: Vec::new(),
         }
     }
 
@@ -211,11 +213,15 @@ impl Run {
         std::mem::take(&mut self.reattach)
     }
 
-    /// Keeps a request sent to the model in the turn's transcript (stored with the next
-    /// write), unless the tenant's bodies are not kept.
-    pub(super) fn note_request(&mut self, body: SentRequest) {
+    /// Keeps a request sent to the model in the turn's transcript, as the transcript keeps it
+    /// (naming its prompt; both stored with the next write), unless the tenant's bodies are
+    /// not kept.
+    pub(super) fn note_request(&mut self, request: crate::pipeline::compose::Request) {
         if self.keep_bodies {
-            self.record.requests.push(body);
+            self.record.requests.push(request.kept);
+            if !self.prompts.contains(&request.prompt) {
+                self.prompts.push(request.prompt);
+            }
         } else {
             self.record.bodies_withheld = true;
         }
@@ -281,11 +287,21 @@ impl Lifecycle {
         run.may_write()?;
         let with_session = with_session || run.session_unsaved;
         let session = with_session.then_some(&run.session);
-        match self
+        // The prompts the transcript names go beside the write (a store writes each only now
+        // and then, so mostly without a round trip). One not kept costs the inspector a
+        // request's instructions and tools, not the turn.
+        let prompts = std::mem::take(&mut run.prompts);
+        let keep = async {
+            for prompt in &prompts {
+                if let Err(e) = self.store.keep_prompt(prompt).await {
+                    tracing::warn!(prompt = %prompt.id, error = %e, "could not keep a call's prompt; the turn's inspector will show its requests without instructions and tools");
+                }
+            }
+        };
+        let save = self
             .store
-            .save(&GRANT, session, &run.record, run.held.lease(), release)
-            .await
-        {
+            .save(&GRANT, session, &run.record, run.held.lease(), release);
+        match tokio::join!(keep, save).1 {
             Ok(saved) => {
                 if with_session {
                     // The store holds them now.

@@ -57,6 +57,8 @@ struct Inner {
     live: HashMap<(SessionId, TurnId), KeptLive>,
     /// The runs of each turn begun (what the Redis store keeps in the turn's ledger).
     runs: HashMap<(SessionId, TurnId), u32>,
+    /// Calls' prompts, by id (kept as long as the store: turn records are too).
+    prompts: HashMap<String, String>,
 }
 
 impl Inner {
@@ -206,6 +208,17 @@ impl StoreReader for MemoryStore {
 
     async fn get_batch(&self, id: &str) -> Result<Option<BatchRecord>, StoreError> {
         Ok(self.lock()?.batches.get(id).cloned())
+    }
+
+    async fn prompts(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        let inner = self.lock()?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| Some((id.clone(), inner.prompts.get(id)?.clone())))
+            .collect())
     }
 
     async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {

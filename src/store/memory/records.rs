@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::MemoryStore;
 use crate::contract::{SessionId, TurnId};
-use crate::store::{BatchRecord, ContextIds, RecordWriter, StoreError};
+use crate::store::{BatchRecord, ContextIds, Prompt, RecordWriter, StoreError};
 
 #[async_trait::async_trait]
 impl RecordWriter for MemoryStore {
@@ -29,6 +29,14 @@ impl RecordWriter for MemoryStore {
             .entry(session.clone())
             .or_insert_with(|| contexts.clone())
             .clone())
+    }
+
+    async fn keep_prompt(&self, prompt: &Prompt) -> Result<(), StoreError> {
+        self.lock()?
+            .prompts
+            .entry(prompt.id.clone())
+            .or_insert_with(|| prompt.json.clone());
+        Ok(())
     }
 
     async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {

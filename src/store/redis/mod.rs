@@ -9,7 +9,8 @@
 //! | `<ns>:session:{<sid>}` | string | session state (JSON) | idle-session retention |
 //! | `<ns>:turns:{<sid>}` | list | turn ids, oldest first | idle-session retention |
 //! | `<ns>:turn:{<sid>}:<tid>` | string | turn record (JSON) | turn retention |
-//! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id` | turn retention |
+//! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id`, the runs begun | turn retention |
+//! | `<ns>:prompt:<id>` | string | a call's instructions and tools (JSON), which transcripts name | twice the turn retention |
 //! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
 //! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
@@ -24,7 +25,7 @@
 //! written.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::AsyncCommands as _;
 
@@ -62,6 +63,8 @@ pub struct RedisStore {
     fenced: std::sync::Arc<AtomicU64>,
     round_trips: std::sync::Arc<AtomicU64>,
     replication: Option<std::sync::Arc<replication::Replication>>,
+    /// When this process last wrote each prompt ([`RecordWriter::keep_prompt`]).
+    prompts_kept: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -122,6 +125,7 @@ impl RedisStore {
             fenced: std::sync::Arc::new(AtomicU64::new(0)),
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
             replication,
+            prompts_kept: Default::default(),
         })
     }
 

@@ -111,6 +111,22 @@ impl StoreReader for RedisStore {
         self.fenced.load(Ordering::Relaxed)
     }
 
+    async fn prompts(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        let keys: Vec<String> = ids
+            .iter()
+            .map(|id| format!("{}:prompt:{id}", self.namespace))
+            .collect();
+        let found: Vec<Option<String>> = self.read_many("GET", &keys, None).await?;
+        Ok(ids
+            .iter()
+            .zip(found)
+            .filter_map(|(id, json)| Some((id.clone(), json?)))
+            .collect())
+    }
+
     async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let key = format!("{}:workers", self.namespace);
         self.conn().hgetall(&key).await.map_err(unavailable)

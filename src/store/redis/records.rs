@@ -1,7 +1,7 @@
 //! The Redis store's writes that are not a turn's state: watch marks, kept live events,
 //! batches and their completion, heartbeats.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::AsyncCommands as _;
 
@@ -9,7 +9,10 @@ use super::codec::{decode, encode};
 use super::{HEARTBEATS_KEPT_MS, RedisStore, ms, unavailable};
 use crate::contract::{SessionId, TurnId};
 use crate::state::{BatchRecord, ContextIds};
-use crate::store::{RecordWriter, StoreError};
+use crate::store::{Prompt, RecordWriter, StoreError};
+
+/// Prompts a store remembers having written.
+const PROMPTS_REMEMBERED: usize = 4096;
 
 #[async_trait::async_trait]
 impl RecordWriter for RedisStore {
@@ -26,6 +29,50 @@ impl RecordWriter for RedisStore {
         let latched = self.set_once(&key, &encode(contexts)?).await?;
         decode(&key, Some(latched))?
             .ok_or_else(|| StoreError::Corrupt(format!("{key}: no contexts latched")))
+    }
+
+    async fn keep_prompt(&self, prompt: &Prompt) -> Result<(), StoreError> {
+        // Written for twice the turn retention, again once half the retention has passed: a
+        // record lives a turn retention from its last write, so every record naming the prompt
+        // expires before it.
+        let keep = self.retention.turns.saturating_mul(2);
+        let due = {
+            let mut kept = self
+                .prompts_kept
+                .lock()
+                .map_err(|_| StoreError::Unavailable("prompt cache lock poisoned".into()))?;
+            let now = Instant::now();
+            let due = kept
+                .get(&prompt.id)
+                .is_none_or(|at| now.duration_since(*at) >= self.retention.turns / 2);
+            if due {
+                // A handful per mode and tool set: a cache that outgrows that is dropped whole.
+                if kept.len() >= PROMPTS_REMEMBERED {
+                    kept.clear();
+                }
+                kept.insert(prompt.id.clone(), now);
+            }
+            due
+        };
+        if !due {
+            return Ok(());
+        }
+        let written: Result<(), _> = self
+            .conn()
+            .pset_ex(
+                format!("{}:prompt:{}", self.namespace, prompt.id),
+                &prompt.json,
+                ms(keep),
+            )
+            .await;
+        if let Err(e) = written {
+            // Not kept: the next call tries again.
+            if let Ok(mut kept) = self.prompts_kept.lock() {
+                kept.remove(&prompt.id);
+            }
+            return Err(unavailable(e));
+        }
+        Ok(())
     }
 
     async fn request_cancel(&self, session: &SessionId, turn: &TurnId) -> Result<(), StoreError> {
