@@ -3,7 +3,7 @@
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
-use aptix_worker::store::{ModeChange, StoreError, ToolOutput, TurnStatus, now_rfc3339};
+use aptix_worker::store::{ModeChange, Prompt, StoreError, ToolOutput, TurnStatus, now_rfc3339};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -205,6 +205,28 @@ pub(super) async fn racing_holders_take_turns_and_none_is_lost(s: Subject) {
     assert_eq!(s.store.list_turns(&sid("hot")).await.unwrap().len(), 16);
 }
 
+pub(super) async fn a_prompt_is_kept_once_and_read_back_by_id(s: Subject) {
+    let st = &s.store;
+    let tools =
+        serde_json::value::RawValue::from_string(r#"[{"type":"function"}]"#.into()).unwrap();
+    let prompt = Prompt::of("be brief", Some(&tools), None);
+    let other = Prompt::of("be long", None, None);
+    let ids = [prompt.id.clone(), other.id.clone()];
+    assert!(
+        st.prompts(&ids).await.unwrap().is_empty(),
+        "nothing kept yet"
+    );
+    st.keep_prompt(&prompt).await.unwrap();
+    // Kept again (every call does): no harm, the same text.
+    st.keep_prompt(&prompt).await.unwrap();
+    let kept = st.prompts(&ids).await.unwrap();
+    assert_eq!(
+        kept,
+        std::collections::BTreeMap::from([(prompt.id.clone(), prompt.json.clone())]),
+        "the kept one, by id; the other absent"
+    );
+}
+
 for_each_backend!(
     backends: [
         memory => super::memory(),
@@ -215,5 +237,6 @@ for_each_backend!(
         the_conversation_grows_by_appends_and_only_under_the_lease,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,
+        a_prompt_is_kept_once_and_read_back_by_id,
     ],
 );

@@ -173,3 +173,42 @@ async fn a_begin_that_cannot_read_the_turn_gives_the_lease_back() {
         "the failed begin kept the lease"
     );
 }
+
+/// A prompt outlives every record that names it: it is kept twice the turn retention, and a
+/// store that wrote it writes it again only once half the retention has passed.
+#[tokio::test]
+async fn a_prompt_outlives_the_records_that_name_it() {
+    let store = fresh_store().await;
+    let prompt = crate::state::Prompt::of("be brief", None, None);
+    crate::store::RecordWriter::keep_prompt(&store, &prompt)
+        .await
+        .expect("kept");
+    let key = format!("{}:prompt:{}", store.namespace(), prompt.id);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut store.conn())
+        .await
+        .expect("PTTL");
+    // Gone, and kept again by this store: it does not know, and will not write it before
+    // half the retention has passed (what the TTL covers).
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut store.conn())
+        .await
+        .expect("DEL");
+    crate::store::RecordWriter::keep_prompt(&store, &prompt)
+        .await
+        .expect("kept");
+    let again: bool = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut store.conn())
+        .await
+        .expect("EXISTS");
+    store.delete_namespace().await.expect("clean up");
+    let turns = Retention::default().turns;
+    assert!(
+        ttl as u128 > turns.as_millis() * 2 - 5_000,
+        "kept {ttl} ms for a turn retention of {turns:?}"
+    );
+    assert!(!again, "written once per half retention, not on every call");
+}
