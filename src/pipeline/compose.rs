@@ -18,7 +18,7 @@ use crate::contract::UserTurn;
 use crate::contract::request::Encoding;
 use crate::mcp::McpTool;
 pub use crate::rag::ContextChunk;
-use crate::state::{Prompt, SentRequest};
+use crate::state::{Prompt, Prompts, SentRequest};
 
 /// The boot prompt used when a turn names no conversation context.
 pub const DEFAULT_BOOT_PROMPT: &str = "You are the Aptix Reasoner, an assistant for software teams working with Aptix design records (DDRs), workflows and code. Answer in Markdown. Use only the material in [CONTEXT] as authoritative source content, cite chunks by Id or number, and say so when something you need is missing. Put machine-readable payloads in fenced code blocks with a language tag.";
@@ -95,7 +95,7 @@ pub fn prompt_cache_key(session: &crate::contract::SessionId) -> String {
 
 /// The `CreateResponse` body for one call, serialised once: the text sent.
 pub fn request_body(spec: &CallSpec<'_>) -> SentRequest {
-    request(spec).sent
+    request(spec, &Prompts::default()).sent
 }
 
 /// One call's request: the body sent, and the body the turn's transcript keeps — the same
@@ -112,8 +112,8 @@ pub struct Request {
 }
 
 /// [`request_body`], with the body the transcript keeps: the input is serialised once for
-/// both.
-pub fn request(spec: &CallSpec<'_>) -> Request {
+/// both, and the prompt made once per distinct prompt (`prompts` remembers them).
+pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
     let replayed = match spec.continuation {
         Continuation::Replay(items) => items,
         Continuation::Fresh | Continuation::Previous(_) => &[],
@@ -133,7 +133,7 @@ pub fn request(spec: &CallSpec<'_>) -> Request {
                 .expect("an array of JSON values is JSON")
         }
     };
-    let prompt = Prompt::of(spec.instructions, spec.tools, boot.as_deref());
+    let prompt = prompts.of(spec.instructions, spec.tools, boot.as_deref());
     let body = |kept: bool| Body {
         model: spec.model,
         instructions: (!kept).then_some(spec.instructions),

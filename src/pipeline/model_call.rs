@@ -47,6 +47,8 @@ pub(super) struct ModelCaller {
     pub(super) store: Arc<dyn CallReads>,
     /// The turns waiting on the model, watched for a request to stop.
     cancels: CancelWatch,
+    /// The calls' prompts made so far (one per mode, tool set and conversation context).
+    prompts: Arc<crate::state::Prompts>,
 }
 
 /// What a model call reads of the turn's stored state.
@@ -92,6 +94,7 @@ impl ModelCaller {
             catalog,
             metrics,
             store,
+            prompts: Arc::default(),
         }
     }
 
@@ -152,21 +155,24 @@ impl ModelCaller {
             .and_then(ServiceTier::parse)
             .or(backend.agent.calls.service_tier);
         let body_for = |replayed: Option<&[Value]>, tier: Option<ServiceTier>, background| {
-            compose::request(&CallSpec {
-                model: backend.model(),
-                instructions: &instructions,
-                tools: tools.as_deref(),
-                tool_choice: tools_mode.tool_choice.as_deref(),
-                continuation: match (previous, replayed) {
-                    (_, Some(history)) => Continuation::Replay(history),
-                    (Some(id), None) => Continuation::Previous(id),
-                    (None, None) => Continuation::Fresh,
+            compose::request(
+                &CallSpec {
+                    model: backend.model(),
+                    instructions: &instructions,
+                    tools: tools.as_deref(),
+                    tool_choice: tools_mode.tool_choice.as_deref(),
+                    continuation: match (previous, replayed) {
+                        (_, Some(history)) => Continuation::Replay(history),
+                        (Some(id), None) => Continuation::Previous(id),
+                        (None, None) => Continuation::Fresh,
+                    },
+                    input: &input,
+                    prompt_cache_key: cache_key.as_deref(),
+                    background,
+                    service_tier: tier.map(ServiceTier::as_str),
                 },
-                input: &input,
-                prompt_cache_key: cache_key.as_deref(),
-                background,
-                service_tier: tier.map(ServiceTier::as_str),
-            })
+                &self.prompts,
+            )
         };
         // A server known to answer continued calls without their conversation is sent it.
         if previous.is_some() && llm.forgets_history() && !run.session().replay {

@@ -2,7 +2,8 @@
 //! set — kept once by the store rather than in every turn's transcript, and joined back into a
 //! request when a turn is inspected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -24,7 +25,53 @@ pub struct Prompt {
     pub id: String,
     /// `{"instructions": …, "tools": […], "boot": {…}}` (no `tools` without any, no `boot`
     /// but for a session's first call).
-    pub json: String,
+    pub json: Arc<str>,
+}
+
+/// Prompts made so far, by a fast hash (XXH3, 128 bits) of their parts: a call whose prompt
+/// was made before — every call of a mode and tool set but the first — costs one pass of that
+/// hash over its parts instead of their serialisation and SHA-256.
+#[derive(Debug, Default)]
+pub struct Prompts {
+    made: Mutex<HashMap<u128, Prompt>>,
+}
+
+/// Prompts a [`Prompts`] remembers (a handful per mode, tool set and conversation context);
+/// past that it starts again.
+const PROMPTS_MADE: usize = 1024;
+
+impl Prompts {
+    /// [`Prompt::of`], made once per distinct prompt.
+    pub fn of(
+        &self,
+        instructions: &str,
+        tools: Option<&RawValue>,
+        boot: Option<&RawValue>,
+    ) -> Prompt {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        for part in [
+            Some(instructions),
+            tools.map(RawValue::get),
+            boot.map(RawValue::get),
+        ] {
+            let part = part.unwrap_or_default();
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        let key = hasher.digest128();
+        let Ok(mut made) = self.made.lock() else {
+            return Prompt::of(instructions, tools, boot);
+        };
+        if let Some(prompt) = made.get(&key) {
+            return prompt.clone();
+        }
+        let prompt = Prompt::of(instructions, tools, boot);
+        if made.len() >= PROMPTS_MADE {
+            made.clear();
+        }
+        made.insert(key, prompt.clone());
+        prompt
+    }
 }
 
 #[derive(Serialize)]
@@ -50,7 +97,10 @@ impl Prompt {
         .unwrap_or_default();
         let digest = Sha256::digest(json.as_bytes());
         let id = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        Self { id, json }
+        Self {
+            id,
+            json: json.into(),
+        }
     }
 }
 
@@ -94,7 +144,7 @@ mod tests {
         let tools = RawValue::from_string(r#"[{"type":"function","name":"f"}]"#.into()).unwrap();
         let a = Prompt::of("be brief", Some(&tools), None);
         assert_eq!(
-            a.json,
+            &*a.json,
             r#"{"instructions":"be brief","tools":[{"type":"function","name":"f"}]}"#
         );
         assert_eq!(a.id.len(), 32);
@@ -106,6 +156,22 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_made_before_is_the_same_prompt() {
+        let prompts = Prompts::default();
+        let tools = RawValue::from_string(r#"[{"type":"function","name":"f"}]"#.into()).unwrap();
+        let a = prompts.of("be brief", Some(&tools), None);
+        assert_eq!(a, Prompt::of("be brief", Some(&tools), None));
+        assert!(Arc::ptr_eq(
+            &a.json,
+            &prompts.of("be brief", Some(&tools), None).json
+        ));
+        // Parts that join to the same text are still other prompts.
+        let b = prompts.of("be brief[", None, None);
+        assert_ne!(a.id, b.id);
+        assert_eq!(b, Prompt::of("be brief[", None, None));
+    }
+
+    #[test]
     fn a_kept_request_gets_its_prompt_back_or_names_it() {
         let boot = RawValue::from_string(r#"{"role":"system","content":"boot"}"#.into()).unwrap();
         let prompt = Prompt::of("be brief", None, Some(&boot));
@@ -113,7 +179,7 @@ mod tests {
             r#"{{"model":"m","aptixPrompt":"{}","input":[{{"role":"user"}}]}}"#,
             prompt.id
         ));
-        let prompts = BTreeMap::from([(prompt.id.clone(), prompt.json.clone())]);
+        let prompts = BTreeMap::from([(prompt.id.clone(), prompt.json.to_string())]);
         let full = joined(&request, &prompts).unwrap();
         assert_eq!(
             full,

@@ -222,7 +222,7 @@ pub(super) async fn a_prompt_is_kept_once_and_read_back_by_id(s: Subject) {
     let kept = st.prompts(&ids).await.unwrap();
     assert_eq!(
         kept,
-        std::collections::BTreeMap::from([(prompt.id.clone(), prompt.json.clone())]),
+        std::collections::BTreeMap::from([(prompt.id.clone(), prompt.json.to_string())]),
         "the kept one, by id; the other absent"
     );
 }

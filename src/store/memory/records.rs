@@ -35,7 +35,7 @@ impl RecordWriter for MemoryStore {
         self.lock()?
             .prompts
             .entry(prompt.id.clone())
-            .or_insert_with(|| prompt.json.clone());
+            .or_insert_with(|| prompt.json.to_string());
         Ok(())
     }
 

@@ -61,7 +61,7 @@ impl RecordWriter for RedisStore {
             .conn()
             .pset_ex(
                 format!("{}:prompt:{}", self.namespace, prompt.id),
-                &prompt.json,
+                &*prompt.json,
                 ms(keep),
             )
             .await;
