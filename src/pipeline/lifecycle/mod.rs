@@ -219,7 +219,7 @@ impl Run {
     pub(super) fn note_request(&mut self, request: crate::pipeline::compose::Request) {
         if self.keep_bodies {
             self.record.requests.push(request.kept);
-            if !self.prompts.contains(&request.prompt) {
+            if self.prompts.iter().all(|p| p.id != request.prompt.id) {
                 self.prompts.push(request.prompt);
             }
         } else {
