@@ -4,10 +4,12 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use aptix_worker::contract::{AgentExecuteResponse, ErrorCode, SessionId, TurnId};
+use aptix_worker::contract::{
+    AgentExecuteRequest, AgentExecuteResponse, ErrorCode, SessionId, TurnId,
+};
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use aptix_worker::pipeline::PipelineSettings;
-use aptix_worker::store::TurnStatus;
+use aptix_worker::store::{TurnRecord, TurnStatus};
 use serde_json::{Value, json};
 
 use crate::support::{Setup, StoreKind, harness, request};
@@ -355,24 +357,51 @@ async fn an_inline_conversation_is_replayed_and_kept_once_across_a_mode_change()
     assert!(session.conversation.is_empty());
 }
 
-/// What a turn costs in Redis requests, counted by the store: three for an answer without tool
-/// calls — the begin step (the lease, the turn and the session read, and a new session's
-/// contexts latched), the write that marks the turn running, the write that settles it — for
-/// a session's first turn as for its later ones. Each is a round trip the turn waits for.
+/// What a turn costs in Redis requests, counted by the store, for an answer without tool calls
+/// and a turn the front door stored: two — the begin step (the lease, the run counted, the turn
+/// and the session read, a new session's contexts latched) and the write that settles it — for
+/// a session's first turn as for its later ones, each a round trip the turn waits for; plus one
+/// beside the settling write for a prompt the store has not kept yet (a session's first call
+/// has its own, with the boot prompt). A turn whose stored record was lost is written at its
+/// start: three.
 #[tokio::test]
-async fn a_turn_answered_at_once_takes_three_round_trips_new_session_or_not() {
+async fn a_turn_answered_at_once_takes_two_round_trips_new_session_or_not() {
     let h = harness(redis_setup()).await;
     let store = &h._redis.as_ref().expect("a Redis harness").store;
-    for (n, t) in ["t1", "t2"].into_iter().enumerate() {
+    let grant = &aptix_worker::store::Grant::for_tests();
+    // (turn, the front door stored it, a prompt new to the store)
+    let turns = [
+        ("t1", true, true),
+        ("t2", true, true),
+        ("t3", true, false),
+        ("t4", false, false),
+    ];
+    for (n, (t, stored, new_prompt)) in turns.into_iter().enumerate() {
         h.fake.push([Reply::Text(format!("answer {n}"))]);
+        let job = request(turn("s", t, "go"));
+        if stored {
+            let AgentExecuteRequest::UserTurn(user) = &job else {
+                panic!("a user turn");
+            };
+            let queued = TurnRecord::queued(
+                SessionId::parse("s").unwrap(),
+                TurnId::parse(t).unwrap(),
+                aptix_worker::pipeline::fingerprint(user),
+                String::new(),
+            );
+            aptix_worker::store::SessionStore::create_turn(&*h.store, grant, &queued)
+                .await
+                .unwrap();
+        }
         let before = store.round_trips();
-        let r = h.pipeline.run(&request(turn("s", t, "go"))).await.unwrap();
+        let r = h.pipeline.run(&job).await.unwrap();
         assert!(
             matches!(r.result(), Some(AgentExecuteResponse::Final(_))),
             "{:?}",
             r.errors()
         );
-        assert_eq!(store.round_trips() - before, 3, "turn {t}");
+        let expected = 2 + u64::from(!stored) + u64::from(new_prompt);
+        assert_eq!(store.round_trips() - before, expected, "turn {t}");
     }
     // The first turn latched the session's contexts (the default ones) in its begin step.
     let latched = h
