@@ -65,7 +65,6 @@ impl Inner {
     /// A turn as a reader sees it: the record with the runs begun.
     fn turn(&self, key: &(SessionId, TurnId)) -> Option<TurnRecord> {
         let mut record = self.turns.get(key)?.clone();
-        record.runs_begun = 0;
         record.with_runs_begun(self.runs.get(key).copied().unwrap_or(0));
         Some(record)
     }

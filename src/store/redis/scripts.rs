@@ -273,3 +273,17 @@ impl Scripts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scripts name the ledger's count of runs begun as the readers do.
+    #[test]
+    fn the_scripts_name_the_runs_begun_field_the_readers_read() {
+        let field = format!("'{}'", crate::state::RUNS_BEGUN);
+        for script in [BEGIN, ADMIT_TURN, DISCARD_TURN, REPLACE_TURN] {
+            assert!(script.contains(&field), "{script}");
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! A call's `CreateResponse` body: the text sent, and the text the turn's transcript keeps —
+//! the same without the call's prompt, which it names instead (see [`crate::state::Prompt`]).
+
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::{CallSpec, Continuation};
+use crate::state::{Prompt, Prompts, SentRequest};
+
+/// One call's request: the body sent, and the body the turn's transcript keeps — the same
+/// without the call's prompt (instructions and tools, the same for every call of a mode and
+/// tool set), which it names instead and the store keeps once.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The body sent.
+    pub sent: SentRequest,
+    /// The body kept, naming its prompt.
+    pub kept: SentRequest,
+    /// The call's prompt.
+    pub prompt: Prompt,
+}
+
+/// The body [`request`] sends (for tests of the body alone).
+#[cfg(test)]
+fn request_body(spec: &CallSpec<'_>) -> SentRequest {
+    request(spec, &Prompts::default()).sent
+}
+
+/// The `CreateResponse` body for one call, serialised once (the text sent), with the body the
+/// transcript keeps: the input is serialised once for both, and the prompt made once per
+/// distinct prompt (`prompts` remembers them).
+pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
+    let replayed = match spec.continuation {
+        Continuation::Replay(items) => items,
+        Continuation::Fresh | Continuation::Previous(_) => &[],
+    };
+    // A session's first item, the system message with its boot prompt, is the same for every
+    // session of a conversation context: it goes with the prompt too.
+    let first = replayed.first().or(spec.input.first());
+    let boot = first.filter(|item| item.get("role").and_then(Value::as_str) == Some("system"));
+    let rest = raw(&Input(replayed, spec.input, usize::from(boot.is_some())));
+    let boot = boot.map(raw);
+    let input = match &boot {
+        None => rest.clone(),
+        Some(boot) => {
+            let inner = &rest.get()[1..rest.get().len() - 1];
+            let comma = if inner.is_empty() { "" } else { "," };
+            RawValue::from_string(format!("[{}{comma}{inner}]", boot.get()))
+                .expect("an array of JSON values is JSON")
+        }
+    };
+    let prompt = prompts.of(spec.instructions, spec.tools, boot.as_deref());
+    let body = |kept: bool| Body {
+        model: spec.model,
+        instructions: (!kept).then_some(spec.instructions),
+        prompt: kept.then_some(prompt.id.as_str()),
+        previous_response_id: match spec.continuation {
+            Continuation::Previous(id) => Some(id),
+            Continuation::Fresh | Continuation::Replay(_) => None,
+        },
+        input: if kept { &rest } else { &input },
+        tools: spec.tools.filter(|_| !kept),
+        tool_choice: spec.tool_choice.map(|name| FunctionChoice {
+            kind: "function",
+            name,
+        }),
+        prompt_cache_key: spec.prompt_cache_key,
+        background: spec.background.then_some(true),
+        store: spec.background.then_some(true),
+        service_tier: spec.service_tier,
+    };
+    Request {
+        sent: SentRequest::new(raw(&body(false))),
+        kept: SentRequest::new(raw(&body(true))),
+        prompt,
+    }
+}
+
+/// The wire shape of a `CreateResponse` body, borrowing what it sends (and, as the transcript
+/// keeps it, naming its prompt instead of carrying it).
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instructions: Option<&'a str>,
+    #[serde(rename = "aptixPrompt", skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_response_id: Option<&'a str>,
+    input: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<FunctionChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    background: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    service_tier: Option<&'a str>,
+}
+
+/// The replayed items, then the call's new ones, as one array (without the first so many).
+struct Input<'a>(&'a [Value], &'a [Value], usize);
+
+impl Serialize for Input<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().chain(self.1).skip(self.2))
+    }
+}
+
+/// `value` as raw JSON. Infallible for what a request holds: strings, bools, numbers and JSON
+/// values (whose map keys are strings), written to memory.
+fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("JSON values always serialise")
+}
+
+#[derive(Serialize)]
+struct FunctionChoice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+}
+
+#[cfg(test)]
+mod body_tests {
+    use super::*;
+    use crate::catalog::ModeCatalog;
+    use crate::pipeline::compose::system_message;
+    use serde_json::json;
+
+    #[test]
+    fn the_kept_body_with_its_prompt_put_back_is_the_body_sent() {
+        let catalog = ModeCatalog::builtin();
+        let wire = catalog.wire_tools(catalog.default_mode());
+        let boot = system_message("boot prompt");
+        let history = [boot, json!({"role": "assistant", "content": "earlier"})];
+        let input = [json!({"role": "user", "content": "now"})];
+        for (replayed, input) in [
+            (&history[..], &input[..]),
+            (&[][..], &history[..1]),
+            (&[][..], &input[..]),
+        ] {
+            let made = request(
+                &CallSpec {
+                    model: "m",
+                    instructions: "i",
+                    tools: wire.as_deref(),
+                    tool_choice: None,
+                    continuation: Continuation::Replay(replayed),
+                    input,
+                    prompt_cache_key: None,
+                    background: false,
+                    service_tier: None,
+                },
+                &Prompts::default(),
+            );
+            let kept = made.kept.to_value().unwrap();
+            assert!(kept.get("instructions").is_none() && kept.get("tools").is_none());
+            let prompts = std::collections::BTreeMap::from([(
+                made.prompt.id.clone(),
+                made.prompt.json.to_string(),
+            )]);
+            assert_eq!(
+                crate::state::joined(&made.kept, &prompts),
+                made.sent.to_value().ok()
+            );
+        }
+    }
+
+    #[test]
+    fn a_forced_tool_becomes_tool_choice_function() {
+        let catalog = ModeCatalog::builtin();
+        let wire = catalog.wire_tools(catalog.default_mode());
+        let tools = wire.as_deref();
+        let input = [json!({"role": "user", "content": "x"})];
+        let body = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools,
+            tool_choice: Some("workspace_read_file"),
+            continuation: Continuation::Previous("resp_1"),
+            input: &input,
+            prompt_cache_key: Some("aptix-k"),
+            background: true,
+            service_tier: Some("flex"),
+        })
+        .to_value()
+        .expect("json");
+        // Background mode asks the server to keep the response (it is followed by its id).
+        assert_eq!(
+            (&body["background"], &body["store"], &body["service_tier"]),
+            (&json!(true), &json!(true), &json!("flex"))
+        );
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "name": "workspace_read_file"})
+        );
+        assert_eq!(body["previous_response_id"], "resp_1");
+        assert_eq!(body["prompt_cache_key"], "aptix-k");
+        let none = request_body(&CallSpec {
+            tool_choice: None,
+            ..CallSpec {
+                model: "m",
+                instructions: "i",
+                tools,
+                tool_choice: None,
+                continuation: Continuation::Fresh,
+                input: &input,
+                prompt_cache_key: None,
+                background: false,
+                service_tier: None,
+            }
+        })
+        .to_value()
+        .expect("json");
+        assert!(none.get("tool_choice").is_none(), "omitted means auto");
+        assert!(none.get("previous_response_id").is_none());
+        for field in ["background", "store", "service_tier"] {
+            assert!(none.get(field).is_none(), "{field} is sent only when set");
+        }
+    }
+}
+
+#[cfg(test)]
+mod wire_tests {
+    use super::*;
+    use crate::catalog::ModeCatalog;
+    use serde_json::json;
+
+    #[test]
+    fn a_replayed_body_sends_history_then_input_and_flat_tools_in_order() {
+        let catalog = ModeCatalog::builtin();
+        let tools = catalog.tools_for(catalog.default_mode());
+        let wire = catalog.wire_tools(catalog.default_mode());
+        let history = [json!({"role": "assistant", "content": "earlier"})];
+        let input = [json!({"role": "user", "content": "now \"quoted\""})];
+        let body = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools: wire.as_deref(),
+            tool_choice: None,
+            continuation: Continuation::Replay(&history),
+            input: &input,
+            prompt_cache_key: None,
+            background: false,
+            service_tier: None,
+        });
+        let v = body.to_value().expect("the body is JSON");
+        let keys: Vec<&str> = v
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["model", "instructions", "input", "tools"]);
+        assert_eq!(v["input"], json!([history[0], input[0]]));
+        let first = &tools[0];
+        assert_eq!(
+            v["tools"][0],
+            json!({"type": "function", "name": first.name, "description": first.description,
+                   "parameters": first.parameters, "strict": first.strict})
+        );
+        assert_eq!(v["tools"].as_array().map(Vec::len), Some(tools.len()));
+        let bare = request_body(&CallSpec {
+            model: "m",
+            instructions: "i",
+            tools: None,
+            tool_choice: None,
+            continuation: Continuation::Fresh,
+            input: &input,
+            prompt_cache_key: None,
+            background: false,
+            service_tier: None,
+        });
+        assert_eq!(
+            bare.json(),
+            r#"{"model":"m","instructions":"i","input":[{"role":"user","content":"now \"quoted\""}]}"#
+        );
+    }
+}
