@@ -401,6 +401,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for QueryParams {
 /// A query parameter that cannot be read; the message names it.
 pub(crate) struct BadParameter(String);
 
+impl BadParameter {
+    /// A refusal whose message names the parameter.
+    pub(crate) fn new(message: String) -> Self {
+        Self(message)
+    }
+}
+
 impl From<BadParameter> for Response {
     fn from(BadParameter(message): BadParameter) -> Self {
         failure(
@@ -420,6 +427,11 @@ impl QueryParams {
             return Err(BadParameter(format!("{name}: given more than once")));
         }
         Ok(first.map(String::as_str))
+    }
+
+    /// The one value of `name`, as given, if given.
+    pub(crate) fn text(&self, name: &str) -> Result<Option<&str>, BadParameter> {
+        self.single(name)
     }
 
     /// `?webhook=<url>`, if given (the URL is checked by whoever uses it).

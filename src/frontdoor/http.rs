@@ -65,7 +65,7 @@ impl utoipa::Modify for BearerAuth {
 /// The routes and the OpenAPI document describing exactly them.
 fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(routes::turns::post_turn))
+        .routes(routes!(routes::turns::post_turn, routes::runs::list_turns))
         .routes(routes!(routes::turns::get_turn))
         .routes(routes!(routes::turns::inspect_turn))
         .routes(routes!(routes::turns::cancel_turn))

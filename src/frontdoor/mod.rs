@@ -30,6 +30,7 @@ mod links;
 pub mod openapi;
 mod pickup;
 pub mod routes;
+pub mod runs;
 
 pub use error::SubmitError;
 pub use pickup::Pickup;
@@ -367,7 +368,13 @@ impl FrontDoor {
                         return Ok(TurnStatusView::from(&existing));
                     }
                 }
-                if let Err(e) = self.broker.enqueue(lane, &job, &meta).await {
+                // The runs index is noted beside the enqueue (no trip of its own in a row); a
+                // turn whose job is not accepted leaves an entry its readers skip.
+                let (enqueued, ()) = tokio::join!(
+                    self.broker.enqueue(lane, &job, &meta),
+                    self.note_run(sid, tid)
+                );
+                if let Err(e) = enqueued {
                     // Not accepted: take back the record so no turn waits for a job that does
                     // not exist (unless a concurrent resubmission already moved it on).
                     if let Err(d) = self.intake.take_back(&fresh).await {
@@ -413,6 +420,19 @@ impl FrontDoor {
                     }
                 }
             }
+        }
+    }
+}
+
+impl FrontDoor {
+    /// Notes an accepted user turn in its tenant's runs index. A note that fails is logged
+    /// and counted, not refused: the turn is accepted all the same, and only the lists miss
+    /// its line.
+    async fn note_run(&self, sid: &SessionId, tid: &TurnId) {
+        let entry = crate::store::IndexedTurn::now(sid, tid);
+        if let Err(e) = self.store.index_turn(sid.tenant(), &entry).await {
+            self.metrics.runs_index_missed();
+            tracing::warn!(session_id = %sid, turn_id = %tid, error = %e, "could not note a turn in the runs index; it is accepted, but the turns list will not show it");
         }
     }
 }

@@ -65,6 +65,7 @@ pub struct Metrics {
     duplicates: Family<Labels, Counter>,
     in_flight: Gauge,
     accepted: Counter,
+    runs_index_missed: Counter,
     fenced: Counter<u64, AtomicU64>,
     context_calls: Family<ContextLabel, Gauge>,
     capacity_waits: Family<ContextLabel, Counter>,
@@ -194,6 +195,11 @@ impl Metrics {
     /// The front door accepted a turn.
     pub fn turn_accepted(&self) {
         self.accepted.inc();
+    }
+
+    /// An accepted turn could not be noted in the runs index.
+    pub fn runs_index_missed(&self) {
+        self.runs_index_missed.inc();
     }
 
     /// How long a turn waited in the queue before the run that finished it started.

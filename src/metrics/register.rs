@@ -30,6 +30,12 @@ impl Metrics {
             "Turns accepted by the front door (broker-confirmed jobs)",
             accepted.clone(),
         );
+        let runs_index_missed = Counter::default();
+        registry.register(
+            "runs_index_missed",
+            "Accepted turns the front door could not note in the runs index (the turns list misses them; the turns run)",
+            runs_index_missed.clone(),
+        );
         let queue_wait = Histogram::new(seconds_buckets());
         registry.register(
             "turn_queue_wait_seconds",
@@ -291,6 +297,7 @@ impl Metrics {
             duplicates,
             in_flight,
             accepted,
+            runs_index_missed,
             fenced,
             context_calls,
             capacity_waits,

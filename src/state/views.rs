@@ -165,3 +165,92 @@ impl From<&TurnRecord> for TurnInspection {
         Self::of(r, &std::collections::BTreeMap::new())
     }
 }
+
+/// One turn as the runs list shows it (`GET /v1/turns`, the console's home page): enough to
+/// find a turn and see how it went, without its transcript.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunLine {
+    /// The tenant whose turn it is.
+    pub tenant: String,
+    /// The session, as its client names it.
+    pub session_id: String,
+    /// The turn.
+    #[schema(value_type = String)]
+    pub turn_id: TurnId,
+    /// Its status now.
+    pub status: TurnStatus,
+    /// Runs so far.
+    pub attempts: u32,
+    /// Accepted (RFC 3339).
+    pub submitted_at: String,
+    /// Finished (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<String>,
+    /// From acceptance to the end, once it ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The agent context its calls go to, once known (its first call, or the session's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_context: Option<String>,
+    /// The batch it is a line of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
+    /// Model calls answered.
+    pub model_calls: usize,
+    /// Server tool calls made.
+    pub tool_calls: usize,
+    /// Tokens its calls spent, summed (and their estimated cost).
+    #[schema(value_type = Object)]
+    pub usage: crate::contract::Usage,
+    /// Why it failed (`CODE: message`), when it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl RunLine {
+    /// The list's line for `r`, a turn of `tenant`'s.
+    pub fn of(r: &TurnRecord, tenant: &str) -> Self {
+        let mut usage = crate::contract::Usage::default();
+        for c in &r.calls {
+            usage.prompt_tokens += c.usage.prompt_tokens;
+            usage.completion_tokens += c.usage.completion_tokens;
+            usage.total_tokens += c.usage.total_tokens;
+            usage.cached_tokens += c.usage.cached_tokens;
+            usage.reasoning_tokens += c.usage.reasoning_tokens;
+            usage.cost_micros += c.usage.cost_micros;
+        }
+        let error = r
+            .result
+            .as_ref()
+            .and_then(|res| res.errors().first().copied())
+            .map(|e| format!("{}: {}", e.error_code.as_str(), e.message));
+        Self {
+            tenant: tenant.to_string(),
+            session_id: r.session_id.client_id().to_string(),
+            turn_id: r.turn_id.clone(),
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at.clone(),
+            completed_at: r.completed_at.clone(),
+            duration_ms: r
+                .completed_at
+                .as_deref()
+                .and_then(|end| millis_between(&r.submitted_at, end)),
+            agent_context: r.calls.first().map(|c| c.agent_context.clone()),
+            batch_id: r.batch.clone(),
+            model_calls: r.calls.len(),
+            tool_calls: r.tools.len(),
+            usage,
+            error,
+        }
+    }
+}
+
+/// Milliseconds from one RFC 3339 time to a later one; `None` if either cannot be read.
+pub fn millis_between(from: &str, to: &str) -> Option<u64> {
+    use time::format_description::well_known::Rfc3339;
+    let from = time::OffsetDateTime::parse(from, &Rfc3339).ok()?;
+    let to = time::OffsetDateTime::parse(to, &Rfc3339).ok()?;
+    u64::try_from((to - from).whole_milliseconds()).ok()
+}

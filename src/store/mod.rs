@@ -9,6 +9,7 @@
 
 pub mod memory;
 pub mod redis;
+mod runs;
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub use crate::state::{
 };
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+pub use runs::{IndexedTurn, RunsPage, RunsPosition, now_ms};
 
 /// The right to write a turn's state: every store method that moves a turn (admits, creates,
 /// takes back or replaces its record, takes, renews or gives back the session's lease, saves
@@ -232,6 +234,14 @@ pub trait StoreReader: Send + Sync + 'static {
     /// The ids of `tenant`'s latest batches, newest first, at most `max` (some may have
     /// expired since).
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError>;
+    /// `tenant`'s turns in the runs index ([`RecordWriter::index_turn`]), newest first: the
+    /// entries `page` admits, at most `page.max` of them. Entries older than the turn
+    /// retention may be gone; an entry's record may be gone too.
+    async fn recent_turns(
+        &self,
+        tenant: &str,
+        page: &RunsPage,
+    ) -> Result<Vec<IndexedTurn>, StoreError>;
     /// Every heartbeat held, by worker, however old.
     async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     /// The prompts kept under these ids ([`RecordWriter::keep_prompt`]), by id; one kept no
@@ -308,6 +318,11 @@ pub trait RecordWriter: StoreReader {
     /// turn record whose transcript names it: turn records name prompts rather than carry
     /// them. Cheap to call for every call: a store writes each prompt only now and then.
     async fn keep_prompt(&self, prompt: &Prompt) -> Result<(), StoreError>;
+    /// Notes an accepted turn in `tenant`'s runs index ([`StoreReader::recent_turns`]), kept
+    /// as long as turn records; a turn noted again keeps its first time. Not turn state: the
+    /// front door notes a turn beside enqueueing it, and a note lost costs only its line in
+    /// the lists.
+    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError>;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.

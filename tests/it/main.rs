@@ -80,6 +80,7 @@ mod restarts;
 mod store_conformance;
 mod store_conformance_begin;
 mod store_conformance_intake;
+mod store_conformance_runs;
 mod store_conformance_session;
 mod store_faults;
 mod store_faults_cluster;

@@ -7,6 +7,7 @@ pub mod admin;
 pub mod batches;
 pub mod index;
 pub mod ops;
+pub mod runs;
 pub mod sessions;
 pub mod sync;
 pub mod tenant;

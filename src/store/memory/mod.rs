@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 mod records;
 
 use super::{
-    BatchRecord, Begun, ContextIds, Grant, Lease, Saved, SessionState, SessionStore, StoreError,
-    StoreReader, ToolOutput, TurnRecord,
+    BatchRecord, Begun, ContextIds, Grant, IndexedTurn, Lease, RunsPage, RunsPosition, Saved,
+    SessionState, SessionStore, StoreError, StoreReader, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -59,6 +59,16 @@ struct Inner {
     runs: HashMap<(SessionId, TurnId), u32>,
     /// Calls' prompts, by id (kept as long as the store: turn records are too).
     prompts: HashMap<String, String>,
+    /// Each tenant's runs index.
+    runs_index: HashMap<String, RunsIndex>,
+}
+
+/// A tenant's runs index: the entries in order, and the names noted (a turn noted again
+/// keeps its first time).
+#[derive(Debug, Default)]
+struct RunsIndex {
+    order: std::collections::BTreeMap<RunsPosition, IndexedTurn>,
+    noted: std::collections::HashSet<String>,
 }
 
 impl Inner {
@@ -226,6 +236,28 @@ impl StoreReader for MemoryStore {
             .heartbeats
             .iter()
             .map(|(w, b)| (w.clone(), b.clone()))
+            .collect())
+    }
+
+    async fn recent_turns(
+        &self,
+        tenant: &str,
+        page: &RunsPage,
+    ) -> Result<Vec<IndexedTurn>, StoreError> {
+        let inner = self.lock()?;
+        let Some(index) = inner.runs_index.get(tenant) else {
+            return Ok(Vec::new());
+        };
+        use std::ops::Bound::{Excluded, Unbounded};
+        let end = page.after.clone().map_or(Unbounded, Excluded);
+        Ok(index
+            .order
+            .range((Unbounded, end))
+            .rev()
+            .skip_while(|(p, _)| page.until_ms.is_some_and(|u| p.at_ms > u))
+            .take_while(|(p, _)| page.since_ms.is_none_or(|s| p.at_ms >= s))
+            .take(page.max)
+            .map(|(_, e)| e.clone())
             .collect())
     }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::MemoryStore;
 use crate::contract::{SessionId, TurnId};
-use crate::store::{BatchRecord, ContextIds, Prompt, RecordWriter, StoreError};
+use crate::store::{BatchRecord, ContextIds, IndexedTurn, Prompt, RecordWriter, StoreError};
 
 #[async_trait::async_trait]
 impl RecordWriter for MemoryStore {
@@ -72,6 +72,16 @@ impl RecordWriter for MemoryStore {
         inner.watched.retain(|_, until| *until > now);
         let until = inner.watched.entry(session.clone()).or_insert(now);
         *until = (*until).max(now + ttl);
+        Ok(())
+    }
+
+    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError> {
+        let mut inner = self.lock()?;
+        let index = inner.runs_index.entry(tenant.to_string()).or_default();
+        // A turn noted again keeps its first time.
+        if index.noted.insert(entry.member()) {
+            index.order.insert(entry.position(), entry.clone());
+        }
         Ok(())
     }
 

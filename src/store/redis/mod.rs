@@ -16,6 +16,7 @@
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
+//! | `<ns>:runs:{<tenant>}` | sorted set | the tenant's turns (`<sid> <tid>`) by acceptance time (ms): the runs index | turn retention (trimmed each minute) |
 //! | `<ns>:batchlines:{<batch>}:events:<len>:<sid>:<tid>` | set | URLs a batch line's turn event is still being delivered to | turn retention |
 //! | `<ns>:workers` | hash | each worker's heartbeat (JSON), by worker | 10 minutes after the latest |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
@@ -45,6 +46,7 @@ mod many;
 mod reads;
 mod records;
 mod replication;
+mod runs;
 mod scripts;
 
 use codec::{decode, encode, with_ledger};
@@ -65,6 +67,8 @@ pub struct RedisStore {
     replication: Option<std::sync::Arc<replication::Replication>>,
     /// When this process last wrote each prompt ([`RecordWriter::keep_prompt`]).
     prompts_kept: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// When this process last trimmed each tenant's runs index ([`RecordWriter::index_turn`]).
+    runs_trimmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -126,6 +130,7 @@ impl RedisStore {
             round_trips: std::sync::Arc::new(AtomicU64::new(0)),
             replication,
             prompts_kept: Default::default(),
+            runs_trimmed: Default::default(),
         })
     }
 

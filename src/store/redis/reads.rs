@@ -9,7 +9,7 @@ use super::codec::{decode, with_ledger};
 use super::{RedisStore, unavailable};
 use crate::contract::{SessionId, TurnId};
 use crate::state::{BatchRecord, ContextIds, SessionState, TurnRecord};
-use crate::store::{StoreError, StoreReader};
+use crate::store::{IndexedTurn, RunsPage, StoreError, StoreReader};
 
 #[async_trait::async_trait]
 impl StoreReader for RedisStore {
@@ -130,6 +130,14 @@ impl StoreReader for RedisStore {
     async fn heartbeats(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let key = format!("{}:workers", self.namespace);
         self.conn().hgetall(&key).await.map_err(unavailable)
+    }
+
+    async fn recent_turns(
+        &self,
+        tenant: &str,
+        page: &RunsPage,
+    ) -> Result<Vec<IndexedTurn>, StoreError> {
+        self.read_runs(tenant, page).await
     }
 
     async fn list_batches(&self, tenant: &str, max: usize) -> Result<Vec<String>, StoreError> {

@@ -9,7 +9,7 @@ use super::codec::{decode, encode};
 use super::{HEARTBEATS_KEPT_MS, RedisStore, ms, unavailable};
 use crate::contract::{SessionId, TurnId};
 use crate::state::{BatchRecord, ContextIds};
-use crate::store::{Prompt, RecordWriter, StoreError};
+use crate::store::{IndexedTurn, Prompt, RecordWriter, StoreError};
 
 /// Prompts a store remembers having written.
 const PROMPTS_REMEMBERED: usize = 4096;
@@ -130,6 +130,10 @@ impl RecordWriter for RedisStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError> {
+        self.note_run(tenant, entry).await
     }
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {

@@ -1,0 +1,140 @@
+//! The runs index in Redis: one sorted set per tenant, `<ns>:runs:{<tenant>}`, each turn's
+//! entry name scored by the millisecond it was accepted. A note is one `ZADD NX`; now and
+//! then (once a minute per tenant and process) the same round trip drops the entries older
+//! than the turn retention and keeps the set that long, so an index never outgrows the
+//! records it names.
+
+use std::time::{Duration, Instant};
+
+use super::{RedisStore, ms, unavailable};
+use crate::store::{IndexedTurn, RunsPage, StoreError, now_ms};
+
+/// How often a process trims a tenant's index.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+/// Tenants whose last trim a process remembers; past that, the memory is dropped whole (each
+/// tenant is then trimmed once more, which costs one command).
+const TRIMS_REMEMBERED: usize = 4096;
+/// The most entries one read asks for.
+const READ_AT_MOST: usize = 1000;
+
+impl RedisStore {
+    fn runs_key(&self, tenant: &str) -> String {
+        format!("{}:runs:{{{tenant}}}", self.namespace)
+    }
+
+    /// Whether this process should trim `key` with this note (and, if so, notes that it did).
+    fn trim_due(&self, key: &str) -> bool {
+        let Ok(mut trimmed) = self.runs_trimmed.lock() else {
+            return true;
+        };
+        let now = Instant::now();
+        let due = trimmed
+            .get(key)
+            .is_none_or(|at| now.duration_since(*at) >= TRIM_EVERY);
+        if due {
+            if trimmed.len() >= TRIMS_REMEMBERED {
+                trimmed.clear();
+            }
+            trimmed.insert(key.to_string(), now);
+        }
+        due
+    }
+
+    /// [`crate::store::RecordWriter::index_turn`].
+    pub(super) async fn note_run(
+        &self,
+        tenant: &str,
+        entry: &IndexedTurn,
+    ) -> Result<(), StoreError> {
+        let key = self.runs_key(tenant);
+        let mut pipe = redis::pipe();
+        let trim = self.trim_due(&key);
+        if trim {
+            let oldest = now_ms().saturating_sub(ms(self.retention.turns) as i64);
+            pipe.cmd("ZREMRANGEBYSCORE")
+                .arg(&key)
+                .arg("-inf")
+                .arg(format!("({oldest}"))
+                .ignore();
+        }
+        pipe.cmd("ZADD")
+            .arg(&key)
+            .arg("NX")
+            .arg(entry.at_ms)
+            .arg(entry.member())
+            .ignore();
+        if trim {
+            pipe.cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ms(self.retention.turns))
+                .ignore();
+        }
+        let written: Result<(), _> = pipe.query_async(&mut self.conn()).await;
+        if let Err(e) = written {
+            if trim && let Ok(mut trimmed) = self.runs_trimmed.lock() {
+                trimmed.remove(&key);
+            }
+            return Err(unavailable(e));
+        }
+        Ok(())
+    }
+
+    /// [`crate::store::StoreReader::recent_turns`]: `ZREVRANGEBYSCORE` from the page's upper
+    /// bound, again further on only when entries of the previous page's last millisecond
+    /// filled a read.
+    pub(super) async fn read_runs(
+        &self,
+        tenant: &str,
+        page: &RunsPage,
+    ) -> Result<Vec<IndexedTurn>, StoreError> {
+        let mut out = Vec::new();
+        if page.max == 0 {
+            return Ok(out);
+        }
+        let key = self.runs_key(tenant);
+        let oldest = now_ms().saturating_sub(ms(self.retention.turns) as i64);
+        let low = page.since_ms.map_or(oldest, |s| s.max(oldest));
+        let high = [page.until_ms, page.after.as_ref().map(|p| p.at_ms)]
+            .into_iter()
+            .flatten()
+            .min()
+            .map_or_else(|| "+inf".to_string(), |h| h.to_string());
+        let chunk = (page.max + 16).min(READ_AT_MOST);
+        let mut offset = 0;
+        loop {
+            let got: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
+                .arg(&key)
+                .arg(&high)
+                .arg(low)
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(chunk)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(unavailable)?;
+            let read = got.len();
+            for (member, score) in got {
+                let at = score as i64;
+                if !page.admits(at, &member) {
+                    continue;
+                }
+                match IndexedTurn::from_member(at, &member) {
+                    Some(entry) => out.push(entry),
+                    None => tracing::warn!(
+                        key,
+                        member,
+                        "a runs index entry that names no turn; skipped"
+                    ),
+                }
+                if out.len() == page.max {
+                    return Ok(out);
+                }
+            }
+            if read < chunk {
+                return Ok(out);
+            }
+            offset += read;
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The store conformance suite, the runs index (what `GET /v1/turns` and the console's home
+//! page read): each tenant's turns newest first, apart from other tenants', paged from a
+//! position without losing or repeating an entry of the same millisecond, within a time range;
+//! and, in Redis, kept no longer than the turn records they name.
+
+use super::store_conformance::*;
+use aptix_worker::store::{IndexedTurn, RunsPage, now_ms};
+
+fn entry(at_ms: i64, tenant: &str, session: &str, turn: &str) -> IndexedTurn {
+    IndexedTurn {
+        at_ms,
+        session: sid(session).within(tenant),
+        turn: tid(turn),
+    }
+}
+
+fn names(entries: &[IndexedTurn]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|e| e.turn.as_str().to_string())
+        .collect()
+}
+
+async fn the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gaps(s: Subject) {
+    let st = &s.store;
+    let t0 = now_ms() - 60_000;
+    // Three of one millisecond, one before, one after; another tenant's in between.
+    for e in [
+        entry(t0, "acme", "s1", "a"),
+        entry(t0 + 10, "acme", "s1", "b"),
+        entry(t0 + 10, "acme", "s2", "c"),
+        entry(t0 + 10, "acme", "s3", "d"),
+        entry(t0 + 20, "acme", "s1", "e"),
+        entry(t0 + 15, "other", "s1", "x"),
+    ] {
+        st.index_turn(e.session.tenant(), &e).await.unwrap();
+    }
+    // Noted again later (a resubmission): keeps its first time.
+    st.index_turn("acme", &entry(t0 + 30, "acme", "s1", "a"))
+        .await
+        .unwrap();
+    let all = st
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    // Of one millisecond, by name, last first: "acme:s3 d" > "acme:s2 c" > "acme:s1 b".
+    assert_eq!(names(&all), ["e", "d", "c", "b", "a"]);
+    assert_eq!(all[0], entry(t0 + 20, "acme", "s1", "e"));
+    assert_eq!(all[4].at_ms, t0, "a turn noted again keeps its first time");
+    let theirs = st
+        .recent_turns(
+            "other",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&theirs), ["x"], "each tenant's index is its own");
+    assert!(
+        st.recent_turns(
+            "nobody",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            }
+        )
+        .await
+        .unwrap()
+        .is_empty()
+    );
+    // Pages of two, each from the last one's position, through the tie: every entry once.
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = st
+            .recent_turns(
+                "acme",
+                &RunsPage {
+                    after: after.clone(),
+                    max: 2,
+                    ..RunsPage::default()
+                },
+            )
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().map(IndexedTurn::position);
+        paged.extend(page);
+    }
+    assert_eq!(paged, all);
+    // A time range, both ends included.
+    let ranged = st
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                since_ms: Some(t0 + 10),
+                until_ms: Some(t0 + 10),
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&ranged), ["d", "c", "b"]);
+    let none = st
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                max: 0,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+}
+
+for_each_backend!(
+    backends: [
+        memory => super::memory(),
+        redis => super::redis().await,
+        cluster => super::cluster().await,
+    ],
+    tests: [the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gaps],
+);
+
+/// In Redis the index lives as long as the turn records it names: a tenant's set expires a
+/// turn retention after its latest trim, and a trim (the first note of a process, then once a
+/// minute) drops entries older than the retention, which readers skip anyway.
+#[tokio::test]
+async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
+    use ::redis::AsyncCommands as _;
+    use aptix_worker::store::{RecordWriter as _, StoreReader as _};
+    let g = crate::support::redis_store().await;
+    let retention = aptix_worker::store::Retention::default().turns;
+    let old = entry(
+        now_ms() - retention.as_millis() as i64 - 5_000,
+        "acme",
+        "s",
+        "old",
+    );
+    let fresh = entry(now_ms(), "acme", "s", "fresh");
+    let key = format!("{}:runs:{{acme}}", g.store.namespace());
+    let mut conn = ::redis::Client::open(crate::support::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // An entry left from long ago; the first note of this process trims it.
+    let _: () = conn.zadd(&key, old.member(), old.at_ms).await.unwrap();
+    g.store.index_turn("acme", &fresh).await.unwrap();
+    let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
+    assert_eq!(members, [fresh.member()]);
+    let ttl: i64 = conn.pttl(&key).await.unwrap();
+    assert!(
+        ttl > 0 && ttl <= retention.as_millis() as i64,
+        "the index expires with the turn retention: {ttl} ms"
+    );
+    // Within the minute no trim: an old entry stays in the set, but no reader sees it.
+    g.store.index_turn("acme", &old).await.unwrap();
+    let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
+    assert_eq!(members.len(), 2);
+    let seen = g
+        .store
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&seen), ["fresh"]);
+}
