@@ -53,7 +53,7 @@ pub struct RunsListing {
     pub scanned: usize,
 }
 
-/// A position as the API writes it: `<ms>.<session>/<turn>`.
+/// A position as the API writes it: `<ms>.<scoped session>/<turn>` (a turn id holds no `/`).
 pub fn position_text(p: &RunsPosition) -> String {
     format!("{}.{}", p.at_ms, p.member.replacen(' ', "/", 1))
 }
@@ -61,7 +61,7 @@ pub fn position_text(p: &RunsPosition) -> String {
 /// A position from its text ([`position_text`]); `None` if it is not one.
 pub fn parse_position(text: &str) -> Option<RunsPosition> {
     let (ms, rest) = text.split_once('.')?;
-    let (session, turn) = rest.split_once('/')?;
+    let (session, turn) = rest.rsplit_once('/')?;
     let at_ms = ms.parse::<i64>().ok()?;
     let entry = IndexedTurn {
         at_ms,
@@ -106,7 +106,7 @@ async fn stretch(
     for tenant in &q.tenants {
         all.extend(store.recent_turns(tenant, &page).await?);
     }
-    all.sort_by(|a, b| b.position().cmp(&a.position()));
+    all.sort_by_key(|e| std::cmp::Reverse(e.position()));
     all.truncate(max);
     Ok(all)
 }

@@ -22,6 +22,7 @@ async fn the_openapi_document_covers_every_route() {
     let app = spawn_app(RequestLimits::default()).await;
     let expected = [
         ("post", "/v1/turns"),
+        ("get", "/v1/turns"),
         ("get", "/v1/sessions/{sessionId}/turns/{turnId}"),
         ("get", "/v1/sessions/{sessionId}"),
         ("get", "/v1/sessions/{sessionId}/events"),

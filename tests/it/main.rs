@@ -77,6 +77,7 @@ mod redis_cluster_failover;
 mod redis_commands;
 mod redis_failover;
 mod restarts;
+mod runs_list;
 mod store_conformance;
 mod store_conformance_begin;
 mod store_conformance_intake;
