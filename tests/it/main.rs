@@ -37,6 +37,7 @@ mod compose_golden;
 mod config_file;
 mod connections;
 mod console;
+mod console_runs;
 mod contexts;
 mod contexts_processes;
 mod contract_props;

@@ -15,6 +15,8 @@ use serde_json::Value;
 
 #[path = "support/binary.rs"]
 mod binary;
+#[path = "support/browser.rs"]
+pub mod browser;
 pub use binary::*;
 
 /// The official OpenAPI document of the Responses API (published data, copied into the repo).

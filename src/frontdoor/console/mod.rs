@@ -13,12 +13,35 @@ use axum::routing::get;
 
 use super::extract::HttpState;
 
-const PAGE: &str = include_str!("index.html");
-const SCRIPT: &str = include_str!("console.js");
-const STYLE: &str = include_str!("console.css");
-/// The chart library (see `vendor/README.md`).
-const CHARTS: &str = include_str!("vendor/uPlot.iife.min.js");
-const CHARTS_STYLE: &str = include_str!("vendor/uPlot.min.css");
+/// The page, its scripts (one per page of the console, `console.js` first: the helpers and
+/// the routing the others use), its style sheet and the chart library (see `vendor/README.md`),
+/// by path.
+const ASSETS: &[(&str, &str, &str)] = &[
+    ("/console", include_str!("index.html"), HTML),
+    ("/console/console.js", include_str!("console.js"), SCRIPT),
+    ("/console/runs.js", include_str!("runs.js"), SCRIPT),
+    (
+        "/console/inspector.js",
+        include_str!("inspector.js"),
+        SCRIPT,
+    ),
+    ("/console/batches.js", include_str!("batches.js"), SCRIPT),
+    ("/console/system.js", include_str!("system.js"), SCRIPT),
+    ("/console/console.css", include_str!("console.css"), STYLE),
+    (
+        "/console/vendor/uPlot.iife.min.js",
+        include_str!("vendor/uPlot.iife.min.js"),
+        SCRIPT,
+    ),
+    (
+        "/console/vendor/uPlot.min.css",
+        include_str!("vendor/uPlot.min.css"),
+        STYLE,
+    ),
+];
+const HTML: &str = "text/html; charset=utf-8";
+const SCRIPT: &str = "text/javascript; charset=utf-8";
+const STYLE: &str = "text/css; charset=utf-8";
 
 /// What the page may load and run: its own assets and the API, nothing else.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
@@ -41,25 +64,9 @@ fn asset(body: &'static str, kind: &'static str) -> Response {
 
 /// `/console` and its assets.
 pub(super) fn routes() -> Router<HttpState> {
-    Router::new()
-        .route(
-            "/console",
-            get(|| async { asset(PAGE, "text/html; charset=utf-8") }),
-        )
-        .route(
-            "/console/console.js",
-            get(|| async { asset(SCRIPT, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/console/console.css",
-            get(|| async { asset(STYLE, "text/css; charset=utf-8") }),
-        )
-        .route(
-            "/console/vendor/uPlot.iife.min.js",
-            get(|| async { asset(CHARTS, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/console/vendor/uPlot.min.css",
-            get(|| async { asset(CHARTS_STYLE, "text/css; charset=utf-8") }),
-        )
+    ASSETS
+        .iter()
+        .fold(Router::new(), |router, &(path, body, kind)| {
+            router.route(path, get(move || async move { asset(body, kind) }))
+        })
 }
