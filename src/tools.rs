@@ -277,6 +277,7 @@ mod tests {
             service_tier: None,
             history: Vec::new(),
             tools: Vec::new(),
+            input: None,
             bodies_withheld: false,
             runs_begun: 0,
         };

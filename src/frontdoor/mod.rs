@@ -325,7 +325,18 @@ impl FrontDoor {
                 let webhook = own.or(pickup.batch.and_then(|(_, w)| w));
                 meta = meta.with_webhook(webhook);
                 let fp = fingerprint(turn);
+                // What the client asked, kept for people looking into the turn unless the
+                // tenant's bodies are not kept.
+                let keeps = tenant.is_none_or(|t| self.quotas.tenants().keeps_bodies(t));
+                let input = keeps.then(|| {
+                    let paths = turn
+                        .input_artifacts()
+                        .iter()
+                        .map(|a| a.relative_path().as_str());
+                    crate::state::TurnInput::of(turn.instruction(), paths)
+                });
                 let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
+                    .with_input(input)
                     .replying_to(reply_to)
                     .with_streaming(turn.streaming())
                     .with_webhook(webhook)

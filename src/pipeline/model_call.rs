@@ -183,7 +183,7 @@ impl ModelCaller {
             true => Some(history(run, progress).await?),
             false => None,
         };
-        let started = std::time::Instant::now();
+        let (started, start_ms) = (std::time::Instant::now(), run.record().ms_since_accepted());
         let live = run.live().cloned();
         let to_live = move |e: LlmEvent| {
             if let Some(live) = &live {
@@ -310,16 +310,36 @@ impl ModelCaller {
             ok = outcome.is_ok(),
             "model call"
         );
+        // A call that got no answer is noted too, with why (stored with the run's next write:
+        // its hand-back or the settling write).
+        let unanswered = |run: &mut Run, code: ErrorCode, message: &str| {
+            run.note_call(CallNote {
+                attempt: run.record().attempts,
+                text: None,
+                response_id: String::new(),
+                model: backend.model().to_string(),
+                agent_context: run.session().contexts.agent_context_id.clone(),
+                latency_ms: started.elapsed().as_millis() as u64,
+                usage: crate::contract::Usage::default(),
+                service_tier: None,
+                background,
+                reattached: false,
+                start_ms,
+                error: Some(format!("{code}: {message}")),
+            });
+        };
         let mut response = match outcome {
             Ok(r) => r,
             Err(LlmError::NoCapacity(e)) => {
                 info!(context = %e.context, waited_ms = e.waited.as_millis() as u64, "no capacity for a model call; the turn goes back to the queue");
+                unanswered(run, ErrorCode::LlmUnavailable, &e.to_string());
                 return Err(RetryableFailure {
                     error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
                     kind: RetryKind::NoCapacity,
                 });
             }
             Err(e) if e.is_retryable() => {
+                unanswered(run, ErrorCode::LlmUnavailable, &e.to_string());
                 return Err(RetryableFailure {
                     error: permanent(ErrorCode::LlmUnavailable, e.to_string()),
                     kind: RetryKind::Failure,
@@ -332,6 +352,7 @@ impl ModelCaller {
                     | LlmError::ResponseFailed { .. } => ErrorCode::LlmRejected,
                     _ => ErrorCode::LlmBadResponse,
                 };
+                unanswered(run, code, &e.to_string());
                 return Ok(Err(CallEnd::Failed(Box::new(InvokeResult::failure(
                     permanent(code, e.to_string()),
                 )))));
@@ -364,6 +385,8 @@ impl ModelCaller {
             service_tier: response.service_tier.clone(),
             background,
             reattached,
+            start_ms,
+            error: None,
         });
         let mut spent = Spent {
             tenant: run.session().session_id.tenant().to_string(),

@@ -438,7 +438,7 @@ impl Pipeline {
         (name, mcp_tool): (&str, Option<&Arc<McpTool>>),
         arguments: &str,
     ) -> Result<Result<String, Box<TurnResult>>, RetryableFailure> {
-        let started = std::time::Instant::now();
+        let (started, start_ms) = (std::time::Instant::now(), run.record().ms_since_accepted());
         let step = match self
             .tools
             .run(
@@ -469,6 +469,7 @@ impl Pipeline {
             source: step.mcp.as_ref().map(|m| m.source.clone()),
             outcome: step.mcp.as_ref().map(|m| m.outcome.to_string()),
             repeated: step.mcp.as_ref().is_some_and(|m| m.repeated),
+            start_ms,
         });
         if !step.record {
             return Ok(Ok(step.output));

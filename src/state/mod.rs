@@ -68,4 +68,26 @@ mod tests {
         // A clone of the record's body shares it too.
         assert_eq!(body.clone().bytes().as_ptr(), body.json().as_ptr());
     }
+
+    #[test]
+    fn a_record_keeps_the_start_of_an_instruction_and_names_the_first_files() {
+        use super::{ARTIFACTS_NAMED, INSTRUCTION_KEPT, TurnInput};
+        let long = "é".repeat(INSTRUCTION_KEPT + 5);
+        let paths: Vec<String> = (0..ARTIFACTS_NAMED + 3)
+            .map(|i| format!("d/{i}.md"))
+            .collect();
+        let kept = TurnInput::of(Some(&long), paths.iter().map(String::as_str));
+        let text = kept.instruction.unwrap();
+        assert_eq!(
+            text.chars().count(),
+            INSTRUCTION_KEPT + 1,
+            "cut on a character, then …"
+        );
+        assert!(text.ends_with('…'));
+        assert_eq!(kept.artifacts, paths[..ARTIFACTS_NAMED]);
+        assert_eq!(kept.artifact_count, ARTIFACTS_NAMED + 3);
+        let short = TurnInput::of(Some("hi"), std::iter::empty());
+        assert_eq!(short.instruction.as_deref(), Some("hi"));
+        assert!(short.artifacts.is_empty());
+    }
 }

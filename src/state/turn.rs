@@ -187,6 +187,10 @@ pub struct TurnRecord {
     /// The server tool calls of the turn's runs, in order (their outputs are in the ledger).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolNote>,
+    /// What the client asked (its instruction, shortened, and the files it named), kept for
+    /// people looking into the turn; absent when the tenant's bodies are not kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<TurnInput>,
     /// The tenant's prompts and answers are not kept (`keepBodies: false`): `requests`, each
     /// call's text and the tools' arguments were left out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -266,9 +270,22 @@ impl TurnRecord {
             service_tier: None,
             history: Vec::new(),
             tools: Vec::new(),
+            input: None,
             bodies_withheld: false,
             runs_begun: 0,
         }
+    }
+
+    /// The same record with what the client asked.
+    pub fn with_input(mut self, input: Option<TurnInput>) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// Milliseconds from the turn's acceptance to now, for a note of something that starts
+    /// now (`None` if the acceptance time cannot be read).
+    pub fn ms_since_accepted(&self) -> Option<u64> {
+        super::millis_between(&self.submitted_at, &now_rfc3339())
     }
 
     /// Notes `event` of the turn's current attempt (kept with the next write): the first
@@ -364,6 +381,48 @@ pub struct TurnEvent {
     pub detail: Option<String>,
 }
 
+/// What a user turn asked, as its record keeps it for people ([`TurnRecord::input`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TurnInput {
+    /// The instruction, its first [`INSTRUCTION_KEPT`] characters (then `…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction: Option<String>,
+    /// The files the client supplied, by path (the first [`ARTIFACTS_NAMED`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<String>,
+    /// How many files it supplied in all.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub artifact_count: usize,
+}
+
+/// Characters of an instruction a record keeps.
+pub const INSTRUCTION_KEPT: usize = 280;
+/// Files a record names.
+pub const ARTIFACTS_NAMED: usize = 10;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl TurnInput {
+    /// What a record keeps of `instruction` and the files at `paths`.
+    pub fn of<'a>(
+        instruction: Option<&str>,
+        paths: impl ExactSizeIterator<Item = &'a str>,
+    ) -> Self {
+        let artifact_count = paths.len();
+        Self {
+            instruction: instruction.map(|text| match text.char_indices().nth(INSTRUCTION_KEPT) {
+                Some((cut, _)) => format!("{}…", &text[..cut]),
+                None => text.to_string(),
+            }),
+            artifacts: paths.take(ARTIFACTS_NAMED).map(str::to_string).collect(),
+            artifact_count,
+        }
+    }
+}
+
 /// One server tool call of a turn ([`TurnRecord::tools`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -391,6 +450,10 @@ pub struct ToolNote {
     /// recorded (the tool is safe to repeat).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub repeated: bool,
+    /// When it started, in milliseconds after the turn was accepted (absent in records
+    /// written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<u64>,
 }
 
 /// A background model call in flight ([`TurnRecord::model_call`]).
@@ -433,4 +496,12 @@ pub struct CallNote {
     /// Followed by a run that re-attached after the one that made it died.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reattached: bool,
+    /// When it started, in milliseconds after the turn was accepted (absent in records
+    /// written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<u64>,
+    /// Why it got no answer (`CODE: message`): a call that failed, was given up on or goes
+    /// to another run (its response id is then empty and its usage zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }

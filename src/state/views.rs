@@ -69,9 +69,16 @@ pub struct TurnInspection {
     /// Finished (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<String>,
+    /// The tenant whose turn it is.
+    pub tenant: String,
+    /// What the client asked (absent when the tenant's bodies are not kept, and for turns
+    /// recorded before it was kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<TurnInput>,
     /// What happened to it, in order, from `queued` on.
     pub history: Vec<TurnEvent>,
-    /// Every model call that was answered, in order.
+    /// Every model call, in order: those answered, and those that got no answer (failed,
+    /// given up on, handed to another run) with their `error`.
     pub model_calls: Vec<CallNote>,
     /// Every model request body sent, as sent (instructions, input, tools; never a key). A
     /// request whose prompt is no longer kept names it under `aptixPrompt` instead of carrying
@@ -135,6 +142,8 @@ impl TurnInspection {
             attempts: r.attempts,
             submitted_at: r.submitted_at.clone(),
             completed_at: r.completed_at.clone(),
+            tenant: r.session_id.tenant().to_string(),
+            input: r.input.clone(),
             history: std::iter::once(queued)
                 .chain(r.history.iter().cloned())
                 .collect(),
@@ -196,7 +205,7 @@ pub struct RunLine {
     /// The batch it is a line of.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch_id: Option<String>,
-    /// Model calls answered.
+    /// Model calls answered (calls that got no answer are in the inspection).
     pub model_calls: usize,
     /// Server tool calls made.
     pub tool_calls: usize,
@@ -239,7 +248,7 @@ impl RunLine {
                 .and_then(|end| millis_between(&r.submitted_at, end)),
             agent_context: r.calls.first().map(|c| c.agent_context.clone()),
             batch_id: r.batch.clone(),
-            model_calls: r.calls.len(),
+            model_calls: r.calls.iter().filter(|c| c.error.is_none()).count(),
             tool_calls: r.tools.len(),
             usage,
             error,

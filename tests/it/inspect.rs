@@ -150,10 +150,21 @@ async fn a_run_that_failed_and_ran_again_says_why(backend: Backend) {
         ended.as_str().unwrap().starts_with("LLM_UNAVAILABLE"),
         "{ended}"
     );
-    // Both requests were sent; one was answered.
+    // Both requests were sent; both calls are listed, the first with why it got no answer.
     assert_eq!(seen["requests"].as_array().unwrap().len(), 2);
-    assert_eq!(seen["modelCalls"].as_array().unwrap().len(), 1);
-    assert_eq!(seen["modelCalls"][0]["attempt"], 2);
+    let calls = seen["modelCalls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{seen}");
+    assert_eq!(calls[0]["attempt"], 1);
+    let why = calls[0]["error"].as_str().unwrap_or_default();
+    assert!(why.starts_with("LLM_UNAVAILABLE"), "{why}");
+    assert_eq!(calls[0]["responseId"], "");
+    assert_eq!(calls[1]["attempt"], 2);
+    assert!(calls[1].get("error").is_none(), "{seen}");
+    // Each call says when it started, after the turn was accepted, in order.
+    let start = |c: &serde_json::Value| c["startMs"].as_u64().expect("startMs");
+    assert!(start(&calls[0]) <= start(&calls[1]), "{seen}");
+    assert_eq!(seen["input"]["instruction"], "hello");
+    assert_eq!(seen["tenant"], "tenant-a");
 }
 
 /// A tenant whose entry says `"keepBodies": false`: its turn records keep no request sent,
@@ -214,6 +225,12 @@ async fn a_tenant_that_keeps_no_bodies_has_none_in_its_records(backend: Backend)
     let (_, body) = inspect(&app, "tok-a", "na", "t").await;
     let seen = &body["result"];
     assert_eq!(seen["bodiesWithheld"], false);
+    assert!(
+        seen["input"]["instruction"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("Secret plans?")),
+        "the other tenant's instruction is kept: {seen}"
+    );
     assert_eq!(seen["requests"].as_array().unwrap().len(), 2);
     assert!(seen["modelCalls"][1]["text"].is_string());
     assert!(

@@ -33,8 +33,11 @@ const MOST_COMMANDS_PER_TURN: f64 = 39.0;
 /// The turn record a settled turn leaves, in bytes (the last one written of each turn; its
 /// answer's text included, twice: the call's and the result's). 2026-11-28: 3.9 KB for a
 /// one-line answer while each request kept its prompt (instructions, tools, the boot
-/// prompt's system message); 1.5 KB once requests named their prompt instead.
-const MOST_RECORD_BYTES: usize = 1500;
+/// prompt's system message); 1.5 KB once requests named their prompt instead. Since the
+/// console's timeline the record also keeps the client's instruction as asked (here
+/// `"input":{"instruction":"summarise the design"}`, 46 bytes) and when each call started
+/// (`"startMs":…`, about 12 bytes a call): 1,530 bytes, held to 1,500 plus those.
+const MOST_RECORD_BYTES: usize = 1500 + 46 + 12;
 
 /// A MONITOR line's arguments, unquoted (MONITOR writes each as a quoted string with `\"`,
 /// `\\` and `\xNN` escapes).

@@ -106,6 +106,8 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             reattached: false,
             attempt: 1,
             text: Some("hello".into()),
+            start_ms: Some(1_000),
+            error: None,
         }],
         service_tier: Some("flex".into()),
         history: vec![aptix_worker::state::TurnEvent {
@@ -124,7 +126,13 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             source: Some("tickets".into()),
             outcome: Some("answered".into()),
             repeated: true,
+            start_ms: Some(2_000),
         }],
+        input: Some(aptix_worker::state::TurnInput {
+            instruction: Some("hello".into()),
+            artifacts: vec!["docs/a.md".into()],
+            artifact_count: 3,
+        }),
         bodies_withheld: true,
         runs_begun: 0,
     }
