@@ -67,7 +67,7 @@ async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_
         .await;
     assert!(tool.contains("agent_list_modes"), "{tool}");
     browser
-        .text_when("#history", Duration::from_secs(5), |t| {
+        .text_when("#timeline", Duration::from_secs(5), |t| {
             t.contains("queued") && t.contains("run started") && t.contains("completed")
         })
         .await;
@@ -177,7 +177,25 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
             t == "running"
         })
         .await;
+    // Cancel asks first: dismissed, nothing happens; accepted, the turn stops.
     browser.click("#cancel").await;
+    let asked = browser
+        .client
+        .get_alert_text()
+        .await
+        .expect("a confirmation");
+    assert!(asked.starts_with("Cancel turn t?"), "{asked}");
+    browser.client.dismiss_alert().await.expect("dismissed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        browser
+            .attr("#inspector .status", "data-status")
+            .await
+            .as_deref(),
+        Some("running")
+    );
+    browser.click("#cancel").await;
+    browser.client.accept_alert().await.expect("accepted");
     browser
         .text_when("#inspector .status", Duration::from_secs(10), |t| {
             t == "cancelled"

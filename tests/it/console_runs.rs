@@ -129,3 +129,40 @@ async fn the_home_page_lists_turns_on_the_services() {
 async fn the_home_page_lists_turns_embedded() {
     the_home_page_lists_turns_and_finds_the_failed_one(Backend::Embedded, "embedded").await;
 }
+
+/// Every script and style sheet the page names is served, as what it is: a page that names a
+/// file the binary does not serve breaks in the browser without a word.
+#[tokio::test]
+async fn every_asset_the_page_names_is_served() {
+    let app = app(Backend::Embedded).await;
+    let page = app
+        .http
+        .get(format!("{}/console", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let named: Vec<&str> = page
+        .split(['"', '\''])
+        .filter(|p| p.starts_with("/console/"))
+        .collect();
+    assert!(named.len() >= 8, "{named:?}");
+    for path in named {
+        let resp = app
+            .http
+            .get(format!("{}{path}", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        let kind = resp.headers()["content-type"].to_str().unwrap().to_string();
+        let wanted = if path.ends_with(".js") {
+            "text/javascript"
+        } else {
+            "text/css"
+        };
+        assert!(kind.starts_with(wanted), "{path}: {kind}");
+    }
+}

@@ -38,6 +38,7 @@ mod config_file;
 mod connections;
 mod console;
 mod console_runs;
+mod console_timeline;
 mod contexts;
 mod contexts_processes;
 mod contract_props;

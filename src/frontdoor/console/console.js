@@ -7,7 +7,8 @@
 "use strict";
 
 const TOKEN_KEY = "aptix-console-token";
-const SETTLED = ["completed", "failed", "cancelled", "awaiting_client_tools"];
+// Statuses nothing moves a turn on from (one waiting for its client's tools still moves).
+const FINAL = ["completed", "failed", "cancelled"];
 let stopView = () => {};
 
 const $ = (id) => document.getElementById(id);

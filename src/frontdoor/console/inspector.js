@@ -87,19 +87,69 @@ function follow(session, turn, tenant, box) {
   return () => controller.abort();
 }
 
+// The turn's header: what was asked, whose, where it ran, how it went.
+function turnHead(t, session, tenant, cancel) {
+  const answered = t.modelCalls.filter((c) => !c.error);
+  const sum = (k) => answered.reduce((n, c) => n + ((c.usage && c.usage[k]) || 0), 0);
+  const took = t.completedAt
+    ? millis(Date.parse(t.completedAt) - Date.parse(t.submittedAt))
+    : millis(Date.now() - Date.parse(t.submittedAt)) + " so far";
+  const contexts = [...new Set(t.modelCalls.map((c) => c.agentContext))].join(", ");
+  const input = t.input || {};
+  const files = input.artifacts || [];
+  return [
+    el("h2", {}, "Turn ", t.turnId, " ", status(t.status)),
+    input.instruction
+      ? el("blockquote", { id: "instruction" }, input.instruction)
+      : el("p", { class: "muted" }, t.bodiesWithheld ? "This tenant's instructions are not kept." : "No instruction kept."),
+    files.length
+      ? el("p", { class: "muted small", id: "artifacts" }, "Files: " + files.join(", ") +
+          (input.artifactCount > files.length ? " and " + count(input.artifactCount - files.length) + " more" : ""))
+      : "",
+    el(
+      "dl",
+      { class: "facts" },
+      el("div", {}, el("dt", {}, "Tenant"), el("dd", {}, t.tenant)),
+      el("div", {}, el("dt", {}, "Session"), el("dd", {}, el("a", { href: sessionHref(session, tenant) }, session))),
+      el("div", {}, el("dt", {}, "Agent context"), el("dd", {}, contexts || "not called yet")),
+      el("div", {}, el("dt", {}, "Runs"), el("dd", {}, count(t.attempts))),
+      el("div", {}, el("dt", {}, "Accepted"), el("dd", { title: t.submittedAt }, when(t.submittedAt))),
+      el("div", {}, el("dt", {}, "Took"), el("dd", { id: "took" }, took)),
+      el("div", {}, el("dt", {}, "Tokens"), el("dd", { id: "tokens" }, count(sum("promptTokens")) + " in / " + count(sum("completionTokens")) + " out")),
+      el("div", {}, el("dt", {}, "Cost"), el("dd", {}, sum("estimatedCostUsd") ? usd(sum("estimatedCostUsd")) : "no prices")),
+      t.serviceTier ? el("div", {}, el("dt", {}, "Tier"), el("dd", {}, t.serviceTier)) : ""
+    ),
+    cancel,
+  ];
+}
+
+// The calls a turn waiting for its client asks it to run.
+function pendingCard(card, t) {
+  const r = t.result;
+  const calls = t.status === "awaiting_client_tools" && r && r.successful && r.result && r.result.toolCalls;
+  card.hidden = !calls;
+  if (!calls) return;
+  card.replaceChildren(
+    el("h2", {}, "Waiting for the client's tools (" + calls.length + ")"),
+    table(["Call", "Tool", "Arguments"],
+      calls.map((c) => el("tr", { class: "pending-call" }, el("td", {}, c.toolCallId), el("td", {}, c.name),
+        el("td", {}, el("pre", {}, pretty(c.argumentsJson))))), "Client tool calls pending")
+  );
+}
+
 function inspectorView(session, turn, tenant) {
   const view = $("view");
   const head = el("section", { class: "card", id: "inspector" });
-  const live = el("pre", { id: "live" });
+  const live = el("pre", { id: "live", "aria-live": "polite" });
   const liveCard = el("section", { class: "card" }, el("h2", {}, "Live output"), live);
-  const history = el("section", { class: "card", id: "history" });
-  const calls = el("section", { class: "card", id: "model-calls" });
-  const tools = el("section", { class: "card", id: "tool-calls" });
+  const timeline = el("section", { class: "card", id: "timeline" });
+  const pending = el("section", { class: "card", id: "pending" });
+  const requests = el("section", { class: "card", id: "requests" });
   const result = el("section", { class: "card", id: "result" });
-  const cards = [head, liveCard, history, calls, tools, result];
+  const cards = [head, liveCard, timeline, requests, result];
   // Shown once the turn could be read (not for a turn this token may not see).
-  for (const card of cards) card.hidden = true;
-  view.append(...cards);
+  for (const card of cards.concat([pending])) card.hidden = true;
+  view.append(head, liveCard, pending, timeline, requests, result);
   const unfollow = follow(session, turn, tenant, live);
   const path =
     "/v1/sessions/" + encodeURIComponent(session) + "/turns/" + encodeURIComponent(turn);
@@ -110,6 +160,7 @@ function inspectorView(session, turn, tenant) {
       class: "danger",
       type: "button",
       onclick: async () => {
+        if (!confirm("Cancel turn " + turn + "? Its run stops at its next safe point.")) return;
         cancel.disabled = true;
         try {
           await api("POST", scoped(path + "/cancel", tenant));
@@ -123,79 +174,17 @@ function inspectorView(session, turn, tenant) {
   const stopPolling = every(async () => {
     const t = await api("GET", scoped(path + "/inspect", tenant));
     for (const card of cards) card.hidden = false;
-    const settled = SETTLED.includes(t.status);
-    cancel.disabled = t.status === "completed" || t.status === "failed" || t.status === "cancelled";
-    head.replaceChildren(
-      el("h2", {}, "Turn ", turn, " ", status(t.status)),
-      el(
-        "div",
-        { class: "facts" },
-        el("span", {}, "Session: ", el("a", { href: sessionHref(session, tenant) }, session)),
-        el("span", {}, "Runs: " + t.attempts),
-        el("span", {}, "Submitted: " + when(t.submittedAt)),
-        t.completedAt ? el("span", {}, "Finished: " + when(t.completedAt)) : null,
-        t.serviceTier ? el("span", {}, "Tier: " + t.serviceTier) : null
-      ),
-      cancel
-    );
-    history.replaceChildren(
-      el("h2", {}, "History"),
-      table(
-        ["When", "Event", "Run", "Detail"],
-        t.history.map((h) =>
-          el("tr", {}, el("td", {}, when(h.at)), el("td", {}, h.event.replaceAll("_", " ")),
-            el("td", { class: "num" }, h.attempt), el("td", {}, h.detail || ""))
-        )
-      )
-    );
-    const cost = (u) => (u.estimatedCostUsd ? "$" + u.estimatedCostUsd.toFixed(6) : "");
-    calls.replaceChildren(
-      el("h2", {}, "Model calls (" + t.modelCalls.length + ")"),
+    const over = FINAL.includes(t.status);
+    cancel.disabled = over;
+    head.replaceChildren(...turnHead(t, session, tenant, cancel));
+    timelineCard(timeline, t);
+    pendingCard(pending, t);
+    requests.replaceChildren(
+      el("h2", {}, "Requests sent (" + t.requests.length + ")"),
       t.bodiesWithheld
         ? el("p", { class: "muted", id: "withheld" }, "This tenant's prompts and answers are not kept (keepBodies: false).")
-        : "",
-      table(
-        ["Run", "Model", "Context", "Latency", "Input", "Cached", "Output", "Reasoning", "Cost", "Answer"],
-        t.modelCalls.map((c) =>
-          el(
-            "tr",
-            { class: "model-call" },
-            el("td", { class: "num" }, c.attempt),
-            el("td", {}, c.model, c.background ? " (background" + (c.reattached ? ", re-attached" : "") + ")" : ""),
-            el("td", {}, c.agentContext, c.serviceTier ? " · tier " + c.serviceTier : ""),
-            el("td", { class: "num" }, c.latencyMs + " ms"),
-            el("td", { class: "num" }, c.usage.promptTokens),
-            el("td", { class: "num" }, c.usage.cachedTokens || 0),
-            el("td", { class: "num" }, c.usage.completionTokens),
-            el("td", { class: "num" }, c.usage.reasoningTokens || 0),
-            el("td", { class: "num" }, cost(c.usage)),
-            el("td", {}, c.text ? el("details", {}, el("summary", {}, "text"), el("pre", {}, c.text)) : el("span", { class: "muted" }, "tool calls"))
-          )
-        )
-      ),
-      el(
-        "details",
-        {},
-        el("summary", {}, "Requests sent (" + t.requests.length + ")"),
-        t.requests.map((r) => el("pre", {}, JSON.stringify(r, null, 2)))
-      )
-    );
-    tools.replaceChildren(
-      el("h2", {}, "Server tool calls (" + t.toolCalls.length + ")"),
-      table(
-        ["Run", "Tool", "Arguments", "Output", "Time"],
-        t.toolCalls.map((c) =>
-          el(
-            "tr",
-            { class: "tool-call" },
-            el("td", { class: "num" }, c.attempt),
-            el("td", {}, c.name, c.source ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "", c.outcome && c.outcome !== "answered" ? " · " + c.outcome : "", c.repeated ? " (repeated after a crash)" : "", c.replayed ? " (replayed from the ledger)" : ""),
-            el("td", {}, el("pre", {}, c.arguments)),
-            el("td", {}, c.output ? el("details", {}, el("summary", {}, "output"), el("pre", {}, c.output)) : ""),
-            el("td", { class: "num" }, c.executionMs + " ms")
-          )
-        )
-      )
+        : t.requests.length ? "" : el("p", { class: "muted" }, "None yet."),
+      ...t.requests.map((r, i) => el("details", { class: "request" }, el("summary", {}, "Request " + (i + 1)), el("pre", {}, JSON.stringify(r, null, 2))))
     );
     const r = t.result;
     const answer = r && r.successful && r.result && r.result.primaryOutputText;
@@ -208,11 +197,10 @@ function inspectorView(session, turn, tenant) {
           : el("pre", { id: "answer" }, r.errors.map((e) => e.errorCode + ": " + e.message).join("\n"))
     );
     if (answer && t.status === "completed") live.textContent = answer;
-    return !settled;
+    return !over;
   });
   return () => {
     stopPolling();
     unfollow();
   };
 }
-

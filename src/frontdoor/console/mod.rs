@@ -25,6 +25,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("inspector.js"),
         SCRIPT,
     ),
+    ("/console/timeline.js", include_str!("timeline.js"), SCRIPT),
     ("/console/batches.js", include_str!("batches.js"), SCRIPT),
     ("/console/system.js", include_str!("system.js"), SCRIPT),
     ("/console/console.css", include_str!("console.css"), STYLE),

@@ -1,0 +1,107 @@
+// A turn as a timeline (the inspector's middle): every step of its record in order — runs
+// starting and ending, each model call (answered or not, with why), each server tool call,
+// waits for the client's tools — with its start after the turn was accepted, how long it
+// took, and a bar on one scale for all of them.
+"use strict";
+
+// Whole milliseconds from RFC 3339 time `from` to `to`, truncated as the server truncates a
+// call's `startMs` (Date.parse alone drops the digits after the millisecond, which could put
+// an event a millisecond after a call that followed it).
+function msBetween(from, to) {
+  const parts = (stamp) => {
+    const m = /\.(\d+)/.exec(stamp);
+    return [Date.parse(stamp.replace(/\.\d+/, "")), m ? Number("0." + m[1]) * 1000 : 0];
+  };
+  const [a, af] = parts(from);
+  const [b, bf] = parts(to);
+  return Math.max(0, Math.floor(b - a + (bf - af)));
+}
+
+// The steps of inspection `t`, in order of their start (ms after acceptance).
+function timelineSteps(t) {
+  const t0 = Date.parse(t.submittedAt);
+  const at = (stamp) => msBetween(t.submittedAt, stamp);
+  const steps = [];
+  const history = t.history || [];
+  history.forEach((h, i) => {
+    steps.push({ kind: "event", start: at(h.at), attempt: h.attempt, label: h.event.replaceAll("_", " "), detail: h.detail || "" });
+    if (h.event !== "awaiting_client_tools") return;
+    // A wait for the client's tools lasts until the next run starts (or until now).
+    const next = history.slice(i + 1).find((n) => n.event === "run_started");
+    const open = !next && t.status === "awaiting_client_tools";
+    if (!next && !open) return;
+    const end = next ? at(next.at) : Date.now() - t0;
+    steps.push({ kind: "wait", start: at(h.at), duration: end - at(h.at), open, attempt: h.attempt,
+      label: "waiting for the client's tools", detail: open ? "still waiting" : "answered; the next run goes on with the results" });
+  });
+  const cost = (u) => (u && u.estimatedCostUsd ? " · " + usd(u.estimatedCostUsd) : "");
+  for (const c of t.modelCalls || []) {
+    if (c.startMs === undefined) continue;
+    const tokens = c.usage ? count(c.usage.promptTokens) + " in / " + count(c.usage.completionTokens) + " out" : "";
+    steps.push({
+      kind: c.error ? "model failed" : "model", start: c.startMs, duration: c.latencyMs, attempt: c.attempt,
+      label: "model call · " + c.model + " · " + c.agentContext + (c.background ? " (background" + (c.reattached ? ", re-attached" : "") + ")" : ""),
+      detail: c.error || tokens + cost(c.usage) + (c.serviceTier ? " · tier " + c.serviceTier : ""),
+      text: c.text,
+    });
+  }
+  for (const c of t.toolCalls || []) {
+    if (c.startMs === undefined) continue;
+    const where = c.source ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "";
+    const notes = [c.outcome && c.outcome !== "answered" ? c.outcome : "", c.repeated ? "repeated after a crash" : "",
+      c.replayed ? "replayed from the ledger" : ""].filter(Boolean).join(" · ");
+    steps.push({ kind: "tool", start: c.startMs, duration: c.executionMs, attempt: c.attempt,
+      label: "tool · " + c.name + where, detail: notes, args: c.arguments, output: c.output });
+  }
+  if (t.status === "running") {
+    const started = [...history].reverse().find((h) => h.event === "run_started");
+    if (started) {
+      steps.push({ kind: "running", start: at(started.at), duration: Date.now() - Date.parse(started.at), open: true,
+        attempt: started.attempt, label: "run " + started.attempt + " in progress", detail: "a model call in flight is listed once it ends" });
+    }
+  }
+  // Stable: of one start, events first (a run starts before its first call), then a tool
+  // call before a model call (the tools of an answer run before the call that reads them).
+  const order = { event: 0, wait: 1, running: 1, tool: 2, model: 3, "model failed": 3 };
+  return steps
+    .map((s, i) => ({ s, i }))
+    .sort((a, b) => a.s.start - b.s.start || order[a.s.kind] - order[b.s.kind] || a.i - b.i)
+    .map((x) => x.s);
+}
+
+// JSON text shown pretty-printed when it is JSON.
+function pretty(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch (_) {
+    return text;
+  }
+}
+
+function timelineCard(card, t) {
+  const steps = timelineSteps(t);
+  const span = Math.max(1, ...steps.map((s) => s.start + (s.duration || 0)));
+  const rows = steps.map((s) => {
+    const bar = el("div", { class: "span " + s.kind.replace(" ", "-") + (s.open ? " open" : "") });
+    bar.style.left = (100 * s.start) / span + "%";
+    bar.style.width = s.duration ? Math.max(0.5, (100 * s.duration) / span) + "%" : "2px";
+    const more = [];
+    if (s.text) more.push(el("details", {}, el("summary", {}, "answer"), el("pre", {}, s.text)));
+    if (s.args) more.push(el("details", {}, el("summary", {}, "arguments"), el("pre", {}, pretty(s.args))));
+    if (s.output) more.push(el("details", {}, el("summary", {}, "output"), el("pre", {}, pretty(s.output))));
+    const kindClass = { model: "model-call", "model failed": "model-call failed-call", tool: "tool-call" }[s.kind] || s.kind;
+    return el(
+      "tr",
+      { class: "step " + kindClass, "data-kind": s.kind },
+      el("td", { class: "num" }, "+" + millis(s.start)),
+      el("td", { class: "num" }, s.duration === undefined ? "" : millis(s.duration) + (s.open ? "…" : "")),
+      el("td", { class: "num" }, s.attempt || ""),
+      el("td", {}, el("strong", {}, s.label), s.detail ? el("div", { class: s.kind === "model failed" ? "error-text" : "muted small" }, s.detail) : "", more),
+      el("td", { class: "lane", "aria-hidden": "true" }, bar)
+    );
+  });
+  card.replaceChildren(
+    el("h2", {}, "Timeline (" + steps.length + " steps, " + millis(span) + ")"),
+    table(["Start", "Took", "Run", "Step", ""], rows, "The turn's steps in order")
+  );
+}

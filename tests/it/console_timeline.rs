@@ -1,0 +1,168 @@
+//! The turn inspector's timeline in a real browser, on both backends: a turn whose first model
+//! call failed (its run ended and the turn ran again), whose model then called a server tool
+//! and asked the client for one — every step in the order it happened, the failed call with
+//! why, the client's tools shown as a table while the turn waits, and the wait closed once
+//! their results came back and the turn completed.
+
+use std::time::Duration;
+
+use aptix_worker::fake_llm::Reply;
+use fantoccini::Locator;
+use serde_json::json;
+
+use crate::app::{AppOptions, Backend, spawn};
+use crate::support::browser::Browser;
+
+/// The timeline's steps as `(kind, what)`: `what` is the step's first line.
+async fn steps(browser: &Browser) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for row in browser
+        .client
+        .find_all(Locator::Css("#timeline tr.step"))
+        .await
+        .expect("the timeline's rows")
+    {
+        let kind = row
+            .attr("data-kind")
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let what = row
+            .find(Locator::Css("strong"))
+            .await
+            .expect("a step names itself")
+            .text()
+            .await
+            .unwrap_or_default();
+        out.push((kind, what));
+    }
+    out
+}
+
+fn step(kind: &str, what: &str) -> (String, String) {
+    (kind.to_string(), what.to_string())
+}
+
+async fn the_timeline_tells_a_turn_in_order(backend: Backend, name: &str) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_CONSOLE", "true".into())],
+        ..AppOptions::default()
+    })
+    .await;
+    app.fake.push([
+        Reply::Error {
+            status: 500,
+            message: "The server had an error".into(),
+            retry_after_ms: None,
+        },
+        Reply::Calls(vec![("agent_list_modes".into(), json!({}))]),
+        Reply::Calls(vec![(
+            "workspace_read_file".into(),
+            json!({"path": "README.md"}),
+        )]),
+    ]);
+    let body = json!({"sessionId": "story", "turnId": "t", "instruction": "Read the README",
+        "inputArtifacts": [{"relativePath": "docs/brief.md", "fileName": "brief.md", "contents": "a brief", "origin": "user"}]});
+    let (status, accepted) = app.post(Some("tok-a"), body.to_string()).await;
+    assert_eq!(status, 202, "{accepted}");
+    let (_, waiting) = app
+        .get(Some("tok-a"), "/v1/sessions/story/turns/t?wait=30")
+        .await;
+    assert_eq!(
+        waiting["result"]["status"], "awaiting_client_tools",
+        "{waiting}"
+    );
+    let call = waiting["result"]["result"]["result"]["toolCalls"][0]["toolCallId"]
+        .as_str()
+        .expect("a client tool call")
+        .to_string();
+
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, "/turn/story/t").await;
+    // While it waits: the client's call as a table, the wait still open.
+    let pending = browser
+        .text_when("#pending", Duration::from_secs(10), |t| {
+            t.contains("workspace_read_file")
+        })
+        .await;
+    assert!(pending.contains("README.md"), "{pending}");
+    let header = browser
+        .text_when("#inspector", Duration::from_secs(5), |t| {
+            t.contains("Read the README")
+        })
+        .await;
+    assert!(
+        header.contains("docs/brief.md") && header.contains("tenant-a"),
+        "{header}"
+    );
+    browser
+        .text_when("#timeline", Duration::from_secs(5), |t| {
+            t.contains("still waiting")
+        })
+        .await;
+
+    // The client answers; the turn completes.
+    app.fake.push([Reply::Text("It says hello.".into())]);
+    let answer = json!({"sessionId": "story", "turnId": "t", "toolResults": [{
+        "toolCallId": call, "executionMs": 3,
+        "resultJson": json!({"contents": "# hello"}).to_string()}]});
+    assert_eq!(app.post(Some("tok-a"), answer.to_string()).await.0, 202);
+    assert_eq!(
+        app.settled("tok-a", "story", "t").await["status"],
+        "completed"
+    );
+    browser
+        .text_when("#inspector .status", Duration::from_secs(10), |t| {
+            t == "completed"
+        })
+        .await;
+    browser
+        .text_when("#timeline", Duration::from_secs(5), |t| {
+            t.contains("completed")
+        })
+        .await;
+    let seen = steps(&browser).await;
+    let model = "model call · m · default";
+    assert_eq!(
+        seen,
+        [
+            step("event", "queued"),
+            step("event", "run started"),
+            step("model failed", model),
+            step("event", "run ended"),
+            step("event", "run started"),
+            step("model", model),
+            step("tool", "tool · agent_list_modes"),
+            step("model", model),
+            step("event", "awaiting client tools"),
+            step("wait", "waiting for the client's tools"),
+            step("event", "run started"),
+            step("model", model),
+            step("event", "completed"),
+        ],
+        "{seen:#?}"
+    );
+    let why = browser
+        .text_when("#timeline tr.failed-call", Duration::ZERO, |_| true)
+        .await;
+    assert!(why.contains("LLM_UNAVAILABLE"), "{why}");
+    assert_eq!(
+        browser.count("#pending:not([hidden])").await,
+        0,
+        "no longer waiting"
+    );
+    browser.shot(&format!("timeline-{name}")).await;
+}
+
+#[tokio::test]
+async fn the_timeline_on_the_services() {
+    the_timeline_tells_a_turn_in_order(Backend::Services, "services").await;
+}
+
+#[tokio::test]
+async fn the_timeline_embedded() {
+    the_timeline_tells_a_turn_in_order(Backend::Embedded, "embedded").await;
+}
