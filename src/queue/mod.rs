@@ -285,8 +285,9 @@ pub trait JobQueue: Send + Sync + 'static {
     async fn depths(&self) -> Result<Vec<QueueDepth>, QueueError>;
     /// Goes through the dead-lettered jobs, oldest first — at most `max`, and only those there
     /// when the sweep began — and puts each where `choose` says: back at the end of the
-    /// dead-letter queue ([`DeadChoice::Keep`]) or on the job queue as a fresh job
-    /// ([`DeadChoice::Requeue`]). Each is published where it goes before it is taken from
+    /// dead-letter queue ([`DeadChoice::Keep`]), on the job queue as a fresh job
+    /// ([`DeadChoice::Requeue`]) or nowhere ([`DeadChoice::Discard`]). Each is published
+    /// where it goes before it is taken from
     /// where it was, so a sweep cut short leaves one job twice, never none. Returns the jobs
     /// swept, in order, with what became of each. A sweep that keeps every job reads the
     /// queue without changing it (when it covers the whole queue, in the same order).
@@ -365,6 +366,8 @@ pub enum DeadChoice {
     /// On the job queue, as a fresh job (attempt 0) of the same tenant, trace, batch and
     /// webhook.
     Requeue,
+    /// Nowhere: taken out of the dead-letter queue for good.
+    Discard,
 }
 
 /// The webhook side of the broker: deliveries waiting to be sent (a durable queue of their

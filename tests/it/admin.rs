@@ -265,7 +265,10 @@ async fn dead_letters_are_listed_and_requeued_through_the_api(backend: Backend) 
     .await;
     assert_eq!(status, 200, "{body}");
     app.conforms("post", "/v1/admin/dead-letters/requeue", 200, &body);
-    assert_eq!(body["result"], json!({"requeued": 0, "kept": 1}));
+    assert_eq!(
+        body["result"],
+        json!({"requeued": 0, "alreadySettled": 0, "kept": 1})
+    );
     let (status, bad) = requeue(&app, json!({})).await;
     assert_eq!((status, code(&bad)), (400, "MALFORMED_JSON"));
     let (status, bad) = requeue(&app, json!({"everything": true})).await;
@@ -288,7 +291,11 @@ async fn dead_letters_are_listed_and_requeued_through_the_api(backend: Backend) 
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["result"], json!({"requeued": 1, "kept": 0}));
+    assert_eq!(
+        body["result"],
+        json!({"requeued": 1, "alreadySettled": 1, "kept": 0}),
+        "the answer says the turn had settled already"
+    );
     // The requeued job ran: its turn had failed, so the worker answered it from the stored
     // result (a repeat it counts) and delivered its status again — the model was not called,
     // nothing went back to the dead letters, and the turn is still failed.
@@ -298,9 +305,69 @@ async fn dead_letters_are_listed_and_requeued_through_the_api(backend: Backend) 
     assert_eq!(app.settled("tok-a", "dead", "t").await["status"], "failed");
 }
 
+/// Dead letters discarded by name, then all of them: gone from the queue, their turns as
+/// they were, nothing run again.
+async fn dead_letters_are_discarded_through_the_api(backend: Backend) {
+    let app = admin_app(backend, vec![("APTIX_MAX_ATTEMPTS", "1".into())]).await;
+    for session in ["d1", "d2", "d3"] {
+        app.fake.push([Reply::Error {
+            status: 500,
+            message: "down".into(),
+            retry_after_ms: None,
+        }]);
+        assert_eq!(
+            app.post(Some("tok-a"), turn(session, "t", "hi")).await.0,
+            202
+        );
+        assert_eq!(app.settled("tok-a", session, "t").await["status"], "failed");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listed(&app).await["result"].as_array().map_or(0, Vec::len) < 3 {
+        assert!(Instant::now() < deadline, "never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let calls = app.fake.requests().len();
+    let discard = |ask: Value| {
+        app.post_to(
+            Some("tok-root"),
+            "/v1/admin/dead-letters/discard",
+            ask.to_string(),
+        )
+    };
+    let (status, body) = discard(json!({"turns": [{"sessionId": "d2", "turnId": "t"}]})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], json!({"discarded": 1, "kept": 2}));
+    let left: Vec<Value> = listed(&app).await["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["sessionId"].clone())
+        .collect();
+    assert_eq!(left, [json!("d1"), json!("d3")]);
+    let (status, body) = discard(json!({"all": true})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], json!({"discarded": 2, "kept": 0}));
+    assert_eq!(listed(&app).await["result"], json!([]));
+    let (status, bad) = discard(json!({})).await;
+    assert_eq!((status, code(&bad)), (400, "MALFORMED_JSON"));
+    let (status, refused) = app
+        .post_to(
+            Some("tok-a"),
+            "/v1/admin/dead-letters/discard",
+            json!({"all": true}).to_string(),
+        )
+        .await;
+    assert_eq!((status, code(&refused)), (403, "FORBIDDEN"));
+    // Nothing ran again; the turns are as they were.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.fake.requests().len(), calls);
+    assert_eq!(app.settled("tok-a", "d2", "t").await["status"], "failed");
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
     tests: [
+        dead_letters_are_discarded_through_the_api,
         the_system_view_adds_up_what_the_workers_did,
         an_admin_reads_and_cancels_any_tenants_turn_and_lists_every_tenants_batches,
         dead_letters_are_listed_and_requeued_through_the_api,

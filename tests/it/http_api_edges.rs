@@ -43,6 +43,7 @@ async fn the_openapi_document_covers_every_route() {
         ("get", "/v1/admin/system"),
         ("get", "/v1/admin/dead-letters"),
         ("post", "/v1/admin/dead-letters/requeue"),
+        ("post", "/v1/admin/dead-letters/discard"),
         ("get", "/v1/admin/webhooks/dead"),
         ("post", "/v1/admin/webhooks/dead/replay"),
     ];

@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod batches;
+pub mod dead_letters;
 pub mod index;
 pub mod ops;
 pub mod runs;

@@ -399,6 +399,7 @@ impl JobQueue for MemoryBroker {
                         meta: super::revived(&letter.meta),
                         redelivered: false,
                     }),
+                    DeadChoice::Discard => {}
                 }
                 swept.push((letter, choice));
             }

@@ -547,6 +547,7 @@ impl JobQueue for RabbitBroker {
                         self.enqueue(None, &letter.body, &super::revived(&letter.meta))
                             .await?
                     }
+                    DeadChoice::Discard => {}
                 }
                 msg.delivery
                     .acker
