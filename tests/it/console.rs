@@ -283,17 +283,26 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         ..AppOptions::default()
     })
     .await;
-    app.fake.push([Reply::Error {
-        status: 500,
-        message: "the model server is down".into(),
-        retry_after_ms: None,
-    }]);
-    let body = json!({"sessionId": "dl", "turnId": "t1", "instruction": "hello"});
-    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
-    assert_eq!(app.settled("tok-a", "dl", "t1").await["status"], "failed");
-    // Its job is dead-lettered just after its status goes out.
+    for session in ["dl", "dz"] {
+        app.fake.push([Reply::Error {
+            status: 500,
+            message: "the model server is down".into(),
+            retry_after_ms: None,
+        }]);
+        let body = json!({"sessionId": session, "turnId": "t1", "instruction": "hello"});
+        assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+        assert_eq!(
+            app.settled("tok-a", session, "t1").await["status"],
+            "failed"
+        );
+    }
+    // Their jobs are dead-lettered just after their status goes out.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while app.get(Some("tok-root"), "/v1/admin/dead-letters").await.1["result"] == json!([]) {
+    while app.get(Some("tok-root"), "/v1/admin/dead-letters").await.1["result"]
+        .as_array()
+        .map_or(0, Vec::len)
+        < 2
+    {
         assert!(Instant::now() < deadline, "never dead-lettered");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -378,21 +387,70 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         })
         .await;
     browser.show(&app.base, "/system").await;
-    // Refresh reads the queue again: the same one job.
+    // Refresh reads the queue again: the same two jobs.
     browser.click("#refresh-dead").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
-            t.contains("Dead letters (1)") && t.contains("dl / t1")
+            t.contains("Dead letters (2)") && t.contains("dl / t1")
+        })
+        .await;
+    // Discard asks first; dismissed, the job stays; accepted, it goes and the page says so.
+    browser
+        .click("#dead-letters tr[data-session='dz'] .discard")
+        .await;
+    browser
+        .client
+        .dismiss_alert()
+        .await
+        .expect("a confirmation");
+    browser.click("#refresh-dead").await;
+    browser
+        .text_when("#dead-letters", Duration::from_secs(10), |t| {
+            t.contains("Dead letters (2)")
+        })
+        .await;
+    browser
+        .click("#dead-letters tr[data-session='dz'] .discard")
+        .await;
+    let asked = browser
+        .client
+        .get_alert_text()
+        .await
+        .expect("a confirmation");
+    assert!(
+        asked.contains("Discard the job of turn t1 (session dz)"),
+        "{asked}"
+    );
+    browser.client.accept_alert().await.expect("accepted");
+    let told = browser
+        .text_when("#dead-outcome", Duration::from_secs(10), |t| !t.is_empty())
+        .await;
+    assert!(told.starts_with("Discarded 1 job"), "{told}");
+    browser
+        .text_when("#dead-letters", Duration::from_secs(10), |t| {
+            t.contains("Dead letters (1)") && !t.contains("dz / t1")
         })
         .await;
     let repeats = "aptix_duplicates_suppressed_total{stage=\"worker\"}";
     let before = crate::support::metric_value(&app.metrics_text().await, repeats).unwrap_or(0.0);
     browser.click("#dead-letters .requeue").await;
+    browser.client.accept_alert().await.expect("a confirmation");
+    // The page says what a requeue of a settled turn does.
+    let told = browser
+        .text_when("#dead-outcome", Duration::from_secs(10), |t| {
+            t.starts_with("Requeued")
+        })
+        .await;
+    assert!(
+        told.contains("1 of their turns had settled already"),
+        "{told}"
+    );
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
             t.contains("None.")
         })
         .await;
+    browser.shot("dead-letters-outcome").await;
     // Requeued, its job ran again: the turn had failed already, so the worker answered it from
     // the stored result (a repeat it counts), and nothing went back to the dead letters.
     app.wait_for_metric(repeats, |n| n > before).await;
