@@ -164,6 +164,39 @@ pub(super) async fn a_batch_with_good_and_bad_lines() {
     );
     let line3 = results.iter().find(|l| l["line"] == 3).unwrap();
     assert_eq!(line3["result"]["successful"], false);
+    // In pages (`from`, `limit`): each page of three in turn, across the accepted and the
+    // rejected lines, reads the whole exactly once; past the end, nothing.
+    let page = |query: String| {
+        let (app, id) = (&app, &id);
+        async move {
+            let resp = app
+                .http
+                .get(format!("{}/v1/batches/{id}/results?{query}", app.base))
+                .bearer_auth("tok-a")
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    let mut paged = Vec::new();
+    for from in (0..9).step_by(3) {
+        let (status, text) = page(format!("from={from}&limit=3")).await;
+        assert_eq!(status, 200, "{text}");
+        let lines = ndjson(&text);
+        assert!(lines.len() <= 3);
+        paged.extend(lines);
+    }
+    let line_of = |v: &Vec<serde_json::Value>| -> Vec<u64> {
+        v.iter().map(|l| l["line"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(line_of(&paged), line_of(&results));
+    assert_eq!(page("from=8".into()).await, (200, String::new()));
+    for bad in ["from=-1", "limit=0", "limit=10001", "from=x"] {
+        let (status, text) = page(bad.into()).await;
+        assert_eq!(status, 400, "{bad}: {text}");
+        assert!(text.contains("INVALID_PARAMETER"), "{bad}: {text}");
+    }
 
     // Other tenants and missing tokens see nothing.
     let (status, body) = app.get(Some("tok-b"), &format!("/v1/batches/{id}")).await;

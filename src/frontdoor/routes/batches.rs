@@ -12,8 +12,8 @@ use crate::frontdoor::batch::BatchAccepted;
 use crate::frontdoor::batch::BatchProgress;
 use crate::frontdoor::batch::BatchResultLine;
 use crate::frontdoor::extract::{
-    ApiPath, BatchSized, HttpState, LimitedBody, QueryParams, Reader, Tenant, answer, failure,
-    forbidden, unavailable, unavailable_unaccepted,
+    ApiPath, BadParameter, BatchSized, HttpState, LimitedBody, QueryParams, Reader, Tenant, answer,
+    failure, forbidden, unavailable, unavailable_unaccepted,
 };
 use crate::frontdoor::openapi::{self as api_doc, Failure};
 
@@ -239,21 +239,60 @@ async fn progress(state: &HttpState, batch: &crate::store::BatchRecord) -> Respo
     }
 }
 
+/// The most result lines one page (`?limit=`) asks for.
+const MAX_RESULTS_PAGE: usize = 10_000;
+
 /// A batch's results: NDJSON, one line per submitted line (accepted lines in order, then
-/// rejected ones); `result` is present once the turn settled.
+/// rejected ones); `result` is present once the turn settled. `?from=&limit=` answer a page
+/// of them (a console shows a page at a time without reading the rest).
 #[utoipa::path(get, path = "/v1/batches/{batchId}/results", tag = "batches",
-    params(("batchId" = String, Path, description = "The batch")),
+    params(
+        ("batchId" = String, Path, description = "The batch"),
+        ("from" = Option<usize>, Query, description = "Skip this many lines first (default 0)"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 10000, description = "At most this many lines (default: every one)"),
+    ),
     responses(
-        (status = 400, description = "A path parameter cannot be read (INVALID_PARAMETER)", body = Failure),
+        (status = 400, description = "A parameter cannot be read (INVALID_PARAMETER)", body = Failure),
         (status = 200, description = "One BatchResultLine per line", content_type = "application/x-ndjson", body = BatchResultLine),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
     ))]
 pub(crate) async fn get_batch_results(
     State(state): State<HttpState>,
-    CallerBatch(batch): CallerBatch,
+    CallerBatch(mut batch): CallerBatch,
+    query: QueryParams,
 ) -> Response {
     use futures_util::StreamExt as _;
+    let from = match query.text("from") {
+        Ok(None) => 0,
+        Ok(Some(raw)) => match raw.trim().parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => {
+                return BadParameter::new(format!(
+                    "from: must be a whole number from 0, not {raw:?}"
+                ))
+                .into();
+            }
+        },
+        Err(bad) => return bad.into(),
+    };
+    let limit = match query.text("limit") {
+        Ok(None) => usize::MAX,
+        Ok(Some(_)) => match query.limit(MAX_RESULTS_PAGE, MAX_RESULTS_PAGE) {
+            Ok(n) => n,
+            Err(bad) => return bad.into(),
+        },
+        Err(bad) => return bad.into(),
+    };
+    // The page of the lines in order: the accepted ones, then the rejected ones.
+    let end = from.saturating_add(limit);
+    let accepted = batch.items.len();
+    let items = from.min(accepted)..end.min(accepted);
+    batch.items = batch.items.drain(items).collect();
+    let rejected = batch.rejected.len();
+    let shown =
+        from.saturating_sub(accepted).min(rejected)..end.saturating_sub(accepted).min(rejected);
+    batch.rejected = batch.rejected.drain(shown).collect();
     let lines = state.door.batch_results(batch).map(|chunk| {
         let chunk = chunk.map_err(|e| {
             // Headers are sent already: end the stream early; the client sees a short body.
