@@ -30,6 +30,9 @@ pub struct RunsQuery {
     pub agent_context: Option<String>,
     /// Only lines of this batch.
     pub batch: Option<String>,
+    /// The turns of that batch (read from the batch's record by whoever asks): a batch's
+    /// lines are known by their ids, whether or not their records name the batch.
+    pub batch_turns: Option<std::collections::HashSet<(SessionId, TurnId)>>,
     /// Only turns whose session or turn id holds this text.
     pub search: Option<String>,
     /// At most this many lines.
@@ -73,19 +76,20 @@ pub fn parse_position(text: &str) -> Option<RunsPosition> {
 
 impl RunsQuery {
     fn matches_ids(&self, e: &IndexedTurn) -> bool {
-        self.search.as_deref().is_none_or(|q| {
-            let q = q.to_ascii_lowercase();
-            e.session.client_id().to_ascii_lowercase().contains(&q)
-                || e.turn.as_str().to_ascii_lowercase().contains(&q)
-        })
+        let in_batch = self
+            .batch_turns
+            .as_ref()
+            .is_none_or(|turns| turns.contains(&(e.session.clone(), e.turn.clone())));
+        in_batch
+            && self.search.as_deref().is_none_or(|q| {
+                let q = q.to_ascii_lowercase();
+                e.session.client_id().to_ascii_lowercase().contains(&q)
+                    || e.turn.as_str().to_ascii_lowercase().contains(&q)
+            })
     }
 
     fn matches_record(&self, r: &TurnRecord) -> bool {
-        (self.statuses.is_empty() || self.statuses.contains(&r.status))
-            && self
-                .batch
-                .as_deref()
-                .is_none_or(|b| r.batch.as_deref() == Some(b))
+        self.statuses.is_empty() || self.statuses.contains(&r.status)
     }
 }
 
@@ -144,6 +148,9 @@ pub async fn list(store: &dyn StoreReader, q: &RunsQuery) -> Result<RunsListing,
                 continue;
             };
             let mut line = RunLine::of(&record, e.session.tenant());
+            if line.batch_id.is_none() && q.batch_turns.is_some() {
+                line.batch_id = q.batch.clone();
+            }
             if line.agent_context.is_none() {
                 line.agent_context = store
                     .latched_contexts(&e.session)

@@ -37,6 +37,7 @@ mod compose_golden;
 mod config_file;
 mod connections;
 mod console;
+mod console_batches;
 mod console_runs;
 mod console_timeline;
 mod contexts;

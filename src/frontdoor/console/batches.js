@@ -1,24 +1,53 @@
-// The console's batch pages: the latest batches, and one batch with its lines.
+// The console's batch pages: the latest batches, and one batch with its lines — a bar in
+// segments whose counts add up to the lines submitted, and the lines a page at a time.
 "use strict";
 
-// ---- Batches ------------------------------------------------------------------------------
+// A batch's lines by where they are, in the bar's order. Done: nothing moves them on (a line
+// waiting for its client's tools is not done).
+const SEGMENTS = [
+  ["completed", "completed", true],
+  ["failed", "failed", true],
+  ["cancelled", "cancelled", true],
+  ["expired", "expired", true],
+  ["rejected", "rejected", true],
+  ["awaitingClientTools", "waiting for client tools", false],
+  ["running", "running", false],
+  ["queued", "queued", false],
+];
 
-function settledOf(p) {
-  return ["completed", "failed", "cancelled", "expired", "awaitingClientTools"]
-    .map((k) => p[k] || 0)
-    .reduce((a, b) => a + b, 0);
+// The batch's counts by segment, and what they come to. Lines the front door has not yet
+// accepted (a batch still being submitted) are counted as "submitting", so the counts always
+// add up to the lines submitted.
+function tally(p) {
+  const counts = SEGMENTS.map(([key, label, done]) => ({ key, label, done, n: p[key] || 0 }));
+  const known = counts.reduce((a, c) => a + c.n, 0);
+  if ((p.total || 0) > known) counts.push({ key: "submitting", label: "being submitted", done: false, n: p.total - known });
+  const total = Math.max(p.total || 0, known);
+  const done = counts.filter((c) => c.done).reduce((a, c) => a + c.n, 0);
+  return { counts, total, done, percent: total ? Math.floor((100 * done) / total) : 100 };
 }
 
-function progressBar(percent, id) {
-  return el("div", { class: "bar", role: "progressbar", "aria-valuenow": percent, id: id || null },
-    el("div", { style: "width: " + percent + "%" }));
+function segmentedBar(t, id) {
+  const bar = el("div", { class: "bar segmented", role: "progressbar", "aria-valuenow": t.percent,
+    "aria-valuemin": 0, "aria-valuemax": 100, "aria-label": t.done + " of " + t.total + " lines done", id: id || null });
+  for (const c of t.counts) {
+    if (!c.n) continue;
+    const part = el("div", { class: "seg seg-" + c.key, title: count(c.n) + " " + c.label });
+    part.style.width = (100 * c.n) / Math.max(1, t.total) + "%";
+    bar.append(part);
+  }
+  return bar;
+}
+
+function legend(t) {
+  return el("ul", { class: "legend", "aria-label": "Lines by status" },
+    t.counts.filter((c) => c.n).map((c) =>
+      el("li", { "data-segment": c.key }, el("span", { class: "swatch seg-" + c.key }), count(c.n) + " " + c.label)));
 }
 
 function duration(seconds) {
   if (seconds === undefined || seconds === null) return "";
-  if (seconds < 90) return Math.round(seconds) + " s";
-  if (seconds < 5400) return Math.round(seconds / 60) + " min";
-  return (seconds / 3600).toFixed(1) + " h";
+  return millis(seconds * 1000);
 }
 
 function batchListView() {
@@ -27,55 +56,67 @@ function batchListView() {
   return every(async () => {
     const batches = await api("GET", "/v1/batches?limit=50");
     if (!batches.length) {
-      list.replaceChildren(el("p", { class: "muted" }, "No batches yet."));
+      list.replaceChildren(el("p", { class: "muted" }, "No batches yet: submit one (POST /v1/batches, aptix batch) and it shows here."));
       return true;
     }
     list.replaceChildren(
       table(
-        ["Batch", "Tenant", "Submitted", "Progress", "Completed", "Failed", "Cancelled", "Open", "Rate", "ETA"],
+        ["Batch", "Tenant", "Submitted", "Progress", "Lines", "Failed", "Open", "Rate", "ETA"],
         batches.map((b) => {
-          const p = b.progress;
-          const total = (p.total || 0) - (p.rejected || 0);
-          const done = settledOf(p);
-          const percent = total ? Math.round((100 * done) / total) : 100;
+          const t = tally(b.progress);
+          const failed = (b.progress.failed || 0) + (b.progress.rejected || 0);
           return el(
             "tr",
-            { class: "batch-row", "data-batch": p.batchId },
-            el("td", {}, el("a", { href: "#/batches/" + encodeURIComponent(p.batchId) }, p.batchId)),
+            { class: "batch-row", "data-batch": b.progress.batchId },
+            el("td", {}, el("a", { href: "#/batches/" + encodeURIComponent(b.progress.batchId) }, b.progress.batchId)),
             el("td", {}, b.tenant),
             el("td", {}, when(b.createdAt)),
-            el("td", { class: "wide" }, progressBar(percent), el("span", { class: "muted" }, percent + " %")),
-            el("td", { class: "num" }, p.completed || 0),
-            el("td", { class: "num" }, p.failed || 0),
-            el("td", { class: "num" }, p.cancelled || 0),
-            el("td", { class: "num" }, total - done),
+            el("td", { class: "wide" }, segmentedBar(t), el("span", { class: "muted" }, t.percent + " %")),
+            el("td", { class: "num" }, count(t.total)),
+            el("td", { class: "num" }, count(failed)),
+            el("td", { class: "num" }, count(t.total - t.done)),
             el("td", { class: "num" }, b.settledPerSecond ? b.settledPerSecond.toFixed(1) + "/s" : ""),
             el("td", { class: "num" }, duration(b.etaSeconds))
           );
-        })
+        }),
+        "Latest batches"
       )
     );
     return true;
   }, 2000);
 }
 
-// The first lines of a batch's results (NDJSON), with links to their turns.
-async function batchLines(path, most) {
-  const response = await fetch(path + "/results", { headers: { Authorization: "Bearer " + token() } });
+const LINES_PER_PAGE = 50;
+
+// One page of a batch's result lines (NDJSON), read by itself.
+async function batchLines(path, from) {
+  const response = await fetch(path + "/results?from=" + from + "&limit=" + LINES_PER_PAGE, {
+    headers: { Authorization: "Bearer " + token() },
+  });
   if (!response.ok) throw new Error("HTTP " + response.status + " reading the batch's lines");
   const text = await response.text();
-  const lines = text.split("\n").filter((l) => l.trim());
-  return { count: lines.length, shown: lines.slice(0, most).map((l) => JSON.parse(l)) };
+  return text.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l));
 }
 
-function batchesView(batch) {
+function lineError(line) {
+  const r = line.result;
+  if (!r || r.successful) return "";
+  return (r.errors || []).map((e) => e.errorCode + ": " + e.message).join("; ");
+}
+
+function batchesView(batch, query) {
   if (!batch) return batchListView();
+  const from = Math.max(0, Number(new URLSearchParams(query || "").get("from")) || 0);
   const view = $("view");
   const body = el("div", { id: "batch-progress" });
   const lines = el("div", { id: "batch-lines" });
+  const pager = el("p", { class: "pager" });
   view.append(
-    el("section", { class: "card" }, el("h2", {}, "Batch ", batch), el("p", {}, el("a", { href: "#/batches" }, "All batches")), body),
-    el("section", { class: "card" }, el("h2", {}, "Lines"), lines)
+    el("section", { class: "card" }, el("h2", {}, "Batch ", batch),
+      el("p", {}, el("a", { href: "#/batches" }, "All batches"), " · ",
+        el("a", { href: runsHref({ batch, status: "failed" }), id: "failed-lines" }, "Its failed turns")),
+      body),
+    el("section", { class: "card" }, el("h2", {}, "Lines " + count(from + 1) + "–" + count(from + LINES_PER_PAGE)), lines, pager)
   );
   const path = "/v1/batches/" + encodeURIComponent(batch);
   const cancel = el(
@@ -85,6 +126,7 @@ function batchesView(batch) {
       class: "danger",
       type: "button",
       onclick: async () => {
+        if (!confirm("Cancel every turn of batch " + batch + " that has not finished?")) return;
         cancel.disabled = true;
         try {
           await api("POST", path + "/cancel");
@@ -99,43 +141,45 @@ function batchesView(batch) {
   let firstDone = null;
   return every(async () => {
     const p = await api("GET", path);
-    const total = (p.total || 0) - (p.rejected || 0);
-    const done = settledOf(p);
-    if (firstDone === null) firstDone = done;
-    const percent = total ? Math.round((100 * done) / total) : 100;
-    const rate = (done - firstDone) / Math.max(1, (Date.now() - started) / 1000);
-    const eta = rate > 0 && done < total ? duration((total - done) / rate) : "";
-    cancel.disabled = done >= total;
+    const t = tally(p);
+    if (firstDone === null) firstDone = t.done;
+    const rate = (t.done - firstDone) / Math.max(1, (Date.now() - started) / 1000);
+    const eta = rate > 0 && t.done < t.total ? duration((t.total - t.done) / rate) : "";
+    cancel.disabled = t.done >= t.total;
     body.replaceChildren(
-      progressBar(percent, "bar"),
-      el("p", { id: "percent" }, percent + " % · " + done + " of " + total + " turns settled" + (eta ? " · about " + eta + " left" : "")),
-      table(
-        ["Queued", "Running", "Completed", "Failed", "Cancelled", "Rejected lines"],
-        [el("tr", {}, [p.queued, p.running, p.completed, p.failed, p.cancelled, p.rejected].map((n) => el("td", { class: "num" }, n || 0)))]
-      ),
+      segmentedBar(t, "bar"),
+      legend(t),
+      el("p", { id: "percent" }, t.percent + " % · " + count(t.done) + " of " + count(t.total) + " lines done" + (eta ? " · about " + eta + " left" : "")),
       cancel
     );
-    const most = 200;
-    const l = await batchLines(path, most);
+    const shown = await batchLines(path, from);
     lines.replaceChildren(
-      l.count > most ? el("p", { class: "muted" }, "The first " + most + " of " + l.count + " lines.") : "",
-      table(
-        ["Line", "Custom id", "Turn", "Status"],
-        l.shown.map((line) =>
-          el(
-            "tr",
-            { class: "batch-line" },
-            el("td", { class: "num" }, line.line),
-            el("td", {}, line.customId || ""),
-            el("td", {}, line.sessionId
-              ? el("a", { href: turnHref(line.sessionId, line.turnId, p.tenant) }, line.turnId)
-              : ""),
-            el("td", {}, status(line.status))
+      shown.length
+        ? table(
+            ["Line", "Custom id", "Turn", "Status", "Error"],
+            shown.map((line) =>
+              el(
+                "tr",
+                { class: "batch-line", "data-status": line.status },
+                el("td", { class: "num" }, line.line),
+                el("td", {}, line.customId || ""),
+                el("td", {}, line.sessionId
+                  ? el("a", { href: turnHref(line.sessionId, line.turnId, p.tenant) }, line.turnId)
+                  : ""),
+                el("td", {}, status(line.status)),
+                el("td", { class: "error-text" }, lineError(line))
+              )
+            ),
+            "The batch's lines"
           )
-        )
-      )
+        : el("p", { class: "muted" }, "No lines on this page.")
     );
-    return done < total;
+    const at = (n) => "#/batches/" + encodeURIComponent(batch) + (n ? "?from=" + n : "");
+    pager.replaceChildren(
+      from > 0 ? el("a", { href: at(Math.max(0, from - LINES_PER_PAGE)), id: "lines-before" }, "← Lines before") : "",
+      from > 0 && from + LINES_PER_PAGE < t.total ? " · " : "",
+      from + LINES_PER_PAGE < t.total ? el("a", { href: at(from + LINES_PER_PAGE), id: "lines-after" }, "Lines after →") : ""
+    );
+    return t.done < t.total;
   }, 1500);
 }
-

@@ -175,7 +175,8 @@ function route() {
     stopView = inspectorView(parts[1], parts[2], parts[3]);
   } else if (parts[0] === "batches") {
     $("nav-batches").classList.add("here");
-    stopView = batchesView(parts[1]);
+    const [batch, query] = (parts[1] || "").split("?");
+    stopView = batchesView(batch, query);
   } else if (parts[0] === "system") {
     $("nav-system").classList.add("here");
     stopView = systemView();

@@ -57,6 +57,20 @@ pub(crate) async fn list_turns(
         (Ok(None), true) => state.known_tenants(),
         (Ok(None), false) => vec![reader.0.tenant.clone()],
     };
+    // A batch's lines are its items; a batch the caller may not see has none for it.
+    if let Some(id) = &asked.batch {
+        let items = match state.store.get_batch(id).await {
+            Ok(Some(b)) if asked.tenants.contains(&b.tenant) => b.items,
+            Ok(_) => Vec::new(),
+            Err(e) => return unavailable(e),
+        };
+        asked.batch_turns = Some(
+            items
+                .into_iter()
+                .map(|i| (i.session_id, i.turn_id))
+                .collect(),
+        );
+    }
     match runs::list(&*state.store, &asked).await {
         Ok(listing) => answer(StatusCode::OK, InvokeResult::success(listing)),
         Err(e) => unavailable(e),
@@ -96,6 +110,7 @@ fn read_query(query: &QueryParams) -> Result<RunsQuery, BadParameter> {
         until_ms: time_ms(query, "until")?,
         agent_context: named("agentContext")?,
         batch: named("batch")?,
+        batch_turns: None,
         search: named("q")?,
         limit: query.limit(50, MAX_LISTED)?,
         after,
