@@ -139,23 +139,35 @@ pub(crate) struct Discarded {
     kept: usize,
 }
 
-/// The ask in `body`, or the 400 that says what is wrong with it.
-fn read_ask(body: &[u8], verb: &str) -> Result<RequeueAsk, Response> {
-    let ask: RequeueAsk = serde_json::from_slice(body).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::MalformedJson,
-            format!("$: {e}"),
-        )
-    })?;
+/// The ask in `body`, or what is wrong with it (answered 400 `MALFORMED_JSON`).
+fn read_ask(body: &[u8], verb: &str) -> Result<RequeueAsk, String> {
+    let ask: RequeueAsk = serde_json::from_slice(body).map_err(|e| format!("$: {e}"))?;
     if !ask.all && ask.turns.is_empty() {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::MalformedJson,
-            format!("$: name the turns to {verb} (\"turns\") or ask for all (\"all\": true)"),
+        return Err(format!(
+            "$: name the turns to {verb} (\"turns\") or ask for all (\"all\": true)"
         ));
     }
     Ok(ask)
+}
+
+/// Reads the ask in `body` and sweeps the dead letters it names with `chosen`, or answers
+/// why not.
+async fn sweep_asked(
+    state: &HttpState,
+    body: &[u8],
+    verb: &str,
+    chosen: DeadChoice,
+) -> Result<Vec<(DeadLetter, DeadChoice)>, Box<Response>> {
+    let ask = read_ask(body, verb).map_err(|message| {
+        Box::new(failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::MalformedJson,
+            message,
+        ))
+    })?;
+    sweep(state, ask, chosen)
+        .await
+        .map_err(|e| Box::new(unavailable(e)))
 }
 
 /// Sweeps the dead-letter queue, doing `chosen` to the letters `ask` names and keeping the
@@ -164,7 +176,7 @@ async fn sweep(
     state: &HttpState,
     ask: RequeueAsk,
     chosen: DeadChoice,
-) -> Result<Vec<(DeadLetter, DeadChoice)>, Response> {
+) -> Result<Vec<(DeadLetter, DeadChoice)>, crate::queue::QueueError> {
     let wanted: std::collections::HashSet<(String, String)> = ask
         .turns
         .into_iter()
@@ -182,11 +194,7 @@ async fn sweep(
             DeadChoice::Keep
         }
     };
-    state
-        .broker
-        .sweep_dead(MAX_DEAD, &choose)
-        .await
-        .map_err(unavailable)
+    state.broker.sweep_dead(MAX_DEAD, &choose).await
 }
 
 /// Puts dead-lettered jobs back on the job queue as fresh jobs (the same tenant, trace,
@@ -212,13 +220,9 @@ pub(crate) async fn requeue_dead(
     _admin: Admin,
     LimitedBody(body, _): LimitedBody<RequestSized>,
 ) -> Response {
-    let swept = match read_ask(&body, "requeue") {
-        Ok(ask) => sweep(&state, ask, DeadChoice::Requeue).await,
-        Err(refused) => return refused,
-    };
-    let swept = match swept {
+    let swept = match sweep_asked(&state, &body, "requeue", DeadChoice::Requeue).await {
         Ok(s) => s,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let requeued: Vec<&DeadLetter> = swept
         .iter()
@@ -277,13 +281,9 @@ pub(crate) async fn discard_dead(
     _admin: Admin,
     LimitedBody(body, _): LimitedBody<RequestSized>,
 ) -> Response {
-    let swept = match read_ask(&body, "discard") {
-        Ok(ask) => sweep(&state, ask, DeadChoice::Discard).await,
-        Err(refused) => return refused,
-    };
-    let swept = match swept {
+    let swept = match sweep_asked(&state, &body, "discard", DeadChoice::Discard).await {
         Ok(s) => s,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let discarded = swept
         .iter()
