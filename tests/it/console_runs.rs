@@ -166,3 +166,54 @@ async fn every_asset_the_page_names_is_served() {
         assert!(kind.starts_with(wanted), "{path}: {kind}");
     }
 }
+
+/// A tenant's own overview: its usage today, its open turns and its batches — and nothing of
+/// another tenant's, whose turn waits and whose batch ran at the same time.
+#[tokio::test]
+async fn a_tenants_overview_shows_only_that_tenant() {
+    let app = app(Backend::Embedded).await;
+    let waits = || {
+        Reply::Calls(vec![(
+            "workspace_read_file".into(),
+            json!({"path": "README.md"}),
+        )])
+    };
+    let mut batches = Vec::new();
+    for (token, session) in [("tok-a", "mine"), ("tok-b", "theirs")] {
+        app.fake.push([waits()]);
+        let body = json!({"sessionId": session, "turnId": "t1", "instruction": "read"});
+        assert_eq!(app.post(Some(token), body.to_string()).await.0, 202);
+        assert_eq!(
+            app.settled(token, session, "t1").await["status"],
+            "awaiting_client_tools"
+        );
+        let line = json!({"customId": "doc", "request": {"instruction": "review"}});
+        let (status, accepted) = app
+            .post_to(Some(token), "/v1/batches", line.to_string())
+            .await;
+        assert_eq!(status, 202, "{accepted}");
+        batches.push(accepted["result"]["batchId"].as_str().unwrap().to_string());
+    }
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, "/overview").await;
+    let usage = browser
+        .text_when("#tenant-usage", Duration::from_secs(10), |t| {
+            t.contains("Tenant tenant-a today") && t.contains("default")
+        })
+        .await;
+    assert!(usage.contains("Tokens:"), "{usage}");
+    let open = browser
+        .text_when("#tenant-running", Duration::from_secs(10), |t| {
+            t.contains("mine / t1")
+        })
+        .await;
+    assert!(!open.contains("theirs"), "{open}");
+    let listed = browser
+        .text_when("#tenant-batches", Duration::from_secs(10), |t| {
+            t.contains(batches[0].as_str())
+        })
+        .await;
+    assert!(!listed.contains(batches[1].as_str()), "{listed}");
+    browser.shot("tenant-overview").await;
+}

@@ -177,6 +177,9 @@ function route() {
     $("nav-batches").classList.add("here");
     const [batch, query] = (parts[1] || "").split("?");
     stopView = batchesView(batch, query);
+  } else if (parts[0] === "overview") {
+    $("nav-overview").classList.add("here");
+    stopView = overviewView();
   } else if (parts[0] === "system") {
     $("nav-system").classList.add("here");
     stopView = systemView();

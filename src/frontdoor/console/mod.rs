@@ -27,6 +27,7 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
     ("/console/timeline.js", include_str!("timeline.js"), SCRIPT),
     ("/console/batches.js", include_str!("batches.js"), SCRIPT),
+    ("/console/overview.js", include_str!("overview.js"), SCRIPT),
     ("/console/system.js", include_str!("system.js"), SCRIPT),
     ("/console/console.css", include_str!("console.css"), STYLE),
     (
