@@ -7,7 +7,9 @@
 //! → store → delivery
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
-//!   with a publisher confirm; the HTTP API (`http` and `routes`) and batches.
+//!   with a publisher confirm (and noting it in the runs index); the HTTP API (`http` and
+//!   `routes`), batches, the runs list (`runs`) and the console (`console`, static pages over
+//!   the public API).
 //! - [`queue`] — the broker's three parts, the job queue (jobs, delayed retries, dead
 //!   letters), the reply bus and the webhook queue, and the two brokers: RabbitMQ, or the
 //!   embedded in-memory one.
@@ -25,8 +27,8 @@
 //!   turn's contexts to its model client, model and boot prompt; each model call holds to its
 //!   agent context's limits through the [`limiter`]; retrieval for the `[CONTEXT]` block from
 //!   [`rag`].
-//! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches) in Redis
-//!   or memory, leases and fencing, behind three traits: `StoreReader` (reads), `RecordWriter`
+//! - [`store`] — persistence of [`state`] (session, turn record, checkpoint, batches, the
+//!   runs index of each tenant's turns) in Redis or memory, leases and fencing, behind three traits: `StoreReader` (reads), `RecordWriter`
 //!   (writes that are not a turn's state: owners, latched contexts, cancel requests, watch
 //!   marks, live events, batches, heartbeats; what the front door and its handlers hold) and
 //!   `SessionStore` (the turn-state writes, which take layer F's grant; held by the lifecycle
