@@ -70,6 +70,7 @@ mod pipeline_redis;
 mod pipeline_replay;
 mod pipeline_scenarios;
 mod queue_conformance;
+mod queue_conformance_dead;
 mod queue_e2e;
 mod queue_events;
 mod rabbit_cluster;
