@@ -170,6 +170,7 @@ impl Pipeline {
                 .fail_turn(run, InvokeResult::failure(mismatch.to_error()))
                 .await?);
         }
+        note_client_results(&mut run, cont, &pending);
         if let Err(f) = self.life.accept_tool_results(&mut run, submitted).await {
             return Err(self.life.hand_back(run, f).await.into());
         }
@@ -264,5 +265,45 @@ impl Pipeline {
                     .await
             }
         }
+    }
+}
+
+/// Notes the client's answers in the turn's record as tool calls of source `client` (once:
+/// a run again after a crash finds them noted), for people looking into the turn.
+fn note_client_results(
+    run: &mut Run,
+    cont: &ToolContinuation,
+    pending: &crate::state::PendingTools,
+) {
+    use crate::state::{RESULT_KEPT, ToolNote, shortened};
+    for r in cont.tool_results() {
+        let id = r.tool_call_id.as_str();
+        if run.record().tools.iter().any(|t| t.tool_call_id == id) {
+            continue;
+        }
+        let asked = pending
+            .client_calls
+            .iter()
+            .find(|c| c.tool_call_id == r.tool_call_id);
+        let (answer, outcome) = match &r.outcome {
+            ToolOutcome::Result(json) => (json.as_str(), "answered"),
+            ToolOutcome::Error(message) => (message.as_str(), "tool_error"),
+        };
+        let note = ToolNote {
+            tool_call_id: id.to_string(),
+            name: asked.map(|c| c.name.clone()).unwrap_or_default(),
+            arguments: asked
+                .map(|c| c.arguments_json.as_str().to_string())
+                .unwrap_or_default(),
+            replayed: false,
+            execution_ms: r.execution_ms,
+            attempt: run.record().attempts,
+            source: Some("client".into()),
+            outcome: Some(outcome.into()),
+            repeated: false,
+            start_ms: run.record().ms_since_accepted(),
+            result: Some(shortened(answer, RESULT_KEPT)),
+        };
+        run.note_tool(note);
     }
 }

@@ -39,6 +39,7 @@ pub(super) fn note(run: &mut Run, metrics: &Metrics, call: &HostedCall) {
         outcome: Some(outcome.as_str().to_string()),
         repeated: false,
         start_ms: run.record().ms_since_accepted(),
+        result: None,
     });
 }
 

@@ -470,6 +470,7 @@ impl Pipeline {
             outcome: step.mcp.as_ref().map(|m| m.outcome.to_string()),
             repeated: step.mcp.as_ref().is_some_and(|m| m.repeated),
             start_ms,
+            result: None,
         });
         if !step.record {
             return Ok(Ok(step.output));

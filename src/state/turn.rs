@@ -413,10 +413,7 @@ impl TurnInput {
     ) -> Self {
         let artifact_count = paths.len();
         Self {
-            instruction: instruction.map(|text| match text.char_indices().nth(INSTRUCTION_KEPT) {
-                Some((cut, _)) => format!("{}…", &text[..cut]),
-                None => text.to_string(),
-            }),
+            instruction: instruction.map(|text| shortened(text, INSTRUCTION_KEPT)),
             artifacts: paths.take(ARTIFACTS_NAMED).map(str::to_string).collect(),
             artifact_count,
         }
@@ -454,6 +451,21 @@ pub struct ToolNote {
     /// written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_ms: Option<u64>,
+    /// A client tool's answer as the client sent it (its first [`RESULT_KEPT`] characters):
+    /// a server tool's output is in the turn's ledger instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+}
+
+/// Characters of a client tool's answer a record keeps.
+pub const RESULT_KEPT: usize = 2000;
+
+/// `text`'s first `most` characters, then `…` if there were more.
+pub fn shortened(text: &str, most: usize) -> String {
+    match text.char_indices().nth(most) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
 }
 
 /// A background model call in flight ([`TurnRecord::model_call`]).

@@ -156,9 +156,14 @@ impl TurnInspection {
             tool_calls: r
                 .tools
                 .iter()
-                .map(|t| InspectedTool {
-                    call: t.clone(),
-                    output: r.tool_ledger.get(&t.tool_call_id).cloned(),
+                .map(|t| {
+                    let mut call = t.clone();
+                    // A client tool's answer is kept with its note, a server tool's in the ledger.
+                    let output = call
+                        .result
+                        .take()
+                        .or_else(|| r.tool_ledger.get(&t.tool_call_id).cloned());
+                    InspectedTool { call, output }
                 })
                 .collect(),
             service_tier: r.service_tier.clone(),

@@ -140,6 +140,7 @@ async fn the_timeline_tells_a_turn_in_order(backend: Backend, name: &str) {
             step("event", "awaiting client tools"),
             step("wait", "waiting for the client's tools"),
             step("event", "run started"),
+            step("tool", "client tool · workspace_read_file"),
             step("model", model),
             step("event", "completed"),
         ],
@@ -153,6 +154,26 @@ async fn the_timeline_tells_a_turn_in_order(backend: Backend, name: &str) {
         browser.count("#pending:not([hidden])").await,
         0,
         "no longer waiting"
+    );
+    // The client's answer is kept with its call, once the turn has moved on.
+    let (_, inspected) = app
+        .get(Some("tok-a"), "/v1/sessions/story/turns/t/inspect")
+        .await;
+    let answered = inspected["result"]["toolCalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "client")
+        .cloned()
+        .unwrap_or_else(|| panic!("the client's call: {inspected}"));
+    assert_eq!(answered["name"], "workspace_read_file");
+    assert_eq!(answered["executionMs"], 3);
+    assert!(
+        answered["output"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("# hello"),
+        "{answered}"
     );
     browser.shot(&format!("timeline-{name}")).await;
 }

@@ -127,6 +127,7 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             outcome: Some("answered".into()),
             repeated: true,
             start_ms: Some(2_000),
+            result: None,
         }],
         input: Some(aptix_worker::state::TurnInput {
             instruction: Some("hello".into()),

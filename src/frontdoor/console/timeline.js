@@ -47,11 +47,14 @@ function timelineSteps(t) {
   }
   for (const c of t.toolCalls || []) {
     if (c.startMs === undefined) continue;
-    const where = c.source ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "";
+    const client = c.source === "client";
+    const where = c.source && !client ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "";
     const notes = [c.outcome && c.outcome !== "answered" ? c.outcome : "", c.repeated ? "repeated after a crash" : "",
       c.replayed ? "replayed from the ledger" : ""].filter(Boolean).join(" · ");
     steps.push({ kind: "tool", start: c.startMs, duration: c.executionMs, attempt: c.attempt,
-      label: "tool · " + c.name + where, detail: notes, args: c.arguments, output: c.output });
+      label: (client ? "client tool · " : "tool · ") + c.name + where,
+      detail: client ? "run by the client, its answer sent with the tool results" + (notes ? " · " + notes : "") : notes,
+      args: c.arguments, output: c.output });
   }
   if (t.status === "running") {
     const started = [...history].reverse().find((h) => h.event === "run_started");

@@ -241,6 +241,7 @@ impl Run {
     pub(super) fn note_tool(&mut self, mut note: crate::state::ToolNote) {
         if !self.keep_bodies {
             note.arguments.clear();
+            note.result = None;
         }
         self.record.tools.push(note);
     }
