@@ -176,6 +176,13 @@ async fn the_timeline_tells_a_turn_in_order(backend: Backend, name: &str) {
         "{answered}"
     );
     browser.shot(&format!("timeline-{name}")).await;
+    // From 800 px up nothing needs a sideways scroll (wide tables scroll in their card).
+    assert!(!browser.overflows_at(800).await, "the timeline at 800 px");
+    browser.show(&app.base, "/runs").await;
+    browser
+        .text_when("#runs", Duration::from_secs(10), |t| t.contains("story"))
+        .await;
+    assert!(!browser.overflows_at(800).await, "the turns list at 800 px");
 }
 
 #[tokio::test]

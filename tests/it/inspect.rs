@@ -221,6 +221,45 @@ async fn a_tenant_that_keeps_no_bodies_has_none_in_its_records(backend: Backend)
     let kept = serde_json::to_string(&stored).unwrap();
     assert!(!kept.contains("Secret plans"), "{kept}");
     assert!(!kept.contains("\"q\""), "{kept}");
+    // Nor the client's answer to a tool it ran for the turn.
+    app.fake.push([Reply::Calls(vec![(
+        "workspace_read_file".into(),
+        json!({"path": "plans.md"}),
+    )])]);
+    let body = json!({"sessionId": "nb", "turnId": "t2", "instruction": "read the plans"});
+    assert_eq!(app.post(Some("tok-b"), body.to_string()).await.0, 202);
+    let waiting = app.settled("tok-b", "nb", "t2").await;
+    let call = waiting["result"]["result"]["toolCalls"][0]["toolCallId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a client call: {waiting}"))
+        .to_string();
+    let answer = json!({"sessionId": "nb", "turnId": "t2", "toolResults": [{
+        "toolCallId": call, "executionMs": 2,
+        "resultJson": json!({"contents": "the secret contents"}).to_string()}]});
+    assert_eq!(app.post(Some("tok-b"), answer.to_string()).await.0, 202);
+    assert_eq!(
+        app.settled("tok-b", "nb", "t2").await["status"],
+        "completed"
+    );
+    let stored = app
+        .store
+        .get_turn(
+            &aptix_worker::contract::SessionId::parse("nb")
+                .unwrap()
+                .within("tenant-b"),
+            &aptix_worker::contract::TurnId::parse("t2").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let kept = serde_json::to_string(&stored).unwrap();
+    assert!(!kept.contains("secret contents"), "{kept}");
+    assert!(
+        stored
+            .tools
+            .iter()
+            .any(|t| t.source.as_deref() == Some("client"))
+    );
 
     let (_, body) = inspect(&app, "tok-a", "na", "t").await;
     let seen = &body["result"];

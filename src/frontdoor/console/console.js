@@ -69,12 +69,15 @@ function status(s) {
   return el("span", { class: "status " + s, "data-status": s }, s.replaceAll("_", " "));
 }
 
-// A table; `label` names it for assistive technology.
+// A table; `label` names it for assistive technology. A column whose cells are numbers (the
+// first row's say) has its heading set right, over them.
 function table(headings, rows, label) {
+  const first = rows && rows[0];
+  const numeric = first && first.children ? [...first.children].map((td) => td.classList.contains("num")) : [];
   return el(
     "table",
     label ? { "aria-label": label } : {},
-    el("thead", {}, el("tr", {}, headings.map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, headings.map((h, i) => el("th", numeric[i] ? { class: "num", scope: "col" } : { scope: "col" }, h)))),
     el("tbody", {}, rows)
   );
 }

@@ -148,6 +148,25 @@ impl Browser {
             .expect("navigates");
     }
 
+    /// Whether the page is wider than the window (a person would have to scroll sideways)
+    /// at a window `width` pixels wide.
+    pub async fn overflows_at(&self, width: u32) -> bool {
+        self.client
+            .set_window_size(width, 1000)
+            .await
+            .expect("the window resizes");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let wider = self
+            .client
+            .execute(
+                "return document.documentElement.scrollWidth > window.innerWidth;",
+                vec![],
+            )
+            .await
+            .expect("the page answers");
+        wider.as_bool().unwrap_or(true)
+    }
+
     pub async fn shot(&self, name: &str) {
         let png = self.client.screenshot().await.expect("a screenshot");
         std::fs::write(self.shots.join(format!("{name}.png")), png).expect("written");
