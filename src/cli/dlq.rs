@@ -1,4 +1,4 @@
-//! `aptix dlq`: list or requeue dead-lettered jobs (RabbitMQ only).
+//! `aptix dlq`: list, requeue or discard dead-lettered jobs (RabbitMQ only).
 
 use std::process::ExitCode;
 
@@ -19,6 +19,13 @@ pub enum DlqAction {
     },
     /// Put dead-lettered jobs back on the job queue as fresh jobs.
     Requeue {
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+    },
+    /// Take dead-lettered jobs out of the dead-letter queue for good (the oldest first; their
+    /// turns stay as they are).
+    Discard {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         max: usize,
@@ -58,6 +65,13 @@ pub async fn dlq(args: DlqArgs, config: Config) -> anyhow::Result<ExitCode> {
         DlqAction::Requeue { max } => {
             let dead = broker.sweep_dead(max, &|_| DeadChoice::Requeue).await?;
             eprintln!("{} job(s) requeued", dead.len());
+        }
+        DlqAction::Discard { max } => {
+            let dead = broker.sweep_dead(max, &|_| DeadChoice::Discard).await?;
+            for (letter, _) in &dead {
+                tracing::info!(reason = %letter.reason, tenant = ?letter.meta.tenant, "dead letter discarded");
+            }
+            eprintln!("{} job(s) discarded", dead.len());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -265,6 +265,24 @@ pub(super) async fn dlq_lists_and_requeues_dead_jobs() {
         guard.broker.drain_dead(10).await.unwrap().is_empty(),
         "moved out of the DLQ"
     );
+    // Discarded: out of the dead letters, and not on the job queue.
+    guard
+        .broker
+        .publish_dead(
+            b"{\"sessionId\":\"gone\"}",
+            &aptix_worker::queue::JobMeta::default().at_attempt(3),
+            "poison",
+        )
+        .await
+        .unwrap();
+    let out = run(&["dlq", "discard", "--max", "5"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 job(s) discarded"));
+    assert!(guard.broker.drain_dead(10).await.unwrap().is_empty());
     let mut jobs = guard.broker.consume(1).await.unwrap();
     let job = tokio::time::timeout(std::time::Duration::from_secs(5), jobs.recv())
         .await
