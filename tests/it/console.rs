@@ -179,13 +179,8 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
         .await;
     // Cancel asks first: dismissed, nothing happens; accepted, the turn stops.
     browser.click("#cancel").await;
-    let asked = browser
-        .client
-        .get_alert_text()
-        .await
-        .expect("a confirmation");
+    let asked = browser.confirm(false).await;
     assert!(asked.starts_with("Cancel turn t?"), "{asked}");
-    browser.client.dismiss_alert().await.expect("dismissed");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         browser
@@ -195,7 +190,7 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
         Some("running")
     );
     browser.click("#cancel").await;
-    browser.client.accept_alert().await.expect("accepted");
+    browser.confirm(true).await;
     browser
         .text_when("#inspector .status", Duration::from_secs(10), |t| {
             t == "cancelled"
@@ -398,11 +393,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     browser
         .click("#dead-letters tr[data-session='dz'] .discard")
         .await;
-    browser
-        .client
-        .dismiss_alert()
-        .await
-        .expect("a confirmation");
+    browser.confirm(false).await;
     browser.click("#refresh-dead").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
@@ -412,16 +403,11 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     browser
         .click("#dead-letters tr[data-session='dz'] .discard")
         .await;
-    let asked = browser
-        .client
-        .get_alert_text()
-        .await
-        .expect("a confirmation");
+    let asked = browser.confirm(true).await;
     assert!(
         asked.contains("Discard the job of turn t1 (session dz)"),
         "{asked}"
     );
-    browser.client.accept_alert().await.expect("accepted");
     let told = browser
         .text_when("#dead-outcome", Duration::from_secs(10), |t| !t.is_empty())
         .await;
@@ -434,7 +420,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     let repeats = "aptix_duplicates_suppressed_total{stage=\"worker\"}";
     let before = crate::support::metric_value(&app.metrics_text().await, repeats).unwrap_or(0.0);
     browser.click("#dead-letters .requeue").await;
-    browser.client.accept_alert().await.expect("a confirmation");
+    browser.confirm(true).await;
     // The page says what a requeue of a settled turn does.
     let told = browser
         .text_when("#dead-outcome", Duration::from_secs(10), |t| {
@@ -483,7 +469,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     browser.show(&app.base, "/batches").await;
     browser
         .text_when("#batch-list", Duration::from_secs(10), |t| {
-            t.contains("No batches yet.")
+            t.starts_with("No batches yet")
         })
         .await;
     let hidden = browser.attr("#nav-system", "hidden").await;

@@ -148,6 +148,27 @@ impl Browser {
             .expect("navigates");
     }
 
+    /// Answers the confirmation the page asks (waiting up to 10 s for it to show): accepts
+    /// or dismisses it; returns its text.
+    pub async fn confirm(&self, accept: bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let text = loop {
+            match self.client.get_alert_text().await {
+                Ok(text) => break text,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "no confirmation was asked: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        let answered = match accept {
+            true => self.client.accept_alert().await,
+            false => self.client.dismiss_alert().await,
+        };
+        answered.unwrap_or_else(|e| panic!("cannot answer {text:?}: {e}"));
+        text
+    }
+
     /// Whether the page is wider than the window (a person would have to scroll sideways)
     /// at a window `width` pixels wide.
     pub async fn overflows_at(&self, width: u32) -> bool {
