@@ -91,6 +91,9 @@ async fn the_runs_list_shows_a_tenants_turns_filtered_and_paged(backend: Backend
     assert_eq!(lines(&failed), [pair(&s1, "t2")]);
     let why = failed["turns"][0]["error"].as_str().unwrap_or_default();
     assert!(why.starts_with("LLM_"), "{why}");
+    // Empty parameters ask for nothing in particular.
+    let empty = list(&app, "tok-a", "?status=&after=&q=&agentContext=&batch=").await;
+    assert_eq!(lines(&empty), lines(&mine));
     let both = list(&app, "tok-a", "?status=failed,completed").await;
     assert_eq!(lines(&both).len(), 3);
     // By id text, any case; by agent context.

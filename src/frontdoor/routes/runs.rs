@@ -20,14 +20,14 @@ const MAX_LISTED: usize = 200;
 /// The latest turns, newest first.
 #[utoipa::path(get, path = "/v1/turns", tag = "turns",
     params(
-        ("status" = Option<String>, Query, description = "Only these statuses, comma-separated: queued, running, awaiting_client_tools, completed, failed, cancelled"),
+        ("status" = Option<String>, Query, pattern = "^((queued|running|awaiting_client_tools|completed|failed|cancelled)(,(queued|running|awaiting_client_tools|completed|failed|cancelled))*)?$", description = "Only these statuses, comma-separated: queued, running, awaiting_client_tools, completed, failed, cancelled"),
         ("since" = Option<String>, Query, format = DateTime, description = "Only turns accepted at or after this time (RFC 3339)"),
         ("until" = Option<String>, Query, format = DateTime, description = "Only turns accepted at or before this time (RFC 3339)"),
         ("agentContext" = Option<String>, Query, description = "Only turns whose model calls go to this agent context"),
         ("batch" = Option<String>, Query, description = "Only lines of this batch"),
         ("q" = Option<String>, Query, description = "Only turns whose session or turn id holds this text (any case)"),
         ("limit" = Option<usize>, Query, minimum = 1, maximum = 200, description = "At most this many turns (default 50)"),
-        ("after" = Option<String>, Query, description = "Go on from a previous page's `next`"),
+        ("after" = Option<String>, Query, pattern = "^([0-9]{1,18}\\.([A-Za-z0-9._:-]{1,64}/)?[A-Za-z0-9._:-]{1,128}/[A-Za-z0-9._:-]{1,128})?$", description = "Go on from a previous page's `next` (empty: from the newest)"),
         ("tenant" = Option<String>, Query, pattern = "^[A-Za-z0-9._:-]{1,64}$", description = "This tenant's turns: any tenant for an admin token (every tenant's without it), only its own for a tenant's"),
     ),
     responses(
@@ -88,9 +88,13 @@ fn read_query(query: &QueryParams) -> Result<RunsQuery, BadParameter> {
             .map(status_named)
             .collect::<Result<_, _>>()?,
     };
-    let after = match query.text("after")? {
+    let after = match query
+        .text("after")?
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
         None => None,
-        Some(text) => Some(runs::parse_position(text.trim()).ok_or_else(|| {
+        Some(text) => Some(runs::parse_position(text).ok_or_else(|| {
             BadParameter::new(format!(
                 "after: not a position a page of this list gave as `next`: {text:?}"
             ))
