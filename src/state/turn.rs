@@ -285,7 +285,9 @@ impl TurnRecord {
     /// Milliseconds from the turn's acceptance to now, for a note of something that starts
     /// now (`None` if the acceptance time cannot be read).
     pub fn ms_since_accepted(&self) -> Option<u64> {
-        super::millis_between(&self.submitted_at, &now_rfc3339())
+        use time::format_description::well_known::Rfc3339;
+        let accepted = time::OffsetDateTime::parse(&self.submitted_at, &Rfc3339).ok()?;
+        u64::try_from((time::OffsetDateTime::now_utc() - accepted).whole_milliseconds()).ok()
     }
 
     /// Notes `event` of the turn's current attempt (kept with the next write): the first

@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 
-use crate::contract::{ErrorCode, InvokeResult};
+use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::frontdoor::extract::{
     Admin, HttpState, LimitedBody, QueryParams, RequestSized, answer, failure, unavailable,
 };
@@ -170,6 +170,29 @@ async fn sweep_asked(
         .map_err(|e| Box::new(unavailable(e)))
 }
 
+/// The turns the dead letters name whose records say they have settled for good (completed,
+/// failed or cancelled), read through the queue without changing it.
+async fn settled_turns(
+    state: &HttpState,
+) -> Result<std::collections::HashSet<(SessionId, TurnId)>, Response> {
+    let letters = state
+        .broker
+        .sweep_dead(MAX_DEAD, &|_| DeadChoice::Keep)
+        .await
+        .map_err(unavailable)?;
+    let ids: Vec<(SessionId, TurnId)> = letters
+        .iter()
+        .filter_map(|(l, _)| crate::queue::named_turn(&l.body, l.meta.tenant.as_deref()))
+        .collect();
+    let records = state.store.get_turns(&ids).await.map_err(unavailable)?;
+    Ok(ids
+        .into_iter()
+        .zip(records)
+        .filter(|(_, r)| r.as_ref().is_some_and(|r| r.status.is_final()))
+        .map(|(id, _)| id)
+        .collect())
+}
+
 /// Sweeps the dead-letter queue, doing `chosen` to the letters `ask` names and keeping the
 /// rest.
 async fn sweep(
@@ -220,31 +243,30 @@ pub(crate) async fn requeue_dead(
     _admin: Admin,
     LimitedBody(body, _): LimitedBody<RequestSized>,
 ) -> Response {
-    let swept = match sweep_asked(&state, &body, "requeue", DeadChoice::Requeue).await {
+    let ask = match read_ask(&body, "requeue") {
+        Ok(ask) => ask,
+        Err(message) => return failure(StatusCode::BAD_REQUEST, ErrorCode::MalformedJson, message),
+    };
+    // Which of the dead letters' turns have settled, read before any of them is requeued: a
+    // requeued job can run and settle before a read after the sweep.
+    let settled = match settled_turns(&state).await {
+        Ok(settled) => settled,
+        Err(refused) => return refused,
+    };
+    let swept = match sweep(&state, ask, DeadChoice::Requeue).await {
         Ok(s) => s,
-        Err(refused) => return *refused,
+        Err(e) => return unavailable(e),
     };
     let requeued: Vec<&DeadLetter> = swept
         .iter()
         .filter(|(_, c)| *c == DeadChoice::Requeue)
         .map(|(l, _)| l)
         .collect();
-    let ids: Vec<_> = requeued
+    let already_settled = requeued
         .iter()
         .filter_map(|l| crate::queue::named_turn(&l.body, l.meta.tenant.as_deref()))
-        .collect();
-    // Read after they are back on the queue: a turn that settles meanwhile counts as settled.
-    let already_settled = match state.store.get_turns(&ids).await {
-        Ok(records) => records
-            .iter()
-            .flatten()
-            .filter(|r| r.status.is_final())
-            .count(),
-        Err(e) => {
-            tracing::warn!(error = %e, "requeued dead letters; their turns could not be read");
-            0
-        }
-    };
+        .filter(|turn| settled.contains(turn))
+        .count();
     tracing::info!(
         requeued = requeued.len(),
         already_settled,
