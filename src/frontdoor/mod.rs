@@ -36,7 +36,8 @@ pub use error::SubmitError;
 pub use pickup::Pickup;
 
 use crate::store::{
-    Admission, ContextIds, RecordWriter, SessionStore, TurnRecord, TurnStatus, TurnStatusView,
+    Admission, ContextIds, IndexedTurn, RecordWriter, RunsNote, SessionStore, TurnRecord,
+    TurnStatus, TurnStatusView,
 };
 
 /// Accepts requests.
@@ -243,18 +244,23 @@ impl FrontDoor {
         tenant: Option<&str>,
         turn: &UserTurn,
         fresh: &TurnRecord,
-    ) -> Result<Option<TurnRecord>, SubmitError> {
+        run: &IndexedTurn,
+    ) -> Result<(Option<TurnRecord>, RunsNote), SubmitError> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         if turn.on_busy() == OnBusy::Enqueue {
             let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
             let wanted = ContextIds::named_or_default(agent, conversation);
-            return match self.intake.admit(tenant, &wanted, fresh).await? {
-                Admission::Turn(existing) => Ok(existing.map(|b| *b)),
+            let (admission, noted) = self
+                .intake
+                .admit(tenant, &wanted, fresh, (sid.tenant(), run))
+                .await?;
+            return match admission {
+                Admission::Turn(existing) => Ok((existing.map(|b| *b), noted)),
                 Admission::OtherOwner => Err(not_found(sid, tid)),
                 Admission::OtherContexts(latched) => {
                     // Leaving a field out means "the session's": still one it may run with.
                     self.check_latched(turn, &latched)?;
-                    Ok(self.intake.create(fresh).await?)
+                    Ok((self.intake.create(fresh).await?, RunsNote::Yours))
                 }
             };
         }
@@ -265,7 +271,7 @@ impl FrontDoor {
         }
         self.latch_contexts(turn).await?;
         self.on_busy(turn).await?;
-        Ok(self.intake.create(fresh).await?)
+        Ok((self.intake.create(fresh).await?, RunsNote::Yours))
     }
 
     /// Parses a request body against this front door's limits (every violation listed).
@@ -346,8 +352,10 @@ impl FrontDoor {
                             .service_tier
                             .map(crate::contexts::ServiceTier::as_str),
                     );
-                let created = match self.record_user_turn(tenant, turn, &fresh).await {
-                    Ok(existing) => existing,
+                let run = IndexedTurn::now(sid, tid);
+                let (created, noted) = match self.record_user_turn(tenant, turn, &fresh, &run).await
+                {
+                    Ok(recorded) => recorded,
                     Err(e) => {
                         // A write that timed out may still be applied later (a stalled link
                         // delivers it when it recovers): take it back the same way, so no turn
@@ -379,12 +387,23 @@ impl FrontDoor {
                         return Ok(TurnStatusView::from(&existing));
                     }
                 }
-                // The runs index is noted beside the enqueue (no trip of its own in a row); a
-                // turn whose job is not accepted leaves an entry its readers skip.
-                let (enqueued, ()) = tokio::join!(
-                    self.broker.enqueue(lane, &job, &meta),
-                    self.note_run(sid, tid)
-                );
+                // The runs index is noted by the admission where the store can, else beside
+                // the enqueue (no trip of its own in a row); a turn whose job is not accepted
+                // leaves an entry its readers skip.
+                let enqueued = match noted {
+                    RunsNote::Noted => self.broker.enqueue(lane, &job, &meta).await,
+                    RunsNote::Missed(why) => {
+                        self.run_missed(&run, &why);
+                        self.broker.enqueue(lane, &job, &meta).await
+                    }
+                    RunsNote::Yours => {
+                        let (enqueued, ()) = tokio::join!(
+                            self.broker.enqueue(lane, &job, &meta),
+                            self.note_run(&run)
+                        );
+                        enqueued
+                    }
+                };
                 if let Err(e) = enqueued {
                     // Not accepted: take back the record so no turn waits for a job that does
                     // not exist (unless a concurrent resubmission already moved it on).
@@ -439,12 +458,16 @@ impl FrontDoor {
     /// Notes an accepted user turn in its tenant's runs index. A note that fails is logged
     /// and counted, not refused: the turn is accepted all the same, and only the lists miss
     /// its line.
-    async fn note_run(&self, sid: &SessionId, tid: &TurnId) {
-        let entry = crate::store::IndexedTurn::now(sid, tid);
-        if let Err(e) = self.store.index_turn(sid.tenant(), &entry).await {
-            self.metrics.runs_index_missed();
-            tracing::warn!(session_id = %sid, turn_id = %tid, error = %e, "could not note a turn in the runs index; it is accepted, but the turns list will not show it");
+    async fn note_run(&self, run: &IndexedTurn) {
+        if let Err(e) = self.store.index_turn(run.session.tenant(), run).await {
+            self.run_missed(run, &e);
         }
+    }
+
+    /// Logs and counts a runs index note that failed.
+    fn run_missed(&self, run: &IndexedTurn, why: &dyn std::fmt::Display) {
+        self.metrics.runs_index_missed();
+        tracing::warn!(session_id = %run.session, turn_id = %run.turn, error = %why, "could not note a turn in the runs index; it is accepted, but the turns list will not show it");
     }
 }
 

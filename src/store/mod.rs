@@ -167,6 +167,17 @@ pub struct Saved {
     pub watched: bool,
 }
 
+/// Who notes an admitted turn in the runs index ([`SessionStore::admit_and_index`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunsNote {
+    /// The admission noted it (a turn it recorded or found; nothing for one it refused).
+    Noted,
+    /// The admission did not: the caller notes the turn if it accepts it.
+    Yours,
+    /// The admission tried and the note failed (why): the turn is admitted all the same.
+    Missed(String),
+}
+
 /// What [`SessionStore::admit_turn`] found, and how far it went.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admission {
@@ -395,6 +406,22 @@ pub trait SessionStore: RecordWriter {
         Ok(Admission::Turn(
             self.create_turn(grant, turn).await?.map(Box::new),
         ))
+    }
+    /// [`SessionStore::admit_turn`], and a turn it records or finds noted in the runs index
+    /// (`run`: the tenant and the entry, as [`RecordWriter::index_turn`] notes them) in the
+    /// same step where the store can: [`RunsNote::Noted`]. A store that cannot answers
+    /// [`RunsNote::Yours`] and notes nothing: the caller notes it (beside its enqueue).
+    async fn admit_and_index(
+        &self,
+        grant: &Grant,
+        owner: Option<&str>,
+        contexts: &ContextIds,
+        turn: &TurnRecord,
+        run: (&str, &IndexedTurn),
+    ) -> Result<(Admission, RunsNote), StoreError> {
+        let _ = run;
+        let admission = self.admit_turn(grant, owner, contexts, turn).await?;
+        Ok((admission, RunsNote::Yours))
     }
     /// Deletes a turn record that is still exactly as [`SessionStore::create_turn`] wrote it
     /// and that no run has begun (its job was never confirmed, so nothing should run it);

@@ -4,7 +4,9 @@
 //! and, in Redis, kept no longer than the turn records they name.
 
 use super::store_conformance::*;
-use aptix_worker::store::{IndexedTurn, RunsPage, now_ms};
+use aptix_worker::store::{
+    Admission, ContextIds, IndexedTurn, RunsNote, RunsPage, TurnRecord, now_ms,
+};
 
 fn entry(at_ms: i64, tenant: &str, session: &str, turn: &str) -> IndexedTurn {
     IndexedTurn {
@@ -125,14 +127,163 @@ async fn the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gap
     assert!(none.is_empty());
 }
 
+/// What the front door does with a new turn: admitted and noted, in one step where the store
+/// can ([`RunsNote::Noted`]), else by the caller ([`RunsNote::Yours`]); either way the turn is
+/// listed once, at its first time, and a refused admission notes nothing.
+async fn an_admitted_turn_is_noted_in_the_runs_index_once(s: Subject) {
+    let st = &s.store;
+    let first = {
+        let mut t = turn("s", "t1");
+        t.session_id = sid("s").within("acme");
+        t
+    };
+    let noted = entry(now_ms() - 1_000, "acme", "s", "t1");
+    // What the caller does with the answer (the front door: beside its enqueue).
+    let admit = |record: TurnRecord, run: IndexedTurn, owner: &'static str| async move {
+        let (admission, note) = st
+            .admit_and_index(
+                G,
+                Some(owner),
+                &ContextIds::default(),
+                &record,
+                ("acme", &run),
+            )
+            .await
+            .unwrap();
+        if note == RunsNote::Yours && matches!(admission, Admission::Turn(_)) {
+            st.index_turn("acme", &run).await.unwrap();
+        }
+        assert_ne!(
+            std::mem::discriminant(&note),
+            std::mem::discriminant(&RunsNote::Missed(String::new())),
+            "{note:?}"
+        );
+        admission
+    };
+    assert_eq!(
+        admit(first.clone(), noted.clone(), "acme").await,
+        Admission::Turn(None)
+    );
+    // Sent again a second later: found, and still listed at its first time.
+    let again = IndexedTurn {
+        at_ms: noted.at_ms + 1_000,
+        ..noted.clone()
+    };
+    assert!(matches!(
+        admit(first.clone(), again, "acme").await,
+        Admission::Turn(Some(_))
+    ));
+    // Another tenant's claim on the session is refused and notes nothing.
+    let refused = {
+        let mut t = turn("s", "t2");
+        t.session_id = first.session_id.clone();
+        t
+    };
+    let theirs = entry(now_ms(), "acme", "s", "t2");
+    assert_eq!(
+        admit(refused, theirs, "intruder").await,
+        Admission::OtherOwner
+    );
+    let listed = st
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed, [noted]);
+}
+
 for_each_backend!(
     backends: [
         memory => super::memory(),
         redis => super::redis().await,
         cluster => super::cluster().await,
     ],
-    tests: [the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gaps],
+    tests: [
+        the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gaps,
+        an_admitted_turn_is_noted_in_the_runs_index_once,
+    ],
 );
+
+/// A standalone Redis notes the turn in the admission's own script (no request of its own),
+/// and an index it cannot write to refuses no turn: the note is reported missed.
+#[tokio::test]
+async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
+    use ::redis::AsyncCommands as _;
+    use aptix_worker::store::{SessionStore as _, StoreReader as _};
+    let g = crate::support::redis_store().await;
+    let record = |session: &str| {
+        let mut t = turn(session, "t");
+        t.session_id = sid(session).within("acme");
+        t
+    };
+    let run = entry(now_ms(), "acme", "s1", "t");
+    let before = g.store.round_trips();
+    let (admission, note) = g
+        .store
+        .admit_and_index(
+            G,
+            Some("acme"),
+            &ContextIds::default(),
+            &record("s1"),
+            ("acme", &run),
+        )
+        .await
+        .unwrap();
+    assert_eq!((admission, note), (Admission::Turn(None), RunsNote::Noted));
+    assert_eq!(
+        g.store.round_trips() - before,
+        1,
+        "one request admits and notes"
+    );
+    let listed = g
+        .store
+        .recent_turns(
+            "acme",
+            &RunsPage {
+                max: 10,
+                ..RunsPage::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed, [run]);
+    // Something else took the index's name: the turn is admitted, the note reported missed.
+    let mut conn = ::redis::Client::open(crate::support::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let key = format!("{}:runs:{{acme}}", g.store.namespace());
+    let _: () = conn.del(&key).await.unwrap();
+    let _: () = conn.set(&key, "not an index").await.unwrap();
+    let (admission, note) = g
+        .store
+        .admit_and_index(
+            G,
+            Some("acme"),
+            &ContextIds::default(),
+            &record("s2"),
+            ("acme", &entry(now_ms(), "acme", "s2", "t")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(admission, Admission::Turn(None));
+    match note {
+        RunsNote::Missed(why) => assert!(why.contains("WRONGTYPE"), "{why}"),
+        other => panic!("the note should be reported missed: {other:?}"),
+    }
+    let stored = g
+        .store
+        .get_turn(&sid("s2").within("acme"), &tid("t"))
+        .await
+        .unwrap();
+    assert!(stored.is_some(), "the turn is recorded all the same");
+}
 
 /// In Redis the index lives as long as the turn records it names: a tenant's set expires a
 /// turn retention after its latest trim, and a trim (the first note of a process, then once a

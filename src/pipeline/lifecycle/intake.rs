@@ -14,7 +14,9 @@
 use std::sync::Arc;
 
 use super::GRANT;
-use crate::store::{Admission, ContextIds, SessionStore, StoreError, TurnRecord, TurnStatus};
+use crate::store::{
+    Admission, ContextIds, IndexedTurn, RunsNote, SessionStore, StoreError, TurnRecord, TurnStatus,
+};
 
 /// The front door's turn transitions (see the module header).
 #[derive(Clone)]
@@ -28,14 +30,18 @@ impl Intake {
         Self { store }
     }
 
-    /// Admits a new user turn as `queued` in one step (see [`SessionStore::admit_turn`]).
+    /// Admits a new user turn as `queued` in one step, noting it in the runs index as `run`
+    /// where the store can do that in the same step (see [`SessionStore::admit_and_index`]).
     pub async fn admit(
         &self,
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-    ) -> Result<Admission, StoreError> {
-        self.store.admit_turn(&GRANT, owner, contexts, turn).await
+        run: (&str, &IndexedTurn),
+    ) -> Result<(Admission, RunsNote), StoreError> {
+        self.store
+            .admit_and_index(&GRANT, owner, contexts, turn, run)
+            .await
     }
 
     /// Records a new user turn as `queued` unless it exists; returns the existing record.

@@ -4,7 +4,11 @@
 
 use super::codec::{decode, encode, runs_begun};
 use super::{RedisStore, ms, unavailable};
-use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
+use crate::store::{Admission, ContextIds, IndexedTurn, StoreError, TurnRecord};
+
+/// What `ADMIT_TURN` answers: its step, the record or latch it found, the runs begun of a
+/// found turn, and why its runs index note failed.
+type AdmitAnswer = (i64, Option<String>, Option<String>, Option<String>);
 
 impl RedisStore {
     /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
@@ -30,22 +34,25 @@ impl RedisStore {
     }
 
     /// [`crate::store::SessionStore::admit_turn`] in one script (`ADMIT_TURN`); without an
-    /// owner and contexts, [`crate::store::SessionStore::create_turn`].
+    /// owner and contexts, [`crate::store::SessionStore::create_turn`]. With `run`, a turn
+    /// the script records or finds is noted in that tenant's runs index by the same script
+    /// ([`crate::store::SessionStore::admit_and_index`]; a standalone server's scripts may
+    /// touch keys of any slot). Answers, beside the admission, why that note failed, if it
+    /// did.
     pub(super) async fn admit(
         &self,
         owner: Option<&str>,
         contexts: Option<&ContextIds>,
         turn: &TurnRecord,
-    ) -> Result<Admission, StoreError> {
+        run: Option<(&str, &IndexedTurn)>,
+    ) -> Result<(Admission, Option<String>), StoreError> {
         let (session, key) = (
             &turn.session_id,
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let (step, found, runs): (i64, Option<String>, Option<String>) = self
-            .scripts
-            .admit_turn
-            .key(self.key("owner", session))
+        let mut script = self.scripts.admit_turn.key(self.key("owner", session));
+        script
             .key(&contexts_key)
             .key(&key)
             .key(self.key("turns", session))
@@ -58,25 +65,47 @@ impl RedisStore {
             .arg(encode(turn)?)
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
-        match step {
-            0 => Ok(Admission::OtherOwner),
+            .arg(ms(self.retention.sessions));
+        let runs_key = run.map(|(tenant, entry)| {
+            let key = self.runs_key(tenant);
+            let trim = self.trim_due(&key).then(|| self.oldest_run_kept());
+            script
+                .key(&key)
+                .arg(entry.at_ms)
+                .arg(entry.member())
+                .arg(trim.map_or_else(String::new, |t| t.to_string()));
+            (key, trim.is_some())
+        });
+        let answer: Result<AdmitAnswer, _> = script.invoke_async(&mut self.conn()).await;
+        let (step, found, runs, missed) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                if let Some((key, true)) = runs_key {
+                    self.trim_missed(&key);
+                }
+                return Err(unavailable(e));
+            }
+        };
+        let admission = match step {
+            0 => Admission::OtherOwner,
             1 => decode(&contexts_key, found)?
                 .map(Admission::OtherContexts)
-                .ok_or_else(|| StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))),
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("{contexts_key}: no contexts latched"))
+                })?,
             2 | 3 => {
                 let mut existing: Option<TurnRecord> = decode(&key, found)?;
                 if let (Some(record), Some(runs)) = (existing.as_mut(), runs) {
                     record.with_runs_begun(runs_begun(&key, &runs)?);
                 }
-                Ok(Admission::Turn(existing.map(Box::new)))
+                Admission::Turn(existing.map(Box::new))
             }
-            other => Err(StoreError::Corrupt(format!(
-                "{key}: the admission script answered step {other}"
-            ))),
-        }
+            other => {
+                return Err(StoreError::Corrupt(format!(
+                    "{key}: the admission script answered step {other}"
+                )));
+            }
+        };
+        Ok((admission, missed))
     }
 }

@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, Begun, ContextIds, Grant, Lease, Retention, Saved, SessionState, SessionStore,
-    StoreError, ToolOutput, TurnRecord,
+    Admission, Begun, ContextIds, Grant, IndexedTurn, Lease, Retention, RunsNote, Saved,
+    SessionState, SessionStore, StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -238,7 +238,7 @@ impl SessionStore for RedisStore {
         _grant: &Grant,
         turn: &TurnRecord,
     ) -> Result<Option<TurnRecord>, StoreError> {
-        match self.admit(None, None, turn).await? {
+        match self.admit(None, None, turn, None).await?.0 {
             Admission::Turn(existing) => Ok(existing.map(|b| *b)),
             other => Err(StoreError::Corrupt(format!(
                 "creating turn {} of session {} claimed or latched something: {other:?}",
@@ -254,7 +254,24 @@ impl SessionStore for RedisStore {
         contexts: &ContextIds,
         turn: &TurnRecord,
     ) -> Result<Admission, StoreError> {
-        self.admit(owner, Some(contexts), turn).await
+        Ok(self.admit(owner, Some(contexts), turn, None).await?.0)
+    }
+
+    async fn admit_and_index(
+        &self,
+        _grant: &Grant,
+        owner: Option<&str>,
+        contexts: &ContextIds,
+        turn: &TurnRecord,
+        run: (&str, &IndexedTurn),
+    ) -> Result<(Admission, RunsNote), StoreError> {
+        // A cluster's script reaches only its own slot: its caller notes the turn itself.
+        if self.conn.is_cluster() {
+            let (admission, _) = self.admit(owner, Some(contexts), turn, None).await?;
+            return Ok((admission, RunsNote::Yours));
+        }
+        let (admission, missed) = self.admit(owner, Some(contexts), turn, Some(run)).await?;
+        Ok((admission, missed.map_or(RunsNote::Noted, RunsNote::Missed)))
     }
 
     async fn discard_turn(&self, _grant: &Grant, turn: &TurnRecord) -> Result<bool, StoreError> {

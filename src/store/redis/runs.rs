@@ -18,12 +18,24 @@ const TRIMS_REMEMBERED: usize = 4096;
 const READ_AT_MOST: usize = 1000;
 
 impl RedisStore {
-    fn runs_key(&self, tenant: &str) -> String {
+    pub(super) fn runs_key(&self, tenant: &str) -> String {
         format!("{}:runs:{{{tenant}}}", self.namespace)
     }
 
+    /// The score of the oldest entry a trim keeps: those of turns the retention still keeps.
+    pub(super) fn oldest_run_kept(&self) -> i64 {
+        now_ms().saturating_sub(ms(self.retention.turns) as i64)
+    }
+
+    /// Forgets that `key` was trimmed: the request that was to trim it failed.
+    pub(super) fn trim_missed(&self, key: &str) {
+        if let Ok(mut trimmed) = self.runs_trimmed.lock() {
+            trimmed.remove(key);
+        }
+    }
+
     /// Whether this process should trim `key` with this note (and, if so, notes that it did).
-    fn trim_due(&self, key: &str) -> bool {
+    pub(super) fn trim_due(&self, key: &str) -> bool {
         let Ok(mut trimmed) = self.runs_trimmed.lock() else {
             return true;
         };
@@ -50,7 +62,7 @@ impl RedisStore {
         let mut pipe = redis::pipe();
         let trim = self.trim_due(&key);
         if trim {
-            let oldest = now_ms().saturating_sub(ms(self.retention.turns) as i64);
+            let oldest = self.oldest_run_kept();
             pipe.cmd("ZREMRANGEBYSCORE")
                 .arg(&key)
                 .arg("-inf")
@@ -71,8 +83,8 @@ impl RedisStore {
         }
         let written: Result<(), _> = pipe.query_async(&mut self.conn()).await;
         if let Err(e) = written {
-            if trim && let Ok(mut trimmed) = self.runs_trimmed.lock() {
-                trimmed.remove(&key);
+            if trim {
+                self.trim_missed(&key);
             }
             return Err(unavailable(e));
         }
@@ -92,7 +104,7 @@ impl RedisStore {
             return Ok(out);
         }
         let key = self.runs_key(tenant);
-        let oldest = now_ms().saturating_sub(ms(self.retention.turns) as i64);
+        let oldest = self.oldest_run_kept();
         let low = page.since_ms.map_or(oldest, |s| s.max(oldest));
         let high = [page.until_ms, page.after.as_ref().map(|p| p.at_ms)]
             .into_iter()

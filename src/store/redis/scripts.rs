@@ -144,29 +144,43 @@ end
 return 1
 ";
 
-/// KEYS: owner, contexts, turn, turns index, the turn's ledger.
+/// KEYS: owner, contexts, turn, turns index, the turn's ledger, and (optional) the tenant's
+/// runs index.
 /// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
-/// turn id, session TTL ms.
-/// Returns {0, owner, false} (another tenant's session), {1, latched contexts, false} (other
-/// contexts), {2, existing turn JSON, its runs begun or false}, or {3, false, false}
-/// (created); stops writing at the first refusal.
+/// turn id, session TTL ms; with a runs index: the entry's score (ms accepted) and name, and
+/// the oldest score to keep or '' (no trim now).
+/// Returns {0, owner, false, false} (another tenant's session), {1, latched contexts, false,
+/// false} (other contexts), {2, existing turn JSON, its runs begun or false, note}, or {3, false, false, note}
+/// (created); stops writing at the first refusal. A turn recorded or found is noted in the
+/// runs index (`NX`: a resubmission keeps its first time; a trim drops entries older than
+/// the turns and keeps the index as long as them): `note` is false, or why the note failed —
+/// a broken index never refuses a turn.
 /// Without a tenant and contexts it is the plain create-unless-it-exists of a turn record.
 const ADMIT_TURN: &str = concat!(
     latch_fn!(),
     r"
+local function note_run()
+  if not KEYS[6] then return false end
+  if ARGV[9] ~= '' then redis.pcall('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[9]) end
+  local added = redis.pcall('ZADD', KEYS[6], 'NX', ARGV[7], ARGV[8])
+  if type(added) == 'table' and added.err then return added.err end
+  if ARGV[9] ~= '' then redis.pcall('PEXPIRE', KEYS[6], ARGV[4]) end
+  return false
+end
 if ARGV[1] ~= '' then
   local owner = latch(KEYS[1], ARGV[1], ARGV[6])
-  if owner ~= ARGV[1] then return {0, owner, false} end
+  if owner ~= ARGV[1] then return {0, owner, false, false} end
 end
 if ARGV[2] ~= '' then
   local latched = latch(KEYS[2], ARGV[2], ARGV[6])
-  if latched ~= ARGV[2] then return {1, latched, false} end
+  if latched ~= ARGV[2] then return {1, latched, false, false} end
 end
 local existing = redis.call('SET', KEYS[3], ARGV[3], 'NX', 'GET', 'PX', ARGV[4])
-if existing then return {2, existing, redis.call('HGET', KEYS[5], 'runs begun')} end
+local note = note_run()
+if existing then return {2, existing, redis.call('HGET', KEYS[5], 'runs begun'), note} end
 redis.call('RPUSH', KEYS[4], ARGV[5])
 redis.call('PEXPIRE', KEYS[4], ARGV[6])
-return {3, false, false}
+return {3, false, false, note}
 "
 );
 
