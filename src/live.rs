@@ -5,7 +5,8 @@
 //! is what counts.
 //!
 //! Each event is one JSON object `{sessionId, turnId, kind, index, …}`: `kind` is `delta`
-//! (with `text`) or `progress` (with `message`); `index` counts a turn run's events from 0.
+//! (with `text`, and `call` naming the model call on its first text and again at most once a
+//! second) or `progress` (with `message`); `index` counts a turn run's events from 0.
 //!
 //! Owns: batching (text goes out at once when nothing went out in the last `flush_every`,
 //! else when that time is up or `max_chars` are waiting: the first words are not held back,
@@ -79,6 +80,11 @@ pub enum LiveBody {
         /// reaches (a worker that re-attaches to the call resumes after it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reached: Option<Reached>,
+        /// On the first text of each model call, and again at most every
+        /// [`CALL_NAMED_EVERY`] (for a watcher that came late): the call it comes from (what
+        /// a watcher shows as the call in flight until the turn's record lists it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call: Option<CallStarted>,
     },
     /// Something the client may show (a server tool runs, a model call restarts).
     Progress {
@@ -97,8 +103,53 @@ pub struct Reached {
     pub sequence: u64,
 }
 
+/// A model call that started, as the first text it writes carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallStarted {
+    /// The model asked.
+    pub model: String,
+    /// The agent context it was asked in.
+    pub agent_context: String,
+    /// The turn's run that makes it, from 1.
+    pub attempt: u32,
+    /// When it started, in milliseconds after the turn was accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_ms: Option<u64>,
+}
+
+/// How often a model call's text names the call again after its first text.
+pub const CALL_NAMED_EVERY: Duration = Duration::from_secs(1);
+
+/// Which text names its model call: the first of each call, then one every
+/// [`CALL_NAMED_EVERY`].
+#[derive(Default)]
+struct Naming {
+    current: Option<CallStarted>,
+    named_at: Option<tokio::time::Instant>,
+}
+
+impl Naming {
+    fn started(&mut self, call: CallStarted) {
+        self.current = Some(call);
+        self.named_at = None;
+    }
+
+    /// The call a text sent now names, if it names one.
+    fn for_text(&mut self) -> Option<CallStarted> {
+        let now = tokio::time::Instant::now();
+        let due = self.named_at.is_none_or(|at| now >= at + CALL_NAMED_EVERY);
+        let call = self.current.as_ref().filter(|_| due).cloned();
+        if call.is_some() {
+            self.named_at = Some(now);
+        }
+        call
+    }
+}
+
 enum Msg {
     Text(String, Option<Reached>),
+    Call(CallStarted),
     Progress(String),
     Rerun(u32),
     Resume(u32),
@@ -165,6 +216,12 @@ impl LiveTurn {
         }
     }
 
+    /// A model call starts: its first text carries `call` (text of an earlier call that is
+    /// still waiting goes out first, without it).
+    pub fn call_started(&self, call: CallStarted) {
+        self.send(Msg::Call(call));
+    }
+
     /// A progress note; text waiting is sent first.
     pub fn progress(&self, message: impl Into<String>) {
         self.send(Msg::Progress(message.into()));
@@ -212,6 +269,8 @@ async fn batch(
     let mut waiting = String::new();
     // Where the waiting text reaches in its background call, if it comes from one.
     let mut reached: Option<Reached> = None;
+    // The model call the text comes from, and when a text last named it.
+    let mut call = Naming::default();
     let mut deadline = None;
     // When text last went out; text arriving later than `flush_every` after it goes at once.
     let mut last_sent: Option<tokio::time::Instant> = None;
@@ -232,7 +291,7 @@ async fn batch(
                 m = rx.recv() => m,
                 _ = tokio::time::sleep_until(at) => {
                     let text = std::mem::take(&mut waiting);
-                    let body = publish(&mut index, LiveBody::Delta { text, reached: reached.take() });
+                    let body = publish(&mut index, LiveBody::Delta { text, reached: reached.take(), call: call.for_text() });
                     outlet.publish_live(&session, &turn, to, body).await;
                     last_sent = Some(tokio::time::Instant::now());
                     deadline = None;
@@ -240,7 +299,10 @@ async fn batch(
                 }
             },
         };
-        let flush_text = |waiting: &mut String, reached: &mut Option<Reached>, index: &mut u64| {
+        let flush_text = |waiting: &mut String,
+                          reached: &mut Option<Reached>,
+                          call: &mut Naming,
+                          index: &mut u64| {
             (!waiting.is_empty()).then(|| {
                 let text = std::mem::take(waiting);
                 publish(
@@ -248,6 +310,7 @@ async fn batch(
                     LiveBody::Delta {
                         text,
                         reached: reached.take(),
+                        call: call.for_text(),
                     },
                 )
             })
@@ -261,7 +324,9 @@ async fn batch(
                 let now = tokio::time::Instant::now();
                 let quiet = last_sent.is_none_or(|at| now >= at + settings.flush_every);
                 if (quiet && deadline.is_none()) || waiting.chars().count() >= settings.max_chars {
-                    if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
+                    if let Some(body) =
+                        flush_text(&mut waiting, &mut reached, &mut call, &mut index)
+                    {
                         outlet.publish_live(&session, &turn, to, body).await;
                     }
                     last_sent = Some(now);
@@ -269,6 +334,15 @@ async fn batch(
                 } else if deadline.is_none() {
                     deadline = Some(last_sent.map_or(now, |at| at + settings.flush_every));
                 }
+            }
+            Some(Msg::Call(started)) => {
+                // Text still waiting is the earlier call's: it goes out first, as it is.
+                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut call, &mut index) {
+                    outlet.publish_live(&session, &turn, to, body).await;
+                    last_sent = Some(tokio::time::Instant::now());
+                }
+                deadline = None;
+                call.started(started);
             }
             Some(Msg::Resume(attempt)) => {
                 index = index.max(u64::from(attempt - 1) * RUN_STRIDE);
@@ -282,7 +356,7 @@ async fn batch(
                 outlet.publish_live(&session, &turn, to, body).await;
             }
             Some(Msg::Progress(message)) => {
-                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
+                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut call, &mut index) {
                     outlet.publish_live(&session, &turn, to, body).await;
                 }
                 deadline = None;
@@ -290,7 +364,7 @@ async fn batch(
                 outlet.publish_live(&session, &turn, to, body).await;
             }
             None => {
-                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut index) {
+                if let Some(body) = flush_text(&mut waiting, &mut reached, &mut call, &mut index) {
                     outlet.publish_live(&session, &turn, to, body).await;
                 }
                 return;
@@ -357,6 +431,7 @@ mod tests {
         let delta = |t: &str| LiveBody::Delta {
             text: t.into(),
             reached: None,
+            call: None,
         };
         assert_eq!(
             shown,
@@ -385,11 +460,73 @@ mod tests {
             body: LiveBody::Delta {
                 text: "x".into(),
                 reached: None,
+                call: None,
             },
         };
         assert_eq!(
             serde_json::to_value(&e).unwrap(),
             serde_json::json!({"sessionId": "s", "turnId": "t", "index": 3, "kind": "delta", "text": "x"})
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_text_of_each_model_call_names_the_call() {
+        let out = Arc::new(Collect::default());
+        let (s, t) = ids();
+        let live = LiveTurn::start(out.clone(), &s, &t, None, LiveSettings::default());
+        let call = |model: &str, start_ms: u64| CallStarted {
+            model: model.into(),
+            agent_context: "default".into(),
+            attempt: 1,
+            start_ms: Some(start_ms),
+        };
+        live.call_started(call("m1", 5));
+        live.text("first ");
+        live.text("words");
+        // The second call starts while the first call's text waits: that goes out first,
+        // without the second call's name.
+        live.call_started(call("m2", 90));
+        live.text("second");
+        // A call that writes no text names nothing; the next one's text names the next one.
+        live.call_started(call("m3", 120));
+        live.call_started(call("m4", 130));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        live.text("fourth");
+        // A watcher that subscribed late learns of the call within a second.
+        for word in ["a", "b", "c"] {
+            tokio::time::sleep(Duration::from_millis(450)).await;
+            live.text(word);
+        }
+        live.finish().await;
+        let got: Vec<(String, Option<String>)> = out
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| match &e.body {
+                LiveBody::Delta { text, call, .. } => {
+                    (text.clone(), call.as_ref().map(|c| c.model.clone()))
+                }
+                other => panic!("only text was sent: {other:?}"),
+            })
+            .collect();
+        let named = |t: &str, m: Option<&str>| (t.to_string(), m.map(str::to_string));
+        assert_eq!(
+            got,
+            [
+                named("first ", Some("m1")),
+                named("words", None),
+                named("second", Some("m2")),
+                named("fourth", Some("m4")),
+                named("a", None),
+                named("b", None),
+                named("c", Some("m4")),
+            ]
+        );
+        let first = serde_json::to_value(&out.0.lock().unwrap()[0]).unwrap();
+        assert_eq!(
+            first["call"],
+            serde_json::json!({"model": "m1", "agentContext": "default", "attempt": 1, "startMs": 5})
         );
     }
 }

@@ -74,6 +74,7 @@ impl Parts {
             body: LiveBody::Delta {
                 text: text.into(),
                 reached: None,
+                call: None,
             },
         })
         .unwrap()

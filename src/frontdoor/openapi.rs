@@ -479,9 +479,21 @@ fn live_event_schema(field: &str) -> serde_json::Value {
 }
 
 named_schema!(
-    /// The data of an SSE `delta` event of `GET /v1/sessions/{sessionId}/events`.
+    /// The data of an SSE `delta` event of `GET /v1/sessions/{sessionId}/events`: on the
+    /// first text of each model call, `call` names the call.
     SessionDeltaEvent,
-    live_event_schema("text")
+    {
+        let mut schema = live_event_schema("text");
+        schema["properties"]["call"] = json!({
+            "type": "object", "required": ["model", "agentContext", "attempt"], "additionalProperties": false,
+            "description": "The model call this text is the first of: what a watcher shows as the call in flight until the turn's record lists it.",
+            "properties": {
+                "model": {"type": "string"}, "agentContext": {"type": "string"},
+                "attempt": {"type": "integer", "minimum": 1},
+                "startMs": {"type": "integer", "minimum": 0, "description": "When the call started, in milliseconds after the turn was accepted."}}
+        });
+        schema
+    }
 );
 
 named_schema!(

@@ -184,6 +184,14 @@ impl ModelCaller {
             false => None,
         };
         let (started, start_ms) = (std::time::Instant::now(), run.record().ms_since_accepted());
+        if let Some(live) = run.live() {
+            live.call_started(crate::live::CallStarted {
+                model: backend.model().to_string(),
+                agent_context: run.session().contexts.agent_context_id.clone(),
+                attempt: run.record().attempts,
+                start_ms,
+            });
+        }
         let live = run.live().cloned();
         let to_live = move |e: LlmEvent| {
             if let Some(live) = &live {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use aptix_worker::fake_llm::Reply;
+use aptix_worker::fake_llm::{FakeOptions, Reply};
 use fantoccini::Locator;
 use serde_json::json;
 
@@ -183,6 +183,80 @@ async fn the_timeline_tells_a_turn_in_order(backend: Backend, name: &str) {
         .text_when("#runs", Duration::from_secs(10), |t| t.contains("story"))
         .await;
     assert!(!browser.overflows_at(800).await, "the turns list at 800 px");
+}
+
+/// A streaming turn's model call shows in the timeline while its text streams — to an
+/// inspector opened after the call began too (the text names its call again every second) —
+/// and as an answered call once it ends.
+async fn a_streaming_call_shows_while_in_flight(backend: Backend, name: &str) {
+    let app = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_CONSOLE", "true".into())],
+        fake: FakeOptions {
+            stream_pieces: 16,
+            stream_delay: Duration::from_millis(500),
+            ..FakeOptions::default()
+        },
+        ..AppOptions::default()
+    })
+    .await;
+    app.fake.push([Reply::Text(
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen".into(),
+    )]);
+    let body = json!({"sessionId": "flow", "turnId": "t", "instruction": "Count slowly",
+        "streaming": true});
+    let (status, accepted) = app.post(Some("tok-a"), body.to_string()).await;
+    assert_eq!(status, 202, "{accepted}");
+    // Opened once the text streams: the call began before the page subscribed.
+    let (_, running) = app.get(Some("tok-a"), "/v1/sessions/flow/turns/t").await;
+    assert_ne!(running["status"], "completed", "{running}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, "/turn/flow/t").await;
+    let row = browser
+        .text_when("#timeline tr.in-flight", Duration::from_secs(10), |t| {
+            t.contains("in flight: its answer streams")
+        })
+        .await;
+    assert!(row.contains("model call · m · default"), "{row}");
+    let model = "model call · m · default";
+    let seen = steps(&browser).await;
+    assert!(
+        seen.contains(&step("model in flight", model)) && !seen.contains(&step("model", model)),
+        "{seen:#?}"
+    );
+    browser.shot(&format!("in-flight-{name}")).await;
+    assert_eq!(
+        app.settled("tok-a", "flow", "t").await["status"],
+        "completed"
+    );
+    browser
+        .text_when("#inspector .status", Duration::from_secs(10), |t| {
+            t == "completed"
+        })
+        .await;
+    let seen = steps(&browser).await;
+    assert_eq!(
+        seen,
+        [
+            step("event", "queued"),
+            step("event", "run started"),
+            step("model", model),
+            step("event", "completed"),
+        ],
+        "{seen:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_in_flight_on_the_services() {
+    a_streaming_call_shows_while_in_flight(Backend::Services, "services").await;
+}
+
+#[tokio::test]
+async fn a_call_in_flight_embedded() {
+    a_streaming_call_shows_while_in_flight(Backend::Embedded, "embedded").await;
 }
 
 #[tokio::test]

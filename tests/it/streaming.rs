@@ -384,12 +384,21 @@ pub(super) async fn sse_shows_delta_events_before_the_turn_event_and_only_to_the
         .expect("the turn event");
     let shown: Vec<&(String, String, Value)> = a.iter().filter(|(k, _, _)| k == "delta").collect();
     assert!(!shown.is_empty(), "{a:?}");
+    // The first text names its model call (and a later one may again, a second on).
+    let call = &shown[0].2["call"];
+    assert_eq!(
+        call,
+        &json!({"model": "m", "agentContext": "default", "attempt": 1, "startMs": call["startMs"]}),
+        "the first text names its call"
+    );
+    assert!(call["startMs"].is_u64(), "{call}");
     for (i, (_, id, data)) in shown.iter().enumerate() {
-        assert_eq!(
-            data,
-            &json!({"sessionId": "sa", "turnId": "t", "index": data["index"], "text": data["text"]}),
-            "exactly these keys"
-        );
+        let mut expected =
+            json!({"sessionId": "sa", "turnId": "t", "index": data["index"], "text": data["text"]});
+        if i == 0 || data.get("call").is_some() {
+            expected["call"] = call.clone();
+        }
+        assert_eq!(data, &expected, "exactly these keys");
         assert_eq!(id, &format!("t:{}", data["index"]));
         app.matches_schema(
             &json!("#/components/schemas/SessionDeltaEvent"),

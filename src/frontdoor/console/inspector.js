@@ -51,8 +51,9 @@ function turnsView(session, tenant) {
 // ---- The turn inspector -------------------------------------------------------------------
 
 // Follows the session's event stream (fetch, so the token goes in a header) and shows the
-// turn's text as it is written.
-function follow(session, turn, tenant, box) {
+// turn's text as it is written; `onCall` hears of each model call whose text starts to stream
+// (its first text names it) and of the text that follows.
+function follow(session, turn, tenant, box, onCall) {
   const controller = new AbortController();
   (async () => {
     try {
@@ -76,7 +77,10 @@ function follow(session, turn, tenant, box) {
           if (!data) continue;
           const event = JSON.parse(data);
           if (event.turnId !== turn) continue;
-          if (kind === "delta") box.textContent += event.text;
+          if (kind === "delta") {
+            box.textContent += event.text;
+            onCall(event.call, event.text.length);
+          }
           if (kind === "progress" && /replaced/.test(event.message)) box.textContent = "";
         }
       }
@@ -150,7 +154,19 @@ function inspectorView(session, turn, tenant) {
   // Shown once the turn could be read (not for a turn this token may not see).
   for (const card of cards.concat([pending])) card.hidden = true;
   view.append(head, liveCard, pending, timeline, requests, result);
-  const unfollow = follow(session, turn, tenant, live);
+  // The model call streaming now, as its first text named it (until the record lists it).
+  let inflight = null;
+  let latest = null;
+  const unfollow = follow(session, turn, tenant, live, (call, chars) => {
+    if (call && !(inflight && inflight.attempt === call.attempt && inflight.startMs === call.startMs)) {
+      // A new call (the same one is named again every second for late watchers).
+      inflight = Object.assign({ chars: 0 }, call);
+      inflight.chars = chars;
+      if (latest) timelineCard(timeline, latest, inflight);
+    } else if (inflight) {
+      inflight.chars += chars;
+    }
+  });
   const path =
     "/v1/sessions/" + encodeURIComponent(session) + "/turns/" + encodeURIComponent(turn);
   const cancel = el(
@@ -177,7 +193,8 @@ function inspectorView(session, turn, tenant) {
     const over = FINAL.includes(t.status);
     cancel.disabled = over;
     head.replaceChildren(...turnHead(t, session, tenant, cancel));
-    timelineCard(timeline, t);
+    latest = t;
+    timelineCard(timeline, t, inflight);
     pendingCard(pending, t);
     requests.replaceChildren(
       el("h2", {}, "Requests sent (" + t.requests.length + ")"),

@@ -17,8 +17,9 @@ function msBetween(from, to) {
   return Math.max(0, Math.floor(b - a + (bf - af)));
 }
 
-// The steps of inspection `t`, in order of their start (ms after acceptance).
-function timelineSteps(t) {
+// The steps of inspection `t`, in order of their start (ms after acceptance); `inflight` is
+// the model call streaming now, as the live text named it (shown until the record lists it).
+function timelineSteps(t, inflight) {
   const t0 = Date.parse(t.submittedAt);
   const at = (stamp) => msBetween(t.submittedAt, stamp);
   const steps = [];
@@ -57,15 +58,27 @@ function timelineSteps(t) {
       args: c.arguments, output: c.output });
   }
   if (t.status === "running") {
-    const started = [...history].reverse().find((h) => h.event === "run_started");
-    if (started) {
-      steps.push({ kind: "running", start: at(started.at), duration: Date.now() - Date.parse(started.at), open: true,
-        attempt: started.attempt, label: "run " + started.attempt + " in progress", detail: "a model call in flight is listed once it ends" });
+    // A run's start is written with its first write, so the run in progress may have no
+    // event yet: it began after the latest one (or when its streaming call began).
+    const run = t.attempts;
+    const started = history.find((h) => h.event === "run_started" && h.attempt === run);
+    const listed = (c) => (t.modelCalls || []).some((m) => m.attempt === c.attempt && m.startMs === c.startMs);
+    const streaming = inflight && inflight.attempt === run && !listed(inflight) ? inflight : null;
+    const latest = history.length ? at(history[history.length - 1].at) : 0;
+    const runStart = started ? at(started.at) : streaming && streaming.startMs !== undefined ? streaming.startMs : latest;
+    steps.push({ kind: "running", start: runStart, duration: Math.max(0, Date.now() - t0 - runStart), open: true,
+      attempt: run, label: "run " + run + " in progress",
+      detail: streaming ? "" : "a model call shows here while its text streams (streaming turns), else once it ends" });
+    if (streaming) {
+      const start = streaming.startMs === undefined ? runStart : streaming.startMs;
+      steps.push({ kind: "model in flight", start, duration: Math.max(0, Date.now() - t0 - start), open: true,
+        attempt: run, label: "model call · " + streaming.model + " · " + streaming.agentContext,
+        detail: "in flight: its answer streams (" + count(streaming.chars) + " characters seen here so far)" });
     }
   }
   // Stable: of one start, events first (a run starts before its first call), then a tool
   // call before a model call (the tools of an answer run before the call that reads them).
-  const order = { event: 0, wait: 1, running: 1, tool: 2, model: 3, "model failed": 3 };
+  const order = { event: 0, wait: 1, running: 1, tool: 2, model: 3, "model failed": 3, "model in flight": 3 };
   return steps
     .map((s, i) => ({ s, i }))
     .sort((a, b) => a.s.start - b.s.start || order[a.s.kind] - order[b.s.kind] || a.i - b.i)
@@ -81,18 +94,19 @@ function pretty(text) {
   }
 }
 
-function timelineCard(card, t) {
-  const steps = timelineSteps(t);
+function timelineCard(card, t, inflight) {
+  const steps = timelineSteps(t, inflight);
   const span = Math.max(1, ...steps.map((s) => s.start + (s.duration || 0)));
   const rows = steps.map((s) => {
-    const bar = el("div", { class: "span " + s.kind.replace(" ", "-") + (s.open ? " open" : "") });
+    const bar = el("div", { class: "span " + s.kind.replaceAll(" ", "-") + (s.open ? " open" : "") });
     bar.style.left = (100 * s.start) / span + "%";
     bar.style.width = s.duration ? Math.max(0.5, (100 * s.duration) / span) + "%" : "2px";
     const more = [];
     if (s.text) more.push(el("details", {}, el("summary", {}, "answer"), el("pre", {}, s.text)));
     if (s.args) more.push(el("details", {}, el("summary", {}, "arguments"), el("pre", {}, pretty(s.args))));
     if (s.output) more.push(el("details", {}, el("summary", {}, "output"), el("pre", {}, pretty(s.output))));
-    const kindClass = { model: "model-call", "model failed": "model-call failed-call", tool: "tool-call" }[s.kind] || s.kind;
+    const kindClass = { model: "model-call", "model failed": "model-call failed-call", "model in flight": "model-call in-flight",
+      tool: "tool-call" }[s.kind] || s.kind;
     return el(
       "tr",
       { class: "step " + kindClass, "data-kind": s.kind },

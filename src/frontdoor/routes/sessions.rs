@@ -47,10 +47,15 @@ fn sse_event(event: SessionEvent) -> Option<axum::response::sse::Event> {
         SessionEvent::Live(body) => {
             let live = serde_json::from_slice::<LiveEvent>(&body).ok()?;
             let (kind, data) = match live.body {
-                LiveBody::Delta { text, .. } => (
-                    "delta",
-                    serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "text": text}),
-                ),
+                LiveBody::Delta { text, call, .. } => {
+                    let mut data = serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "text": text});
+                    // The first text of a model call names the call (the console's call in
+                    // flight).
+                    if let (Some(call), Some(fields)) = (call, data.as_object_mut()) {
+                        fields.insert("call".into(), serde_json::json!(call));
+                    }
+                    ("delta", data)
+                }
                 LiveBody::Progress { message } => (
                     "progress",
                     serde_json::json!({"sessionId": live.session_id, "turnId": live.turn_id, "index": live.index, "message": message}),
