@@ -239,6 +239,11 @@ impl CallLimiter {
             _slot: slot,
             metrics: self.metrics.clone(),
             context: self.context.clone(),
+            waited: if waited {
+                started.elapsed()
+            } else {
+                Duration::ZERO
+            },
         })
     }
 
@@ -345,6 +350,14 @@ pub struct CallPermit {
     _slot: Option<HeldSlot>,
     metrics: Arc<Metrics>,
     context: String,
+    waited: Duration,
+}
+
+impl CallPermit {
+    /// How long the call waited for it (zero when a slot and the rate were free at once).
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
 }
 
 impl std::fmt::Debug for CallPermit {

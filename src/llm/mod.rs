@@ -394,11 +394,14 @@ impl LlmClient {
         use tracing::Instrument as _;
         let span = tracing::info_span!("model_call", model);
         let traceparent = crate::trace::TraceContext::current().map(|t| t.within(&span).header());
-        let _permit = self.permit().await?;
-        let sent = self
+        let permit = self.permit().await?;
+        let mut sent = self
             .send_once(payload, traceparent, sink)
             .instrument(span)
             .await;
+        if let (Ok(answer), Some(permit)) = (&mut sent, &permit) {
+            answer.capacity_waited = permit.waited();
+        }
         if let (Err(e), Some(limiter)) = (&sent, &self.limiter)
             && e.rate_limited
         {
@@ -555,6 +558,7 @@ mod serde_tests {
                 cost_micros: 7,
             },
             service_tier: Some("flex".into()),
+            capacity_waited: Duration::ZERO,
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<ModelResponse>(&text).unwrap(), r);

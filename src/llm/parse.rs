@@ -302,6 +302,7 @@ fn normalise(v: Wire<'_>) -> Result<ModelResponse, AttemptError> {
             cost_micros: 0,
         },
         service_tier: text(&v.service_tier).map(str::to_string),
+        capacity_waited: std::time::Duration::ZERO,
     })
 }
 

@@ -333,6 +333,7 @@ impl ModelCaller {
                 background,
                 reattached: false,
                 start_ms,
+                capacity_wait_ms: None,
                 error: Some(format!("{code}: {message}")),
             });
         };
@@ -394,6 +395,8 @@ impl ModelCaller {
             background,
             reattached,
             start_ms,
+            capacity_wait_ms: Some(response.capacity_waited.as_millis() as u64)
+                .filter(|ms| *ms > 0),
             error: None,
         });
         let mut spent = Spent {

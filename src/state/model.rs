@@ -89,4 +89,8 @@ pub struct ModelResponse {
     /// The service tier the server says it used, when it says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<String>,
+    /// How long the attempt that got this answer waited for its agent context's capacity
+    /// (concurrency or rate) before it was sent: not the server's, the client's to say.
+    #[serde(skip)]
+    pub capacity_waited: std::time::Duration,
 }

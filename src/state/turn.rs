@@ -514,6 +514,10 @@ pub struct CallNote {
     /// written before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_ms: Option<u64>,
+    /// How long of its time it waited for its agent context's capacity (concurrency or
+    /// rate) before it was sent, when it waited a millisecond or more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_wait_ms: Option<u64>,
     /// Why it got no answer (`CODE: message`): a call that failed, was given up on or goes
     /// to another run (its response id is then empty and its usage zero).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,7 +2,8 @@
 //! call failed (its run ended and the turn ran again), whose model then called a server tool
 //! and asked the client for one — every step in the order it happened, the failed call with
 //! why, the client's tools shown as a table while the turn waits, and the wait closed once
-//! their results came back and the turn completed.
+//! their results came back and the turn completed; a streaming call shown while it streams; a
+//! call held back by its agent context's limit shown waiting for capacity.
 
 use std::time::Duration;
 
@@ -247,6 +248,74 @@ async fn a_streaming_call_shows_while_in_flight(backend: Backend, name: &str) {
         ],
         "{seen:#?}"
     );
+}
+
+/// A call its agent context's limit held back shows the wait for capacity, then the call:
+/// three turns at once in a context that allows two calls at once, each call 1.5 s long.
+async fn a_wait_for_capacity_shows_before_its_call(backend: Backend) {
+    let models = crate::contexts::models(Duration::from_millis(1500)).await;
+    let mut extra_env = models.env();
+    extra_env.push(("APTIX_CONSOLE", "true".into()));
+    let app = spawn(AppOptions {
+        backend,
+        extra_env,
+        ..AppOptions::default()
+    })
+    .await;
+    for session in ["c1", "c2", "c3"] {
+        let body = crate::contexts::turn(session, "t", Some("fast"), None);
+        assert_eq!(app.post(Some("tok-a"), body).await.0, 202);
+    }
+    let mut held = None;
+    for session in ["c1", "c2", "c3"] {
+        assert_eq!(
+            app.settled("tok-a", session, "t").await["status"],
+            "completed"
+        );
+        let (_, inspected) = app
+            .get(
+                Some("tok-a"),
+                &format!("/v1/sessions/{session}/turns/t/inspect"),
+            )
+            .await;
+        let call = &inspected["result"]["modelCalls"][0];
+        if call["capacityWaitMs"].as_u64().is_some_and(|ms| ms >= 1000) {
+            assert!(
+                call["latencyMs"].as_u64() >= call["capacityWaitMs"].as_u64(),
+                "the wait is part of the call's time: {call}"
+            );
+            held = Some(session);
+        }
+    }
+    let held = held.expect("one of the three calls waited for a free slot");
+    let browser = Browser::start().await;
+    browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, &format!("/turn/{held}/t")).await;
+    browser
+        .text_when("#timeline", Duration::from_secs(10), |t| {
+            t.contains("waiting for capacity")
+        })
+        .await;
+    assert_eq!(
+        steps(&browser).await,
+        [
+            step("event", "queued"),
+            step("event", "run started"),
+            step("capacity", "waiting for capacity · fast"),
+            step("model", "model call · fast-model · fast"),
+            step("event", "completed"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_wait_for_capacity_on_the_services() {
+    a_wait_for_capacity_shows_before_its_call(Backend::Services).await;
+}
+
+#[tokio::test]
+async fn a_wait_for_capacity_embedded() {
+    a_wait_for_capacity_shows_before_its_call(Backend::Embedded).await;
 }
 
 #[tokio::test]

@@ -107,6 +107,7 @@ pub(super) fn turn(session: &str, id: &str) -> TurnRecord {
             attempt: 1,
             text: Some("hello".into()),
             start_ms: Some(1_000),
+            capacity_wait_ms: None,
             error: None,
         }],
         service_tier: Some("flex".into()),

@@ -1,6 +1,7 @@
 // A turn as a timeline (the inspector's middle): every step of its record in order — runs
-// starting and ending, each model call (answered or not, with why), each server tool call,
-// waits for the client's tools — with its start after the turn was accepted, how long it
+// starting and ending, each model call (answered or not, with why; the one streaming now;
+// the wait for its agent context's capacity), each server tool call, waits for the client's
+// tools — with its start after the turn was accepted, how long it
 // took, and a bar on one scale for all of them.
 "use strict";
 
@@ -38,6 +39,11 @@ function timelineSteps(t, inflight) {
   const cost = (u) => (u && u.estimatedCostUsd ? " · " + usd(u.estimatedCostUsd) : "");
   for (const c of t.modelCalls || []) {
     if (c.startMs === undefined) continue;
+    if (c.capacityWaitMs) {
+      steps.push({ kind: "capacity", start: c.startMs, duration: c.capacityWaitMs, attempt: c.attempt,
+        label: "waiting for capacity · " + c.agentContext,
+        detail: "the agent context's limit on calls at once or per minute held the call back" });
+    }
     const tokens = c.usage ? count(c.usage.promptTokens) + " in / " + count(c.usage.completionTokens) + " out" : "";
     steps.push({
       kind: c.error ? "model failed" : "model", start: c.startMs, duration: c.latencyMs, attempt: c.attempt,
@@ -78,7 +84,7 @@ function timelineSteps(t, inflight) {
   }
   // Stable: of one start, events first (a run starts before its first call), then a tool
   // call before a model call (the tools of an answer run before the call that reads them).
-  const order = { event: 0, wait: 1, running: 1, tool: 2, model: 3, "model failed": 3, "model in flight": 3 };
+  const order = { event: 0, wait: 1, running: 1, tool: 2, capacity: 2.5, model: 3, "model failed": 3, "model in flight": 3 };
   return steps
     .map((s, i) => ({ s, i }))
     .sort((a, b) => a.s.start - b.s.start || order[a.s.kind] - order[b.s.kind] || a.i - b.i)
