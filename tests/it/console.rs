@@ -178,7 +178,7 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
         })
         .await;
     // Cancel asks first: dismissed, nothing happens; accepted, the turn stops.
-    browser.click("#cancel").await;
+    browser.press(None, "Cancel turn").await;
     let asked = browser.confirm(false).await;
     assert!(asked.starts_with("Cancel turn t?"), "{asked}");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -189,7 +189,7 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
             .as_deref(),
         Some("running")
     );
-    browser.click("#cancel").await;
+    browser.press(None, "Cancel turn").await;
     browser.confirm(true).await;
     browser
         .text_when("#inspector .status", Duration::from_secs(10), |t| {
@@ -200,7 +200,7 @@ async fn a_running_turn_is_cancelled_from_the_page_and_another_tenant_sees_nothi
     browser.shot("cancelled").await;
 
     // Tenant B: the page shows the API's refusal, and the API refuses it too.
-    browser.click("#sign-out").await;
+    browser.press(None, "Forget token").await;
     browser.sign_in(&app.base, "tok-b").await;
     browser.show(&app.base, "/turn/cx/t").await;
     let refused = browser
@@ -383,7 +383,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         .await;
     browser.show(&app.base, "/system").await;
     // Refresh reads the queue again: the same two jobs.
-    browser.click("#refresh-dead").await;
+    browser.press(Some("#dead-letters"), "Refresh").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
             t.contains("Dead letters (2)") && t.contains("dl / t1")
@@ -391,17 +391,17 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         .await;
     // Discard asks first; dismissed, the job stays; accepted, it goes and the page says so.
     browser
-        .click("#dead-letters tr[data-session='dz'] .discard")
+        .press(Some("#dead-letters tr[data-session='dz']"), "Discard")
         .await;
     browser.confirm(false).await;
-    browser.click("#refresh-dead").await;
+    browser.press(Some("#dead-letters"), "Refresh").await;
     browser
         .text_when("#dead-letters", Duration::from_secs(10), |t| {
             t.contains("Dead letters (2)")
         })
         .await;
     browser
-        .click("#dead-letters tr[data-session='dz'] .discard")
+        .press(Some("#dead-letters tr[data-session='dz']"), "Discard")
         .await;
     let asked = browser.confirm(true).await;
     assert!(
@@ -419,7 +419,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
         .await;
     let repeats = "aptix_duplicates_suppressed_total{stage=\"worker\"}";
     let before = crate::support::metric_value(&app.metrics_text().await, repeats).unwrap_or(0.0);
-    browser.click("#dead-letters .requeue").await;
+    browser.press(Some("#dead-letters"), "Requeue").await;
     browser.confirm(true).await;
     // The page says what a requeue of a settled turn does.
     let told = browser
@@ -464,7 +464,7 @@ async fn an_admin_sees_the_system_charts_requeues_a_dead_letter_and_lists_batche
     browser.shot("batch-lines").await;
 
     // A tenant's token: no System link.
-    browser.click("#sign-out").await;
+    browser.press(None, "Forget token").await;
     browser.sign_in(&app.base, "tok-b").await;
     browser.show(&app.base, "/batches").await;
     browser

@@ -104,11 +104,26 @@ async fn a_batch_page_adds_up(backend: Backend, name: &str) {
         }
     }
     assert_eq!(why.len(), 3, "{why:?}");
+    // The page's heading counts the lines it shows: six, not "1–50".
+    let heading = browser
+        .client
+        .find(Locator::XPath("//section[.//div[@id='batch-lines']]/h2"))
+        .await
+        .expect("the lines' heading")
+        .text()
+        .await
+        .unwrap_or_default();
+    assert_eq!(heading, "Lines 1–6 of 6");
+    assert_eq!(
+        browser.count("tr.batch-line").await,
+        6,
+        "every line on one page"
+    );
     assert!(why.iter().any(|w| w.starts_with("LLM_REJECTED")), "{why:?}");
     assert!(why.iter().any(|w| w.starts_with("EMPTY_TURN")), "{why:?}");
     browser.shot(&format!("batch-segments-{name}")).await;
     // Its failed turns, in the runs list.
-    browser.click("#failed-lines").await;
+    browser.press(None, "Its failed turns").await;
     browser
         .text_when("#runs", Duration::from_secs(10), |t| {
             t.contains("LLM_REJECTED")

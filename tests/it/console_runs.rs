@@ -80,7 +80,7 @@ async fn the_home_page_lists_turns_and_finds_the_failed_one(backend: Backend, na
         .select_by_value("failed")
         .await
         .expect("failed is an option");
-    browser.click("#runs-filters button[type=submit]").await;
+    browser.press(Some("#runs-filters"), "Show").await;
     browser
         .text_when("#runs", Duration::from_secs(10), |t| {
             t.contains("alpha") && !t.contains("beta")
@@ -103,7 +103,7 @@ async fn the_home_page_lists_turns_and_finds_the_failed_one(backend: Backend, na
         .await;
 
     // An admin sees both tenants' turns; the tenant filter narrows them to one.
-    browser.click("#sign-out").await;
+    browser.press(None, "Forget token").await;
     browser.sign_in(&app.base, "tok-root").await;
     browser.show(&app.base, "/runs").await;
     browser

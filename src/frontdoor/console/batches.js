@@ -111,12 +111,13 @@ function batchesView(batch, query) {
   const body = el("div", { id: "batch-progress" });
   const lines = el("div", { id: "batch-lines" });
   const pager = el("p", { class: "pager" });
+  const linesHeading = el("h2", {}, "Lines");
   view.append(
     el("section", { class: "card" }, el("h2", {}, "Batch ", batch),
       el("p", {}, el("a", { href: "#/batches" }, "All batches"), " · ",
         el("a", { href: runsHref({ batch, status: "failed" }), id: "failed-lines" }, "Its failed turns")),
       body),
-    el("section", { class: "card" }, el("h2", {}, "Lines " + count(from + 1) + "–" + count(from + LINES_PER_PAGE)), lines, pager)
+    el("section", { class: "card" }, linesHeading, lines, pager)
   );
   const path = "/v1/batches/" + encodeURIComponent(batch);
   const cancel = el(
@@ -146,6 +147,8 @@ function batchesView(batch, query) {
     const rate = (t.done - firstDone) / Math.max(1, (Date.now() - started) / 1000);
     const eta = rate > 0 && t.done < t.total ? duration((t.total - t.done) / rate) : "";
     cancel.disabled = t.done >= t.total;
+    const last = Math.min(t.total, from + LINES_PER_PAGE);
+    linesHeading.textContent = last > from ? "Lines " + count(from + 1) + "–" + count(last) + " of " + count(t.total) : "Lines";
     body.replaceChildren(
       segmentedBar(t, "bar"),
       legend(t),

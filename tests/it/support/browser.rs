@@ -125,6 +125,40 @@ impl Browser {
             .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
     }
 
+    /// Clicks the button or link a person would by its text, `name` (within the element `css`
+    /// matches, when given): how the tests find what they act on.
+    pub async fn press(&self, within: Option<&str>, name: &str) {
+        assert!(!name.contains('\''), "a name without quotes: {name}");
+        let scope = within.map_or_else(String::new, |css| format!("{css} "));
+        let xpath = format!(
+            "//*[(self::button or self::a or @role='button') and normalize-space(.)='{name}']"
+        );
+        let found = match within {
+            None => {
+                self.client
+                    .wait()
+                    .at_most(Duration::from_secs(10))
+                    .for_element(Locator::XPath(&xpath))
+                    .await
+            }
+            Some(css) => {
+                let outer = self
+                    .client
+                    .wait()
+                    .at_most(Duration::from_secs(10))
+                    .for_element(Locator::Css(css))
+                    .await
+                    .unwrap_or_else(|e| panic!("no {css}: {e}"));
+                outer.find(Locator::XPath(&format!(".{xpath}"))).await
+            }
+        };
+        found
+            .unwrap_or_else(|e| panic!("no button or link {scope}\"{name}\": {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("cannot press {scope}\"{name}\": {e}"));
+    }
+
     pub async fn sign_in(&self, base: &str, token: &str) {
         self.client
             .goto(&format!("{base}/console"))
