@@ -108,7 +108,9 @@ async fn the_console_shows_a_turn_streaming_then_its_calls_and_a_batch_reaching_
 #[tokio::test]
 async fn the_inspector_shows_mcp_and_hosted_tool_calls() {
     let server = crate::mcp_support::HttpServer::start().await;
-    let file = crate::mcp_support::ToolsFile::new(vec![server.source("calc", json!({}))]);
+    let file = crate::mcp_support::ToolsFile::new(vec![
+        server.source("calc", json!({"approval": ["add"]})),
+    ]);
     let model = crate::contexts::fake("sk-console-0123456789", Duration::ZERO).await;
     let contexts = std::env::temp_dir().join(format!("aptix-console-{}.json", std::process::id()));
     let context = json!({"agentContexts": [{"id": "default", "baseUrl": model.base_url(),
@@ -140,8 +142,50 @@ async fn the_inspector_shows_mcp_and_hosted_tool_calls() {
             "completed"
         );
     }
+    // A call that needs a person's approval: asked, approved, run.
+    let body = json!({"sessionId": "tools", "turnId": "t3", "instruction": "#fake:call add {\"amount\": 3}"});
+    assert_eq!(app.post(Some("tok-a"), body.to_string()).await.0, 202);
+    let asked = app.settled("tok-a", "tools", "t3").await;
+    assert_eq!(asked["status"], "awaiting_client_tools", "{asked}");
+    let question = asked["result"]["result"]["toolCalls"][0]["toolCallId"]
+        .as_str()
+        .expect("the approval question")
+        .to_string();
+    let approved = json!({"sessionId": "tools", "turnId": "t3", "toolResults": [{
+        "toolCallId": question, "executionMs": 2, "resultJson": json!({"approved": true}).to_string()}]});
+    assert_eq!(app.post(Some("tok-a"), approved.to_string()).await.0, 202);
+    assert_eq!(
+        app.settled("tok-a", "tools", "t3").await["status"],
+        "completed"
+    );
     let browser = Browser::start().await;
     browser.sign_in(&app.base, "tok-a").await;
+    browser.show(&app.base, "/turn/tools/t3").await;
+    let row = browser
+        .text_when("#timeline tr.approval", Duration::from_secs(10), |t| {
+            t.contains("approval · add · MCP calc")
+        })
+        .await;
+    assert!(row.contains("approved"), "{row}");
+    // The approval comes before the call it let run.
+    let kinds: Vec<String> = {
+        let mut kinds = Vec::new();
+        for row in browser
+            .client
+            .find_all(fantoccini::Locator::Css("#timeline tr.step"))
+            .await
+            .unwrap()
+        {
+            kinds.push(row.attr("data-kind").await.unwrap().unwrap_or_default());
+        }
+        kinds
+    };
+    let approval = kinds.iter().position(|k| k == "approval");
+    let tool = kinds.iter().position(|k| k == "tool");
+    assert!(
+        approval.is_some() && tool.is_some() && approval < tool,
+        "{kinds:?}"
+    );
     for (turn, expected) in [
         ("t1", "lookup · MCP calc"),
         ("t2", "web_search · hosted by openai"),

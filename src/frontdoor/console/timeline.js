@@ -18,6 +18,30 @@ function msBetween(from, to) {
   return Math.max(0, Math.floor(b - a + (bf - af)));
 }
 
+// The question a turn asks its client about an MCP call that needs a person's approval.
+const APPROVAL_TOOL = "aptix_approve_server_tool";
+
+// JSON text parsed, or null.
+function parsed(text) {
+  try {
+    return JSON.parse(text);
+  } catch (_) {
+    return null;
+  }
+}
+
+// A person's answer to an approval question, as a step: which call, approved or why not.
+function approvalStep(c) {
+  const asked = parsed(c.arguments) || {};
+  const verdict = parsed(c.output) || {};
+  const approved = verdict.approved === true;
+  return { kind: "approval", start: c.startMs, duration: c.executionMs, attempt: c.attempt,
+    label: "approval · " + (asked.tool || "?") + (asked.source ? " · MCP " + asked.source : ""),
+    detail: approved ? "approved by the client's person; the call runs next"
+      : "denied" + (verdict.reason ? ": " + verdict.reason : c.outcome === "tool_error" ? ": " + (c.output || "") : ""),
+    args: asked.arguments === undefined ? undefined : JSON.stringify(asked.arguments) };
+}
+
 // The steps of inspection `t`, in order of their start (ms after acceptance); `inflight` is
 // the model call streaming now, as the live text named it (shown until the record lists it).
 function timelineSteps(t, inflight) {
@@ -55,6 +79,10 @@ function timelineSteps(t, inflight) {
   for (const c of t.toolCalls || []) {
     if (c.startMs === undefined) continue;
     const client = c.source === "client";
+    if (client && c.name === APPROVAL_TOOL) {
+      steps.push(approvalStep(c));
+      continue;
+    }
     const where = c.source && !client ? (c.source.startsWith("openai") ? " · hosted by " : " · MCP ") + c.source : "";
     const notes = [c.outcome && c.outcome !== "answered" ? c.outcome : "", c.repeated ? "repeated after a crash" : "",
       c.replayed ? "replayed from the ledger" : ""].filter(Boolean).join(" · ");
@@ -84,7 +112,7 @@ function timelineSteps(t, inflight) {
   }
   // Stable: of one start, events first (a run starts before its first call), then a tool
   // call before a model call (the tools of an answer run before the call that reads them).
-  const order = { event: 0, wait: 1, running: 1, tool: 2, capacity: 2.5, model: 3, "model failed": 3, "model in flight": 3 };
+  const order = { event: 0, wait: 1, running: 1, approval: 1.5, tool: 2, capacity: 2.5, model: 3, "model failed": 3, "model in flight": 3 };
   return steps
     .map((s, i) => ({ s, i }))
     .sort((a, b) => a.s.start - b.s.start || order[a.s.kind] - order[b.s.kind] || a.i - b.i)
