@@ -90,4 +90,15 @@ mod tests {
         assert_eq!(short.instruction.as_deref(), Some("hi"));
         assert!(short.artifacts.is_empty());
     }
+
+    #[test]
+    fn shortened_counts_characters_not_bytes() {
+        use super::shortened;
+        assert_eq!(shortened("abc", 3), "abc");
+        assert_eq!(shortened("abcd", 3), "abc…");
+        // Six bytes, three characters: kept whole at three, cut at two.
+        assert_eq!(shortened("ééé", 3), "ééé");
+        assert_eq!(shortened("ééé", 2), "éé…");
+        assert_eq!(shortened("", 0), "");
+    }
 }

@@ -464,6 +464,10 @@ pub const RESULT_KEPT: usize = 2000;
 
 /// `text`'s first `most` characters, then `…` if there were more.
 pub fn shortened(text: &str, most: usize) -> String {
+    // No more bytes than `most` is no more characters: nothing to count.
+    if text.len() <= most {
+        return text.to_string();
+    }
     match text.char_indices().nth(most) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),

@@ -19,7 +19,7 @@ const READ_AT_MOST: usize = 1000;
 
 impl RedisStore {
     pub(super) fn runs_key(&self, tenant: &str) -> String {
-        format!("{}:runs:{{{tenant}}}", self.namespace)
+        [self.namespace.as_str(), ":runs:{", tenant, "}"].concat()
     }
 
     /// The score of the oldest entry a trim keeps: those of turns the retention still keeps.
