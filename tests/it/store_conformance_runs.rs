@@ -5,7 +5,7 @@
 
 use super::store_conformance::*;
 use aptix_worker::store::{
-    Admission, ContextIds, IndexedTurn, RunsNote, RunsPage, TurnRecord, now_ms,
+    Admission, ContextIds, IndexedTurn, RunsNote, RunsPage, StoreReader, TurnRecord, now_ms,
 };
 
 fn entry(at_ms: i64, tenant: &str, session: &str, turn: &str) -> IndexedTurn {
@@ -14,6 +14,19 @@ fn entry(at_ms: i64, tenant: &str, session: &str, turn: &str) -> IndexedTurn {
         session: sid(session).within(tenant),
         turn: tid(turn),
     }
+}
+
+/// The tenant's ten newest entries.
+async fn newest(st: &(impl StoreReader + ?Sized), tenant: &str) -> Vec<IndexedTurn> {
+    st.recent_turns(
+        tenant,
+        &RunsPage {
+            max: 10,
+            ..RunsPage::default()
+        },
+    )
+    .await
+    .unwrap()
 }
 
 fn names(entries: &[IndexedTurn]) -> Vec<String> {
@@ -41,43 +54,14 @@ async fn the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gap
     st.index_turn("acme", &entry(t0 + 30, "acme", "s1", "a"))
         .await
         .unwrap();
-    let all = st
-        .recent_turns(
-            "acme",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            },
-        )
-        .await
-        .unwrap();
+    let all = newest(st.as_ref(), "acme").await;
     // Of one millisecond, by name, last first: "acme:s3 d" > "acme:s2 c" > "acme:s1 b".
     assert_eq!(names(&all), ["e", "d", "c", "b", "a"]);
     assert_eq!(all[0], entry(t0 + 20, "acme", "s1", "e"));
     assert_eq!(all[4].at_ms, t0, "a turn noted again keeps its first time");
-    let theirs = st
-        .recent_turns(
-            "other",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            },
-        )
-        .await
-        .unwrap();
+    let theirs = newest(st.as_ref(), "other").await;
     assert_eq!(names(&theirs), ["x"], "each tenant's index is its own");
-    assert!(
-        st.recent_turns(
-            "nobody",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            }
-        )
-        .await
-        .unwrap()
-        .is_empty()
-    );
+    assert!(newest(st.as_ref(), "nobody").await.is_empty());
     // Pages of two, each from the last one's position, through the tie: every entry once.
     let mut paged = Vec::new();
     let mut after = None;
@@ -184,16 +168,7 @@ async fn an_admitted_turn_is_noted_in_the_runs_index_once(s: Subject) {
         admit(refused, theirs, "intruder").await,
         Admission::OtherOwner
     );
-    let listed = st
-        .recent_turns(
-            "acme",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            },
-        )
-        .await
-        .unwrap();
+    let listed = newest(st.as_ref(), "acme").await;
     assert_eq!(listed, [noted]);
 }
 
@@ -240,17 +215,7 @@ async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
         1,
         "one request admits and notes"
     );
-    let listed = g
-        .store
-        .recent_turns(
-            "acme",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            },
-        )
-        .await
-        .unwrap();
+    let listed = newest(g.store.as_ref(), "acme").await;
     assert_eq!(listed, [run]);
     // Something else took the index's name: the turn is admitted, the note reported missed.
     let mut conn = ::redis::Client::open(crate::support::redis_url())
@@ -291,7 +256,7 @@ async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
 #[tokio::test]
 async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
     use ::redis::AsyncCommands as _;
-    use aptix_worker::store::{RecordWriter as _, StoreReader as _};
+    use aptix_worker::store::RecordWriter as _;
     let g = crate::support::redis_store().await;
     let retention = aptix_worker::store::Retention::default().turns;
     let old = entry(
@@ -321,16 +286,6 @@ async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
     g.store.index_turn("acme", &old).await.unwrap();
     let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
     assert_eq!(members.len(), 2);
-    let seen = g
-        .store
-        .recent_turns(
-            "acme",
-            &RunsPage {
-                max: 10,
-                ..RunsPage::default()
-            },
-        )
-        .await
-        .unwrap();
+    let seen = newest(g.store.as_ref(), "acme").await;
     assert_eq!(names(&seen), ["fresh"]);
 }
