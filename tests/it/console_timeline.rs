@@ -221,6 +221,12 @@ async fn a_streaming_call_shows_while_in_flight(backend: Backend, name: &str) {
         })
         .await;
     assert!(row.contains("model call · m · default"), "{row}");
+    // The header names the context the streaming call runs in.
+    browser
+        .text_when("#inspector", Duration::from_secs(5), |t| {
+            t.contains("Agent context\ndefault")
+        })
+        .await;
     let model = "model call · m · default";
     let seen = steps(&browser).await;
     assert!(

@@ -91,14 +91,16 @@ function follow(session, turn, tenant, box, onCall) {
   return () => controller.abort();
 }
 
-// The turn's header: what was asked, whose, where it ran, how it went.
-function turnHead(t, session, tenant, cancel) {
+// The turn's header: what was asked, whose, where it ran, how it went (`inflight`: the
+// model call streaming now, if any).
+function turnHead(t, session, tenant, cancel, inflight) {
   const answered = t.modelCalls.filter((c) => !c.error);
   const sum = (k) => answered.reduce((n, c) => n + ((c.usage && c.usage[k]) || 0), 0);
   const took = t.completedAt
     ? millis(Date.parse(t.completedAt) - Date.parse(t.submittedAt))
     : millis(Date.now() - Date.parse(t.submittedAt)) + " so far";
-  const contexts = [...new Set(t.modelCalls.map((c) => c.agentContext))].join(", ");
+  const streaming = inflight && t.status === "running" ? [inflight.agentContext] : [];
+  const contexts = [...new Set(t.modelCalls.map((c) => c.agentContext).concat(streaming))].join(", ");
   const input = t.input || {};
   const files = input.artifacts || [];
   return [
@@ -192,7 +194,7 @@ function inspectorView(session, turn, tenant) {
     for (const card of cards) card.hidden = false;
     const over = FINAL.includes(t.status);
     cancel.disabled = over;
-    head.replaceChildren(...turnHead(t, session, tenant, cancel));
+    head.replaceChildren(...turnHead(t, session, tenant, cancel, inflight));
     latest = t;
     timelineCard(timeline, t, inflight);
     pendingCard(pending, t);
