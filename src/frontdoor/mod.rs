@@ -250,10 +250,7 @@ impl FrontDoor {
         if turn.on_busy() == OnBusy::Enqueue {
             let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
             let wanted = ContextIds::named_or_default(agent, conversation);
-            let (admission, noted) = self
-                .intake
-                .admit(tenant, &wanted, fresh, (sid.tenant(), run))
-                .await?;
+            let (admission, noted) = self.intake.admit(tenant, &wanted, fresh, run).await?;
             return match admission {
                 Admission::Turn(existing) => Ok((existing.map(|b| *b), noted)),
                 Admission::OtherOwner => Err(not_found(sid, tid)),

@@ -408,8 +408,8 @@ pub trait SessionStore: RecordWriter {
         ))
     }
     /// [`SessionStore::admit_turn`], and a turn it records or finds noted in the runs index
-    /// (`run`: the tenant and the entry, as [`RecordWriter::index_turn`] notes them) in the
-    /// same step where the store can: [`RunsNote::Noted`]. A store that cannot answers
+    /// of the entry's tenant (`run`, as [`RecordWriter::index_turn`] notes it) in the same
+    /// step where the store can: [`RunsNote::Noted`]. A store that cannot answers
     /// [`RunsNote::Yours`] and notes nothing: the caller notes it (beside its enqueue).
     async fn admit_and_index(
         &self,
@@ -417,7 +417,7 @@ pub trait SessionStore: RecordWriter {
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: (&str, &IndexedTurn),
+        run: &IndexedTurn,
     ) -> Result<(Admission, RunsNote), StoreError> {
         let _ = run;
         let admission = self.admit_turn(grant, owner, contexts, turn).await?;

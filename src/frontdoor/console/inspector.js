@@ -162,8 +162,7 @@ function inspectorView(session, turn, tenant) {
   const unfollow = follow(session, turn, tenant, live, (call, chars) => {
     if (call && !(inflight && inflight.attempt === call.attempt && inflight.startMs === call.startMs)) {
       // A new call (the same one is named again every second for late watchers).
-      inflight = Object.assign({ chars: 0 }, call);
-      inflight.chars = chars;
+      inflight = Object.assign({}, call, { chars });
       if (latest) timelineCard(timeline, latest, inflight);
     } else if (inflight) {
       inflight.chars += chars;

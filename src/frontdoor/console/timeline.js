@@ -121,11 +121,8 @@ function timelineSteps(t, inflight) {
 
 // JSON text shown pretty-printed when it is JSON.
 function pretty(text) {
-  try {
-    return JSON.stringify(JSON.parse(text), null, 2);
-  } catch (_) {
-    return text;
-  }
+  const value = parsed(text);
+  return value === null ? text : JSON.stringify(value, null, 2);
 }
 
 function timelineCard(card, t, inflight) {

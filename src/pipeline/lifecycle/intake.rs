@@ -37,7 +37,7 @@ impl Intake {
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: (&str, &IndexedTurn),
+        run: &IndexedTurn,
     ) -> Result<(Admission, RunsNote), StoreError> {
         self.store
             .admit_and_index(&GRANT, owner, contexts, turn, run)

@@ -35,7 +35,7 @@ impl RedisStore {
 
     /// [`crate::store::SessionStore::admit_turn`] in one script (`ADMIT_TURN`); without an
     /// owner and contexts, [`crate::store::SessionStore::create_turn`]. With `run`, a turn
-    /// the script records or finds is noted in that tenant's runs index by the same script
+    /// the script records or finds is noted in its tenant's runs index by the same script
     /// ([`crate::store::SessionStore::admit_and_index`]; a standalone server's scripts may
     /// touch keys of any slot). Answers, beside the admission, why that note failed, if it
     /// did.
@@ -44,7 +44,7 @@ impl RedisStore {
         owner: Option<&str>,
         contexts: Option<&ContextIds>,
         turn: &TurnRecord,
-        run: Option<(&str, &IndexedTurn)>,
+        run: Option<&IndexedTurn>,
     ) -> Result<(Admission, Option<String>), StoreError> {
         let (session, key) = (
             &turn.session_id,
@@ -66,8 +66,8 @@ impl RedisStore {
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())
             .arg(ms(self.retention.sessions));
-        let runs_key = run.map(|(tenant, entry)| {
-            let key = self.runs_key(tenant);
+        let runs_key = run.map(|entry| {
+            let key = self.runs_key(entry.session.tenant());
             let trim = self.trim_due(&key).then(|| self.oldest_run_kept());
             script
                 .key(&key)

@@ -263,7 +263,7 @@ impl SessionStore for RedisStore {
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: (&str, &IndexedTurn),
+        run: &IndexedTurn,
     ) -> Result<(Admission, RunsNote), StoreError> {
         // A cluster's script reaches only its own slot: its caller notes the turn itself.
         if self.conn.is_cluster() {
