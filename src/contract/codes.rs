@@ -114,6 +114,12 @@ error_codes! {
     DuplicateCustomId = "DUPLICATE_CUSTOM_ID",
     /// No such batch (or it belongs to another tenant, which looks the same).
     BatchNotFound = "BATCH_NOT_FOUND",
+    /// A batch's retry sent a file whose lines are not the batch's where its failed lines were (missing, or another `customId`); nothing was sent again.
+    BatchFileMismatch = "BATCH_FILE_MISMATCH",
+    /// The batch's failed lines were sent again already, as the batch the message names; retry that one's failed lines.
+    BatchAlreadyRetried = "BATCH_ALREADY_RETRIED",
+    /// The batch has no failed or rejected lines to send again (lines still running are retried once they have failed).
+    NoLinesToRetry = "NO_LINES_TO_RETRY",
     /// A query-string or path parameter cannot be read; the message names it.
     InvalidParameter = "INVALID_PARAMETER",
     /// No route has this path.

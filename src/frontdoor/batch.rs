@@ -11,6 +11,7 @@ use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::batch_retry::{RetryIds, retry_batch_id};
 use super::{FrontDoor, SubmitError};
 use crate::config::BatchLimits;
 use crate::contract::request::default_id;
@@ -38,6 +39,9 @@ pub struct BatchAccepted {
     pub accepted: usize,
     /// Lines not enqueued, each with every reason.
     pub errors: Vec<BatchLineError>,
+    /// The batch whose failed lines this one sends again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
 }
 
 pub use crate::state::BatchProgress;
@@ -82,6 +86,15 @@ pub enum BatchError {
     /// The batch's webhook is refused (or its tenant cannot sign): nothing was accepted.
     #[error("{0}")]
     Webhook(SubmitError),
+    /// A retry's file does not match the batch it retries: nothing was accepted.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The batch was retried already.
+    #[error("{0}")]
+    AlreadyRetried(String),
+    /// The batch has no failed lines to send again.
+    #[error("{0}")]
+    NothingToRetry(String),
 }
 
 fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> BatchLineError {
@@ -102,6 +115,44 @@ fn fill_ids(request: &mut Map<String, Value>) {
     });
 }
 
+/// A line read: its number, customId and request, or why it is refused.
+pub(super) type PreparedLine = Result<(usize, String, ParsedRequest), BatchLineError>;
+
+/// The body's lines that are not blank, numbered from 1 as they stand in the body (blank
+/// lines count), within the limits.
+pub(super) fn read_lines(
+    body: &[u8],
+    limits: BatchLimits,
+) -> Result<Vec<(usize, &str)>, BatchError> {
+    if body.len() > limits.max_bytes {
+        return Err(BatchError::TooLarge(format!(
+            "the batch is larger than the limit of {} bytes",
+            limits.max_bytes
+        )));
+    }
+    let text = std::str::from_utf8(crate::contract::without_bom(body))
+        .map_err(|e| BatchError::Invalid(format!("the batch is not UTF-8 text: {e}")))?;
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| (i + 1, l.trim()))
+        .filter(|(_, l)| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return Err(BatchError::Invalid(
+            "the batch has no lines; send one {\"customId\", \"request\"} object per line".into(),
+        ));
+    }
+    if lines.len() > limits.max_lines {
+        return Err(BatchError::TooLarge(format!(
+            "the batch has {} lines; the limit is {}",
+            lines.len(),
+            limits.max_lines
+        )));
+    }
+    Ok(lines)
+}
+
 impl FrontDoor {
     /// Validates every line of an NDJSON batch on its own, enqueues the good ones for `tenant`,
     /// and stores the batch. A line's turn joins a session of another tenant only as a
@@ -111,42 +162,28 @@ impl FrontDoor {
         tenant: &str,
         body: &[u8],
         limits: BatchLimits,
-        (webhook, tier): (Option<&str>, Option<crate::contexts::ServiceTier>),
+        asked: (Option<&str>, Option<crate::contexts::ServiceTier>),
     ) -> Result<BatchAccepted, BatchError> {
-        if body.len() > limits.max_bytes {
-            return Err(BatchError::TooLarge(format!(
-                "the batch is larger than the limit of {} bytes",
-                limits.max_bytes
-            )));
-        }
-        let text = std::str::from_utf8(crate::contract::without_bom(body))
-            .map_err(|e| BatchError::Invalid(format!("the batch is not UTF-8 text: {e}")))?;
-        let lines: Vec<(usize, &str)> = text
-            .lines()
-            .enumerate()
-            .map(|(i, l)| (i + 1, l.trim()))
-            .filter(|(_, l)| !l.is_empty())
-            .collect();
-        if lines.is_empty() {
-            return Err(BatchError::Invalid(
-                "the batch has no lines; send one {\"customId\", \"request\"} object per line"
-                    .into(),
-            ));
-        }
-        if lines.len() > limits.max_lines {
-            return Err(BatchError::TooLarge(format!(
-                "the batch has {} lines; the limit is {}",
-                lines.len(),
-                limits.max_lines
-            )));
-        }
-        // customIds must be unique within the batch (results are keyed by them), whether or not
-        // the line that used one first was valid.
+        let lines = read_lines(body, limits)?;
+        let prepared = self.prepare_lines(&lines, |_| None);
+        let total = lines.len();
+        self.accept_batch(tenant, prepared, (total, None), asked)
+            .await
+    }
+
+    /// Reads each line into its customId and request (its ids set by `ids` when it names
+    /// them), refusing a `customId` an earlier line used, whether or not that line was valid:
+    /// results are keyed by them.
+    pub(super) fn prepare_lines(
+        &self,
+        lines: &[(usize, &str)],
+        ids: impl Fn(usize) -> Option<RetryIds>,
+    ) -> Vec<PreparedLine> {
         let mut seen = std::collections::HashSet::new();
-        let prepared: Vec<_> = lines
+        lines
             .iter()
             .map(|&(line, raw)| {
-                let prepared = self.prepare_line(line, raw);
+                let prepared = self.prepare_line(line, raw, ids(line));
                 let custom_id = match &prepared {
                     Ok((_, id, _)) => Some(id.clone()),
                     Err(e) => e.custom_id.clone(),
@@ -166,7 +203,18 @@ impl FrontDoor {
                     Ok(_) => Err(line_error(line, Some(id), vec![duplicate])),
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// Stores a batch of `total` lines (sending again the failed lines of `retry_of`, when it
+    /// names one) and enqueues its good lines; the bad ones are listed with why.
+    pub(super) async fn accept_batch(
+        &self,
+        tenant: &str,
+        prepared: Vec<PreparedLine>,
+        (total, retry_of): (usize, Option<&str>),
+        (webhook, tier): (Option<&str>, Option<crate::contexts::ServiceTier>),
+    ) -> Result<BatchAccepted, BatchError> {
         if let Some(url) = webhook {
             self.admit_webhook(Some(tenant), url)
                 .await
@@ -174,14 +222,20 @@ impl FrontDoor {
         }
         // The batch is stored before anything is enqueued, so a turn is never running for a
         // batch nobody can read back; lines that then fail to enqueue are moved to `rejected`.
+        let batch_id = match retry_of {
+            Some(original) => retry_batch_id(original),
+            None => format!("batch-{}", uuid::Uuid::new_v4().simple()),
+        };
         let mut record = BatchRecord {
-            batch_id: format!("batch-{}", uuid::Uuid::new_v4().simple()),
+            batch_id,
             tenant: tenant.to_string(),
             created_at: now_rfc3339(),
-            total: lines.len(),
+            total,
             items: Vec::new(),
             rejected: Vec::new(),
             webhook: webhook.map(str::to_string),
+            retry_of: retry_of.map(str::to_string),
+            retried_as: None,
         };
         // Its completion is told of (batch.completed) only to whom it goes to: none of the
         // per-line bookkeeping for a batch that nobody hears of.
@@ -269,6 +323,7 @@ impl FrontDoor {
         }
         tracing::info!(
             batch_id = %record.batch_id,
+            retry_of = record.retry_of.as_deref().unwrap_or(""),
             total = record.total,
             accepted = record.items.len(),
             rejected = record.rejected.len(),
@@ -279,6 +334,7 @@ impl FrontDoor {
             total: record.total,
             accepted: record.items.len(),
             errors: record.rejected,
+            retry_of: record.retry_of,
         })
     }
 
@@ -304,11 +360,7 @@ impl FrontDoor {
     }
 
     /// Reads one line into its customId and a parsed request (ids filled in).
-    fn prepare_line(
-        &self,
-        line: usize,
-        raw: &str,
-    ) -> Result<(usize, String, ParsedRequest), BatchLineError> {
+    fn prepare_line(&self, line: usize, raw: &str, ids: Option<RetryIds>) -> PreparedLine {
         let value: Value = serde_json::from_str(raw).map_err(|e| {
             line_error(
                 line,
@@ -366,6 +418,9 @@ impl FrontDoor {
         }
         let request = match obj.remove("request") {
             Some(Value::Object(mut r)) => {
+                if let Some(ids) = ids {
+                    ids.apply(&mut r);
+                }
                 fill_ids(&mut r);
                 Some(r)
             }
@@ -467,82 +522,5 @@ impl FrontDoor {
             }
         };
         Err(line_error(line, Some(custom_id), errors))
-    }
-}
-
-/// Turns read from the store at once when reporting on a batch.
-const READ_CHUNK: usize = 500;
-
-impl FrontDoor {
-    /// Counts the batch's turns by status.
-    pub async fn batch_progress(&self, batch: &BatchRecord) -> Result<BatchProgress, StoreError> {
-        crate::store::batch_progress(self.store.as_ref(), batch).await
-    }
-
-    /// The batch's result lines, in submission order, read a chunk of turns at a time.
-    pub fn batch_results(
-        &self,
-        batch: BatchRecord,
-    ) -> impl futures_util::Stream<Item = Result<Vec<BatchResultLine>, StoreError>> + Send + 'static
-    {
-        let store = self.store.clone();
-        let rejected: Vec<BatchResultLine> = batch
-            .rejected
-            .into_iter()
-            .map(|r| BatchResultLine {
-                custom_id: r.custom_id,
-                line: r.line,
-                session_id: None,
-                turn_id: None,
-                status: "rejected".to_string(),
-                result: InvokeResult::failures(r.errors),
-            })
-            .collect();
-        let mut chunks: Vec<Vec<BatchItem>> = batch
-            .items
-            .chunks(READ_CHUNK)
-            .map(<[BatchItem]>::to_vec)
-            .collect();
-        chunks.reverse();
-        futures_util::stream::unfold(
-            (store, chunks, Some(rejected)),
-            |(store, mut chunks, mut rejected)| async move {
-                let Some(chunk) = chunks.pop() else {
-                    // Rejected lines come last, once: they have no turn to read.
-                    let lines = rejected.take().filter(|r| !r.is_empty())?;
-                    return Some((Ok(lines), (store, chunks, rejected)));
-                };
-                let ids: Vec<_> = chunk
-                    .iter()
-                    .map(|i| (i.session_id.clone(), i.turn_id.clone()))
-                    .collect();
-                let records = match store.get_turns(&ids).await {
-                    Ok(r) => r,
-                    Err(e) => return Some((Err(e), (store, Vec::new(), None))),
-                };
-                let lines = chunk
-                    .into_iter()
-                    .zip(records)
-                    .map(|(item, record)| {
-                        let (status, result) = match record {
-                            None => ("expired", None),
-                            Some(r) => {
-                                let settled = r.status.is_settled();
-                                (r.status.as_str(), if settled { r.result } else { None })
-                            }
-                        };
-                        BatchResultLine {
-                            custom_id: Some(item.custom_id),
-                            line: item.line,
-                            session_id: Some(item.session_id),
-                            turn_id: Some(item.turn_id),
-                            status: status.to_string(),
-                            result,
-                        }
-                    })
-                    .collect();
-                Some((Ok(lines), (store, chunks, rejected)))
-            },
-        )
     }
 }

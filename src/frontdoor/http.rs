@@ -78,6 +78,7 @@ fn parts() -> (Router<HttpState>, utoipa::openapi::OpenApi) {
         .routes(routes!(routes::batches::get_batch))
         .routes(routes!(routes::batches::get_batch_results))
         .routes(routes!(routes::batches::cancel_batch))
+        .routes(routes!(routes::batches::retry_batch))
         .routes(routes!(routes::index::post_index))
         .routes(routes!(routes::sync::execute_sync))
         .routes(routes!(routes::tenant::get_usage))

@@ -19,6 +19,8 @@ use crate::tenants::{QuotaError, Quotas};
 use crate::trace::TraceContext;
 use crate::webhooks::guard::Guard;
 pub mod batch;
+mod batch_results;
+mod batch_retry;
 mod body;
 pub mod cancel;
 mod console;

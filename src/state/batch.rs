@@ -4,7 +4,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::{SessionId, TurnId};
 
-/// Why a model call failed, after retries.
 /// A batch of turns submitted together (`POST /v1/batches`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -25,6 +24,13 @@ pub struct BatchRecord {
     /// named a webhook.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
+    /// The batch whose failed lines this one sends again (`POST /v1/batches/{id}/retry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
+    /// The batch that sent this one's failed lines again: a batch is retried once (its
+    /// retry's own failed lines are retried from the retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_as: Option<String>,
 }
 
 /// A batch's progress: `total = rejected + queued + running + awaitingClientTools + completed +
@@ -53,6 +59,12 @@ pub struct BatchProgress {
     pub cancelled: usize,
     /// Turns whose records are gone (past the retention period).
     pub expired: usize,
+    /// The batch whose failed lines this one sends again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
+    /// The batch that sent this one's failed lines again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_as: Option<String>,
 }
 
 /// One accepted line of a batch.

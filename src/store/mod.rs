@@ -523,6 +523,8 @@ pub async fn batch_progress(
         batch_id: batch.batch_id.clone(),
         total: batch.total,
         rejected: batch.rejected.len(),
+        retry_of: batch.retry_of.clone(),
+        retried_as: batch.retried_as.clone(),
         ..Default::default()
     };
     for chunk in batch.items.chunks(BATCH_READ_CHUNK) {

@@ -28,6 +28,7 @@ mod support;
 
 mod admin;
 mod background;
+mod batch_retry;
 mod cancel;
 mod cli;
 mod cli_batch;

@@ -41,7 +41,6 @@ pub(crate) async fn post_batch(
     query: QueryParams,
     LimitedBody(body, _): LimitedBody<BatchSized>,
 ) -> Response {
-    use crate::frontdoor::batch::BatchError;
     let (webhook, tier) = match (query.webhook(), query.service_tier()) {
         (Ok(w), Ok(t)) => (w, t),
         (Err(bad), _) | (_, Err(bad)) => return bad.into(),
@@ -53,19 +52,84 @@ pub(crate) async fn post_batch(
         .await
     {
         Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
-        Err(BatchError::TooLarge(m)) => failure(
+        Err(refused) => batch_refused(refused),
+    }
+}
+
+/// The answer to a batch (or a batch's retry) refused whole.
+fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
+    use crate::frontdoor::batch::BatchError;
+    match refused {
+        BatchError::TooLarge(m) => failure(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::PayloadTooLarge,
             format!("$: {m}"),
         ),
-        Err(BatchError::Invalid(m)) => failure(
+        BatchError::Invalid(m) => failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::MalformedJson,
             format!("$: {m}"),
         ),
-        Err(BatchError::Store(e)) => unavailable(e),
-        Err(BatchError::Unrecorded(e)) => unavailable_unaccepted(e),
-        Err(BatchError::Webhook(refused)) => refused.into_response(),
+        BatchError::Mismatch(m) => {
+            failure(StatusCode::BAD_REQUEST, ErrorCode::BatchFileMismatch, m)
+        }
+        BatchError::AlreadyRetried(m) => {
+            failure(StatusCode::CONFLICT, ErrorCode::BatchAlreadyRetried, m)
+        }
+        BatchError::NothingToRetry(m) => {
+            failure(StatusCode::CONFLICT, ErrorCode::NoLinesToRetry, m)
+        }
+        BatchError::Store(e) => unavailable(e),
+        BatchError::Unrecorded(e) => unavailable_unaccepted(e),
+        BatchError::Webhook(refused) => refused.into_response(),
+    }
+}
+
+/// Send a batch's failed lines again: the body is the file the batch was made from; the lines
+/// whose turn failed, or that were rejected, are read from it (matched by line number and
+/// customId) and submitted as a new batch that names this one. Each runs as a new turn in the
+/// session its first try ran in. A batch is retried once.
+#[utoipa::path(post, path = "/v1/batches/{batchId}/retry", tag = "batches",
+    params(
+        ("batchId" = String, Path, description = "The batch whose failed lines are sent again"),
+        ("webhook" = Option<String>, Query, description = "Where the retry's lines and batch.completed are POSTed (default: the batch's own webhook)"),
+        ("serviceTier" = Option<crate::contexts::ServiceTier>, Query, description = "The service tier of the retried lines' model calls"),
+    ),
+    request_body(content = api_doc::BatchLine, content_type = "application/x-ndjson",
+        description = "The batch's file again: one BatchLine per line, at the same line numbers"),
+    responses(
+        (status = 202, description = "The failed lines, sent again as a new batch (`retryOf` names this one); lines still bad are listed", body = api_doc::InvokeResult<BatchAccepted>),
+        (status = 400, description = "BATCH_FILE_MISMATCH: a failed line is missing from the file or has another customId; the body is empty or not UTF-8; the path or webhook is refused", body = Failure),
+        (status = 401, description = "Missing or unknown bearer token", body = Failure),
+        (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+        (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry) or NO_LINES_TO_RETRY", body = Failure),
+        (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
+        (status = 415, description = "A compressed body, or a Content-Type other than NDJSON", body = Failure),
+        (status = 503, description = "Store unavailable", body = Failure,
+            headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
+    ))]
+pub(crate) async fn retry_batch(
+    State(state): State<HttpState>,
+    CallerBatch(batch): CallerBatch,
+    query: QueryParams,
+    LimitedBody(body, _): LimitedBody<BatchSized>,
+) -> Response {
+    let (webhook, tier) = match (query.webhook(), query.service_tier()) {
+        (Ok(w), Ok(t)) => (w, t),
+        (Err(bad), _) | (_, Err(bad)) => return bad.into(),
+    };
+    match state
+        .door
+        .retry_batch(
+            &batch,
+            &body,
+            state.batch_limits,
+            (webhook.as_deref(), tier),
+        )
+        .await
+    {
+        Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
+        Err(refused) => batch_refused(refused),
     }
 }
 
