@@ -1,7 +1,8 @@
 //! A batch's page in a real browser, on both backends: a batch with completed, failed,
 //! waiting and rejected lines shows a bar in segments whose counts add up to its line count
 //! (a line waiting for its client's tools is not counted done), each failed or rejected line
-//! with why, and a link to its failed turns in the runs list.
+//! with why, and a link to its failed turns in the runs list; its failed lines are sent again
+//! from the file it was made from, and the retry's page and the batch's link to each other.
 
 use std::time::Duration;
 
@@ -130,6 +131,68 @@ async fn a_batch_page_adds_up(backend: Backend, name: &str) {
         })
         .await;
     assert_eq!(browser.count("tr.run").await, 2);
+
+    // Its failed lines sent again: the operator picks the batch's file; the two failed lines
+    // and the rejected one go as a new batch, which opens.
+    browser.show(&app.base, &format!("/batches/{id}")).await;
+    browser.press(None, "Retry failed lines").await;
+    let file = std::env::temp_dir().join(format!(
+        "aptix-retry-{}.ndjson",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    browser.attach("was made from", &file).await;
+    browser.press(None, "Send the failed lines again").await;
+    let _ = std::fs::remove_file(&file);
+    let origin = browser
+        .text_when("#retry-of", Duration::from_secs(15), |t| t.contains(&id))
+        .await;
+    assert!(
+        origin.starts_with("Sends again the failed lines of batch"),
+        "{origin}"
+    );
+    let retried = browser
+        .text_when("ul.legend", Duration::from_secs(30), |t| {
+            t.contains("2 completed") && t.contains("1 rejected")
+        })
+        .await;
+    assert_eq!(browser.count("ul.legend li").await, 2, "{retried}");
+    let percent = browser
+        .text_when("#percent", Duration::from_secs(5), |_| true)
+        .await;
+    assert!(
+        percent.starts_with("100 % · 3 of 3 lines done"),
+        "{percent}"
+    );
+    browser
+        .text_when("#batch-lines", Duration::from_secs(10), |t| {
+            t.contains("broken")
+        })
+        .await;
+    browser.shot(&format!("batch-retried-{name}")).await;
+    // The first batch links to its retry and offers no second one.
+    browser.show(&app.base, &format!("/batches/{id}")).await;
+    let outcome = browser
+        .text_when("#retry-outcome", Duration::from_secs(10), |t| !t.is_empty())
+        .await;
+    assert!(
+        outcome.starts_with("Its failed lines were sent again as batch batch-"),
+        "{outcome}"
+    );
+    let retry_id = browser
+        .attr("#retried-as", "href")
+        .await
+        .unwrap_or_default();
+    assert!(retry_id.starts_with("#/batches/batch-"), "{retry_id}");
+    let open = browser
+        .client
+        .find(Locator::Css("#retry-open"))
+        .await
+        .unwrap()
+        .is_displayed()
+        .await
+        .unwrap();
+    assert!(!open, "a batch is retried once");
 }
 
 #[tokio::test]

@@ -104,6 +104,58 @@ function lineError(line) {
   return (r.errors || []).map((e) => e.errorCode + ": " + e.message).join("; ");
 }
 
+// "Retry failed lines": the server keeps no line's request once it ran, so the operator picks
+// the file the batch was made from; its failed and rejected lines go again as a new batch,
+// which opens. A batch is retried once: after that the box links to its retry.
+function retryBox(batch, path) {
+  const outcome = el("p", { role: "status", id: "retry-outcome" });
+  const file = el("input", { type: "file", id: "retry-file", accept: ".ndjson,.jsonl,.json,application/x-ndjson" });
+  const sendButton = el("button", { type: "button", id: "retry-send" }, "Send the failed lines again");
+  const form = el("div", { class: "retry-form", hidden: true },
+    el("label", { for: "retry-file" }, "The file batch " + batch + " was made from (its failed and rejected lines are read from it, by line number and custom id)"),
+    file, sendButton);
+  const open = el("button", { type: "button", id: "retry-open" }, "Retry failed lines");
+  open.onclick = () => {
+    form.hidden = false;
+    file.focus();
+  };
+  sendButton.onclick = async () => {
+    const chosen = file.files && file.files[0];
+    if (!chosen) {
+      outcome.textContent = "Choose the batch's file first.";
+      return;
+    }
+    sendButton.disabled = true;
+    try {
+      const r = await send("POST", path + "/retry", await chosen.text(), "application/x-ndjson");
+      outcome.replaceChildren("Sent " + count(r.accepted) + " of " + count(r.total) + " failed lines again as batch ",
+        el("a", { href: "#/batches/" + encodeURIComponent(r.batchId) }, r.batchId),
+        r.errors.length ? " (" + count(r.errors.length) + " still refused)" : "", ".");
+      location.hash = "#/batches/" + encodeURIComponent(r.batchId);
+    } catch (e) {
+      outcome.textContent = "Not sent: " + e.message;
+      sendButton.disabled = false;
+    }
+  };
+  // The button goes with the page's other actions; the form and the outcome below them.
+  // `update` shows what the batch's progress allows: a link to its retry, or the button while
+  // some line failed.
+  return {
+    button: open,
+    panel: el("div", { id: "retry-box" }, form, outcome),
+    update(p) {
+      if (p.retriedAs) {
+        open.hidden = true;
+        form.hidden = true;
+        const link = el("a", { href: "#/batches/" + encodeURIComponent(p.retriedAs), id: "retried-as" }, p.retriedAs);
+        if (!outcome.textContent) outcome.replaceChildren("Its failed lines were sent again as batch ", link, ".");
+        return;
+      }
+      open.hidden = !((p.failed || 0) + (p.rejected || 0));
+    },
+  };
+}
+
 function batchesView(batch, query) {
   if (!batch) return batchListView();
   const from = Math.max(0, Number(new URLSearchParams(query || "").get("from")) || 0);
@@ -112,14 +164,9 @@ function batchesView(batch, query) {
   const lines = el("div", { id: "batch-lines" });
   const pager = el("p", { class: "pager" });
   const linesHeading = el("h2", {}, "Lines");
-  view.append(
-    el("section", { class: "card" }, el("h2", {}, "Batch ", batch),
-      el("p", {}, el("a", { href: "#/batches" }, "All batches"), " · ",
-        el("a", { href: runsHref({ batch, status: "failed" }), id: "failed-lines" }, "Its failed turns")),
-      body),
-    el("section", { class: "card" }, linesHeading, lines, pager)
-  );
   const path = "/v1/batches/" + encodeURIComponent(batch);
+  const retry = retryBox(batch, path);
+  const origin = el("p", { id: "retry-of", hidden: true });
   const cancel = el(
     "button",
     {
@@ -138,6 +185,14 @@ function batchesView(batch, query) {
     },
     "Cancel batch"
   );
+  view.append(
+    el("section", { class: "card" }, el("h2", {}, "Batch ", batch),
+      el("p", {}, el("a", { href: "#/batches" }, "All batches"), " · ",
+        el("a", { href: runsHref({ batch, status: "failed" }), id: "failed-lines" }, "Its failed turns")),
+      origin, body, el("div", { class: "actions" }, cancel, retry.button), retry.panel),
+    el("section", { class: "card" }, linesHeading, lines, pager)
+  );
+
   const started = Date.now();
   let firstDone = null;
   return every(async () => {
@@ -147,13 +202,17 @@ function batchesView(batch, query) {
     const rate = (t.done - firstDone) / Math.max(1, (Date.now() - started) / 1000);
     const eta = rate > 0 && t.done < t.total ? duration((t.total - t.done) / rate) : "";
     cancel.disabled = t.done >= t.total;
+    retry.update(p);
+    origin.hidden = !p.retryOf;
+    origin.replaceChildren(p.retryOf
+      ? el("span", {}, "Sends again the failed lines of batch ", el("a", { href: "#/batches/" + encodeURIComponent(p.retryOf) }, p.retryOf))
+      : "");
     const last = Math.min(t.total, from + LINES_PER_PAGE);
     linesHeading.textContent = last > from ? "Lines " + count(from + 1) + "–" + count(last) + " of " + count(t.total) : "Lines";
     body.replaceChildren(
       segmentedBar(t, "bar"),
       legend(t),
-      el("p", { id: "percent" }, t.percent + " % · " + count(t.done) + " of " + count(t.total) + " lines done" + (eta ? " · about " + eta + " left" : "")),
-      cancel
+      el("p", { id: "percent" }, t.percent + " % · " + count(t.done) + " of " + count(t.total) + " lines done" + (eta ? " · about " + eta + " left" : ""))
     );
     const shown = await batchLines(path, from);
     lines.replaceChildren(

@@ -16,6 +16,8 @@ const $ = (id) => document.getElementById(id);
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
+    // An attribute given as null, undefined or false is left out (`hidden: false`, `id: null`).
+    if (v === null || v === undefined || v === false) continue;
     if (k === "class") node.className = v;
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     // Through the CSSOM: the page's policy refuses style attributes.
@@ -40,29 +42,31 @@ function showError(message) {
 }
 
 async function api(method, path, json) {
+  return send(method, path, json === undefined ? undefined : JSON.stringify(json), "application/json");
+}
+
+// Sends `body` (text, of media type `type`) and answers the InvokeResult's result, or throws
+// its first error as "CODE: message".
+async function send(method, path, body, type) {
   const headers = { Authorization: "Bearer " + token() };
-  if (json !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {
-    method,
-    headers,
-    body: json === undefined ? undefined : JSON.stringify(json),
-  });
-  let body = null;
+  if (body !== undefined) headers["Content-Type"] = type;
+  const response = await fetch(path, { method, headers, body });
+  let answer = null;
   try {
-    body = await response.json();
+    answer = await response.json();
   } catch (_) {
-    body = null;
+    answer = null;
   }
   if (response.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
     route();
     throw new Error("the token was refused");
   }
-  if (!body || !body.successful) {
-    const first = body && body.errors && body.errors[0];
+  if (!answer || !answer.successful) {
+    const first = answer && answer.errors && answer.errors[0];
     throw new Error(first ? first.errorCode + ": " + first.message : "HTTP " + response.status);
   }
-  return body.result;
+  return answer.result;
 }
 
 function status(s) {

@@ -159,6 +159,24 @@ impl Browser {
             .unwrap_or_else(|e| panic!("cannot press {scope}\"{name}\": {e}"));
     }
 
+    /// Chooses the file at `path` in the file field whose label contains `label`, as a person
+    /// picking it in the dialog would.
+    pub async fn attach(&self, label: &str, path: &std::path::Path) {
+        assert!(!label.contains('\''), "a label without quotes: {label}");
+        let xpath = format!(
+            "//input[@type='file' and @id=//label[contains(normalize-space(.), '{label}')]/@for]"
+        );
+        self.client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::XPath(&xpath))
+            .await
+            .unwrap_or_else(|e| panic!("no file field labelled \"{label}\": {e}"))
+            .send_keys(&path.display().to_string())
+            .await
+            .unwrap_or_else(|e| panic!("cannot choose {}: {e}", path.display()));
+    }
+
     pub async fn sign_in(&self, base: &str, token: &str) {
         self.client
             .goto(&format!("{base}/console"))
