@@ -1,6 +1,6 @@
-//! The OpenAPI document's links: from what a submission answers (the 202 of `POST /v1/turns`
-//! and of `POST /v1/batches`) to the operations on what it created, with the runtime
-//! expressions that fill their path parameters.
+//! The OpenAPI document's links: from what a submission answers (the 202 of `POST /v1/turns`,
+//! of `POST /v1/batches` and of a batch's retry) to the operations on what it created, with
+//! the runtime expressions that fill their path parameters.
 //!
 //! Owns: the links and putting them into the served document. Must not: describe operations
 //! (the routes' derives do).
@@ -44,6 +44,9 @@ const LINKS: &[Link] = &[
     link("/v1/batches", "GetBatch", "get_batch", BATCH),
     link("/v1/batches", "GetBatchResults", "get_batch_results", BATCH),
     link("/v1/batches", "CancelBatch", "cancel_batch", BATCH),
+    link("/v1/batches", "RetryBatch", "retry_batch", BATCH),
+    link("/v1/batches/{batchId}/retry", "GetBatch", "get_batch", BATCH),
+    link("/v1/batches/{batchId}/retry", "GetBatchResults", "get_batch_results", BATCH),
 ];
 const TURN: &[(&str, &str)] = &[
     ("sessionId", "$response.body#/result/sessionId"),

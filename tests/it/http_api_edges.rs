@@ -37,6 +37,7 @@ async fn the_openapi_document_covers_every_route() {
         ("post", "/v1/index"),
         ("post", "/v1/sessions/{sessionId}/turns/{turnId}/cancel"),
         ("post", "/v1/batches/{batchId}/cancel"),
+        ("post", "/v1/batches/{batchId}/retry"),
         ("get", "/v1/tenant/usage"),
         ("get", "/v1/sessions/{sessionId}/turns/{turnId}/inspect"),
         ("get", "/v1/batches"),

@@ -102,6 +102,7 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
         (status = 400, description = "BATCH_FILE_MISMATCH: a failed line is missing from the file or has another customId; the body is empty or not UTF-8; the path or webhook is refused", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
+        (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry) or NO_LINES_TO_RETRY", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "A compressed body, or a Content-Type other than NDJSON", body = Failure),
