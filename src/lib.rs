@@ -56,13 +56,15 @@
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
 //! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`vitals`]
 //! (each worker's heartbeat and the system view folded from them), [`sched`] (the CPU
-//! scheduling class of the long-running processes), [`fake_llm`] (a faithful fake of the
-//! Responses API — and of a chat-only server — for tests and demos).
+//! scheduling class of the long-running processes), [`allocs`] (the counting allocator a
+//! `count-allocations` build installs, for the bench's allocations per turn), [`fake_llm`] (a
+//! faithful fake of the Responses API — and of a chat-only server — for tests and demos).
 //!
 //! The `aptix` binary (`src/main.rs`, the commands in `src/cli/`) is what operators run; the
 //! benchmarks are a workspace member of their own (`crates/bench`, `aptix-bench`), and the
 //! library's entry points for them are built only with the `bench` feature.
 
+pub mod allocs;
 pub mod app;
 pub mod catalog;
 pub mod causes;

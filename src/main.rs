@@ -17,10 +17,20 @@ use cli::Cli;
 /// mimalloc, not the system allocator: a turn allocates and frees many small buffers across
 /// threads, and glibc's malloc spent about a third of the process's CPU on it, much of it
 /// waiting on arena locks (`perf` on `aptix-bench turns --closed-loop`, docs/benchmarks.md).
+#[cfg(not(feature = "count-allocations"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The same, counted (`cargo build --release --features count-allocations`): `/metrics` shows
+/// what serve and worker allocate, and the bench reports it per turn.
+#[cfg(feature = "count-allocations")]
+#[global_allocator]
+static ALLOCATOR: aptix_worker::allocs::Counting<mimalloc::MiMalloc> =
+    aptix_worker::allocs::Counting::new(mimalloc::MiMalloc);
+
 fn main() -> ExitCode {
+    #[cfg(feature = "count-allocations")]
+    aptix_worker::allocs::install(&ALLOCATOR);
     aptix_worker::tls::install_crypto_provider();
     let matches = Cli::command().get_matches();
     let service = matches.subcommand_name().unwrap_or("cli").to_string();

@@ -45,8 +45,18 @@ const LINKS: &[Link] = &[
     link("/v1/batches", "GetBatchResults", "get_batch_results", BATCH),
     link("/v1/batches", "CancelBatch", "cancel_batch", BATCH),
     link("/v1/batches", "RetryBatch", "retry_batch", BATCH),
-    link("/v1/batches/{batchId}/retry", "GetBatch", "get_batch", BATCH),
-    link("/v1/batches/{batchId}/retry", "GetBatchResults", "get_batch_results", BATCH),
+    link(
+        "/v1/batches/{batchId}/retry",
+        "GetBatch",
+        "get_batch",
+        BATCH,
+    ),
+    link(
+        "/v1/batches/{batchId}/retry",
+        "GetBatchResults",
+        "get_batch_results",
+        BATCH,
+    ),
 ];
 const TURN: &[(&str, &str)] = &[
     ("sessionId", "$response.body#/result/sessionId"),

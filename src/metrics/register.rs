@@ -281,6 +281,9 @@ impl Metrics {
             webhook_send_lag.clone(),
         );
         let tools = super::tools::ToolFamilies::register(&mut registry);
+        if crate::allocs::counted().is_some() {
+            registry.register_collector(Box::new(Allocations));
+        }
         Self {
             registry,
             turns,
@@ -325,5 +328,41 @@ impl Metrics {
             pulse: crate::vitals::Pulse::default(),
             routes: RwLock::default(),
         }
+    }
+}
+
+/// The counting allocator's counts, read at each scrape: only in a `count-allocations` build
+/// (the families are not listed otherwise).
+#[derive(Debug)]
+struct Allocations;
+
+impl prometheus_client::collector::Collector for Allocations {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::TypedMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let Some(counts) = crate::allocs::counted() else {
+            return Ok(());
+        };
+        for (name, help, value) in [
+            (
+                "allocations",
+                "Heap allocations and reallocations of this process since it started (a count-allocations build)",
+                counts.allocations,
+            ),
+            (
+                "allocated_bytes",
+                "Bytes those allocations asked for (a reallocation counts its new size)",
+                counts.bytes,
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            let metric = encoder.encode_descriptor(name, help, None, ConstCounter::<u64>::TYPE)?;
+            counter.encode(metric)?;
+        }
+        Ok(())
     }
 }

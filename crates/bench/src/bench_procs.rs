@@ -14,6 +14,7 @@ use aptix_worker::config::Config;
 use aptix_worker::queue::RabbitBroker;
 use aptix_worker::store::RedisStore;
 
+use super::bench_allocs::{report as allocs_report, scrape};
 use super::bench_callgrind::{Callgrind, Counted};
 use super::bench_loop::{LoopOptions, baseline, drive};
 use super::bench_verdict::Part;
@@ -222,7 +223,15 @@ async fn start_and_measure(
     )?;
     let front_door =
         address_after(&line, "address=").context("aptix serve's log does not name its address")?;
-    let mut worker_cmd = Callgrind::command(callgrind.as_ref(), Counted::Worker, exe, &["worker"]);
+    // The worker's /metrics (its allocations, in a build that counts them) on a port of the
+    // run's own.
+    let worker_ops = format!("127.0.0.1:{}", free_port()?);
+    let mut worker_cmd = Callgrind::command(
+        callgrind.as_ref(),
+        Counted::Worker,
+        exe,
+        &["worker", "--listen", &worker_ops],
+    );
     product(&mut worker_cmd);
     let (worker, _) = Proc::start(
         "aptix worker",
@@ -234,14 +243,21 @@ async fn start_and_measure(
     // removed rather than left behind.
     let procs = [&serve, &worker, &fake];
     tokio::select! {
-        measured = measure(&front_door, opts, config, procs, callgrind.as_ref()) => measured,
+        measured = measure([&front_door, &worker_ops], opts, config, procs, callgrind.as_ref()) => measured,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
     }
 }
 
-/// Drives the clients against the front door at `address` and prints the figures.
+/// A port free on the loopback now (the system picks it; the worker binds it moments later).
+fn free_port() -> anyhow::Result<u16> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(probe.local_addr()?.port())
+}
+
+/// Drives the clients against the front door at `address` and prints the figures (the
+/// worker's allocations read from `worker_ops`).
 async fn measure(
-    address: &str,
+    [address, worker_ops]: [&str; 2],
     opts: &LoopOptions,
     config: &Config,
     [serve, worker, fake]: [&Proc; 3],
@@ -263,6 +279,16 @@ async fn measure(
         Counted::Serve => (cg, serve),
         Counted::FakeLlm => (cg, fake),
     });
+    // Allocations are read outside the instructions' and the CPU's window: the scrapes are
+    // the bench's, not a turn's.
+    let scraper = reqwest::Client::new();
+    let allocated = || async {
+        (
+            scrape(&scraper, address).await,
+            scrape(&scraper, worker_ops).await,
+        )
+    };
+    let allocated_before = allocated().await;
     if let Some((cg, p)) = counted {
         cg.zero(p.pid())?;
     }
@@ -275,6 +301,7 @@ async fn measure(
                 .map(|(n, dump)| (p.label, n, cg.kept().then_some(dump)))
         })
         .transpose()?;
+    let allocated_after = allocated().await;
     // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
     let mut threads = match std::env::var("TOKIO_WORKER_THREADS") {
         Ok(n) => format!("serve, worker and fake model as processes of {n} runtime thread(s)"),
@@ -305,6 +332,16 @@ async fn measure(
         worker.peak() / 1024,
         per_turn(worker_grew),
         per_turn(serve_grew + worker_grew),
+    );
+    println!(
+        "{}",
+        allocs_report(
+            opts.turns as u64,
+            [
+                ("serve", allocated_before.0, allocated_after.0),
+                ("worker", allocated_before.1, allocated_after.1),
+            ]
+        )
     );
     if let Some((label, n, kept)) = instructions {
         let turns = opts.turns.max(1) as u64;

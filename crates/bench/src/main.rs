@@ -2,12 +2,13 @@
 //!
 //! Each measures the product against a baseline measured in the same run (docs/benchmarks.md
 //! has today's figures and how to reproduce them): `turns` pushes turns through the real job
-//! path (in-process, or as separate `aptix` processes with their CPU per turn and callgrind's
-//! instruction counts), `store`, `limiter` and `rag` measure one part each, and `tool-call`
+//! path (in-process, or as separate `aptix` processes with their CPU per turn, callgrind's
+//! instruction counts and, for a `count-allocations` build, allocations per turn), `store`, `limiter` and `rag` measure one part each, and `tool-call`
 //! what an MCP server tool call adds to a turn. Configuration is
 //! the product's (`APTIX_*`, `APTIX_CONFIG_FILE`).
 
 mod bench;
+mod bench_allocs;
 mod bench_callgrind;
 mod bench_loop;
 mod bench_procs;
