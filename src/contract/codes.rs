@@ -118,8 +118,10 @@ error_codes! {
     BatchFileMismatch = "BATCH_FILE_MISMATCH",
     /// The batch's failed lines were sent again already, as the batch the message names; retry that one's failed lines.
     BatchAlreadyRetried = "BATCH_ALREADY_RETRIED",
-    /// The batch has no failed or rejected lines to send again (lines still running are retried once they have failed).
+    /// The batch has no failed or rejected lines to send again.
     NoLinesToRetry = "NO_LINES_TO_RETRY",
+    /// Some of the batch's lines are still queued or running; its failed lines are sent again once every line has settled (a batch is retried once).
+    BatchNotSettled = "BATCH_NOT_SETTLED",
     /// A query-string or path parameter cannot be read; the message names it.
     InvalidParameter = "INVALID_PARAMETER",
     /// No route has this path.

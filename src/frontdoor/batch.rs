@@ -95,6 +95,9 @@ pub enum BatchError {
     /// The batch has no failed lines to send again.
     #[error("{0}")]
     NothingToRetry(String),
+    /// Some of the batch's lines are still queued or running: it is retried once they settle.
+    #[error("{0}")]
+    NotSettled(String),
 }
 
 fn line_error(line: usize, custom_id: Option<String>, errors: Vec<ErrorMessage>) -> BatchLineError {

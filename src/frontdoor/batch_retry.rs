@@ -7,7 +7,8 @@
 //! line's first try, in the session that try ran in (a rejected line: the session it names, or
 //! one derived from it), so the same retry sent twice at once still starts each turn once. The
 //! new batch keeps the lines' numbers, names the batch it retries, and that batch names it: a
-//! batch is retried once; what fails again is retried from the retry.
+//! batch is retried once, after its lines have settled (a line waiting for its client's tools
+//! is not sent again); what fails again is retried from the retry.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -127,7 +128,7 @@ impl FrontDoor {
         let failed = self.failed_lines(original).await?;
         if failed.is_empty() {
             return Err(BatchError::NothingToRetry(format!(
-                "batch {:?} has no failed or rejected lines to send again (lines still open are retried once they fail)",
+                "batch {:?} has no failed or rejected lines to send again",
                 original.batch_id
             )));
         }
@@ -183,12 +184,14 @@ impl FrontDoor {
 
     /// The lines of `batch` to send again, by line number: those whose turn failed, and those
     /// rejected at submission (except a repeated customId: sent alone it would run a line the
-    /// client sent twice).
+    /// client sent twice). Refused while a line is queued or running: a line that fails after
+    /// the retry could not be retried (a batch is retried once).
     async fn failed_lines(
         &self,
         batch: &BatchRecord,
     ) -> Result<BTreeMap<usize, Retried>, BatchError> {
         let mut out = BTreeMap::new();
+        let mut open = 0usize;
         for chunk in batch.items.chunks(READ_CHUNK) {
             let ids: Vec<_> = chunk
                 .iter()
@@ -196,10 +199,20 @@ impl FrontDoor {
                 .collect();
             let records = self.store.get_turns(&ids).await?;
             for (item, record) in chunk.iter().zip(records) {
-                if record.is_some_and(|r| r.status == TurnStatus::Failed) {
-                    out.insert(item.line, Retried::Failed(item.clone()));
+                match record.map(|r| r.status) {
+                    Some(TurnStatus::Failed) => {
+                        out.insert(item.line, Retried::Failed(item.clone()));
+                    }
+                    Some(TurnStatus::Queued | TurnStatus::Running) => open += 1,
+                    _ => {}
                 }
             }
+        }
+        if open > 0 {
+            return Err(BatchError::NotSettled(format!(
+                "batch {:?} has {open} line(s) still queued or running; retry its failed lines once they have settled",
+                batch.batch_id
+            )));
         }
         for rejected in &batch.rejected {
             let repeated = rejected

@@ -1,7 +1,7 @@
 //! A batch's failed lines sent again over HTTP (`POST /v1/batches/{id}/retry`), on both
 //! backends: only the failed and rejected lines run again, each as a new turn in its first
-//! try's session; a file that does not match is refused whole; a batch is retried once, and two
-//! retries at once start each turn once.
+//! try's session; a file that does not match is refused whole; a batch is retried once, once
+//! its lines have settled, and two retries at once start each turn once.
 
 use std::time::Duration;
 
@@ -273,4 +273,47 @@ async fn two_retries_at_once_run_a_line_once_on_the_services() {
 #[tokio::test]
 async fn two_retries_at_once_run_a_line_once_embedded() {
     two_retries_at_once_run_a_line_once(Backend::Embedded).await;
+}
+
+/// While a line is still running its batch is not retried (a line failing after the retry
+/// could not be retried: a batch is retried once); once it has failed, it is.
+async fn a_batch_is_retried_once_its_lines_have_settled(backend: Backend) {
+    let app = spawn(AppOptions {
+        backend,
+        ..AppOptions::default()
+    })
+    .await;
+    app.fake.push([Reply::Delay(
+        Duration::from_millis(1500),
+        Box::new(refused()),
+    )]);
+    let file = line("slow", json!({"instruction": "fail slowly"}));
+    let (_, body) = app
+        .post_to(Some("tok-a"), "/v1/batches", file.clone())
+        .await;
+    let id = body["result"]["batchId"].as_str().unwrap().to_string();
+    let (status, body) = retry(&app, "tok-a", &id, &file).await;
+    assert_eq!((status, code(&body)), (409, "BATCH_NOT_SETTLED"), "{body}");
+    assert!(
+        body["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 line(s) still queued or running"),
+        "{body}"
+    );
+    assert_eq!(settled(&app, "tok-a", &id).await["failed"], 1);
+    let (status, body) = retry(&app, "tok-a", &id, &file).await;
+    assert_eq!(status, 202, "{body}");
+    let retry_id = body["result"]["batchId"].as_str().unwrap().to_string();
+    assert_eq!(settled(&app, "tok-a", &retry_id).await["completed"], 1);
+}
+
+#[tokio::test]
+async fn a_batch_is_retried_once_its_lines_have_settled_on_the_services() {
+    a_batch_is_retried_once_its_lines_have_settled(Backend::Services).await;
+}
+
+#[tokio::test]
+async fn a_batch_is_retried_once_its_lines_have_settled_embedded() {
+    a_batch_is_retried_once_its_lines_have_settled(Backend::Embedded).await;
 }

@@ -152,6 +152,9 @@ function retryBox(batch, path) {
         return;
       }
       open.hidden = !((p.failed || 0) + (p.rejected || 0));
+      // A batch is retried once, so not while a line may still fail.
+      open.disabled = (p.queued || 0) + (p.running || 0) > 0;
+      open.title = open.disabled ? "Lines are still queued or running: retry once they have settled" : "";
     },
   };
 }

@@ -79,6 +79,7 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
         BatchError::NothingToRetry(m) => {
             failure(StatusCode::CONFLICT, ErrorCode::NoLinesToRetry, m)
         }
+        BatchError::NotSettled(m) => failure(StatusCode::CONFLICT, ErrorCode::BatchNotSettled, m),
         BatchError::Store(e) => unavailable(e),
         BatchError::Unrecorded(e) => unavailable_unaccepted(e),
         BatchError::Webhook(refused) => refused.into_response(),
@@ -88,7 +89,8 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
 /// Send a batch's failed lines again: the body is the file the batch was made from; the lines
 /// whose turn failed, or that were rejected, are read from it (matched by line number and
 /// customId) and submitted as a new batch that names this one. Each runs as a new turn in the
-/// session its first try ran in. A batch is retried once.
+/// session its first try ran in. A batch is retried once, when none of its lines is queued
+/// or running.
 #[utoipa::path(post, path = "/v1/batches/{batchId}/retry", tag = "batches",
     params(
         ("batchId" = String, Path, description = "The batch whose failed lines are sent again"),
@@ -103,7 +105,7 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
         (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
-        (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry) or NO_LINES_TO_RETRY", body = Failure),
+        (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry), BATCH_NOT_SETTLED (lines still queued or running) or NO_LINES_TO_RETRY", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "A compressed body, or a Content-Type other than NDJSON", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
