@@ -11,7 +11,6 @@ use futures_util::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::batch_retry::{RetryIds, retry_batch_id};
 use super::{FrontDoor, SubmitError};
 use crate::config::BatchLimits;
 use crate::contract::request::default_id;
@@ -118,6 +117,41 @@ fn fill_ids(request: &mut Map<String, Value>) {
     });
 }
 
+/// The ids a line's request is given before it is read (a retried line's: its new turn, in
+/// its first try's session).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct LineIds {
+    /// The session it must run in (the one its first try ran in), whatever the line names.
+    pub session: Option<String>,
+    /// The session it runs in when it names none.
+    pub default_session: String,
+    /// Its new turn's id.
+    pub turn: String,
+}
+
+impl LineIds {
+    /// Writes the ids into a line's request object.
+    pub(super) fn apply(self, request: &mut Map<String, Value>) {
+        match self.session {
+            Some(session) => {
+                request.remove("SessionId");
+                request.insert("sessionId".into(), Value::String(session));
+            }
+            None => default_id(request, "sessionId", "SessionId", || self.default_session),
+        }
+        request.remove("TurnId");
+        request.insert("turnId".into(), Value::String(self.turn));
+    }
+}
+
+/// A batch about to be stored: its id, its line count, and the batch whose failed lines it
+/// sends again, if it does.
+pub(super) struct NewBatch<'a> {
+    pub id: String,
+    pub total: usize,
+    pub retry_of: Option<&'a str>,
+}
+
 /// A line read: its number, customId and request, or why it is refused.
 pub(super) type PreparedLine = Result<(usize, String, ParsedRequest), BatchLineError>;
 
@@ -169,9 +203,12 @@ impl FrontDoor {
     ) -> Result<BatchAccepted, BatchError> {
         let lines = read_lines(body, limits)?;
         let prepared = self.prepare_lines(&lines, |_| None);
-        let total = lines.len();
-        self.accept_batch(tenant, prepared, (total, None), asked)
-            .await
+        let batch = NewBatch {
+            id: format!("batch-{}", uuid::Uuid::new_v4().simple()),
+            total: lines.len(),
+            retry_of: None,
+        };
+        self.accept_batch(tenant, prepared, batch, asked).await
     }
 
     /// Reads each line into its customId and request (its ids set by `ids` when it names
@@ -180,7 +217,7 @@ impl FrontDoor {
     pub(super) fn prepare_lines(
         &self,
         lines: &[(usize, &str)],
-        ids: impl Fn(usize) -> Option<RetryIds>,
+        ids: impl Fn(usize) -> Option<LineIds>,
     ) -> Vec<PreparedLine> {
         let mut seen = std::collections::HashSet::new();
         lines
@@ -209,13 +246,16 @@ impl FrontDoor {
             .collect()
     }
 
-    /// Stores a batch of `total` lines (sending again the failed lines of `retry_of`, when it
-    /// names one) and enqueues its good lines; the bad ones are listed with why.
+    /// Stores `batch` and enqueues its good lines; the bad ones are listed with why.
     pub(super) async fn accept_batch(
         &self,
         tenant: &str,
         prepared: Vec<PreparedLine>,
-        (total, retry_of): (usize, Option<&str>),
+        NewBatch {
+            id: batch_id,
+            total,
+            retry_of,
+        }: NewBatch<'_>,
         (webhook, tier): (Option<&str>, Option<crate::contexts::ServiceTier>),
     ) -> Result<BatchAccepted, BatchError> {
         if let Some(url) = webhook {
@@ -225,10 +265,6 @@ impl FrontDoor {
         }
         // The batch is stored before anything is enqueued, so a turn is never running for a
         // batch nobody can read back; lines that then fail to enqueue are moved to `rejected`.
-        let batch_id = match retry_of {
-            Some(original) => retry_batch_id(original),
-            None => format!("batch-{}", uuid::Uuid::new_v4().simple()),
-        };
         let mut record = BatchRecord {
             batch_id,
             tenant: tenant.to_string(),
@@ -363,7 +399,7 @@ impl FrontDoor {
     }
 
     /// Reads one line into its customId and a parsed request (ids filled in).
-    fn prepare_line(&self, line: usize, raw: &str, ids: Option<RetryIds>) -> PreparedLine {
+    fn prepare_line(&self, line: usize, raw: &str, ids: Option<LineIds>) -> PreparedLine {
         let value: Value = serde_json::from_str(raw).map_err(|e| {
             line_error(
                 line,

@@ -12,45 +12,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use super::FrontDoor;
-use super::batch::{BatchAccepted, BatchError, PreparedLine, read_lines};
+use super::batch::{BatchAccepted, BatchError, LineIds, NewBatch, PreparedLine, read_lines};
 use crate::config::BatchLimits;
 use crate::contract::ErrorCode;
-use crate::contract::request::default_id;
 use crate::state::TurnStatus;
 use crate::store::{BatchItem, BatchRecord};
 
 /// Turns read from the store at once to find a batch's failed lines.
 const READ_CHUNK: usize = 500;
-
-/// The ids a retried line's request is given before it is read.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct RetryIds {
-    /// The session it must run in (the one its first try ran in), whatever the line names.
-    session: Option<String>,
-    /// The session it runs in when it names none.
-    default_session: String,
-    /// Its new turn's id.
-    turn: String,
-}
-
-impl RetryIds {
-    /// Writes the ids into a line's request object.
-    pub(super) fn apply(self, request: &mut Map<String, Value>) {
-        match self.session {
-            Some(session) => {
-                request.remove("SessionId");
-                request.insert("sessionId".into(), Value::String(session));
-            }
-            None => default_id(request, "sessionId", "SessionId", || self.default_session),
-        }
-        request.remove("TurnId");
-        request.insert("turnId".into(), Value::String(self.turn));
-    }
-}
 
 /// 32 hex digits that only these parts give (each part's length is hashed with it, so
 /// `["ab", "c"]` and `["a", "bc"]` differ).
@@ -64,7 +36,7 @@ fn derived(parts: &[&str]) -> String {
 }
 
 /// The id of the batch that retries `original`: one per batch, so a second retry finds it.
-pub(super) fn retry_batch_id(original: &str) -> String {
+fn retry_batch_id(original: &str) -> String {
     format!("batch-{}", derived(&["retry", original]))
 }
 
@@ -87,15 +59,15 @@ impl Retried {
     }
 
     /// The ids its new turn takes, derived from its first try in batch `batch`.
-    fn ids(&self, batch: &str, line: usize) -> RetryIds {
+    fn ids(&self, batch: &str, line: usize) -> LineIds {
         let line = line.to_string();
         match self {
-            Self::Failed(item) => RetryIds {
+            Self::Failed(item) => LineIds {
                 session: Some(item.session_id.client_id().to_string()),
                 default_session: String::new(),
                 turn: derived(&["turn", batch, &line, item.turn_id.as_str()]),
             },
-            Self::Rejected(_) => RetryIds {
+            Self::Rejected(_) => LineIds {
                 session: None,
                 default_session: derived(&["session", batch, &line]),
                 turn: derived(&["turn", batch, &line]),
@@ -168,7 +140,11 @@ impl FrontDoor {
             .accept_batch(
                 &original.tenant,
                 prepared,
-                (failed.len(), Some(&original.batch_id)),
+                NewBatch {
+                    id: retry_id,
+                    total: failed.len(),
+                    retry_of: Some(&original.batch_id),
+                },
                 (webhook, tier),
             )
             .await?;
@@ -260,6 +236,7 @@ fn mismatch(batch: &str, line: usize, expected: Option<&str>, found: Found<'_>) 
 mod tests {
     use super::*;
     use crate::contract::{SessionId, TurnId};
+    use serde_json::{Map, Value};
 
     fn ids_for_test(
         batch: &str,

@@ -41,16 +41,36 @@ pub(crate) async fn post_batch(
     query: QueryParams,
     LimitedBody(body, _): LimitedBody<BatchSized>,
 ) -> Response {
-    let (webhook, tier) = match (query.webhook(), query.service_tier()) {
-        (Ok(w), Ok(t)) => (w, t),
-        (Err(bad), _) | (_, Err(bad)) => return bad.into(),
+    let (webhook, tier) = match asked(&query) {
+        Ok(asked) => asked,
+        Err(bad) => return bad,
     };
-    let asked = (webhook.as_deref(), tier);
-    match state
-        .door
-        .submit_batch(&tenant, &body, state.batch_limits, asked)
-        .await
-    {
+    accepted(
+        state
+            .door
+            .submit_batch(
+                &tenant,
+                &body,
+                state.batch_limits,
+                (webhook.as_deref(), tier),
+            )
+            .await,
+    )
+}
+
+/// A batch's `?webhook=` and `?serviceTier=`, or the `400` naming the one that cannot be read.
+fn asked(
+    query: &QueryParams,
+) -> Result<(Option<String>, Option<crate::contexts::ServiceTier>), Response> {
+    match (query.webhook(), query.service_tier()) {
+        (Ok(w), Ok(t)) => Ok((w, t)),
+        (Err(bad), _) | (_, Err(bad)) => Err(bad.into()),
+    }
+}
+
+/// `202` with the lines accepted (and those refused), or why the whole batch was refused.
+fn accepted(submitted: Result<BatchAccepted, crate::frontdoor::batch::BatchError>) -> Response {
+    match submitted {
         Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
         Err(refused) => batch_refused(refused),
     }
@@ -107,7 +127,7 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
         (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
         (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry), BATCH_NOT_SETTLED (lines still queued or running) or NO_LINES_TO_RETRY", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
-        (status = 415, description = "A compressed body, or a Content-Type other than NDJSON", body = Failure),
+        (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
             headers(("Retry-After" = u64, description = "Seconds to wait before trying again"))),
     ))]
@@ -117,23 +137,21 @@ pub(crate) async fn retry_batch(
     query: QueryParams,
     LimitedBody(body, _): LimitedBody<BatchSized>,
 ) -> Response {
-    let (webhook, tier) = match (query.webhook(), query.service_tier()) {
-        (Ok(w), Ok(t)) => (w, t),
-        (Err(bad), _) | (_, Err(bad)) => return bad.into(),
+    let (webhook, tier) = match asked(&query) {
+        Ok(asked) => asked,
+        Err(bad) => return bad,
     };
-    match state
-        .door
-        .retry_batch(
-            &batch,
-            &body,
-            state.batch_limits,
-            (webhook.as_deref(), tier),
-        )
-        .await
-    {
-        Ok(accepted) => answer(StatusCode::ACCEPTED, InvokeResult::success(accepted)),
-        Err(refused) => batch_refused(refused),
-    }
+    accepted(
+        state
+            .door
+            .retry_batch(
+                &batch,
+                &body,
+                state.batch_limits,
+                (webhook.as_deref(), tier),
+            )
+            .await,
+    )
 }
 
 /// The batch a request's path names, when the calling tenant submitted it (or the caller is an
