@@ -43,7 +43,7 @@ pub(crate) async fn post_batch(
 ) -> Response {
     let (webhook, tier) = match asked(&query) {
         Ok(asked) => asked,
-        Err(bad) => return bad,
+        Err(bad) => return bad.into(),
     };
     accepted(
         state
@@ -61,11 +61,8 @@ pub(crate) async fn post_batch(
 /// A batch's `?webhook=` and `?serviceTier=`, or the `400` naming the one that cannot be read.
 fn asked(
     query: &QueryParams,
-) -> Result<(Option<String>, Option<crate::contexts::ServiceTier>), Response> {
-    match (query.webhook(), query.service_tier()) {
-        (Ok(w), Ok(t)) => Ok((w, t)),
-        (Err(bad), _) | (_, Err(bad)) => Err(bad.into()),
-    }
+) -> Result<(Option<String>, Option<crate::contexts::ServiceTier>), BadParameter> {
+    Ok((query.webhook()?, query.service_tier()?))
 }
 
 /// `202` with the lines accepted (and those refused), or why the whole batch was refused.
@@ -139,7 +136,7 @@ pub(crate) async fn retry_batch(
 ) -> Response {
     let (webhook, tier) = match asked(&query) {
         Ok(asked) => asked,
-        Err(bad) => return bad,
+        Err(bad) => return bad.into(),
     };
     accepted(
         state
