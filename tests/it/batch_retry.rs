@@ -102,7 +102,7 @@ async fn only_the_failed_lines_run_again(backend: Backend) {
     let (status, body) = retry(&app, "tok-a", &id, &swapped.join("\n")).await;
     assert_eq!(
         (status, code(&body)),
-        (400, "BATCH_FILE_MISMATCH"),
+        (409, "BATCH_FILE_MISMATCH"),
         "{body}"
     );
     let message = body["errors"][0]["message"].as_str().unwrap();
@@ -115,7 +115,7 @@ async fn only_the_failed_lines_run_again(backend: Backend) {
     let (status, body) = retry(&app, "tok-a", &id, &file[..1].join("\n")).await;
     assert_eq!(
         (status, code(&body)),
-        (400, "BATCH_FILE_MISMATCH"),
+        (409, "BATCH_FILE_MISMATCH"),
         "{body}"
     );
     // Nothing was sent: the batch is not marked, and no model call was made.

@@ -87,9 +87,7 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
             ErrorCode::MalformedJson,
             format!("$: {m}"),
         ),
-        BatchError::Mismatch(m) => {
-            failure(StatusCode::BAD_REQUEST, ErrorCode::BatchFileMismatch, m)
-        }
+        BatchError::Mismatch(m) => failure(StatusCode::CONFLICT, ErrorCode::BatchFileMismatch, m),
         BatchError::AlreadyRetried(m) => {
             failure(StatusCode::CONFLICT, ErrorCode::BatchAlreadyRetried, m)
         }
@@ -118,11 +116,11 @@ fn batch_refused(refused: crate::frontdoor::batch::BatchError) -> Response {
         description = "The batch's file again: one BatchLine per line, at the same line numbers"),
     responses(
         (status = 202, description = "The failed lines, sent again as a new batch (`retryOf` names this one); lines still bad are listed", body = api_doc::InvokeResult<BatchAccepted>),
-        (status = 400, description = "BATCH_FILE_MISMATCH: a failed line is missing from the file or has another customId; the body is empty or not UTF-8; the path or webhook is refused", body = Failure),
+        (status = 400, description = "The body is empty or not UTF-8; or the path or webhook is refused", body = Failure),
         (status = 401, description = "Missing or unknown bearer token", body = Failure),
         (status = 404, description = "No such batch (or another tenant's)", body = Failure),
         (status = 408, description = "The body stopped arriving for APTIX_HTTP_READ_TIMEOUT_SECS (REQUEST_TIMEOUT); the connection is closed", body = Failure),
-        (status = 409, description = "BATCH_ALREADY_RETRIED (the message names the retry), BATCH_NOT_SETTLED (lines still queued or running) or NO_LINES_TO_RETRY", body = Failure),
+        (status = 409, description = "The file or the batch does not allow a retry: BATCH_FILE_MISMATCH (a failed line is missing from the file or has another customId: not the batch's file), BATCH_ALREADY_RETRIED (the message names the retry), BATCH_NOT_SETTLED (lines still queued or running) or NO_LINES_TO_RETRY", body = Failure),
         (status = 413, description = "More bytes or lines than the limits allow", body = Failure),
         (status = 415, description = "UNSUPPORTED_CONTENT_ENCODING: a compressed body (Content-Encoding other than identity); UNSUPPORTED_MEDIA_TYPE: a Content-Type other than NDJSON, or a charset other than UTF-8", body = Failure),
         (status = 503, description = "Store unavailable", body = Failure,
@@ -349,6 +347,8 @@ pub(crate) async fn get_batch_results(
         Ok(None) => 0,
         Ok(Some(raw)) => match raw.trim().parse::<usize>() {
             Ok(n) => n,
+            // A whole number past the largest index skips every line: an empty page.
+            Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => usize::MAX,
             Err(_) => {
                 return BadParameter::new(format!(
                     "from: must be a whole number from 0, not {raw:?}"
