@@ -362,7 +362,7 @@ impl FrontDoor {
         }
         tracing::info!(
             batch_id = %record.batch_id,
-            retry_of = record.retry_of.as_deref().unwrap_or(""),
+            retry_of = record.retry_of.as_deref(),
             total = record.total,
             accepted = record.items.len(),
             rejected = record.rejected.len(),

@@ -322,6 +322,9 @@ pub(super) async fn a_worker_process_drains_and_exits_0_on_sigterm() {
     assert!(get("/readyz").starts_with("HTTP/1.1 200"));
     let metrics = get("/metrics");
     assert!(metrics.contains("aptix_turns_in_flight 0"), "{metrics}");
+    // The product as built by default counts no allocations (that is a count-allocations
+    // build's, for the bench).
+    assert!(!metrics.contains("aptix_allocations"), "{metrics}");
     assert!(
         get("/v1/turns").starts_with("HTTP/1.1 404"),
         "a worker serves no API"
