@@ -17,16 +17,27 @@ use cli::Cli;
 /// mimalloc, not the system allocator: a turn allocates and frees many small buffers across
 /// threads, and glibc's malloc spent about a third of the process's CPU on it, much of it
 /// waiting on arena locks (`perf` on `aptix-bench turns --closed-loop`, docs/benchmarks.md).
+/// The `system-allocator` feature keeps the system's, for heap profilers that see only
+/// `malloc` (ops/bench/alloc-sites.sh).
+#[cfg(not(feature = "system-allocator"))]
+type Allocator = mimalloc::MiMalloc;
+#[cfg(not(feature = "system-allocator"))]
+const ALLOCATOR_INNER: Allocator = mimalloc::MiMalloc;
+#[cfg(feature = "system-allocator")]
+type Allocator = std::alloc::System;
+#[cfg(feature = "system-allocator")]
+const ALLOCATOR_INNER: Allocator = std::alloc::System;
+
 #[cfg(not(feature = "count-allocations"))]
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Allocator = ALLOCATOR_INNER;
 
 /// The same, counted (`cargo build --release --features count-allocations`): `/metrics` shows
 /// what serve and worker allocate, and the bench reports it per turn.
 #[cfg(feature = "count-allocations")]
 #[global_allocator]
-static ALLOCATOR: aptix_worker::allocs::Counting<mimalloc::MiMalloc> =
-    aptix_worker::allocs::Counting::new(mimalloc::MiMalloc);
+static ALLOCATOR: aptix_worker::allocs::Counting<Allocator> =
+    aptix_worker::allocs::Counting::new(ALLOCATOR_INNER);
 
 fn main() -> ExitCode {
     #[cfg(feature = "count-allocations")]

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Where a turn's allocations come from: one process (serve or worker) under valgrind's DHAT
+# while N turns of one session run through the synchronous endpoint, then the program points
+# that allocated most, per turn, by bytes and by blocks. A debug build with the system's
+# allocator (the `system-allocator` feature: DHAT sees only malloc, not mimalloc) keeps the
+# symbols; its counts match the product's within a few per cent (the bench's counting
+# allocator gives the release figures: docs/benchmarks.md, "Allocations per turn"). Startup's
+# allocations are in the totals too, once: read the sites that grow with N.
+#
+#   ops/bench/alloc-sites.sh worker|serve [turns=400] [sites=15]
+#
+# Needs RabbitMQ and Redis (APTIX_AMQP_URL, APTIX_REDIS_URL; the local defaults otherwise),
+# valgrind and python3. Runs under a namespace of its own; leaves dhat.<process>.json in
+# target/alloc-sites/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+which=${1:?"worker or serve"}
+turns=${2:-400}
+sites=${3:-15}
+case "$which" in worker|serve) ;; *) echo "worker or serve, not $which" >&2; exit 2 ;; esac
+command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
+
+cargo build --quiet --features system-allocator
+bin=$PWD/target/debug/aptix
+out=$PWD/target/alloc-sites
+mkdir -p "$out"
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+model_port=$(port)
+api_port=$(port)
+export APTIX_NAMESPACE="alloc-sites-$$" \
+  APTIX_AMQP_URL="${APTIX_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/%2f}" \
+  APTIX_REDIS_URL="${APTIX_REDIS_URL:-redis://127.0.0.1:6379/}" \
+  APTIX_LLM_BASE_URL="http://127.0.0.1:$model_port/v1" APTIX_MODEL=bench-model RUST_LOG=warn
+unset OPENAI_API_KEY
+
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+"$bin" fake-llm --listen "127.0.0.1:$model_port" --latency-ms 0 > "$out/fake-llm.log" 2>&1 &
+pids+=($!)
+start() { # start <process> <args…>: under DHAT when it is the one measured
+  local name=$1; shift
+  if [ "$name" = "$which" ]; then
+    valgrind --tool=dhat --dhat-out-file="$out/dhat.$which.json" "$bin" "$@" > "$out/$name.log" 2>&1 &
+  else
+    "$bin" "$@" > "$out/$name.log" 2>&1 &
+  fi
+  pids+=($!)
+}
+start serve serve --listen "127.0.0.1:$api_port"
+start worker worker
+for _ in $(seq 1 240); do curl -fsS "127.0.0.1:$api_port/readyz" >/dev/null 2>&1 && break; sleep 0.5; done
+# A first turn, answered once the worker consumes (under valgrind it starts slowly).
+for attempt in $(seq 1 60); do
+  curl -fsS -m 30 -H 'content-type: application/json' \
+    -d '{"sessionId":"s","turnId":"warm","instruction":"summarise the design"}' \
+    "127.0.0.1:$api_port/api/ai/agent/execute" > /dev/null && break
+  sleep 1
+done
+for i in $(seq 1 "$turns"); do
+  curl -fsS -m 30 -H 'content-type: application/json' \
+    -d "{\"sessionId\":\"s\",\"turnId\":\"t$i\",\"instruction\":\"summarise the design\"}" \
+    "127.0.0.1:$api_port/api/ai/agent/execute" > /dev/null || echo "turn $i failed" >&2
+done
+# SIGTERM: the process drains and exits, and DHAT writes its profile.
+kill -TERM "${pids[@]}"
+for _ in $(seq 1 120); do [ -s "$out/dhat.$which.json" ] && ! pgrep -f "dhat-out-file=$out" >/dev/null && break; sleep 0.5; done
+redis-cli -u "$APTIX_REDIS_URL" --scan --pattern "$APTIX_NAMESPACE:*" | xargs -r redis-cli -u "$APTIX_REDIS_URL" del > /dev/null || true
+
+python3 - "$out/dhat.$which.json" "$turns" "$sites" <<'EOF'
+import json, re, sys
+path, turns, sites = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+d = json.load(open(path))
+frames = d["ftbl"]
+# Frames of the allocator and the standard library say little about who asked.
+plumbing = re.compile(r"\(library/|\(alloc\.rs|__rust|__rdl|GlobalAlloc|malloc|calloc|realloc|raw_vec|\?\?\?"
+                      r"|^(grow_amortized|try_allocate_in|with_capacity_in|with_capacity|reserve|finish_grow|to_vec|to_owned|allocate|append_elements|spec_extend|extend_from_slice)\b")
+print(f"{path}: {sum(p['tbk'] for p in d['pps']) / turns:.0f} allocations and "
+      f"{sum(p['tb'] for p in d['pps']) / turns / 1024:.1f} KiB per turn (startup included)")
+for key, what in (("tb", "bytes"), ("tbk", "blocks")):
+    print(f"\nthe {sites} sites that allocated most {what}, per turn:")
+    for p in sorted(d["pps"], key=lambda p: -p[key])[:sites]:
+        names = [re.sub(r"^0x[0-9A-F]+: ", "", frames[i]) for i in p["fs"][1:]]
+        asked = [n for n in names if not plumbing.search(n)][:3] or names[:3]
+        print(f"  {p['tb'] / turns:9.0f} B {p['tbk'] / turns:6.1f} blocks  " + " <- ".join(n[:110] for n in asked))
+EOF
