@@ -143,14 +143,23 @@ async fn a_batch_page_adds_up(backend: Backend, name: &str) {
     std::fs::write(&file, lines.join("\n")).unwrap();
     browser.attach("was made from", &file).await;
     browser.press(None, "Send the failed lines again").await;
-    let _ = std::fs::remove_file(&file);
+    // The retry's page, or why the batch page could not send.
+    let shown = browser
+        .text_when("#view", Duration::from_secs(30), |t| {
+            t.contains("Sends again the failed lines of batch") || t.contains("Not sent:")
+        })
+        .await;
+    assert!(!shown.contains("Not sent:"), "{shown}");
     let origin = browser
-        .text_when("#retry-of", Duration::from_secs(15), |t| t.contains(&id))
+        .text_when("#retry-of", Duration::from_secs(5), |t| t.contains(&id))
         .await;
     assert!(
         origin.starts_with("Sends again the failed lines of batch"),
         "{origin}"
     );
+    // The browser reads the file once the button is pressed: it goes only after the retry's
+    // page shows (removed sooner, a loaded machine's browser found it gone).
+    let _ = std::fs::remove_file(&file);
     let retried = browser
         .text_when("ul.legend", Duration::from_secs(30), |t| {
             t.contains("2 completed") && t.contains("1 rejected")
