@@ -5,9 +5,6 @@ use super::batch::{BatchProgress, BatchResultLine};
 use crate::contract::InvokeResult;
 use crate::store::{BatchItem, BatchRecord, StoreError};
 
-/// Turns read from the store at once when reporting on a batch.
-const READ_CHUNK: usize = 500;
-
 impl FrontDoor {
     /// Counts the batch's turns by status.
     pub async fn batch_progress(&self, batch: &BatchRecord) -> Result<BatchProgress, StoreError> {
@@ -35,7 +32,7 @@ impl FrontDoor {
             .collect();
         let mut chunks: Vec<Vec<BatchItem>> = batch
             .items
-            .chunks(READ_CHUNK)
+            .chunks(crate::store::BATCH_READ_CHUNK)
             .map(<[BatchItem]>::to_vec)
             .collect();
         chunks.reverse();

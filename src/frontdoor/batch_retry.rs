@@ -21,9 +21,6 @@ use crate::contract::ErrorCode;
 use crate::state::TurnStatus;
 use crate::store::{BatchItem, BatchRecord};
 
-/// Turns read from the store at once to find a batch's failed lines.
-const READ_CHUNK: usize = 500;
-
 /// 32 hex digits that only these parts give (each part's length is hashed with it, so
 /// `["ab", "c"]` and `["a", "bc"]` differ).
 fn derived(parts: &[&str]) -> String {
@@ -168,7 +165,7 @@ impl FrontDoor {
     ) -> Result<BTreeMap<usize, Retried>, BatchError> {
         let mut out = BTreeMap::new();
         let mut open = 0usize;
-        for chunk in batch.items.chunks(READ_CHUNK) {
+        for chunk in batch.items.chunks(crate::store::BATCH_READ_CHUNK) {
             let ids: Vec<_> = chunk
                 .iter()
                 .map(|i| (i.session_id.clone(), i.turn_id.clone()))

@@ -510,8 +510,8 @@ pub trait SessionStore: RecordWriter {
     ) -> Result<(), StoreError>;
 }
 
-/// Turns read from the store at once when counting a batch's progress.
-const BATCH_READ_CHUNK: usize = 500;
+/// Turns read from the store at once when reading a batch back (its progress, results, failed lines).
+pub const BATCH_READ_CHUNK: usize = 500;
 
 /// Counts `batch`'s turns by status (what `GET /v1/batches/{id}` answers, and the data of a
 /// `batch.completed` event).
