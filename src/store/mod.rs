@@ -510,7 +510,7 @@ pub trait SessionStore: RecordWriter {
     ) -> Result<(), StoreError>;
 }
 
-/// Turns read from the store at once when reading a batch back (its progress, results, failed lines).
+/// Turns read from the store at once when reading a batch back (progress, results, retries).
 pub const BATCH_READ_CHUNK: usize = 500;
 
 /// Counts `batch`'s turns by status (what `GET /v1/batches/{id}` answers, and the data of a
