@@ -8,6 +8,11 @@
 # allocations are in the totals too, once: read the sites that grow with N.
 #
 #   ops/bench/alloc-sites.sh worker|serve [turns=400] [sites=15]
+#   ops/bench/alloc-sites.sh worker|serve held [turns=200] [sites=15]
+#
+# With `held`, the turns go at once, each in a new session, against a model that answers after
+# 20 s, and the sites are those that held most at the process's heap peak (DHAT's t-gmax), per
+# turn in flight: what a turn waiting on its model keeps.
 #
 # Needs RabbitMQ and Redis (APTIX_AMQP_URL, APTIX_REDIS_URL; the local defaults otherwise),
 # valgrind and python3. Runs under a namespace of its own; leaves dhat.<process>.json in
@@ -15,8 +20,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 which=${1:?"worker or serve"}
-turns=${2:-400}
-sites=${3:-15}
+shift
+held=0
+if [ "${1:-}" = held ]; then held=1; shift; fi
+turns=${1:-$([ $held = 1 ] && echo 200 || echo 400)}
+sites=${2:-15}
+latency=$([ $held = 1 ] && echo 20000 || echo 0)
 case "$which" in worker|serve) ;; *) echo "worker or serve, not $which" >&2; exit 2 ;; esac
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
 
@@ -24,6 +33,7 @@ cargo build --quiet --features system-allocator
 bin=$PWD/target/debug/aptix
 out=$PWD/target/alloc-sites
 mkdir -p "$out"
+rm -f "$out/dhat.$which.json"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 model_port=$(port)
 api_port=$(port)
@@ -35,7 +45,7 @@ unset OPENAI_API_KEY
 
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-"$bin" fake-llm --listen "127.0.0.1:$model_port" --latency-ms 0 > "$out/fake-llm.log" 2>&1 &
+"$bin" fake-llm --listen "127.0.0.1:$model_port" --latency-ms "$latency" > "$out/fake-llm.log" 2>&1 &
 pids+=($!)
 start() { # start <process> <args…>: under DHAT when it is the one measured
   local name=$1; shift
@@ -56,30 +66,47 @@ for attempt in $(seq 1 60); do
     "127.0.0.1:$api_port/api/ai/agent/execute" > /dev/null && break
   sleep 1
 done
-for i in $(seq 1 "$turns"); do
-  curl -fsS -m 30 -H 'content-type: application/json' \
-    -d "{\"sessionId\":\"s\",\"turnId\":\"t$i\",\"instruction\":\"summarise the design\"}" \
-    "127.0.0.1:$api_port/api/ai/agent/execute" > /dev/null || echo "turn $i failed" >&2
-done
+turn() { # turn <session> <turn id>
+  curl -fsS -m 300 -H 'content-type: application/json' \
+    -d "{\"sessionId\":\"$1\",\"turnId\":\"$2\",\"instruction\":\"summarise the design\"}" \
+    "127.0.0.1:$api_port/api/ai/agent/execute" > /dev/null || echo "turn $2 of session $1 failed" >&2
+}
+if [ $held = 1 ]; then
+  clients=()
+  for i in $(seq 1 "$turns"); do turn "held-$i" t & clients+=($!); done
+  wait "${clients[@]}"
+else
+  for i in $(seq 1 "$turns"); do turn s "t$i"; done
+fi
 # SIGTERM: the process drains and exits, and DHAT writes its profile.
 kill -TERM "${pids[@]}"
 for _ in $(seq 1 120); do [ -s "$out/dhat.$which.json" ] && ! pgrep -f "dhat-out-file=$out" >/dev/null && break; sleep 0.5; done
 redis-cli -u "$APTIX_REDIS_URL" --scan --pattern "$APTIX_NAMESPACE:*" | xargs -r redis-cli -u "$APTIX_REDIS_URL" del > /dev/null || true
 
-python3 - "$out/dhat.$which.json" "$turns" "$sites" <<'EOF'
+python3 - "$out/dhat.$which.json" "$turns" "$sites" "$held" <<'EOF'
 import json, re, sys
-path, turns, sites = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, turns, sites, held = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 d = json.load(open(path))
 frames = d["ftbl"]
 # Frames of the allocator and the standard library say little about who asked.
 plumbing = re.compile(r"\(library/|\(alloc\.rs|__rust|__rdl|GlobalAlloc|malloc|calloc|realloc|raw_vec|\?\?\?"
                       r"|^(grow_amortized|try_allocate_in|with_capacity_in|with_capacity|reserve|finish_grow|to_vec|to_owned|allocate|append_elements|spec_extend|extend_from_slice)\b")
+def show(p, bytes_key, blocks_key):
+    names = [re.sub(r"^0x[0-9A-F]+: ", "", frames[i]) for i in p["fs"][1:]]
+    asked = [n for n in names if not plumbing.search(n)][:3] or names[:3]
+    print(f"  {p[bytes_key] / turns:9.0f} B {p[blocks_key] / turns:6.1f} blocks  " + " <- ".join(n[:110] for n in asked))
+if held:
+    print(f"{path}: {sum(p['gb'] for p in d['pps']) / turns / 1024:.1f} KiB in "
+          f"{sum(p['gbk'] for p in d['pps']) / turns:.0f} blocks held per turn in flight at the heap's peak "
+          f"({turns} at once; startup's share included)")
+    print(f"\nthe {sites} sites that held most bytes at the peak, per turn in flight:")
+    for p in sorted(d["pps"], key=lambda p: -p["gb"])[:sites]:
+        show(p, "gb", "gbk")
+    sys.exit(0)
 print(f"{path}: {sum(p['tbk'] for p in d['pps']) / turns:.0f} allocations and "
       f"{sum(p['tb'] for p in d['pps']) / turns / 1024:.1f} KiB per turn (startup included)")
 for key, what in (("tb", "bytes"), ("tbk", "blocks")):
     print(f"\nthe {sites} sites that allocated most {what}, per turn:")
     for p in sorted(d["pps"], key=lambda p: -p[key])[:sites]:
-        names = [re.sub(r"^0x[0-9A-F]+: ", "", frames[i]) for i in p["fs"][1:]]
-        asked = [n for n in names if not plumbing.search(n)][:3] or names[:3]
-        print(f"  {p['tb'] / turns:9.0f} B {p['tbk'] / turns:6.1f} blocks  " + " <- ".join(n[:110] for n in asked))
+        show(p, "tb", "tbk")
 EOF

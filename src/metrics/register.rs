@@ -344,6 +344,7 @@ impl prometheus_client::collector::Collector for Allocations {
         use prometheus_client::encoding::EncodeMetric as _;
         use prometheus_client::metrics::TypedMetric as _;
         use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
         let Some(counts) = crate::allocs::counted() else {
             return Ok(());
         };
@@ -362,6 +363,22 @@ impl prometheus_client::collector::Collector for Allocations {
             let counter = ConstCounter::new(value);
             let metric = encoder.encode_descriptor(name, help, None, ConstCounter::<u64>::TYPE)?;
             counter.encode(metric)?;
+        }
+        for (name, help, value) in [
+            (
+                "heap_held_bytes",
+                "Heap bytes this process holds now: allocated and not freed (a count-allocations build)",
+                counts.held,
+            ),
+            (
+                "heap_held_peak_bytes",
+                "The most heap bytes this process has held at once since it started",
+                counts.held_peak,
+            ),
+        ] {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            let metric = encoder.encode_descriptor(name, help, None, ConstGauge::<i64>::TYPE)?;
+            gauge.encode(metric)?;
         }
         Ok(())
     }

@@ -29,6 +29,7 @@ mod support;
 mod admin;
 mod background;
 mod batch_retry;
+mod broker_restart;
 mod cancel;
 mod cli;
 mod cli_batch;

@@ -1,7 +1,8 @@
 //! A RabbitMQ cluster of three nodes of the test's own (their own node names, AMQP and
 //! distribution ports, data directories and Erlang cookie; the machine's own node is never
 //! touched), and the guarantees that must hold on it: every quorum queue replicated on the
-//! three nodes, and submissions accepted while the node leading the job queue is down.
+//! three nodes, and submissions accepted while the node leading the job queue is down. A
+//! broker of one such node serves the tests that restart the broker (`broker_restart`).
 //!
 //! The nodes stop by themselves once the test binary has exited (each runs under a shell that
 //! watches the test process).
@@ -21,7 +22,7 @@ struct Node {
     dist_port: u16,
 }
 
-/// Three joined nodes.
+/// Joined nodes (three, or one for a broker of the test's own).
 pub struct RabbitCluster {
     dir: PathBuf,
     nodes: Vec<Node>,
@@ -41,6 +42,15 @@ fn free_port_pair() -> u16 {
 impl RabbitCluster {
     /// Starts three nodes and joins them (about 15-20 s on two cores).
     pub fn start() -> Result<Self, String> {
+        Self::start_nodes(3)
+    }
+
+    /// Starts one node: a broker of the test's own, which it may stop and start.
+    pub fn single() -> Result<Self, String> {
+        Self::start_nodes(1)
+    }
+
+    fn start_nodes(count: usize) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!("aptix-rmq-{}", uuid::Uuid::new_v4().simple()));
         let home = dir.join("home");
         std::fs::create_dir_all(&home).map_err(|e| e.to_string())?;
@@ -56,7 +66,7 @@ impl RabbitCluster {
         std::fs::write(dir.join("env.conf"), "").map_err(|e| e.to_string())?;
         std::fs::write(dir.join("rabbitmq.conf"), "").map_err(|e| e.to_string())?;
         let tag = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
-        let nodes: Vec<Node> = (1..=3)
+        let nodes: Vec<Node> = (1..=count)
             .map(|i| {
                 let amqp_port = free_port_pair();
                 Node {
@@ -72,10 +82,10 @@ impl RabbitCluster {
             nodes,
             cli_ports: (cli, cli + 5),
         };
-        for i in 0..3 {
+        for i in 0..count {
             cluster.launch(i)?;
         }
-        for i in 0..3 {
+        for i in 0..count {
             // A node that died while booting (seen once in CI, on a loaded host: a port
             // taken between picking it and binding it is the likely cause) is booted again,
             // on fresh ports and a fresh data directory, before the cluster is formed.
@@ -94,7 +104,7 @@ impl RabbitCluster {
             }
         }
         let first = cluster.nodes[0].name.clone();
-        for i in 1..3 {
+        for i in 1..count {
             cluster.ctl(i, &["stop_app"])?;
             cluster.ctl(i, &["join_cluster", &first])?;
             cluster.ctl(i, &["start_app"])?;
@@ -177,7 +187,7 @@ impl RabbitCluster {
 
     /// The queue's members and leader (node names), as a running node lists them.
     pub fn members_and_leader(&self, queue: &str) -> Result<(Vec<String>, String), String> {
-        let alive = (0..3)
+        let alive = (0..self.nodes.len())
             .find(|i| self.ctl(*i, &["ping"]).is_ok())
             .ok_or("no node answers")?;
         let table = self.ctl(
@@ -235,6 +245,18 @@ impl RabbitCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(())
+    }
+
+    /// Stops the RabbitMQ application of node `i` (its Erlang VM keeps running): every
+    /// connection to it is closed, as in a broker restart.
+    pub fn stop_app(&self, i: usize) -> Result<(), String> {
+        self.ctl(i, &["stop_app"]).map(drop)
+    }
+
+    /// Starts the application of node `i` again and waits until it runs.
+    pub fn start_app(&self, i: usize) -> Result<(), String> {
+        self.ctl(i, &["start_app"])?;
+        self.await_startup(i)
     }
 
     /// Starts node `i` again and waits until it runs.
@@ -305,7 +327,7 @@ async fn submit(app: &crate::app::App, sid: &str, tid: &str) -> Result<(), Strin
 }
 
 /// Serialises the tests that start a cluster.
-static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Which node a test kills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,8 @@
-//! Allocations per turn of serve and worker: read from their `/metrics` before and after the
-//! turns, when the `aptix` binary counts them (built with `--features count-allocations`;
-//! `aptix_allocations_total`, `aptix_allocated_bytes_total`). A build that does not count
-//! shows neither, and the run says how to get them.
+//! Allocations per turn of serve and worker, and the heap each turn in flight holds: read from
+//! their `/metrics` before and after the turns, when the `aptix` binary counts them (built
+//! with `--features count-allocations`; `aptix_allocations_total`,
+//! `aptix_allocated_bytes_total`, `aptix_heap_held_bytes`, `aptix_heap_held_peak_bytes`). A
+//! build that does not count shows none of them, and the run says how to get them.
 
 /// What a process had allocated at one scrape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -10,6 +11,10 @@ pub struct Allocated {
     pub allocations: u64,
     /// Bytes they asked for.
     pub bytes: u64,
+    /// Heap bytes held at the scrape.
+    pub held: u64,
+    /// The most heap bytes held at once since the process started.
+    pub held_peak: u64,
 }
 
 /// What the process at `address` (`host:port`) reports, or `None` when it does not count
@@ -26,11 +31,13 @@ pub async fn scrape(client: &reqwest::Client, address: &str) -> Option<Allocated
     read(&text)
 }
 
-/// The two counters of an exposition, when both are there.
+/// The counting allocator's samples in an exposition, when all four are there.
 fn read(text: &str) -> Option<Allocated> {
     Some(Allocated {
         allocations: counter(text, "aptix_allocations_total")?,
         bytes: counter(text, "aptix_allocated_bytes_total")?,
+        held: counter(text, "aptix_heap_held_bytes")?,
+        held_peak: counter(text, "aptix_heap_held_peak_bytes")?,
     })
 }
 
@@ -60,6 +67,41 @@ pub fn report(turns: u64, counted: [(&str, Option<Allocated>, Option<Allocated>)
     )
 }
 
+/// The line the run prints about memory: the heap each of `in_flight` turns held at the
+/// process's peak, over what it held before the turns (host-independent, unlike resident
+/// memory: no allocator's slack or pages not given back). A peak the turns did not raise says
+/// so (it was set before them, at start-up).
+pub fn held_report(
+    in_flight: u64,
+    counted: [(&str, Option<Allocated>, Option<Allocated>); 2],
+) -> String {
+    let in_flight = in_flight.max(1);
+    let mut parts = Vec::new();
+    for (label, before, after) in counted {
+        let (Some(before), Some(after)) = (before, after) else {
+            return "  heap held per turn in flight: not counted (build aptix with `--features count-allocations` and name it in APTIX_BIN)".into();
+        };
+        if after.held_peak <= before.held_peak {
+            parts.push(format!(
+                "{label} peak not raised by the turns (at most {:.1} KiB)",
+                before.held_peak.saturating_sub(before.held) as f64 / 1024.0 / in_flight as f64
+            ));
+        } else {
+            let grown = after.held_peak.saturating_sub(before.held);
+            parts.push(format!(
+                "{label} {:.1} KiB ({} -> peak {} KiB)",
+                grown as f64 / 1024.0 / in_flight as f64,
+                before.held / 1024,
+                after.held_peak / 1024
+            ));
+        }
+    }
+    format!(
+        "  heap held per turn in flight, {in_flight} at once (counting allocator, peak over before): {}",
+        parts.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +112,9 @@ mod tests {
         # TYPE aptix_allocated_bytes counter\n\
         aptix_allocated_bytes_total 22039346\n\
         aptix_allocations_totalled_elsewhere 5\n\
+        # TYPE aptix_heap_held_bytes gauge\n\
+        aptix_heap_held_bytes 5120000\n\
+        aptix_heap_held_peak_bytes 9000000\n\
         # EOF\n";
 
     #[test]
@@ -78,7 +123,9 @@ mod tests {
             read(EXPOSITION),
             Some(Allocated {
                 allocations: 70_941,
-                bytes: 22_039_346
+                bytes: 22_039_346,
+                held: 5_120_000,
+                held_peak: 9_000_000,
             })
         );
         assert_eq!(read("aptix_turns_total 3\n# EOF\n"), None);
@@ -86,7 +133,14 @@ mod tests {
 
     #[test]
     fn the_report_divides_what_each_process_added_by_the_turns() {
-        let at = |allocations, bytes| Some(Allocated { allocations, bytes });
+        let at = |allocations, bytes| {
+            Some(Allocated {
+                allocations,
+                bytes,
+                held: 0,
+                held_peak: 0,
+            })
+        };
         let line = report(
             100,
             [
@@ -100,5 +154,35 @@ mod tests {
         );
         let missing = report(100, [("serve", at(1, 1), None), ("worker", None, None)]);
         assert!(missing.contains("not counted"), "{missing}");
+    }
+
+    #[test]
+    fn the_heap_report_divides_the_peak_over_before_by_the_turns_in_flight() {
+        let at = |held, held_peak| {
+            Some(Allocated {
+                allocations: 0,
+                bytes: 0,
+                held,
+                held_peak,
+            })
+        };
+        let line = held_report(
+            100,
+            [
+                (
+                    "serve",
+                    at(1 << 20, (1 << 20) + 1000),
+                    at(1 << 20, (1 << 20) + 409_600),
+                ),
+                ("worker", at(3 << 20, 5 << 20), at(3 << 20, 5 << 20)),
+            ],
+        );
+        assert!(
+            line.ends_with("serve 4.0 KiB (1024 -> peak 1424 KiB), worker peak not raised by the turns (at most 20.5 KiB)"),
+            "{line}"
+        );
+        assert!(
+            held_report(1, [("serve", None, None), ("worker", None, None)]).contains("not counted")
+        );
     }
 }

@@ -14,7 +14,7 @@ use aptix_worker::config::Config;
 use aptix_worker::queue::RabbitBroker;
 use aptix_worker::store::RedisStore;
 
-use super::bench_allocs::{report as allocs_report, scrape};
+use super::bench_allocs::{held_report, report as allocs_report, scrape};
 use super::bench_callgrind::{Callgrind, Counted};
 use super::bench_loop::{LoopOptions, baseline, drive};
 use super::bench_verdict::Part;
@@ -337,6 +337,16 @@ async fn measure(
         "{}",
         allocs_report(
             opts.turns as u64,
+            [
+                ("serve", allocated_before.0, allocated_after.0),
+                ("worker", allocated_before.1, allocated_after.1),
+            ]
+        )
+    );
+    println!(
+        "{}",
+        held_report(
+            opts.sessions as u64,
             [
                 ("serve", allocated_before.0, allocated_after.0),
                 ("worker", allocated_before.1, allocated_after.1),

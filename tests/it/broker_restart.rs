@@ -1,15 +1,8 @@
-//! A RabbitMQ restart under a waiting client. The broker's application is stopped and started
-//! again, which every connection on it notices, so this test has a binary of its own: cargo
-//! runs test binaries one after another. The broker is started again even if the test fails.
+//! A RabbitMQ restart under a waiting client, on a broker of the test's own (one node with its
+//! own name, ports and data directory: the machine's broker, which the rest of the suite
+//! shares, is never stopped). The broker's application is stopped and started again, which
+//! every connection on it notices.
 
-#![allow(dead_code)] // the shared helpers serve the other test binary too
-
-#[path = "it/app.rs"]
-mod app;
-#[path = "it/support.rs"]
-mod support;
-
-use std::process::Command;
 use std::time::Duration;
 
 use aptix_worker::contract::{SessionId, TurnId};
@@ -17,35 +10,19 @@ use aptix_worker::fake_llm::FakeOptions;
 use aptix_worker::store::TurnStatus;
 use serde_json::{Value, json};
 
-use app::{AppOptions, spawn};
-use support::rabbitmqctl;
-
-/// The broker's application, stopped until this is dropped.
-struct Stopped;
-
-impl Stopped {
-    fn now() -> Self {
-        rabbitmqctl(&["stop_app"]);
-        Self
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // Bounded: a broker that recovers many durable queues takes its time, but the test
-        // must end either way (the answer's own timeout then fails it).
-        let _ = Command::new("timeout")
-            .args(["180", "rabbitmqctl", "start_app"])
-            .output();
-        let _ = Command::new("rabbitmqctl")
-            .args(["await_startup", "--timeout", "60"])
-            .output();
-    }
-}
+use crate::app::{AppOptions, spawn};
+use crate::rabbit_cluster::{ONE_CLUSTER_AT_A_TIME, RabbitCluster};
 
 #[tokio::test]
 async fn a_synchronous_wait_gets_its_answer_across_a_broker_restart() {
+    // Its Erlang VM beside another test's cluster would crowd CI's two cores.
+    let _turn = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let broker = tokio::task::spawn_blocking(RabbitCluster::single)
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the test's own RabbitMQ node did not start: {e}"));
     let app = spawn(AppOptions {
+        amqp_url: Some(broker.urls()),
         fake: FakeOptions {
             latency: Duration::from_secs(4),
             ..Default::default()
@@ -66,10 +43,14 @@ async fn a_synchronous_wait_gets_its_answer_across_a_broker_restart() {
     // The worker is in the model call, the client waits directly on the front door's hub:
     // the broker goes away under both, and comes back.
     app.wait_for_model_calls(1).await;
-    {
-        let _stopped = Stopped::now();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    let broker = tokio::task::spawn_blocking(move || {
+        broker.stop_app(0).expect("the broker stops");
+        std::thread::sleep(Duration::from_secs(2));
+        broker.start_app(0).expect("the broker starts again");
+        broker
+    })
+    .await
+    .unwrap();
     let answer = tokio::time::timeout(Duration::from_secs(120), waiting)
         .await
         .expect("the waiting client gets an answer, never a hang")
@@ -92,4 +73,6 @@ async fn a_synchronous_wait_gets_its_answer_across_a_broker_restart() {
         serde_json::to_value(record.result.unwrap()).unwrap(),
         "the answer is the stored result"
     );
+    drop(app);
+    drop(broker);
 }
