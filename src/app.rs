@@ -375,6 +375,7 @@ fn backends(
             agent.timeout.unwrap_or(config.model.timeout),
             config.model.max_retries,
             config.tls_ca.as_ref(),
+            config.model.http,
         )
         .part("the model client")?
         .with_metrics(metrics.clone())

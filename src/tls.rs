@@ -18,10 +18,11 @@ pub fn install_crypto_provider() {
 }
 
 /// A reqwest client builder that trusts `ca` in addition to the system's roots (the model
-/// client and the span exporter start from it).
+/// client and the span exporter start from it). It speaks HTTP/1.1 only: the model client's
+/// `model.http = "http2"` is the one place HTTP/2 is asked for (`llm::ModelHttp`).
 pub fn http_client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilder, reqwest::Error> {
     install_crypto_provider();
-    let mut builder = reqwest::Client::builder();
+    let mut builder = reqwest::Client::builder().http1_only();
     if let Some(ca) = ca {
         for cert in reqwest::Certificate::from_pem_bundle(ca.pem().as_bytes())? {
             builder = builder.add_root_certificate(cert);

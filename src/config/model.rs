@@ -65,6 +65,30 @@ pub static CONNECT_TIMEOUT: Setting = Setting {
     about: "how long connecting to the model server may take",
 };
 
+/// `APTIX_LLM_HTTP`.
+pub static HTTP: Setting = Setting {
+    var: "APTIX_LLM_HTTP",
+    key: "model.http",
+    aliases: &[],
+    kind: Kind::Text,
+    default: Default::Value("http1"),
+    about: "`http1` (a connection per call in flight) or `http2` (the calls as streams on \
+            `model.http2_connections` connections: prior knowledge on `http://`, ALPN on \
+            `https://`; a call in flight then holds a fraction of the memory) for every agent \
+            context's server",
+};
+
+/// `APTIX_LLM_HTTP2_CONNECTIONS`.
+pub static HTTP2_CONNECTIONS: Setting = Setting {
+    var: "APTIX_LLM_HTTP2_CONNECTIONS",
+    key: "model.http2_connections",
+    aliases: &[],
+    kind: Kind::Number,
+    default: Default::Value("4"),
+    about: "with `model.http = http2`, the connections to each server the calls are spread \
+            over (a server caps the streams of one connection, often at 100; the rest wait)",
+};
+
 /// `APTIX_LLM_MAX_RETRIES`.
 pub static MAX_RETRIES: Setting = Setting {
     var: "APTIX_LLM_MAX_RETRIES",
@@ -203,6 +227,8 @@ pub static SETTINGS: &[&Setting] = &[
     &NAME,
     &TIMEOUT,
     &CONNECT_TIMEOUT,
+    &HTTP,
+    &HTTP2_CONNECTIONS,
     &MAX_RETRIES,
     &REPLAY,
     &STREAMING,
@@ -229,6 +255,8 @@ pub struct Model {
     pub timeout: Duration,
     /// How long connecting to the model server may take.
     pub connect_timeout: Duration,
+    /// The HTTP version calls are made over, and over how many connections.
+    pub http: crate::llm::ModelHttp,
     /// Retries of one model call after the first attempt.
     pub max_retries: usize,
     /// Send the stored conversation instead of `previous_response_id`.
@@ -260,6 +288,11 @@ impl Model {
             name: r.text(&NAME)?.unwrap_or_default(),
             timeout: r.duration(&TIMEOUT)?,
             connect_timeout: r.duration(&CONNECT_TIMEOUT)?,
+            http: {
+                let connections = r.number(&HTTP2_CONNECTIONS)?;
+                r.parse(&HTTP, |t, _| crate::llm::ModelHttp::parse(t, connections))?
+                    .unwrap_or_default()
+            },
             max_retries: r.number(&MAX_RETRIES)?,
             replay: r.flag(&REPLAY)?,
             streaming: r.flag(&STREAMING)?,

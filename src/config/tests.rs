@@ -136,3 +136,37 @@ fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_di
     assert_eq!(c.http.api_tokens.tenants(), vec!["acme", "ops"]);
     assert!(cfg(&[("APTIX_API_TOKENS", "t1=:admin")]).is_err());
 }
+
+#[test]
+fn the_model_http_version_is_http1_unless_asked_and_a_bad_one_is_refused() {
+    use crate::llm::ModelHttp;
+    assert_eq!(cfg(&[]).unwrap().model.http, ModelHttp::Http1);
+    let c = cfg(&[("APTIX_LLM_HTTP", "http2")]).unwrap();
+    assert_eq!(
+        c.model.http,
+        ModelHttp::Http2 {
+            connections: std::num::NonZeroUsize::new(4).unwrap()
+        }
+    );
+    let c = cfg(&[
+        ("APTIX_LLM_HTTP", "http2"),
+        ("APTIX_LLM_HTTP2_CONNECTIONS", "1"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.model.http,
+        ModelHttp::Http2 {
+            connections: std::num::NonZeroUsize::MIN
+        }
+    );
+    let e = cfg(&[("APTIX_LLM_HTTP", "h2c")]).unwrap_err();
+    assert_eq!(e.var, "APTIX_LLM_HTTP");
+    assert!(e.to_string().contains("is not http1 or http2"), "{e}");
+    let e = cfg(&[
+        ("APTIX_LLM_HTTP", "http2"),
+        ("APTIX_LLM_HTTP2_CONNECTIONS", "0"),
+    ])
+    .unwrap_err();
+    assert_eq!(e.var, "APTIX_LLM_HTTP");
+    assert!(e.to_string().contains("at least one connection"), "{e}");
+}

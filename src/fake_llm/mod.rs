@@ -29,6 +29,7 @@ mod reply;
 mod response;
 mod stored;
 mod stream;
+mod wire;
 
 use check::check_request;
 pub use check::{component_validator, create_response_validator};
@@ -98,6 +99,7 @@ struct Inner {
     background: background::Background,
     /// `flex` requests still to be refused with 429 resource unavailable.
     flex_unavailable: AtomicU64,
+    wire: wire::Wire,
 }
 
 /// A full check of a request body against the API's schema: `Err((message, path))` names the
@@ -138,6 +140,7 @@ impl FakeLlm {
             started: std::time::Instant::now(),
             background: background::Background::default(),
             flex_unavailable: AtomicU64::new(0),
+            wire: wire::Wire::default(),
         });
         let app = Router::new()
             .route("/v1/responses", post(create_response))
@@ -150,9 +153,13 @@ impl FakeLlm {
             .with_state(inner.clone());
         let listener = crate::net::listen(addr)?;
         let addr = listener.local_addr()?;
+        let counted = inner.clone();
         tokio::spawn(async move {
             use axum::serve::ListenerExt as _;
-            let listener = listener.tap_io(|tcp| crate::net::no_delay(tcp));
+            let listener = listener.tap_io(move |tcp| {
+                counted.wire.connected();
+                crate::net::no_delay(tcp)
+            });
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "fake model server stopped");
             }
@@ -263,28 +270,6 @@ fn error_response(
     (status, Json(body)).into_response()
 }
 
-/// Counts a request as being answered until dropped.
-struct Answering<'a>(&'a Inner);
-
-impl<'a> Answering<'a> {
-    fn start(inner: &'a Inner) -> Self {
-        let now = inner.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        inner.peak_in_flight.fetch_max(now, Ordering::SeqCst);
-        if !inner.options.forget_requests
-            && let Ok(mut a) = inner.arrivals.lock()
-        {
-            a.push(inner.started.elapsed());
-        }
-        Self(inner)
-    }
-}
-
-impl Drop for Answering<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// The live API's `401 invalid_api_key` when the server has a key and the request does not
 /// carry it.
 fn unauthorized(inner: &Inner, headers: &HeaderMap) -> Option<Response> {
@@ -314,10 +299,11 @@ fn unauthorized(inner: &Inner, headers: &HeaderMap) -> Option<Response> {
 
 async fn create_response(
     State(inner): State<Arc<Inner>>,
+    version: axum::http::Version,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    let _answering = Answering::start(&inner);
+    let _answering = wire::Answering::start(&inner, version);
     if let Some(refused) = unauthorized(&inner, &headers) {
         return refused;
     }

@@ -94,7 +94,7 @@ impl LlmClient {
     ) -> Result<BackgroundCall, AttemptError> {
         let permit = self.permit().await?;
         let req = self
-            .authorized(self.http.post(self.endpoint.clone()))
+            .authorized(self.http.next().post(self.endpoint.clone()))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());
         let mut resp = req.send().await.map_err(|e| {
@@ -204,7 +204,7 @@ impl LlmClient {
     pub async fn cancel_background(&self, id: &str) -> Result<(), LlmError> {
         let url = self.response_url(id, "cancel");
         let resp = self
-            .authorized(self.http.post(url))
+            .authorized(self.http.next().post(url))
             .timeout(Duration::from_secs(5))
             .send()
             .await
@@ -263,7 +263,7 @@ impl LlmClient {
                             query.append_pair("starting_after", &n.to_string());
                         }
                     }
-                    let sent = self.authorized(self.http.get(url)).send().await;
+                    let sent = self.authorized(self.http.next().get(url)).send().await;
                     match sent {
                         Ok(r) if r.status().as_u16() == 404 => {
                             return Err(LlmError::Expired(call.id.clone()));
@@ -388,7 +388,7 @@ impl LlmClient {
     async fn retrieve(&self, id: &str) -> Result<Value, LlmError> {
         let url = self.response_url(id, "");
         let resp = self
-            .authorized(self.http.get(url))
+            .authorized(self.http.next().get(url))
             .send()
             .await
             .map_err(|e| unreachable(&e))?;

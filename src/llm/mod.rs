@@ -13,6 +13,7 @@ use backon::Retryable as _;
 use crate::limiter::CallLimiter;
 
 mod background;
+mod connections;
 mod hosted;
 mod parse;
 mod refusal;
@@ -21,6 +22,8 @@ use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem, SentRequest};
 pub use background::BackgroundCall;
+use connections::Connections;
+pub use connections::ModelHttp;
 use parse::parse_bytes;
 use refusal::refusal;
 
@@ -200,7 +203,8 @@ impl From<reqwest::Error> for ClientError {
 /// A small Responses API client on reqwest.
 #[derive(Debug, Clone)]
 pub struct LlmClient {
-    http: reqwest::Client,
+    /// The connections calls go out on (`model.http`).
+    http: Connections,
     /// `<base URL>/responses`, parsed once: each call sends a copy.
     endpoint: reqwest::Url,
     api_key: Option<Secret>,
@@ -233,10 +237,12 @@ impl LlmClient {
             timeout,
             max_retries,
             None,
+            ModelHttp::Http1,
         )
     }
 
-    /// Like [`LlmClient::new`], trusting `ca` in addition to the system's roots.
+    /// Like [`LlmClient::new`], trusting `ca` in addition to the system's roots and calling
+    /// over `http`.
     pub fn with_ca(
         base_url: &str,
         api_key: Option<Secret>,
@@ -244,12 +250,14 @@ impl LlmClient {
         timeout: Duration,
         max_retries: usize,
         ca: Option<&crate::tls::ExtraCa>,
+        http: ModelHttp,
     ) -> Result<Self, ClientError> {
         let endpoint = responses_endpoint(base_url)?;
-        let http = crate::tls::http_client_builder(ca)?
-            .connect_timeout(connect_timeout)
-            .timeout(timeout)
-            .build()?;
+        let http = Connections::build(http, || {
+            Ok(crate::tls::http_client_builder(ca)?
+                .connect_timeout(connect_timeout)
+                .timeout(timeout))
+        })?;
         Ok(Self {
             http,
             endpoint,
@@ -436,6 +444,7 @@ impl LlmClient {
         let unavailable = AttemptError::transient;
         let mut req = self
             .http
+            .next()
             .post(self.endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());

@@ -65,6 +65,7 @@ mod mcp_approvals;
 mod mcp_crash;
 mod mcp_support;
 mod mcp_tools;
+mod model_http;
 mod openapi_agreement;
 mod ops_files;
 mod pipeline_model_failures;
