@@ -72,21 +72,22 @@ pub static HTTP: Setting = Setting {
     aliases: &[],
     kind: Kind::Text,
     default: Default::Value("http1"),
-    about: "`http1` (a connection per call in flight) or `http2` (the calls as streams on \
-            `model.http2_connections` connections: prior knowledge on `http://`, ALPN on \
-            `https://`; a call in flight then holds a fraction of the memory) for every agent \
+    about: "`http1` (a connection per call in flight) or `http2` (the calls as streams on as \
+            few connections as `model.http2_streams` allows: prior knowledge on `http://`, \
+            ALPN on `https://`; a call in flight then holds far less memory), for every agent \
             context's server",
 };
 
-/// `APTIX_LLM_HTTP2_CONNECTIONS`.
-pub static HTTP2_CONNECTIONS: Setting = Setting {
-    var: "APTIX_LLM_HTTP2_CONNECTIONS",
-    key: "model.http2_connections",
+/// `APTIX_LLM_HTTP2_STREAMS`.
+pub static HTTP2_STREAMS: Setting = Setting {
+    var: "APTIX_LLM_HTTP2_STREAMS",
+    key: "model.http2_streams",
     aliases: &[],
     kind: Kind::Number,
-    default: Default::Value("4"),
-    about: "with `model.http = http2`, the connections to each server the calls are spread \
-            over (a server caps the streams of one connection, often at 100; the rest wait)",
+    default: Default::Value("100"),
+    about: "with `model.http = http2`, the calls one connection carries before another is \
+            opened (at most the server's `SETTINGS_MAX_CONCURRENT_STREAMS`, often 100, or \
+            calls wait for a stream)",
 };
 
 /// `APTIX_LLM_MAX_RETRIES`.
@@ -228,7 +229,7 @@ pub static SETTINGS: &[&Setting] = &[
     &TIMEOUT,
     &CONNECT_TIMEOUT,
     &HTTP,
-    &HTTP2_CONNECTIONS,
+    &HTTP2_STREAMS,
     &MAX_RETRIES,
     &REPLAY,
     &STREAMING,
@@ -255,7 +256,7 @@ pub struct Model {
     pub timeout: Duration,
     /// How long connecting to the model server may take.
     pub connect_timeout: Duration,
-    /// The HTTP version calls are made over, and over how many connections.
+    /// The HTTP version calls are made over, and how many a connection carries.
     pub http: crate::llm::ModelHttp,
     /// Retries of one model call after the first attempt.
     pub max_retries: usize,
@@ -289,8 +290,8 @@ impl Model {
             timeout: r.duration(&TIMEOUT)?,
             connect_timeout: r.duration(&CONNECT_TIMEOUT)?,
             http: {
-                let connections = r.number(&HTTP2_CONNECTIONS)?;
-                r.parse(&HTTP, |t, _| crate::llm::ModelHttp::parse(t, connections))?
+                let streams = r.number(&HTTP2_STREAMS)?;
+                r.parse(&HTTP, |t, _| crate::llm::ModelHttp::parse(t, streams))?
                     .unwrap_or_default()
             },
             max_retries: r.number(&MAX_RETRIES)?,

@@ -145,18 +145,18 @@ fn the_model_http_version_is_http1_unless_asked_and_a_bad_one_is_refused() {
     assert_eq!(
         c.model.http,
         ModelHttp::Http2 {
-            connections: std::num::NonZeroUsize::new(4).unwrap()
+            streams: std::num::NonZeroUsize::new(100).unwrap()
         }
     );
     let c = cfg(&[
         ("APTIX_LLM_HTTP", "http2"),
-        ("APTIX_LLM_HTTP2_CONNECTIONS", "1"),
+        ("APTIX_LLM_HTTP2_STREAMS", "1"),
     ])
     .unwrap();
     assert_eq!(
         c.model.http,
         ModelHttp::Http2 {
-            connections: std::num::NonZeroUsize::MIN
+            streams: std::num::NonZeroUsize::MIN
         }
     );
     let e = cfg(&[("APTIX_LLM_HTTP", "h2c")]).unwrap_err();
@@ -164,9 +164,9 @@ fn the_model_http_version_is_http1_unless_asked_and_a_bad_one_is_refused() {
     assert!(e.to_string().contains("is not http1 or http2"), "{e}");
     let e = cfg(&[
         ("APTIX_LLM_HTTP", "http2"),
-        ("APTIX_LLM_HTTP2_CONNECTIONS", "0"),
+        ("APTIX_LLM_HTTP2_STREAMS", "0"),
     ])
     .unwrap_err();
     assert_eq!(e.var, "APTIX_LLM_HTTP");
-    assert!(e.to_string().contains("at least one connection"), "{e}");
+    assert!(e.to_string().contains("at least one stream"), "{e}");
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use backon::{ExponentialBuilder, Retryable as _};
 use serde_json::Value;
 
+use super::connections::Lease;
 use super::stream::Frames;
 use super::{AttemptError, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, SentRequest};
 
@@ -32,7 +33,7 @@ pub struct BackgroundCall {
     /// The response id.
     pub id: String,
     /// The create call's own event stream, past `response.created`.
-    open: Option<(reqwest::Response, Frames, Vec<Value>)>,
+    open: Option<(reqwest::Response, Frames, Vec<Value>, Lease)>,
     /// The last sequence number read from the stream.
     after: Option<u64>,
     /// The answer, when the create call gave the response already finished (a server that
@@ -93,8 +94,9 @@ impl LlmClient {
         streamed: bool,
     ) -> Result<BackgroundCall, AttemptError> {
         let permit = self.permit().await?;
+        let lease = self.http.lease();
         let req = self
-            .authorized(self.http.next().post(self.endpoint.clone()))
+            .authorized(lease.client().post(self.endpoint.clone()))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());
         let mut resp = req.send().await.map_err(|e| {
@@ -161,7 +163,7 @@ impl LlmClient {
                     let rest: Vec<Value> = events.collect();
                     return Ok(BackgroundCall {
                         id,
-                        open: Some((resp, frames, rest)),
+                        open: Some((resp, frames, rest, lease)),
                         after,
                         done: None,
                         _permit: permit,
@@ -204,7 +206,7 @@ impl LlmClient {
     pub async fn cancel_background(&self, id: &str) -> Result<(), LlmError> {
         let url = self.response_url(id, "cancel");
         let resp = self
-            .authorized(self.http.next().post(url))
+            .authorized(self.http.lease().client().post(url))
             .timeout(Duration::from_secs(5))
             .send()
             .await
@@ -252,7 +254,8 @@ impl LlmClient {
     ) -> Result<ModelResponse, LlmError> {
         let mut idle_resumes = 0u32;
         loop {
-            let (mut resp, mut frames, pending) = match call.open.take() {
+            // The lease is held while the stream is read: its connection counts the call.
+            let (mut resp, mut frames, pending, _lease) = match call.open.take() {
                 Some(open) => open,
                 None => {
                     let mut url = self.response_url(&call.id, "");
@@ -263,7 +266,8 @@ impl LlmClient {
                             query.append_pair("starting_after", &n.to_string());
                         }
                     }
-                    let sent = self.authorized(self.http.next().get(url)).send().await;
+                    let lease = self.http.lease();
+                    let sent = self.authorized(lease.client().get(url)).send().await;
                     match sent {
                         Ok(r) if r.status().as_u16() == 404 => {
                             return Err(LlmError::Expired(call.id.clone()));
@@ -280,7 +284,9 @@ impl LlmClient {
                                 None => return self.poll(&call.id).await,
                             }
                         }
-                        Ok(r) if r.status().is_success() => (r, Frames::default(), Vec::new()),
+                        Ok(r) if r.status().is_success() => {
+                            (r, Frames::default(), Vec::new(), lease)
+                        }
                         Ok(r) => {
                             let status = r.status().as_u16();
                             let headers = r.headers().clone();
@@ -388,7 +394,7 @@ impl LlmClient {
     async fn retrieve(&self, id: &str) -> Result<Value, LlmError> {
         let url = self.response_url(id, "");
         let resp = self
-            .authorized(self.http.next().get(url))
+            .authorized(self.http.lease().client().get(url))
             .send()
             .await
             .map_err(|e| unreachable(&e))?;

@@ -1,44 +1,45 @@
 //! The HTTP connections a model client calls over: HTTP/1.1, one connection per call in
 //! flight (reqwest's pool keeps them for the next calls), or HTTP/2, every call a stream on one
-//! of a few connections.
+//! of as few connections as the calls in flight need.
 //!
 //! A call waiting on its model holds its connection's buffers: over HTTP/1.1 hyper keeps a read
 //! buffer, a write buffer and a request channel per connection, about 25 KiB, so a thousand
-//! calls in flight hold a thousand connections. Over HTTP/2 the calls share the connections
-//! and a waiting stream holds little. hyper opens one HTTP/2 connection per client and
-//! queues the streams a server's `SETTINGS_MAX_CONCURRENT_STREAMS` (often 100) leaves no room
-//! for, so the calls are spread round-robin over `connections` clients, each with its own
-//! connection.
+//! calls in flight hold a thousand connections. Over HTTP/2 the calls share connections and a
+//! waiting stream holds little. But hyper opens one HTTP/2 connection per client and queues,
+//! unseen, the streams past a server's `SETTINGS_MAX_CONCURRENT_STREAMS`, so each connection
+//! is a client of its own here, each call takes a [`Lease`] on the least loaded one, and a
+//! connection is added when every one carries `streams` calls.
 //!
-//! Owns: which client a call goes out on. Must not: know what a call carries.
+//! Owns: which client a call goes out on, and how many calls each carries. Must not: know
+//! what a call carries.
 
 use std::num::NonZeroUsize;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// How calls reach the model server (`model.http`, `model.http2_connections`).
+/// How calls reach the model server (`model.http`, `model.http2_streams`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ModelHttp {
     /// HTTP/1.1: a connection per call in flight.
     #[default]
     Http1,
-    /// HTTP/2 on `connections` connections: prior knowledge on `http://` (h2c), ALPN on
-    /// `https://` (a server that does not offer `h2` is refused).
+    /// HTTP/2: prior knowledge on `http://` (h2c), ALPN on `https://` (a server that does not
+    /// offer `h2` is refused).
     Http2 {
-        /// Connections the calls are spread over.
-        connections: NonZeroUsize,
+        /// Calls one connection carries before another is opened.
+        streams: NonZeroUsize,
     },
 }
 
 impl ModelHttp {
-    /// `http1` or `http2` (with `connections` connections), as the setting writes it.
-    pub fn parse(text: &str, connections: usize) -> Result<Self, String> {
+    /// `http1` or `http2` (with `streams` calls a connection), as the setting writes it.
+    pub fn parse(text: &str, streams: usize) -> Result<Self, String> {
         match text {
             "http1" => Ok(Self::Http1),
-            "http2" => NonZeroUsize::new(connections)
-                .map(|connections| Self::Http2 { connections })
-                .ok_or_else(|| "HTTP/2 needs at least one connection".to_string()),
+            "http2" => NonZeroUsize::new(streams)
+                .map(|streams| Self::Http2 { streams })
+                .ok_or_else(|| "HTTP/2 needs at least one stream a connection".to_string()),
             other => Err(format!("{other:?} is not http1 or http2")),
         }
     }
@@ -50,48 +51,129 @@ impl ModelHttp {
 const PING_EVERY: Duration = Duration::from_secs(20);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The clients calls go out on: one for HTTP/1.1, `connections` for HTTP/2.
+/// Makes a client builder with the model client's timeouts and trust.
+pub(super) type MakeBuilder =
+    Arc<dyn Fn() -> Result<reqwest::ClientBuilder, reqwest::Error> + Send + Sync>;
+
+/// One client, and the calls it carries now.
 #[derive(Debug, Clone)]
+struct Slot {
+    client: reqwest::Client,
+    load: Arc<AtomicUsize>,
+}
+
+/// The clients calls go out on: the first, made with the configuration, and those added while
+/// every one carried its streams (HTTP/2 only).
+#[derive(Clone)]
 pub(super) struct Connections {
-    clients: Arc<[reqwest::Client]>,
-    next: Arc<AtomicUsize>,
+    first: Slot,
+    more: Arc<Mutex<Vec<Slot>>>,
+    /// Calls a client carries before another is made (HTTP/2; `None` for HTTP/1.1, whose one
+    /// client opens a connection per call itself).
+    streams: Option<usize>,
+    make: MakeBuilder,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("clients", &self.len())
+            .field("streams", &self.streams)
+            .finish()
+    }
 }
 
 impl Connections {
-    /// Clients made by `builder` (each from a fresh builder: reqwest's builders are consumed),
-    /// set up for `http`.
-    pub(super) fn build(
-        http: ModelHttp,
-        builder: impl Fn() -> Result<reqwest::ClientBuilder, reqwest::Error>,
-    ) -> Result<Self, reqwest::Error> {
-        let clients = match http {
-            ModelHttp::Http1 => vec![builder()?.http1_only().build()?],
-            ModelHttp::Http2 { connections } => (0..connections.get())
-                .map(|_| {
-                    builder()?
-                        .http2_prior_knowledge()
-                        .http2_keep_alive_interval(PING_EVERY)
-                        .http2_keep_alive_timeout(PING_TIMEOUT)
-                        .build()
-                })
-                .collect::<Result<Vec<_>, _>>()?,
+    /// Clients for `http`, each from a fresh builder of `make`. The first is made now, so a
+    /// builder that cannot be built stops the configuration, not a call.
+    pub(super) fn build(http: ModelHttp, make: MakeBuilder) -> Result<Self, reqwest::Error> {
+        let streams = match http {
+            ModelHttp::Http1 => None,
+            ModelHttp::Http2 { streams } => Some(streams.get()),
         };
         Ok(Self {
-            clients: clients.into(),
-            next: Arc::default(),
+            first: Slot {
+                client: client(streams.is_some(), &make)?,
+                load: Arc::default(),
+            },
+            more: Arc::default(),
+            streams,
+            make,
         })
     }
 
-    /// The client the next call goes out on.
-    pub(super) fn next(&self) -> &reqwest::Client {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
-        &self.clients[i]
+    /// The client for the next call (the least loaded), counted as carrying it until the lease
+    /// is dropped.
+    pub(super) fn lease(&self) -> Lease {
+        let Some(streams) = self.streams else {
+            return Lease::on(&self.first);
+        };
+        let mut more = match self.more.lock() {
+            Ok(more) => more,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let least = std::iter::once(&self.first)
+            .chain(more.iter())
+            .min_by_key(|s| s.load.load(Ordering::Relaxed))
+            .unwrap_or(&self.first)
+            .clone();
+        if least.load.load(Ordering::Relaxed) < streams {
+            return Lease::on(&least);
+        }
+        match client(true, &self.make) {
+            Ok(client) => {
+                let slot = Slot {
+                    client,
+                    load: Arc::default(),
+                };
+                more.push(slot.clone());
+                Lease::on(&slot)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open another HTTP/2 connection to the model server; the call shares a full one");
+                Lease::on(&least)
+            }
+        }
     }
 
     /// How many clients (connections, over HTTP/2) there are.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.clients.len()
+    fn len(&self) -> usize {
+        1 + self.more.lock().map_or(0, |m| m.len())
+    }
+}
+
+fn client(http2: bool, make: &MakeBuilder) -> Result<reqwest::Client, reqwest::Error> {
+    let builder = make()?;
+    if http2 {
+        builder
+            .http2_prior_knowledge()
+            .http2_keep_alive_interval(PING_EVERY)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
+            .build()
+    } else {
+        builder.http1_only().build()
+    }
+}
+
+/// A call's hold on its client: the client counts it until this is dropped.
+#[derive(Debug)]
+pub(super) struct Lease(Slot);
+
+impl Lease {
+    fn on(slot: &Slot) -> Self {
+        slot.load.fetch_add(1, Ordering::Relaxed);
+        Self(slot.clone())
+    }
+
+    /// The client to send the call on.
+    pub(super) fn client(&self) -> &reqwest::Client {
+        &self.0.client
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.load.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -99,13 +181,18 @@ impl Connections {
 mod tests {
     use super::*;
 
+    fn connections(http: ModelHttp) -> Connections {
+        Connections::build(http, Arc::new(|| crate::tls::http_client_builder(None)))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn the_setting_reads_both_versions_and_refuses_the_rest() {
         assert_eq!(ModelHttp::parse("http1", 0), Ok(ModelHttp::Http1));
         assert_eq!(
             ModelHttp::parse("http2", 3),
             Ok(ModelHttp::Http2 {
-                connections: NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN)
+                streams: NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN)
             })
         );
         assert!(ModelHttp::parse("http2", 0).is_err());
@@ -114,18 +201,30 @@ mod tests {
     }
 
     #[test]
-    fn calls_are_spread_over_every_connection_in_turn() {
-        let http = ModelHttp::parse("http2", 3).unwrap_or_default();
-        let set = Connections::build(http, || crate::tls::http_client_builder(None))
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(set.len(), 3);
-        let picked: Vec<*const reqwest::Client> = (0..6).map(|_| set.next() as *const _).collect();
-        assert_eq!(picked[0], picked[3]);
-        assert_eq!(picked[1], picked[4]);
-        assert_ne!(picked[0], picked[1]);
-        assert_ne!(picked[1], picked[2]);
-        let one = Connections::build(ModelHttp::Http1, || crate::tls::http_client_builder(None))
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(one.len(), 1);
+    fn a_connection_is_added_when_every_one_carries_its_streams_and_the_least_loaded_is_used() {
+        let set = connections(ModelHttp::parse("http2", 2).unwrap_or_default());
+        assert_eq!(set.len(), 1);
+        let (a, b) = (set.lease(), set.lease());
+        assert!(std::ptr::eq(a.0.load.as_ref(), b.0.load.as_ref()));
+        assert_eq!(set.len(), 1, "two calls fit on one connection");
+        let c = set.lease();
+        assert_eq!(set.len(), 2, "a third opens another");
+        assert!(!std::ptr::eq(a.0.load.as_ref(), c.0.load.as_ref()));
+        drop((a, b));
+        // The first is empty again: the next call goes there, not beside `c`.
+        let d = set.lease();
+        assert_eq!(d.0.load.load(Ordering::Relaxed), 1);
+        assert!(!std::ptr::eq(c.0.load.as_ref(), d.0.load.as_ref()));
+        assert_eq!(set.len(), 2);
+    }
+
+    #[test]
+    fn http1_keeps_one_client_whatever_the_calls_in_flight() {
+        let set = connections(ModelHttp::Http1);
+        let leases: Vec<Lease> = (0..50).map(|_| set.lease()).collect();
+        assert_eq!(set.len(), 1);
+        assert_eq!(leases[0].0.load.load(Ordering::Relaxed), 50);
+        drop(leases);
+        assert_eq!(set.lease().0.load.load(Ordering::Relaxed), 1);
     }
 }

@@ -253,11 +253,15 @@ impl LlmClient {
         http: ModelHttp,
     ) -> Result<Self, ClientError> {
         let endpoint = responses_endpoint(base_url)?;
-        let http = Connections::build(http, || {
-            Ok(crate::tls::http_client_builder(ca)?
-                .connect_timeout(connect_timeout)
-                .timeout(timeout))
-        })?;
+        let ca = ca.cloned();
+        let http = Connections::build(
+            http,
+            Arc::new(move || {
+                Ok(crate::tls::http_client_builder(ca.as_ref())?
+                    .connect_timeout(connect_timeout)
+                    .timeout(timeout))
+            }),
+        )?;
         Ok(Self {
             http,
             endpoint,
@@ -442,9 +446,10 @@ impl LlmClient {
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         let unavailable = AttemptError::transient;
-        let mut req = self
-            .http
-            .next()
+        // Held until the answer is read: the connection counts this call until then.
+        let lease = self.http.lease();
+        let mut req = lease
+            .client()
             .post(self.endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());

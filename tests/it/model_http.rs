@@ -1,7 +1,7 @@
 //! How the model client reaches the model server, seen from the server (the fake model counts
 //! the connections it accepted and the requests that came over HTTP/2): over HTTP/1.1 by
 //! default, one connection per call in flight; with `APTIX_LLM_HTTP=http2`, every call a
-//! stream on one of `APTIX_LLM_HTTP2_CONNECTIONS` connections.
+//! stream, on as few connections as `APTIX_LLM_HTTP2_STREAMS` streams each allow.
 
 use std::time::Duration;
 
@@ -51,14 +51,14 @@ async fn by_default_each_call_in_flight_has_an_http1_connection_of_its_own() {
 }
 
 #[tokio::test]
-async fn over_http2_the_calls_share_the_configured_connections() {
+async fn over_http2_the_calls_share_as_few_connections_as_their_streams_allow() {
     let app = turns_at_once(vec![
         ("APTIX_LLM_HTTP", "http2".into()),
-        ("APTIX_LLM_HTTP2_CONNECTIONS", "2".into()),
+        ("APTIX_LLM_HTTP2_STREAMS", "4".into()),
     ])
     .await;
     assert_eq!(app.fake.http2_requests(), AT_ONCE as u64);
-    // Spread in turn over both connections, four streams on each.
+    // Four streams a connection: the fifth call opened a second one.
     assert_eq!(app.fake.connections(), 2);
     // A streamed answer's events come through its HTTP/2 stream as they are written.
     let lines = crate::streaming::stream_lines(
