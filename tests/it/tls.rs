@@ -213,6 +213,19 @@ async fn clean_up(namespace: &str) {
 
 #[tokio::test]
 async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
+    a_turn_over_tls("http1").await;
+}
+
+/// HTTP/2 inside TLS: the client asks for `h2` by ALPN (stunnel passes the bytes on to the
+/// fake model, which takes HTTP/2 by prior knowledge).
+#[tokio::test]
+async fn a_model_call_goes_as_http2_inside_tls_when_asked() {
+    a_turn_over_tls("http2").await;
+}
+
+/// A turn over TLS to RabbitMQ, Redis and the model, the model's calls over `version`
+/// (`APTIX_LLM_HTTP`).
+async fn a_turn_over_tls(version: &str) {
     use aptix_worker::fake_llm::{FakeLlm, FakeOptions, Reply};
     let fake = FakeLlm::start(
         "127.0.0.1:0".parse().unwrap(),
@@ -244,6 +257,7 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
                     &format!("https://127.0.0.1:{}", front.https_port),
                 ),
             )
+            .env("APTIX_LLM_HTTP", version)
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "30"),
     );
     let port = server.port;
@@ -271,6 +285,11 @@ async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
     assert_eq!(answer["successful"], true, "{answer}");
     assert_eq!(answer["result"]["primaryOutputText"], "answered over TLS");
     assert_eq!(fake.requests().len(), 1, "the model was reached over TLS");
+    assert_eq!(
+        fake.http2_requests(),
+        u64::from(version == "http2"),
+        "the call went over {version}"
+    );
     drop(server);
     // What went over TLS is really in RabbitMQ and Redis: the turn record, read directly.
     let store = aptix_worker::store::RedisStore::connect(
