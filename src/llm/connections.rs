@@ -24,8 +24,9 @@ pub enum ModelHttp {
     /// HTTP/1.1: a connection per call in flight.
     #[default]
     Http1,
-    /// HTTP/2: prior knowledge on `http://` (h2c), ALPN on `https://` (a server that does not
-    /// offer `h2` is refused).
+    /// HTTP/2: prior knowledge on `http://` (h2c); on `https://` the client asks for `h2` by
+    /// ALPN and speaks HTTP/2 whatever the answer, so a server of HTTP/1.1 alone fails every
+    /// call (as "could not reach the model server").
     Http2 {
         /// Calls one connection carries before another is opened.
         streams: NonZeroUsize,
@@ -226,5 +227,48 @@ mod tests {
         assert_eq!(leases[0].0.load.load(Ordering::Relaxed), 50);
         drop(leases);
         assert_eq!(set.lease().0.load.load(Ordering::Relaxed), 1);
+    }
+
+    /// A server that speaks HTTP/1.1 alone answers the HTTP/2 client's preface with an
+    /// HTTP/1.1 response: the call fails, as a server that cannot be reached, not as an answer.
+    #[tokio::test]
+    async fn an_http2_call_to_a_server_of_http1_alone_fails_as_unreachable() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            }
+        });
+        let llm = super::super::LlmClient::with_ca(
+            &format!("http://{addr}/v1"),
+            None,
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            0,
+            None,
+            ModelHttp::parse("http2", 100).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let body = crate::state::SentRequest::new(
+            serde_json::value::RawValue::from_string(r#"{"model":"m","input":"hi"}"#.into())
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        match llm.create_response("m", &body).await {
+            Err(super::super::LlmError::Unavailable { message, .. }) => {
+                assert!(
+                    message.contains("could not reach the model server"),
+                    "{message}"
+                );
+            }
+            other => panic!("an unreachable server, not {other:?}"),
+        }
     }
 }
