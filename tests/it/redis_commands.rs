@@ -27,9 +27,12 @@ use crate::app::{AppOptions, Backend, spawn};
 /// usage tally beside it (three round trips one after another). 6 and 39 with the runs index
 /// (the console's turns list) while the front door sent its `ZADD` beside the enqueue; 5 and
 /// 39 since the admission's script notes it (the trim, once a minute per tenant and process,
-/// falls outside the count).
+/// falls outside the count); 5 and 34 once the begin step read the turn, the session and the
+/// stop request in one `MGET` and tried the lease with `SET NX` (no `EXISTS` first), and the
+/// settling write read the lease and the marks in one `MGET` and learnt whether the record was
+/// new from its `SET … GET`.
 const MOST_SENT_PER_TURN: f64 = 5.0;
-const MOST_COMMANDS_PER_TURN: f64 = 39.0;
+const MOST_COMMANDS_PER_TURN: f64 = 34.0;
 
 /// The turn record a settled turn leaves, in bytes (the last one written of each turn; its
 /// answer's text included, twice: the call's and the result's). 2026-11-28: 3.9 KB for a

@@ -37,21 +37,25 @@ return token
 /// yet (latching ARGV[4] unless some are; latched ones keep the TTL the front door's
 /// admission gave them moments before), the count of runs begun with this one (kept in
 /// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0).
+/// The turn, the session and the stop request (all strings) are one `MGET`. The fencing token
+/// is drawn before the lease is tried (`SET NX`): a try that finds the lease held spends a
+/// number, and tokens stay increasing, which is all fencing asks of them.
 const BEGIN: &str = r"
-local turn = redis.call('GET', KEYS[3])
+local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7])
+local turn, session, stop = read[1], read[2], read[3]
 local ledger = redis.call('HGETALL', KEYS[4])
-if redis.call('EXISTS', KEYS[1]) == 1 then return {false, turn, ledger, false, false, 0, 0} end
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+if not redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {false, turn, ledger, false, false, 0, 0}
+end
 local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
 redis.call('PEXPIRE', KEYS[4], ARGV[5])
-local session = redis.call('GET', KEYS[5])
 local latched = false
 if not session and ARGV[4] ~= '' then
   latched = redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
 end
-return {token, turn, ledger, session, latched, runs, redis.call('EXISTS', KEYS[7])}
+return {token, turn, ledger, session, latched, runs, stop and 1 or 0}
 ";
 
 const RENEW: &str = r"
@@ -89,20 +93,24 @@ macro_rules! append_conversation {
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
 ///       session TTL ms, then the session's conversation items to append (with a session).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
-/// back: the run is over), plus 2 when the session is marked watched. The ledger (KEYS[5]) is
+/// back: the run is over), plus 2 when the session is marked watched. The lease and both marks
+/// are strings: one `MGET` reads the three. A record that was not there yet (`SET … GET`
+/// answers nil) is added to the turns index. The ledger (KEYS[5]) is
 /// not touched: the begin step and each tool output keep it for the turn's TTL, and what it
 /// held at this write is in the record too.
 const SAVE: &str = concat!(
     r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
+if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
+if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'GET') then
+  redis.call('RPUSH', KEYS[3], ARGV[5])
+end
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
-local read = 2 * redis.call('EXISTS', KEYS[8])
+local read = held[2] and 2 or 0
 if ARGV[4] == '1' then
   redis.call('DEL', KEYS[1])
-else
-  read = read + redis.call('EXISTS', KEYS[7])
+elseif held[3] then
+  read = read + 1
 end
 if ARGV[6] == '' then return read end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
