@@ -125,7 +125,14 @@ fn turn_seen(events: &[(String, String, Value)]) -> bool {
 /// stream after the last event the client could have seen, and the turn completes once with
 /// the text the client saw, nothing missing and nothing twice.
 async fn a_background_call_outlives_the_worker_that_made_it(backend: Backend) {
-    let app = app(backend, Vec::new(), pieces(24)).await;
+    outlives_its_worker(backend, "http1").await;
+}
+
+/// [`a_background_call_outlives_the_worker_that_made_it`] with the model's calls over `http`
+/// (`APTIX_LLM_HTTP`): over HTTP/2 the create call's stream and the next worker's re-attached
+/// one are streams on shared connections.
+async fn outlives_its_worker(backend: Backend, http: &str) {
+    let app = app(backend, vec![("APTIX_LLM_HTTP", http)], pieces(24)).await;
     app.fake.push([Reply::Delay(
         Duration::from_secs(4),
         Box::new(Reply::Text(LONG.into())),
@@ -162,6 +169,7 @@ async fn a_background_call_outlives_the_worker_that_made_it(backend: Backend) {
     assert!(rec.calls[0].background && rec.calls[0].reattached);
     let series = "aptix_model_background_calls_total{event=\"reattached\"}";
     assert_eq!(counter(&app, series).await, 1.0);
+    assert_eq!(app.fake.http2_requests(), u64::from(http == "http2"));
 }
 
 /// The same, but the server forgot the response meanwhile (`404`, as an expired one): the
@@ -418,6 +426,11 @@ fn a_service_tier_that_does_not_exist_is_refused_at_start_up() {
 #[tokio::test]
 async fn embedded_a_background_call_outlives_the_worker_that_made_it() {
     a_background_call_outlives_the_worker_that_made_it(Backend::Embedded).await;
+}
+
+#[tokio::test]
+async fn embedded_a_background_call_outlives_its_worker_over_http2() {
+    outlives_its_worker(Backend::Embedded, "http2").await;
 }
 
 #[tokio::test]
