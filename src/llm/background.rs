@@ -275,6 +275,8 @@ impl LlmClient {
                         // A server that drops `stream` answers with the response object: a
                         // finished one is the answer; else it is followed by polling.
                         Ok(r) if r.status().is_success() && is_json(&r) => {
+                            // No stream to read: polling takes a lease per request.
+                            drop(lease);
                             let object = match r.bytes().await {
                                 Ok(bytes) => serde_json::from_slice::<Value>(&bytes).ok(),
                                 Err(_) => None,

@@ -94,17 +94,16 @@ macro_rules! append_conversation {
 ///       session TTL ms, then the session's conversation items to append (with a session).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
 /// back: the run is over), plus 2 when the session is marked watched. The lease and both marks
-/// are strings: one `MGET` reads the three. A record that was not there yet (`SET … GET`
-/// answers nil) is added to the turns index. The ledger (KEYS[5]) is
-/// not touched: the begin step and each tool output keep it for the turn's TTL, and what it
-/// held at this write is in the record too.
+/// are strings: one `MGET` reads the three. (Whether the record is new is asked with `EXISTS`,
+/// not learnt from `SET … GET`: that would copy the whole previous record out on every write
+/// to save one command.) The ledger (KEYS[5]) is not touched: the begin step and each tool
+/// output keep it for the turn's TTL, and what it held at this write is in the record too.
 const SAVE: &str = concat!(
     r"
 local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-if not redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3], 'GET') then
-  redis.call('RPUSH', KEYS[3], ARGV[5])
-end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 local read = held[2] and 2 or 0
 if ARGV[4] == '1' then
