@@ -48,6 +48,7 @@ mod contract_props;
 mod contract_request;
 mod contract_request_limits;
 mod contract_response;
+mod cpu_scheduling;
 mod direct_replies;
 mod errors;
 mod front_doors;

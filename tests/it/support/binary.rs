@@ -52,6 +52,12 @@ impl Listening {
     /// Starts `cmd` (whose arguments include `--listen 127.0.0.1:0`) and waits up to 20 s for
     /// the address it bound.
     pub fn start(cmd: &mut std::process::Command) -> Self {
+        Self::start_within(cmd, Duration::from_secs(20))
+    }
+
+    /// [`Listening::start`], waiting up to `deadline` for the address (a process in a class
+    /// that gets the CPU last needs longer on a busy machine).
+    pub fn start_within(cmd: &mut std::process::Command, deadline: Duration) -> Self {
         use std::io::BufRead as _;
         let mut child = cmd
             .stderr(std::process::Stdio::piped())
@@ -72,15 +78,13 @@ impl Listening {
                 seen.lock().unwrap().push(line);
             }
         });
-        let port = rx
-            .recv_timeout(Duration::from_secs(20))
-            .unwrap_or_else(|_| {
-                let _ = child.kill();
-                panic!(
-                    "the process reported no address within 20 s: {:?}",
-                    lines.lock().unwrap()
-                )
-            });
+        let port = rx.recv_timeout(deadline).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!(
+                "the process reported no address within {deadline:?}: {:?}",
+                lines.lock().unwrap()
+            )
+        });
         Self {
             child,
             port,
