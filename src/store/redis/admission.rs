@@ -2,7 +2,8 @@
 //! latched (each set once, then kept as long as the session), and the one script that claims,
 //! latches and records a queued turn in one round trip.
 
-use super::codec::{decode, encode, runs_begun};
+use super::call::ScriptCall;
+use super::codec::{decode, runs_begun};
 use super::{RedisStore, ms, unavailable};
 use crate::store::{Admission, ContextIds, IndexedTurn, StoreError, TurnRecord};
 
@@ -51,36 +52,48 @@ impl RedisStore {
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let mut script = self.scripts.admit_turn.key(self.key("owner", session));
-        script
-            .key(&contexts_key)
-            .key(&key)
-            .key(self.key("turns", session))
-            .key(self.turn_key("ledger", session, &turn.turn_id))
-            .arg(owner.unwrap_or(""))
-            .arg(match contexts {
-                Some(c) => encode(c)?,
-                None => String::new(),
-            })
-            .arg(encode(turn)?)
-            .arg(ms(self.retention.turns))
-            .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions));
         let runs_key = run.map(|entry| {
             let key = self.runs_key(entry.session.tenant());
             let trim = self.trim_due(&key).then(|| self.oldest_run_kept());
-            script
-                .key(&key)
-                .arg(entry.at_ms)
-                .arg(entry.member())
-                .arg(trim.map_or_else(String::new, |t| t.to_string()));
-            (key, trim.is_some())
+            (key, trim)
         });
-        let answer: Result<AdmitAnswer, _> = script.invoke_async(&mut self.conn()).await;
+        let mut script = ScriptCall::new(
+            &self.scripts.admit_turn,
+            if runs_key.is_some() { 6 } else { 5 },
+        );
+        script
+            .key(self.key("owner", session))
+            .key(&contexts_key)
+            .key(&key)
+            .key(self.key("turns", session))
+            .key(self.turn_key("ledger", session, &turn.turn_id));
+        if let Some((runs, _)) = &runs_key {
+            script.key(runs);
+        }
+        script.arg(owner.unwrap_or(""));
+        match contexts {
+            Some(c) => script.arg_json(c)?,
+            None => script.arg(""),
+        };
+        script
+            .arg_json(turn)?
+            .arg(ms(self.retention.turns))
+            .arg(turn.turn_id.as_str())
+            .arg(ms(self.retention.sessions));
+        if let (Some(entry), Some((_, trim))) = (run, &runs_key) {
+            script
+                .arg(entry.at_ms)
+                .arg_joined(&[entry.session.as_str(), " ", entry.turn.as_str()]);
+            match trim {
+                Some(oldest) => script.arg(*oldest),
+                None => script.arg(""),
+            };
+        }
+        let answer: Result<AdmitAnswer, _> = script.invoke(&mut self.conn()).await;
         let (step, found, runs, missed) = match answer {
             Ok(answer) => answer,
             Err(e) => {
-                if let Some((key, true)) = runs_key {
+                if let Some((key, Some(_))) = runs_key {
                     self.trim_missed(&key);
                 }
                 return Err(unavailable(e));

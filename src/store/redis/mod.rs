@@ -40,6 +40,7 @@ use crate::contract::{SessionId, TurnId};
 const HEARTBEATS_KEPT_MS: i64 = 10 * 60 * 1000;
 
 mod admission;
+mod call;
 mod codec;
 mod connection;
 mod many;
@@ -49,6 +50,7 @@ mod replication;
 mod runs;
 mod scripts;
 
+use call::ScriptCall;
 use codec::{decode, encode, with_ledger};
 pub use connection::{
     DEFAULT_REDIS_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, RedisConnection, RedisOptions, connection,
@@ -348,19 +350,8 @@ impl SessionStore for RedisStore {
         let turn_key = self.turn_key("turn", session, turn);
         let (session_key, contexts_key) =
             (self.key("session", session), self.key("contexts", session));
-        let to_latch = contexts.map(encode).transpose()?.unwrap_or_default();
-        let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop): (
-            Option<u64>,
-            Option<String>,
-            std::collections::BTreeMap<String, String>,
-            Option<String>,
-            Option<String>,
-            u32,
-            i64,
-        ) = self
-            .scripts
-            .begin
-            .key(self.key("lease", session))
+        let mut call = ScriptCall::new(&self.scripts.begin, 7);
+        call.key(self.key("lease", session))
             .key(self.key("fence", session))
             .key(&turn_key)
             .key(self.turn_key("ledger", session, turn))
@@ -369,12 +360,21 @@ impl SessionStore for RedisStore {
             .key(self.turn_key("cancel", session, turn))
             .arg(holder)
             .arg(ms(ttl))
-            .arg(ms(self.retention.sessions))
-            .arg(to_latch)
-            .arg(ms(self.retention.turns))
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+            .arg(ms(self.retention.sessions));
+        match contexts {
+            Some(c) => call.arg_json(c)?,
+            None => call.arg(""),
+        };
+        call.arg(ms(self.retention.turns));
+        let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop): (
+            Option<u64>,
+            Option<String>,
+            std::collections::BTreeMap<String, String>,
+            Option<String>,
+            Option<String>,
+            u32,
+            i64,
+        ) = call.invoke(&mut self.conn()).await.map_err(unavailable)?;
         let lease = token.map(|token| Lease {
             token,
             holder: holder.to_string(),
@@ -451,10 +451,8 @@ impl SessionStore for RedisStore {
         release: bool,
     ) -> Result<Saved, StoreError> {
         let sid = &turn.session_id;
-        let session_json = session.map(encode).transpose()?.unwrap_or_default();
-        let mut invocation = self.scripts.save.prepare_invoke();
-        invocation
-            .key(self.key("lease", sid))
+        let mut call = ScriptCall::new(&self.scripts.save, 8);
+        call.key(self.key("lease", sid))
             .key(self.turn_key("turn", sid, &turn.turn_id))
             .key(self.key("turns", sid))
             .key(self.key("session", sid))
@@ -463,16 +461,19 @@ impl SessionStore for RedisStore {
             .key(self.turn_key("cancel", sid, &turn.turn_id))
             .key(self.key("watched", sid))
             .arg(lease_value(lease))
-            .arg(encode(turn)?)
+            .arg_json(turn)?
             .arg(ms(self.retention.turns))
             .arg(if release { "1" } else { "0" })
-            .arg(turn.turn_id.as_str())
-            .arg(session_json)
-            .arg(ms(self.retention.sessions));
+            .arg(turn.turn_id.as_str());
+        match session {
+            Some(s) => call.arg_json(s)?,
+            None => call.arg(""),
+        };
+        call.arg(ms(self.retention.sessions));
         for item in session.iter().flat_map(|s| &s.conversation) {
-            invocation.arg(encode(item)?);
+            call.arg_json(item)?;
         }
-        let result: Result<i64, _> = invocation.invoke_async(&mut self.conn()).await;
+        let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
         result
             .map(|read| Saved {
                 stop_requested: read & 1 == 1,

@@ -212,3 +212,47 @@ async fn a_prompt_outlives_the_records_that_name_it() {
     );
     assert!(!again, "written once per half retention, not on every call");
 }
+
+/// A script call reaches a server that does not hold its script yet (a script of its own,
+/// never loaded): the `NOSCRIPT` answer loads it and the same call is sent again. Keys and
+/// arguments arrive in their order, a joined argument and a JSON one whole; a call given
+/// fewer keys than it declared is refused before anything is sent.
+#[tokio::test]
+async fn a_script_call_loads_its_script_where_the_server_lacks_it() {
+    let store = fresh_store().await;
+    let script = redis::Script::new(&format!(
+        "-- {}\nreturn {{KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]}}",
+        uuid::Uuid::new_v4()
+    ));
+    let held = |conn| async {
+        let mut conn = conn;
+        let held: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(script.get_hash())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        held == [true]
+    };
+    assert!(!held(store.conn()).await);
+    let mut call = super::call::ScriptCall::new(&script, 2);
+    call.key("k1")
+        .key("k2")
+        .arg(7)
+        .arg_joined(&["a", " ", "b"])
+        .arg_json(&serde_json::json!({"x": "y\""}))
+        .unwrap();
+    let got: Vec<String> = call.invoke(&mut store.conn()).await.unwrap();
+    assert_eq!(got, ["k1", "k2", "7", "a b", r#"{"x":"y\""}"#]);
+    assert!(held(store.conn()).await);
+    let again: Vec<String> = call.invoke(&mut store.conn()).await.unwrap();
+    assert_eq!(again, got);
+
+    let mut short = super::call::ScriptCall::new(&script, 3);
+    short.key("k1").key("k2");
+    let refused = short.invoke::<Vec<String>>(&mut store.conn()).await;
+    let Err(e) = refused else {
+        panic!("sent with a key missing: {refused:?}");
+    };
+    assert!(e.to_string().contains("fewer keys"), "{e}");
+}

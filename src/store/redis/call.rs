@@ -1,0 +1,88 @@
+//! A script call written straight into the one `EVALSHA` command that is sent: each key and
+//! argument goes into the command's buffer as it is given, a JSON value is serialised into it
+//! in place, and nothing is copied again. (redis-rs's `ScriptInvocation` keeps every key and
+//! argument in a vector of its own, then copies them all into the command it builds: an
+//! allocation and two copies per argument, and the record's JSON text made first as a string
+//! of its own.) A server that does not hold the script (`NOSCRIPT`: restarted, failed over,
+//! flushed) gets it loaded and the same command sent again, as `invoke_async` does.
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ToRedisArgs};
+
+use super::super::StoreError;
+
+/// One call of a script: its keys first ([`ScriptCall::key`]), as many as it was made for,
+/// then its arguments.
+pub(super) struct ScriptCall<'s> {
+    script: &'s Script,
+    cmd: Cmd,
+    /// Keys still to give before the first argument.
+    keys_left: usize,
+}
+
+impl<'s> ScriptCall<'s> {
+    /// A call of `script` with `keys` keys.
+    pub fn new(script: &'s Script, keys: usize) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        Self {
+            script,
+            cmd,
+            keys_left: keys,
+        }
+    }
+
+    /// The next key (`KEYS[i]`).
+    pub fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys_left = self.keys_left.saturating_sub(1);
+        self.cmd.arg(key);
+        self
+    }
+
+    /// The next argument (`ARGV[i]`).
+    pub fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The next argument, `parts` written one after another.
+    pub fn arg_joined(&mut self, parts: &[&str]) -> &mut Self {
+        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        {
+            let mut out = self.cmd.writer_for_next_arg();
+            for part in parts {
+                // Writing to a command's buffer cannot fail (it grows a vector).
+                let _ = std::io::Write::write_all(&mut out, part.as_bytes());
+            }
+        }
+        self
+    }
+
+    /// The next argument, `value` as JSON serialised into the command.
+    pub fn arg_json<T: serde::Serialize>(&mut self, value: &T) -> Result<&mut Self, StoreError> {
+        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        serde_json::to_writer(self.cmd.writer_for_next_arg(), value).map_err(StoreError::Encode)?;
+        Ok(self)
+    }
+
+    /// Sends the call; loads the script and sends it again if the server does not hold it.
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> RedisResult<T> {
+        if self.keys_left != 0 {
+            return Err((
+                ErrorKind::Client,
+                "a script call sent with fewer keys than it declared",
+            )
+                .into());
+        }
+        match self.cmd.query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.cmd.query_async(conn).await
+            }
+            answer => answer,
+        }
+    }
+}
