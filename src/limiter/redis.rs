@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::store::redis::RedisConnection;
+use crate::store::redis::{RedisConnection, ScriptCall};
 use redis::Script;
 
 use super::{LimitStore, LimitStoreError};
@@ -145,12 +145,12 @@ impl RedisLimits {
         key: String,
         args: &[String],
     ) -> Result<T, LimitStoreError> {
-        let mut invocation = script.key(key);
+        let mut call = ScriptCall::new(script, 1);
+        call.key(key);
         for a in args {
-            invocation.arg(a);
+            call.arg(a);
         }
-        invocation
-            .invoke_async(&mut self.conn.clone())
+        call.invoke(&mut self.conn.clone())
             .await
             .map_err(unavailable)
     }

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::store::redis::RedisConnection;
+use crate::store::redis::{RedisConnection, ScriptCall};
 use redis::{AsyncCommands as _, Script};
 use serde::{Deserialize, Serialize};
 
@@ -333,13 +333,13 @@ impl ChunkIndex for RedisIndex {
     async fn frequencies(&self, tenant: &str, terms: &[String]) -> Result<Frequencies, RagError> {
         let stats = self.key(tenant, "stats");
         let prefix = self.key(tenant, "term:");
-        let mut invocation = self.frequencies.prepare_invoke();
-        invocation.key(&stats);
+        let mut call = ScriptCall::new(&self.frequencies, 1 + terms.len());
+        call.key(&stats);
         for t in terms {
-            invocation.key(format!("{prefix}{t}"));
+            call.key_joined(&[&prefix, t]);
         }
-        let mut raw: Vec<redis::Value> = invocation
-            .invoke_async(&mut self.conn.clone())
+        let mut raw: Vec<redis::Value> = call
+            .invoke(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
         let bad = |what: &str, e: redis::ParsingError| {

@@ -12,7 +12,7 @@ use super::super::StoreError;
 
 /// One call of a script: its keys first ([`ScriptCall::key`]), as many as it was made for,
 /// then its arguments.
-pub(super) struct ScriptCall<'s> {
+pub struct ScriptCall<'s> {
     script: &'s Script,
     cmd: Cmd,
     /// Keys still to give before the first argument.
@@ -45,9 +45,19 @@ impl<'s> ScriptCall<'s> {
         self
     }
 
+    /// The next key, `parts` written one after another (no string of its own made first).
+    pub fn key_joined(&mut self, parts: &[&str]) -> &mut Self {
+        self.keys_left = self.keys_left.saturating_sub(1);
+        self.write_joined(parts)
+    }
+
     /// The next argument, `parts` written one after another.
     pub fn arg_joined(&mut self, parts: &[&str]) -> &mut Self {
         debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        self.write_joined(parts)
+    }
+
+    fn write_joined(&mut self, parts: &[&str]) -> &mut Self {
         {
             let mut out = self.cmd.writer_for_next_arg();
             for part in parts {

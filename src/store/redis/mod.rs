@@ -50,7 +50,7 @@ mod replication;
 mod runs;
 mod scripts;
 
-use call::ScriptCall;
+pub use call::ScriptCall;
 use codec::{decode, encode, with_ledger};
 pub use connection::{
     DEFAULT_REDIS_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, RedisConnection, RedisOptions, connection,

@@ -237,7 +237,7 @@ async fn a_script_call_loads_its_script_where_the_server_lacks_it() {
     assert!(!held(store.conn()).await);
     let mut call = super::call::ScriptCall::new(&script, 2);
     call.key("k1")
-        .key("k2")
+        .key_joined(&["k", "2"])
         .arg(7)
         .arg_joined(&["a", " ", "b"])
         .arg_json(&serde_json::json!({"x": "y\""}))
