@@ -52,11 +52,7 @@ impl RedisStore {
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let runs_key = run.map(|entry| {
-            let key = self.runs_key(entry.session.tenant());
-            let trim = self.trim_due(&key).then(|| self.oldest_run_kept());
-            (key, trim)
-        });
+        let runs_key = run.map(|entry| self.runs_key(entry.session.tenant()));
         let mut script = ScriptCall::new(
             &self.scripts.admit_turn,
             if runs_key.is_some() { 6 } else { 5 },
@@ -67,7 +63,7 @@ impl RedisStore {
             .key(&key)
             .key(self.key("turns", session))
             .key(self.turn_key("ledger", session, &turn.turn_id));
-        if let Some((runs, _)) = &runs_key {
+        if let Some(runs) = &runs_key {
             script.key(runs);
         }
         script.arg(owner.unwrap_or(""));
@@ -80,21 +76,25 @@ impl RedisStore {
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())
             .arg(ms(self.retention.sessions));
-        if let (Some(entry), Some((_, trim))) = (run, &runs_key) {
+        // Whether this note trims is decided last: a trim counted as done must be sent.
+        let mut trims = None;
+        if let (Some(entry), Some(key)) = (run, &runs_key) {
             script
                 .arg(entry.at_ms)
                 .arg_joined(&[entry.session.as_str(), " ", entry.turn.as_str()]);
-            match trim {
-                Some(oldest) => script.arg(*oldest),
-                None => script.arg(""),
-            };
+            if self.trim_due(key) {
+                script.arg(self.oldest_run_kept());
+                trims = Some(key);
+            } else {
+                script.arg("");
+            }
         }
         let answer: Result<AdmitAnswer, _> = script.invoke(&mut self.conn()).await;
         let (step, found, runs, missed) = match answer {
             Ok(answer) => answer,
             Err(e) => {
-                if let Some((key, Some(_))) = runs_key {
-                    self.trim_missed(&key);
+                if let Some(key) = trims {
+                    self.trim_missed(key);
                 }
                 return Err(unavailable(e));
             }
