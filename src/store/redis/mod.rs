@@ -23,7 +23,8 @@
 //!
 //! Every write a worker makes during a turn runs in a Lua script that first checks the lease
 //! key still holds the writer's `<token>:<holder>`; a stale writer gets `FENCED` and nothing is
-//! written.
+//! written. The scripts a turn runs are sent as one `EVALSHA` command written in place
+//! (`call.rs`), loaded again where the server answers `NOSCRIPT`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
