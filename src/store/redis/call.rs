@@ -15,8 +15,12 @@ use super::super::StoreError;
 pub struct ScriptCall<'s> {
     script: &'s Script,
     cmd: Cmd,
-    /// Keys still to give before the first argument.
-    keys_left: usize,
+    /// The keys the call was made for.
+    keys: usize,
+    /// The keys given so far.
+    keys_given: usize,
+    /// Whether an argument came before the last key.
+    arg_too_early: bool,
 }
 
 impl<'s> ScriptCall<'s> {
@@ -27,34 +31,41 @@ impl<'s> ScriptCall<'s> {
         Self {
             script,
             cmd,
-            keys_left: keys,
+            keys,
+            keys_given: 0,
+            arg_too_early: false,
         }
     }
 
     /// The next key (`KEYS[i]`).
     pub fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        self.keys_left = self.keys_left.saturating_sub(1);
+        self.keys_given += 1;
         self.cmd.arg(key);
         self
     }
 
     /// The next argument (`ARGV[i]`).
     pub fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        self.note_arg();
         self.cmd.arg(arg);
         self
     }
 
     /// The next key, `parts` written one after another (no string of its own made first).
     pub fn key_joined(&mut self, parts: &[&str]) -> &mut Self {
-        self.keys_left = self.keys_left.saturating_sub(1);
+        self.keys_given += 1;
         self.write_joined(parts)
     }
 
     /// The next argument, `parts` written one after another.
     pub fn arg_joined(&mut self, parts: &[&str]) -> &mut Self {
-        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        self.note_arg();
         self.write_joined(parts)
+    }
+
+    /// Notes an argument given: one given before the last key makes the call refused.
+    fn note_arg(&mut self) {
+        self.arg_too_early |= self.keys_given != self.keys;
     }
 
     fn write_joined(&mut self, parts: &[&str]) -> &mut Self {
@@ -70,7 +81,7 @@ impl<'s> ScriptCall<'s> {
 
     /// The next argument, `value` as JSON serialised into the command.
     pub fn arg_json<T: serde::Serialize>(&mut self, value: &T) -> Result<&mut Self, StoreError> {
-        debug_assert_eq!(self.keys_left, 0, "a script argument before its last key");
+        self.note_arg();
         serde_json::to_writer(self.cmd.writer_for_next_arg(), value).map_err(StoreError::Encode)?;
         Ok(self)
     }
@@ -80,10 +91,22 @@ impl<'s> ScriptCall<'s> {
         &self,
         conn: &mut impl redis::aio::ConnectionLike,
     ) -> RedisResult<T> {
-        if self.keys_left != 0 {
+        // A key too many would reach the script as its first argument, an argument too
+        // early as a key: either way it would read the wrong values, so nothing is sent.
+        if self.keys_given != self.keys || self.arg_too_early {
             return Err((
                 ErrorKind::Client,
-                "a script call sent with fewer keys than it declared",
+                "a script call whose keys do not match the count it declared",
+                format!(
+                    "declared {}, given {}{}",
+                    self.keys,
+                    self.keys_given,
+                    if self.arg_too_early {
+                        ", an argument before the last key"
+                    } else {
+                        ""
+                    }
+                ),
             )
                 .into());
         }

@@ -248,11 +248,25 @@ async fn a_script_call_loads_its_script_where_the_server_lacks_it() {
     let again: Vec<String> = call.invoke(&mut store.conn()).await.unwrap();
     assert_eq!(again, got);
 
+    // A call whose keys do not match its count is refused before anything is sent: a key
+    // missing, a key too many (it would reach the script as ARGV[1]), or an argument given
+    // before the last key (it would reach the script as a key).
     let mut short = super::call::ScriptCall::new(&script, 3);
     short.key("k1").key("k2");
-    let refused = short.invoke::<Vec<String>>(&mut store.conn()).await;
-    let Err(e) = refused else {
-        panic!("sent with a key missing: {refused:?}");
-    };
-    assert!(e.to_string().contains("fewer keys"), "{e}");
+    let mut long = super::call::ScriptCall::new(&script, 1);
+    long.key("k1").key("k2").arg("a");
+    let mut early = super::call::ScriptCall::new(&script, 2);
+    early.key("k1").arg("a").key("k2");
+    for (call, why) in [
+        (short, "declared 3, given 2"),
+        (long, "declared 1, given 2"),
+        (early, "an argument before the last key"),
+    ] {
+        let refused = call.invoke::<Vec<String>>(&mut store.conn()).await;
+        let Err(e) = refused else {
+            panic!("sent although {why}: {refused:?}");
+        };
+        assert_eq!(e.kind(), redis::ErrorKind::Client, "{e}");
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    }
 }
