@@ -364,8 +364,10 @@ impl LiveOutlet for ResultDelivery {
 }
 
 mod batch_lines;
+mod published;
 mod waits;
 pub use batch_lines::BatchLines;
+pub use published::{PublishedStatus, Settled};
 pub use waits::{Following, Heard, Listener, QueueReader, Resume, Turn, Waited, WatchMark};
 
 #[cfg(test)]

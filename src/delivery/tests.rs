@@ -124,7 +124,9 @@ async fn a_late_awaiting_status_of_an_earlier_run_is_not_the_answer() {
         .settled(Instant::now() + Duration::from_secs(5))
         .await
         .unwrap()
-        .expect("a status");
+        .expect("a status")
+        .into_view()
+        .unwrap();
     assert_eq!((got.status, got.attempts), (TurnStatus::Completed, 2));
 }
 
@@ -150,8 +152,9 @@ async fn a_listener_hears_the_live_text_then_the_status() {
     loop {
         match listener.next(deadline).await.unwrap() {
             Heard::Live(e) => heard.push(e.index),
-            Heard::Settled(view) => {
-                assert_eq!(view.status, TurnStatus::Completed);
+            Heard::Settled(settled) => {
+                assert_eq!(settled.status(), TurnStatus::Completed);
+                assert_eq!(settled.into_view().unwrap(), TurnStatusView::from(&done));
                 break;
             }
             other => panic!("unexpected {other:?}"),
@@ -199,7 +202,7 @@ async fn without_its_subscription_a_listener_reads_the_store() {
         .unwrap()
         .expect("a status");
     writer.await.unwrap();
-    assert_eq!(got.status, TurnStatus::Failed);
+    assert_eq!(got.status(), TurnStatus::Failed);
     let took = from.elapsed();
     assert!(
         took >= Duration::from_secs(3) && took <= Duration::from_secs(3) + LONGEST_POLL,

@@ -17,6 +17,7 @@ use crate::queue::{QueueError, Replies, SessionEvent, SessionEvents};
 use crate::state::{TurnStatus, TurnStatusView};
 use crate::store::{RecordWriter, StoreError};
 
+use super::published::{PublishedStatus, Settled};
 use super::*;
 
 impl ResultDelivery {
@@ -188,7 +189,7 @@ pub enum Heard {
     /// A live event of the turn (only a listener that asked for them).
     Live(LiveEvent),
     /// The turn settled: its status.
-    Settled(Box<TurnStatusView>),
+    Settled(Settled),
     /// The deadline came first: the turn's status then.
     Unsettled(Box<TurnStatusView>),
     /// The turn no longer exists.
@@ -234,8 +235,8 @@ impl Listener {
                     let until = deadline.min(Instant::now() + RECHECK);
                     match next_of(events, &self.turn, until).await {
                         Next::Live(event) => return Ok(Heard::Live(event)),
-                        Next::Settled(view) => match self.current(*view).await? {
-                            Some(view) => return Ok(Heard::Settled(Box::new(view))),
+                        Next::Settled(heard) => match self.current(heard).await? {
+                            Some(settled) => return Ok(Heard::Settled(settled)),
                             // A late copy of an earlier run's status: the turn has moved on.
                             None => continue,
                         },
@@ -252,26 +253,23 @@ impl Listener {
             let Some(record) = self.store.get_turn(&self.session, &self.turn).await? else {
                 return Ok(Heard::Gone);
             };
-            let view = Box::new(TurnStatusView::from(&record));
             if record.status.is_settled() {
-                return Ok(Heard::Settled(view));
+                return Ok(Heard::Settled(TurnStatusView::from(&record).into()));
             }
             if Instant::now() >= deadline {
-                return Ok(Heard::Unsettled(view));
+                return Ok(Heard::Unsettled(Box::new(TurnStatusView::from(&record))));
             }
         }
     }
 
     /// Waits until the turn settles or `deadline` passes, and returns its status then
     /// (`None`: the turn no longer exists). Live events are passed over.
-    pub async fn settled(
-        &mut self,
-        deadline: Instant,
-    ) -> Result<Option<TurnStatusView>, StoreError> {
+    pub async fn settled(&mut self, deadline: Instant) -> Result<Option<Settled>, StoreError> {
         loop {
             match self.next(deadline).await? {
                 Heard::Live(_) => continue,
-                Heard::Settled(view) | Heard::Unsettled(view) => return Ok(Some(*view)),
+                Heard::Settled(settled) => return Ok(Some(settled)),
+                Heard::Unsettled(view) => return Ok(Some(Settled::Read(view))),
                 Heard::Gone => return Ok(None),
             }
         }
@@ -282,16 +280,18 @@ impl Listener {
     /// whose calls were answered meanwhile (a client that polled the store can submit its
     /// continuation between the run's save and its publish). For that one the store decides:
     /// `None` when the turn has moved on, the stored status otherwise.
-    async fn current(&self, view: TurnStatusView) -> Result<Option<TurnStatusView>, StoreError> {
-        if view.status != TurnStatus::AwaitingClientTools {
-            return Ok(Some(view));
+    async fn current(&self, heard: PublishedStatus) -> Result<Option<Settled>, StoreError> {
+        if heard.status() != TurnStatus::AwaitingClientTools {
+            return Ok(Some(Settled::Published(heard)));
         }
         Ok(
             match self.store.get_turn(&self.session, &self.turn).await? {
-                Some(record) if record.status.is_settled() => Some(TurnStatusView::from(&record)),
+                Some(record) if record.status.is_settled() => {
+                    Some(TurnStatusView::from(&record).into())
+                }
                 Some(_) => None,
                 // Gone from the store (expired): what was heard is all there is.
-                None => Some(view),
+                None => Some(Settled::Published(heard)),
             },
         )
     }
@@ -300,7 +300,7 @@ impl Listener {
 /// What a subscription gave next for one turn.
 enum Next {
     Live(LiveEvent),
-    Settled(Box<TurnStatusView>),
+    Settled(PublishedStatus),
     TimedOut,
     Closed,
 }
@@ -320,11 +320,11 @@ async fn next_of(events: &mut SessionEvents, turn: &TurnId, until: Instant) -> N
                 }
             }
             Ok(Some(SessionEvent::Status(body))) => {
-                if let Ok(view) = serde_json::from_slice::<TurnStatusView>(&body)
-                    && &view.turn_id == turn
-                    && view.status.is_settled()
+                // Only the head is read: the result is passed on as the worker wrote it.
+                if let Some(heard) = PublishedStatus::of_turn(body, turn)
+                    && heard.status().is_settled()
                 {
-                    return Next::Settled(Box::new(view));
+                    return Next::Settled(heard);
                 }
             }
         }

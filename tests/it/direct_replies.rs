@@ -126,3 +126,48 @@ async fn a_long_poll_of_a_turn_accepted_elsewhere_binds_the_session_and_gets_the
         started.elapsed()
     );
 }
+
+/// The synchronous answer is the result the worker published, byte for byte the result the
+/// store keeps (the front door passes it on without reading it whole); a request whose
+/// parsing left warnings gets the same result with its warnings joined.
+#[tokio::test]
+async fn the_synchronous_answer_is_the_published_result_and_keeps_the_requests_warnings() {
+    let app = slow_app(Duration::from_millis(200)).await;
+    for (extra, warned) in [(None, false), (Some(("conversationId", "old")), true)] {
+        let sid = unique("sync-raw");
+        let mut request = json!({"sessionId": sid, "turnId": "t", "instruction": "hi"});
+        if let Some((field, value)) = extra {
+            request[field] = json!(value);
+        }
+        let resp = app
+            .http
+            .post(format!("{}/api/ai/agent/execute", app.base))
+            .bearer_auth("tok-a")
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/json",
+            "{extra:?}"
+        );
+        let answer: Value = resp.json().await.unwrap();
+        app.conforms("post", "/api/ai/agent/execute", 200, &answer);
+        assert_eq!(answer["successful"], true, "{answer}");
+        let stored = app.settled("tok-a", &sid, "t").await["result"].clone();
+        assert_eq!(stored["successful"], true, "{stored}");
+        if warned {
+            assert_eq!(
+                answer["warnings"][0]["errorCode"], "UNKNOWN_FIELD",
+                "{answer}"
+            );
+            let mut without = answer.clone();
+            without["warnings"] = json!([]);
+            assert_eq!(without, stored);
+        } else {
+            assert_eq!(answer, stored);
+        }
+    }
+}

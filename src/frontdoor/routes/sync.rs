@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+use crate::contract::AgentExecuteResponse;
 use crate::contract::{AgentExecuteRequest, SessionId, TurnId, parse_request};
 use crate::contract::{ErrorCode, ErrorMessage, InvokeResult};
-use crate::delivery::{Heard, Listener, Turn};
+use crate::delivery::{Heard, Listener, Settled, Turn};
 use crate::frontdoor::extract::{
     HttpState, LimitedBody, RequestSized, Tenant, Traced, answer, refused,
 };
@@ -53,10 +54,46 @@ pub(crate) async fn execute_sync(
     if streaming {
         return stream_sync(state, tenant, parsed.request, trace, parsed.warnings);
     }
-    let result = run_sync(&state, &tenant, &parsed.request, &trace)
-        .await
-        .with_warnings(parsed.warnings);
-    answer(StatusCode::OK, result)
+    match run_sync(&state, &tenant, &parsed.request, &trace).await {
+        // The result as the worker wrote it, unless the request's warnings join it.
+        SyncAnswer::AsWritten(result) if parsed.warnings.is_empty() => (
+            StatusCode::OK,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            result,
+        )
+            .into_response(),
+        other => answer(
+            StatusCode::OK,
+            other.into_result().with_warnings(parsed.warnings),
+        ),
+    }
+}
+
+/// What the synchronous endpoint answers: a result made here, or a settled turn's result as
+/// the worker that settled it wrote it (passed on without being read and written again).
+pub(crate) enum SyncAnswer {
+    /// Made here (a refusal, a failure to wait, a status read from the store).
+    Made(Box<InvokeResult<AgentExecuteResponse>>),
+    /// The JSON of the `InvokeResult` the worker published.
+    AsWritten(axum::body::Bytes),
+}
+
+impl SyncAnswer {
+    /// The result, read from its JSON if it came as written.
+    fn into_result(self) -> InvokeResult<AgentExecuteResponse> {
+        match self {
+            Self::Made(result) => *result,
+            Self::AsWritten(json) => serde_json::from_slice(&json).unwrap_or_else(|e| {
+                unavailable_now(format!("the turn's result cannot be read: {e}"))
+            }),
+        }
+    }
+}
+
+impl From<InvokeResult<AgentExecuteResponse>> for SyncAnswer {
+    fn from(result: InvokeResult<AgentExecuteResponse>) -> Self {
+        Self::Made(Box::new(result))
+    }
 }
 
 /// One NDJSON line.
@@ -124,7 +161,9 @@ async fn relay_turn(
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
     if accepted.status == TurnStatus::Running {
         // Its text went to the front door that accepted it; its result comes here.
-        return wait_elsewhere(state, (sid, tid), deadline).await;
+        return wait_elsewhere(state, (sid, tid), deadline)
+            .await
+            .into_result();
     }
     loop {
         let view = match listener.next(deadline).await {
@@ -143,11 +182,12 @@ async fn relay_turn(
                 }
                 continue;
             }
-            Ok(Heard::Settled(view) | Heard::Unsettled(view)) => Some(*view),
+            Ok(Heard::Settled(settled)) => Some(settled),
+            Ok(Heard::Unsettled(view)) => Some(Settled::Read(view)),
             Ok(Heard::Gone) => None,
             Err(e) => return unavailable_now(e.to_string()),
         };
-        return outcome(sid, tid, view);
+        return outcome(sid, tid, view).into_result();
     }
 }
 
@@ -156,7 +196,7 @@ pub(crate) async fn run_sync(
     tenant: &str,
     request: &AgentExecuteRequest,
     trace: &TraceContext,
-) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+) -> SyncAnswer {
     // The session is the tenant's: the wait below listens for the scoped id.
     let request = &*request.within(tenant);
     let (sid, tid) = (request.session_id(), request.turn_id());
@@ -164,22 +204,22 @@ pub(crate) async fn run_sync(
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, false)).await;
     let (mut listener, accepted) = match submitted {
         Ok(submitted) => submitted,
-        Err(failed) => return failed,
+        Err(failed) => return failed.into(),
     };
     // A request for a turn that already ran gets its stored result at once.
     if accepted.status.is_settled()
         && matches!(request, AgentExecuteRequest::UserTurn(_))
         && let Some(r) = accepted.result
     {
-        return r;
+        return r.into();
     }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
     if accepted.status == TurnStatus::Running {
         return wait_elsewhere(state, (sid, tid), deadline).await;
     }
     match listener.settled(deadline).await {
-        Ok(view) => outcome(sid, tid, view),
-        Err(e) => unavailable_now(e.to_string()),
+        Ok(settled) => outcome(sid, tid, settled),
+        Err(e) => unavailable_now(e.to_string()).into(),
     }
 }
 
@@ -190,16 +230,16 @@ async fn wait_elsewhere(
     state: &HttpState,
     (sid, tid): (&SessionId, &TurnId),
     deadline: tokio::time::Instant,
-) -> InvokeResult<crate::contract::AgentExecuteResponse> {
+) -> SyncAnswer {
     let waited = match state.door.delivery().turn(sid, tid).await {
-        Err(e) => return unavailable_now(e.to_string()),
+        Err(e) => return unavailable_now(e.to_string()).into(),
         Ok(Turn::Gone) => Ok(None),
-        Ok(Turn::Settled(view)) => Ok(Some(*view)),
+        Ok(Turn::Settled(view)) => Ok(Some(Settled::Read(view))),
         Ok(Turn::Unsettled(mut listener)) => listener.settled(deadline).await,
     };
     match waited {
-        Ok(view) => outcome(sid, tid, view),
-        Err(e) => unavailable_now(e.to_string()),
+        Ok(settled) => outcome(sid, tid, settled),
+        Err(e) => unavailable_now(e.to_string()).into(),
     }
 }
 
@@ -236,27 +276,36 @@ fn unavailable_now(message: String) -> InvokeResult<crate::contract::AgentExecut
     InvokeResult::failure(ErrorMessage::new(ErrorCode::ServiceUnavailable, message))
 }
 
-/// The synchronous answer for what the wait came to: the turn's result once it settled, else a
-/// failure that says where to look.
-fn outcome(
-    sid: &SessionId,
-    tid: &TurnId,
-    view: Option<TurnStatusView>,
-) -> InvokeResult<crate::contract::AgentExecuteResponse> {
-    match view {
-        Some(view) if view.status.is_settled() => view.result.unwrap_or_else(|| {
-            unavailable_now(format!(
-                "turn {tid} is {} without a result",
-                view.status.as_str()
-            ))
-        }),
+/// The synchronous answer for what the wait came to: the turn's result once it settled (as
+/// its worker wrote it when it was heard from the worker), else a failure that says where to
+/// look.
+fn outcome(sid: &SessionId, tid: &TurnId, settled: Option<Settled>) -> SyncAnswer {
+    let without_result = |status: TurnStatus| {
+        unavailable_now(format!(
+            "turn {tid} is {} without a result",
+            status.as_str()
+        ))
+    };
+    match settled {
+        Some(Settled::Published(heard)) if heard.status().is_settled() => {
+            heard.result_json().map_or_else(
+                || without_result(heard.status()).into(),
+                SyncAnswer::AsWritten,
+            )
+        }
+        Some(Settled::Read(view)) if view.status.is_settled() => view
+            .result
+            .unwrap_or_else(|| without_result(view.status))
+            .into(),
         Some(_) => unavailable_now(format!(
             "turn {tid} did not finish in time; poll GET /v1/sessions/{}/turns/{tid}",
             sid.client_id()
-        )),
+        ))
+        .into(),
         None => unavailable_now(format!(
             "turn {tid} of session {} no longer exists",
             sid.client_id()
-        )),
+        ))
+        .into(),
     }
 }

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::contract::parse_request;
 use crate::contract::{ErrorCode, InvokeResult};
-use crate::delivery::Turn;
+use crate::delivery::{Settled, Turn};
 use crate::frontdoor::SubmitError;
 use crate::frontdoor::extract::{
     ApiPath, HttpState, LimitedBody, QueryParams, Reader, RequestSized, Tenant, Traced, answer,
@@ -192,7 +192,10 @@ pub(crate) async fn get_turn(
         Err(e) => return unavailable(e),
         Ok(Turn::Gone) => Ok(None),
         Ok(Turn::Settled(view)) => Ok(Some(*view)),
-        Ok(Turn::Unsettled(mut listener)) => listener.settled(deadline).await,
+        Ok(Turn::Unsettled(mut listener)) => listener
+            .settled(deadline)
+            .await
+            .and_then(|settled| settled.map(Settled::into_view).transpose()),
     };
     match waited {
         Err(e) => unavailable(e),
