@@ -16,7 +16,7 @@ use crate::contexts::{AgentContext, Contexts, DEFAULT_CONTEXT};
 use crate::delivery::ResultDelivery;
 use crate::fake_llm::{FakeLlm, FakeOptions};
 use crate::frontdoor::FrontDoor;
-use crate::frontdoor::http::{HttpState, Reading, router, serve_with};
+use crate::frontdoor::http::{HttpParts, HttpState, Reading, router, serve_with};
 use crate::limiter::{CallLimiter, CallLimits, LimitStore, MemoryLimits, RedisLimits};
 use crate::llm::LlmClient;
 use crate::mcp::McpTools;
@@ -285,7 +285,7 @@ impl App {
     }
 
     pub fn http_state(&self, config: &Config) -> HttpState {
-        HttpState {
+        HttpState::new(HttpParts {
             door: self.front_door(config),
             store: self.store.clone(),
             broker: self.broker.clone(),
@@ -301,7 +301,7 @@ impl App {
             console: config.http.console_on(),
             read_timeout: config.http.read_timeout,
             mcp: self.mcp.clone(),
-        }
+        })
     }
 
     /// Serves the HTTP API of these parts on `listener` until `shutdown` is cancelled (the

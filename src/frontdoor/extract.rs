@@ -26,9 +26,28 @@ use crate::store::RecordWriter;
 use crate::tokens::ApiTokens;
 use crate::trace::TraceContext;
 
-/// What the handlers share.
+/// What the handlers share: one pointer, so the copy every extractor of every request takes
+/// costs one reference count, whatever the parts hold (a deployment's tokens, its limits).
 #[derive(Clone)]
-pub struct HttpState {
+pub struct HttpState(Arc<HttpParts>);
+
+impl HttpState {
+    /// The handlers' state over `parts`.
+    pub fn new(parts: HttpParts) -> Self {
+        Self(Arc::new(parts))
+    }
+}
+
+impl std::ops::Deref for HttpState {
+    type Target = HttpParts;
+
+    fn deref(&self) -> &HttpParts {
+        &self.0
+    }
+}
+
+/// What the handlers share ([`HttpState`]).
+pub struct HttpParts {
     /// Accepts requests.
     pub door: FrontDoor,
     /// Reads turn and session state, and writes what is not a turn's state (heartbeats let go,

@@ -24,7 +24,7 @@ use utoipa::OpenApi as _;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use super::extract::HttpState;
+pub use super::extract::{HttpParts, HttpState};
 use super::extract::{OpenApiJson, failure};
 use super::openapi::{self as api_doc, ExecuteResult, Failure};
 use super::routes;

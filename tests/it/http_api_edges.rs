@@ -7,7 +7,7 @@ use aptix_worker::config::BatchLimits;
 use aptix_worker::contract::RequestLimits;
 use aptix_worker::fake_llm::Reply;
 use aptix_worker::frontdoor::FrontDoor;
-use aptix_worker::frontdoor::http::{HttpState, openapi, router, serve};
+use aptix_worker::frontdoor::http::{HttpParts, HttpState, openapi, router, serve};
 use aptix_worker::metrics::Metrics;
 use aptix_worker::rag::ChunkOptions;
 use aptix_worker::store::SessionStore;
@@ -218,7 +218,7 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         "aptix-test-down",
     ));
     let store: Arc<dyn SessionStore> = Arc::new(MemoryStore::new());
-    let state = HttpState {
+    let state = HttpState::new(HttpParts {
         door: FrontDoor::new(store.clone(), broker.clone(), RequestLimits::default()),
         store: store.clone(),
         broker,
@@ -232,7 +232,7 @@ async fn a_broker_that_is_down_is_503_and_nothing_is_accepted() {
         console: false,
         read_timeout: aptix_worker::frontdoor::http::HEADER_READ_TIMEOUT,
         mcp: None,
-    };
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let stop = CancellationToken::new();
