@@ -246,13 +246,15 @@ impl FrontDoor {
         tenant: Option<&str>,
         turn: &UserTurn,
         fresh: &TurnRecord,
-        run: &IndexedTurn,
+        accepted_ms: i64,
     ) -> Result<(Option<TurnRecord>, RunsNote), SubmitError> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
         if turn.on_busy() == OnBusy::Enqueue {
             let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
             let wanted = ContextIds::named_or_default(agent, conversation);
-            let (admission, noted) = self.intake.admit(tenant, &wanted, fresh, run).await?;
+            let (admission, noted) = (self.intake)
+                .admit(tenant, &wanted, fresh, accepted_ms)
+                .await?;
             return match admission {
                 Admission::Turn(existing) => Ok((existing.map(|b| *b), noted)),
                 Admission::OtherOwner => Err(not_found(sid, tid)),
@@ -351,9 +353,9 @@ impl FrontDoor {
                             .service_tier
                             .map(crate::contexts::ServiceTier::as_str),
                     );
-                let run = IndexedTurn::now(sid, tid);
-                let (created, noted) = match self.record_user_turn(tenant, turn, &fresh, &run).await
-                {
+                let accepted_ms = crate::store::now_ms();
+                let recorded = self.record_user_turn(tenant, turn, &fresh, accepted_ms);
+                let (created, noted) = match recorded.await {
                     Ok(recorded) => recorded,
                     Err(e) => {
                         // A write that timed out may still be applied later (a stalled link
@@ -392,10 +394,11 @@ impl FrontDoor {
                 let enqueued = match noted {
                     RunsNote::Noted => self.broker.enqueue(lane, &job, &meta).await,
                     RunsNote::Missed(why) => {
-                        self.run_missed(&run, &why);
+                        self.run_missed(&IndexedTurn::of(accepted_ms, sid, tid), &why);
                         self.broker.enqueue(lane, &job, &meta).await
                     }
                     RunsNote::Yours => {
+                        let run = IndexedTurn::of(accepted_ms, sid, tid);
                         let (enqueued, ()) = tokio::join!(
                             self.broker.enqueue(lane, &job, &meta),
                             self.note_run(&run)

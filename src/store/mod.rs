@@ -407,19 +407,20 @@ pub trait SessionStore: RecordWriter {
             self.create_turn(grant, turn).await?.map(Box::new),
         ))
     }
-    /// [`SessionStore::admit_turn`], and a turn it records or finds noted in the runs index
-    /// of the entry's tenant (`run`, as [`RecordWriter::index_turn`] notes it) in the same
-    /// step where the store can: [`RunsNote::Noted`]. A store that cannot answers
-    /// [`RunsNote::Yours`] and notes nothing: the caller notes it (beside its enqueue).
+    /// [`SessionStore::admit_turn`], and a turn it records or finds noted in its tenant's
+    /// runs index as accepted at `accepted_ms` ([`IndexedTurn::of`], as
+    /// [`RecordWriter::index_turn`] notes it) in the same step where the store can:
+    /// [`RunsNote::Noted`]. A store that cannot answers [`RunsNote::Yours`] and notes nothing:
+    /// the caller notes it (beside its enqueue).
     async fn admit_and_index(
         &self,
         grant: &Grant,
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: &IndexedTurn,
+        accepted_ms: i64,
     ) -> Result<(Admission, RunsNote), StoreError> {
-        let _ = run;
+        let _ = accepted_ms;
         let admission = self.admit_turn(grant, owner, contexts, turn).await?;
         Ok((admission, RunsNote::Yours))
     }

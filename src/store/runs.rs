@@ -20,10 +20,10 @@ pub struct IndexedTurn {
 }
 
 impl IndexedTurn {
-    /// An entry for a turn accepted now.
-    pub fn now(session: &SessionId, turn: &TurnId) -> Self {
+    /// An entry for a turn accepted at `at_ms`.
+    pub fn of(at_ms: i64, session: &SessionId, turn: &TurnId) -> Self {
         Self {
-            at_ms: now_ms(),
+            at_ms,
             session: session.clone(),
             turn: turn.clone(),
         }

@@ -125,7 +125,7 @@ async fn an_admitted_turn_is_noted_in_the_runs_index_once(s: Subject) {
     // What the caller does with the answer (the front door: beside its enqueue).
     let admit = |record: TurnRecord, run: IndexedTurn, owner: &'static str| async move {
         let (admission, note) = st
-            .admit_and_index(G, Some(owner), &ContextIds::default(), &record, &run)
+            .admit_and_index(G, Some(owner), &ContextIds::default(), &record, run.at_ms)
             .await
             .unwrap();
         if note == RunsNote::Yours && matches!(admission, Admission::Turn(_)) {
@@ -194,7 +194,13 @@ async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
     let before = g.store.round_trips();
     let (admission, note) = g
         .store
-        .admit_and_index(G, Some("acme"), &ContextIds::default(), &record("s1"), &run)
+        .admit_and_index(
+            G,
+            Some("acme"),
+            &ContextIds::default(),
+            &record("s1"),
+            run.at_ms,
+        )
         .await
         .unwrap();
     assert_eq!((admission, note), (Admission::Turn(None), RunsNote::Noted));
@@ -221,7 +227,7 @@ async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
             Some("acme"),
             &ContextIds::default(),
             &record("s2"),
-            &entry(now_ms(), "acme", "s2", "t"),
+            now_ms(),
         )
         .await
         .unwrap();

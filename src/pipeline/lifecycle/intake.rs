@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::GRANT;
 use crate::store::{
-    Admission, ContextIds, IndexedTurn, RunsNote, SessionStore, StoreError, TurnRecord, TurnStatus,
+    Admission, ContextIds, RunsNote, SessionStore, StoreError, TurnRecord, TurnStatus,
 };
 
 /// The front door's turn transitions (see the module header).
@@ -30,17 +30,18 @@ impl Intake {
         Self { store }
     }
 
-    /// Admits a new user turn as `queued` in one step, noting it in the runs index as `run`
-    /// where the store can do that in the same step (see [`SessionStore::admit_and_index`]).
+    /// Admits a new user turn as `queued` in one step, noting it in the runs index as
+    /// accepted at `accepted_ms` where the store can do that in the same step (see
+    /// [`SessionStore::admit_and_index`]).
     pub async fn admit(
         &self,
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: &IndexedTurn,
+        accepted_ms: i64,
     ) -> Result<(Admission, RunsNote), StoreError> {
         self.store
-            .admit_and_index(&GRANT, owner, contexts, turn, run)
+            .admit_and_index(&GRANT, owner, contexts, turn, accepted_ms)
             .await
     }
 

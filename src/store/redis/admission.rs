@@ -5,7 +5,7 @@
 use super::call::ScriptCall;
 use super::codec::{decode, runs_begun};
 use super::{RedisStore, ms, unavailable};
-use crate::store::{Admission, ContextIds, IndexedTurn, StoreError, TurnRecord};
+use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
 
 /// What `ADMIT_TURN` answers: its step, the record or latch it found, the runs begun of a
 /// found turn, and why its runs index note failed.
@@ -35,8 +35,9 @@ impl RedisStore {
     }
 
     /// [`crate::store::SessionStore::admit_turn`] in one script (`ADMIT_TURN`); without an
-    /// owner and contexts, [`crate::store::SessionStore::create_turn`]. With `run`, a turn
-    /// the script records or finds is noted in its tenant's runs index by the same script
+    /// owner and contexts, [`crate::store::SessionStore::create_turn`]. With `run` (when it
+    /// was accepted), a turn the script records or finds is noted in its tenant's runs index
+    /// by the same script
     /// ([`crate::store::SessionStore::admit_and_index`]; a standalone server's scripts may
     /// touch keys of any slot). Answers, beside the admission, why that note failed, if it
     /// did.
@@ -45,14 +46,14 @@ impl RedisStore {
         owner: Option<&str>,
         contexts: Option<&ContextIds>,
         turn: &TurnRecord,
-        run: Option<&IndexedTurn>,
+        run: Option<i64>,
     ) -> Result<(Admission, Option<String>), StoreError> {
         let (session, key) = (
             &turn.session_id,
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let runs_key = run.map(|entry| self.runs_key(entry.session.tenant()));
+        let runs_key = run.map(|_| self.runs_key(session.tenant()));
         let mut script = ScriptCall::new(
             &self.scripts.admit_turn,
             if runs_key.is_some() { 6 } else { 5 },
@@ -78,11 +79,12 @@ impl RedisStore {
             .arg(ms(self.retention.sessions));
         // Whether this note trims is decided last: a trim counted as done must be sent.
         let mut trims = None;
-        if let (Some(entry), Some(key)) = (run, &runs_key) {
+        if let (Some(at_ms), Some(key)) = (run, &runs_key) {
+            // The entry's name, as `IndexedTurn::member` writes it.
             script
-                .arg(entry.at_ms)
-                .arg_joined(&[entry.session.as_str(), " ", entry.turn.as_str()]);
-            if self.trim_due(key) {
+                .arg(at_ms)
+                .arg_joined(&[session.as_str(), " ", turn.turn_id.as_str()]);
+            if self.trim_due(key, at_ms) {
                 script.arg(self.oldest_run_kept());
                 trims = Some(key);
             } else {

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, Begun, ContextIds, Grant, IndexedTurn, Lease, Retention, RunsNote, Saved,
-    SessionState, SessionStore, StoreError, ToolOutput, TurnRecord,
+    Admission, Begun, ContextIds, Grant, Lease, Retention, RunsNote, Saved, SessionState,
+    SessionStore, StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
 
@@ -70,8 +70,9 @@ pub struct RedisStore {
     replication: Option<std::sync::Arc<replication::Replication>>,
     /// When this process last wrote each prompt ([`RecordWriter::keep_prompt`]).
     prompts_kept: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
-    /// When this process last trimmed each tenant's runs index ([`RecordWriter::index_turn`]).
-    runs_trimmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+    /// When this process last trimmed each tenant's runs index ([`RecordWriter::index_turn`]):
+    /// the acceptance time, in milliseconds, of the note that did.
+    runs_trimmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -266,14 +267,16 @@ impl SessionStore for RedisStore {
         owner: Option<&str>,
         contexts: &ContextIds,
         turn: &TurnRecord,
-        run: &IndexedTurn,
+        accepted_ms: i64,
     ) -> Result<(Admission, RunsNote), StoreError> {
         // A cluster's script reaches only its own slot: its caller notes the turn itself.
         if self.conn.is_cluster() {
             let (admission, _) = self.admit(owner, Some(contexts), turn, None).await?;
             return Ok((admission, RunsNote::Yours));
         }
-        let (admission, missed) = self.admit(owner, Some(contexts), turn, Some(run)).await?;
+        let (admission, missed) = self
+            .admit(owner, Some(contexts), turn, Some(accepted_ms))
+            .await?;
         Ok((admission, missed.map_or(RunsNote::Noted, RunsNote::Missed)))
     }
 

@@ -4,7 +4,7 @@
 //! than the turn retention and keeps the set that long, so an index never outgrows the
 //! records it names.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{RedisStore, ms, unavailable};
 use crate::store::{IndexedTurn, RunsPage, StoreError, now_ms};
@@ -34,20 +34,22 @@ impl RedisStore {
         }
     }
 
-    /// Whether this process should trim `key` with this note (and, if so, notes that it did).
-    pub(super) fn trim_due(&self, key: &str) -> bool {
+    /// Whether this process should trim `key` with the note of a turn accepted at `now_ms`
+    /// (and, if so, notes that it did). The note's own time serves as the clock: no second
+    /// read of it; a clock set back makes the next note trim.
+    pub(super) fn trim_due(&self, key: &str, now_ms: i64) -> bool {
         let Ok(mut trimmed) = self.runs_trimmed.lock() else {
             return true;
         };
-        let now = Instant::now();
+        let every = ms(TRIM_EVERY) as i64;
         let due = trimmed
             .get(key)
-            .is_none_or(|at| now.duration_since(*at) >= TRIM_EVERY);
+            .is_none_or(|at| now_ms < *at || now_ms - *at >= every);
         if due {
             if trimmed.len() >= TRIMS_REMEMBERED {
                 trimmed.clear();
             }
-            trimmed.insert(key.to_string(), now);
+            trimmed.insert(key.to_string(), now_ms);
         }
         due
     }
@@ -60,7 +62,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = self.runs_key(tenant);
         let mut pipe = redis::pipe();
-        let trim = self.trim_due(&key);
+        let trim = self.trim_due(&key, entry.at_ms);
         if trim {
             let oldest = self.oldest_run_kept();
             pipe.cmd("ZREMRANGEBYSCORE")

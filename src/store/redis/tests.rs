@@ -270,3 +270,80 @@ async fn a_script_call_loads_its_script_where_the_server_lacks_it() {
         assert!(e.to_string().contains(why), "{why}: {e}");
     }
 }
+
+/// A tenant's runs index is trimmed of entries older than the turn retention by the first note
+/// this process makes, then at most once a minute by the note's own time, and again at once
+/// after the clock went back.
+#[tokio::test]
+async fn a_runs_index_is_trimmed_by_the_first_note_then_once_a_minute() {
+    use crate::contract::{SessionId, TurnId};
+    use crate::state::TurnRecord;
+    use crate::store::now_ms;
+    let store = fresh_store().await;
+    let key = store.runs_key("acme");
+    let too_old = store.oldest_run_kept() - 10_000;
+    let plant = |member: &'static str| {
+        let (key, mut conn) = (key.clone(), store.conn());
+        async move {
+            let _: i64 = redis::cmd("ZADD")
+                .arg(&key)
+                .arg(too_old)
+                .arg(member)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    let members = || {
+        let (key, mut conn) = (key.clone(), store.conn());
+        async move {
+            let names: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            names
+        }
+    };
+    let admit = |turn: &'static str, at_ms: i64| {
+        let record = TurnRecord::queued(
+            SessionId::parse("s").unwrap().within("acme"),
+            TurnId::parse(turn).unwrap(),
+            "fp".into(),
+            String::new(),
+        );
+        let store = &store;
+        async move {
+            let (_, missed) = store
+                .admit(Some("acme"), None, &record, Some(at_ms))
+                .await
+                .unwrap();
+            assert_eq!(missed, None);
+        }
+    };
+    let t0 = now_ms();
+    plant("old-1").await;
+    admit("t1", t0).await;
+    assert_eq!(members().await, ["acme/s t1"], "the first note trims");
+    plant("old-2").await;
+    admit("t2", t0 + 59_000).await;
+    assert_eq!(
+        members().await,
+        ["old-2", "acme/s t1", "acme/s t2"],
+        "within the minute, no trim"
+    );
+    admit("t3", t0 + 60_000).await;
+    assert_eq!(members().await, ["acme/s t1", "acme/s t2", "acme/s t3"]);
+    plant("old-3").await;
+    admit("t4", t0 - 5_000).await;
+    assert!(
+        !members().await.contains(&"old-3".to_string()),
+        "a clock set back trims at once"
+    );
+    assert!(
+        !store.trim_due(&key, t0 - 4_000),
+        "then once a minute again"
+    );
+}
