@@ -41,17 +41,11 @@ struct Head<'a> {
 impl PublishedStatus {
     /// `body` as a status of `turn`; `None` when it is not a status or is another turn's.
     pub fn of_turn(body: Vec<u8>, turn: &TurnId) -> Option<Self> {
-        let (status, result) = {
-            let head: Head<'_> = serde_json::from_slice(&body).ok()?;
-            if head.turn_id != turn.as_str() {
-                return None;
-            }
-            let result = match head.result {
-                Some(raw) => Some(within(&body, raw.get().as_bytes())?),
-                None => None,
-            };
-            (head.status, result)
+        let found = match result_last(&body, turn) {
+            Some(found) => found,
+            None => read_whole(&body, turn)?,
         };
+        let (status, result) = found?;
         Some(Self {
             body: Bytes::from(body),
             status,
@@ -75,6 +69,50 @@ impl PublishedStatus {
             StoreError::Corrupt(format!("a published status that cannot be read: {e}"))
         })
     }
+}
+
+/// What a status said, if it is the turn's (`None`: another turn's): its status, and where its
+/// result lies.
+type Found = Option<(TurnStatus, Option<Range<usize>>)>;
+
+/// How a status's result starts when it follows another field: a comma, then a quote that is
+/// not escaped (inside a JSON string every quote is), can only start a key.
+const RESULT_KEY: &[u8] = b",\"result\":";
+
+/// A status written as [`TurnStatusView`] writes it — its result last, after fields that hold
+/// no object — read without reading the result: the first result key is the status's own
+/// (no field before it holds one), the result runs from it to the status's closing brace, and
+/// only the fields before it are read. `None` for any other shape (a status without a result,
+/// one written by a version that put a field after the result): [`read_whole`] reads those.
+fn result_last(body: &[u8], turn: &TurnId) -> Option<Found> {
+    let at = body
+        .windows(RESULT_KEY.len())
+        .position(|w| w == RESULT_KEY)?;
+    let start = at + RESULT_KEY.len();
+    // The result is an object, and the status's own closing brace follows it at once.
+    if body.get(start) != Some(&b'{') || !body.ends_with(b"}}") {
+        return None;
+    }
+    let mut fields = Vec::with_capacity(at + 1);
+    fields.extend_from_slice(&body[..at]);
+    fields.push(b'}');
+    // The fields before the key, closed, must be an object of their own: then the key is the
+    // status's, not one nested in a field before it.
+    let head: Head<'_> = serde_json::from_slice(&fields).ok()?;
+    Some((head.turn_id == turn.as_str()).then_some((head.status, Some(start..body.len() - 1))))
+}
+
+/// A status read whole (its result skipped over, not built).
+fn read_whole(body: &[u8], turn: &TurnId) -> Option<Found> {
+    let head: Head<'_> = serde_json::from_slice(body).ok()?;
+    if head.turn_id != turn.as_str() {
+        return Some(None);
+    }
+    let result = match head.result {
+        Some(raw) => Some(within(body, raw.get().as_bytes())?),
+        None => None,
+    };
+    Some(Some((head.status, result)))
 }
 
 /// Where `part`, a slice of `whole`, lies in it (`None` if it is not one).
@@ -155,6 +193,76 @@ mod tests {
         let typed: InvokeResult<AgentExecuteResponse> = serde_json::from_slice(&result).unwrap();
         assert_eq!(Some(typed), view.result);
         assert_eq!(heard.view().unwrap(), view);
+    }
+
+    /// [`TurnStatusView`]'s fields in the order versions before this one wrote them.
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Earlier<'a> {
+        session_id: &'a SessionId,
+        turn_id: &'a TurnId,
+        status: TurnStatus,
+        attempts: u32,
+        submitted_at: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        completed_at: &'a Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: &'a Option<InvokeResult<AgentExecuteResponse>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        service_tier: &'a Option<String>,
+    }
+
+    /// A status as a worker writes it is read without its result, whatever the result and
+    /// the fields before it hold; one whose fields come in another order (a version that wrote
+    /// a field after the result) is read whole, to the same answer.
+    #[test]
+    fn the_result_is_found_without_reading_it_and_any_other_order_is_read_whole() {
+        let tid = TurnId::parse("t-1").unwrap();
+        let tricky = [
+            "plain",
+            r#"ends like a status ,"result":{"x":1}}"#,
+            r#"quote \" and ,\"result\": escaped"#,
+            "}}",
+        ];
+        for text in tricky {
+            for tier in [None, Some(r#"flex,"result":{}"#)] {
+                let mut view = completed("t-1");
+                view.service_tier = tier.map(str::to_string);
+                if let Some(result) = view.result.as_mut() {
+                    let mut v = serde_json::to_value(&*result).unwrap();
+                    v["result"]["primaryOutputText"] = serde_json::json!(text);
+                    *result = serde_json::from_value(v).unwrap();
+                }
+                let expected = serde_json::to_vec(&view.result).unwrap();
+                let written = serde_json::to_vec(&view).unwrap();
+                assert!(
+                    matches!(result_last(&written, &tid), Some(Some(_))),
+                    "read without its result: {text:?} {tier:?}"
+                );
+                // As versions before this one wrote it: the service tier after the result.
+                let earlier = serde_json::to_vec(&Earlier {
+                    session_id: &view.session_id,
+                    turn_id: &view.turn_id,
+                    status: view.status,
+                    attempts: view.attempts,
+                    submitted_at: &view.submitted_at,
+                    completed_at: &view.completed_at,
+                    result: &view.result,
+                    service_tier: &view.service_tier,
+                })
+                .unwrap();
+                assert_eq!(
+                    result_last(&earlier, &tid).is_some(),
+                    tier.is_none(),
+                    "a field after the result is seen: {text:?} {tier:?}"
+                );
+                for body in [written, earlier] {
+                    let heard = PublishedStatus::of_turn(body, &tid).unwrap();
+                    assert_eq!(heard.status(), TurnStatus::Completed);
+                    assert_eq!(heard.result_json().unwrap(), expected, "{text:?} {tier:?}");
+                }
+            }
+        }
     }
 
     #[test]

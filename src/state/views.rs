@@ -25,13 +25,15 @@ pub struct TurnStatusView {
     /// Finished (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub completed_at: Option<String>,
-    /// The latest result, once there is one.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub result: Option<InvokeResult<AgentExecuteResponse>>,
     /// The service tier the model server reports serving the turn's latest model call with
     /// (`flex`, `default`, …), when it reports one.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub service_tier: Option<String>,
+    /// The latest result, once there is one. Written last, after fields that hold no object:
+    /// a waiter finds it in a published status without reading it
+    /// ([`crate::delivery::PublishedStatus`]).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub result: Option<InvokeResult<AgentExecuteResponse>>,
 }
 
 impl From<&TurnRecord> for TurnStatusView {
