@@ -30,6 +30,10 @@
 //!   session's status is not broadcast (the batch shape pays no publish that reaches nobody).
 //! - **The reply queue**: statuses kept for a client that reads them later.
 //!
+//! A status a waiter hears from the worker is read only as far as the waiter decides by
+//! ([`PublishedStatus`]: the turn, its status, where its result lies); the synchronous
+//! endpoint answers with the result's bytes as the worker wrote them.
+//!
 //! Owns: the order of those steps on both sides, and the waits. Must not: parse requests,
 //! speak HTTP, or change a turn (a status is stored by whoever settled the turn, before it is
 //! delivered).
