@@ -283,7 +283,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Reading {
     /// The wait for a request's headers (from the moment the connection is accepted, or the
-    /// previous answer was sent); a body's own wait is [`HttpState::read_timeout`].
+    /// previous answer was sent); a body's own wait is [`HttpParts::read_timeout`].
     pub timeout: Duration,
     /// Counts closed connections (`aptix_http_connections_timed_out_total`).
     pub metrics: Arc<Metrics>,
