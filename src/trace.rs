@@ -28,8 +28,7 @@ tokio::task_local! {
 
 /// `bytes` random bytes (at most 16) as lowercase hex, never all zeros (W3C's invalid id).
 /// The ids tell traces and spans apart and guard nothing, so the thread's fast generator
-/// serves (a fresh UUID from the operating system's source cost thousands of instructions
-/// per request).
+/// serves (a fresh UUID per id asked the operating system's source: a system call each).
 fn random_hex(bytes: usize) -> String {
     let mut random = [0u8; 16];
     let random = &mut random[..bytes.min(16)];

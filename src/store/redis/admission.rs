@@ -5,7 +5,7 @@
 use super::call::ScriptCall;
 use super::codec::{decode, runs_begun};
 use super::{RedisStore, ms, unavailable};
-use crate::store::{Admission, ContextIds, StoreError, TurnRecord};
+use crate::store::{Admission, ContextIds, IndexedTurn, StoreError, TurnRecord};
 
 /// What `ADMIT_TURN` answers: its step, the record or latch it found, the runs begun of a
 /// found turn, and why its runs index note failed.
@@ -80,10 +80,9 @@ impl RedisStore {
         // Whether this note trims is decided last: a trim counted as done must be sent.
         let mut trims = None;
         if let (Some(at_ms), Some(key)) = (run, &runs_key) {
-            // The entry's name, as `IndexedTurn::member` writes it.
             script
                 .arg(at_ms)
-                .arg_joined(&[session.as_str(), " ", turn.turn_id.as_str()]);
+                .arg_joined(&IndexedTurn::member_parts(session, &turn.turn_id));
             if self.trim_due(key, at_ms) {
                 script.arg(self.oldest_run_kept());
                 trims = Some(key);
