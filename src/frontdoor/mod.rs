@@ -13,7 +13,7 @@ use crate::contract::{
 };
 use crate::delivery::ResultDelivery;
 use crate::metrics::Metrics;
-use crate::pipeline::{Intake, continuation_fingerprint, fingerprint};
+use crate::pipeline::{Intake, continuation_fingerprint, job_fingerprint};
 use crate::queue::{Broker, JobMeta};
 use crate::tenants::{QuotaError, Quotas};
 use crate::trace::TraceContext;
@@ -331,7 +331,8 @@ impl FrontDoor {
                 // A batch line without a webhook of its own gets the batch's.
                 let webhook = own.or(pickup.batch.and_then(|(_, w)| w));
                 meta = meta.with_webhook(webhook);
-                let fp = fingerprint(turn);
+                // The job is the turn serialised: its digest is the turn's fingerprint.
+                let fp = job_fingerprint(&job);
                 // What the client asked, kept for people looking into the turn unless the
                 // tenant's bodies are not kept.
                 let keeps = tenant.is_none_or(|t| self.quotas.tenants().keeps_bodies(t));

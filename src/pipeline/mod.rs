@@ -29,10 +29,10 @@ mod tests;
 pub use backends::{AgentBackend, Backends, Conversation};
 pub use compose::DEFAULT_BOOT_PROMPT;
 pub use lifecycle::Intake;
-use outcome::{Interrupted, TurnResult};
+use outcome::{Interrupted, TurnPrint, TurnResult};
 pub use outcome::{
     JobOutcome, Origin, PipelineSettings, RetryKind, RetryableFailure, Settled,
-    continuation_fingerprint, fingerprint,
+    continuation_fingerprint, fingerprint, job_fingerprint,
 };
 
 tokio::task_local! {
@@ -349,7 +349,8 @@ impl Pipeline {
                         )),
                         _ => None,
                     };
-                    let result = self.run_user_turn(turn, tenant, live.clone()).await;
+                    let print = TurnPrint::of(turn, origin.job);
+                    let result = self.run_user_turn(print, tenant, live.clone()).await;
                     // Every live event is out before the worker publishes the result.
                     if let Some(live) = live {
                         live.finish().await;

@@ -38,6 +38,9 @@ pub struct Origin<'a> {
     pub tenant: Option<&'a str>,
     /// The direct reply address of the front door waiting for its result, if one is.
     pub reply_to: Option<&'a str>,
+    /// The job's body as delivered: a user turn's fingerprint is read from it
+    /// ([`TurnPrint`]).
+    pub job: Option<&'a [u8]>,
 }
 
 /// What one run of a job came to. The worker acknowledges, retries or dead-letters a job by
@@ -187,9 +190,52 @@ pub(super) fn store_failure(e: StoreError) -> RetryableFailure {
     }
 }
 
-/// The request fingerprint: the same ids with another payload is a conflict.
+/// The request fingerprint: the same ids with another payload is a conflict. It is the
+/// SHA-256 of the turn as serialised, which is byte for byte the body of its job (the request
+/// enum is untagged, and a session id serialises as the client wrote it, whatever its scope):
+/// the front door takes it from the job it publishes ([`job_fingerprint`]) and a worker tries
+/// the job it was delivered first ([`TurnPrint`]), neither serialising the turn a second time.
 pub fn fingerprint(turn: &UserTurn) -> String {
     sha256_hex(&serde_json::to_vec(turn).unwrap_or_default())
+}
+
+/// The fingerprint of a user turn from the job the front door made of it
+/// (`serde_json::to_vec` of the request): the same as [`fingerprint`] of the turn.
+pub fn job_fingerprint(job: &[u8]) -> String {
+    sha256_hex(job)
+}
+
+/// A delivered user turn's fingerprint, compared with a stored one. The job's bytes are tried
+/// first (a front door's job: no serialisation); a job whose bytes are not the front door's
+/// serialisation of its turn (published by other means, with other spacing or field order) is
+/// compared by the turn's own [`fingerprint`], so the answer is the same either way.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnPrint<'a> {
+    turn: &'a UserTurn,
+    job: Option<&'a [u8]>,
+}
+
+impl<'a> TurnPrint<'a> {
+    /// `turn`'s print, with the `job` body it was delivered in, if it came in one.
+    pub fn of(turn: &'a UserTurn, job: Option<&'a [u8]>) -> Self {
+        Self { turn, job }
+    }
+
+    /// The turn.
+    pub fn turn(&self) -> &'a UserTurn {
+        self.turn
+    }
+
+    /// Whether `stored` is this turn's fingerprint.
+    pub fn matches(&self, stored: &str) -> bool {
+        self.job.is_some_and(|job| job_fingerprint(job) == stored) || self.value() == stored
+    }
+
+    /// The fingerprint itself, for a record the run creates: always the turn's own, so it is
+    /// the one a front door would store for the same request.
+    pub fn value(&self) -> String {
+        fingerprint(self.turn)
+    }
 }
 
 /// The fingerprint of a continuation's tool results: the front door accepts one continuation
@@ -200,4 +246,60 @@ pub fn continuation_fingerprint(cont: &ToolContinuation) -> String {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     crate::hex::lower(&Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{TurnPrint, fingerprint, job_fingerprint};
+    use crate::contract::{AgentExecuteRequest, RequestLimits, parse_request};
+
+    fn user_turn(body: &str) -> AgentExecuteRequest {
+        parse_request(body.as_bytes(), &RequestLimits::default())
+            .expect("a valid turn")
+            .request
+    }
+
+    /// The front door's job is the turn serialised, so its digest is the turn's fingerprint,
+    /// for a tenant's scoped session too (a tagged request enum would break this).
+    #[test]
+    fn a_turns_job_digests_to_its_fingerprint() {
+        let body = r#"{"sessionId":"s-1","turnId":"t-1","instruction":"read these",
+            "inputArtifacts":[{"relativePath":"a.md","fileName":"a.md","contents":"alpha","origin":"user"}],
+            "streaming":true}"#;
+        for tenant in [None, Some("acme")] {
+            let mut request = user_turn(body);
+            if let Some(t) = tenant {
+                request.scope_to(t);
+            }
+            let AgentExecuteRequest::UserTurn(turn) = &request else {
+                panic!("a user turn")
+            };
+            let job = serde_json::to_vec(&request).unwrap();
+            assert_eq!(job_fingerprint(&job), fingerprint(turn), "{tenant:?}");
+            let print = TurnPrint::of(turn, Some(&job));
+            assert!(print.matches(&fingerprint(turn)));
+            assert_eq!(print.value(), fingerprint(turn));
+        }
+    }
+
+    /// A job in other bytes than the front door's is compared by its turn; another turn's
+    /// fingerprint never matches, with or without the job's bytes.
+    #[test]
+    fn a_print_falls_back_to_the_turn_and_refuses_another() {
+        let request = user_turn(r#"{"sessionId":"s","turnId":"t","instruction":"x"}"#);
+        let AgentExecuteRequest::UserTurn(turn) = &request else {
+            panic!("a user turn")
+        };
+        let spaced = br#"{ "turnId": "t", "sessionId": "s", "instruction": "x" }"#;
+        assert_ne!(job_fingerprint(spaced), fingerprint(turn));
+        assert!(TurnPrint::of(turn, Some(spaced)).matches(&fingerprint(turn)));
+        assert!(TurnPrint::of(turn, None).matches(&fingerprint(turn)));
+        let other = user_turn(r#"{"sessionId":"s","turnId":"t","instruction":"y"}"#);
+        let AgentExecuteRequest::UserTurn(other) = &other else {
+            panic!("a user turn")
+        };
+        let job = serde_json::to_vec(&request).unwrap();
+        assert!(!TurnPrint::of(turn, Some(&job)).matches(&fingerprint(other)));
+        assert!(!TurnPrint::of(turn, None).matches(&fingerprint(other)));
+    }
 }

@@ -18,13 +18,13 @@ use super::compose;
 use super::lifecycle::Run;
 use super::model_call;
 use super::outcome::{
-    CallEnd, Interrupted, RetryableFailure, Settled, TurnResult, fingerprint, permanent,
+    CallEnd, Interrupted, RetryableFailure, Settled, TurnPrint, TurnResult, permanent,
     store_failure,
 };
 use super::server_tools::ToolEnd;
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
-use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, UserTurn};
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId};
 use crate::live::LiveTurn;
 use crate::llm::OutputItem;
 use crate::mcp::{McpTool, approval};
@@ -51,11 +51,11 @@ impl Pipeline {
     /// then the loop.
     pub(super) async fn run_user_turn(
         &self,
-        turn: &UserTurn,
+        print: TurnPrint<'_>,
         tenant: Option<&str>,
         live: Option<Arc<LiveTurn>>,
     ) -> Result<Settled, Interrupted> {
-        match Box::pin(self.open_user_turn(turn, tenant, live)).await? {
+        match Box::pin(self.open_user_turn(print, tenant, live)).await? {
             Opened::Settled(settled) => Ok(settled),
             Opened::Reason {
                 run,
@@ -68,12 +68,12 @@ impl Pipeline {
 
     async fn open_user_turn(
         &self,
-        turn: &UserTurn,
+        print: TurnPrint<'_>,
         tenant: Option<&str>,
         live: Option<Arc<LiveTurn>>,
     ) -> Result<Opened, Interrupted> {
+        let turn = print.turn();
         let (sid, tid) = (turn.session_id(), turn.turn_id());
-        let fp = fingerprint(turn);
         // The contexts the turn asks for are checked before anything is stored: only known
         // ones are latched (in the begin step, for a new session).
         let asked = backends::asked_for(&self.contexts, turn);
@@ -86,7 +86,7 @@ impl Pipeline {
         // A turn that already ran (a duplicate or redelivered job) answers with its stored
         // result; another payload's turn is not this job's.
         if let Some(rec) = &begun.turn {
-            let answer = match self.life.finished(rec, &fp) {
+            let answer = match self.life.finished(rec, print) {
                 Ok(None) => None,
                 Ok(Some(done)) => Some(Ok(Settled::stored(done))),
                 Err(not_the_turns) => Some(Err(not_the_turns)),
@@ -108,7 +108,7 @@ impl Pipeline {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
                 let record = existing.unwrap_or_else(|| {
-                    TurnRecord::queued(sid.clone(), tid.clone(), fp, String::new())
+                    TurnRecord::queued(sid.clone(), tid.clone(), print.value(), String::new())
                 });
                 let session = loaded.unwrap_or_else(|| self.life.new_session(sid));
                 let refused = backends::refused(errors);
@@ -158,7 +158,7 @@ impl Pipeline {
         // asked, streaming included.
         let stored = existing.is_some();
         let record = existing.unwrap_or_else(|| {
-            TurnRecord::queued(sid.clone(), tid.clone(), fp, mode.key.clone())
+            TurnRecord::queued(sid.clone(), tid.clone(), print.value(), mode.key.clone())
                 .with_streaming(turn.streaming())
         });
         let resuming = record.checkpoint.is_some();

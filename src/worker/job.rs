@@ -134,6 +134,7 @@ impl Worker {
                     Origin {
                         tenant: delivery.tenant.as_deref(),
                         reply_to: delivery.reply_to.as_deref(),
+                        job: Some(&delivery.body),
                     },
                     request,
                     self.settings.turn_deadline,

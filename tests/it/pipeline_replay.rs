@@ -281,6 +281,70 @@ async fn a_replayed_turn_is_idempotent_and_conflicts_are_errors() {
     assert_eq!(only_error(&conflict).0, ErrorCode::TurnConflict);
 }
 
+/// A worker reads a user turn's fingerprint from the job's bytes when they are the front
+/// door's serialisation of the turn (no second serialisation), and from the turn itself when
+/// they are not: a job published with other spacing or field order is still its turn's, and
+/// another payload under the same ids is still refused, whichever way it came.
+#[tokio::test]
+async fn a_jobs_bytes_name_its_turn_however_they_were_written() {
+    use aptix_worker::pipeline::{JobOutcome, Origin};
+    let h = harness(Setup::default()).await;
+    let deadline = Duration::from_secs(30);
+    let run = |job: Vec<u8>| {
+        let pipeline = &h.pipeline;
+        async move {
+            let parsed = request(serde_json::from_slice(&job).unwrap());
+            let origin = Origin {
+                job: Some(&job),
+                ..Origin::default()
+            };
+            pipeline.execute_as(origin, &parsed, deadline).await
+        }
+    };
+    h.fake.push([Reply::Text("once".into())]);
+    let asked = request(turn("s", "t", "x"));
+    let front_doors = serde_json::to_vec(&asked).unwrap();
+    let JobOutcome::Done(first) = run(front_doors.clone()).await else {
+        panic!("the first run settles")
+    };
+    assert!(first.status.is_some(), "the first run stored the turn");
+    // The record's fingerprint is the one a front door computes from its job.
+    let stored = h
+        .store
+        .get_turn(
+            &SessionId::parse("s").unwrap(),
+            &TurnId::parse("t").unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.fingerprint,
+        aptix_worker::pipeline::job_fingerprint(&front_doors)
+    );
+    for same in [
+        front_doors,
+        serde_json::to_vec_pretty(&turn("s", "t", "x")).unwrap(),
+        br#"{ "instruction" : "x", "turnId": "t", "sessionId": "s" }"#.to_vec(),
+    ] {
+        let JobOutcome::Done(again) = run(same.clone()).await else {
+            panic!("{} is the same turn", String::from_utf8_lossy(&same))
+        };
+        assert_eq!(again.result, first.result, "the stored result");
+    }
+    for other in [
+        serde_json::to_vec(&request(turn("s", "t", "y"))).unwrap(),
+        br#"{ "instruction" : "y", "turnId": "t", "sessionId": "s" }"#.to_vec(),
+    ] {
+        let conflict = run(other).await;
+        let JobOutcome::NotTheTurns(reasons) = conflict else {
+            panic!("{conflict:?}")
+        };
+        assert_eq!(reasons[0].error_code, ErrorCode::TurnConflict);
+    }
+    assert_eq!(h.fake.requests().len(), 1, "the model was called once");
+}
+
 #[tokio::test]
 async fn continuations_for_the_wrong_turn_are_errors() {
     let h = harness(Setup::default()).await;

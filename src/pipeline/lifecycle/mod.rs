@@ -56,8 +56,8 @@ use std::time::Duration;
 use tracing::info;
 
 use super::outcome::{
-    Interrupted, NoLease, PipelineSettings, RetryKind, RetryableFailure, Settled, TurnResult,
-    fingerprint, permanent, store_failure,
+    Interrupted, NoLease, PipelineSettings, RetryKind, RetryableFailure, Settled, TurnPrint,
+    TurnResult, fingerprint, permanent, store_failure,
 };
 use crate::catalog::ModeCatalog;
 use crate::contract::{ErrorCode, SessionId, SessionMeta, TurnId};

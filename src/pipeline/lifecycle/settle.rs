@@ -47,9 +47,9 @@ impl Lifecycle {
     pub(crate) fn finished(
         &self,
         rec: &TurnRecord,
-        fp: &str,
+        print: TurnPrint<'_>,
     ) -> Result<Option<TurnResult>, Interrupted> {
-        if rec.fingerprint != fp {
+        if !print.matches(&rec.fingerprint) {
             return Err(Interrupted::NotTheTurns(Box::new(InvokeResult::failure(
                 permanent(
                     ErrorCode::TurnConflict,
