@@ -49,6 +49,8 @@ pub(super) struct ModelCaller {
     cancels: CancelWatch,
     /// The calls' prompts made so far (one per mode, tool set and conversation context).
     prompts: Arc<crate::state::Prompts>,
+    /// Each mode's `instructions`, written once.
+    blocks: Arc<compose::ModeBlocks>,
 }
 
 /// What a model call reads of the turn's stored state.
@@ -91,6 +93,7 @@ impl ModelCaller {
         Self {
             cancels,
             backends: Arc::new(backends),
+            blocks: Arc::new(compose::ModeBlocks::of(&catalog)),
             catalog,
             metrics,
             store,
@@ -126,7 +129,7 @@ impl ModelCaller {
             return Ok(Err(CallEnd::Cancelled));
         }
         progress.iterations += 1;
-        let instructions = compose::mode_block(&self.catalog, &run.session().mode_key);
+        let instructions = self.blocks.get(&run.session().mode_key);
         // The conversation so far — as stored, then what the run has not stored yet — read
         // only when the call replays it: it grows with the session.
         let history = async |run: &Run, progress: &TurnProgress| {
@@ -158,7 +161,7 @@ impl ModelCaller {
             compose::request(
                 &CallSpec {
                     model: backend.model(),
-                    instructions: &instructions,
+                    instructions,
                     tools: tools.as_deref(),
                     tool_choice: tools_mode.tool_choice.as_deref(),
                     continuation: match (previous, replayed) {

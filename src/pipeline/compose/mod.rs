@@ -45,6 +45,35 @@ pub fn mode_block(catalog: &ModeCatalog, current_key: &str) -> String {
     out
 }
 
+/// Every mode's [`mode_block`], written once for a catalog: the block is the same on every
+/// call in a mode, and writing it took six `format!`s a call.
+#[derive(Debug)]
+pub struct ModeBlocks {
+    /// Each mode's key and block, in the catalog's order.
+    blocks: Vec<(String, String)>,
+    /// The default mode's block, for a key the catalog does not know.
+    default: String,
+}
+
+impl ModeBlocks {
+    /// The blocks of `catalog`'s modes.
+    pub fn of(catalog: &ModeCatalog) -> Self {
+        Self {
+            blocks: (catalog.modes().iter())
+                .map(|m| (m.key.clone(), mode_block(catalog, &m.key)))
+                .collect(),
+            default: mode_block(catalog, &catalog.default_mode().key),
+        }
+    }
+
+    /// [`mode_block`] for `current_key`.
+    pub fn get(&self, current_key: &str) -> &str {
+        (self.blocks.iter())
+            .find(|(key, _)| key == current_key)
+            .map_or(&self.default, |(_, block)| block)
+    }
+}
+
 /// How the call continues the conversation.
 #[derive(Debug, Clone, Copy)]
 pub enum Continuation<'a> {
@@ -287,6 +316,21 @@ mod tests {
         assert!(p.contains("\n\nMode Switching:\n- If the user"));
         assert!(p.ends_with("call the agent_list_modes tool."));
         assert!(mode_block(&c, "unknown").starts_with("Current Mode: general\n"));
+    }
+
+    /// The blocks written once are the ones written per call, an unknown key's included.
+    #[test]
+    fn the_mode_blocks_are_the_mode_block_of_each_key() {
+        let c = ModeCatalog::builtin();
+        let blocks = ModeBlocks::of(&c);
+        for key in c.keys().into_iter().chain(["unknown", ""]) {
+            assert_eq!(blocks.get(key), mode_block(&c, key), "{key}");
+        }
+        assert!(
+            blocks
+                .get("ddr_authoring")
+                .starts_with("Current Mode: ddr_authoring\n")
+        );
     }
 
     #[test]
