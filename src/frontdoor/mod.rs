@@ -241,30 +241,47 @@ impl FrontDoor {
     /// contexts latched: in one store step when the turn queues behind whatever the session
     /// runs (`onBusy: enqueue`, the default); otherwise its onBusy policy acts between the
     /// latch and the record. Returns the record that was there, if any.
+    ///
+    /// The other steps are boxed, and so is a record found: this future is part of every
+    /// submission's, which the handler boxes (copies) whole.
     async fn record_user_turn(
         &self,
         tenant: Option<&str>,
         turn: &UserTurn,
         fresh: &TurnRecord,
         accepted_ms: i64,
-    ) -> Result<(Option<TurnRecord>, RunsNote), SubmitError> {
+    ) -> Result<(Option<Box<TurnRecord>>, RunsNote), SubmitError> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
-        if turn.on_busy() == OnBusy::Enqueue {
-            let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
-            let wanted = ContextIds::named_or_default(agent, conversation);
-            let (admission, noted) = (self.intake)
-                .admit(tenant, &wanted, fresh, accepted_ms)
-                .await?;
-            return match admission {
-                Admission::Turn(existing) => Ok((existing.map(|b| *b), noted)),
-                Admission::OtherOwner => Err(not_found(sid, tid)),
-                Admission::OtherContexts(latched) => {
-                    // Leaving a field out means "the session's": still one it may run with.
-                    self.check_latched(turn, &latched)?;
-                    Ok((self.intake.create(fresh).await?, RunsNote::Yours))
-                }
-            };
+        if turn.on_busy() != OnBusy::Enqueue {
+            let recorded = Box::pin(self.record_on_busy(tenant, turn, fresh)).await?;
+            return Ok((recorded, RunsNote::Yours));
         }
+        let (agent, conversation) = (turn.agent_context_id(), turn.conversation_context_id());
+        let wanted = ContextIds::named_or_default(agent, conversation);
+        let (admission, noted) = (self.intake)
+            .admit(tenant, &wanted, fresh, accepted_ms)
+            .await?;
+        match admission {
+            Admission::Turn(existing) => Ok((existing, noted)),
+            Admission::OtherOwner => Err(not_found(sid, tid)),
+            Admission::OtherContexts(latched) => {
+                // Leaving a field out means "the session's": still one it may run with.
+                self.check_latched(turn, &latched)?;
+                let created = self.intake.create(fresh).await?;
+                Ok((created.map(Box::new), RunsNote::Yours))
+            }
+        }
+    }
+
+    /// [`FrontDoor::record_user_turn`] for a turn with an onBusy policy other than `enqueue`:
+    /// owner claimed, contexts latched, the policy applied, then the record.
+    async fn record_on_busy(
+        &self,
+        tenant: Option<&str>,
+        turn: &UserTurn,
+        fresh: &TurnRecord,
+    ) -> Result<Option<Box<TurnRecord>>, SubmitError> {
+        let (sid, tid) = (turn.session_id(), turn.turn_id());
         if let Some(tenant) = tenant
             && self.store.claim_owner(sid, tenant).await? != tenant
         {
@@ -272,7 +289,7 @@ impl FrontDoor {
         }
         self.latch_contexts(turn).await?;
         self.on_busy(turn).await?;
-        Ok((self.intake.create(fresh).await?, RunsNote::Yours))
+        Ok(self.intake.create(fresh).await?.map(Box::new))
     }
 
     /// Parses a request body against this front door's limits (every violation listed).
@@ -343,17 +360,20 @@ impl FrontDoor {
                         .map(|a| a.relative_path().as_str());
                     crate::state::TurnInput::of(turn.instruction(), paths)
                 });
-                let fresh = TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
-                    .with_input(input)
-                    .replying_to(reply_to)
-                    .with_streaming(turn.streaming())
-                    .with_webhook(webhook)
-                    .in_batch(pickup.batch.map(|(id, _)| id))
-                    .at_tier(
-                        pickup
-                            .service_tier
-                            .map(crate::contexts::ServiceTier::as_str),
-                    );
+                // Boxed: a record is large, and this future is copied whole when boxed.
+                let fresh = Box::new(
+                    TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
+                        .with_input(input)
+                        .replying_to(reply_to)
+                        .with_streaming(turn.streaming())
+                        .with_webhook(webhook)
+                        .in_batch(pickup.batch.map(|(id, _)| id))
+                        .at_tier(
+                            pickup
+                                .service_tier
+                                .map(crate::contexts::ServiceTier::as_str),
+                        ),
+                );
                 let accepted_ms = crate::store::now_ms();
                 let recorded = self.record_user_turn(tenant, turn, &fresh, accepted_ms);
                 let (created, noted) = match recorded.await {
@@ -386,7 +406,7 @@ impl FrontDoor {
                     Some(existing) if existing.status == TurnStatus::Queued => {}
                     Some(existing) => {
                         self.metrics.duplicate_suppressed("frontdoor");
-                        return Ok(TurnStatusView::from(&existing));
+                        return Ok(TurnStatusView::from(&*existing));
                     }
                 }
                 // The runs index is noted by the admission where the store can, else beside
@@ -416,11 +436,13 @@ impl FrontDoor {
                     return Err(e.into());
                 }
                 self.metrics.turn_accepted();
-                Ok(TurnStatusView::from(&fresh))
+                Ok(TurnStatusView::from(&*fresh))
             }
             AgentExecuteRequest::ToolContinuation(cont) => {
                 let fp = continuation_fingerprint(cont);
-                match self.accept_continuation(cont, &fp, reply_to).await? {
+                // Boxed: its state is large, and a user turn's submission would carry it.
+                let accepted = Box::pin(self.accept_continuation(cont, &fp, reply_to)).await?;
+                match accepted {
                     Acceptance::Moved { before, after } => {
                         // The user turn's webhook hears of its continuations too.
                         let meta = meta.with_webhook(before.webhook.as_deref());

@@ -14,3 +14,6 @@ pub mod sync;
 pub mod tenant;
 pub mod turns;
 pub mod webhooks;
+
+#[cfg(test)]
+mod tests;

@@ -149,17 +149,20 @@ async fn relay_turn(
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, true)).await;
-    let (mut listener, accepted) = match submitted {
-        Ok(submitted) => submitted,
+    // The accepted status is not kept while the call waits.
+    let (mut listener, running) = match submitted {
+        Ok((listener, accepted)) => {
+            if accepted.status.is_settled()
+                && let Some(r) = accepted.result
+            {
+                return r;
+            }
+            (listener, accepted.status == TurnStatus::Running)
+        }
         Err(failed) => return failed,
     };
-    if accepted.status.is_settled()
-        && let Some(r) = accepted.result
-    {
-        return r;
-    }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
-    if accepted.status == TurnStatus::Running {
+    if running {
         // Its text went to the front door that accepted it; its result comes here.
         return wait_elsewhere(state, (sid, tid), deadline)
             .await
@@ -202,20 +205,24 @@ pub(crate) async fn run_sync(
     let (sid, tid) = (request.session_id(), request.turn_id());
     // Boxed: the submission's state is large and short-lived, the wait's small and long.
     let submitted = Box::pin(submit_and_listen(state, tenant, request, trace, false)).await;
-    let (mut listener, accepted) = match submitted {
-        Ok(submitted) => submitted,
+    // The accepted status is not kept while the call waits.
+    let (mut listener, running) = match submitted {
+        Ok((listener, accepted)) => {
+            // A request for a turn that already ran gets its stored result at once.
+            if accepted.status.is_settled()
+                && matches!(request, AgentExecuteRequest::UserTurn(_))
+                && let Some(r) = accepted.result
+            {
+                return r.into();
+            }
+            (listener, accepted.status == TurnStatus::Running)
+        }
         Err(failed) => return failed.into(),
     };
-    // A request for a turn that already ran gets its stored result at once.
-    if accepted.status.is_settled()
-        && matches!(request, AgentExecuteRequest::UserTurn(_))
-        && let Some(r) = accepted.result
-    {
-        return r.into();
-    }
     let deadline = tokio::time::Instant::now() + SYNC_WAIT;
-    if accepted.status == TurnStatus::Running {
-        return wait_elsewhere(state, (sid, tid), deadline).await;
+    if running {
+        // Boxed: a rare wait, kept out of every call's state.
+        return Box::pin(wait_elsewhere(state, (sid, tid), deadline)).await;
     }
     match listener.settled(deadline).await {
         Ok(settled) => outcome(sid, tid, settled),
