@@ -85,9 +85,7 @@ const RESULT_KEY: &[u8] = b",\"result\":";
 /// only the fields before it are read. `None` for any other shape (a status without a result,
 /// one written by a version that put a field after the result): [`read_whole`] reads those.
 fn result_last(body: &[u8], turn: &TurnId) -> Option<Found> {
-    let at = body
-        .windows(RESULT_KEY.len())
-        .position(|w| w == RESULT_KEY)?;
+    let at = memchr::memmem::find(body, RESULT_KEY)?;
     let start = at + RESULT_KEY.len();
     // The result is an object, and the status's own closing brace follows it at once.
     if body.get(start) != Some(&b'{') || !body.ends_with(b"}}") {
