@@ -281,6 +281,22 @@ async fn a_replayed_turn_is_idempotent_and_conflicts_are_errors() {
     assert_eq!(only_error(&conflict).0, ErrorCode::TurnConflict);
 }
 
+/// Turn `turn` of session `session` as the harness's store holds it.
+async fn stored_turn(
+    h: &crate::support::Harness,
+    session: &str,
+    turn: &str,
+) -> aptix_worker::store::TurnRecord {
+    (h.store)
+        .get_turn(
+            &SessionId::parse(session).unwrap(),
+            &TurnId::parse(turn).unwrap(),
+        )
+        .await
+        .unwrap()
+        .expect("the turn is stored")
+}
+
 /// A worker reads a user turn's fingerprint from the job's bytes when they are the front
 /// door's serialisation of the turn (no second serialisation), and from the turn itself when
 /// they are not: a job published with other spacing or field order is still its turn's, and
@@ -309,15 +325,7 @@ async fn a_jobs_bytes_name_its_turn_however_they_were_written() {
     };
     assert!(first.status.is_some(), "the first run stored the turn");
     // The record's fingerprint is the one a front door computes from its job.
-    let stored = h
-        .store
-        .get_turn(
-            &SessionId::parse("s").unwrap(),
-            &TurnId::parse("t").unwrap(),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = stored_turn(&h, "s", "t").await;
     assert_eq!(
         stored.fingerprint,
         aptix_worker::pipeline::job_fingerprint(&front_doors)
@@ -450,15 +458,7 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
     assert!(settled.result.is_successful(), "{settled:?}");
     // The run that stored the result hands over the status exactly as stored, so the worker
     // publishes it without reading the turn back.
-    let stored = h
-        .store
-        .get_turn(
-            &SessionId::parse("s").unwrap(),
-            &TurnId::parse("t").unwrap(),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = stored_turn(&h, "s", "t").await;
     assert_eq!(
         serde_json::to_value(settled.status.as_ref().expect("stored by this run")).unwrap(),
         serde_json::to_value(TurnStatusView::from(&stored)).unwrap()
