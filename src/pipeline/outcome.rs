@@ -39,7 +39,7 @@ pub struct Origin<'a> {
     /// The direct reply address of the front door waiting for its result, if one is.
     pub reply_to: Option<&'a str>,
     /// The job's body as delivered: a user turn's fingerprint is read from it
-    /// ([`TurnPrint`]).
+    /// (`TurnPrint`).
     pub job: Option<&'a [u8]>,
 }
 
@@ -194,7 +194,7 @@ pub(super) fn store_failure(e: StoreError) -> RetryableFailure {
 /// SHA-256 of the turn as serialised, which is byte for byte the body of its job (the request
 /// enum is untagged, and a session id serialises as the client wrote it, whatever its scope):
 /// the front door takes it from the job it publishes ([`job_fingerprint`]) and a worker tries
-/// the job it was delivered first ([`TurnPrint`]), neither serialising the turn a second time.
+/// the job it was delivered first (`TurnPrint`), neither serialising the turn a second time.
 pub fn fingerprint(turn: &UserTurn) -> String {
     sha256_hex(&serde_json::to_vec(turn).unwrap_or_default())
 }
