@@ -65,13 +65,28 @@ end
 return 1
 ";
 
+/// KEYS: a day's count. ARGV: keep ms, the amount to count. Returns the count. The expiry is
+/// set by the write that makes the key, as in `ADD_USAGE`.
+const ADD_TOKENS: &str = r"
+local total = redis.call('INCRBY', KEYS[1], ARGV[2])
+if total == tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return total
+";
+
 /// KEYS: a day's count, the same day's tally (one slot). ARGV: keep ms, the amount to count,
-/// then the tally's field/amount pairs. Adds both in one step, each kept ARGV[1] from now.
+/// then the tally's field/amount pairs (each amount above 0). Adds both in one step. Each key
+/// is kept ARGV[1] from the write that made it (a day's keys are all made that day), so the
+/// expiry is set only by a write that finds a count or field new — a sum equal to the amount
+/// just added — not by every turn.
 const ADD_USAGE: &str = r"
-redis.call('INCRBY', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-for i = 3, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
+if redis.call('INCRBY', KEYS[1], ARGV[2]) == tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+local new = false
+for i = 3, #ARGV, 2 do
+  if redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then new = true end
+end
+if new then redis.call('PEXPIRE', KEYS[2], ARGV[1]) end
 return 1
 ";
 
@@ -89,6 +104,7 @@ struct Scripts {
     count_slots: Script,
     try_rate: Script,
     slow_down: Script,
+    add_tokens: Script,
     add_usage: Script,
 }
 
@@ -129,6 +145,7 @@ impl RedisLimits {
                 count_slots: Script::new(COUNT_SLOTS),
                 try_rate: Script::new(TRY_RATE),
                 slow_down: Script::new(SLOW_DOWN),
+                add_tokens: Script::new(ADD_TOKENS),
                 add_usage: Script::new(ADD_USAGE),
             }),
         })
@@ -239,20 +256,14 @@ impl LimitStore for RedisLimits {
         tokens: u64,
         keep: Duration,
     ) -> Result<u64, LimitStoreError> {
-        let counter = self.key(&format!("tokens:{day}"), key);
-        let (total,): (u64,) = redis::pipe()
-            .atomic()
-            .cmd("INCRBY")
-            .arg(&counter)
-            .arg(tokens)
-            .cmd("PEXPIRE")
-            .arg(&counter)
+        self.scripts
+            .add_tokens
+            .key(self.key(&format!("tokens:{day}"), key))
             .arg(ms(keep))
-            .ignore()
-            .query_async(&mut self.conn.clone())
+            .arg(tokens)
+            .invoke_async::<u64>(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
-        Ok(total)
+            .map_err(unavailable)
     }
 
     async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {

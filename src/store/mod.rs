@@ -497,6 +497,20 @@ pub trait SessionStore: RecordWriter {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
+    /// [`SessionStore::save`] of a turn whose record is stored already (the run read it, or
+    /// has written it before): a store may skip asking whether the record is new, which only
+    /// a new one's first write needs (to list it among the session's turns). Otherwise the
+    /// same step.
+    async fn save_stored(
+        &self,
+        grant: &Grant,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+    ) -> Result<Saved, StoreError> {
+        self.save(grant, session, turn, lease, release).await
+    }
     /// Records one server tool's output in the turn's ledger before the next model call and,
     /// when the tool changed the session (its mode), the session — in one atomic step checked
     /// against the lease, so a resumed run finds both or neither. The session is the run's

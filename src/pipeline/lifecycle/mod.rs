@@ -147,6 +147,9 @@ pub(super) struct Run {
     session_unsaved: bool,
     /// The prompts of requests in the transcript that the next write keeps.
     prompts: Vec<crate::state::Prompt>,
+    /// The turn's record is stored (the run read it, or one of its writes succeeded): its
+    /// writes need not ask whether it is new ([`SessionStore::save_stored`]).
+    stored: bool,
 }
 
 impl Run {
@@ -167,6 +170,7 @@ impl Run {
             keep_bodies: true,
             session_unsaved: false,
             prompts: Vec::new(),
+            stored: false,
         }
     }
 
@@ -299,11 +303,21 @@ impl Lifecycle {
                 }
             }
         };
-        let save = self
-            .store
-            .save(&GRANT, session, &run.record, run.held.lease(), release);
+        let (record, lease) = (&*run.record, run.held.lease());
+        let save = async {
+            if run.stored {
+                self.store
+                    .save_stored(&GRANT, session, record, lease, release)
+                    .await
+            } else {
+                self.store
+                    .save(&GRANT, session, record, lease, release)
+                    .await
+            }
+        };
         match tokio::join!(keep, save).1 {
             Ok(saved) => {
+                run.stored = true;
                 if with_session {
                     // The store holds them now.
                     run.session.conversation.clear();

@@ -184,6 +184,7 @@ impl Lifecycle {
         run.reattach = reattach;
         run.keep_bodies = self.keeps_bodies(&run.session);
         run.session_unsaved = start.changed;
+        run.stored = start.stored;
         if start.stored {
             if run.record.checkpoint.is_none() {
                 run.stop_read = Some(start.stop_requested);
@@ -245,6 +246,8 @@ impl Lifecycle {
         session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
         let mut run = Run::open(session, record, held, live);
         run.keep_bodies = self.keeps_bodies(&run.session);
+        // A continuation is accepted only for a turn stored waiting for its tools.
+        run.stored = true;
         run
     }
 

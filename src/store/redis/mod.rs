@@ -454,36 +454,18 @@ impl SessionStore for RedisStore {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError> {
-        let sid = &turn.session_id;
-        let mut call = ScriptCall::new(&self.scripts.save, 8);
-        call.key(self.key("lease", sid))
-            .key(self.turn_key("turn", sid, &turn.turn_id))
-            .key(self.key("turns", sid))
-            .key(self.key("session", sid))
-            .key(self.turn_key("ledger", sid, &turn.turn_id))
-            .key(self.key("conversation", sid))
-            .key(self.turn_key("cancel", sid, &turn.turn_id))
-            .key(self.key("watched", sid))
-            .arg(lease_value(lease))
-            .arg_json(turn)?
-            .arg(ms(self.retention.turns))
-            .arg(if release { "1" } else { "0" })
-            .arg(turn.turn_id.as_str());
-        match session {
-            Some(s) => call.arg_json(s)?,
-            None => call.arg(""),
-        };
-        call.arg(ms(self.retention.sessions));
-        for item in session.iter().flat_map(|s| &s.conversation) {
-            call.arg_json(item)?;
-        }
-        let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
-        result
-            .map(|read| Saved {
-                stop_requested: read & 1 == 1,
-                watched: read & 2 == 2,
-            })
-            .map_err(|e| self.map_fenced(sid, e))
+        self.save_as(session, turn, lease, release, false).await
+    }
+
+    async fn save_stored(
+        &self,
+        _grant: &Grant,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+    ) -> Result<Saved, StoreError> {
+        self.save_as(session, turn, lease, release, true).await
     }
 
     async fn record_tool_output(
@@ -516,6 +498,48 @@ impl SessionStore for RedisStore {
 }
 
 impl RedisStore {
+    /// [`SessionStore::save`] (`stored`: [`SessionStore::save_stored`], which sends no turn id
+    /// to list, so the script does not ask whether the record is new).
+    async fn save_as(
+        &self,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+        stored: bool,
+    ) -> Result<Saved, StoreError> {
+        let sid = &turn.session_id;
+        let mut call = ScriptCall::new(&self.scripts.save, 8);
+        call.key(self.key("lease", sid))
+            .key(self.turn_key("turn", sid, &turn.turn_id))
+            .key(self.key("turns", sid))
+            .key(self.key("session", sid))
+            .key(self.turn_key("ledger", sid, &turn.turn_id))
+            .key(self.key("conversation", sid))
+            .key(self.turn_key("cancel", sid, &turn.turn_id))
+            .key(self.key("watched", sid))
+            .arg(lease_value(lease))
+            .arg_json(turn)?
+            .arg(ms(self.retention.turns))
+            .arg(if release { "1" } else { "0" })
+            .arg(if stored { "" } else { turn.turn_id.as_str() });
+        match session {
+            Some(s) => call.arg_json(s)?,
+            None => call.arg(""),
+        };
+        call.arg(ms(self.retention.sessions));
+        for item in session.iter().flat_map(|s| &s.conversation) {
+            call.arg_json(item)?;
+        }
+        let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
+        result
+            .map(|read| Saved {
+                stop_requested: read & 1 == 1,
+                watched: read & 2 == 2,
+            })
+            .map_err(|e| self.map_fenced(sid, e))
+    }
+
     /// The set of a batch line's turn events not yet finished, by URL: in the batch's slot,
     /// the session id length-prefixed so no two lines share a key.
     fn line_events_key(&self, id: &str, (sid, tid): (&SessionId, &TurnId)) -> String {

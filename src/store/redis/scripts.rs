@@ -37,11 +37,12 @@ return token
 /// yet (latching ARGV[4] unless some are; latched ones keep the TTL the front door's
 /// admission gave them moments before), the count of runs begun with this one (kept in
 /// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0).
-/// The turn, the session and the stop request (all strings) are one `MGET`. The fencing token
+/// The turn, the session, the stop request and the latched contexts (all strings) are one
+/// `MGET`: contexts the front door's admission latched need no write here. The fencing token
 /// is drawn before the lease is tried (`SET NX`): a try that finds the lease held spends a
 /// number, and tokens stay increasing, which is all fencing asks of them.
 const BEGIN: &str = r"
-local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7])
+local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7], KEYS[6])
 local turn, session, stop = read[1], read[2], read[3]
 local ledger = redis.call('HGETALL', KEYS[4])
 local token = redis.call('INCR', KEYS[2])
@@ -53,7 +54,7 @@ local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
 redis.call('PEXPIRE', KEYS[4], ARGV[5])
 local latched = false
 if not session and ARGV[4] ~= '' then
-  latched = redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
+  latched = read[4] or redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
 end
 return {token, turn, ledger, session, latched, runs, stop and 1 or 0}
 ";
@@ -90,19 +91,20 @@ macro_rules! append_conversation {
 
 /// KEYS: lease, turn, turns index, session, ledger, conversation, the turn's stop request,
 ///       the session's watch mark.
-/// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id, session JSON or '',
-///       session TTL ms, then the session's conversation items to append (with a session).
+/// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id or '' (the record is
+///       stored already: not asked whether it is new), session JSON or '', session TTL ms,
+///       then the session's conversation items to append (with a session).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
 /// back: the run is over), plus 2 when the session is marked watched. The lease and both marks
 /// are strings: one `MGET` reads the three. (Whether the record is new is asked with `EXISTS`,
 /// not learnt from `SET … GET`: that would copy the whole previous record out on every write
-/// to save one command.) The ledger (KEYS[5]) is not touched: the begin step and each tool
+/// to save one command; and only by a write whose writer cannot tell.) The ledger (KEYS[5]) is not touched: the begin step and each tool
 /// output keep it for the turn's TTL, and what it held at this write is in the record too.
 const SAVE: &str = concat!(
     r"
 local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
+if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('PEXPIRE', KEYS[3], ARGV[7])
 local read = held[2] and 2 or 0
