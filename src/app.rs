@@ -185,6 +185,11 @@ impl App {
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag.budget,
             );
+        // The Redis index is on the session store's server (the same URL and namespace).
+        let pipeline = match &config.store.url {
+            Some(_) => pipeline.with_rag_on_store(),
+            None => pipeline,
+        };
         // MCP tool sources: kept connected by tasks of their own for as long as the parts live.
         let stop_tools = CancellationToken::new();
         let mcp = if config.tools.sources.sources.is_empty() {

@@ -79,6 +79,9 @@ pub struct Pipeline {
 struct Rag {
     retriever: Arc<dyn Retriever>,
     budget: RagBudget,
+    /// The index lives on the session store's server: the begin step may look whether a
+    /// tenant has one ([`Retriever::absence_probe`]).
+    on_store: bool,
 }
 
 impl Pipeline {
@@ -140,8 +143,32 @@ impl Pipeline {
 
     /// Adds retrieved chunks to every user turn's `[CONTEXT]` block, within `budget`.
     pub fn with_rag(mut self, retriever: Arc<dyn Retriever>, budget: RagBudget) -> Self {
-        self.rag = Some(Rag { retriever, budget });
+        self.rag = Some(Rag {
+            retriever,
+            budget,
+            on_store: false,
+        });
         self
+    }
+
+    /// Says the retriever's index lives on the session store's own server (the Redis index
+    /// of a Redis deployment): a turn's begin step then looks whether the tenant has an index,
+    /// and a tenant without one costs no read of its own (see [`Retriever::absence_probe`]).
+    pub fn with_rag_on_store(mut self) -> Self {
+        if let Some(rag) = &mut self.rag {
+            rag.on_store = true;
+        }
+        self
+    }
+
+    /// The key the begin step is to look up for retrieval, where it can (see
+    /// [`Pipeline::with_rag_on_store`]).
+    fn retrieval_probe(&self, sid: &SessionId) -> Option<String> {
+        let rag = self.rag.as_ref().filter(|r| r.on_store)?;
+        if !self.life.probes_in_begin() {
+            return None;
+        }
+        rag.retriever.absence_probe(sid.tenant())
     }
 
     /// The request's artifacts plus, with retrieval configured, the chunks retrieved for the

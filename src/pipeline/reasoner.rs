@@ -79,9 +79,26 @@ impl Pipeline {
         let asked = backends::asked_for(&self.contexts, turn);
         // Retrieval only reads: it goes out beside the begin step, one round trip for both
         // instead of two in a row (its chunks are dropped when the run does not start fresh).
-        let begin = self.life.begin(sid, tid, asked.as_ref().ok());
-        let (begun, chunks) =
-            Box::pin(async { tokio::join!(begin, self.context_chunks(sid, turn)) }).await;
+        // For a tenant not known to have an index, the begin step looks whether it has one,
+        // and the read follows only if so.
+        let probe = self.retrieval_probe(sid);
+        let begin = self
+            .life
+            .begin(sid, tid, asked.as_ref().ok(), probe.as_deref());
+        let (begun, chunks) = Box::pin(async {
+            if probe.is_none() {
+                return tokio::join!(begin, self.context_chunks(sid, turn));
+            }
+            let begun = begin.await;
+            let chunks = match &begun {
+                Ok(b) if b.held.is_some() && b.probed != Some(false) => {
+                    self.context_chunks(sid, turn).await
+                }
+                _ => super::compose::artifact_chunks(turn),
+            };
+            (begun, chunks)
+        })
+        .await;
         let begun = begun?;
         // A turn that already ran (a duplicate or redelivered job) answers with its stored
         // result; another payload's turn is not this job's.

@@ -235,6 +235,12 @@ pub struct Frequencies {
 /// and [`RedisIndex`]; both pass one conformance suite.
 #[async_trait::async_trait]
 pub trait ChunkIndex: Send + Sync + 'static {
+    /// A key of the index's own server that exists once `tenant` has indexed anything (see
+    /// [`Retriever::absence_probe`]); `None` for an index without one.
+    fn presence_key(&self, tenant: &str) -> Option<String> {
+        let _ = tenant;
+        None
+    }
     /// The tenant's indexed files of `repo`, with the content hash they were indexed at.
     async fn files(&self, tenant: &str, repo: &str) -> Result<BTreeMap<String, String>, RagError>;
     /// Replaces every chunk of one file by `chunks` (atomically).
@@ -300,6 +306,15 @@ pub struct Scored {
 pub trait Retriever: Send + Sync + 'static {
     /// The best chunks for `query` in `tenant`'s index, best first.
     async fn retrieve(&self, tenant: &str, query: &RagQuery) -> Result<Vec<Scored>, RagError>;
+    /// A key of the index's server whose absence says `tenant` has nothing to retrieve, for a
+    /// caller that can look it up in a step it takes anyway on that server (a turn's begin
+    /// step) and retrieve only when it exists; `None`: just retrieve. A retriever that has
+    /// seen the tenant's index answers `None`, so such a tenant's read goes beside that step,
+    /// not after it.
+    fn absence_probe(&self, tenant: &str) -> Option<String> {
+        let _ = tenant;
+        None
+    }
 }
 
 /// How much retrieved context one turn may carry.

@@ -184,6 +184,11 @@ impl RedisIndex {
 
 #[async_trait::async_trait]
 impl ChunkIndex for RedisIndex {
+    fn presence_key(&self, tenant: &str) -> Option<String> {
+        // The index's size, made by the first file put (`PUT_FILE`).
+        Some(self.key(tenant, "stats"))
+    }
+
     async fn files(&self, tenant: &str, repo: &str) -> Result<BTreeMap<String, String>, RagError> {
         let key = self.key(tenant, &format!("files:{repo}"));
         let raw: HashMap<String, String> =

@@ -154,6 +154,10 @@ pub struct Begun {
     pub runs: u32,
     /// With the lease: whether the turn had been asked to stop.
     pub stop_requested: bool,
+    /// With the lease, asked by [`SessionStore::begin_turn_probing`] of a store that probes
+    /// in the step ([`SessionStore::probes_in_begin`]): whether the probed key exists.
+    /// `None` otherwise.
+    pub probed: Option<bool>,
 }
 
 /// What [`SessionStore::save`] read in its step.
@@ -476,6 +480,30 @@ pub trait SessionStore: RecordWriter {
         ttl: Duration,
         contexts: Option<&ContextIds>,
     ) -> Result<Begun, StoreError>;
+    /// Whether [`SessionStore::begin_turn_probing`] reads its probe in the begin step itself
+    /// (Redis: a standalone server, whose scripts reach keys of any slot). A caller that would
+    /// otherwise read the key beside the step asks this first.
+    fn probes_in_begin(&self) -> bool {
+        false
+    }
+    /// [`SessionStore::begin_turn`], and, once the lease is taken, whether `probe` — a key of
+    /// the same server, which another part (the retrieval index) names — exists, read in the
+    /// same step ([`Begun::probed`]), where the store can ([`SessionStore::probes_in_begin`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn begin_turn_probing(
+        &self,
+        grant: &Grant,
+        session: &SessionId,
+        turn: &TurnId,
+        holder: &str,
+        ttl: Duration,
+        contexts: Option<&ContextIds>,
+        probe: &str,
+    ) -> Result<Begun, StoreError> {
+        let _ = probe;
+        self.begin_turn(grant, session, turn, holder, ttl, contexts)
+            .await
+    }
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(
         &self,

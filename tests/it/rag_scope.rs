@@ -7,7 +7,7 @@ use aptix_worker::contract::request::{RagCondition, RagOperator};
 use aptix_worker::contract::{RequestLimits, parse_request};
 use aptix_worker::fake_llm::Reply;
 use aptix_worker::rag::{
-    Bm25Retriever, ChunkIndex, MemoryIndex, RagBudget, chunk_file, index_folder,
+    Bm25Retriever, ChunkIndex, MemoryIndex, RagBudget, Retriever as _, chunk_file, index_folder,
 };
 use serde_json::json;
 use std::sync::Arc;
@@ -288,4 +288,69 @@ Only one turn of a session runs at a time.
     let block = context_of(&h, 1);
     assert_eq!(block.matches("=== CHUNK ").count(), 1, "{block}");
     assert!(block.contains(&format!("Id: {}\n", decision.id)), "{block}");
+}
+
+/// With the index on the session store's Redis, a turn of a tenant without an index does not
+/// read the index: the begin step looks whether the tenant has one. Nothing is remembered of
+/// an absent index, so the tenant's first turn after indexing gets its chunks, and so does
+/// every turn after (the tenant now known to have an index, read beside the begin step).
+#[tokio::test]
+async fn a_tenant_gets_retrieved_context_on_its_first_turn_after_indexing() {
+    let root = corpus();
+    let _c = Cleanup(root.clone());
+    let h = harness(Setup {
+        store: crate::support::StoreKind::Redis,
+        ..Setup::default()
+    })
+    .await;
+    let ns = h._redis.as_ref().unwrap().store.namespace().to_string();
+    let index: Arc<dyn ChunkIndex> = Arc::new(
+        aptix_worker::rag::RedisIndex::connect(&crate::support::redis_url(), &ns)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        Bm25Retriever::new(index.clone()).absence_probe("local"),
+        Some(format!("{ns}:rag:{{local}}:stats")),
+        "the index names the key the begin step looks for"
+    );
+    let pipeline = h
+        .pipeline
+        .clone()
+        .with_rag(
+            Arc::new(Bm25Retriever::new(index.clone())),
+            RagBudget::default(),
+        )
+        .with_rag_on_store();
+    h.fake.push([
+        Reply::Text("ok".into()),
+        Reply::Text("ok".into()),
+        Reply::Text("ok".into()),
+    ]);
+    let asked = |s: &str| {
+        request(json!({"sessionId": s, "turnId": "t1",
+            "instruction": "fencing token lease renewal"}))
+    };
+    pipeline.run(&asked("before")).await.unwrap();
+    assert_eq!(context_of(&h, 0), "", "no index, no context block");
+    index_folder(
+        index.as_ref(),
+        "local",
+        "aptix",
+        &root,
+        &[],
+        opts(),
+        |_, _| {},
+    )
+    .await
+    .unwrap();
+    pipeline.run(&asked("after")).await.unwrap();
+    let block = context_of(&h, 1);
+    assert!(block.contains("docs/AGN-202-session-leases.md"), "{block}");
+    pipeline.run(&asked("again")).await.unwrap();
+    assert_eq!(
+        context_of(&h, 2),
+        block,
+        "read beside the begin step, the same"
+    );
 }

@@ -33,9 +33,11 @@ use crate::app::{AppOptions, Backend, spawn};
 /// `EXISTS` again rather than copy the previous record out with `SET … GET`. 2026-11-29: 31
 /// once that `EXISTS` was asked only by a run that did not find the record stored, the begin
 /// step read the contexts the admission latched instead of latching them again, and a day's
-/// usage keys got their expiry from the write that made them, not from every turn.
-const MOST_SENT_PER_TURN: f64 = 5.0;
-const MOST_COMMANDS_PER_TURN: f64 = 31.0;
+/// usage keys got their expiry from the write that made them, not from every turn; 4 and 30
+/// once the begin step looked whether the tenant has an index (`EXISTS`, inside its script)
+/// instead of a read of the index's size sent beside it.
+const MOST_SENT_PER_TURN: f64 = 4.0;
+const MOST_COMMANDS_PER_TURN: f64 = 30.0;
 
 /// The turn record a settled turn leaves, in bytes (the last one written of each turn; its
 /// answer's text included, twice: the call's and the result's). 2026-11-28: 3.9 KB for a

@@ -22,6 +22,13 @@ pub struct Subject {
     _guard: Option<RedisGuard>,
 }
 
+impl Subject {
+    /// The namespace of a standalone Redis store (its keys, removed after the test).
+    pub fn namespace(&self) -> Option<&str> {
+        self._guard.as_ref().map(|g| g.store.namespace())
+    }
+}
+
 pub fn memory() -> Subject {
     Subject {
         store: Arc::new(MemoryStore::new()),

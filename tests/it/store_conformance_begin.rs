@@ -305,6 +305,62 @@ pub(super) async fn a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dr
     assert!(!st.save(G, None, &t, &lease, false).await.unwrap().watched);
 }
 
+/// A begin step asked to probe a key says, with the lease, whether the key exists — on a
+/// store that reads it in the step (a standalone Redis, whose scripts reach any key); the
+/// others say they cannot, and answer nothing.
+pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
+    let st = &s.store;
+    let (t1, t2) = (TurnId::parse("t1").unwrap(), TurnId::parse("t2").unwrap());
+    let Some(ns) = s.namespace() else {
+        assert!(!st.probes_in_begin(), "only a standalone Redis probes");
+        let begun = st
+            .begin_turn_probing(G, &sid("s"), &t1, "w1", LONG, None, "any")
+            .await
+            .unwrap();
+        assert!(begun.lease.is_some());
+        assert_eq!(begun.probed, None);
+        return;
+    };
+    assert!(st.probes_in_begin());
+    let (present, absent) = (format!("{ns}:probe:{{x}}:here"), format!("{ns}:probe:gone"));
+    let mut conn = ::redis::Client::open(crate::support::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = ::redis::cmd("HSET")
+        .arg(&present)
+        .arg("chunks")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let found = st
+        .begin_turn_probing(G, &sid("a"), &t1, "w1", LONG, None, &present)
+        .await
+        .unwrap();
+    assert!(found.lease.is_some());
+    assert_eq!(found.probed, Some(true), "a key of another slot is found");
+    let missing = st
+        .begin_turn_probing(G, &sid("b"), &t1, "w1", LONG, None, &absent)
+        .await
+        .unwrap();
+    assert_eq!(missing.probed, Some(false));
+    // Busy: no lease, nothing probed.
+    let busy = st
+        .begin_turn_probing(G, &sid("a"), &t2, "w2", LONG, None, &present)
+        .await
+        .unwrap();
+    assert!(busy.lease.is_none());
+    assert_eq!(busy.probed, None);
+    // A plain begin probes nothing.
+    let plain = st
+        .begin_turn(G, &sid("c"), &t1, "w1", LONG, None)
+        .await
+        .unwrap();
+    assert_eq!(plain.probed, None);
+}
+
 for_each_backend!(
     backends: [
         memory => super::memory(),
@@ -318,5 +374,6 @@ for_each_backend!(
         a_save_reads_whether_the_turn_was_asked_to_stop,
         a_save_reads_whether_the_session_is_marked_watched,
         a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped,
+        a_begin_step_probes_a_key_where_the_store_can,
     ],
 );

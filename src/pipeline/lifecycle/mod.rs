@@ -365,6 +365,9 @@ pub(super) struct Begin {
     pub(super) runs: u32,
     /// With the lease: whether the turn had been asked to stop.
     pub(super) stop_requested: bool,
+    /// With the lease, when the begin step was given a key to probe and the store reads it
+    /// in the step: whether that key exists.
+    pub(super) probed: Option<bool>,
 }
 
 #[cfg(test)]

@@ -53,25 +53,29 @@ impl Lifecycle {
     /// session read under it in one store step (see
     /// [`SessionStore::begin_turn`](crate::store::SessionStore::begin_turn)). The turn
     /// comes back even when the session is busy, for a duplicate job's stored result. A new
-    /// session latches `contexts` in the same step.
+    /// session latches `contexts` in the same step. With `probe` (see
+    /// [`Lifecycle::probes_in_begin`]), the step also says whether that key exists.
     pub(crate) async fn begin(
         &self,
         sid: &SessionId,
         tid: &TurnId,
         contexts: Option<&ContextIds>,
+        probe: Option<&str>,
     ) -> Result<Begin, Interrupted> {
-        let begun = self
-            .store
-            .begin_turn(
-                &GRANT,
-                sid,
-                tid,
-                &self.holder(tid),
-                self.settings.lease_ttl,
-                contexts,
-            )
-            .await
-            .map_err(store_failure)?;
+        let (holder, ttl) = (self.holder(tid), self.settings.lease_ttl);
+        let begun = match probe {
+            Some(key) => {
+                (self.store)
+                    .begin_turn_probing(&GRANT, sid, tid, &holder, ttl, contexts, key)
+                    .await
+            }
+            None => {
+                (self.store)
+                    .begin_turn(&GRANT, sid, tid, &holder, ttl, contexts)
+                    .await
+            }
+        }
+        .map_err(store_failure)?;
         let held = match begun.lease {
             Some(lease) => Some(self.replicated(sid, self.hold(sid, lease)).await?),
             None => None,
@@ -83,7 +87,14 @@ impl Lifecycle {
             latched: begun.latched,
             runs: begun.runs,
             stop_requested: begun.stop_requested,
+            probed: begun.probed,
         })
+    }
+
+    /// Whether the begin step can look up a key of the store's server for its caller
+    /// ([`crate::store::SessionStore::probes_in_begin`]).
+    pub(crate) fn probes_in_begin(&self) -> bool {
+        self.store.probes_in_begin()
     }
 
     /// Who takes a lease: this worker, the turn, and this taking of it. The last part makes

@@ -182,7 +182,7 @@ async fn a_run_of_a_stored_turn_writes_nothing_until_it_has_something_to_keep() 
     let (sid, tid) = (SessionId::parse("s").unwrap(), TurnId::parse("t").unwrap());
     let queued = TurnRecord::queued(sid.clone(), tid.clone(), String::new(), String::new());
     store.create_turn(&GRANT, &queued).await.unwrap();
-    let begun = pipeline.life.begin(&sid, &tid, None).await.unwrap();
+    let begun = pipeline.life.begin(&sid, &tid, None, None).await.unwrap();
     assert_eq!((begun.runs, begun.stop_requested), (1, false));
     let start = super::Start {
         changed: true,
@@ -224,7 +224,7 @@ async fn a_run_of_a_stored_turn_writes_nothing_until_it_has_something_to_keep() 
     // A run that ends without another write (its worker died; here it gives the lease back)
     // is followed by one counted as the second, though neither wrote its attempt.
     run.held.release().await;
-    let again = pipeline.life.begin(&sid, &tid, None).await.unwrap();
+    let again = pipeline.life.begin(&sid, &tid, None, None).await.unwrap();
     assert_eq!(again.runs, 2);
     let read = store.get_turn(&sid, &tid).await.unwrap().unwrap();
     assert_eq!((read.status, read.attempts), (TurnStatus::Running, 2));

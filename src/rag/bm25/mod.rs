@@ -18,6 +18,9 @@ use std::sync::Arc;
 
 use super::{ChunkIndex, ChunkMeta, Posting, RagError, RagQuery, Retriever, Scored, tokenize};
 
+mod indexed;
+use indexed::Indexed;
+
 /// Posting entries a query reads whole (all its terms' lists, in one read) before it switches
 /// to reading the rarest terms first: for the small indexes most tenants have, one read costs
 /// less than the pruned path's extra ones.
@@ -30,6 +33,8 @@ pub struct Bm25Retriever {
     k1: f64,
     b: f64,
     whole_read: u64,
+    /// The tenants seen with an index (shared by clones).
+    indexed: Arc<Indexed>,
 }
 
 impl Bm25Retriever {
@@ -40,6 +45,7 @@ impl Bm25Retriever {
             k1: 1.2,
             b: 0.75,
             whole_read: WHOLE_READ_POSTINGS,
+            indexed: Arc::default(),
         }
     }
 
@@ -271,6 +277,13 @@ impl Bm25Retriever {
 
 #[async_trait::async_trait]
 impl Retriever for Bm25Retriever {
+    fn absence_probe(&self, tenant: &str) -> Option<String> {
+        if self.indexed.contains(tenant) {
+            return None;
+        }
+        self.index.presence_key(tenant)
+    }
+
     async fn retrieve(&self, tenant: &str, query: &RagQuery) -> Result<Vec<Scored>, RagError> {
         let mut unique = HashSet::new();
         let terms: Vec<String> = tokenize(&query.text)
@@ -291,6 +304,7 @@ impl Retriever for Bm25Retriever {
         if f.chunks == 0 {
             return Ok(Vec::new());
         }
+        self.indexed.note(tenant);
         let n = f.chunks as f64;
         let w = Weights {
             k1: self.k1,

@@ -366,6 +366,7 @@ impl SessionStore for MemoryStore {
                 latched: None,
                 runs: 0,
                 stop_requested: false,
+                probed: None,
             });
         };
         let runs = inner.runs.entry(key.clone()).or_insert(0);
@@ -389,6 +390,7 @@ impl SessionStore for MemoryStore {
             latched,
             runs,
             stop_requested: inner.cancels.contains(&key),
+            probed: None,
         })
     }
 

@@ -50,13 +50,15 @@ mod records;
 mod replication;
 mod runs;
 mod scripts;
+mod steps;
 
 pub use call::ScriptCall;
-use codec::{decode, encode, with_ledger};
+use codec::encode;
 pub use connection::{
     DEFAULT_REDIS_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, RedisConnection, RedisOptions, connection,
 };
 use scripts::Scripts;
+use steps::BeginStep;
 
 /// Session state in Redis.
 #[derive(Clone)]
@@ -344,70 +346,47 @@ impl SessionStore for RedisStore {
 
     async fn begin_turn(
         &self,
-        _grant: &Grant,
+        grant: &Grant,
         session: &SessionId,
         turn: &TurnId,
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
     ) -> Result<Begun, StoreError> {
-        let turn_key = self.turn_key("turn", session, turn);
-        let (session_key, contexts_key) =
-            (self.key("session", session), self.key("contexts", session));
-        let mut call = ScriptCall::new(&self.scripts.begin, 7);
-        call.key(self.key("lease", session))
-            .key(self.key("fence", session))
-            .key(&turn_key)
-            .key(self.turn_key("ledger", session, turn))
-            .key(&session_key)
-            .key(&contexts_key)
-            .key(self.turn_key("cancel", session, turn))
-            .arg(holder)
-            .arg(ms(ttl))
-            .arg(ms(self.retention.sessions));
-        match contexts {
-            Some(c) => call.arg_json(c)?,
-            None => call.arg(""),
+        let step = BeginStep {
+            session,
+            turn,
+            holder,
+            ttl,
+            contexts,
         };
-        call.arg(ms(self.retention.turns));
-        let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop): (
-            Option<u64>,
-            Option<String>,
-            std::collections::BTreeMap<String, String>,
-            Option<String>,
-            Option<String>,
-            u32,
-            i64,
-        ) = call.invoke(&mut self.conn()).await.map_err(unavailable)?;
-        let lease = token.map(|token| Lease {
-            token,
-            holder: holder.to_string(),
-        });
-        let read = with_ledger(&turn_key, raw_turn, ledger).and_then(|turn| {
-            Ok((
-                turn,
-                decode(&session_key, raw_session)?,
-                decode(&contexts_key, raw_latched)?,
-            ))
-        });
-        match read {
-            Ok((turn, session, latched)) => Ok(Begun {
-                turn,
-                lease,
-                session,
-                latched,
-                runs,
-                stop_requested: stop == 1,
-            }),
-            Err(e) => {
-                // Nothing will run under a lease whose reads failed: give it back rather than
-                // leave the session busy until it expires.
-                if let Some(lease) = &lease {
-                    let _ = self.release_lease(_grant, session, lease).await;
-                }
-                Err(e)
-            }
-        }
+        self.begin_as(grant, step, None).await
+    }
+
+    fn probes_in_begin(&self) -> bool {
+        // A cluster's script reaches only the session's slot.
+        !self.conn.is_cluster()
+    }
+
+    async fn begin_turn_probing(
+        &self,
+        grant: &Grant,
+        session: &SessionId,
+        turn: &TurnId,
+        holder: &str,
+        ttl: Duration,
+        contexts: Option<&ContextIds>,
+        probe: &str,
+    ) -> Result<Begun, StoreError> {
+        let step = BeginStep {
+            session,
+            turn,
+            holder,
+            ttl,
+            contexts,
+        };
+        let probe = self.probes_in_begin().then_some(probe);
+        self.begin_as(grant, step, probe).await
     }
 
     async fn renew_lease(
@@ -498,48 +477,6 @@ impl SessionStore for RedisStore {
 }
 
 impl RedisStore {
-    /// [`SessionStore::save`] (`stored`: [`SessionStore::save_stored`], which sends no turn id
-    /// to list, so the script does not ask whether the record is new).
-    async fn save_as(
-        &self,
-        session: Option<&SessionState>,
-        turn: &TurnRecord,
-        lease: &Lease,
-        release: bool,
-        stored: bool,
-    ) -> Result<Saved, StoreError> {
-        let sid = &turn.session_id;
-        let mut call = ScriptCall::new(&self.scripts.save, 8);
-        call.key(self.key("lease", sid))
-            .key(self.turn_key("turn", sid, &turn.turn_id))
-            .key(self.key("turns", sid))
-            .key(self.key("session", sid))
-            .key(self.turn_key("ledger", sid, &turn.turn_id))
-            .key(self.key("conversation", sid))
-            .key(self.turn_key("cancel", sid, &turn.turn_id))
-            .key(self.key("watched", sid))
-            .arg(lease_value(lease))
-            .arg_json(turn)?
-            .arg(ms(self.retention.turns))
-            .arg(if release { "1" } else { "0" })
-            .arg(if stored { "" } else { turn.turn_id.as_str() });
-        match session {
-            Some(s) => call.arg_json(s)?,
-            None => call.arg(""),
-        };
-        call.arg(ms(self.retention.sessions));
-        for item in session.iter().flat_map(|s| &s.conversation) {
-            call.arg_json(item)?;
-        }
-        let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
-        result
-            .map(|read| Saved {
-                stop_requested: read & 1 == 1,
-                watched: read & 2 == 2,
-            })
-            .map_err(|e| self.map_fenced(sid, e))
-    }
-
     /// The set of a batch line's turn events not yet finished, by URL: in the batch's slot,
     /// the session id length-prefixed so no two lines share a key.
     fn line_events_key(&self, id: &str, (sid, tid): (&SessionId, &TurnId)) -> String {

@@ -28,7 +28,7 @@ return token
 ";
 
 /// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts, the turn's
-///       stop request.
+///       stop request, and (optional) a key to probe.
 /// ARGV: holder, lease TTL ms, counter TTL ms (and contexts TTL), contexts JSON or '', turn
 ///       TTL ms.
 /// Returns {token or false, turn JSON or false, ledger as field/value pairs (as before this
@@ -36,7 +36,8 @@ return token
 /// the rest only when the lease was taken: the session, the contexts for a session not stored
 /// yet (latching ARGV[4] unless some are; latched ones keep the TTL the front door's
 /// admission gave them moments before), the count of runs begun with this one (kept in
-/// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0).
+/// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0); last,
+/// whether the probed key exists (1 or 0; -1 when none was named or the lease not taken).
 /// The turn, the session, the stop request and the latched contexts (all strings) are one
 /// `MGET`: contexts the front door's admission latched need no write here. The fencing token
 /// is drawn before the lease is tried (`SET NX`): a try that finds the lease held spends a
@@ -48,7 +49,7 @@ local ledger = redis.call('HGETALL', KEYS[4])
 local token = redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if not redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {false, turn, ledger, false, false, 0, 0}
+  return {false, turn, ledger, false, false, 0, 0, -1}
 end
 local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
 redis.call('PEXPIRE', KEYS[4], ARGV[5])
@@ -56,7 +57,9 @@ local latched = false
 if not session and ARGV[4] ~= '' then
   latched = read[4] or redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
 end
-return {token, turn, ledger, session, latched, runs, stop and 1 or 0}
+local probed = -1
+if KEYS[8] then probed = redis.call('EXISTS', KEYS[8]) end
+return {token, turn, ledger, session, latched, runs, stop and 1 or 0, probed}
 ";
 
 const RENEW: &str = r"

@@ -1,0 +1,151 @@
+//! A run's two steps on the store: the begin step (the lease taken, the turn, the session
+//! and what the run needs read under it) and the write that saves the turn (and settles it).
+//! The scripts themselves are in `scripts.rs`.
+
+use std::time::Duration;
+
+use super::call::ScriptCall;
+use super::codec::{decode, with_ledger};
+use super::{RedisStore, lease_value, ms, unavailable};
+use crate::contract::{SessionId, TurnId};
+use crate::store::{
+    Begun, ContextIds, Grant, Lease, Saved, SessionState, SessionStore as _, StoreError, TurnRecord,
+};
+
+/// What [`crate::store::SessionStore::begin_turn`] is asked.
+pub(super) struct BeginStep<'a> {
+    pub(super) session: &'a SessionId,
+    pub(super) turn: &'a TurnId,
+    pub(super) holder: &'a str,
+    pub(super) ttl: Duration,
+    pub(super) contexts: Option<&'a ContextIds>,
+}
+
+/// What the begin script answers: the fencing token (with the lease), the turn, its ledger,
+/// the session, the latched contexts, the runs begun, whether a stop was asked, and whether
+/// the probed key exists (1 or 0; -1 when none was named or the lease was not taken).
+type BeginAnswer = (
+    Option<u64>,
+    Option<String>,
+    std::collections::BTreeMap<String, String>,
+    Option<String>,
+    Option<String>,
+    u32,
+    i64,
+    i64,
+);
+
+impl RedisStore {
+    /// [`crate::store::SessionStore::begin_turn`]; with `probe` (a standalone server's key of
+    /// any slot), whether that key exists, read in the same script once the lease is taken.
+    pub(super) async fn begin_as(
+        &self,
+        grant: &Grant,
+        step: BeginStep<'_>,
+        probe: Option<&str>,
+    ) -> Result<Begun, StoreError> {
+        let BeginStep {
+            session,
+            turn,
+            holder,
+            ttl,
+            contexts,
+        } = step;
+        let turn_key = self.turn_key("turn", session, turn);
+        let (session_key, contexts_key) =
+            (self.key("session", session), self.key("contexts", session));
+        let mut call = ScriptCall::new(&self.scripts.begin, if probe.is_some() { 8 } else { 7 });
+        call.key(self.key("lease", session))
+            .key(self.key("fence", session))
+            .key(&turn_key)
+            .key(self.turn_key("ledger", session, turn))
+            .key(&session_key)
+            .key(&contexts_key)
+            .key(self.turn_key("cancel", session, turn));
+        if let Some(key) = probe {
+            call.key(key);
+        }
+        call.arg(holder)
+            .arg(ms(ttl))
+            .arg(ms(self.retention.sessions));
+        match contexts {
+            Some(c) => call.arg_json(c)?,
+            None => call.arg(""),
+        };
+        call.arg(ms(self.retention.turns));
+        let answer: BeginAnswer = call.invoke(&mut self.conn()).await.map_err(unavailable)?;
+        let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop, probed) = answer;
+        let lease = token.map(|token| Lease {
+            token,
+            holder: holder.to_string(),
+        });
+        let read = with_ledger(&turn_key, raw_turn, ledger).and_then(|turn| {
+            Ok((
+                turn,
+                decode(&session_key, raw_session)?,
+                decode(&contexts_key, raw_latched)?,
+            ))
+        });
+        match read {
+            Ok((turn, session, latched)) => Ok(Begun {
+                turn,
+                lease,
+                session,
+                latched,
+                runs,
+                stop_requested: stop == 1,
+                probed: (probed >= 0).then_some(probed == 1),
+            }),
+            Err(e) => {
+                // Nothing will run under a lease whose reads failed: give it back rather than
+                // leave the session busy until it expires.
+                if let Some(lease) = &lease {
+                    let _ = self.release_lease(grant, session, lease).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// [`SessionStore::save`] (`stored`: [`SessionStore::save_stored`], which sends no turn id
+    /// to list, so the script does not ask whether the record is new).
+    pub(super) async fn save_as(
+        &self,
+        session: Option<&SessionState>,
+        turn: &TurnRecord,
+        lease: &Lease,
+        release: bool,
+        stored: bool,
+    ) -> Result<Saved, StoreError> {
+        let sid = &turn.session_id;
+        let mut call = ScriptCall::new(&self.scripts.save, 8);
+        call.key(self.key("lease", sid))
+            .key(self.turn_key("turn", sid, &turn.turn_id))
+            .key(self.key("turns", sid))
+            .key(self.key("session", sid))
+            .key(self.turn_key("ledger", sid, &turn.turn_id))
+            .key(self.key("conversation", sid))
+            .key(self.turn_key("cancel", sid, &turn.turn_id))
+            .key(self.key("watched", sid))
+            .arg(lease_value(lease))
+            .arg_json(turn)?
+            .arg(ms(self.retention.turns))
+            .arg(if release { "1" } else { "0" })
+            .arg(if stored { "" } else { turn.turn_id.as_str() });
+        match session {
+            Some(s) => call.arg_json(s)?,
+            None => call.arg(""),
+        };
+        call.arg(ms(self.retention.sessions));
+        for item in session.iter().flat_map(|s| &s.conversation) {
+            call.arg_json(item)?;
+        }
+        let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
+        result
+            .map(|read| Saved {
+                stop_requested: read & 1 == 1,
+                watched: read & 2 == 2,
+            })
+            .map_err(|e| self.map_fenced(sid, e))
+    }
+}
