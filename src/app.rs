@@ -185,9 +185,10 @@ impl App {
                 Arc::new(Bm25Retriever::new(index.clone())),
                 config.rag.budget,
             );
-        // The Redis index is on the session store's server (the same URL and namespace).
+        // The Redis index and limits are on the session store's server (the same URL and
+        // namespace).
         let pipeline = match &config.store.url {
-            Some(_) => pipeline.with_rag_on_store(),
+            Some(_) => pipeline.with_rag_on_store().with_quotas_on_store(),
             None => pipeline,
         };
         // MCP tool sources: kept connected by tasks of their own for as long as the parts live.

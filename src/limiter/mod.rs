@@ -65,7 +65,8 @@ pub trait LimitStore: Send + Sync + 'static {
     /// Live slots of the context (for tests and `aptix contexts`).
     async fn slots_in_use(&self, context: &str) -> Result<u32, LimitStoreError>;
     /// Adds `tokens` to `key`'s count for `day` and returns the new count. A count is kept
-    /// for `keep` after its last change (it is only read while its day lasts).
+    /// at least `keep` after the change that made it (it is only read while its day lasts and
+    /// a week after).
     async fn add_tokens(
         &self,
         key: &str,
@@ -73,10 +74,18 @@ pub trait LimitStore: Send + Sync + 'static {
         tokens: u64,
         keep: Duration,
     ) -> Result<u64, LimitStoreError>;
+    /// The keys of `key`'s count and tally for `day` ([`LimitStore::add_tokens`],
+    /// [`LimitStore::add_tally`]), for a writer on the same server that adds to them in a step
+    /// of its own (a run's write: [`crate::store::CounterAdds`]), keeping them as those do;
+    /// `None` for a store without such keys.
+    fn day_keys(&self, key: &str, day: &str) -> Option<(String, String)> {
+        let _ = (key, day);
+        None
+    }
     /// `key`'s count for `day` (0 when nothing was counted).
     async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError>;
     /// Adds each `(field, amount)` of `counts` to `key`'s tally for `day`, in one step; a
-    /// tally is kept for `keep` after its last change.
+    /// tally is kept at least `keep` after the change that made it.
     async fn add_tally(
         &self,
         key: &str,

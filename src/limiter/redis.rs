@@ -319,6 +319,13 @@ impl LimitStore for RedisLimits {
             .map_err(unavailable)
     }
 
+    fn day_keys(&self, key: &str, day: &str) -> Option<(String, String)> {
+        Some((
+            self.key(&format!("tokens:{day}"), key),
+            self.key(&format!("usage:{day}"), key),
+        ))
+    }
+
     async fn tally(
         &self,
         key: &str,

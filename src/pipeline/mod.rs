@@ -251,6 +251,15 @@ impl Pipeline {
         self
     }
 
+    /// Says the quotas' limit store lives on the session store's own server (the Redis limits
+    /// of a Redis deployment): a model call's usage is then counted by the run's next write, in
+    /// the write's own step, where the store can add the counters
+    /// ([`crate::store::SessionStore::counts_in_save`]).
+    pub fn with_quotas_on_store(mut self) -> Self {
+        self.life.counts_on_store = true;
+        self
+    }
+
     /// Counts suppressed duplicates in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.model.metrics = metrics.clone();
@@ -260,7 +269,7 @@ impl Pipeline {
 
     /// Runs `step` (the turn's next write) with the tokens of the answer before it counted
     /// against its tenant at the same time: one round trip for both instead of two in a row.
-    async fn counting<T>(&self, spent: model_call::Spent, step: impl Future<Output = T>) -> T {
+    async fn counting<T>(&self, spent: crate::tenants::Spent, step: impl Future<Output = T>) -> T {
         let spend = self
             .life
             .quotas

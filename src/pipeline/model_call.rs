@@ -4,8 +4,8 @@
 //! without its conversation (`history.rs`) — switches the session to replay, a server that
 //! cannot give back a background response gets the call in the foreground
 //! (`background_call.rs` follows the others), and the answer is accounted for (usage and
-//! warnings; its tokens are handed back as [`Spent`], counted against the tenant beside the
-//! turn's next write).
+//! warnings; its tokens are handed back as a [`Spent`], counted against the tenant by or beside
+//! the turn's next write).
 //!
 //! Owns: that one call, as [`ModelCaller`]: a type that holds the model clients and no store:
 //! what it reads (the conversation to replay, the cancel flag, the live events kept) comes
@@ -29,6 +29,7 @@ use crate::contract::{ErrorCode, InvokeResult, SessionId, TurnId};
 use crate::llm::{EventSink, LlmError, LlmEvent, ModelResponse, OutputItem};
 use crate::metrics::Metrics;
 use crate::state::{CallNote, ModelCallMark, TurnProgress};
+use crate::tenants::Spent;
 
 /// The first pause before a flex call refused for capacity is made again; it doubles up to
 /// [`FLEX_PAUSE_MAX`].
@@ -459,16 +460,6 @@ impl ModelCaller {
             () = watched.cancelled() => None,
         }
     }
-}
-
-/// The tokens a model answer spent, not yet counted against the tenant: the caller counts
-/// them beside the write that follows the answer (`Pipeline::counting`); dropped, they are
-/// never counted.
-pub(super) struct Spent {
-    pub(super) tenant: String,
-    /// The agent context whose server answered.
-    pub(super) context: String,
-    pub(super) usage: crate::contract::Usage,
 }
 
 /// Whether the model's answer asks for a tool (server or client) to be run, or a hosted

@@ -309,9 +309,14 @@ impl Pipeline {
                         // second write of the same turn one round trip earlier; a run that dies
                         // in between asks the model again, as one that dies during the call.
                         Ok(Ok((response, spent))) if model_call::calls_tools(&response) => {
+                            let apart = self.life.count_in_write(&mut run, spent);
                             let saved =
                                 Box::pin(self.life.checkpoint(&mut run, &response, &progress));
-                            if let Err(f) = self.counting(spent, saved).await {
+                            let saved = match apart {
+                                Some(spent) => self.counting(spent, saved).await,
+                                None => saved.await,
+                            };
+                            if let Err(f) = saved {
                                 return Err(Box::pin(self.life.hand_back(run, f)).await);
                             }
                             response
@@ -372,6 +377,7 @@ impl Pipeline {
                 if text.is_empty() {
                     text = refusals.join("\n\n");
                 }
+                let apart = uncounted.and_then(|spent| self.life.count_in_write(&mut run, spent));
                 let settle = async {
                     if text.is_empty() {
                         let result = InvokeResult::failure(permanent(
@@ -384,9 +390,10 @@ impl Pipeline {
                         .complete_turn(run, progress, response.id, text, api_warnings)
                         .await
                 };
-                return match uncounted {
+                return match apart {
                     Some(spent) => self.counting(spent, Box::pin(settle)).await,
-                    // A run resumed from its checkpoint: counted when the answer came.
+                    // Counted by the write itself, or a run resumed from its checkpoint:
+                    // counted when the answer came.
                     None => Box::pin(settle).await,
                 };
             }

@@ -9,6 +9,7 @@
 
 pub mod memory;
 pub mod redis;
+mod run_write;
 mod runs;
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ pub use crate::state::{
 };
 pub use memory::MemoryStore;
 pub use redis::RedisStore;
+pub use run_write::{CounterAdd, CounterAdds, RunWrite};
 pub use runs::{IndexedTurn, RunsPage, RunsPosition, now_ms};
 
 /// The right to write a turn's state: every store method that moves a turn (admits, creates,
@@ -169,6 +171,9 @@ pub struct Saved {
     /// Someone may be watching the session: it was marked ([`SessionStore::mark_watched`])
     /// when the turn was written.
     pub watched: bool,
+    /// Counters the write was to add to ([`RunWrite::counts`]) were not all added: the store
+    /// cannot add them in its step, or one is not a counter.
+    pub counts_missed: bool,
 }
 
 /// Who notes an admitted turn in the runs index ([`SessionStore::admit_and_index`]).
@@ -525,19 +530,20 @@ pub trait SessionStore: RecordWriter {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
-    /// [`SessionStore::save`] of a turn whose record is stored already (the run read it, or
-    /// has written it before): a store may skip asking whether the record is new, which only
-    /// a new one's first write needs (to list it among the session's turns). Otherwise the
-    /// same step.
-    async fn save_stored(
-        &self,
-        grant: &Grant,
-        session: Option<&SessionState>,
-        turn: &TurnRecord,
-        lease: &Lease,
-        release: bool,
-    ) -> Result<Saved, StoreError> {
-        self.save(grant, session, turn, lease, release).await
+    /// Whether [`SessionStore::save_run`] adds a write's counters in the write's own step
+    /// (Redis: a standalone server, whose scripts reach keys of any slot).
+    fn counts_in_save(&self) -> bool {
+        false
+    }
+    /// A run's write: [`SessionStore::save`], knowing what the run knows of the record
+    /// ([`RunWrite::stored`]) and adding its counters in the same step where the store can
+    /// ([`SessionStore::counts_in_save`]; [`Saved::counts_missed`] says when it did not).
+    async fn save_run(&self, grant: &Grant, write: RunWrite<'_>) -> Result<Saved, StoreError> {
+        let mut saved = self
+            .save(grant, write.session, write.turn, write.lease, write.release)
+            .await?;
+        saved.counts_missed = write.counts.is_some_and(|c| !c.adds.is_empty());
+        Ok(saved)
     }
     /// Records one server tool's output in the turn's ledger before the next model call and,
     /// when the tool changed the session (its mode), the session — in one atomic step checked

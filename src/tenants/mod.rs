@@ -14,6 +14,7 @@
 //! Owns: the quota decisions and the counters. Must not: touch queues or sessions.
 
 pub mod file;
+mod spend;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,11 +22,11 @@ use std::time::Duration;
 use serde::Serialize;
 use time::{OffsetDateTime, Time};
 
-use crate::contract::Usage;
 use crate::limiter::{HeldSlot, LimitStore, LimitStoreError, MemoryLimits};
 use crate::metrics::{Metrics, Tracked};
 
 pub use file::{TenantLimits, Tenants, TenantsError};
+pub use spend::Spent;
 
 /// The label value of tenants that are not in the tenants file (keeps label sets bounded).
 pub const OTHER_TENANT_LABEL: &str = "other";
@@ -33,7 +34,8 @@ pub const OTHER_TENANT_LABEL: &str = "other";
 /// How often a held lane job asks again for a running slot.
 const SLOT_POLL: Duration = Duration::from_millis(25);
 
-/// How long a day's token count is kept (past its day, so a late reader still finds it).
+/// How long a day's counts are kept, from the write that made them — made on their day, so
+/// they last past it and a late reader still finds them.
 const KEEP_COUNT: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// What a daily quota counts.
@@ -371,48 +373,6 @@ impl Quotas {
         Ok(())
     }
 
-    /// Counts what a model call of `tenant`'s turn on agent context `context` spent: its
-    /// tokens (and estimated cost) against the daily quotas, and every kind of token in the
-    /// day's tally by context. A count that cannot be written is logged, not fatal: the call
-    /// was made and its answer is good.
-    pub async fn spend(&self, tenant: &str, context: &str, usage: Usage) {
-        let tokens = usage.total_tokens;
-        if tokens == 0 && usage.cost_micros == 0 {
-            return;
-        }
-        self.metrics.tenant_spent(self.label(tenant), tokens);
-        let (day, _, _) = today();
-        let counts: Vec<(String, u64)> = [
-            ("calls", 1),
-            ("input", usage.prompt_tokens),
-            ("cached_input", usage.cached_tokens),
-            ("output", usage.completion_tokens),
-            ("reasoning", usage.reasoning_tokens),
-            ("total", usage.total_tokens),
-            ("cost_micros", usage.cost_micros),
-        ]
-        .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(field, n)| (format!("{context}/{field}"), n))
-        .collect();
-        let (k, cost) = (key(tenant), cost_key(tenant));
-        let counted = self.store.add_usage(&k, &day, tokens, &counts, KEEP_COUNT);
-        let priced = async {
-            match usage.cost_micros {
-                0 => Ok(()),
-                n => self
-                    .store
-                    .add_tokens(&cost, &day, n, KEEP_COUNT)
-                    .await
-                    .map(drop),
-            }
-        };
-        let (counted, priced) = tokio::join!(counted, priced);
-        if let Err(e) = counted.and(priced) {
-            tracing::warn!(%tenant, tokens, error = %e, "cannot count the tenant's model usage; its quotas may be overrun");
-        }
-    }
-
     /// The tenant's counts now: today's, or those of `day` (`YYYY-MM-DD`) when given (kept
     /// eight days: an older day has none).
     pub async fn usage(
@@ -474,6 +434,17 @@ impl Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contract::Usage;
+
+    /// A limit store without counters of its own to name (memory) leaves the counting to
+    /// `spend`; a call that spent nothing adds no counter anywhere.
+    #[test]
+    fn counts_go_in_a_write_only_where_the_store_names_its_counters() {
+        let q = quotas(TenantLimits::default());
+        assert_eq!(q.counts_in_write("a", "default", tokens(5, 0)), None);
+        let nothing = q.counts_in_write("a", "default", tokens(0, 0)).unwrap();
+        assert!(nothing.adds.is_empty());
+    }
 
     fn quotas(limits: TenantLimits) -> Quotas {
         Quotas::new(

@@ -437,3 +437,89 @@ async fn a_turn_asked_to_stop_before_its_run_makes_no_model_call() {
         assert_eq!(stored.status, TurnStatus::Cancelled);
     }
 }
+
+/// With the limits on the store's Redis, a model call's usage is counted by the write that
+/// settles its turn, in that write's own script; when that write is fenced out (another holder
+/// took the session's lease during the call), nothing of it is written and the usage is
+/// counted apart all the same: every call paid for is counted, once.
+#[tokio::test]
+async fn a_calls_usage_is_counted_once_whether_its_write_is_made_or_fenced_out() {
+    use aptix_worker::limiter::RedisLimits;
+    use aptix_worker::metrics::Metrics;
+    use aptix_worker::store::redis::RedisOptions;
+    use aptix_worker::tenants::{Quotas, Tenants};
+    use std::sync::Arc;
+
+    let h = harness(Setup {
+        options: FakeOptions {
+            latency: Duration::from_millis(800),
+            ..Default::default()
+        },
+        ..redis_setup()
+    })
+    .await;
+    let ns = h._redis.as_ref().unwrap().store.namespace().to_string();
+    let limits = RedisLimits::connect(&crate::support::redis_url(), &ns, &RedisOptions::default())
+        .await
+        .unwrap();
+    let quotas = Quotas::new(
+        Tenants::default(),
+        Arc::new(limits),
+        Arc::new(Metrics::default()),
+        Duration::from_secs(30),
+    );
+    let pipeline = h
+        .pipeline
+        .clone()
+        .with_quotas(quotas.clone())
+        .with_quotas_on_store();
+    let used = async || quotas.usage("local", None).await.unwrap().tokens_used;
+    let spent = |calls: &[Value]| -> u64 {
+        calls
+            .iter()
+            .map(|u| u["total_tokens"].as_u64().unwrap())
+            .sum()
+    };
+
+    let done = pipeline.run(&request(turn("s1", "t", "hi"))).await.unwrap();
+    assert!(done.is_successful(), "{:?}", done.errors());
+    let first = spent(&h.fake.usages());
+    assert!(first > 0);
+    assert_eq!(used().await, first, "counted by the settling write");
+
+    // Another holder takes the session's lease while the model answers.
+    let lease_key = format!("{ns}:lease:{{s2}}");
+    let thief = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut conn = ::redis::Client::open(crate::support::redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let _: () = ::redis::cmd("SET")
+            .arg(&lease_key)
+            .arg("1:thief")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    });
+    let fenced = pipeline.run(&request(turn("s2", "t", "slow"))).await;
+    thief.await.unwrap();
+    assert!(
+        fenced.is_err(),
+        "the settling write was fenced out: {fenced:?}"
+    );
+    assert!(h.store.fenced_rejections() >= 1);
+    assert_eq!(
+        h.fake.usages().len(),
+        2,
+        "the model answered the second call"
+    );
+    assert_eq!(
+        used().await,
+        spent(&h.fake.usages()),
+        "the fenced-out write's usage counted apart"
+    );
+}

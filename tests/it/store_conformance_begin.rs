@@ -4,7 +4,9 @@
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
-use aptix_worker::store::{ContextIds, StoreError, ToolOutput, TurnStatus};
+use aptix_worker::store::{
+    ContextIds, CounterAdd, CounterAdds, RunWrite, StoreError, ToolOutput, TurnStatus,
+};
 use std::time::Duration;
 
 pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subject) {
@@ -361,6 +363,164 @@ pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
     assert_eq!(plain.probed, None);
 }
 
+/// A run's write adds its counters in its own step on a store that can (a standalone Redis):
+/// plain counts and hash fields; one made by the write gets the counters' TTL, one already
+/// there keeps its own. A counter key of another type is reported and the write stands; a
+/// write fenced out adds nothing. The other stores say they cannot, and report the counters
+/// missed (the caller counts them apart). A write that may be a new record's first lists it
+/// among the session's turns once; one known stored does not ask.
+pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subject) {
+    let st = &s.store;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let ns = s.namespace().unwrap_or("x").to_string();
+    let key = |k: &str| format!("{ns}:counters:{k}");
+    let add = |k: &str, field: Option<&str>, amount| CounterAdd {
+        key: key(k),
+        field: field.map(str::to_string),
+        amount,
+    };
+    let counts = |adds| CounterAdds {
+        keep_ms: 60_000,
+        adds,
+    };
+    let write = |lease, stored, counts| RunWrite {
+        session: None,
+        turn: &t,
+        lease,
+        release: false,
+        stored,
+        counts,
+    };
+    let first = counts(vec![
+        add("count", None, 7),
+        add("tally", Some("a/calls"), 1),
+        add("tally", Some("a/input"), 5),
+    ]);
+    if s.namespace().is_none() {
+        assert!(!st.counts_in_save());
+        let saved = st
+            .save_run(G, write(&lease, false, Some(&first)))
+            .await
+            .unwrap();
+        assert!(
+            saved.counts_missed,
+            "not added: the caller counts them apart"
+        );
+        return;
+    }
+    assert!(st.counts_in_save());
+    let mut conn = ::redis::Client::open(crate::support::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let reader = conn.clone();
+    let ttl = async |k: &str| -> i64 {
+        ::redis::cmd("PTTL")
+            .arg(key(k))
+            .query_async(&mut reader.clone())
+            .await
+            .unwrap()
+    };
+    let saved = st
+        .save_run(G, write(&lease, false, Some(&first)))
+        .await
+        .unwrap();
+    assert!(!saved.counts_missed);
+    for k in ["count", "tally"] {
+        let ms = ttl(k).await;
+        assert!(ms > 50_000 && ms <= 60_000, "{k}: made by the write: {ms}");
+        let _: i64 = ::redis::cmd("PEXPIRE")
+            .arg(key(k))
+            .arg(5_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let saved = st
+        .save_run(G, write(&lease, true, Some(&first)))
+        .await
+        .unwrap();
+    assert!(!saved.counts_missed);
+    let count: u64 = ::redis::cmd("GET")
+        .arg(key("count"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tally: Vec<u64> = ::redis::cmd("HMGET")
+        .arg(key("tally"))
+        .arg("a/calls")
+        .arg("a/input")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((count, tally), (14, vec![2, 10]));
+    for k in ["count", "tally"] {
+        let ms = ttl(k).await;
+        assert!(
+            ms > 0 && ms <= 5_000,
+            "{k}: a later addition keeps the expiry: {ms}"
+        );
+    }
+    assert_eq!(
+        st.list_turns(&sid("s")).await.unwrap(),
+        vec![TurnId::parse("t").unwrap()]
+    );
+    // A key of another type: reported, the others added, the write made.
+    let _: i64 = ::redis::cmd("RPUSH")
+        .arg(key("list"))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let odd = counts(vec![add("list", None, 1), add("count", None, 1)]);
+    let mut moved = t.clone();
+    moved.status = TurnStatus::Completed;
+    let saved = st
+        .save_run(
+            G,
+            RunWrite {
+                turn: &moved,
+                ..write(&lease, true, Some(&odd))
+            },
+        )
+        .await
+        .unwrap();
+    assert!(saved.counts_missed);
+    assert_eq!(
+        st.get_turn(&sid("s"), &TurnId::parse("t").unwrap())
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        TurnStatus::Completed
+    );
+    let count: u64 = ::redis::cmd("GET")
+        .arg(key("count"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 15);
+    // Fenced out: nothing added.
+    let stale = aptix_worker::store::Lease {
+        token: lease.token + 100,
+        holder: "stale".into(),
+    };
+    let fenced = st.save_run(G, write(&stale, true, Some(&first))).await;
+    assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+    let count: u64 = ::redis::cmd("GET")
+        .arg(key("count"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 15);
+}
+
 for_each_backend!(
     backends: [
         memory => super::memory(),
@@ -375,5 +535,6 @@ for_each_backend!(
         a_save_reads_whether_the_session_is_marked_watched,
         a_held_watch_mark_outlasts_its_ttl_and_lapses_after_it_is_dropped,
         a_begin_step_probes_a_key_where_the_store_can,
+        a_runs_write_adds_its_counters_where_the_store_can,
     ],
 );

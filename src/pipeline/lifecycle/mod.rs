@@ -38,6 +38,7 @@
 //! Must not: call the model or run tools.
 
 mod abandon;
+mod counting;
 mod intake;
 mod lease;
 mod open;
@@ -65,7 +66,7 @@ use crate::live::LiveTurn;
 use crate::live::{LiveOutlet, LiveSettings};
 use crate::metrics::Metrics;
 use crate::store::SessionStore;
-use crate::store::{ContextIds, Grant, Saved, SessionState, TurnProgress, TurnRecord};
+use crate::store::{ContextIds, Grant, RunWrite, Saved, SessionState, TurnProgress, TurnRecord};
 
 /// Layer F: the turn's state transitions. Within the pipeline the only holder of the store's
 /// writer (its field is private to this module): the reasoner (E) moves a turn only by calling
@@ -83,6 +84,10 @@ pub(super) struct Lifecycle {
     pub(super) live: Option<(Arc<dyn LiveOutlet>, LiveSettings)>,
     /// Tenants' quotas (read at a turn's start).
     pub(super) quotas: crate::tenants::Quotas,
+    /// The quotas' limit store lives on the session store's server: a model call's usage is
+    /// counted by the run's next write, in its own step, where the store can (see
+    /// [`Lifecycle::count_in_write`]).
+    pub(super) counts_on_store: bool,
 }
 
 impl Lifecycle {
@@ -100,6 +105,7 @@ impl Lifecycle {
             metrics,
             live: None,
             quotas: crate::tenants::Quotas::default(),
+            counts_on_store: false,
         }
     }
 
@@ -147,8 +153,11 @@ pub(super) struct Run {
     session_unsaved: bool,
     /// The prompts of requests in the transcript that the next write keeps.
     prompts: Vec<crate::state::Prompt>,
+    /// A model call's usage that the next write counts in its own step
+    /// ([`Lifecycle::count_in_write`]).
+    counts: Option<counting::InWrite>,
     /// The turn's record is stored (the run read it, or one of its writes succeeded): its
-    /// writes need not ask whether it is new ([`SessionStore::save_stored`]).
+    /// writes need not ask whether it is new ([`crate::store::RunWrite::stored`]).
     stored: bool,
 }
 
@@ -170,6 +179,7 @@ impl Run {
             keep_bodies: true,
             session_unsaved: false,
             prompts: Vec::new(),
+            counts: None,
             stored: false,
         }
     }
@@ -289,7 +299,11 @@ impl Lifecycle {
         with_session: bool,
         release: bool,
     ) -> Result<Saved, RetryableFailure> {
-        run.may_write()?;
+        let counts = run.counts.take();
+        if let Err(f) = run.may_write() {
+            self.count_unwritten(counts).await;
+            return Err(f);
+        }
         let with_session = with_session || run.session_unsaved;
         let session = with_session.then_some(&run.session);
         // The prompts the transcript names go beside the write (a store writes each only now
@@ -303,20 +317,19 @@ impl Lifecycle {
                 }
             }
         };
-        let (record, lease) = (&*run.record, run.held.lease());
-        let save = async {
-            if run.stored {
-                self.store
-                    .save_stored(&GRANT, session, record, lease, release)
-                    .await
-            } else {
-                self.store
-                    .save(&GRANT, session, record, lease, release)
-                    .await
-            }
+        let write = RunWrite {
+            session,
+            turn: &run.record,
+            lease: run.held.lease(),
+            release,
+            stored: run.stored,
+            counts: counts.as_ref().map(|c| &c.adds),
         };
-        match tokio::join!(keep, save).1 {
+        match tokio::join!(keep, self.store.save_run(&GRANT, write)).1 {
             Ok(saved) => {
+                if saved.counts_missed {
+                    self.counts_missed(counts.as_ref());
+                }
                 run.stored = true;
                 if with_session {
                     // The store holds them now.
@@ -330,6 +343,7 @@ impl Lifecycle {
             }
             Err(e) => {
                 run.unsure = true;
+                self.count_after_failed_write(counts, &e).await;
                 Err(store_failure(e))
             }
         }

@@ -472,6 +472,7 @@ impl SessionStore for MemoryStore {
         Ok(Saved {
             stop_requested,
             watched,
+            counts_missed: false,
         })
     }
 

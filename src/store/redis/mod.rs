@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands as _;
 
 use super::{
-    Admission, Begun, ContextIds, Grant, Lease, Retention, RunsNote, Saved, SessionState,
+    Admission, Begun, ContextIds, Grant, Lease, Retention, RunWrite, RunsNote, Saved, SessionState,
     SessionStore, StoreError, ToolOutput, TurnRecord,
 };
 use crate::contract::{SessionId, TurnId};
@@ -433,18 +433,24 @@ impl SessionStore for RedisStore {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError> {
-        self.save_as(session, turn, lease, release, false).await
+        let write = RunWrite {
+            session,
+            turn,
+            lease,
+            release,
+            stored: false,
+            counts: None,
+        };
+        self.save_as(write).await
     }
 
-    async fn save_stored(
-        &self,
-        _grant: &Grant,
-        session: Option<&SessionState>,
-        turn: &TurnRecord,
-        lease: &Lease,
-        release: bool,
-    ) -> Result<Saved, StoreError> {
-        self.save_as(session, turn, lease, release, true).await
+    fn counts_in_save(&self) -> bool {
+        // A cluster's script reaches only the session's slot.
+        !self.conn.is_cluster()
+    }
+
+    async fn save_run(&self, _grant: &Grant, write: RunWrite<'_>) -> Result<Saved, StoreError> {
+        self.save_as(write).await
     }
 
     async fn record_tool_output(

@@ -93,12 +93,16 @@ macro_rules! append_conversation {
 }
 
 /// KEYS: lease, turn, turns index, session, ledger, conversation, the turn's stop request,
-///       the session's watch mark.
+///       the session's watch mark, then one key per counter to add to.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id or '' (the record is
 ///       stored already: not asked whether it is new), session JSON or '', session TTL ms,
-///       then the session's conversation items to append (with a session).
+///       the counters' TTL ms, their number, a field ('' for a plain count) and an amount for
+///       each, then the session's conversation items to append (with a session).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
-/// back: the run is over), plus 2 when the session is marked watched. The lease and both marks
+/// back: the run is over), plus 2 when the session is marked watched, plus 4 when a counter
+/// could not be added to (a key of another type: never a reason to fail the write). A counter
+/// made by its addition (the sum is the amount added) gets the counters' TTL; one already there
+/// keeps its own (a day's usage counts: see `tenants::spend`). The lease and both marks
 /// are strings: one `MGET` reads the three. (Whether the record is new is asked with `EXISTS`,
 /// not learnt from `SET … GET`: that would copy the whole previous record out on every write
 /// to save one command; and only by a write whose writer cannot tell.) The ledger (KEYS[5]) is not touched: the begin step and each tool
@@ -116,10 +120,27 @@ if ARGV[4] == '1' then
 elseif held[3] then
   read = read + 1
 end
+local counters = tonumber(ARGV[9])
+local missed = false
+for i = 1, counters do
+  local key, field, amount = KEYS[8 + i], ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local sum
+  if field == '' then
+    sum = redis.pcall('INCRBY', key, amount)
+  else
+    sum = redis.pcall('HINCRBY', key, field, amount)
+  end
+  if type(sum) ~= 'number' then
+    missed = true
+  elseif sum == tonumber(amount) then
+    redis.call('PEXPIRE', key, ARGV[8])
+  end
+end
+if missed then read = read + 4 end
 if ARGV[6] == '' then return read end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
 ",
-    append_conversation!("6", "8", "7"),
+    append_conversation!("6", "10 + 2 * counters", "7"),
     "return read\n"
 );
 

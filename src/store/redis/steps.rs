@@ -1,5 +1,6 @@
 //! A run's two steps on the store: the begin step (the lease taken, the turn, the session
-//! and what the run needs read under it) and the write that saves the turn (and settles it).
+//! and what the run needs read under it) and the write that saves the turn (and settles it,
+//! with the counters of the model call before it).
 //! The scripts themselves are in `scripts.rs`.
 
 use std::time::Duration;
@@ -9,7 +10,7 @@ use super::codec::{decode, with_ledger};
 use super::{RedisStore, lease_value, ms, unavailable};
 use crate::contract::{SessionId, TurnId};
 use crate::store::{
-    Begun, ContextIds, Grant, Lease, Saved, SessionState, SessionStore as _, StoreError, TurnRecord,
+    Begun, ContextIds, Grant, Lease, RunWrite, Saved, SessionStore as _, StoreError,
 };
 
 /// What [`crate::store::SessionStore::begin_turn`] is asked.
@@ -107,18 +108,26 @@ impl RedisStore {
         }
     }
 
-    /// [`SessionStore::save`] (`stored`: [`SessionStore::save_stored`], which sends no turn id
-    /// to list, so the script does not ask whether the record is new).
-    pub(super) async fn save_as(
-        &self,
-        session: Option<&SessionState>,
-        turn: &TurnRecord,
-        lease: &Lease,
-        release: bool,
-        stored: bool,
-    ) -> Result<Saved, StoreError> {
+    /// [`crate::store::SessionStore::save_run`]: a write of a record known to be stored sends
+    /// no turn id to list, so the script does not ask whether the record is new; counters go
+    /// in as keys of their own (a cluster's script cannot reach them: there they are missed).
+    pub(super) async fn save_as(&self, write: RunWrite<'_>) -> Result<Saved, StoreError> {
+        let RunWrite {
+            session,
+            turn,
+            lease,
+            release,
+            stored,
+            counts,
+        } = write;
+        let counts = counts.filter(|c| !c.adds.is_empty());
+        let (counts, missed) = match counts {
+            Some(_) if self.conn.is_cluster() => (None, true),
+            counts => (counts, false),
+        };
+        let adds = counts.map_or(&[][..], |c| &c.adds);
         let sid = &turn.session_id;
-        let mut call = ScriptCall::new(&self.scripts.save, 8);
+        let mut call = ScriptCall::new(&self.scripts.save, 8 + adds.len());
         call.key(self.key("lease", sid))
             .key(self.turn_key("turn", sid, &turn.turn_id))
             .key(self.key("turns", sid))
@@ -126,8 +135,11 @@ impl RedisStore {
             .key(self.turn_key("ledger", sid, &turn.turn_id))
             .key(self.key("conversation", sid))
             .key(self.turn_key("cancel", sid, &turn.turn_id))
-            .key(self.key("watched", sid))
-            .arg(lease_value(lease))
+            .key(self.key("watched", sid));
+        for add in adds {
+            call.key(&add.key);
+        }
+        call.arg(lease_value(lease))
             .arg_json(turn)?
             .arg(ms(self.retention.turns))
             .arg(if release { "1" } else { "0" })
@@ -136,7 +148,12 @@ impl RedisStore {
             Some(s) => call.arg_json(s)?,
             None => call.arg(""),
         };
-        call.arg(ms(self.retention.sessions));
+        call.arg(ms(self.retention.sessions))
+            .arg(counts.map_or(0, |c| c.keep_ms))
+            .arg(adds.len());
+        for add in adds {
+            call.arg(add.field.as_deref().unwrap_or("")).arg(add.amount);
+        }
         for item in session.iter().flat_map(|s| &s.conversation) {
             call.arg_json(item)?;
         }
@@ -145,6 +162,7 @@ impl RedisStore {
             .map(|read| Saved {
                 stop_requested: read & 1 == 1,
                 watched: read & 2 == 2,
+                counts_missed: missed || read & 4 == 4,
             })
             .map_err(|e| self.map_fenced(sid, e))
     }
