@@ -3,10 +3,11 @@
 //! write and the count instead of two sent side by side. Otherwise the reasoner counts it apart,
 //! beside the write (`Pipeline::counting`).
 //!
-//! Every call is counted once: a count the write did not make — fenced out (nothing written),
-//! never sent (the run writes nothing more) — is made apart; one the store could not make in
-//! its step (a key of another type) is logged. A write whose answer was lost may or may not
-//! have counted: it is not counted again, and the warning says so.
+//! Every call paid for is counted: a count the write did not make — fenced out (nothing
+//! written), never sent (the run writes nothing more) — is made apart; one the store could not
+//! make in its step (a key of another type) is logged. A write whose answer was lost may or
+//! may not have counted: it is counted apart too (a quota is never overrun for want of a
+//! count), and the warning says the call may be counted twice.
 
 use super::{Lifecycle, Run};
 use crate::store::{CounterAdds, StoreError};
@@ -44,20 +45,19 @@ impl Lifecycle {
         }
     }
 
-    /// After a write failed with `error`: counts apart what it was to count if it was fenced
-    /// out (its script wrote nothing); a write whose answer was lost is not counted again.
+    /// After a write failed with `error`: counts apart what it was to count — a write fenced
+    /// out wrote nothing; one whose answer was lost may have counted already.
     pub(super) async fn count_after_failed_write(
         &self,
         counts: Option<InWrite>,
         error: &StoreError,
     ) {
-        match (counts, error) {
-            (counts @ Some(_), StoreError::Fenced(_)) => self.count_unwritten(counts).await,
-            (Some(InWrite { spent, .. }), _) => {
-                tracing::warn!(tenant = %spent.tenant, tokens = spent.usage.total_tokens, error = %error, "the write that was to count a model call's usage went unanswered; it may not be counted");
-            }
-            (None, _) => {}
+        if let (Some(InWrite { spent, .. }), false) =
+            (&counts, matches!(error, StoreError::Fenced(_)))
+        {
+            tracing::warn!(tenant = %spent.tenant, tokens = spent.usage.total_tokens, error = %error, "the write that was to count a model call's usage went unanswered; counting it apart (it may be counted twice)");
         }
+        self.count_unwritten(counts).await;
     }
 
     /// Logs counters a write could not add to (see [`crate::store::Saved::counts_missed`]).
