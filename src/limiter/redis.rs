@@ -156,6 +156,16 @@ impl RedisLimits {
         [self.namespace.as_str(), ":limit:{", context, "}:", kind].concat()
     }
 
+    /// `key`'s count for `day`.
+    fn count_key(&self, key: &str, day: &str) -> String {
+        self.key(&format!("tokens:{day}"), key)
+    }
+
+    /// `key`'s tally for `day`.
+    fn tally_key(&self, key: &str, day: &str) -> String {
+        self.key(&format!("usage:{day}"), key)
+    }
+
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -258,7 +268,7 @@ impl LimitStore for RedisLimits {
     ) -> Result<u64, LimitStoreError> {
         self.scripts
             .add_tokens
-            .key(self.key(&format!("tokens:{day}"), key))
+            .key(self.count_key(key, day))
             .arg(ms(keep))
             .arg(tokens)
             .invoke_async::<u64>(&mut self.conn.clone())
@@ -268,7 +278,7 @@ impl LimitStore for RedisLimits {
 
     async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
         let n: Option<u64> = redis::cmd("GET")
-            .arg(self.key(&format!("tokens:{day}"), key))
+            .arg(self.count_key(key, day))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)?;
@@ -283,7 +293,7 @@ impl LimitStore for RedisLimits {
         keep: Duration,
     ) -> Result<(), LimitStoreError> {
         // One hash per key and day; its fields in one atomic pipeline (one slot).
-        let hash = self.key(&format!("usage:{day}"), key);
+        let hash = self.tally_key(key, day);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (field, n) in counts {
@@ -305,8 +315,8 @@ impl LimitStore for RedisLimits {
     ) -> Result<(), LimitStoreError> {
         let mut invocation = self.scripts.add_usage.prepare_invoke();
         invocation
-            .key(self.key(&format!("tokens:{day}"), key))
-            .key(self.key(&format!("usage:{day}"), key))
+            .key(self.count_key(key, day))
+            .key(self.tally_key(key, day))
             .arg(ms(keep))
             .arg(tokens);
         for (field, n) in counts {
@@ -320,10 +330,7 @@ impl LimitStore for RedisLimits {
     }
 
     fn day_keys(&self, key: &str, day: &str) -> Option<(String, String)> {
-        Some((
-            self.key(&format!("tokens:{day}"), key),
-            self.key(&format!("usage:{day}"), key),
-        ))
+        Some((self.count_key(key, day), self.tally_key(key, day)))
     }
 
     async fn tally(
@@ -332,7 +339,7 @@ impl LimitStore for RedisLimits {
         day: &str,
     ) -> Result<std::collections::BTreeMap<String, u64>, LimitStoreError> {
         redis::cmd("HGETALL")
-            .arg(self.key(&format!("usage:{day}"), key))
+            .arg(self.tally_key(key, day))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)

@@ -165,7 +165,7 @@ impl Pipeline {
     /// [`Pipeline::with_rag_on_store`]).
     fn retrieval_probe(&self, sid: &SessionId) -> Option<String> {
         let rag = self.rag.as_ref().filter(|r| r.on_store)?;
-        if !self.life.probes_in_begin() {
+        if !self.life.steps_reach_other_keys() {
             return None;
         }
         rag.retriever.absence_probe(sid.tenant())
@@ -254,7 +254,7 @@ impl Pipeline {
     /// Says the quotas' limit store lives on the session store's own server (the Redis limits
     /// of a Redis deployment): a model call's usage is then counted by the run's next write, in
     /// the write's own step, where the store can add the counters
-    /// ([`crate::store::SessionStore::counts_in_save`]).
+    /// ([`crate::store::SessionStore::steps_reach_other_keys`]).
     pub fn with_quotas_on_store(mut self) -> Self {
         self.life.counts_on_store = true;
         self

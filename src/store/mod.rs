@@ -156,9 +156,8 @@ pub struct Begun {
     pub runs: u32,
     /// With the lease: whether the turn had been asked to stop.
     pub stop_requested: bool,
-    /// With the lease, asked by [`SessionStore::begin_turn_probing`] of a store that probes
-    /// in the step ([`SessionStore::probes_in_begin`]): whether the probed key exists.
-    /// `None` otherwise.
+    /// With the lease, when the begin step was given a key to probe and the store reaches it
+    /// ([`SessionStore::steps_reach_other_keys`]): whether that key exists. `None` otherwise.
     pub probed: Option<bool>,
 }
 
@@ -474,8 +473,11 @@ pub trait SessionStore: RecordWriter {
     /// ([`crate::state::RUNS_BEGUN`]: readers see the turn `running` from then on, and a
     /// run that dies before writing is counted) and reads whether the turn was asked to stop;
     /// with no session stored, `contexts` (when given) are latched as
-    /// [`SessionStore::latch_contexts`] does and the latched ones come back. One atomic step
-    /// (Redis: one script; embedded: one lock).
+    /// [`SessionStore::latch_contexts`] does and the latched ones come back. With `probe` — a
+    /// key another part of the same server names (the retrieval index) — and the lease, a
+    /// store that reaches it ([`SessionStore::steps_reach_other_keys`]) also says whether it
+    /// exists ([`Begun::probed`]). One atomic step (Redis: one script; embedded: one lock).
+    #[allow(clippy::too_many_arguments)]
     async fn begin_turn(
         &self,
         grant: &Grant,
@@ -484,30 +486,14 @@ pub trait SessionStore: RecordWriter {
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
+        probe: Option<&str>,
     ) -> Result<Begun, StoreError>;
-    /// Whether [`SessionStore::begin_turn_probing`] reads its probe in the begin step itself
-    /// (Redis: a standalone server, whose scripts reach keys of any slot). A caller that would
-    /// otherwise read the key beside the step asks this first.
-    fn probes_in_begin(&self) -> bool {
+    /// Whether the steps of a run reach other keys of the store's server than the session's
+    /// own (Redis: a standalone server, whose scripts reach keys of any slot): the begin step
+    /// can then look for a key another part names (`probe`), and a run's write can add to
+    /// counters another part keeps ([`RunWrite::counts`]).
+    fn steps_reach_other_keys(&self) -> bool {
         false
-    }
-    /// [`SessionStore::begin_turn`], and, once the lease is taken, whether `probe` — a key of
-    /// the same server, which another part (the retrieval index) names — exists, read in the
-    /// same step ([`Begun::probed`]), where the store can ([`SessionStore::probes_in_begin`]).
-    #[allow(clippy::too_many_arguments)]
-    async fn begin_turn_probing(
-        &self,
-        grant: &Grant,
-        session: &SessionId,
-        turn: &TurnId,
-        holder: &str,
-        ttl: Duration,
-        contexts: Option<&ContextIds>,
-        probe: &str,
-    ) -> Result<Begun, StoreError> {
-        let _ = probe;
-        self.begin_turn(grant, session, turn, holder, ttl, contexts)
-            .await
     }
     /// Gives a lease back (no effect when it was already lost).
     async fn release_lease(
@@ -530,14 +516,10 @@ pub trait SessionStore: RecordWriter {
         lease: &Lease,
         release: bool,
     ) -> Result<Saved, StoreError>;
-    /// Whether [`SessionStore::save_run`] adds a write's counters in the write's own step
-    /// (Redis: a standalone server, whose scripts reach keys of any slot).
-    fn counts_in_save(&self) -> bool {
-        false
-    }
     /// A run's write: [`SessionStore::save`], knowing what the run knows of the record
     /// ([`RunWrite::stored`]) and adding its counters in the same step where the store can
-    /// ([`SessionStore::counts_in_save`]; [`Saved::counts_missed`] says when it did not).
+    /// ([`SessionStore::steps_reach_other_keys`]; [`Saved::counts_missed`] says when it did
+    /// not).
     async fn save_run(&self, grant: &Grant, write: RunWrite<'_>) -> Result<Saved, StoreError> {
         let mut saved = self
             .save(grant, write.session, write.turn, write.lease, write.release)

@@ -21,7 +21,7 @@ pub struct RunWrite<'a> {
     /// it among the session's turns).
     pub stored: bool,
     /// Counters to add to in the same step, where the store can
-    /// ([`crate::store::SessionStore::counts_in_save`]).
+    /// ([`crate::store::SessionStore::steps_reach_other_keys`]).
     pub counts: Option<&'a CounterAdds>,
 }
 

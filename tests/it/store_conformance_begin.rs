@@ -14,7 +14,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     let tid = TurnId::parse("t").unwrap();
     // Nothing stored yet: the lease, and nothing to read.
     let first = st
-        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None, None)
         .await
         .unwrap();
     let lease = first.lease.expect("a free session's lease");
@@ -28,7 +28,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     // Another run of the session finds it busy, and no session is read for it, nor is it
     // counted.
     let busy = st
-        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None, None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
@@ -56,7 +56,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     t.runs_begun = 1;
     // Busy, yet the turn is read: a duplicate job may only need its stored result.
     let busy = st
-        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None, None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
@@ -64,7 +64,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     t.status = TurnStatus::Completed;
     st.save(G, None, &t, &lease, true).await.unwrap();
     let next = st
-        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None, None)
         .await
         .unwrap();
     let taken = next.lease.expect("released by the settling save");
@@ -98,7 +98,7 @@ pub(super) async fn begin_counts_the_run_that_readers_then_see_running(s: Subjec
     (queued.status, queued.attempts) = (TurnStatus::Queued, 0);
     assert_eq!(st.create_turn(G, &queued).await.unwrap(), None);
     let first = st
-        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w1", LONG, None, None)
         .await
         .unwrap();
     assert_eq!(first.runs, 1);
@@ -126,7 +126,7 @@ pub(super) async fn begin_counts_the_run_that_readers_then_see_running(s: Subjec
         .await
         .unwrap();
     let second = st
-        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w2", LONG, None, None)
         .await
         .unwrap();
     assert_eq!((second.runs, second.stop_requested), (2, true));
@@ -142,7 +142,7 @@ pub(super) async fn begin_counts_the_run_that_readers_then_see_running(s: Subjec
         .await
         .unwrap();
     let dup = st
-        .begin_turn(G, &sid("s"), &tid, "w3", LONG, None)
+        .begin_turn(G, &sid("s"), &tid, "w3", LONG, None, None)
         .await
         .unwrap();
     assert_eq!(dup.runs, 3);
@@ -162,7 +162,7 @@ pub(super) async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subje
     let slow = ContextIds::named_or_default(Some("slow"), None);
     // A new session: the lease, and the given contexts latched in the same step.
     let first = st
-        .begin_turn(G, &sid("s"), &tid("t1"), "w1", LONG, Some(&fast))
+        .begin_turn(G, &sid("s"), &tid("t1"), "w1", LONG, Some(&fast), None)
         .await
         .unwrap();
     let lease = first.lease.expect("a free session's lease");
@@ -173,12 +173,12 @@ pub(super) async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subje
     );
     // Busy: nothing latched and nothing read back.
     let busy = st
-        .begin_turn(G, &sid("other"), &tid("t1"), "w1", LONG, None)
+        .begin_turn(G, &sid("other"), &tid("t1"), "w1", LONG, None, None)
         .await
         .unwrap();
     assert!(busy.lease.is_some());
     let busy = st
-        .begin_turn(G, &sid("other"), &tid("t2"), "w2", LONG, Some(&fast))
+        .begin_turn(G, &sid("other"), &tid("t2"), "w2", LONG, Some(&fast), None)
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.latched.is_none());
@@ -187,7 +187,7 @@ pub(super) async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subje
     // come back and stay.
     st.release_lease(G, &sid("s"), &lease).await.unwrap();
     let again = st
-        .begin_turn(G, &sid("s"), &tid("t1"), "w2", LONG, Some(&slow))
+        .begin_turn(G, &sid("s"), &tid("t1"), "w2", LONG, Some(&slow), None)
         .await
         .unwrap();
     let lease = again.lease.expect("released");
@@ -201,7 +201,7 @@ pub(super) async fn begin_latches_a_new_sessions_contexts_and_only_then(s: Subje
         .await
         .unwrap();
     let stored = st
-        .begin_turn(G, &sid("s"), &tid("t2"), "w3", LONG, Some(&slow))
+        .begin_turn(G, &sid("s"), &tid("t2"), "w3", LONG, Some(&slow), None)
         .await
         .unwrap();
     assert!(stored.lease.is_some() && stored.session.is_some());
@@ -314,16 +314,19 @@ pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
     let st = &s.store;
     let (t1, t2) = (TurnId::parse("t1").unwrap(), TurnId::parse("t2").unwrap());
     let Some(ns) = s.namespace() else {
-        assert!(!st.probes_in_begin(), "only a standalone Redis probes");
+        assert!(
+            !st.steps_reach_other_keys(),
+            "only a standalone Redis probes"
+        );
         let begun = st
-            .begin_turn_probing(G, &sid("s"), &t1, "w1", LONG, None, "any")
+            .begin_turn(G, &sid("s"), &t1, "w1", LONG, None, Some("any"))
             .await
             .unwrap();
         assert!(begun.lease.is_some());
         assert_eq!(begun.probed, None);
         return;
     };
-    assert!(st.probes_in_begin());
+    assert!(st.steps_reach_other_keys());
     let (present, absent) = (format!("{ns}:probe:{{x}}:here"), format!("{ns}:probe:gone"));
     let mut conn = ::redis::Client::open(crate::support::redis_url())
         .unwrap()
@@ -338,26 +341,26 @@ pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
         .await
         .unwrap();
     let found = st
-        .begin_turn_probing(G, &sid("a"), &t1, "w1", LONG, None, &present)
+        .begin_turn(G, &sid("a"), &t1, "w1", LONG, None, Some(&present))
         .await
         .unwrap();
     assert!(found.lease.is_some());
     assert_eq!(found.probed, Some(true), "a key of another slot is found");
     let missing = st
-        .begin_turn_probing(G, &sid("b"), &t1, "w1", LONG, None, &absent)
+        .begin_turn(G, &sid("b"), &t1, "w1", LONG, None, Some(&absent))
         .await
         .unwrap();
     assert_eq!(missing.probed, Some(false));
     // Busy: no lease, nothing probed.
     let busy = st
-        .begin_turn_probing(G, &sid("a"), &t2, "w2", LONG, None, &present)
+        .begin_turn(G, &sid("a"), &t2, "w2", LONG, None, Some(&present))
         .await
         .unwrap();
     assert!(busy.lease.is_none());
     assert_eq!(busy.probed, None);
     // A plain begin probes nothing.
     let plain = st
-        .begin_turn(G, &sid("c"), &t1, "w1", LONG, None)
+        .begin_turn(G, &sid("c"), &t1, "w1", LONG, None, None)
         .await
         .unwrap();
     assert_eq!(plain.probed, None);
@@ -402,7 +405,7 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         add("tally", Some("a/input"), 5),
     ]);
     if s.namespace().is_none() {
-        assert!(!st.counts_in_save());
+        assert!(!st.steps_reach_other_keys());
         let saved = st
             .save_run(G, write(&lease, false, Some(&first)))
             .await
@@ -413,7 +416,7 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         );
         return;
     }
-    assert!(st.counts_in_save());
+    assert!(st.steps_reach_other_keys());
     let mut conn = ::redis::Client::open(crate::support::redis_url())
         .unwrap()
         .get_multiplexed_async_connection()

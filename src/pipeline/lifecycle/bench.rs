@@ -92,6 +92,7 @@ pub async fn run(url: &str, turns: usize) -> Result<(), StoreError> {
                 "bench",
                 Duration::from_secs(30),
                 Some(&contexts),
+                None,
             )
             .await?;
         let lease = begun

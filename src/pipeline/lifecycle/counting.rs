@@ -24,7 +24,7 @@ impl Lifecycle {
     /// Has the run's next write count `spent` in its own step, where it can (see the module
     /// header); otherwise gives it back, to be counted beside the write.
     pub(in crate::pipeline) fn count_in_write(&self, run: &mut Run, spent: Spent) -> Option<Spent> {
-        if !self.counts_on_store || !self.store.counts_in_save() {
+        if !self.counts_on_store || !self.store.steps_reach_other_keys() {
             return Some(spent);
         }
         let Some(adds) = (self.quotas).counts_in_write(&spent.tenant, &spent.context, spent.usage)

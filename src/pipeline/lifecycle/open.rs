@@ -54,7 +54,7 @@ impl Lifecycle {
     /// [`SessionStore::begin_turn`](crate::store::SessionStore::begin_turn)). The turn
     /// comes back even when the session is busy, for a duplicate job's stored result. A new
     /// session latches `contexts` in the same step. With `probe` (see
-    /// [`Lifecycle::probes_in_begin`]), the step also says whether that key exists.
+    /// [`Lifecycle::steps_reach_other_keys`]), the step also says whether that key exists.
     pub(crate) async fn begin(
         &self,
         sid: &SessionId,
@@ -63,19 +63,10 @@ impl Lifecycle {
         probe: Option<&str>,
     ) -> Result<Begin, Interrupted> {
         let (holder, ttl) = (self.holder(tid), self.settings.lease_ttl);
-        let begun = match probe {
-            Some(key) => {
-                (self.store)
-                    .begin_turn_probing(&GRANT, sid, tid, &holder, ttl, contexts, key)
-                    .await
-            }
-            None => {
-                (self.store)
-                    .begin_turn(&GRANT, sid, tid, &holder, ttl, contexts)
-                    .await
-            }
-        }
-        .map_err(store_failure)?;
+        let begun = (self.store)
+            .begin_turn(&GRANT, sid, tid, &holder, ttl, contexts, probe)
+            .await
+            .map_err(store_failure)?;
         let held = match begun.lease {
             Some(lease) => Some(self.replicated(sid, self.hold(sid, lease)).await?),
             None => None,
@@ -91,10 +82,11 @@ impl Lifecycle {
         })
     }
 
-    /// Whether the begin step can look up a key of the store's server for its caller
-    /// ([`crate::store::SessionStore::probes_in_begin`]).
-    pub(crate) fn probes_in_begin(&self) -> bool {
-        self.store.probes_in_begin()
+    /// Whether the run's steps reach other keys of the store's server: the begin step can
+    /// look for one, a write can add to counters
+    /// ([`crate::store::SessionStore::steps_reach_other_keys`]).
+    pub(crate) fn steps_reach_other_keys(&self) -> bool {
+        self.store.steps_reach_other_keys()
     }
 
     /// Who takes a lease: this worker, the turn, and this taking of it. The last part makes

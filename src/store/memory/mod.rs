@@ -346,6 +346,7 @@ impl SessionStore for MemoryStore {
         Ok(self.lock()?.take_lease(session, holder, ttl))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn begin_turn(
         &self,
         _grant: &Grant,
@@ -354,6 +355,7 @@ impl SessionStore for MemoryStore {
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
+        _probe: Option<&str>,
     ) -> Result<Begun, StoreError> {
         let mut inner = self.lock()?;
         let key = (session.clone(), turn.clone());

@@ -344,6 +344,7 @@ impl SessionStore for RedisStore {
         }))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn begin_turn(
         &self,
         grant: &Grant,
@@ -352,6 +353,7 @@ impl SessionStore for RedisStore {
         holder: &str,
         ttl: Duration,
         contexts: Option<&ContextIds>,
+        probe: Option<&str>,
     ) -> Result<Begun, StoreError> {
         let step = BeginStep {
             session,
@@ -360,33 +362,13 @@ impl SessionStore for RedisStore {
             ttl,
             contexts,
         };
-        self.begin_as(grant, step, None).await
+        let probe = probe.filter(|_| self.steps_reach_other_keys());
+        self.begin_as(grant, step, probe).await
     }
 
-    fn probes_in_begin(&self) -> bool {
+    fn steps_reach_other_keys(&self) -> bool {
         // A cluster's script reaches only the session's slot.
         !self.conn.is_cluster()
-    }
-
-    async fn begin_turn_probing(
-        &self,
-        grant: &Grant,
-        session: &SessionId,
-        turn: &TurnId,
-        holder: &str,
-        ttl: Duration,
-        contexts: Option<&ContextIds>,
-        probe: &str,
-    ) -> Result<Begun, StoreError> {
-        let step = BeginStep {
-            session,
-            turn,
-            holder,
-            ttl,
-            contexts,
-        };
-        let probe = self.probes_in_begin().then_some(probe);
-        self.begin_as(grant, step, probe).await
     }
 
     async fn renew_lease(
@@ -442,11 +424,6 @@ impl SessionStore for RedisStore {
             counts: None,
         };
         self.save_as(write).await
-    }
-
-    fn counts_in_save(&self) -> bool {
-        // A cluster's script reaches only the session's slot.
-        !self.conn.is_cluster()
     }
 
     async fn save_run(&self, _grant: &Grant, write: RunWrite<'_>) -> Result<Saved, StoreError> {

@@ -122,7 +122,7 @@ impl RedisStore {
         } = write;
         let counts = counts.filter(|c| !c.adds.is_empty());
         let (counts, missed) = match counts {
-            Some(_) if self.conn.is_cluster() => (None, true),
+            Some(_) if !self.steps_reach_other_keys() => (None, true),
             counts => (counts, false),
         };
         let adds = counts.map_or(&[][..], |c| &c.adds);

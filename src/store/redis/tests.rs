@@ -156,6 +156,7 @@ async fn a_begin_that_cannot_read_the_turn_gives_the_lease_back() {
             "w1",
             Duration::from_secs(30),
             None,
+            None,
         )
         .await;
     let again = store
