@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::contexts::{KnownContexts, context_mismatches};
 use crate::contract::{
     AgentExecuteRequest, ErrorCode, ErrorMessage, LOCAL_TENANT, OnBusy, RequestLimits,
-    RequestRejected, SessionId, ToolContinuation, TurnId, UserTurn, parse_request,
+    RequestRejected, SessionId, TurnId, UserTurn, parse_request,
 };
 use crate::delivery::ResultDelivery;
 use crate::metrics::Metrics;
@@ -24,6 +24,7 @@ mod batch_retry;
 mod body;
 pub mod cancel;
 mod console;
+mod continuation;
 mod counted;
 mod error;
 pub mod extract;
@@ -36,6 +37,8 @@ pub mod runs;
 
 pub use error::SubmitError;
 pub use pickup::Pickup;
+
+use continuation::Acceptance;
 
 use crate::store::{
     Admission, ContextIds, IndexedTurn, RecordWriter, RunsNote, SessionStore, TurnRecord,
@@ -502,90 +505,4 @@ fn not_found(sid: &SessionId, tid: &TurnId) -> SubmitError {
         ErrorCode::TurnNotFound,
         format!("turn {tid} does not exist in session {}", sid.client_id()),
     ))
-}
-
-/// What accepting a continuation did to its turn.
-enum Acceptance {
-    /// The turn moved from `awaiting_client_tools` to `queued` for this continuation.
-    Moved {
-        before: Box<TurnRecord>,
-        after: Box<TurnRecord>,
-    },
-    /// This continuation was accepted before; the turn as it is now.
-    Again(Box<TurnRecord>),
-}
-
-/// How often a continuation is re-decided when its compare-and-set loses to another writer.
-const ACCEPT_ATTEMPTS: usize = 8;
-
-impl FrontDoor {
-    /// Moves a turn that waits for client tools to `queued` for this continuation, in one
-    /// compare-and-set on the stored record, so that of two different continuations sent at
-    /// once exactly one is accepted; the same continuation sent again is recognised.
-    async fn accept_continuation(
-        &self,
-        cont: &ToolContinuation,
-        fp: &str,
-        reply_to: Option<&str>,
-    ) -> Result<Acceptance, SubmitError> {
-        let (sid, tid) = (cont.session_id(), cont.turn_id());
-        let submitted: Vec<&str> = cont
-            .tool_results()
-            .iter()
-            .map(|r| r.tool_call_id.as_str())
-            .collect();
-        for _ in 0..ACCEPT_ATTEMPTS {
-            let Some(before) = self.store.get_turn(sid, tid).await? else {
-                return Err(SubmitError::NotFound(ErrorMessage::new(
-                    ErrorCode::TurnNotFound,
-                    format!("turn {tid} does not exist in session {}", sid.client_id()),
-                )));
-            };
-            if before.continuation.as_deref() == Some(fp) {
-                return Ok(Acceptance::Again(Box::new(before)));
-            }
-            // Other results for calls that were answered already (an earlier round, or the
-            // continuation that won) are not accepted: the turn has moved past them.
-            let answered = !submitted.is_empty()
-                && submitted
-                    .iter()
-                    .all(|id| before.answered.iter().any(|a| a == id));
-            let taken = before.continuation.is_some()
-                && matches!(before.status, TurnStatus::Queued | TurnStatus::Running);
-            if answered
-                || taken
-                || before.status != TurnStatus::AwaitingClientTools
-                || before.pending.is_none()
-            {
-                let why = if answered || taken {
-                    "; other tool results were accepted for its calls"
-                } else {
-                    ""
-                };
-                return Err(SubmitError::NotAwaitingTools(ErrorMessage::new(
-                    ErrorCode::TurnNotAwaitingTools,
-                    format!(
-                        "turn {tid} is {}, not awaiting_client_tools{why}; tool results are not accepted",
-                        before.status.as_str()
-                    ),
-                )));
-            }
-            // A write that failed is taken back by the intake itself.
-            let queued = self
-                .intake
-                .queue_continuation(&before, fp, reply_to)
-                .await?;
-            if let Some(after) = queued {
-                return Ok(Acceptance::Moved {
-                    before: Box::new(before),
-                    after: Box::new(after),
-                });
-            }
-            // Another writer changed the record between our read and write: decide again.
-        }
-        Err(SubmitError::Unavailable(format!(
-            "turn {tid} of session {} kept changing while its tool results were accepted",
-            sid.client_id()
-        )))
-    }
 }
