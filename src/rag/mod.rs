@@ -235,7 +235,7 @@ pub struct Frequencies {
 /// and [`RedisIndex`]; both pass one conformance suite.
 #[async_trait::async_trait]
 pub trait ChunkIndex: Send + Sync + 'static {
-    /// A key of the index's own server that exists once `tenant` has indexed anything (see
+    /// A key of the index's own server that exists while `tenant`'s index holds a chunk (see
     /// [`Retriever::absence_probe`]); `None` for an index without one.
     fn presence_key(&self, tenant: &str) -> Option<String> {
         let _ = tenant;

@@ -9,7 +9,7 @@
 //! | `<ns>:rag:{<tenant>}:chunk` | hash | chunk id → `{chunk, terms, tokens}` (JSON) |
 //! | `<ns>:rag:{<tenant>}:meta` | hash | chunk id → metadata and length (JSON) |
 //! | `<ns>:rag:{<tenant>}:term:<term>` | hash | chunk id → `<count of the term>:<chunk length>` |
-//! | `<ns>:rag:{<tenant>}:stats` | hash | `chunks`, `tokens` |
+//! | `<ns>:rag:{<tenant>}:stats` | hash | `chunks`, `tokens` (only while it holds chunks) |
 //!
 //! Index keys do not expire: an index lives until its files are removed from it. The script
 //! that replaces a file builds the `term:` key names itself; they share the tenant's hash tag,
@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Chunk, ChunkIndex, ChunkMeta, Frequencies, Posting, RagError};
 
-/// Replaces (or, with no chunks and an empty record, removes) one file's chunks.
+/// Replaces (or, with no chunks and an empty record, removes) one file's chunks. The stats go
+/// with the last chunk: their key is the index's presence key, and an index that holds nothing
+/// costs a turn no read.
 /// KEYS: files, chunk, meta, stats. ARGV: term key prefix, path, file record (or ''), chunk
 /// count, then per chunk: id, entry JSON, meta JSON, tokens, term count, (term, count)...
 const PUT_FILE: &str = r"
@@ -63,6 +65,10 @@ if ARGV[3] == '' then
   redis.call('HDEL', KEYS[1], ARGV[2])
 else
   redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+if removed > 0 and tonumber(ARGV[4]) == 0
+  and tonumber(redis.call('HGET', KEYS[4], 'chunks') or '0') <= 0 then
+  redis.call('DEL', KEYS[4])
 end
 return removed
 ";
@@ -185,7 +191,7 @@ impl RedisIndex {
 #[async_trait::async_trait]
 impl ChunkIndex for RedisIndex {
     fn presence_key(&self, tenant: &str) -> Option<String> {
-        // The index's size, made by the first file put (`PUT_FILE`).
+        // The index's size: made by the first chunk put, deleted with the last (`PUT_FILE`).
         Some(self.key(tenant, "stats"))
     }
 

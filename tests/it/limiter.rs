@@ -264,11 +264,7 @@ async fn a_days_usage_expires_a_keep_after_the_write_that_made_it() {
         format!("{ns}:limit:{{t}}:tokens:2026-11-29"),
         format!("{ns}:limit:{{t}}:usage:2026-11-29"),
     );
-    let mut conn = ::redis::Client::open(crate::support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = crate::support::redis_connection().await;
     let keep = Duration::from_secs(60);
     let count = |ctx: &str, calls: u64, input: u64| {
         vec![

@@ -303,8 +303,7 @@ async fn an_inline_conversation_is_replayed_and_kept_once_across_a_mode_change()
             {"role": "assistant", "content": "earlier answer"}
         ]
     });
-    let client = redis::Client::open(crate::support::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = crate::support::redis_connection().await;
     let _: () = redis::cmd("SET")
         .arg(format!("{ns}:session:{{legacy}}"))
         .arg(old.to_string())
@@ -491,11 +490,7 @@ async fn a_calls_usage_is_counted_once_whether_its_write_is_made_or_fenced_out()
     let lease_key = format!("{ns}:lease:{{s2}}");
     let thief = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let mut conn = ::redis::Client::open(crate::support::redis_url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut conn = crate::support::redis_connection().await;
         let _: () = ::redis::cmd("SET")
             .arg(&lease_key)
             .arg("1:thief")

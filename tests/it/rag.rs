@@ -280,6 +280,56 @@ pub(super) async fn reindexing_replaces_changed_files_and_deletes_removed_ones()
     }
 }
 
+/// The Redis index's presence key lives exactly as long as the tenant's index holds a chunk:
+/// the begin step's probe then costs a tenant whose files were all removed no read.
+#[tokio::test]
+pub(super) async fn the_presence_key_goes_with_the_last_chunk() {
+    let guard = redis_store().await;
+    let index: Arc<dyn ChunkIndex> = Arc::new(
+        RedisIndex::connect(&redis_url(), guard.store.namespace())
+            .await
+            .expect("Redis is reachable"),
+    );
+    let key = index.presence_key("t3").expect("the Redis index has one");
+    let mut conn = crate::support::redis_connection().await;
+    let exists = async |conn: &mut redis::aio::MultiplexedConnection| -> bool {
+        redis::AsyncCommands::exists(conn, &key).await.unwrap()
+    };
+    assert!(!exists(&mut conn).await, "nothing indexed: no key");
+    let root = corpus();
+    let _c = Cleanup(root.clone());
+    index_folder(index.as_ref(), "t3", "aptix", &root, &[], opts(), |_, _| {})
+        .await
+        .unwrap();
+    assert!(exists(&mut conn).await, "indexed: the key is there");
+
+    // One file of three removed: chunks remain, and so does the key.
+    std::fs::remove_file(root.join("docs/AGN-201-queue-retries.md")).unwrap();
+    index_folder(index.as_ref(), "t3", "aptix", &root, &[], opts(), |_, _| {})
+        .await
+        .unwrap();
+    assert!(exists(&mut conn).await, "chunks remain");
+
+    // Every file removed: the last chunk takes the key with it.
+    std::fs::remove_file(root.join("docs/AGN-202-session-leases.md")).unwrap();
+    std::fs::remove_file(root.join("src/lease.rs")).unwrap();
+    let report = index_folder(index.as_ref(), "t3", "aptix", &root, &[], opts(), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(report.removed, 2);
+    assert!(!exists(&mut conn).await, "an empty index has no key");
+    let empty = index.frequencies("t3", &["lease".into()]).await.unwrap();
+    assert_eq!((empty.chunks, empty.df.as_slice()), (0, &[0][..]));
+
+    // Indexed again: the key is back, with the right count.
+    std::fs::write(root.join("docs/AGN-202-session-leases.md"), LEASE_DOC).unwrap();
+    index_folder(index.as_ref(), "t3", "aptix", &root, &[], opts(), |_, _| {})
+        .await
+        .unwrap();
+    assert!(exists(&mut conn).await);
+    assert!(index.frequencies("t3", &[]).await.unwrap().chunks > 0);
+}
+
 #[tokio::test]
 pub(super) async fn the_obviously_relevant_chunk_ranks_first() {
     for (name, index, _guard) in indexes().await {

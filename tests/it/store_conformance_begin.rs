@@ -328,11 +328,7 @@ pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
     };
     assert!(st.steps_reach_other_keys());
     let (present, absent) = (format!("{ns}:probe:{{x}}:here"), format!("{ns}:probe:gone"));
-    let mut conn = ::redis::Client::open(crate::support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = crate::support::redis_connection().await;
     let _: i64 = ::redis::cmd("HSET")
         .arg(&present)
         .arg("chunks")
@@ -417,11 +413,7 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         return;
     }
     assert!(st.steps_reach_other_keys());
-    let mut conn = ::redis::Client::open(crate::support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = crate::support::redis_connection().await;
     let reader = conn.clone();
     let ttl = async |k: &str| -> i64 {
         ::redis::cmd("PTTL")

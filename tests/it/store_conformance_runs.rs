@@ -212,11 +212,7 @@ async fn redis_notes_a_turn_in_its_admission_and_a_broken_index_refuses_none() {
     let listed = newest(g.store.as_ref(), "acme").await;
     assert_eq!(listed, [run]);
     // Something else took the index's name: the turn is admitted, the note reported missed.
-    let mut conn = ::redis::Client::open(crate::support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = crate::support::redis_connection().await;
     let key = format!("{}:runs:{{acme}}", g.store.namespace());
     let _: () = conn.del(&key).await.unwrap();
     let _: () = conn.set(&key, "not an index").await.unwrap();
@@ -261,11 +257,7 @@ async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
     );
     let fresh = entry(now_ms(), "acme", "s", "fresh");
     let key = format!("{}:runs:{{acme}}", g.store.namespace());
-    let mut conn = ::redis::Client::open(crate::support::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = crate::support::redis_connection().await;
     // An entry left from long ago; the first note of this process trims it.
     let _: () = conn.zadd(&key, old.member(), old.at_ms).await.unwrap();
     g.store.index_turn("acme", &fresh).await.unwrap();

@@ -81,6 +81,16 @@ pub fn redis_url() -> String {
     std::env::var("APTIX_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
 }
 
+/// A plain connection to the tests' Redis, for looking at (or tampering with) keys as an
+/// operator would.
+pub async fn redis_connection() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("the test Redis URL is valid")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis is reachable")
+}
+
 /// A Redis store under a fresh namespace; its keys are deleted when the guard drops, even when
 /// the test panics.
 pub struct RedisGuard {
