@@ -53,19 +53,21 @@ impl RedisStore {
             self.turn_key("turn", &turn.session_id, &turn.turn_id),
         );
         let contexts_key = self.key("contexts", session);
-        let runs_key = run.map(|_| self.runs_key(session.tenant()));
-        let mut script = ScriptCall::new(
+        let tenant = session.tenant();
+        // Room for the keys and a queued record.
+        let mut script = ScriptCall::with_room(
             &self.scripts.admit_turn,
-            if runs_key.is_some() { 6 } else { 5 },
+            if run.is_some() { 6 } else { 5 },
+            2048,
         );
         script
-            .key(self.key("owner", session))
+            .key_joined(&self.key_parts("owner", session))
             .key(&contexts_key)
             .key(&key)
-            .key(self.key("turns", session))
-            .key(self.turn_key("ledger", session, &turn.turn_id));
-        if let Some(runs) = &runs_key {
-            script.key(runs);
+            .key_joined(&self.key_parts("turns", session))
+            .key_joined(&self.turn_key_parts("ledger", session, &turn.turn_id));
+        if run.is_some() {
+            script.key_joined(&self.runs_key_parts(tenant));
         }
         script.arg(owner.unwrap_or(""));
         match contexts {
@@ -78,14 +80,14 @@ impl RedisStore {
             .arg(turn.turn_id.as_str())
             .arg(ms(self.retention.sessions));
         // Whether this note trims is decided last: a trim counted as done must be sent.
-        let mut trims = None;
-        if let (Some(at_ms), Some(key)) = (run, &runs_key) {
+        let mut trims = false;
+        if let Some(at_ms) = run {
             script
                 .arg(at_ms)
                 .arg_joined(&IndexedTurn::member_parts(session, &turn.turn_id));
-            if self.trim_due(key, at_ms) {
+            trims = self.trim_due(tenant, at_ms);
+            if trims {
                 script.arg(self.oldest_run_kept());
-                trims = Some(key);
             } else {
                 script.arg("");
             }
@@ -94,8 +96,8 @@ impl RedisStore {
         let (step, found, runs, missed) = match answer {
             Ok(answer) => answer,
             Err(e) => {
-                if let Some(key) = trims {
-                    self.trim_missed(key);
+                if trims {
+                    self.trim_missed(tenant);
                 }
                 return Err(unavailable(e));
             }

@@ -10,6 +10,11 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ToR
 
 use super::super::StoreError;
 
+/// The room a call's command starts with: its name, the script's digest and a dozen keys.
+const ROOM: usize = 1024;
+/// The arguments a call's command has room for at first, beside its keys.
+const ARGS: usize = 12;
+
 /// One call of a script: its keys first ([`ScriptCall::key`]), as many as it was made for,
 /// then its arguments.
 pub struct ScriptCall<'s> {
@@ -26,8 +31,15 @@ pub struct ScriptCall<'s> {
 impl<'s> ScriptCall<'s> {
     /// A call of `script` with `keys` keys.
     pub fn new(script: &'s Script, keys: usize) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys);
+        Self::with_room(script, keys, ROOM)
+    }
+
+    /// A call of `script` with `keys` keys whose keys and arguments take about `bytes`: the
+    /// command's buffer is made that large at once instead of doubling its way there (each
+    /// time a copy of all written so far).
+    pub fn with_room(script: &'s Script, keys: usize, bytes: usize) -> Self {
+        let mut cmd = Cmd::with_capacity(2 + keys + ARGS, bytes);
+        cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Self {
             script,
             cmd,

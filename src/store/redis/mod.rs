@@ -72,9 +72,10 @@ pub struct RedisStore {
     replication: Option<std::sync::Arc<replication::Replication>>,
     /// When this process last wrote each prompt ([`RecordWriter::keep_prompt`]).
     prompts_kept: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
-    /// When this process last trimmed each tenant's runs index ([`RecordWriter::index_turn`]):
-    /// the acceptance time, in milliseconds, of the note that did.
-    runs_trimmed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
+    /// When this process last trimmed each tenant's runs index ([`RecordWriter::index_turn`]),
+    /// by tenant: the acceptance time, in milliseconds, of the note that did. Looked up on
+    /// every admission, so hashed with foldhash rather than SipHash.
+    runs_trimmed: std::sync::Arc<std::sync::Mutex<foldhash::HashMap<String, i64>>>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -175,22 +176,30 @@ impl RedisStore {
     }
 
     // Keys are built by concatenation: a turn writes about twenty of them, and the formatting
-    // machinery costs several times a copy.
+    // machinery costs several times a copy. A script call writes a key's parts straight into
+    // its command (`ScriptCall::key_joined`) unless the name is needed again.
     fn key(&self, kind: &str, session: &SessionId) -> String {
-        [
-            self.namespace.as_str(),
-            ":",
-            kind,
-            ":{",
-            session.as_str(),
-            "}",
-        ]
-        .concat()
+        self.key_parts(kind, session).concat()
     }
 
     fn turn_key(&self, kind: &str, session: &SessionId, turn: &TurnId) -> String {
+        self.turn_key_parts(kind, session, turn).concat()
+    }
+
+    /// The parts [`RedisStore::key`] joins.
+    fn key_parts<'a>(&'a self, kind: &'a str, session: &'a SessionId) -> [&'a str; 6] {
+        [&self.namespace, ":", kind, ":{", session.as_str(), "}"]
+    }
+
+    /// The parts [`RedisStore::turn_key`] joins.
+    fn turn_key_parts<'a>(
+        &'a self,
+        kind: &'a str,
+        session: &'a SessionId,
+        turn: &'a TurnId,
+    ) -> [&'a str; 7] {
         let ns = self.namespace.as_str();
-        [ns, ":", kind, ":{", session.as_str(), "}:", turn.as_str()].concat()
+        [ns, ":", kind, ":{", session.as_str(), "}:", turn.as_str()]
     }
 
     fn map_fenced(&self, session: &SessionId, e: redis::RedisError) -> StoreError {

@@ -19,7 +19,12 @@ const READ_AT_MOST: usize = 1000;
 
 impl RedisStore {
     pub(super) fn runs_key(&self, tenant: &str) -> String {
-        [self.namespace.as_str(), ":runs:{", tenant, "}"].concat()
+        self.runs_key_parts(tenant).concat()
+    }
+
+    /// The parts [`RedisStore::runs_key`] joins.
+    pub(super) fn runs_key_parts<'a>(&'a self, tenant: &'a str) -> [&'a str; 4] {
+        [self.namespace.as_str(), ":runs:{", tenant, "}"]
     }
 
     /// The score of the oldest entry a trim keeps: those of turns the retention still keeps.
@@ -27,29 +32,29 @@ impl RedisStore {
         now_ms().saturating_sub(ms(self.retention.turns) as i64)
     }
 
-    /// Forgets that `key` was trimmed: the request that was to trim it failed.
-    pub(super) fn trim_missed(&self, key: &str) {
+    /// Forgets that `tenant`'s index was trimmed: the request that was to trim it failed.
+    pub(super) fn trim_missed(&self, tenant: &str) {
         if let Ok(mut trimmed) = self.runs_trimmed.lock() {
-            trimmed.remove(key);
+            trimmed.remove(tenant);
         }
     }
 
-    /// Whether this process should trim `key` with the note of a turn accepted at `now_ms`
-    /// (and, if so, notes that it did). The note's own time serves as the clock: no second
-    /// read of it; a clock set back makes the next note trim.
-    pub(super) fn trim_due(&self, key: &str, now_ms: i64) -> bool {
+    /// Whether this process should trim `tenant`'s index with the note of a turn accepted at
+    /// `now_ms` (and, if so, notes that it did). The note's own time serves as the clock: no
+    /// second read of it; a clock set back makes the next note trim.
+    pub(super) fn trim_due(&self, tenant: &str, now_ms: i64) -> bool {
         let Ok(mut trimmed) = self.runs_trimmed.lock() else {
             return true;
         };
         let every = ms(TRIM_EVERY) as i64;
         let due = trimmed
-            .get(key)
+            .get(tenant)
             .is_none_or(|at| now_ms < *at || now_ms - *at >= every);
         if due {
             if trimmed.len() >= TRIMS_REMEMBERED {
                 trimmed.clear();
             }
-            trimmed.insert(key.to_string(), now_ms);
+            trimmed.insert(tenant.to_string(), now_ms);
         }
         due
     }
@@ -62,7 +67,7 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let key = self.runs_key(tenant);
         let mut pipe = redis::pipe();
-        let trim = self.trim_due(&key, entry.at_ms);
+        let trim = self.trim_due(tenant, entry.at_ms);
         if trim {
             let oldest = self.oldest_run_kept();
             pipe.cmd("ZREMRANGEBYSCORE")
@@ -86,7 +91,7 @@ impl RedisStore {
         let written: Result<(), _> = pipe.query_async(&mut self.conn()).await;
         if let Err(e) = written {
             if trim {
-                self.trim_missed(&key);
+                self.trim_missed(tenant);
             }
             return Err(unavailable(e));
         }

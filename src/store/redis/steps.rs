@@ -56,13 +56,13 @@ impl RedisStore {
         let (session_key, contexts_key) =
             (self.key("session", session), self.key("contexts", session));
         let mut call = ScriptCall::new(&self.scripts.begin, if probe.is_some() { 8 } else { 7 });
-        call.key(self.key("lease", session))
-            .key(self.key("fence", session))
+        call.key_joined(&self.key_parts("lease", session))
+            .key_joined(&self.key_parts("fence", session))
             .key(&turn_key)
-            .key(self.turn_key("ledger", session, turn))
+            .key_joined(&self.turn_key_parts("ledger", session, turn))
             .key(&session_key)
             .key(&contexts_key)
-            .key(self.turn_key("cancel", session, turn));
+            .key_joined(&self.turn_key_parts("cancel", session, turn));
         if let Some(key) = probe {
             call.key(key);
         }
@@ -127,15 +127,17 @@ impl RedisStore {
         };
         let adds = counts.map_or(&[][..], |c| &c.adds);
         let sid = &turn.session_id;
-        let mut call = ScriptCall::new(&self.scripts.save, 8 + adds.len());
-        call.key(self.key("lease", sid))
-            .key(self.turn_key("turn", sid, &turn.turn_id))
-            .key(self.key("turns", sid))
-            .key(self.key("session", sid))
-            .key(self.turn_key("ledger", sid, &turn.turn_id))
-            .key(self.key("conversation", sid))
-            .key(self.turn_key("cancel", sid, &turn.turn_id))
-            .key(self.key("watched", sid));
+        let tid = &turn.turn_id;
+        // Room for the keys, a settled record, the session and a turn's conversation items.
+        let mut call = ScriptCall::with_room(&self.scripts.save, 8 + adds.len(), 4096);
+        call.key_joined(&self.key_parts("lease", sid))
+            .key_joined(&self.turn_key_parts("turn", sid, tid))
+            .key_joined(&self.key_parts("turns", sid))
+            .key_joined(&self.key_parts("session", sid))
+            .key_joined(&self.turn_key_parts("ledger", sid, tid))
+            .key_joined(&self.key_parts("conversation", sid))
+            .key_joined(&self.turn_key_parts("cancel", sid, tid))
+            .key_joined(&self.key_parts("watched", sid));
         for add in adds {
             call.key(&add.key);
         }
