@@ -12,7 +12,8 @@ use super::super::StoreError;
 
 /// The room a call's command starts with: its name, the script's digest and a dozen keys.
 const ROOM: usize = 1024;
-/// The arguments a call's command has room for at first, beside its keys.
+/// The arguments a call's command has room for at first, beside its name, the script's
+/// digest, the key count and the keys.
 const ARGS: usize = 12;
 
 /// One call of a script: its keys first ([`ScriptCall::key`]), as many as it was made for,
@@ -38,7 +39,7 @@ impl<'s> ScriptCall<'s> {
     /// command's buffer is made that large at once instead of doubling its way there (each
     /// time a copy of all written so far).
     pub fn with_room(script: &'s Script, keys: usize, bytes: usize) -> Self {
-        let mut cmd = Cmd::with_capacity(2 + keys + ARGS, bytes);
+        let mut cmd = Cmd::with_capacity(3 + keys + ARGS, bytes);
         cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
         Self {
             script,
