@@ -152,18 +152,28 @@ impl RedisLimits {
     }
 
     fn key(&self, kind: &str, context: &str) -> String {
+        self.day_key(kind, context, None)
+    }
+
+    /// `kind`'s key of `context`, for `day` when given (`<kind>:<day>`), made in one
+    /// concatenation: the day's keys are named on every model call.
+    fn day_key(&self, kind: &str, context: &str, day: Option<&str>) -> String {
         // The context's keys share a hash tag: one cluster slot.
-        [self.namespace.as_str(), ":limit:{", context, "}:", kind].concat()
+        let ns = self.namespace.as_str();
+        match day {
+            Some(day) => [ns, ":limit:{", context, "}:", kind, ":", day].concat(),
+            None => [ns, ":limit:{", context, "}:", kind].concat(),
+        }
     }
 
     /// `key`'s count for `day`.
     fn count_key(&self, key: &str, day: &str) -> String {
-        self.key(&format!("tokens:{day}"), key)
+        self.day_key("tokens", key, Some(day))
     }
 
     /// `key`'s tally for `day`.
     fn tally_key(&self, key: &str, day: &str) -> String {
-        self.key(&format!("usage:{day}"), key)
+        self.day_key("usage", key, Some(day))
     }
 
     async fn run<T: redis::FromRedisValue>(
