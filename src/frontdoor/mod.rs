@@ -40,6 +40,7 @@ pub use pickup::Pickup;
 
 use continuation::Acceptance;
 
+use crate::state::Admitted;
 use crate::store::{
     Admission, ContextIds, IndexedTurn, RecordWriter, RunsNote, SessionStore, TurnRecord,
     TurnStatus, TurnStatusView,
@@ -364,19 +365,21 @@ impl FrontDoor {
                     crate::state::TurnInput::of(turn.instruction(), paths)
                 });
                 // Boxed: a record is large, and this future is copied whole when boxed.
-                let fresh = Box::new(
-                    TurnRecord::queued(sid.clone(), tid.clone(), fp.clone(), String::new())
-                        .with_input(input)
-                        .replying_to(reply_to)
-                        .with_streaming(turn.streaming())
-                        .with_webhook(webhook)
-                        .in_batch(pickup.batch.map(|(id, _)| id))
-                        .at_tier(
-                            pickup
-                                .service_tier
-                                .map(crate::contexts::ServiceTier::as_str),
-                        ),
-                );
+                let fresh = Box::new(TurnRecord::admitted(
+                    sid.clone(),
+                    tid.clone(),
+                    fp.clone(),
+                    Admitted {
+                        input,
+                        reply_to,
+                        streaming: turn.streaming(),
+                        webhook,
+                        batch: pickup.batch.map(|(id, _)| id),
+                        service_tier: pickup
+                            .service_tier
+                            .map(crate::contexts::ServiceTier::as_str),
+                    },
+                ));
                 let accepted_ms = crate::store::now_ms();
                 let recorded = self.record_user_turn(tenant, turn, &fresh, accepted_ms);
                 let (created, noted) = match recorded.await {

@@ -276,10 +276,23 @@ impl TurnRecord {
         }
     }
 
-    /// The same record with what the client asked.
-    pub fn with_input(mut self, input: Option<TurnInput>) -> Self {
-        self.input = input;
-        self
+    /// A new user turn as the front door admits it: [`TurnRecord::queued`] with what it was
+    /// accepted with. Made in one step, not through the builders below: each of those moves
+    /// the whole record, and this runs for every turn submitted.
+    pub fn admitted(
+        session_id: SessionId,
+        turn_id: TurnId,
+        fingerprint: String,
+        with: Admitted<'_>,
+    ) -> Self {
+        let mut record = Self::queued(session_id, turn_id, fingerprint, String::new());
+        record.input = with.input;
+        record.reply_to = with.reply_to.map(str::to_string);
+        record.streaming = with.streaming;
+        record.webhook = with.webhook.map(str::to_string);
+        record.batch = with.batch.map(str::to_string);
+        record.service_tier = with.service_tier.map(str::to_string);
+        record
     }
 
     /// Milliseconds from the turn's acceptance to now, for a note of something that starts
@@ -381,6 +394,23 @@ pub struct TurnEvent {
     /// Why, where there is more to say (a run that ended: its error).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// What a new user turn was accepted with, beside its ids ([`TurnRecord::admitted`]).
+#[derive(Debug, Default)]
+pub struct Admitted<'a> {
+    /// What the client asked, when the tenant's bodies are kept ([`TurnRecord::input`]).
+    pub input: Option<TurnInput>,
+    /// The direct reply address of the front door that may wait for it.
+    pub reply_to: Option<&'a str>,
+    /// The request asked for its text as it is written.
+    pub streaming: bool,
+    /// The webhook its statuses are delivered to.
+    pub webhook: Option<&'a str>,
+    /// The batch it is a line of.
+    pub batch: Option<&'a str>,
+    /// The service tier its calls ask for.
+    pub service_tier: Option<&'a str>,
 }
 
 /// What a user turn asked, as its record keeps it for people ([`TurnRecord::input`]).
