@@ -1,6 +1,7 @@
-//! `aptix-bench turns --closed-loop --processes --callgrind worker|serve|fake-llm`: one of the
-//! processes runs under valgrind's callgrind, and the run reports the instructions it executed
-//! per turn. Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
+//! `aptix-bench turns --closed-loop --processes --callgrind worker|serve|fake-llm|redis`: one of
+//! the processes runs under valgrind's callgrind, and the run reports the instructions it
+//! executed per turn (`redis`: a private `redis-server` started for the run, the product's store
+//! on it, so that what a turn costs Redis — its scripts among it — is counted too). Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
 //! what else the host does), the count repeats within a fraction of a percent for the same
 //! build, so two builds can be compared by a few hundred turns of each. Valgrind counts each
 //! byte a `rep movsb` copies as an instruction, so code that copies much weighs more than its
@@ -27,6 +28,9 @@ pub enum Counted {
     /// `aptix fake-llm`, the bench's stand-in for the model (part of the harness, not the
     /// product, but it shares the cores).
     FakeLlm,
+    /// A private `redis-server` (from `PATH`) the run starts on a port of its own, with
+    /// nothing kept on disk; serve and worker use it as their store (`APTIX_REDIS_URL`).
+    Redis,
 }
 
 /// Callgrind's output for one run: a directory of the run's own, removed when dropped, or

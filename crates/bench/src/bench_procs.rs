@@ -179,6 +179,11 @@ async fn start_and_measure(
         Some(cg) if cg.counted == which => 6 * READY_WITHIN,
         _ => READY_WITHIN,
     };
+    // With Redis counted, the product's store is a private server under callgrind.
+    let private_redis = match &callgrind {
+        Some(cg) if cg.counted == Counted::Redis => Some(PrivateRedis::start(cg)?),
+        _ => None,
+    };
     let latency = opts.latency.as_millis().to_string();
     let (fake, line) = Proc::start(
         "the fake model",
@@ -207,6 +212,9 @@ async fn start_and_measure(
             // Left-over reply queues (if the run is interrupted) vanish soon.
             .env("APTIX_REPLY_QUEUE_TTL_SECS", "60")
             .env_remove("OPENAI_API_KEY");
+        if let Some(redis) = &private_redis {
+            cmd.env("APTIX_REDIS_URL", &redis.url);
+        }
     };
     let mut serve_cmd = Callgrind::command(
         callgrind.as_ref(),
@@ -242,9 +250,79 @@ async fn start_and_measure(
     // Ctrl-C ends the run here, so the processes are stopped and the run's queues and keys
     // removed rather than left behind.
     let procs = [&serve, &worker, &fake];
+    let counted = callgrind.as_ref().and_then(|cg| {
+        let p = match cg.counted {
+            Counted::Worker => &worker,
+            Counted::Serve => &serve,
+            Counted::FakeLlm => &fake,
+            Counted::Redis => &private_redis.as_ref()?.proc,
+        };
+        Some((cg, p))
+    });
     tokio::select! {
-        measured = measure([&front_door, &worker_ops], opts, config, procs, callgrind.as_ref()) => measured,
+        measured = measure([&front_door, &worker_ops], opts, config, procs, counted) => measured,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+    }
+}
+
+/// A `redis-server` of the run's own under callgrind ([`Counted::Redis`]): a free port,
+/// nothing kept on disk, its log on stderr (where [`Proc::start`] looks for its ready line).
+/// Stopped (and its directory removed) when dropped.
+struct PrivateRedis {
+    proc: Proc,
+    url: String,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateRedis {
+    fn start(cg: &Callgrind) -> anyhow::Result<Self> {
+        let port = free_port()?.to_string();
+        let dir = std::env::temp_dir().join(format!(
+            "aptix-bench-redis-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir_arg = dir.to_string_lossy().into_owned();
+        let args = [
+            "--port",
+            port.as_str(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            dir_arg.as_str(),
+            "--logfile",
+            "/dev/stderr",
+        ];
+        let exe = std::path::Path::new("redis-server");
+        let mut cmd = Callgrind::command(Some(cg), Counted::Redis, exe, &args);
+        let started = Proc::start(
+            "Redis (a private redis-server)",
+            &mut cmd,
+            "Ready to accept connections",
+            6 * READY_WITHIN,
+        );
+        let proc = match started {
+            Ok((proc, _)) => proc,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            proc,
+            url: format!("redis://127.0.0.1:{port}/"),
+            dir,
+        })
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -261,7 +339,7 @@ async fn measure(
     opts: &LoopOptions,
     config: &Config,
     [serve, worker, fake]: [&Proc; 3],
-    callgrind: Option<&Callgrind>,
+    counted: Option<(&Callgrind, &Proc)>,
 ) -> anyhow::Result<()> {
     let watched = vec![
         (serve.label, Part::Product, vec![serve.pid()]),
@@ -274,11 +352,6 @@ async fn measure(
         ),
     ];
     let resident = (serve.resident(), worker.resident());
-    let counted = callgrind.map(|cg| match cg.counted {
-        Counted::Worker => (cg, worker),
-        Counted::Serve => (cg, serve),
-        Counted::FakeLlm => (cg, fake),
-    });
     // Allocations are read outside the instructions' and the CPU's window: the scrapes are
     // the bench's, not a turn's.
     let scraper = reqwest::Client::new();

@@ -192,7 +192,9 @@ pub struct BenchArgs {
     pub baseline_messages: usize,
     /// With --processes: run this process under valgrind's callgrind and report the
     /// instructions it executes per turn (a CPU measure that does not move with the machine's
-    /// other load; use a few hundred turns and one client, `--sessions 1`). Needs valgrind.
+    /// other load; use a few hundred turns and one client, `--sessions 1`). Needs valgrind;
+    /// `redis` also `redis-server` on PATH (a private one is started for the run, its CPU
+    /// figure above is then not the product's Redis).
     #[arg(long, value_enum, requires = "processes")]
     pub callgrind: Option<bench_callgrind::Counted>,
     /// With --callgrind: keep callgrind's profile of the turns in this directory (for

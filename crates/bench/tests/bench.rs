@@ -214,6 +214,28 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     let answer = instructions(&fake, "the fake model");
     // Reading a request and writing a Response object: well over ten thousand instructions.
     assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
+    // And Redis: a private server the run starts under callgrind, the product's store on it
+    // (the turns completed, so they were stored there: its count is what they cost it).
+    let stored = run(&[
+        "turns",
+        "--closed-loop",
+        "--processes",
+        "--callgrind",
+        "redis",
+        "--sessions",
+        "1",
+        "--turns",
+        "5",
+        "--baseline-messages",
+        "100",
+    ]);
+    assert!(stored.contains("completed 5 / failed 0"), "{stored}");
+    let scripts = instructions(&stored, "Redis (a private redis-server)");
+    // Three Lua scripts a turn, a record passed in and read back: far more than ten thousand.
+    assert!(
+        scripts > 10_000,
+        "{scripts} instructions per turn\n{stored}"
+    );
 }
 
 #[test]
