@@ -1,11 +1,11 @@
 //! `aptix-bench turns --closed-loop --processes --callgrind worker|serve|fake-llm|redis`: one of
 //! the processes runs under valgrind's callgrind, and the run reports the instructions it
 //! executed per turn (`redis`: a private `redis-server` started for the run, the product's store
-//! on it, so that what a turn costs Redis — its scripts among it — is counted too). Unlike CPU seconds on a shared machine (which move by a fifth from run to run with
-//! what else the host does), the count repeats within a fraction of a percent for the same
-//! build, so two builds can be compared by a few hundred turns of each. Valgrind counts each
-//! byte a `rep movsb` copies as an instruction, so code that copies much weighs more than its
-//! share of seconds.
+//! on it, so that what a turn costs Redis — its scripts among it — is counted too). Unlike CPU
+//! seconds on a shared machine (which move by a fifth from run to run with what else the host
+//! does), the count repeats within a fraction of a percent for the same build, so two builds
+//! can be compared by a few hundred turns of each. Valgrind counts each byte a `rep movsb`
+//! copies as an instruction, so code that copies much weighs more than its share of seconds.
 //!
 //! Owns: wrapping the counted process and reading its count. Must not: drive the turns (that
 //! is the closed loop's).
