@@ -91,7 +91,7 @@ pub static CPU_SCHEDULING: Setting = Setting {
     default: Default::Value("normal"),
     about: "`batch` runs `serve`, `worker` and `run` in the kernel's `SCHED_BATCH` class (Linux, no \
             privilege needed): a thread that wakes another is not preempted by it at once, so each \
-            wake-up carries more work (measured in docs/benchmarks.md); an unknown value stops \
+            wake-up carries more work (measured in docs/benchmarks-journal.md); an unknown value stops \
             those commands (exit 2), the others ignore it",
 };
 
