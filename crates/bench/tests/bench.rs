@@ -197,38 +197,30 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         per_turn > 10_000,
         "{per_turn} instructions per turn\n{counted}"
     );
+    // Five turns of one session with `process` under callgrind (its profile not kept).
+    let counting = |process: &str| {
+        run(&[
+            "turns",
+            "--closed-loop",
+            "--processes",
+            "--callgrind",
+            process,
+            "--sessions",
+            "1",
+            "--turns",
+            "5",
+            "--baseline-messages",
+            "100",
+        ])
+    };
     // The bench's own model can be counted the same way (it shares the cores).
-    let fake = run(&[
-        "turns",
-        "--closed-loop",
-        "--processes",
-        "--callgrind",
-        "fake-llm",
-        "--sessions",
-        "1",
-        "--turns",
-        "5",
-        "--baseline-messages",
-        "100",
-    ]);
+    let fake = counting("fake-llm");
     let answer = instructions(&fake, "the fake model");
     // Reading a request and writing a Response object: well over ten thousand instructions.
     assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
     // And Redis: a private server the run starts under callgrind, the product's store on it
     // (the turns completed, so they were stored there: its count is what they cost it).
-    let stored = run(&[
-        "turns",
-        "--closed-loop",
-        "--processes",
-        "--callgrind",
-        "redis",
-        "--sessions",
-        "1",
-        "--turns",
-        "5",
-        "--baseline-messages",
-        "100",
-    ]);
+    let stored = counting("redis");
     assert!(stored.contains("completed 5 / failed 0"), "{stored}");
     let scripts = instructions(&stored, "Redis (a private redis-server)");
     // Three Lua scripts a turn, a record passed in and read back: far more than ten thousand.
