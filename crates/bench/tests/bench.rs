@@ -150,25 +150,30 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no worker figure in {switches:?}"));
     assert!(worker > 0.0, "{switches}");
+    // Five turns of one session with `process` under callgrind, and `more` arguments.
+    let counting = |process: &str, more: &[&str]| {
+        let mut args = vec![
+            "turns",
+            "--closed-loop",
+            "--processes",
+            "--callgrind",
+            process,
+            "--sessions",
+            "1",
+            "--turns",
+            "5",
+            "--baseline-messages",
+            "100",
+        ];
+        args.extend_from_slice(more);
+        run(&args)
+    };
     // One process under callgrind: its instructions per turn, counted while the turns ran,
     // and its profile kept where it was asked to be.
     let kept =
         std::env::temp_dir().join(format!("aptix-cg-test-{}", uuid::Uuid::new_v4().simple()));
-    let counted = run(&[
-        "turns",
-        "--closed-loop",
-        "--processes",
-        "--callgrind",
-        "worker",
-        "--callgrind-out",
-        kept.to_str().expect("a UTF-8 temp dir"),
-        "--sessions",
-        "1",
-        "--turns",
-        "5",
-        "--baseline-messages",
-        "100",
-    ]);
+    let kept_arg = kept.to_str().expect("a UTF-8 temp dir");
+    let counted = counting("worker", &["--callgrind-out", kept_arg]);
     let profile = counted
         .lines()
         .find_map(|l| l.trim().strip_prefix("callgrind profile of the turns: "))
@@ -197,30 +202,14 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
         per_turn > 10_000,
         "{per_turn} instructions per turn\n{counted}"
     );
-    // Five turns of one session with `process` under callgrind (its profile not kept).
-    let counting = |process: &str| {
-        run(&[
-            "turns",
-            "--closed-loop",
-            "--processes",
-            "--callgrind",
-            process,
-            "--sessions",
-            "1",
-            "--turns",
-            "5",
-            "--baseline-messages",
-            "100",
-        ])
-    };
     // The bench's own model can be counted the same way (it shares the cores).
-    let fake = counting("fake-llm");
+    let fake = counting("fake-llm", &[]);
     let answer = instructions(&fake, "the fake model");
     // Reading a request and writing a Response object: well over ten thousand instructions.
     assert!(answer > 10_000, "{answer} instructions per answer\n{fake}");
     // And Redis: a private server the run starts under callgrind, the product's store on it
     // (the turns completed, so they were stored there: its count is what they cost it).
-    let stored = counting("redis");
+    let stored = counting("redis", &[]);
     assert!(stored.contains("completed 5 / failed 0"), "{stored}");
     let scripts = instructions(&stored, "Redis (a private redis-server)");
     // Three Lua scripts a turn, a record passed in and read back: far more than ten thousand.
