@@ -277,8 +277,8 @@ impl TurnRecord {
     }
 
     /// A new user turn as the front door admits it: [`TurnRecord::queued`] with what it was
-    /// accepted with. Made in one step, not through the builders below: each of those moves
-    /// the whole record, and this runs for every turn submitted.
+    /// accepted with. Made in one step, not through builders that each move the whole record:
+    /// this runs for every turn submitted.
     pub fn admitted(
         session_id: SessionId,
         turn_id: TurnId,
@@ -315,24 +315,6 @@ impl TurnRecord {
         if self.history.len() > HISTORY_KEPT {
             self.history.remove(1);
         }
-    }
-
-    /// The same record with the service tier its calls ask for (a batch's), if any.
-    pub fn at_tier(mut self, tier: Option<&str>) -> Self {
-        self.service_tier = tier.map(str::to_string);
-        self
-    }
-
-    /// The same record with the webhook URL it was submitted with.
-    pub fn with_webhook(mut self, url: Option<&str>) -> Self {
-        self.webhook = url.map(str::to_string);
-        self
-    }
-
-    /// The same record as a line of `batch` (one whose completion is told of).
-    pub fn in_batch(mut self, batch: Option<&str>) -> Self {
-        self.batch = batch.map(str::to_string);
-        self
     }
 
     /// The same record of a turn whose request asked (`true`) or did not ask for streaming.
@@ -397,7 +379,7 @@ pub struct TurnEvent {
 }
 
 /// What a new user turn was accepted with, beside its ids ([`TurnRecord::admitted`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Admitted<'a> {
     /// What the client asked, when the tenant's bodies are kept ([`TurnRecord::input`]).
     pub input: Option<TurnInput>,
