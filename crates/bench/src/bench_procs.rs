@@ -259,8 +259,9 @@ async fn start_and_measure(
         };
         Some((cg, p))
     });
+    let store = private_redis.as_ref().map(|r| r.url.as_str());
     tokio::select! {
-        measured = measure([&front_door, &worker_ops], opts, config, procs, counted) => measured,
+        measured = measure([&front_door, &worker_ops], opts, config, procs, counted, store) => measured,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
     }
 }
@@ -326,6 +327,19 @@ impl Drop for PrivateRedis {
     }
 }
 
+/// The commands the Redis server behind `conn` has processed since it started (`INFO stats`).
+async fn commands_processed(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .context("reading the private Redis's statistics")?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .context("the private Redis's INFO has no total_commands_processed")
+}
+
 /// A port free on the loopback now (the system picks it; the worker binds it moments later).
 fn free_port() -> anyhow::Result<u16> {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
@@ -340,6 +354,7 @@ async fn measure(
     config: &Config,
     [serve, worker, fake]: [&Proc; 3],
     counted: Option<(&Callgrind, &Proc)>,
+    private_store: Option<&str>,
 ) -> anyhow::Result<()> {
     let watched = vec![
         (serve.label, Part::Product, vec![serve.pid()]),
@@ -362,6 +377,21 @@ async fn measure(
         )
     };
     let allocated_before = allocated().await;
+    // One connection for both reads, so that only the first read falls between them.
+    let mut store = match private_store {
+        Some(url) => Some(
+            redis::Client::open(url)
+                .context("the private Redis's URL")?
+                .get_multiplexed_async_connection()
+                .await
+                .context("connecting to the private Redis")?,
+        ),
+        None => None,
+    };
+    let commands_before = match store.as_mut() {
+        Some(conn) => Some(commands_processed(conn).await?),
+        None => None,
+    };
     if let Some((cg, p)) = counted {
         cg.zero(p.pid())?;
     }
@@ -374,6 +404,10 @@ async fn measure(
                 .map(|(n, dump)| (p.label, n, cg.kept().then_some(dump)))
         })
         .transpose()?;
+    let commands_after = match store.as_mut() {
+        Some(conn) => Some(commands_processed(conn).await?),
+        None => None,
+    };
     let allocated_after = allocated().await;
     // The processes inherit the runtime's thread count (tokio's `TOKIO_WORKER_THREADS`).
     let mut threads = match std::env::var("TOKIO_WORKER_THREADS") {
@@ -426,6 +460,13 @@ async fn measure(
             ]
         )
     );
+    if let (Some(before), Some(after)) = (commands_before, commands_after) {
+        // The difference holds one read of the bench's own (the `INFO` before).
+        println!(
+            "  commands the private Redis processed per turn: {:.1} (scripts' inner commands not counted)",
+            after.saturating_sub(before + 1) as f64 / opts.turns.max(1) as f64
+        );
+    }
     if let Some((label, n, kept)) = instructions {
         let turns = opts.turns.max(1) as u64;
         println!(

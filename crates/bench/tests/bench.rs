@@ -211,6 +211,17 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
     // (the turns completed, so they were stored there: its count is what they cost it).
     let stored = counting("redis", &[]);
     assert!(stored.contains("completed 5 / failed 0"), "{stored}");
+    // The turns went to the private server: at least their three script calls each reached it.
+    let sent: f64 = stored
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("commands the private Redis processed per turn: ")
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no command count in\n{stored}"));
+    assert!(sent >= 3.0, "{sent} commands per turn\n{stored}");
     let scripts = instructions(&stored, "Redis (a private redis-server)");
     // Three Lua scripts a turn, a record passed in and read back: far more than ten thousand.
     assert!(
