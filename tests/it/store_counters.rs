@@ -1,0 +1,200 @@
+//! The Redis store's arithmetic inside its scripts, on the real local Redis: the fencing
+//! counter the begin step reads and writes back (no `INCR`), and the tally fields a run's
+//! write adds to with one read and one write per hash (no `HINCRBY` per field). Each must do
+//! what the one-command-per-number versions did: exact sums, a field named twice counted
+//! twice, a value that is no number refused without writing, expiry set by what makes a key.
+
+use super::store_conformance::*;
+use aptix_worker::contract::TurnId;
+use aptix_worker::store::{CounterAdd, CounterAdds, RunWrite};
+
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+/// The begin step draws the session's next token from the stored counter and writes it back
+/// with the session's retention; a try that finds the session busy spends no number; a
+/// counter that holds something else fails the step, as `INCR` did, and takes no lease.
+#[tokio::test]
+async fn the_fencing_counter_counts_each_taking_and_only_takings() {
+    let s = redis().await;
+    let (st, ns) = (&s.store, s.namespace().unwrap().to_string());
+    let mut conn = crate::support::redis_connection().await;
+    let fence = format!("{ns}:fence:{{s}}");
+    let (id, t) = (sid("s"), TurnId::parse("t").unwrap());
+    let begin = |holder: &'static str| st.begin_turn(G, &id, &t, holder, LONG, None, None);
+
+    let first = begin("w1").await.unwrap().lease.expect("taken");
+    assert_eq!(first.token, 1, "a new session's first token");
+    let stored: String = redis::cmd("GET")
+        .arg(&fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored, "1");
+    let kept = pttl(&mut conn, &fence).await;
+    assert!(
+        kept > 3_600_000,
+        "kept as long as the session (its retention is hours): {kept} ms"
+    );
+
+    let busy = begin("w2").await.unwrap();
+    assert!(busy.lease.is_none());
+    st.release_lease(G, &id, &first).await.unwrap();
+    let second = begin("w2").await.unwrap().lease.expect("free again");
+    assert_eq!(
+        second.token, 2,
+        "the busy try spent nothing; the next taking is one more"
+    );
+    st.release_lease(G, &id, &second).await.unwrap();
+
+    // A counter far past 32 bits is read and written back exactly.
+    let _: () = redis::cmd("SET")
+        .arg(&fence)
+        .arg("9007199254740000")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let third = begin("w3").await.unwrap().lease.expect("free");
+    assert_eq!(third.token, 9_007_199_254_740_001);
+    st.release_lease(G, &id, &third).await.unwrap();
+
+    let _: () = redis::cmd("SET")
+        .arg(&fence)
+        .arg("not a number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let refused = begin("w4").await;
+    let err = refused
+        .expect_err("a broken counter fails the step")
+        .to_string();
+    assert!(err.contains("fencing counter"), "{err}");
+    let lease: Option<String> = redis::cmd("GET")
+        .arg(format!("{ns}:lease:{{s}}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(lease, None, "no lease was taken by the failed step");
+}
+
+/// A run's write adds a hash's fields in one read and one write: exact above 32 bits, a field
+/// named twice gets both amounts, a new field (re)sets the hash's expiry while additions to
+/// fields already there keep it, and a field holding no number refuses the whole hash (the
+/// write stands, the counters are reported missed, the plain count beside it is added).
+#[tokio::test]
+async fn a_writes_tally_fields_add_up_like_hincrby() {
+    let s = redis().await;
+    let (st, ns) = (&s.store, s.namespace().unwrap().to_string());
+    let mut conn = crate::support::redis_connection().await;
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let key = |k: &str| format!("{ns}:counters:{k}");
+    let add = |k: &str, field: Option<&str>, amount| CounterAdd {
+        key: key(k),
+        field: field.map(str::to_string),
+        amount,
+    };
+    let tally = key("tally");
+    let fields = async |conn: &mut redis::aio::MultiplexedConnection| -> Vec<Option<u64>> {
+        redis::cmd("HMGET")
+            .arg(&tally)
+            .arg(&["a/calls", "a/input", "a/output"])
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let write = async |counts: CounterAdds| {
+        st.save_run(
+            G,
+            RunWrite {
+                session: None,
+                turn: &t,
+                lease: &lease,
+                release: false,
+                stored: false,
+                counts: Some(&counts),
+            },
+        )
+        .await
+    };
+    let counts = |adds| CounterAdds {
+        keep_ms: 60_000,
+        adds,
+    };
+
+    let _: () = redis::cmd("HSET")
+        .arg(&tally)
+        .arg("a/input")
+        .arg(5_000_000_000_u64)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&tally)
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Only fields already there: the expiry is kept.
+    let saved = write(counts(vec![
+        add("tally", Some("a/input"), 7),
+        add("tally", Some("a/input"), 3),
+    ]))
+    .await
+    .unwrap();
+    assert!(!saved.counts_missed);
+    assert_eq!(fields(&mut conn).await, [None, Some(5_000_000_010), None]);
+    let ttl = pttl(&mut conn, &tally).await;
+    assert!(ttl > 0 && ttl <= 5_000, "kept its own expiry: {ttl}");
+
+    // A field it did not have: added, and the hash gets the counters' expiry.
+    let saved = write(counts(vec![
+        add("count", None, 4),
+        add("tally", Some("a/calls"), 1),
+        add("tally", Some("a/input"), 1),
+    ]))
+    .await
+    .unwrap();
+    assert!(!saved.counts_missed);
+    assert_eq!(
+        fields(&mut conn).await,
+        [Some(1), Some(5_000_000_011), None]
+    );
+    let ttl = pttl(&mut conn, &tally).await;
+    assert!(ttl > 50_000 && ttl <= 60_000, "a new field: {ttl}");
+
+    // A field holding no number: the hash is left as it was, the count beside it is added.
+    let _: () = redis::cmd("HSET")
+        .arg(&tally)
+        .arg("a/output")
+        .arg("many")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let saved = write(counts(vec![
+        add("count", None, 1),
+        add("tally", Some("a/calls"), 1),
+        add("tally", Some("a/output"), 9),
+    ]))
+    .await
+    .unwrap();
+    assert!(saved.counts_missed, "reported");
+    let calls: Option<u64> = redis::cmd("HGET")
+        .arg(&tally)
+        .arg("a/calls")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(calls, Some(1), "nothing of that hash written");
+    let count: u64 = redis::cmd("GET")
+        .arg(key("count"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 5);
+}
