@@ -1,8 +1,9 @@
-//! The Redis store's arithmetic inside its scripts, on the real local Redis: the fencing
-//! counter the begin step reads and writes back (no `INCR`), and the tally fields a run's
-//! write adds to with one read and one write per hash (no `HINCRBY` per field). Each must do
-//! what the one-command-per-number versions did: exact sums, a field named twice counted
-//! twice, a value that is no number refused without writing, expiry set by what makes a key.
+//! The Redis store's arithmetic and expiries inside its scripts, on the real local Redis: the
+//! fencing counter the begin step reads and writes back (no `INCR`), the tally fields a run's
+//! write adds to with one read and one write per hash (no `HINCRBY` per field), and the turns
+//! index's expiry, set by what adds to it. Each must do what the one-command-per-number
+//! versions did: exact sums, a field named twice counted twice, a value that is no number
+//! refused without writing, no key left without an expiry.
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
@@ -197,4 +198,63 @@ async fn a_writes_tally_fields_add_up_like_hincrby() {
         .await
         .unwrap();
     assert_eq!(count, 5);
+}
+
+/// The session's turns index gets its expiry from what adds a turn to it: the admission, or
+/// the settling write of a turn whose admission was lost (never a list left to live forever);
+/// a write of a turn already listed leaves the expiry as it was.
+#[tokio::test]
+async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
+    let s = redis().await;
+    let (st, ns) = (&s.store, s.namespace().unwrap().to_string());
+    let mut conn = crate::support::redis_connection().await;
+    let turns = format!("{ns}:turns:{{s}}");
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let t = turn("s", "t");
+    let write = async |stored: bool| {
+        st.save_run(
+            G,
+            RunWrite {
+                session: None,
+                turn: &t,
+                lease: &lease,
+                release: false,
+                stored,
+                counts: None,
+            },
+        )
+        .await
+        .unwrap()
+    };
+    // No admission recorded it: the write lists it and gives the list the session's retention.
+    write(false).await;
+    assert_eq!(
+        st.list_turns(&sid("s")).await.unwrap(),
+        vec![TurnId::parse("t").unwrap()]
+    );
+    let kept = pttl(&mut conn, &turns).await;
+    assert!(
+        kept > 3_600_000,
+        "the session's retention (days): {kept} ms"
+    );
+    // Listed already: a later write of it leaves the list's expiry alone.
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&turns)
+        .arg(5_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    write(true).await;
+    write(false).await;
+    let kept = pttl(&mut conn, &turns).await;
+    assert!(kept > 0 && kept <= 5_000, "left as it was: {kept} ms");
+    assert_eq!(
+        st.list_turns(&sid("s")).await.unwrap().len(),
+        1,
+        "listed once"
+    );
 }

@@ -156,15 +156,20 @@ macro_rules! append_conversation {
 /// asked with `EXISTS`, not learnt from `SET … GET`: that would copy the whole previous record
 /// out on every write to save one command; and only by a write whose writer cannot tell.) The
 /// ledger (KEYS[5]) is not touched: the begin step and each tool output keep it for the turn's
-/// TTL, and what it held at this write is in the record too.
+/// TTL, and what it held at this write is in the record too. Nor is the turns index's expiry,
+/// unless this write adds to it: what adds a turn keeps the index the session's retention
+/// from then (the admission, or this write for a turn whose admission was lost), so it lasts
+/// as long as the session but for the run of the session's last turn.
 const SAVE: &str = concat!(
     add_fields_fn!(),
     r"
 local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
-if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then redis.call('RPUSH', KEYS[3], ARGV[5]) end
+if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('RPUSH', KEYS[3], ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ARGV[7])
+end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-redis.call('PEXPIRE', KEYS[3], ARGV[7])
 local read = held[2] and 2 or 0
 if ARGV[4] == '1' then
   redis.call('DEL', KEYS[1])
