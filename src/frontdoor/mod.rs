@@ -256,6 +256,7 @@ impl FrontDoor {
         accepted_ms: i64,
     ) -> Result<(Option<Box<TurnRecord>>, RunsNote), SubmitError> {
         let (sid, tid) = (turn.session_id(), turn.turn_id());
+        let tenant = claimant(tenant, sid);
         if turn.on_busy() != OnBusy::Enqueue {
             let recorded = Box::pin(self.record_on_busy(tenant, turn, fresh)).await?;
             return Ok((recorded, RunsNote::Yours));
@@ -278,7 +279,8 @@ impl FrontDoor {
     }
 
     /// [`FrontDoor::record_user_turn`] for a turn with an onBusy policy other than `enqueue`:
-    /// owner claimed, contexts latched, the policy applied, then the record.
+    /// owner claimed (`tenant`: the [`claimant`]), contexts latched, the policy applied, then
+    /// the record.
     async fn record_on_busy(
         &self,
         tenant: Option<&str>,
@@ -508,4 +510,12 @@ fn not_found(sid: &SessionId, tid: &TurnId) -> SubmitError {
         ErrorCode::TurnNotFound,
         format!("turn {tid} does not exist in session {}", sid.client_id()),
     ))
+}
+
+/// Whom to claim a session's first turn for: no one for a scoped id (its keys name its
+/// tenant, so no other tenant's request can reach them: nothing to claim, one write fewer for
+/// each new session); the tenant for a bare id — the local tenant's, whose ids a session from
+/// before ids were scoped may hold, owned by another tenant.
+fn claimant<'a>(tenant: Option<&'a str>, sid: &SessionId) -> Option<&'a str> {
+    tenant.filter(|_| sid.tenant() == LOCAL_TENANT)
 }

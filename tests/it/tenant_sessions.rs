@@ -237,7 +237,52 @@ async fn path_ids_are_checked_like_body_ids(backend: Backend) {
     assert_eq!((status, code(&body)), (400, "INVALID_PARAMETER"), "{body}");
 }
 
+/// Only a bare id is claimed for its tenant: a scoped session's keys name their tenant, so its
+/// first turn writes no owner; a bare id (the local tenant's) is still claimed, and one a
+/// tenant owned from before ids were scoped stays out of the local tenant's reach.
+async fn only_bare_ids_are_claimed(backend: Backend) {
+    let app = app(backend).await;
+    let t = aptix_worker::contract::TurnId::parse("t").unwrap();
+    let (status, body) = app.post(Some("tok-a"), turn("s", "t", "hi")).await;
+    assert_eq!(status, 202, "{body}");
+    let scoped = crate::support::sid_a("s");
+    assert!(app.store.get_turn(&scoped, &t).await.unwrap().is_some());
+    assert_eq!(
+        app.store.owner(&scoped).await.unwrap(),
+        None,
+        "nothing claimed"
+    );
+
+    let local = spawn(AppOptions {
+        backend,
+        extra_env: vec![("APTIX_API_TOKENS", String::new())],
+        ..AppOptions::default()
+    })
+    .await;
+    let bare = |id: &str| aptix_worker::contract::SessionId::parse(id).unwrap();
+    let (status, body) = local.post(None, turn("mine", "t", "hi")).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        local.store.owner(&bare("mine")).await.unwrap().as_deref(),
+        Some("local")
+    );
+    // As a version from before scoping left it: tenant-x owns the bare id "legacy".
+    local
+        .store
+        .claim_owner(&bare("legacy"), "tenant-x")
+        .await
+        .unwrap();
+    let (status, body) = local.post(None, turn("legacy", "t", "hi")).await;
+    assert_eq!((status, code(&body)), (404, "TURN_NOT_FOUND"), "{body}");
+    let recorded = local.store.get_turn(&bare("legacy"), &t).await.unwrap();
+    assert!(recorded.is_none(), "nothing recorded: {recorded:?}");
+}
+
 for_each_backend!(
     backends: [services => super::Backend::Services, embedded => super::Backend::Embedded],
-    tests: [one_tenants_ids_are_not_anothers, path_ids_are_checked_like_body_ids],
+    tests: [
+        one_tenants_ids_are_not_anothers,
+        path_ids_are_checked_like_body_ids,
+        only_bare_ids_are_claimed,
+    ],
 );
