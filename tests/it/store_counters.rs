@@ -13,6 +13,41 @@ async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
 }
 
+/// Sends one command as a test sets the stage with (`SET`, `HSET`, `PEXPIRE`), its answer
+/// dropped.
+async fn stage(conn: &mut redis::aio::MultiplexedConnection, command: &[&str]) {
+    let (name, args) = command.split_first().expect("a command");
+    let _: redis::Value = redis::cmd(name).arg(args).query_async(conn).await.unwrap();
+}
+
+/// A run's write of `turn` that keeps the lease and writes no session.
+fn run_write<'a>(
+    turn: &'a aptix_worker::store::TurnRecord,
+    lease: &'a aptix_worker::store::Lease,
+    stored: bool,
+    counts: Option<&'a CounterAdds>,
+) -> RunWrite<'a> {
+    RunWrite {
+        session: None,
+        turn,
+        lease,
+        release: false,
+        stored,
+        counts,
+    }
+}
+
+/// The session "s"'s lease, taken by `holder`.
+async fn leased(
+    st: &dyn aptix_worker::store::SessionStore,
+    holder: &str,
+) -> aptix_worker::store::Lease {
+    st.acquire_lease(G, &sid("s"), holder, LONG)
+        .await
+        .unwrap()
+        .expect("the session is free")
+}
+
 /// The begin step draws the session's next token from the stored counter and writes it back
 /// with the session's retention; a try that finds the session busy spends no number; a
 /// counter that holds something else fails the step, as `INCR` did, and takes no lease.
@@ -50,22 +85,12 @@ async fn the_fencing_counter_counts_each_taking_and_only_takings() {
     st.release_lease(G, &id, &second).await.unwrap();
 
     // A counter far past 32 bits is read and written back exactly.
-    let _: () = redis::cmd("SET")
-        .arg(&fence)
-        .arg("9007199254740000")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    stage(&mut conn, &["SET", &fence, "9007199254740000"]).await;
     let third = begin("w3").await.unwrap().lease.expect("free");
     assert_eq!(third.token, 9_007_199_254_740_001);
     st.release_lease(G, &id, &third).await.unwrap();
 
-    let _: () = redis::cmd("SET")
-        .arg(&fence)
-        .arg("not a number")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    stage(&mut conn, &["SET", &fence, "not a number"]).await;
     let refused = begin("w4").await;
     let err = refused
         .expect_err("a broken counter fails the step")
@@ -88,11 +113,7 @@ async fn a_writes_tally_fields_add_up_like_hincrby() {
     let s = redis().await;
     let (st, ns) = (&s.store, s.namespace().unwrap().to_string());
     let mut conn = crate::support::redis_connection().await;
-    let lease = st
-        .acquire_lease(G, &sid("s"), "w1", LONG)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(st.as_ref(), "w1").await;
     let t = turn("s", "t");
     let key = |k: &str| format!("{ns}:counters:{k}");
     let add = |k: &str, field: Option<&str>, amount| CounterAdd {
@@ -110,37 +131,16 @@ async fn a_writes_tally_fields_add_up_like_hincrby() {
             .unwrap()
     };
     let write = async |counts: CounterAdds| {
-        st.save_run(
-            G,
-            RunWrite {
-                session: None,
-                turn: &t,
-                lease: &lease,
-                release: false,
-                stored: false,
-                counts: Some(&counts),
-            },
-        )
-        .await
+        st.save_run(G, run_write(&t, &lease, false, Some(&counts)))
+            .await
     };
     let counts = |adds| CounterAdds {
         keep_ms: 60_000,
         adds,
     };
 
-    let _: () = redis::cmd("HSET")
-        .arg(&tally)
-        .arg("a/input")
-        .arg(5_000_000_000_u64)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&tally)
-        .arg(5_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    stage(&mut conn, &["HSET", &tally, "a/input", "5000000000"]).await;
+    stage(&mut conn, &["PEXPIRE", &tally, "5000"]).await;
     // Only fields already there: the expiry is kept.
     let saved = write(counts(vec![
         add("tally", Some("a/input"), 7),
@@ -170,13 +170,7 @@ async fn a_writes_tally_fields_add_up_like_hincrby() {
     assert!(ttl > 50_000 && ttl <= 60_000, "a new field: {ttl}");
 
     // A field holding no number: the hash is left as it was, the count beside it is added.
-    let _: () = redis::cmd("HSET")
-        .arg(&tally)
-        .arg("a/output")
-        .arg("many")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    stage(&mut conn, &["HSET", &tally, "a/output", "many"]).await;
     let saved = write(counts(vec![
         add("count", None, 1),
         add("tally", Some("a/calls"), 1),
@@ -209,26 +203,12 @@ async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
     let (st, ns) = (&s.store, s.namespace().unwrap().to_string());
     let mut conn = crate::support::redis_connection().await;
     let turns = format!("{ns}:turns:{{s}}");
-    let lease = st
-        .acquire_lease(G, &sid("s"), "w1", LONG)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = leased(st.as_ref(), "w1").await;
     let t = turn("s", "t");
     let write = async |stored: bool| {
-        st.save_run(
-            G,
-            RunWrite {
-                session: None,
-                turn: &t,
-                lease: &lease,
-                release: false,
-                stored,
-                counts: None,
-            },
-        )
-        .await
-        .unwrap()
+        st.save_run(G, run_write(&t, &lease, stored, None))
+            .await
+            .unwrap()
     };
     // No admission recorded it: the write lists it and gives the list the session's retention.
     write(false).await;
@@ -242,12 +222,7 @@ async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
         "the session's retention (days): {kept} ms"
     );
     // Listed already: a later write of it leaves the list's expiry alone.
-    let _: () = redis::cmd("PEXPIRE")
-        .arg(&turns)
-        .arg(5_000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    stage(&mut conn, &["PEXPIRE", &turns, "5000"]).await;
     write(true).await;
     write(false).await;
     let kept = pttl(&mut conn, &turns).await;
