@@ -50,7 +50,8 @@ async fn leased(
 
 /// The begin step draws the session's next token from the stored counter and writes it back
 /// with the session's retention; a try that finds the session busy spends no number; a
-/// counter that holds something else fails the step, as `INCR` did, and takes no lease.
+/// counter that holds something else fails the step (and a lease taken alone), as `INCR`
+/// did, and takes no lease.
 #[tokio::test]
 async fn the_fencing_counter_counts_each_taking_and_only_takings() {
     let s = redis().await;
@@ -94,6 +95,11 @@ async fn the_fencing_counter_counts_each_taking_and_only_takings() {
     let refused = begin("w4").await;
     let err = refused
         .expect_err("a broken counter fails the step")
+        .to_string();
+    assert!(err.contains("fencing counter"), "{err}");
+    let acquired = st.acquire_lease(G, &id, "w5", LONG).await;
+    let err = acquired
+        .expect_err("the same for a lease alone")
         .to_string();
     assert!(err.contains("fencing counter"), "{err}");
     let lease: Option<String> = redis::cmd("GET")

@@ -60,13 +60,39 @@ end
     };
 }
 
-const ACQUIRE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+/// A Lua function: `next_token(last, counter)` is the fencing token after `last` (what the
+/// session's counter key `counter` holds, read by the caller in a read it makes anyway; `nil`
+/// for none), as a string; the caller writes it back with its expiry once the lease is taken
+/// (`SET … PX`: what `INCR` + `PEXPIRE` did in two). A counter holding something else than a
+/// whole number is an error, as it was for `INCR`. Exact below 2^53.
+macro_rules! next_token_fn {
+    () => {
+        r"
+local function next_token(last, counter)
+  local n = tonumber(last or '0')
+  if not n or n ~= math.floor(n) then
+    return nil, redis.error_reply('ERR the fencing counter ' .. counter .. ' holds no whole number')
+  end
+  return string.format('%.0f', n + 1)
+end
+"
+    };
+}
+
+/// KEYS: lease, fence counter. ARGV: holder, lease TTL ms, counter TTL ms.
+/// Returns the fencing token, or false when the lease is held.
+const ACQUIRE: &str = concat!(
+    next_token_fn!(),
+    r"
+local read = redis.call('MGET', KEYS[1], KEYS[2])
+if read[1] then return false end
+local token, refused = next_token(read[2], KEYS[2])
+if not token then return refused end
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
-return token
-";
+redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
+return tonumber(token)
+"
+);
 
 /// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts, the turn's
 ///       stop request, and (optional) a key to probe.
@@ -81,19 +107,17 @@ return token
 /// whether the probed key exists (1 or 0; -1 when none was named or the lease not taken).
 /// The turn, the session, the stop request, the latched contexts and the last fencing token
 /// (all strings) are one `MGET`: contexts the front door's admission latched need no write
-/// here. The next token is the last one plus one, written back with its expiry in one `SET`
-/// once the lease is taken (the script is atomic, so no other taking can come between; what
-/// `INCR` + `PEXPIRE` did in two, and a try that finds the lease held spends nothing). A
-/// counter holding something else than a number is an error, as it was for `INCR`.
-const BEGIN: &str = r"
+/// here. The next token (`next_token_fn!`) is written back once the lease is taken (the script
+/// is atomic, so no other taking can come between): a try that finds the lease held spends
+/// none.
+const BEGIN: &str = concat!(
+    next_token_fn!(),
+    r"
 local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7], KEYS[6], KEYS[2])
 local turn, session, stop = read[1], read[2], read[3]
 local ledger = redis.call('HGETALL', KEYS[4])
-local last = tonumber(read[5] or '0')
-if not last or last ~= math.floor(last) then
-  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' holds no whole number')
-end
-local token = string.format('%.0f', last + 1)
+local token, refused = next_token(read[5], KEYS[2])
+if not token then return refused end
 if not redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {false, turn, ledger, false, false, 0, 0, -1}
 end
@@ -107,7 +131,8 @@ end
 local probed = -1
 if KEYS[8] then probed = redis.call('EXISTS', KEYS[8]) end
 return {tonumber(token), turn, ledger, session, latched, runs, stop and 1 or 0, probed}
-";
+"
+);
 
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
