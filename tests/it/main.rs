@@ -91,7 +91,7 @@ mod store_conformance_begin;
 mod store_conformance_intake;
 mod store_conformance_runs;
 mod store_conformance_session;
-mod store_counters;
+mod store_expiries;
 mod store_faults;
 mod store_faults_cluster;
 mod streaming;

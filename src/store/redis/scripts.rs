@@ -19,80 +19,13 @@ end
     };
 }
 
-/// A Lua function: `add_fields(key, fields, amounts, ttl)` adds each amount to its field of the
-/// hash `key` — what one `HINCRBY` per field does, in two commands however many fields: their
-/// values read with `HMGET`, the sums written with `HSET` (the script is atomic, so nothing
-/// comes between). A field named twice gets both amounts. A hash that gains a field gets
-/// `ttl` ms (a day's tally is made by that day's first additions; one already there keeps its
-/// expiry). Returns false, writing nothing, when `key` is not a hash or a field holds no whole
-/// number (`HINCRBY` would have refused it). Sums are exact below 2^53, as Lua's numbers are.
-macro_rules! add_fields_fn {
-    () => {
-        r"
-local function add_fields(key, fields, amounts, ttl)
-  local held = redis.pcall('HMGET', key, unpack(fields))
-  if held.err then return false end
-  local sums, order, made = {}, {}, false
-  for k = 1, #fields do
-    local field = fields[k]
-    local sum = sums[field]
-    if not sum then
-      if held[k] then
-        sum = tonumber(held[k])
-        if not sum or sum ~= math.floor(sum) then return false end
-      else
-        sum, made = 0, true
-      end
-      order[#order + 1] = field
-    end
-    sums[field] = sum + tonumber(amounts[k])
-  end
-  local set = {}
-  for _, field in ipairs(order) do
-    set[#set + 1] = field
-    set[#set + 1] = string.format('%.0f', sums[field])
-  end
-  redis.call('HSET', key, unpack(set))
-  if made then redis.call('PEXPIRE', key, ttl) end
-  return true
-end
-"
-    };
-}
-
-/// A Lua function: `next_token(last, counter)` is the fencing token after `last` (what the
-/// session's counter key `counter` holds, read by the caller in a read it makes anyway; `nil`
-/// for none), as a string; the caller writes it back with its expiry once the lease is taken
-/// (`SET … PX`: what `INCR` + `PEXPIRE` did in two). A counter holding something else than a
-/// whole number is an error, as it was for `INCR`. Exact below 2^53.
-macro_rules! next_token_fn {
-    () => {
-        r"
-local function next_token(last, counter)
-  local n = tonumber(last or '0')
-  if not n or n ~= math.floor(n) then
-    return nil, redis.error_reply('ERR the fencing counter ' .. counter .. ' holds no whole number')
-  end
-  return string.format('%.0f', n + 1)
-end
-"
-    };
-}
-
-/// KEYS: lease, fence counter. ARGV: holder, lease TTL ms, counter TTL ms.
-/// Returns the fencing token, or false when the lease is held.
-const ACQUIRE: &str = concat!(
-    next_token_fn!(),
-    r"
-local read = redis.call('MGET', KEYS[1], KEYS[2])
-if read[1] then return false end
-local token, refused = next_token(read[2], KEYS[2])
-if not token then return refused end
+const ACQUIRE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
-return tonumber(token)
-"
-);
+return token
+";
 
 /// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts, the turn's
 ///       stop request, and (optional) a key to probe.
@@ -105,23 +38,19 @@ return tonumber(token)
 /// admission gave them moments before), the count of runs begun with this one (kept in
 /// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0); last,
 /// whether the probed key exists (1 or 0; -1 when none was named or the lease not taken).
-/// The turn, the session, the stop request, the latched contexts and the last fencing token
-/// (all strings) are one `MGET`: contexts the front door's admission latched need no write
-/// here. The next token (`next_token_fn!`) is written back once the lease is taken (the script
-/// is atomic, so no other taking can come between): a try that finds the lease held spends
-/// none.
-const BEGIN: &str = concat!(
-    next_token_fn!(),
-    r"
-local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7], KEYS[6], KEYS[2])
+/// The turn, the session, the stop request and the latched contexts (all strings) are one
+/// `MGET`: contexts the front door's admission latched need no write here. The fencing token
+/// is drawn before the lease is tried (`SET NX`): a try that finds the lease held spends a
+/// number, and tokens stay increasing, which is all fencing asks of them.
+const BEGIN: &str = r"
+local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7], KEYS[6])
 local turn, session, stop = read[1], read[2], read[3]
 local ledger = redis.call('HGETALL', KEYS[4])
-local token, refused = next_token(read[5], KEYS[2])
-if not token then return refused end
+local token = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if not redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {false, turn, ledger, false, false, 0, 0, -1}
 end
-redis.call('SET', KEYS[2], token, 'PX', ARGV[3])
 local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
 redis.call('PEXPIRE', KEYS[4], ARGV[5])
 local latched = false
@@ -130,9 +59,8 @@ if not session and ARGV[4] ~= '' then
 end
 local probed = -1
 if KEYS[8] then probed = redis.call('EXISTS', KEYS[8]) end
-return {tonumber(token), turn, ledger, session, latched, runs, stop and 1 or 0, probed}
-"
-);
+return {token, turn, ledger, session, latched, runs, stop and 1 or 0, probed}
+";
 
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -172,21 +100,18 @@ macro_rules! append_conversation {
 ///       each, then the session's conversation items to append (with a session).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
 /// back: the run is over), plus 2 when the session is marked watched, plus 4 when a counter
-/// could not be added to (a key of another type, a field holding no number: never a reason
-/// to fail the write). A counter made by its addition (the sum is the amount added; for a
-/// hash, a field it did not have) gets the counters' TTL; one already there keeps its own (a
-/// day's usage counts: see `tenants::spend`). The fields of one hash named one after another
-/// are added together (`add_fields_fn!`: two commands for a turn's whole tally). The lease
-/// and both marks are strings: one `MGET` reads the three. (Whether the record is new is
-/// asked with `EXISTS`, not learnt from `SET … GET`: that would copy the whole previous record
-/// out on every write to save one command; and only by a write whose writer cannot tell.) The
-/// ledger (KEYS[5]) is not touched: the begin step and each tool output keep it for the turn's
-/// TTL, and what it held at this write is in the record too. Nor is the turns index's expiry,
-/// unless this write adds to it: what adds a turn keeps the index the session's retention
-/// from then (the admission, or this write for a turn whose admission was lost), so it lasts
-/// as long as the session but for the run of the session's last turn.
+/// could not be added to (a key of another type: never a reason to fail the write). A counter
+/// made by its addition (the sum is the amount added) gets the counters' TTL; one already there
+/// keeps its own (a day's usage counts: see `tenants::spend`). The lease and both marks
+/// are strings: one `MGET` reads the three. (Whether the record is new is asked with `EXISTS`,
+/// not learnt from `SET … GET`: that would copy the whole previous record out on every write
+/// to save one command; and only by a write whose writer cannot tell.) The ledger (KEYS[5]) is
+/// not touched: the begin step and each tool output keep it for the turn's TTL, and what it
+/// held at this write is in the record too. Nor is the turns index's expiry, unless this
+/// write adds to it: what adds a turn keeps the index the session's retention from then (the
+/// admission, or this write for a turn whose admission was lost), so it lasts as long as the
+/// session but for the run of the session's last turn.
 const SAVE: &str = concat!(
-    add_fields_fn!(),
     r"
 local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
@@ -203,24 +128,18 @@ elseif held[3] then
 end
 local counters = tonumber(ARGV[9])
 local missed = false
-local i = 1
-while i <= counters do
+for i = 1, counters do
   local key, field, amount = KEYS[8 + i], ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local sum
   if field == '' then
-    local sum = redis.pcall('INCRBY', key, amount)
-    if type(sum) ~= 'number' then
-      missed = true
-    elseif sum == tonumber(amount) then
-      redis.call('PEXPIRE', key, ARGV[8])
-    end
-    i = i + 1
+    sum = redis.pcall('INCRBY', key, amount)
   else
-    local fields, amounts = {}, {}
-    while i <= counters and KEYS[8 + i] == key and ARGV[8 + 2 * i] ~= '' do
-      fields[#fields + 1], amounts[#amounts + 1] = ARGV[8 + 2 * i], ARGV[9 + 2 * i]
-      i = i + 1
-    end
-    if not add_fields(key, fields, amounts, ARGV[8]) then missed = true end
+    sum = redis.pcall('HINCRBY', key, field, amount)
+  end
+  if type(sum) ~= 'number' then
+    missed = true
+  elseif sum == tonumber(amount) then
+    redis.call('PEXPIRE', key, ARGV[8])
   end
 end
 if missed then read = read + 4 end
