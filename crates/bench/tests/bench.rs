@@ -306,3 +306,35 @@ fn bench_tool_call_reports_a_turn_s_tool_call_against_the_bare_call() {
     // 20 measured and 5 warm-up calls in each of the two phases that call the tool.
     assert_eq!(calls.lines().count(), 50, "{calls}");
 }
+
+/// `ops/bench/redis-lua-cost.sh`, as docs/benchmarks.md runs it (fewer calls): a private
+/// redis-server under callgrind, a line of instructions per call for each snippet, every
+/// snippet's body costing something beyond the empty script's.
+#[test]
+fn redis_lua_cost_prints_what_each_snippet_costs_beyond_an_empty_script() {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ops/bench/redis-lua-cost.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("50")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let report = format!("{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{report}");
+    let costs: Vec<(String, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.split_once("  ")?;
+            let n = rest.split_whitespace().next()?.parse().ok()?;
+            Some((name.trim().to_string(), n))
+        })
+        .collect();
+    assert_eq!(costs.len(), 6, "{report}");
+    let (first, empty) = &costs[0];
+    assert_eq!(first, "empty script", "{report}");
+    assert!(*empty > 1_000, "an EVALSHA costs thousands: {report}");
+    for (name, n) in &costs[1..] {
+        assert!(n > empty, "{name} costs its body too: {report}");
+    }
+}
