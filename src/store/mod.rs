@@ -214,7 +214,9 @@ pub trait StoreReader: Send + Sync + 'static {
     ) -> Result<Option<TurnRecord>, StoreError>;
     /// The session's turn ids with their status, oldest first.
     async fn list_turns(&self, session: &SessionId) -> Result<Vec<TurnId>, StoreError>;
-    /// The tenant that owns the session, if any.
+    /// The tenant claimed for the session, if any: only a bare id's is claimed (the local
+    /// tenant's, or another's from before ids were scoped); a scoped id names its tenant
+    /// ([`SessionId::tenant`]) and has none stored.
     async fn owner(&self, session: &SessionId) -> Result<Option<String>, StoreError>;
     /// Whether the turn was asked to stop.
     async fn cancel_requested(
