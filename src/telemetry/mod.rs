@@ -3,6 +3,9 @@
 //! event's fields and the fields of the spans around it (`session_id`, `turn_id`, `attempt`,
 //! `request_id`, …). Colour codes only when stderr is a terminal, never in a file or a pipe.
 //!
+//! Text lines on a terminal are tracing-subscriber's, in colour; elsewhere ([`plain`]) the same
+//! line is written without terminal styles, its time by [`clock`].
+//!
 //! With `OTEL_EXPORTER_OTLP_ENDPOINT` set (and the default `otel` feature), spans are also
 //! exported to an OpenTelemetry collector ([`otlp`]); the turn's spans join the caller's
 //! trace through [`crate::trace`].
@@ -10,8 +13,10 @@
 //! Owns: installing the process's one subscriber and exporter. Must not: be called by library
 //! code.
 
+mod clock;
 #[cfg(feature = "otel")]
 pub mod otlp;
+mod plain;
 
 use std::io::IsTerminal as _;
 
@@ -109,10 +114,20 @@ pub fn init(
     // result): we handle returned messages ourselves and say so without the content.
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default_level},{QUIET_BY_DEFAULT}")));
-    let text = (format == LogFormat::Text).then(|| {
+    // Colours for a terminal (tracing-subscriber's own formatter); elsewhere the same line,
+    // written without styles ([`plain`]).
+    let colours = std::io::stderr().is_terminal();
+    let text = (format == LogFormat::Text && colours).then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
+            .with_ansi(true)
+    });
+    let plain = (format == LogFormat::Text && !colours).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .fmt_fields(plain::PlainFields)
+            .event_format(plain::PlainLine::with_timer(clock::UtcClock))
     });
     let json = (format == LogFormat::Json).then(|| {
         tracing_subscriber::fmt::layer()
@@ -135,6 +150,7 @@ pub fn init(
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(text)
+            .with(plain)
             .with(json)
             .with(spans)
             .try_init();
@@ -146,6 +162,7 @@ pub fn init(
         let _ = tracing_subscriber::registry()
             .with(filter)
             .with(text)
+            .with(plain)
             .with(json)
             .try_init();
         if EXPORT_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
