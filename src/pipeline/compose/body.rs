@@ -50,10 +50,10 @@ pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
                 .expect("an array of JSON values is JSON")
         }
     };
-    let prompt = prompts.of(spec.instructions, spec.tools, boot.as_deref());
+    let prompt = prompts.of(spec.instructions.text(), spec.tools, boot.as_deref());
     let body = |kept: bool| Body {
         model: spec.model,
-        instructions: (!kept).then_some(spec.instructions),
+        instructions: (!kept).then_some(spec.instructions.json()),
         prompt: kept.then_some(prompt.id.as_str()),
         previous_response_id: match spec.continuation {
             Continuation::Previous(id) => Some(id),
@@ -83,7 +83,7 @@ pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
 struct Body<'a> {
     model: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<&'a str>,
+    instructions: Option<&'a RawValue>,
     #[serde(rename = "aptixPrompt", skip_serializing_if = "Option::is_none")]
     prompt: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -129,7 +129,7 @@ struct FunctionChoice<'a> {
 mod body_tests {
     use super::*;
     use crate::catalog::ModeCatalog;
-    use crate::pipeline::compose::system_message;
+    use crate::pipeline::compose::{Instructions, system_message};
     use serde_json::json;
 
     #[test]
@@ -147,7 +147,7 @@ mod body_tests {
             let made = request(
                 &CallSpec {
                     model: "m",
-                    instructions: "i",
+                    instructions: &Instructions::new("i".into()),
                     tools: wire.as_deref(),
                     tool_choice: None,
                     continuation: Continuation::Replay(replayed),
@@ -179,7 +179,7 @@ mod body_tests {
         let input = [json!({"role": "user", "content": "x"})];
         let body = request_body(&CallSpec {
             model: "m",
-            instructions: "i",
+            instructions: &Instructions::new("i".into()),
             tools,
             tool_choice: Some("workspace_read_file"),
             continuation: Continuation::Previous("resp_1"),
@@ -205,7 +205,7 @@ mod body_tests {
             tool_choice: None,
             ..CallSpec {
                 model: "m",
-                instructions: "i",
+                instructions: &Instructions::new("i".into()),
                 tools,
                 tool_choice: None,
                 continuation: Continuation::Fresh,
@@ -229,6 +229,7 @@ mod body_tests {
 mod wire_tests {
     use super::*;
     use crate::catalog::ModeCatalog;
+    use crate::pipeline::compose::Instructions;
     use serde_json::json;
 
     #[test]
@@ -238,9 +239,10 @@ mod wire_tests {
         let wire = catalog.wire_tools(catalog.default_mode());
         let history = [json!({"role": "assistant", "content": "earlier"})];
         let input = [json!({"role": "user", "content": "now \"quoted\""})];
+        let block = "Current Mode: \"ddr\"\n\t- one\u{1}";
         let body = request_body(&CallSpec {
             model: "m",
-            instructions: "i",
+            instructions: &Instructions::new(block.into()),
             tools: wire.as_deref(),
             tool_choice: None,
             continuation: Continuation::Replay(&history),
@@ -257,6 +259,8 @@ mod wire_tests {
             .map(String::as_str)
             .collect();
         assert_eq!(keys, ["model", "instructions", "input", "tools"]);
+        // Sent as escaped once, when the block was made.
+        assert_eq!(v["instructions"], json!(block));
         assert_eq!(v["input"], json!([history[0], input[0]]));
         let first = &tools[0];
         assert_eq!(
@@ -267,7 +271,7 @@ mod wire_tests {
         assert_eq!(v["tools"].as_array().map(Vec::len), Some(tools.len()));
         let bare = request_body(&CallSpec {
             model: "m",
-            instructions: "i",
+            instructions: &Instructions::new("i".into()),
             tools: None,
             tool_choice: None,
             continuation: Continuation::Fresh,

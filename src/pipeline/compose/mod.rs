@@ -50,9 +50,9 @@ pub fn mode_block(catalog: &ModeCatalog, current_key: &str) -> String {
 #[derive(Debug)]
 pub struct ModeBlocks {
     /// Each mode's key and block, in the catalog's order.
-    blocks: Vec<(String, String)>,
+    blocks: Vec<(String, Instructions)>,
     /// The default mode's block, for a key the catalog does not know.
-    default: String,
+    default: Instructions,
 }
 
 impl ModeBlocks {
@@ -60,17 +60,49 @@ impl ModeBlocks {
     pub fn of(catalog: &ModeCatalog) -> Self {
         Self {
             blocks: (catalog.modes().iter())
-                .map(|m| (m.key.clone(), mode_block(catalog, &m.key)))
+                .map(|m| {
+                    (
+                        m.key.clone(),
+                        Instructions::new(mode_block(catalog, &m.key)),
+                    )
+                })
                 .collect(),
-            default: mode_block(catalog, &catalog.default_mode().key),
+            default: Instructions::new(mode_block(catalog, &catalog.default_mode().key)),
         }
     }
 
     /// [`mode_block`] for `current_key`.
-    pub fn get(&self, current_key: &str) -> &str {
+    pub fn get(&self, current_key: &str) -> &Instructions {
         (self.blocks.iter())
             .find(|(key, _)| key == current_key)
             .map_or(&self.default, |(_, block)| block)
+    }
+}
+
+/// A call's `instructions`: the text (what its prompt is made of) and the same text as a JSON
+/// string, escaped once rather than on every call that sends it.
+#[derive(Debug)]
+pub struct Instructions {
+    text: String,
+    json: Box<RawValue>,
+}
+
+impl Instructions {
+    /// `text` as instructions.
+    pub fn new(text: String) -> Self {
+        // Infallible: a string written to memory.
+        let json = serde_json::value::to_raw_value(&text).expect("a string always serialises");
+        Self { text, json }
+    }
+
+    /// The text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The text as a JSON string.
+    pub fn json(&self) -> &RawValue {
+        &self.json
     }
 }
 
@@ -91,7 +123,7 @@ pub struct CallSpec<'a> {
     /// Model name.
     pub model: &'a str,
     /// The AGN-014 §6 block for the mode current at this call.
-    pub instructions: &'a str,
+    pub instructions: &'a Instructions,
     /// The turn's tools (chosen before the loop) as the `tools` array
     /// ([`crate::catalog::ModeCatalog::wire_tools`]); `None` for none.
     pub tools: Option<&'a RawValue>,
@@ -324,11 +356,15 @@ mod tests {
         let c = ModeCatalog::builtin();
         let blocks = ModeBlocks::of(&c);
         for key in c.keys().into_iter().chain(["unknown", ""]) {
-            assert_eq!(blocks.get(key), mode_block(&c, key), "{key}");
+            let block = blocks.get(key);
+            assert_eq!(block.text(), mode_block(&c, key), "{key}");
+            let sent: String = serde_json::from_str(block.json().get()).expect("a JSON string");
+            assert_eq!(sent, block.text(), "{key}");
         }
         assert!(
             blocks
                 .get("ddr_authoring")
+                .text()
                 .starts_with("Current Mode: ddr_authoring\n")
         );
     }
