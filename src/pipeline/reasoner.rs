@@ -55,7 +55,7 @@ impl Pipeline {
         tenant: Option<&str>,
         live: Option<Arc<LiveTurn>>,
     ) -> Result<Settled, Interrupted> {
-        match Box::pin(self.open_user_turn(print, tenant, live)).await? {
+        match super::boxed::boxed(|| self.open_user_turn(print, tenant, live)).await? {
             Opened::Settled(settled) => Ok(settled),
             Opened::Reason {
                 run,
@@ -85,7 +85,7 @@ impl Pipeline {
         let begin = self
             .life
             .begin(sid, tid, asked.as_ref().ok(), probe.as_deref());
-        let (begun, chunks) = Box::pin(async {
+        let (begun, chunks) = super::boxed::boxed(|| async {
             if probe.is_none() {
                 return tokio::join!(begin, self.context_chunks(sid, turn));
             }
@@ -185,10 +185,10 @@ impl Pipeline {
             runs: begun.runs,
             stop_requested: begun.stop_requested,
         };
-        let run = Box::pin(
+        let run = super::boxed::boxed(|| {
             self.life
-                .start_user_turn(held, record, session, start, live),
-        )
+                .start_user_turn(held, record, session, start, live)
+        })
         .await?;
         // One line per turn at info is its end; a start is worth one only when it is a retry or
         // a resumption (a turn that runs again).
@@ -378,7 +378,7 @@ impl Pipeline {
                     text = refusals.join("\n\n");
                 }
                 let apart = uncounted.and_then(|spent| self.life.count_in_write(&mut run, spent));
-                let settle = async {
+                let settle = || async {
                     if text.is_empty() {
                         let result = InvokeResult::failure(permanent(
                             ErrorCode::LlmBadResponse,
@@ -391,10 +391,10 @@ impl Pipeline {
                         .await
                 };
                 return match apart {
-                    Some(spent) => self.counting(spent, Box::pin(settle)).await,
+                    Some(spent) => self.counting(spent, super::boxed::boxed(settle)).await,
                     // Counted by the write itself, or a run resumed from its checkpoint:
                     // counted when the answer came.
-                    None => Box::pin(settle).await,
+                    None => super::boxed::boxed(settle).await,
                 };
             }
             debug_assert!(

@@ -241,7 +241,9 @@ impl Worker {
                             // Boxed: tokio copies a task's whole future into place when it
                             // spawns it and again when it finishes; a pointer is cheaper to
                             // copy than a waiting turn's state.
-                            tracker.spawn(Box::pin(self.turn_task(delivery, shutdown.clone(), abandon.clone())));
+                            tracker.spawn(crate::pipeline::boxed::boxed(|| {
+                                self.turn_task(delivery, shutdown.clone(), abandon.clone())
+                            }));
                         }
                         Some(None) | None => {
                             warn!("the broker stopped delivering (connection or channel lost); reconnecting");
