@@ -29,7 +29,11 @@ mod tests {
             made.fetch_add(1, Ordering::Relaxed);
             async move { big.iter().map(|b| usize::from(*b)).sum::<usize>() }
         });
-        assert_eq!(made.load(Ordering::Relaxed), 1, "made before it is awaited, once");
+        assert_eq!(
+            made.load(Ordering::Relaxed),
+            1,
+            "made before it is awaited, once"
+        );
         assert_eq!(fut.await, 7 * 4096);
     }
 }
