@@ -22,8 +22,6 @@ use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::{FmtContext, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use super::clock::UtcClock;
-
 /// Formats a span's or an event's fields: `name=value` separated by spaces, the message bare.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PlainFields;
@@ -41,8 +39,8 @@ impl<'w> FormatFields<'w> for PlainFields {
 }
 
 /// Formats an event's line around its fields (formatted by the layer's [`PlainFields`]).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PlainLine<T = UtcClock> {
+#[derive(Debug, Clone, Copy)]
+pub struct PlainLine<T> {
     timer: T,
 }
 
