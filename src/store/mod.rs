@@ -63,6 +63,15 @@ pub struct Retention {
     pub sessions: Duration,
 }
 
+impl Retention {
+    /// How long a session's turns index is kept after a turn is added to it: the longer of
+    /// the two, so that a turn admitted to a session stays listed at least until it could
+    /// have settled, even where sessions are kept for less time than a turn waits and runs.
+    pub fn turns_index(&self) -> Duration {
+        self.sessions.max(self.turns)
+    }
+}
+
 impl Default for Retention {
     fn default() -> Self {
         Self {

@@ -3,7 +3,7 @@
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
-use aptix_worker::store::RunWrite;
+use aptix_worker::store::{RunWrite, SessionStore};
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
@@ -61,5 +61,64 @@ async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
         st.list_turns(&sid("s")).await.unwrap().len(),
         1,
         "listed once"
+    );
+}
+
+/// Sessions kept for less time than turns: the turns index still lasts as long as the turns
+/// it lists, whichever step added them (the admission, the console's admission that also
+/// notes the run, the settling write of a turn whose admission was lost), so a turn still
+/// queued or running when the session's retention runs out is not dropped from its session.
+#[tokio::test]
+async fn a_short_session_retention_never_unlists_a_turn_before_its_record() {
+    let retention = aptix_worker::store::Retention {
+        turns: std::time::Duration::from_secs(3_600),
+        sessions: std::time::Duration::from_secs(2),
+    };
+    let guard = crate::support::redis_store_with(retention).await;
+    let st = &guard.store;
+    let ns = st.namespace().to_string();
+    let mut conn = crate::support::redis_connection().await;
+    let contexts = aptix_worker::store::ContextIds::default();
+    let longer_than_the_session = |kept: i64, how: &str| {
+        assert!(
+            kept > 60_000 && kept <= 3_600_000,
+            "{how}: the turns' retention (an hour), not the session's (2 s): {kept} ms"
+        );
+    };
+
+    st.admit_turn(G, None, &contexts, &turn("a", "t"))
+        .await
+        .unwrap();
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:turns:{{a}}")).await,
+        "admitted",
+    );
+
+    st.admit_and_index(G, Some("tenant-b"), &contexts, &turn("b", "t"), 1)
+        .await
+        .unwrap();
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:turns:{{b}}")).await,
+        "admitted and noted in the runs index",
+    );
+
+    let lease = st
+        .acquire_lease(G, &sid("c"), "w1", LONG)
+        .await
+        .unwrap()
+        .expect("the session is free");
+    let t = turn("c", "t");
+    let write = RunWrite {
+        session: None,
+        turn: &t,
+        lease: &lease,
+        release: true,
+        stored: false,
+        counts: None,
+    };
+    st.save_run(G, write).await.unwrap();
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:turns:{{c}}")).await,
+        "listed by the settling write",
     );
 }

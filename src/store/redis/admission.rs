@@ -78,7 +78,8 @@ impl RedisStore {
             .arg_json(turn)?
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions));
+            .arg(ms(self.retention.sessions))
+            .arg(ms(self.retention.turns_index()));
         // Whether this note trims is decided last: a trim counted as done must be sent.
         let mut trims = false;
         if let Some(at_ms) = run {

@@ -7,7 +7,7 @@
 //! | key | type | holds | expires |
 //! |---|---|---|---|
 //! | `<ns>:session:{<sid>}` | string | session state (JSON) | idle-session retention |
-//! | `<ns>:turns:{<sid>}` | list | turn ids, oldest first | idle-session retention |
+//! | `<ns>:turns:{<sid>}` | list | turn ids, oldest first | the longer of idle-session and turn retention, from the last turn added |
 //! | `<ns>:turn:{<sid>}:<tid>` | string | turn record (JSON) | turn retention |
 //! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id`, the runs begun | turn retention |
 //! | `<ns>:prompt:<id>` | string | a call's instructions and tools (JSON), which transcripts name | twice the turn retention |

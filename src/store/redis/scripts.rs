@@ -108,16 +108,17 @@ macro_rules! append_conversation {
 /// to save one command; and only by a write whose writer cannot tell.) The ledger (KEYS[5]) is
 /// not touched: the begin step and each tool output keep it for the turn's TTL, and what it
 /// held at this write is in the record too. Nor is the turns index's expiry, unless this
-/// write adds to it: what adds a turn keeps the index the session's retention from then (the
-/// admission, or this write for a turn whose admission was lost), so it lasts as long as the
-/// session but for the run of the session's last turn.
+/// write adds to it: what adds a turn keeps the index the longer of the session's and the
+/// turn's retention from then (the admission, or this write for a turn whose admission was
+/// lost), so it lasts as long as the session but for the run of the session's last turn, and
+/// never ends before the turn it lists could have settled.
 const SAVE: &str = concat!(
     r"
 local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('RPUSH', KEYS[3], ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], ARGV[7])
+  redis.call('PEXPIRE', KEYS[3], math.max(tonumber(ARGV[3]), tonumber(ARGV[7])))
 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 local read = held[2] and 2 or 0
@@ -186,8 +187,8 @@ return 1
 /// KEYS: owner, contexts, turn, turns index, the turn's ledger, and (optional) the tenant's
 /// runs index.
 /// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
-/// turn id, session TTL ms; with a runs index: the entry's score (ms accepted) and name, and
-/// the oldest score to keep or '' (no trim now).
+/// turn id, session TTL ms, turns index TTL ms; with a runs index: the entry's score (ms
+/// accepted) and name, and the oldest score to keep or '' (no trim now).
 /// Returns {0, owner, false, false} (another tenant's session), {1, latched contexts, false,
 /// false} (other contexts), {2, existing turn JSON, its runs begun or false, note}, or {3, false, false, note}
 /// (created); stops writing at the first refusal. A turn recorded or found is noted in the
@@ -200,10 +201,10 @@ const ADMIT_TURN: &str = concat!(
     r"
 local function note_run()
   if not KEYS[6] then return false end
-  if ARGV[9] ~= '' then redis.pcall('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[9]) end
-  local added = redis.pcall('ZADD', KEYS[6], 'NX', ARGV[7], ARGV[8])
+  if ARGV[10] ~= '' then redis.pcall('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[10]) end
+  local added = redis.pcall('ZADD', KEYS[6], 'NX', ARGV[8], ARGV[9])
   if type(added) == 'table' and added.err then return added.err end
-  if ARGV[9] ~= '' then redis.pcall('PEXPIRE', KEYS[6], ARGV[4]) end
+  if ARGV[10] ~= '' then redis.pcall('PEXPIRE', KEYS[6], ARGV[4]) end
   return false
 end
 if ARGV[1] ~= '' then
@@ -218,7 +219,7 @@ local existing = redis.call('SET', KEYS[3], ARGV[3], 'NX', 'GET', 'PX', ARGV[4])
 local note = note_run()
 if existing then return {2, existing, redis.call('HGET', KEYS[5], 'runs begun'), note} end
 redis.call('RPUSH', KEYS[4], ARGV[5])
-redis.call('PEXPIRE', KEYS[4], ARGV[6])
+redis.call('PEXPIRE', KEYS[4], ARGV[7])
 return {3, false, false, note}
 "
 );
