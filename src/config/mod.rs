@@ -5,7 +5,7 @@
 //! default and meaning) in the file of its section; the same declarations drive the reading, the
 //! errors (which name the variable), `aptix config` (the effective values and where each came
 //! from, secrets masked) and the generated reference in `docs/configuration.md`
-//! ([`reference`]). Durations have one spelling (`30s`, `500ms`, `5m`); the older `_SECS` and
+//! ([`reference`](mod@reference)). Durations have one spelling (`30s`, `500ms`, `5m`); the older `_SECS` and
 //! `_MS` variables still work, with their bare numbers in their unit.
 //!
 //! Owns: what can be configured and how it is read. Must not: hold anything that is not

@@ -425,7 +425,7 @@ impl QueueReader {
     }
 }
 
-/// A session kept marked as watched ([`SessionStore::mark_watched`]): marked once before
+/// A session kept marked as watched ([`RecordWriter::mark_watched`]): marked once before
 /// [`WatchMark::hold`] returns, then again every half `linger` while the mark is held, so that
 /// after it is dropped (or its process dies) the mark lasts at least `linger` more.
 #[derive(Debug)]

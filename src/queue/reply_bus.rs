@@ -38,7 +38,7 @@ pub struct Direct {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Audience {
     /// Somebody announced themselves as a watcher of the session (see
-    /// [`crate::store::SessionStore::mark_watched`]) when the status was stored: `false` lets a
+    /// [`crate::store::RecordWriter::mark_watched`]) when the status was stored: `false` lets a
     /// broker that pays for a publish reaching nobody skip the broadcast and an on-subscribe
     /// reply queue.
     pub watched: bool,

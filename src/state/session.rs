@@ -98,7 +98,7 @@ pub struct SessionState {
     /// items a replay continuation sends to servers that do not store responses) apart from
     /// the session, append-only: a save that carries the session appends these items there,
     /// and a session read back has none (read the conversation with
-    /// [`crate::store::SessionStore::conversation`]). Sessions stored before the conversation
+    /// [`crate::store::StoreReader::conversation`]). Sessions stored before the conversation
     /// moved out hold it here; it moves with their next save.
     #[serde(default, skip_serializing)]
     pub conversation: Vec<Value>,

@@ -34,9 +34,9 @@ pub use runs::{IndexedTurn, RunsPage, RunsPosition, now_ms};
 ///
 /// AGN-027 layer F ([`crate::pipeline::lifecycle`]) is the one place that makes a grant: the
 /// pipeline's other layers and the front door do not even hold a [`SessionStore`], and clippy
-/// (`clippy.toml`, `disallowed-methods`) refuses a call of [`Grant::layer_f`] anywhere but F's
+/// (`clippy.toml`, `disallowed-methods`) refuses a call of `Grant::layer_f` anywhere but F's
 /// one allowed call, so whoever holds a store still moves a turn only through F's transitions.
-/// Integration tests of the stores themselves get one from [`Grant::for_tests`] (feature
+/// Integration tests of the stores themselves get one from `Grant::for_tests` (feature
 /// `test-support`).
 #[derive(Debug)]
 pub struct Grant(());
@@ -129,7 +129,7 @@ pub enum StoreError {
     },
 }
 
-/// Live events kept per turn ([`SessionStore::keep_live`]).
+/// Live events kept per turn ([`RecordWriter::keep_live`]).
 pub const LIVE_EVENTS_PER_TURN: usize = 512;
 /// How long a turn's live events are kept after its latest.
 pub const LIVE_KEPT: Duration = Duration::from_secs(30);
@@ -176,7 +176,7 @@ pub struct Saved {
     /// The turn had been asked to stop when it was written (read only by a write that keeps
     /// the lease: one that gives it back ends the run).
     pub stop_requested: bool,
-    /// Someone may be watching the session: it was marked ([`SessionStore::mark_watched`])
+    /// Someone may be watching the session: it was marked ([`RecordWriter::mark_watched`])
     /// when the turn was written.
     pub watched: bool,
     /// Counters the write was to add to ([`RunWrite::counts`]) were not all added: the store
@@ -251,7 +251,7 @@ pub trait StoreReader: Send + Sync + 'static {
     -> Result<Option<ContextIds>, StoreError>;
     /// The session's conversation as stored, oldest item first (empty for an unknown session).
     async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
-    /// The live events kept of a turn ([`SessionStore::keep_live`]), oldest first.
+    /// The live events kept of a turn ([`RecordWriter::keep_live`]), oldest first.
     async fn kept_live(
         &self,
         session: &SessionId,
@@ -331,7 +331,7 @@ pub trait RecordWriter: StoreReader {
     /// left as it is). A worker sends a session's statuses to the session's watchers and to
     /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
     /// whoever subscribes marks the session first and again while it stays (see
-    /// [`watch::WatchMark`]): a turn saved before the mark is found by the store read that
+    /// [`crate::delivery::WatchMark`]): a turn saved before the mark is found by the store read that
     /// follows the subscription, one saved after it is sent.
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
     /// Keeps one live event of a streaming turn (its JSON, [`crate::live::LiveEvent`]) for
@@ -362,7 +362,7 @@ pub trait RecordWriter: StoreReader {
     /// Notes what is known of batch `id`'s completion, atomically: a line's turn that settled
     /// (each counted once, however often it settles) and, from the front door once every line
     /// was enqueued, how many lines have turns. `true` when every line has settled and the
-    /// batch is not marked done ([`SessionStore::batch_done`]) — whoever notes the last piece
+    /// batch is not marked done ([`RecordWriter::batch_done`]) — whoever notes the last piece
     /// tells of it.
     async fn note_batch(
         &self,
@@ -374,7 +374,7 @@ pub trait RecordWriter: StoreReader {
     async fn batch_done(&self, id: &str) -> Result<(), StoreError>;
     /// Notes, before they are enqueued, that the turn event of batch `id`'s line `line` goes
     /// to `urls`: the line counts towards the batch's completion only once each of them is
-    /// finished ([`SessionStore::line_event_finished`]), so `batch.completed` never overtakes
+    /// finished ([`RecordWriter::line_event_finished`]), so `batch.completed` never overtakes
     /// a line's event. Kept for the turn retention.
     async fn expect_line_events(
         &self,
@@ -484,7 +484,7 @@ pub trait SessionStore: RecordWriter {
     /// ([`crate::state::RUNS_BEGUN`]: readers see the turn `running` from then on, and a
     /// run that dies before writing is counted) and reads whether the turn was asked to stop;
     /// with no session stored, `contexts` (when given) are latched as
-    /// [`SessionStore::latch_contexts`] does and the latched ones come back. With `probe` — a
+    /// [`RecordWriter::latch_contexts`] does and the latched ones come back. With `probe` — a
     /// key another part of the same server names (the retrieval index) — and the lease, a
     /// store that reaches it ([`SessionStore::steps_reach_other_keys`]) also says whether it
     /// exists ([`Begun::probed`]). One atomic step (Redis: one script; embedded: one lock).

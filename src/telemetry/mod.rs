@@ -3,11 +3,11 @@
 //! event's fields and the fields of the spans around it (`session_id`, `turn_id`, `attempt`,
 //! `request_id`, …). Colour codes only when stderr is a terminal, never in a file or a pipe.
 //!
-//! Text lines on a terminal are tracing-subscriber's, in colour; elsewhere ([`plain`]) the same
-//! line is written without terminal styles, its time by [`clock`].
+//! Text lines on a terminal are tracing-subscriber's, in colour; elsewhere (`plain.rs`) the same
+//! line is written without terminal styles, its time by `clock.rs`.
 //!
 //! With `OTEL_EXPORTER_OTLP_ENDPOINT` set (and the default `otel` feature), spans are also
-//! exported to an OpenTelemetry collector ([`otlp`]); the turn's spans join the caller's
+//! exported to an OpenTelemetry collector (`otlp.rs`); the turn's spans join the caller's
 //! trace through [`crate::trace`].
 //!
 //! Owns: installing the process's one subscriber and exporter. Must not: be called by library

@@ -1,21 +1,21 @@
-//! The turn lifecycle (AGN-027 layer F: persistence is terminal), as [`Lifecycle`]. The one
+//! The turn lifecycle (AGN-027 layer F: persistence is terminal), as `Lifecycle`. The one
 //! module that writes a turn's state: inside the pipeline it alone holds the store's writer
 //! (the reasoner holds a `Lifecycle` and a reader; the model call and the server tools neither),
 //! and in the crate it alone makes the store's [`Grant`], so every other module — the worker,
 //! the front door — moves a turn only through the transitions here. A run's turn and session
-//! are held in a [`Run`] whose fields only this module can change.
+//! are held in a `Run` whose fields only this module can change.
 //!
 //! The transitions, each **one atomic store step** (one Lua script on Redis, one lock on the
 //! embedded store), checked against the session's lease:
 //!
 //! | transition | what the step writes |
 //! |---|---|
-//! | begin ([`Lifecycle::begin`]) | the lease taken, the run counted (readers see the turn `running`; a new session's contexts latched), read with the turn, the session and any stop request |
-//! | start ([`Lifecycle::accept_tool_results`]; [`Lifecycle::start_user_turn`] only for a turn whose record was not stored) | the turn `running`, its attempt counted |
-//! | checkpoint ([`Lifecycle::checkpoint`]) | a model answer that calls tools, before any of them runs |
-//! | record a tool output ([`Lifecycle::record_tool_output`]) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
+//! | begin (`Lifecycle::begin`) | the lease taken, the run counted (readers see the turn `running`; a new session's contexts latched), read with the turn, the session and any stop request |
+//! | start (`Lifecycle::accept_tool_results`; `Lifecycle::start_user_turn` only for a turn whose record was not stored) | the turn `running`, its attempt counted |
+//! | checkpoint (`Lifecycle::checkpoint`) | a model answer that calls tools, before any of them runs |
+//! | record a tool output (`Lifecycle::record_tool_output`) | the ledger entry and, for `agent_change_mode`, the session's mode and history |
 //! | complete / await client tools / fail / cancel | the turn's result and status, the session (conversation head, items, mode), the lease given back |
-//! | hand back ([`Lifecycle::hand_back`]) | after a failure that was not a write: the record as this run last stored it, the lease given back |
+//! | hand back (`Lifecycle::hand_back`) | after a failure that was not a write: the record as this run last stored it, the lease given back |
 //!
 //! and at the front door ([`Intake`]): admit a new turn, take back one whose job was not
 //! accepted, queue a continuation (and take it back), cancel a waiting turn — each a
@@ -32,7 +32,7 @@
 //!
 //! Where each is: opening a run (`open.rs`), the steps inside it (`steps.rs`), ending it
 //! (`settle.rs`), turns no run can finish (`abandon.rs`), the front door's (`intake.rs`); the
-//! [`Run`] and the one write every transition goes through stay here.
+//! `Run` and the one write every transition goes through stay here.
 //!
 //! Owns: the turn's state transitions in the store, the lease, the first shape of a session.
 //! Must not: call the model or run tools.
