@@ -17,7 +17,6 @@ mod connections;
 mod hosted;
 mod parse;
 mod refusal;
-mod skim;
 mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;

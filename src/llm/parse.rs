@@ -18,20 +18,8 @@ use serde_json::value::RawValue;
 use super::{AttemptError, LlmError, ModelResponse, OutputItem};
 use crate::contract::Usage;
 
-/// Normalises a `Response` object received as bytes (a non-streamed answer): the members
-/// [`Wire`] reads are skimmed out of it ([`super::skim`]) and parsed. An answer the skim
-/// cannot follow, or whose members do not parse, is parsed whole, which says what is wrong
-/// with it and where.
+/// Normalises a `Response` object received as bytes (a non-streamed answer).
 pub(super) fn parse_bytes(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
-    let picked = super::skim::pick(bytes, Wire::MEMBERS);
-    match picked.as_deref().map(serde_json::from_slice::<Wire<'_>>) {
-        Some(Ok(wire)) => normalise(wire),
-        _ => parse_whole(bytes),
-    }
-}
-
-/// Normalises a `Response` object parsed from all of `bytes`.
-pub(super) fn parse_whole(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
     let wire: Wire<'_> = serde_json::from_slice(bytes).map_err(|e| {
         bad(if e.is_data() {
             format!("the answer is not a Responses API response ({e})")
@@ -60,7 +48,7 @@ fn bad(message: String) -> AttemptError {
 
 /// The fields of a `Response` this client reads.
 #[derive(Deserialize)]
-pub(super) struct Wire<'a> {
+struct Wire<'a> {
     #[serde(borrow, default)]
     id: Option<Text<'a>>,
     #[serde(borrow, default)]
@@ -77,19 +65,6 @@ pub(super) struct Wire<'a> {
     usage: Option<WireUsage>,
     #[serde(borrow, default)]
     service_tier: Option<Text<'a>>,
-}
-
-impl Wire<'_> {
-    /// The names of its fields: the members [`parse_bytes`] skims out of an answer.
-    pub(super) const MEMBERS: &'static [&'static str] = &[
-        "id",
-        "status",
-        "incomplete_details",
-        "error",
-        "output",
-        "usage",
-        "service_tier",
-    ];
 }
 
 #[derive(Deserialize)]
