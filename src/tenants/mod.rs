@@ -285,16 +285,32 @@ fn today() -> (String, String, u64) {
     let secs = u64::try_from((next - now).whole_seconds())
         .unwrap_or(0)
         .max(1);
-    (
-        format!(
-            "{:04}-{:02}-{:02}",
-            day.year(),
-            u8::from(day.month()),
-            day.day()
-        ),
-        resets_at,
-        secs,
-    )
+    (day_text(day), resets_at, secs)
+}
+
+/// Today (UTC) as `YYYY-MM-DD`: the day a model call's spending is counted under (every
+/// call's, so written digit by digit rather than through `format!`).
+fn count_day() -> String {
+    day_text(OffsetDateTime::now_utc().date())
+}
+
+/// `day` as `YYYY-MM-DD` (`format!("{:04}-{:02}-{:02}")`'s text for every day).
+fn day_text(day: time::Date) -> String {
+    let (year, month, date) = (day.year(), u8::from(day.month()), day.day());
+    let Ok(year @ 0..=9999) = u16::try_from(year) else {
+        return format!("{year:04}-{month:02}-{date:02}");
+    };
+    let digit = |n: u16| char::from(b'0' + (n % 10) as u8);
+    let mut text = String::with_capacity(10);
+    for n in [year / 1000, year / 100, year / 10, year] {
+        text.push(digit(n));
+    }
+    for n in [u16::from(month), u16::from(date)] {
+        text.push('-');
+        text.push(digit(n / 10));
+        text.push(digit(n));
+    }
+    text
 }
 
 impl Quotas {
@@ -444,6 +460,30 @@ mod tests {
         assert_eq!(q.counts_in_write("a", "default", tokens(5, 0)), None);
         let nothing = q.counts_in_write("a", "default", tokens(0, 0)).unwrap();
         assert!(nothing.adds.is_empty());
+    }
+
+    /// The day's text is `format!`'s, whatever the day (the years the product will see, the
+    /// turn of centuries, leap days, and the calendar's ends, which take `format!` itself).
+    #[test]
+    fn a_days_text_is_year_month_day() {
+        let years = (-3..=3).chain(1999..=2101).chain(9998..=9999);
+        for year in years {
+            let mut day = time::Date::from_ordinal_date(year, 1).unwrap();
+            while day.year() == year {
+                let expected = format!(
+                    "{:04}-{:02}-{:02}",
+                    day.year(),
+                    u8::from(day.month()),
+                    day.day()
+                );
+                assert_eq!(day_text(day), expected);
+                let Some(next) = day.next_day() else { break };
+                day = next;
+            }
+        }
+        assert_eq!(day_text(time::Date::MIN), "-9999-01-01");
+        assert_eq!(day_text(time::Date::MAX), "9999-12-31");
+        assert_eq!(count_day(), today().0);
     }
 
     fn quotas(limits: TenantLimits) -> Quotas {

@@ -6,7 +6,7 @@
 //! A count that cannot be written is logged, not fatal: the call was made and its answer is
 //! good.
 
-use super::{KEEP_COUNT, Quotas, cost_key, key, today};
+use super::{KEEP_COUNT, Quotas, cost_key, count_day, key};
 use crate::contract::Usage;
 use crate::store::{CounterAdd, CounterAdds};
 
@@ -41,7 +41,13 @@ fn tally(context: &str, usage: &Usage) -> Vec<(String, u64)> {
     ]
     .into_iter()
     .filter(|(_, n)| *n > 0)
-    .map(|(field, n)| (format!("{context}/{field}"), n))
+    .map(|(field, n)| {
+        let mut name = String::with_capacity(context.len() + 1 + field.len());
+        name.push_str(context);
+        name.push('/');
+        name.push_str(field);
+        (name, n)
+    })
     .collect()
 }
 
@@ -64,7 +70,7 @@ impl Quotas {
             return;
         }
         let tokens = usage.total_tokens;
-        let (day, _, _) = today();
+        let day = count_day();
         let counts = tally(context, &usage);
         let (k, cost) = (key(tenant), cost_key(tenant));
         let counted = self.store.add_usage(&k, &day, tokens, &counts, KEEP_COUNT);
@@ -101,7 +107,7 @@ impl Quotas {
                 adds: Vec::new(),
             });
         }
-        let (day, _, _) = today();
+        let day = count_day();
         let (count, tally_key) = self.store.day_keys(&key(tenant), &day)?;
         let cost = match usage.cost_micros {
             0 => None,
