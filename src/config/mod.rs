@@ -5,8 +5,8 @@
 //! default and meaning) in the file of its section; the same declarations drive the reading, the
 //! errors (which name the variable), `aptix config` (the effective values and where each came
 //! from, secrets masked) and the generated reference in `docs/configuration.md`
-//! ([`reference`](mod@reference)). Durations have one spelling (`30s`, `500ms`, `5m`); the older `_SECS` and
-//! `_MS` variables still work, with their bare numbers in their unit.
+//! ([`reference`](mod@reference)). Durations have one spelling (`30s`, `500ms`, `5m`); the
+//! older `_SECS` and `_MS` variables still work, with their bare numbers in their unit.
 //!
 //! Owns: what can be configured and how it is read. Must not: hold anything that is not
 //! configuration (tenants, tokens, the error chain and the memory probe live elsewhere).

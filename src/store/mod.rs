@@ -331,8 +331,8 @@ pub trait RecordWriter: StoreReader {
     /// left as it is). A worker sends a session's statuses to the session's watchers and to
     /// its on-subscribe reply queue only while the session is marked ([`Saved::watched`]), so
     /// whoever subscribes marks the session first and again while it stays (see
-    /// [`crate::delivery::WatchMark`]): a turn saved before the mark is found by the store read that
-    /// follows the subscription, one saved after it is sent.
+    /// [`crate::delivery::WatchMark`]): a turn saved before the mark is found by the store
+    /// read that follows the subscription, one saved after it is sent.
     async fn mark_watched(&self, session: &SessionId, ttl: Duration) -> Result<(), StoreError>;
     /// Keeps one live event of a streaming turn (its JSON, [`crate::live::LiveEvent`]) for
     /// [`LIVE_KEPT`] after the turn's latest, the newest [`LIVE_EVENTS_PER_TURN`] of each

@@ -2,8 +2,9 @@
 //! of the same tool through the same client, measured in the same run.
 //!
 //! A tools file names the server (any Streamable HTTP MCP server and one of its tools), as an
-//! operator writes one; the product is built from it by [`aptix_worker::app::App::build`] against the fake model
-//! (no latency). Three phases, one call or turn at a time so latency is the path's own:
+//! operator writes one; the product is built from it by [`aptix_worker::app::App::build`]
+//! against the fake model (no latency). Three phases, one call or turn at a time so latency
+//! is the path's own:
 //!
 //! 1. **bare**: the tool called through the product's MCP client alone (`McpTools::call`: rmcp
 //!    over our HTTP client), as a turn's call reaches the server;

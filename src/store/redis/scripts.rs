@@ -118,7 +118,9 @@ local held = redis.call('MGET', KEYS[1], KEYS[8], KEYS[7])
 if held[1] ~= ARGV[1] then return redis.error_reply('FENCED stale lease') end
 if ARGV[5] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('RPUSH', KEYS[3], ARGV[5])
-  redis.call('PEXPIRE', KEYS[3], math.max(tonumber(ARGV[3]), tonumber(ARGV[7])))
+  local keep = ARGV[7]
+  if tonumber(ARGV[3]) > tonumber(keep) then keep = ARGV[3] end
+  redis.call('PEXPIRE', KEYS[3], keep)
 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 local read = held[2] and 2 or 0
