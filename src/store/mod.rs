@@ -64,9 +64,11 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// How long a session's turns index is kept after a turn is added to it: the longer of
-    /// the two, so that a turn admitted to a session stays listed at least until it could
-    /// have settled, even where sessions are kept for less time than a turn waits and runs.
+    /// How long a session's turns index, and what was latched for the session (its contexts,
+    /// the owner of a bare id, its fencing counter), are kept after a turn is added: the
+    /// longer of the two, so that a turn admitted to a session stays listed, and runs under
+    /// the contexts it was admitted with, at least until it could have settled, even where
+    /// sessions are kept for less time than a turn waits and runs.
     pub fn turns_index(&self) -> Duration {
         self.sessions.max(self.turns)
     }

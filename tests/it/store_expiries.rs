@@ -3,7 +3,7 @@
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
-use aptix_worker::store::{RunWrite, SessionStore};
+use aptix_worker::store::{RecordWriter, RunWrite, SessionStore};
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
@@ -67,7 +67,9 @@ async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
 /// Sessions kept for less time than turns: the turns index still lasts as long as the turns
 /// it lists, whichever step added them (the admission, the console's admission that also
 /// notes the run, the settling write of a turn whose admission was lost), so a turn still
-/// queued or running when the session's retention runs out is not dropped from its session.
+/// queued or running when the session's retention runs out is not dropped from its session;
+/// and so do the session's latches (its contexts, a bare id's owner, the fencing counter), so
+/// the turn runs under the contexts it was admitted with.
 #[tokio::test]
 async fn a_short_session_retention_never_unlists_a_turn_before_its_record() {
     let retention = aptix_worker::store::Retention {
@@ -93,6 +95,10 @@ async fn a_short_session_retention_never_unlists_a_turn_before_its_record() {
         pttl(&mut conn, &format!("{ns}:turns:{{a}}")).await,
         "admitted",
     );
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:contexts:{{a}}")).await,
+        "the contexts latched by the admission",
+    );
 
     st.admit_and_index(G, Some("tenant-b"), &contexts, &turn("b", "t"), 1)
         .await
@@ -101,12 +107,35 @@ async fn a_short_session_retention_never_unlists_a_turn_before_its_record() {
         pttl(&mut conn, &format!("{ns}:turns:{{b}}")).await,
         "admitted and noted in the runs index",
     );
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:owner:{{b}}")).await,
+        "a bare id's owner",
+    );
+    assert_eq!(
+        st.latch_contexts(&sid("d"), &contexts).await.unwrap(),
+        contexts
+    );
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:contexts:{{d}}")).await,
+        "the contexts latched before a busy session's check",
+    );
+    st.begin_turn(G, &sid("e"), &tid("t"), "w1", LONG, Some(&contexts), None)
+        .await
+        .unwrap();
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:contexts:{{e}}")).await,
+        "the contexts latched by a run's begin",
+    );
 
     let lease = st
         .acquire_lease(G, &sid("c"), "w1", LONG)
         .await
         .unwrap()
         .expect("the session is free");
+    longer_than_the_session(
+        pttl(&mut conn, &format!("{ns}:fence:{{c}}")).await,
+        "the fencing counter",
+    );
     let t = turn("c", "t");
     let write = RunWrite {
         session: None,

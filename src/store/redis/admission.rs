@@ -13,10 +13,11 @@ type AdmitAnswer = (i64, Option<String>, Option<String>, Option<String>);
 
 impl RedisStore {
     /// Sets a session-lived `key` to `value` unless it holds one already, keeps it as long as
-    /// the session, and returns what it holds (one round trip, two commands: `SET NX GET PX`
-    /// answers what the key held, if anything, and `PEXPIRE` keeps one already set).
+    /// the session's turns index ([`crate::store::Retention::turns_index`]), and returns what
+    /// it holds (one round trip, two commands: `SET NX GET PX` answers what the key held, if
+    /// anything, and `PEXPIRE` keeps one already set).
     pub(super) async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
-        let ttl = ms(self.retention.sessions);
+        let ttl = ms(self.retention.turns_index());
         let (held, _): (Option<String>, i64) = redis::pipe()
             .cmd("SET")
             .arg(key)
@@ -78,7 +79,6 @@ impl RedisStore {
             .arg_json(turn)?
             .arg(ms(self.retention.turns))
             .arg(turn.turn_id.as_str())
-            .arg(ms(self.retention.sessions))
             .arg(ms(self.retention.turns_index()));
         // Whether this note trims is decided last: a trim counted as done must be sent.
         let mut trims = false;

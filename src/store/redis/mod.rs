@@ -12,8 +12,9 @@
 //! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id`, the runs begun | turn retention |
 //! | `<ns>:prompt:<id>` | string | a call's instructions and tools (JSON), which transcripts name | twice the turn retention |
 //! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
-//! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | idle-session retention |
-//! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | idle-session retention |
+//! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | as the turns index |
+//! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | as the turns index |
+//! | `<ns>:contexts:{<sid>}` | string | the session's latched contexts (JSON) | as the turns index |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
 //! | `<ns>:runs:{<tenant>}` | sorted set | the tenant's turns (`<sid> <tid>`) by acceptance time (ms): the runs index | turn retention (trimmed each minute) |
@@ -343,7 +344,7 @@ impl SessionStore for RedisStore {
             .key(self.key("fence", session))
             .arg(holder)
             .arg(ms(ttl))
-            .arg(ms(self.retention.sessions))
+            .arg(ms(self.retention.turns_index()))
             .invoke_async(&mut self.conn())
             .await
             .map_err(unavailable)?;

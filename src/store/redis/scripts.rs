@@ -189,8 +189,10 @@ return 1
 /// KEYS: owner, contexts, turn, turns index, the turn's ledger, and (optional) the tenant's
 /// runs index.
 /// ARGV: tenant or '' (no claim), contexts JSON or '' (no latch), turn JSON, turn TTL ms,
-/// turn id, session TTL ms, turns index TTL ms; with a runs index: the entry's score (ms
-/// accepted) and name, and the oldest score to keep or '' (no trim now).
+/// turn id, the TTL ms of the session's turns index and latches (they last as long as a turn
+/// they list may: the longer of the session's and the turns' retention); with a runs index:
+/// the entry's score (ms accepted) and name, and the oldest score to keep or '' (no trim
+/// now).
 /// Returns {0, owner, false, false} (another tenant's session), {1, latched contexts, false,
 /// false} (other contexts), {2, existing turn JSON, its runs begun or false, note}, or {3, false, false, note}
 /// (created); stops writing at the first refusal. A turn recorded or found is noted in the
@@ -203,10 +205,10 @@ const ADMIT_TURN: &str = concat!(
     r"
 local function note_run()
   if not KEYS[6] then return false end
-  if ARGV[10] ~= '' then redis.pcall('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[10]) end
-  local added = redis.pcall('ZADD', KEYS[6], 'NX', ARGV[8], ARGV[9])
+  if ARGV[9] ~= '' then redis.pcall('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. ARGV[9]) end
+  local added = redis.pcall('ZADD', KEYS[6], 'NX', ARGV[7], ARGV[8])
   if type(added) == 'table' and added.err then return added.err end
-  if ARGV[10] ~= '' then redis.pcall('PEXPIRE', KEYS[6], ARGV[4]) end
+  if ARGV[9] ~= '' then redis.pcall('PEXPIRE', KEYS[6], ARGV[4]) end
   return false
 end
 if ARGV[1] ~= '' then
@@ -221,7 +223,7 @@ local existing = redis.call('SET', KEYS[3], ARGV[3], 'NX', 'GET', 'PX', ARGV[4])
 local note = note_run()
 if existing then return {2, existing, redis.call('HGET', KEYS[5], 'runs begun'), note} end
 redis.call('RPUSH', KEYS[4], ARGV[5])
-redis.call('PEXPIRE', KEYS[4], ARGV[7])
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
 return {3, false, false, note}
 "
 );

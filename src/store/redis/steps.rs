@@ -68,7 +68,7 @@ impl RedisStore {
         }
         call.arg(holder)
             .arg(ms(ttl))
-            .arg(ms(self.retention.sessions));
+            .arg(ms(self.retention.turns_index()));
         match contexts {
             Some(c) => call.arg_json(c)?,
             None => call.arg(""),
