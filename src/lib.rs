@@ -54,7 +54,8 @@
 //! with), [`causes`] (an error and its causes as one line), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
-//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`vitals`]
+//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`digits`] (fixed-width
+//! decimal text), [`vitals`]
 //! (each worker's heartbeat and the system view folded from them), [`sched`] (the CPU
 //! scheduling class of the long-running processes), [`allocs`] (the counting allocator a
 //! `count-allocations` build installs, for the bench's allocations per turn), [`fake_llm`] (a
@@ -72,6 +73,7 @@ pub mod config;
 pub mod contexts;
 pub mod contract;
 pub mod delivery;
+pub mod digits;
 pub mod fake_llm;
 pub mod frontdoor;
 pub mod hex;

@@ -31,25 +31,14 @@ impl FormatTime for UtcClock {
 pub(super) fn stamp(since_epoch: Duration) -> Option<[u8; 27]> {
     let secs = i64::try_from(since_epoch.as_secs()).ok()?;
     let at = time::OffsetDateTime::from_unix_timestamp(secs).ok()?;
-    let year = u64::try_from(at.year()).ok().filter(|y| *y <= 9999)?;
     let mut text = *b"0000-00-00T00:00:00.000000Z";
-    digits(&mut text[0..4], year);
-    digits(&mut text[5..7], u64::from(u8::from(at.month())));
-    digits(&mut text[8..10], u64::from(at.day()));
+    text[0..10].copy_from_slice(&crate::digits::date(at.date())?);
+    let digits = crate::digits::write;
     digits(&mut text[11..13], u64::from(at.hour()));
     digits(&mut text[14..16], u64::from(at.minute()));
     digits(&mut text[17..19], u64::from(at.second()));
     digits(&mut text[20..26], u64::from(since_epoch.subsec_micros()));
     Some(text)
-}
-
-/// Writes `value`'s last `into.len()` decimal digits into `into`, zero-padded.
-fn digits(into: &mut [u8], mut value: u64) {
-    for place in into.iter_mut().rev() {
-        // `value % 10` is below 10: the cast keeps it whole.
-        *place = b'0' + (value % 10) as u8;
-        value /= 10;
-    }
 }
 
 #[cfg(test)]
