@@ -74,7 +74,7 @@ pub static SESSION_TTL: Setting = Setting {
     }],
     kind: Kind::Duration,
     default: Default::Value("30d"),
-    about: "how long an idle session (mode, history, continuation state) is kept",
+    about: "how long an idle session (mode, history, continuation state) is kept; its turns list and latched contexts last the longer of this and APTIX_RESULT_TTL",
 };
 
 /// `APTIX_LEASE`.
