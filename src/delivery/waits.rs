@@ -57,7 +57,7 @@ impl ResultDelivery {
         let record = match self.store.get_turn(session, turn).await? {
             None => return Ok(Turn::Gone),
             Some(r) if r.status.is_settled() => {
-                return Ok(Turn::Settled(Box::new(TurnStatusView::from(&r))));
+                return Ok(Turn::Settled(Box::new(TurnStatusView::from(r))));
             }
             Some(r) => r,
         };
@@ -90,7 +90,7 @@ impl ResultDelivery {
             .ok();
         Ok(match self.store.get_turn(session, turn).await? {
             None => Turn::Gone,
-            Some(r) if r.status.is_settled() => Turn::Settled(Box::new(TurnStatusView::from(&r))),
+            Some(r) if r.status.is_settled() => Turn::Settled(Box::new(TurnStatusView::from(r))),
             Some(_) => Turn::Unsettled(self.listener((session, turn), None, events, Some(mark))),
         })
     }
@@ -254,10 +254,10 @@ impl Listener {
                 return Ok(Heard::Gone);
             };
             if record.status.is_settled() {
-                return Ok(Heard::Settled(TurnStatusView::from(&record).into()));
+                return Ok(Heard::Settled(TurnStatusView::from(record).into()));
             }
             if Instant::now() >= deadline {
-                return Ok(Heard::Unsettled(Box::new(TurnStatusView::from(&record))));
+                return Ok(Heard::Unsettled(Box::new(TurnStatusView::from(record))));
             }
         }
     }
@@ -287,7 +287,7 @@ impl Listener {
         Ok(
             match self.store.get_turn(&self.session, &self.turn).await? {
                 Some(record) if record.status.is_settled() => {
-                    Some(TurnStatusView::from(&record).into())
+                    Some(TurnStatusView::from(record).into())
                 }
                 Some(_) => None,
                 // Gone from the store (expired): what was heard is all there is.

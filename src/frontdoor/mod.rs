@@ -414,7 +414,7 @@ impl FrontDoor {
                     Some(existing) if existing.status == TurnStatus::Queued => {}
                     Some(existing) => {
                         self.metrics.duplicate_suppressed("frontdoor");
-                        return Ok(TurnStatusView::from(&*existing));
+                        return Ok(TurnStatusView::from(*existing));
                     }
                 }
                 // The runs index is noted by the admission where the store can, else beside
@@ -444,7 +444,7 @@ impl FrontDoor {
                     return Err(e.into());
                 }
                 self.metrics.turn_accepted();
-                Ok(TurnStatusView::from(&*fresh))
+                Ok(TurnStatusView::from(*fresh))
             }
             AgentExecuteRequest::ToolContinuation(cont) => {
                 let fp = continuation_fingerprint(cont);

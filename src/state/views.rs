@@ -36,6 +36,22 @@ pub struct TurnStatusView {
     pub result: Option<InvokeResult<AgentExecuteResponse>>,
 }
 
+/// The status of a record no longer needed as a record: its parts moved, not copied.
+impl From<TurnRecord> for TurnStatusView {
+    fn from(r: TurnRecord) -> Self {
+        Self {
+            service_tier: r.calls.into_iter().rev().find_map(|c| c.service_tier),
+            session_id: r.session_id,
+            turn_id: r.turn_id,
+            status: r.status,
+            attempts: r.attempts,
+            submitted_at: r.submitted_at,
+            completed_at: r.completed_at,
+            result: r.result,
+        }
+    }
+}
+
 impl From<&TurnRecord> for TurnStatusView {
     fn from(r: &TurnRecord) -> Self {
         Self {

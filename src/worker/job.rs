@@ -339,7 +339,7 @@ impl Worker {
             }
         };
         match record.filter(|r| r.status.is_settled() && r.result.as_ref() == Some(result)) {
-            Some(r) => Ok(Some(TurnStatusView::from(&r))),
+            Some(r) => Ok(Some(TurnStatusView::from(r))),
             None => {
                 warn!("the turn no longer holds this result; not publishing it");
                 Ok(None)

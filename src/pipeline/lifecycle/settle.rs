@@ -216,7 +216,7 @@ impl Lifecycle {
             Err(f) => return Err(self.hand_back(run, f).await),
         };
         Ok(Settled {
-            status: Some(TurnStatusView::from(run.record.as_ref())),
+            status: Some(TurnStatusView::from(*run.record)),
             result,
             watched: saved.watched,
         })
