@@ -91,6 +91,34 @@ mod tests {
         assert!(short.artifacts.is_empty());
     }
 
+    /// A record's status is the same whether the record is lent or given up: ids, times,
+    /// result, and the tier of the latest call that reports one.
+    #[test]
+    fn a_status_moved_out_of_a_record_is_the_one_copied_from_it() {
+        use super::{TurnRecord, TurnStatusView};
+        let call = |tier: Option<&str>| {
+            serde_json::json!({"responseId": "r", "model": "m", "agentContext": "default",
+                "latencyMs": 1, "serviceTier": tier,
+                "usage": {"promptTokens": 1, "completionTokens": 1, "totalTokens": 2}})
+        };
+        let record: TurnRecord = serde_json::from_value(serde_json::json!({
+            "sessionId": "s", "turnId": "t", "fingerprint": "f", "status": "completed",
+            "modeKey": "general", "pending": null, "toolLedger": {}, "requests": [],
+            "attempts": 2, "submittedAt": "2026-11-30T00:00:00Z",
+            "completedAt": "2026-11-30T00:00:01Z",
+            "result": {"successful": true, "result": {"kind": "final", "sessionId": "s",
+                "turnId": "t", "modeDisplayName": "General", "primaryOutputText": "done"}, "errors": [], "warnings": []},
+            "calls": [call(Some("flex")), call(Some("default")), call(None)]
+        }))
+        .unwrap();
+        let lent = TurnStatusView::from(&record);
+        let moved = TurnStatusView::from(record);
+        assert_eq!(moved, lent);
+        assert_eq!(moved.service_tier.as_deref(), Some("default"));
+        assert_eq!(moved.attempts, 2);
+        assert!(moved.result.is_some_and(|r| r.is_successful()));
+    }
+
     #[test]
     fn shortened_counts_characters_not_bytes() {
         use super::shortened;
