@@ -128,9 +128,9 @@ impl Metrics {
         for status in ["completed", "awaiting_client_tools", "failed", "cancelled"] {
             turns.get_or_create(&[("status", status)]).inc_by(0);
         }
-        for kind in ["input", "output", "cached_input", "reasoning"] {
-            tokens.get_or_create(&[("kind", kind)]).inc_by(0);
-        }
+        // The order `Metrics::add_tokens` adds in.
+        let tokens = ["input", "output", "cached_input", "reasoning"]
+            .map(|kind| tokens.get_or_create(&[("kind", kind)]).clone());
         for reason in [
             "transient",
             "session_busy",
