@@ -5,7 +5,7 @@
 //! Owns: the map from context ids to clients and prompts, and resolving a user turn's contexts
 //! against the ones its session latched. Must not: call the model or write turn state.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::contexts::{DEFAULT_CONTEXT, KnownContexts, context_mismatches};
@@ -42,6 +42,8 @@ pub struct Conversation {
 /// Every context a pipeline can run turns with.
 #[derive(Debug, Clone)]
 pub struct Backends {
+    // Looked up by name a few times a turn: foldhash rather than SipHash (the names are the
+    // operator's; a request can only look one up).
     agents: HashMap<String, Arc<AgentBackend>>,
     conversations: HashMap<String, Arc<Conversation>>,
 }
@@ -67,8 +69,8 @@ impl Backends {
     /// No contexts yet.
     pub fn empty() -> Self {
         Self {
-            agents: HashMap::new(),
-            conversations: HashMap::new(),
+            agents: HashMap::default(),
+            conversations: HashMap::default(),
         }
     }
 
@@ -80,14 +82,18 @@ impl Backends {
     /// Only the `default` pair.
     pub fn single(agent: AgentBackend, boot_prompt: &str) -> Self {
         Self {
-            agents: HashMap::from([(DEFAULT_CONTEXT.to_string(), Arc::new(agent))]),
-            conversations: HashMap::from([(
+            agents: [(DEFAULT_CONTEXT.to_string(), Arc::new(agent))]
+                .into_iter()
+                .collect(),
+            conversations: [(
                 DEFAULT_CONTEXT.to_string(),
                 Arc::new(Conversation {
                     boot_prompt: boot_prompt.to_string(),
                     model: None,
                 }),
-            )]),
+            )]
+            .into_iter()
+            .collect(),
         }
     }
 
