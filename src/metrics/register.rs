@@ -125,9 +125,8 @@ impl Metrics {
             fenced.clone(),
         );
         // Known label values start at zero, so dashboards and alerts see every series at once.
-        for status in ["completed", "awaiting_client_tools", "failed", "cancelled"] {
-            turns.get_or_create(&[("status", status)]).inc_by(0);
-        }
+        let turns_settled = ["completed", "awaiting_client_tools", "failed", "cancelled"]
+            .map(|status| (status, turns.get_or_create(&[("status", status)]).clone()));
         // The order `Metrics::add_tokens` adds in.
         let tokens = ["input", "output", "cached_input", "reasoning"]
             .map(|kind| tokens.get_or_create(&[("kind", kind)]).clone());
@@ -287,6 +286,7 @@ impl Metrics {
         Self {
             registry,
             turns,
+            turns_settled,
             queue_wait,
             turn_duration,
             model_latency,

@@ -26,6 +26,9 @@ fn exposition_names_every_family_with_labels() {
     let m = Metrics::new();
     m.turn_finished("completed");
     m.turn_finished("failed");
+    m.turn_finished("failed");
+    // A status outside the four a turn settles with still counts, under its own label.
+    m.turn_finished("running");
     m.add_tokens([10, 3, 4, 1]);
     m.job_retry("transient");
     m.duplicate_suppressed("worker");
@@ -39,7 +42,9 @@ fn exposition_names_every_family_with_labels() {
         text.contains("aptix_turns_total{status=\"completed\"} 1"),
         "{text}"
     );
-    assert!(text.contains("aptix_turns_total{status=\"failed\"} 1"));
+    assert!(text.contains("aptix_turns_total{status=\"failed\"} 2"));
+    assert!(text.contains("aptix_turns_total{status=\"cancelled\"} 0"));
+    assert!(text.contains("aptix_turns_total{status=\"running\"} 1"));
     assert!(text.contains("aptix_model_tokens_total{kind=\"input\"} 10"));
     assert!(text.contains("aptix_model_tokens_total{kind=\"output\"} 3"));
     assert!(text.contains("aptix_model_tokens_total{kind=\"cached_input\"} 4"));
