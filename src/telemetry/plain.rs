@@ -9,8 +9,7 @@
 //! written bare, its terminal control characters (ESC, BEL, BS, FF, DEL and the C1 range)
 //! escaped so a log line cannot drive an operator's terminal; other fields as `name=value`
 //! (`Debug`), an error with its chain of sources; `log` records keep their own target and
-//! level, their `log.*` fields dropped. A string that `Debug` would only put between quotes,
-//! an integer and a bool are written as they are, not through the formatting machinery.
+//! level, their `log.*` fields dropped.
 
 use std::fmt::{self, Write as _};
 
@@ -99,14 +98,6 @@ where
     }
 }
 
-/// Whether `str`'s `Debug` writes `value` between quotes unchanged: printable ASCII without a
-/// quote or a backslash (anything else goes through `Debug`, which escapes it).
-fn quotes_as_is(value: &str) -> bool {
-    value
-        .bytes()
-        .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
-}
-
 /// The level as the line shows it: five characters wide.
 fn level_name(level: &Level) -> &'static str {
     match *level {
@@ -141,19 +132,6 @@ impl FieldWriter<'_> {
         Ok(())
     }
 
-    /// A field whose `Debug` text is `text` (an integer's digits, a bool's word), written as it
-    /// is rather than through the formatting machinery.
-    fn record_plain(&mut self, field: &Field, text: &str) {
-        if self.result.is_err() {
-            return;
-        }
-        let name = field.name();
-        if name.starts_with("log.") {
-            return;
-        }
-        self.result = self.start(name).and_then(|()| self.writer.write_str(text));
-    }
-
     fn field(&mut self, name: &str, value: &dyn fmt::Debug) -> fmt::Result {
         self.start(name)?;
         if name == "message" && self.writer.sanitizes_ansi_escapes() {
@@ -178,28 +156,9 @@ impl Visit for FieldWriter<'_> {
                     self.writer.write_str(value)
                 }
             });
-        } else if quotes_as_is(value) && !name.starts_with("log.") {
-            // What `Debug` writes for such a string, without escaping it a character at a time.
-            self.result = self.start(name).and_then(|()| {
-                self.writer.write_char('"')?;
-                self.writer.write_str(value)?;
-                self.writer.write_char('"')
-            });
         } else {
             self.record_debug(field, &value);
         }
-    }
-
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.record_plain(field, itoa::Buffer::new().format(value));
-    }
-
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.record_plain(field, itoa::Buffer::new().format(value));
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.record_plain(field, if value { "true" } else { "false" });
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {

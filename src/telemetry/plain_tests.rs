@@ -155,46 +155,6 @@ fn fields_of_every_kind() {
     assert!(out.contains("kind=\"raw\" message=1"), "{out}");
 }
 
-/// Strings, integers and bools are written without `Debug`'s machinery where it would change
-/// nothing: every ASCII character alone and among others, non-ASCII text, and the ends of each
-/// integer type come out as the default formatter writes them.
-#[test]
-fn plain_values_are_written_as_debug_writes_them() {
-    let out = assert_same(|| {
-        for byte in 0_u8..=127 {
-            let alone = char::from(byte).to_string();
-            let among = format!("a{alone}b");
-            tracing::info!(alone = alone.as_str(), among = among.as_str());
-        }
-        tracing::info!(
-            empty = "",
-            spaced = " lead and trail ",
-            accented = "café",
-            combining = "\u{301}e",
-            wide = "漢字",
-            quote = "it's",
-            "log.note" = "kept out"
-        );
-        tracing::info!(
-            zero = 0_u64,
-            top = u64::MAX,
-            low = i64::MIN,
-            high = i64::MAX,
-            minus = -1_i64,
-            yes = true,
-            no = false
-        );
-        tracing::info!(message = 7_u64);
-        let _in_span = tracing::info_span!("s", id = 42_u64, name = "n\"q", flag = false).entered();
-        tracing::info!("inside");
-    });
-    assert!(out.contains("among=\"a~b\""), "{out}");
-    assert!(out.contains("among=\"a\\\"b\""), "{out}");
-    assert!(out.contains("low=-9223372036854775808"), "{out}");
-    assert!(out.contains("no=false"), "{out}");
-    assert!(out.contains("s{id=42 name=\"n\\\"q\" flag=false}"), "{out}");
-}
-
 #[test]
 fn messages_are_escaped_as_theirs_are() {
     let out = assert_same(|| {
