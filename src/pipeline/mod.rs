@@ -32,7 +32,7 @@ pub use compose::DEFAULT_BOOT_PROMPT;
 pub use lifecycle::Intake;
 use outcome::{Interrupted, TurnPrint, TurnResult};
 pub use outcome::{
-    JobOutcome, Origin, PipelineSettings, RetryKind, RetryableFailure, Settled,
+    JobOutcome, Origin, PipelineSettings, RetryKind, RetryableFailure, Settled, SettledAs,
     continuation_fingerprint, fingerprint, job_fingerprint,
 };
 
@@ -320,7 +320,7 @@ impl Pipeline {
     /// session is busy, or the model, the store or a server tool is unavailable.
     pub async fn run(&self, request: &AgentExecuteRequest) -> Result<TurnResult, RetryableFailure> {
         match self.run_job(request, Origin::default()).await {
-            Ok(settled) => Ok(settled.result),
+            Ok(settled) => Ok(settled.into_result()),
             Err(Interrupted::NotTheTurns(result)) => Ok(*result),
             Err(Interrupted::Busy(f) | Interrupted::Failed(f) | Interrupted::NoCapacity(f)) => {
                 Err(f)

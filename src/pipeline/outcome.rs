@@ -151,15 +151,16 @@ impl PipelineSettings {
 
 pub(super) type TurnResult = InvokeResult<AgentExecuteResponse>;
 
-/// A turn's result as a run leaves it.
+/// A turn's result as a run leaves it: stored by this run, with the turn's status as stored,
+/// or found stored (a duplicate job's). The result is held once either way.
 #[derive(Debug)]
 pub struct Settled {
     /// The result: a final answer, a wait for client tools, or a failure.
-    pub result: TurnResult,
-    /// The turn's status exactly as this run stored it with the result, when this run stored
-    /// it. `None` for a result read back from the store (a duplicate job's): whoever publishes
-    /// it reads the turn's current status first.
-    pub status: Option<TurnStatusView>,
+    result: TurnResult,
+    /// The turn's status exactly as this run stored it with `result` (its own `result` left
+    /// empty: [`Settled::into_status`] puts it back). `None` for a result read back from the
+    /// store: whoever publishes it reads the turn's current status first.
+    stored: Option<TurnStatusView>,
     /// Whether the session may have watchers besides the front door waiting for the turn: it
     /// was marked watched when this run stored the result (see [`Saved::watched`]). `true`
     /// for a result read back from the store.
@@ -173,10 +174,64 @@ impl Settled {
     pub(super) fn stored(result: TurnResult) -> Self {
         Self {
             result,
-            status: None,
+            stored: None,
             watched: true,
         }
     }
+
+    /// The result this run stored as `status` says (its result is taken out of it, to be
+    /// held once).
+    pub(super) fn written(mut status: TurnStatusView, watched: bool) -> Self {
+        let result = status.result.take().unwrap_or_else(|| {
+            // Every settling write stores a result first; were one missing, this is what the
+            // client would be told rather than nothing.
+            InvokeResult::failure(permanent(
+                ErrorCode::Internal,
+                "the turn settled without a result",
+            ))
+        });
+        Self {
+            result,
+            stored: Some(status),
+            watched,
+        }
+    }
+
+    /// The result.
+    pub fn result(&self) -> &TurnResult {
+        &self.result
+    }
+
+    /// The result, given up.
+    pub fn into_result(self) -> TurnResult {
+        self.result
+    }
+
+    /// Whether this run stored the result (rather than finding it stored).
+    pub fn stored_here(&self) -> bool {
+        self.stored.is_some()
+    }
+
+    /// What a publisher starts from: the turn's status as this run stored it, its result
+    /// within; else the result alone (it was found stored).
+    pub fn into_status(self) -> SettledAs {
+        match self.stored {
+            Some(mut status) => {
+                status.result = Some(self.result);
+                SettledAs::Stored(status)
+            }
+            None => SettledAs::Found(self.result),
+        }
+    }
+}
+
+/// A settled turn as its publisher gets it ([`Settled::into_status`]).
+#[derive(Debug)]
+pub enum SettledAs {
+    /// Stored by this run: its status exactly as stored, published as it is.
+    Stored(TurnStatusView),
+    /// Found stored (a duplicate job's): the turn's current status is read before publishing.
+    Found(TurnResult),
 }
 
 pub(super) fn permanent(code: ErrorCode, message: impl Into<String>) -> ErrorMessage {

@@ -15,7 +15,7 @@ use crate::contract::{
     TurnId, parse_request,
 };
 use crate::delivery::Settling;
-use crate::pipeline::{JobOutcome, Origin, Settled};
+use crate::pipeline::{JobOutcome, Origin, Settled, SettledAs};
 use crate::queue::Delivery;
 use crate::store::TurnStatusView;
 use crate::trace::TraceContext;
@@ -258,9 +258,10 @@ impl Worker {
         started: Option<Started>,
     ) -> Result<(), Disposition> {
         let reply_to = delivery.reply_to.as_deref();
-        let view = match settled.status {
-            Some(view) => view,
-            None => match self.current_status(request, &settled.result).await {
+        let watched = settled.watched;
+        let view = match settled.into_status() {
+            SettledAs::Stored(view) => view,
+            SettledAs::Found(result) => match self.current_status(request, &result).await {
                 Ok(Some(view)) => view,
                 Ok(None) => return Ok(()),
                 Err(requeue) => return Err(requeue),
@@ -270,7 +271,7 @@ impl Worker {
         let turn = Settling {
             reply_to,
             audience: crate::queue::Audience {
-                watched: settled.watched,
+                watched,
                 reply_queue_wanted: delivery.reply_queue_wanted,
             },
             tenant: delivery.tenant.as_deref(),

@@ -5,7 +5,7 @@ use super::pipeline_scenarios::*;
 use crate::support::{Setup, harness, request};
 use aptix_worker::contract::{ErrorCode, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeOptions, Reply};
-use aptix_worker::pipeline::PipelineSettings;
+use aptix_worker::pipeline::{PipelineSettings, SettledAs};
 use aptix_worker::store::{TurnStatus, TurnStatusView};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -323,7 +323,7 @@ async fn a_jobs_bytes_name_its_turn_however_they_were_written() {
     let JobOutcome::Done(first) = run(front_doors.clone()).await else {
         panic!("the first run settles")
     };
-    assert!(first.status.is_some(), "the first run stored the turn");
+    assert!(first.stored_here(), "the first run stored the turn");
     // The record's fingerprint is the one a front door computes from its job.
     let stored = stored_turn(&h, "s", "t").await;
     assert_eq!(
@@ -338,7 +338,7 @@ async fn a_jobs_bytes_name_its_turn_however_they_were_written() {
         let JobOutcome::Done(again) = run(same.clone()).await else {
             panic!("{} is the same turn", String::from_utf8_lossy(&same))
         };
-        assert_eq!(again.result, first.result, "the stored result");
+        assert_eq!(again.result(), first.result(), "the stored result");
     }
     for other in [
         serde_json::to_vec(&request(turn("s", "t", "y"))).unwrap(),
@@ -455,12 +455,16 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
     let JobOutcome::Done(settled) = done else {
         panic!("{done:?}")
     };
-    assert!(settled.result.is_successful(), "{settled:?}");
+    assert!(settled.result().is_successful(), "{settled:?}");
     // The run that stored the result hands over the status exactly as stored, so the worker
     // publishes it without reading the turn back.
     let stored = stored_turn(&h, "s", "t").await;
+    let result = settled.result().clone();
+    let SettledAs::Stored(status) = settled.into_status() else {
+        panic!("stored by this run")
+    };
     assert_eq!(
-        serde_json::to_value(settled.status.as_ref().expect("stored by this run")).unwrap(),
+        serde_json::to_value(&status).unwrap(),
         serde_json::to_value(TurnStatusView::from(&stored)).unwrap()
     );
     // The same job again finds the result stored: it has no status of its own to hand over
@@ -472,8 +476,8 @@ async fn a_job_outcome_tells_the_worker_what_to_do() {
     let JobOutcome::Done(again) = again else {
         panic!("{again:?}")
     };
-    assert_eq!(again.result, settled.result);
-    assert!(again.status.is_none());
+    assert_eq!(again.result(), &result);
+    assert!(!again.stored_here());
     // The same ids with another payload: not this turn's job, nothing to publish.
     let conflict = h
         .pipeline

@@ -355,7 +355,7 @@ pub(super) async fn settle(worker: &Pipeline, job: &AgentExecuteRequest, what: &
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match worker.execute(job, Duration::from_secs(20)).await {
-            JobOutcome::Done(settled) => return serde_json::to_value(&settled.result).unwrap(),
+            JobOutcome::Done(settled) => return serde_json::to_value(settled.result()).unwrap(),
             JobOutcome::NotTheTurns(errors) => panic!("{what}: not the turn's job: {errors:?}"),
             JobOutcome::Busy | JobOutcome::NoCapacity(_) | JobOutcome::Retry(_) => {
                 assert!(Instant::now() < deadline, "{what} did not settle in 60 s");

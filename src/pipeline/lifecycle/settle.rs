@@ -116,8 +116,8 @@ impl Lifecycle {
         run.record.completed_at = Some(now_rfc3339());
         run.record.pending = None;
         run.record.checkpoint = None;
-        run.record.result = Some(result.clone());
-        let result = self.settle(run, true, result).await?;
+        run.record.result = Some(result);
+        let result = self.settle(run, true).await?;
         info!(iterations, "turn completed");
         Ok(result)
     }
@@ -150,10 +150,10 @@ impl Lifecycle {
             progress,
         });
         run.record.checkpoint = None;
-        run.record.result = Some(result.clone());
+        run.record.result = Some(result);
         // The session's continuation id is *not* moved to this response: its calls are
         // unanswered. The session is saved for what changed (replay flag, latched context).
-        let result = self.settle(run, true, result).await?;
+        let result = self.settle(run, true).await?;
         info!(calls = count, "turn waits for client tools");
         Ok(result)
     }
@@ -170,9 +170,9 @@ impl Lifecycle {
         run.record.pending = None;
         run.record.checkpoint = None;
         run.record.completed_at = Some(now_rfc3339());
-        run.record.result = Some(result.clone());
+        run.record.result = Some(result);
         // The session's continuation state is left as it was before the turn.
-        self.settle(run, false, result).await
+        self.settle(run, false).await
     }
 
     /// Ends a turn that was asked to stop: `cancelled`, its failed `TURN_CANCELLED` result
@@ -181,21 +181,17 @@ impl Lifecycle {
     pub(crate) async fn cancel_turn(&self, mut run: Run) -> Result<Settled, RetryableFailure> {
         info!("turn cancelled on request");
         run.record = Box::new(run.record.cancelled());
-        let result = run.record.result.clone().unwrap_or_else(|| {
-            InvokeResult::failure(permanent(ErrorCode::TurnCancelled, "turn cancelled"))
-        });
-        self.settle(run, false, result).await
+        self.settle(run, false).await
     }
 
-    /// The write that ends this run of the turn: the record (and the session, with
-    /// `with_session`) saved and the lease given back in one step. A write that fails hands the
+    /// The write that ends this run of the turn: the record, holding its result (and the
+    /// session, with `with_session`), saved and the lease given back in one step. A write that fails hands the
     /// turn back without writing anything more: the store holds the turn either as it was
     /// before this step or as settled by it, and the next run goes on from whichever it finds.
     pub(super) async fn settle(
         &self,
         mut run: Run,
         with_session: bool,
-        result: TurnResult,
     ) -> Result<Settled, RetryableFailure> {
         // A cancelled record noted its end when it was made so.
         let ended = match run.record.status {
@@ -205,20 +201,20 @@ impl Lifecycle {
             TurnStatus::Cancelled | TurnStatus::Queued | TurnStatus::Running => None,
         };
         if let Some(event) = ended {
-            let detail = result
-                .errors()
-                .first()
-                .map(|e| format!("{}: {}", e.error_code, e.message));
+            let detail = run.record.result.as_ref().and_then(|r| {
+                r.errors()
+                    .first()
+                    .map(|e| format!("{}: {}", e.error_code, e.message))
+            });
             run.record.note_event(event, detail);
         }
         let saved = match self.write(&mut run, with_session, true).await {
             Ok(saved) => saved,
             Err(f) => return Err(self.hand_back(run, f).await),
         };
-        Ok(Settled {
-            status: Some(TurnStatusView::from(*run.record)),
-            result,
-            watched: saved.watched,
-        })
+        Ok(Settled::written(
+            TurnStatusView::from(*run.record),
+            saved.watched,
+        ))
     }
 }
