@@ -185,9 +185,10 @@ impl Lifecycle {
     }
 
     /// The write that ends this run of the turn: the record, holding its result (and the
-    /// session, with `with_session`), saved and the lease given back in one step. A write that fails hands the
-    /// turn back without writing anything more: the store holds the turn either as it was
-    /// before this step or as settled by it, and the next run goes on from whichever it finds.
+    /// session, with `with_session`), saved and the lease given back in one step. A write that
+    /// fails hands the turn back without writing anything more: the store holds the turn either
+    /// as it was before this step or as settled by it, and the next run goes on from whichever
+    /// it finds.
     pub(super) async fn settle(
         &self,
         mut run: Run,
