@@ -3,9 +3,12 @@
 //! The type makes "a failed result never carries a `result`" impossible to break: success and
 //! failure are two variants, and only the success variant holds a value.
 
+use std::sync::Arc;
+
 use serde::de::DeserializeOwned;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 
 use super::codes::ErrorCode;
 
@@ -60,11 +63,25 @@ pub enum Outcome<T> {
 }
 
 /// The result envelope: `{"successful", "result"?, "errors", "warnings", "resultId"}`.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Nothing changes a result once it is made (its builders take it by value), so its JSON text
+/// can be written once and copied where it goes again: see [`InvokeResult::written`].
+#[derive(Debug, Clone)]
 pub struct InvokeResult<T> {
     outcome: Outcome<T>,
     warnings: Vec<ErrorMessage>,
     result_id: String,
+    /// Its JSON text, when [`InvokeResult::written`] wrote it: serialising the result copies it.
+    text: Option<Arc<RawValue>>,
+}
+
+/// Two results are equal when what they say is; whether either holds its text does not count.
+impl<T: PartialEq> PartialEq for InvokeResult<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.outcome == other.outcome
+            && self.warnings == other.warnings
+            && self.result_id == other.result_id
+    }
 }
 
 /// A fresh result id: a GUID without hyphens, uppercase, as the original platform writes them.
@@ -82,6 +99,7 @@ impl<T> InvokeResult<T> {
             outcome: Outcome::Success(value),
             warnings: Vec::new(),
             result_id: new_result_id(),
+            text: None,
         }
     }
 
@@ -94,6 +112,7 @@ impl<T> InvokeResult<T> {
             },
             warnings: Vec::new(),
             result_id: new_result_id(),
+            text: None,
         }
     }
 
@@ -109,18 +128,41 @@ impl<T> InvokeResult<T> {
             },
             warnings: Vec::new(),
             result_id: new_result_id(),
+            text: None,
         })
     }
 
     /// Adds warnings (they never turn a success into a failure).
     pub fn with_warnings(mut self, warnings: impl IntoIterator<Item = ErrorMessage>) -> Self {
         self.warnings.extend(warnings);
+        self.text = None;
         self
     }
 
     /// Replaces the result id (used when a result is re-read from storage, and in tests).
     pub fn with_result_id(mut self, result_id: impl Into<String>) -> Self {
         self.result_id = result_id.into();
+        self.text = None;
+        self
+    }
+
+    /// The same result holding its JSON text, written now: every later serialisation of it
+    /// (or of a clone) copies the text instead of writing the result again. For a result that
+    /// is stored and then published. A result that cannot be written is returned as it was.
+    pub fn written(mut self) -> Self
+    where
+        T: Serialize,
+    {
+        self.text = None;
+        if let Ok(text) = serde_json::value::to_raw_value(&self) {
+            self.text = Some(Arc::from(text));
+        }
+        self
+    }
+
+    /// The same result without its written text (see [`InvokeResult::written`]).
+    pub fn unwritten(mut self) -> Self {
+        self.text = None;
         self
     }
 
@@ -170,12 +212,16 @@ impl<T> InvokeResult<T> {
             },
             warnings: self.warnings,
             result_id: self.result_id,
+            text: None,
         }
     }
 }
 
 impl<T: Serialize> Serialize for InvokeResult<T> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if let Some(text) = &self.text {
+            return text.serialize(serializer);
+        }
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("successful", &self.is_successful())?;
         if let Outcome::Success(value) = &self.outcome {
@@ -228,6 +274,7 @@ impl<'de, T: DeserializeOwned> Deserialize<'de> for InvokeResult<T> {
             outcome,
             warnings: raw.warnings,
             result_id: raw.result_id,
+            text: None,
         })
     }
 }
@@ -280,5 +327,63 @@ mod tests {
         assert_eq!(m.errors().len(), 1);
         assert_eq!(m.warnings().len(), 1);
         assert_eq!(m.result_id(), id);
+    }
+
+    /// A written result serialises to the same bytes as before it was written, inside a
+    /// record, as a `Value` and as pretty text; a builder used afterwards writes the new
+    /// content, not the old text; and whether a result holds its text never makes it unequal.
+    #[test]
+    fn a_written_result_serialises_as_it_did_and_forgets_its_text_when_changed() {
+        #[derive(Serialize)]
+        struct Holder<'a> {
+            before: u32,
+            result: &'a InvokeResult<Vec<String>>,
+            after: &'a str,
+        }
+        let warned = || [ErrorMessage::new(ErrorCode::UnknownField, "w \"quoted\"\n")];
+        let cases = [
+            InvokeResult::success(vec!["a".to_string(), "é\u{1}".to_string()]),
+            InvokeResult::success(Vec::new()).with_warnings(warned()),
+            InvokeResult::failure(ErrorMessage::new(ErrorCode::Internal, "boom").with_details("d")),
+        ];
+        for plain in cases {
+            let written = plain.clone().written();
+            assert!(written.text.is_some(), "the text is kept");
+            assert_eq!(written, plain);
+            let bytes = |r: &InvokeResult<Vec<String>>| {
+                serde_json::to_vec(&Holder {
+                    before: 1,
+                    result: r,
+                    after: "x",
+                })
+                .unwrap()
+            };
+            assert_eq!(bytes(&written), bytes(&plain));
+            assert_eq!(bytes(&written.clone()), bytes(&plain));
+            assert_eq!(
+                serde_json::to_value(&written).unwrap(),
+                serde_json::to_value(&plain).unwrap()
+            );
+            assert_eq!(
+                serde_json::to_string_pretty(&written.clone().unwritten()).unwrap(),
+                serde_json::to_string_pretty(&plain).unwrap()
+            );
+            // Changed after it was written: the new content, not the old text.
+            let renamed = written.clone().with_result_id("R2");
+            assert_eq!(
+                serde_json::to_value(&renamed).unwrap()["resultId"],
+                json!("R2")
+            );
+            let warned_after = written.clone().with_warnings(warned());
+            assert_eq!(
+                serde_json::to_vec(&warned_after).unwrap(),
+                serde_json::to_vec(&plain.clone().with_warnings(warned())).unwrap()
+            );
+            let mapped = written.map(|v| v.len());
+            assert_eq!(
+                serde_json::to_value(&mapped).unwrap(),
+                serde_json::to_value(plain.map(|v| v.len())).unwrap()
+            );
+        }
     }
 }

@@ -202,9 +202,9 @@ impl Settled {
         &self.result
     }
 
-    /// The result, given up.
+    /// The result, given up (without the text its settling write kept of it).
     pub fn into_result(self) -> TurnResult {
-        self.result
+        self.result.unwritten()
     }
 
     /// Whether this run stored the result (rather than finding it stored).

@@ -209,6 +209,8 @@ impl Lifecycle {
             });
             run.record.note_event(event, detail);
         }
+        // Written once here: the record stored and the status published copy the text.
+        run.record.result = run.record.result.take().map(InvokeResult::written);
         let saved = match self.write(&mut run, with_session, true).await {
             Ok(saved) => saved,
             Err(f) => return Err(self.hand_back(run, f).await),
