@@ -54,9 +54,9 @@
 //! with), [`causes`] (an error and its causes as one line), [`app`] (the
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
-//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`digits`] (fixed-width
-//! decimal text), [`vitals`]
-//! (each worker's heartbeat and the system view folded from them), [`sched`] (the CPU
+//! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`digits`]
+//! (fixed-width decimal text), [`vitals`] (each worker's heartbeat and the system view folded
+//! from them), [`sched`] (the CPU
 //! scheduling class of the long-running processes), [`allocs`] (the counting allocator a
 //! `count-allocations` build installs, for the bench's allocations per turn), [`fake_llm`] (a
 //! faithful fake of the Responses API — and of a chat-only server — for tests and demos).

@@ -183,8 +183,13 @@ impl Settled {
     /// held once).
     pub(super) fn written(mut status: TurnStatusView, watched: bool) -> Self {
         let result = status.result.take().unwrap_or_else(|| {
-            // Every settling write stores a result first; were one missing, this is what the
-            // client would be told rather than nothing.
+            // Every settling write stores a result first; were one missing, the client is told
+            // of an internal failure rather than nothing, and the operator sees why.
+            tracing::error!(
+                session_id = %status.session_id,
+                turn_id = %status.turn_id,
+                "a turn was settled without a result; publishing an internal failure"
+            );
             InvokeResult::failure(permanent(
                 ErrorCode::Internal,
                 "the turn settled without a result",

@@ -106,8 +106,9 @@ mod tests {
             "modeKey": "general", "pending": null, "toolLedger": {}, "requests": [],
             "attempts": 2, "submittedAt": "2026-11-30T00:00:00Z",
             "completedAt": "2026-11-30T00:00:01Z",
-            "result": {"successful": true, "result": {"kind": "final", "sessionId": "s",
-                "turnId": "t", "modeDisplayName": "General", "primaryOutputText": "done"}, "errors": [], "warnings": []},
+            "result": {"successful": true, "errors": [], "warnings": [],
+                "result": {"kind": "final", "sessionId": "s", "turnId": "t",
+                    "modeDisplayName": "General", "primaryOutputText": "done"}},
             "calls": [call(Some("flex")), call(Some("default")), call(None)]
         }))
         .unwrap();
