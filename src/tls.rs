@@ -17,12 +17,18 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// A reqwest client builder that trusts `ca` in addition to the system's roots (the model
-/// client and the span exporter start from it). It speaks HTTP/1.1 only: the model client's
-/// `model.http = "http2"` is the one place HTTP/2 is asked for (`llm::ModelHttp`).
+/// A reqwest client builder that trusts `ca` in addition to the system's roots (webhooks, MCP
+/// servers, the span exporter start from it). It speaks HTTP/1.1 only: the model client is the
+/// one place HTTP/2 is spoken (`model.http`, `llm::ModelHttp`), from [`client_builder`].
 pub fn http_client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilder, reqwest::Error> {
+    Ok(client_builder(ca)?.http1_only())
+}
+
+/// [`http_client_builder`] before a version is chosen: as built, its client offers HTTP/2 and
+/// HTTP/1.1 by ALPN on `https://` and speaks HTTP/1.1 on `http://`.
+pub fn client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilder, reqwest::Error> {
     install_crypto_provider();
-    let mut builder = reqwest::Client::builder().http1_only();
+    let mut builder = reqwest::Client::builder();
     if let Some(ca) = ca {
         for cert in reqwest::Certificate::from_pem_bundle(ca.pem().as_bytes())? {
             builder = builder.add_root_certificate(cert);

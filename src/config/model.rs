@@ -71,11 +71,13 @@ pub static HTTP: Setting = Setting {
     key: "model.http",
     aliases: &[],
     kind: Kind::Text,
-    default: Default::Value("http1"),
-    about: "`http1` (a connection per call in flight) or `http2` (the calls as streams on as \
-            few connections as `model.http2_streams` allows: prior knowledge on `http://`, \
-            ALPN on `https://`; a call in flight then holds far less memory), for every agent \
-            context's server",
+    default: Default::Value("auto"),
+    about: "how calls reach every agent context's model server: `auto` (on `https://` the \
+            server chooses by ALPN, HTTP/2 if it offers it, else HTTP/1.1; on `http://`, \
+            HTTP/1.1), `http1` (a connection per call in flight) or `http2` (always, by prior \
+            knowledge on `http://`; a server that does not speak it fails every call). Over \
+            HTTP/2 the calls are streams on as few connections as `model.http2_streams` \
+            allows, and a call in flight holds far less memory",
 };
 
 /// `APTIX_LLM_HTTP2_STREAMS`.
@@ -85,9 +87,8 @@ pub static HTTP2_STREAMS: Setting = Setting {
     aliases: &[],
     kind: Kind::Number,
     default: Default::Value("100"),
-    about: "with `model.http = http2`, the calls one connection carries before another is \
-            opened (at most the server's `SETTINGS_MAX_CONCURRENT_STREAMS`, often 100, or \
-            calls wait for a stream)",
+    about: "the calls one HTTP/2 connection carries before another is opened (at most the \
+            server's `SETTINGS_MAX_CONCURRENT_STREAMS`, often 100, or calls wait for a stream)",
 };
 
 /// `APTIX_LLM_MAX_RETRIES`.

@@ -138,9 +138,24 @@ fn an_admin_token_is_marked_after_its_tenant_and_plain_entries_mean_what_they_di
 }
 
 #[test]
-fn the_model_http_version_is_http1_unless_asked_and_a_bad_one_is_refused() {
+fn the_model_http_version_is_negotiated_unless_asked_and_a_bad_one_is_refused() {
     use crate::llm::ModelHttp;
-    assert_eq!(cfg(&[]).unwrap().model.http, ModelHttp::Http1);
+    assert_eq!(
+        cfg(&[]).unwrap().model.http,
+        ModelHttp::Auto {
+            streams: std::num::NonZeroUsize::new(100).unwrap()
+        }
+    );
+    assert_eq!(
+        cfg(&[("APTIX_LLM_HTTP", "http1")]).unwrap().model.http,
+        ModelHttp::Http1
+    );
+    assert_eq!(
+        cfg(&[("APTIX_LLM_HTTP2_STREAMS", "8")]).unwrap().model.http,
+        ModelHttp::Auto {
+            streams: std::num::NonZeroUsize::new(8).unwrap()
+        }
+    );
     let c = cfg(&[("APTIX_LLM_HTTP", "http2")]).unwrap();
     assert_eq!(
         c.model.http,
@@ -161,7 +176,7 @@ fn the_model_http_version_is_http1_unless_asked_and_a_bad_one_is_refused() {
     );
     let e = cfg(&[("APTIX_LLM_HTTP", "h2c")]).unwrap_err();
     assert_eq!(e.var, "APTIX_LLM_HTTP");
-    assert!(e.to_string().contains("is not http1 or http2"), "{e}");
+    assert!(e.to_string().contains("is not auto, http1 or http2"), "{e}");
     let e = cfg(&[
         ("APTIX_LLM_HTTP", "http2"),
         ("APTIX_LLM_HTTP2_STREAMS", "0"),

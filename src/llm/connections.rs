@@ -1,6 +1,7 @@
 //! The HTTP connections a model client calls over: HTTP/1.1, one connection per call in
 //! flight (reqwest's pool keeps them for the next calls), or HTTP/2, every call a stream on one
-//! of as few connections as the calls in flight need.
+//! of as few connections as the calls in flight need. By default (`auto`) the server chooses on
+//! `https://` (ALPN: HTTP/2 if it offers it) and a plain `http://` server gets HTTP/1.1.
 //!
 //! A call waiting on its model holds its connection's buffers: over HTTP/1.1 hyper keeps a read
 //! buffer, a write buffer and a request channel per connection, about 25 KiB, so a thousand
@@ -18,11 +19,26 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Calls one HTTP/2 connection carries by default (`model.http2_streams`): what most servers
+/// allow at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+pub const DEFAULT_STREAMS: NonZeroUsize = match NonZeroUsize::new(100) {
+    Some(n) => n,
+    None => NonZeroUsize::MIN,
+};
+
 /// How calls reach the model server (`model.http`, `model.http2_streams`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelHttp {
+    /// The default: on `https://` the client offers both versions by ALPN and the server
+    /// chooses (HTTP/2, with `streams` calls a connection, if it offers it; a server that
+    /// answers with HTTP/1.1, or with no choice at all, gets HTTP/1.1); on `http://`, HTTP/1.1
+    /// (nothing can be negotiated without TLS, and not every plain-HTTP server takes HTTP/2 by
+    /// prior knowledge).
+    Auto {
+        /// Calls one connection carries before another is opened, when HTTP/2 was chosen.
+        streams: NonZeroUsize,
+    },
     /// HTTP/1.1: a connection per call in flight.
-    #[default]
     Http1,
     /// HTTP/2: prior knowledge on `http://` (h2c); on `https://` the client asks for `h2` by
     /// ALPN and speaks HTTP/2 whatever the answer, so a server of HTTP/1.1 alone fails every
@@ -33,15 +49,63 @@ pub enum ModelHttp {
     },
 }
 
+impl Default for ModelHttp {
+    fn default() -> Self {
+        Self::Auto {
+            streams: DEFAULT_STREAMS,
+        }
+    }
+}
+
 impl ModelHttp {
-    /// `http1` or `http2` (with `streams` calls a connection), as the setting writes it.
+    /// `auto`, `http1` or `http2` (the first and last with `streams` calls an HTTP/2
+    /// connection), as the setting writes it.
     pub fn parse(text: &str, streams: usize) -> Result<Self, String> {
+        let streams = || {
+            NonZeroUsize::new(streams)
+                .ok_or_else(|| "HTTP/2 needs at least one stream a connection".to_string())
+        };
         match text {
+            "auto" => Ok(Self::Auto {
+                streams: streams()?,
+            }),
             "http1" => Ok(Self::Http1),
-            "http2" => NonZeroUsize::new(streams)
-                .map(|streams| Self::Http2 { streams })
-                .ok_or_else(|| "HTTP/2 needs at least one stream a connection".to_string()),
-            other => Err(format!("{other:?} is not http1 or http2")),
+            "http2" => Ok(Self::Http2 {
+                streams: streams()?,
+            }),
+            other => Err(format!("{other:?} is not auto, http1 or http2")),
+        }
+    }
+
+    /// What a client of a server reached `over_tls` (or not) speaks.
+    fn wire(self, over_tls: bool) -> Wire {
+        match self {
+            Self::Http1 | Self::Auto { .. } if !over_tls => Wire::Http1,
+            Self::Http1 => Wire::Http1,
+            Self::Auto { streams } => Wire::Negotiated(streams),
+            Self::Http2 { streams } => Wire::Http2(streams),
+        }
+    }
+}
+
+/// The versions one client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// HTTP/1.1 alone.
+    Http1,
+    /// HTTP/2 alone (prior knowledge on `http://`).
+    Http2(NonZeroUsize),
+    /// Both offered by ALPN; the server chooses.
+    Negotiated(NonZeroUsize),
+}
+
+impl Wire {
+    /// Calls a client carries before another is made; `None` when the client opens a
+    /// connection per call itself.
+    fn streams(self) -> Option<usize> {
+        match self {
+            Self::Http1 => None,
+            Self::Http2(streams) | Self::Negotiated(streams) => Some(streams.get()),
         }
     }
 }
@@ -72,6 +136,7 @@ pub(super) struct Connections {
     /// Calls a client carries before another is made (HTTP/2; `None` for HTTP/1.1, whose one
     /// client opens a connection per call itself).
     streams: Option<usize>,
+    wire: Wire,
     make: MakeBuilder,
 }
 
@@ -79,26 +144,29 @@ impl std::fmt::Debug for Connections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Connections")
             .field("clients", &self.len())
-            .field("streams", &self.streams)
+            .field("wire", &self.wire)
             .finish()
     }
 }
 
 impl Connections {
-    /// Clients for `http`, each from a fresh builder of `make`. The first is made now, so a
-    /// builder that cannot be built stops the configuration, not a call.
-    pub(super) fn build(http: ModelHttp, make: MakeBuilder) -> Result<Self, reqwest::Error> {
-        let streams = match http {
-            ModelHttp::Http1 => None,
-            ModelHttp::Http2 { streams } => Some(streams.get()),
-        };
+    /// Clients for `http` to a server reached `over_tls` (or not), each from a fresh builder
+    /// of `make`, which must not have chosen a version. The first is made now, so a builder
+    /// that cannot be built stops the configuration, not a call.
+    pub(super) fn build(
+        http: ModelHttp,
+        over_tls: bool,
+        make: MakeBuilder,
+    ) -> Result<Self, reqwest::Error> {
+        let wire = http.wire(over_tls);
         Ok(Self {
             first: Slot {
-                client: client(streams.is_some(), &make)?,
+                client: client(wire, &make)?,
                 load: Arc::default(),
             },
             more: Arc::default(),
-            streams,
+            streams: wire.streams(),
+            wire,
             make,
         })
     }
@@ -121,7 +189,7 @@ impl Connections {
         if least.load.load(Ordering::Relaxed) < streams {
             return Lease::on(&least);
         }
-        match client(true, &self.make) {
+        match client(self.wire, &self.make) {
             Ok(client) => {
                 let slot = Slot {
                     client,
@@ -143,17 +211,19 @@ impl Connections {
     }
 }
 
-fn client(http2: bool, make: &MakeBuilder) -> Result<reqwest::Client, reqwest::Error> {
+fn client(wire: Wire, make: &MakeBuilder) -> Result<reqwest::Client, reqwest::Error> {
     let builder = make()?;
-    if http2 {
-        builder
-            .http2_prior_knowledge()
-            .http2_keep_alive_interval(PING_EVERY)
-            .http2_keep_alive_timeout(PING_TIMEOUT)
-            .build()
-    } else {
-        builder.http1_only().build()
-    }
+    let builder = match wire {
+        Wire::Http1 => return builder.http1_only().build(),
+        Wire::Http2(_) => builder.http2_prior_knowledge(),
+        // reqwest offers `h2` and `http/1.1` by ALPN when no version is chosen.
+        Wire::Negotiated(_) => builder,
+    };
+    // The pings apply to HTTP/2 connections alone.
+    builder
+        .http2_keep_alive_interval(PING_EVERY)
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .build()
 }
 
 /// A call's hold on its client: the client counts it until this is dropped.
@@ -183,13 +253,27 @@ mod tests {
     use super::*;
 
     fn connections(http: ModelHttp) -> Connections {
-        Connections::build(http, Arc::new(|| crate::tls::http_client_builder(None)))
+        Connections::build(http, true, Arc::new(|| crate::tls::client_builder(None)))
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
     #[test]
-    fn the_setting_reads_both_versions_and_refuses_the_rest() {
+    fn the_setting_reads_the_three_choices_and_refuses_the_rest() {
         assert_eq!(ModelHttp::parse("http1", 0), Ok(ModelHttp::Http1));
+        assert_eq!(
+            ModelHttp::parse("auto", 7),
+            Ok(ModelHttp::Auto {
+                streams: NonZeroUsize::new(7).unwrap_or(NonZeroUsize::MIN)
+            })
+        );
+        assert!(ModelHttp::parse("auto", 0).is_err());
+        assert_eq!(
+            ModelHttp::default(),
+            ModelHttp::Auto {
+                streams: DEFAULT_STREAMS
+            }
+        );
+        assert_eq!(DEFAULT_STREAMS.get(), 100);
         assert_eq!(
             ModelHttp::parse("http2", 3),
             Ok(ModelHttp::Http2 {
@@ -198,7 +282,7 @@ mod tests {
         );
         assert!(ModelHttp::parse("http2", 0).is_err());
         let e = ModelHttp::parse("h2c", 4).unwrap_err();
-        assert!(e.contains("\"h2c\" is not http1 or http2"), "{e}");
+        assert!(e.contains("\"h2c\" is not auto, http1 or http2"), "{e}");
     }
 
     #[test]
@@ -217,6 +301,29 @@ mod tests {
         assert_eq!(d.0.load.load(Ordering::Relaxed), 1);
         assert!(!std::ptr::eq(c.0.load.as_ref(), d.0.load.as_ref()));
         assert_eq!(set.len(), 2);
+    }
+
+    #[test]
+    fn auto_speaks_http1_without_tls_and_lets_a_tls_server_choose() {
+        let two = NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN);
+        let auto = ModelHttp::Auto { streams: two };
+        assert_eq!(auto.wire(false), Wire::Http1);
+        assert_eq!(auto.wire(true), Wire::Negotiated(two));
+        assert_eq!(ModelHttp::Http1.wire(true), Wire::Http1);
+        let http2 = ModelHttp::Http2 { streams: two };
+        assert_eq!(http2.wire(false), Wire::Http2(two));
+        assert_eq!(http2.wire(true), Wire::Http2(two));
+        // Without TLS: one client, a connection per call, as `http1`.
+        let plain = Connections::build(auto, false, Arc::new(|| crate::tls::client_builder(None)))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let leases: Vec<Lease> = (0..5).map(|_| plain.lease()).collect();
+        assert_eq!((plain.len(), plain.streams), (1, None));
+        drop(leases);
+        // Over TLS the server may choose HTTP/2: calls are spread as its streams allow.
+        let tls = connections(auto);
+        let leases: Vec<Lease> = (0..3).map(|_| tls.lease()).collect();
+        assert_eq!(tls.len(), 2, "a third call opens another client");
+        drop(leases);
     }
 
     #[test]

@@ -222,7 +222,8 @@ pub struct LlmClient {
 }
 
 impl LlmClient {
-    /// A client for `base_url` (e.g. `https://api.openai.com/v1`).
+    /// A client for `base_url` (e.g. `https://api.openai.com/v1`), over the versions the
+    /// server offers (`model.http`'s default).
     pub fn new(
         base_url: &str,
         api_key: Option<Secret>,
@@ -237,7 +238,7 @@ impl LlmClient {
             timeout,
             max_retries,
             None,
-            ModelHttp::Http1,
+            ModelHttp::default(),
         )
     }
 
@@ -256,8 +257,9 @@ impl LlmClient {
         let ca = ca.cloned();
         let http = Connections::build(
             http,
+            endpoint.scheme() == "https",
             Arc::new(move || {
-                Ok(crate::tls::http_client_builder(ca.as_ref())?
+                Ok(crate::tls::client_builder(ca.as_ref())?
                     .connect_timeout(connect_timeout)
                     .timeout(timeout))
             }),

@@ -66,6 +66,7 @@ mod mcp_approvals;
 mod mcp_crash;
 mod mcp_support;
 mod mcp_tools;
+mod model_alpn;
 mod model_http;
 mod openapi_agreement;
 mod ops_files;

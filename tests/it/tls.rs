@@ -21,6 +21,70 @@ fn run(cmd: &mut Command) {
     );
 }
 
+/// A fresh directory holding a CA (`ca.pem`) and a certificate for 127.0.0.1 and localhost
+/// signed by it (`server.pem`, its key `server.key`), made with `openssl`.
+pub(crate) fn certificates() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("aptix-tls-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let openssl = |args: &[&str]| {
+        run(Command::new("openssl").args(args).current_dir(&dir));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=aptix test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    dir
+}
+
 /// A CA, a server certificate for 127.0.0.1 signed by it, and stunnel terminating TLS with it
 /// in front of RabbitMQ (`amqp_port`) and Redis (`redis_port`).
 struct TlsFront {
@@ -39,64 +103,7 @@ impl TlsFront {
 
     /// Also terminates TLS in front of a model server listening on `model_port`.
     fn start_with_model(model_port: Option<u16>) -> Self {
-        let dir = std::env::temp_dir().join(format!("aptix-tls-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let openssl = |args: &[&str]| {
-            run(Command::new("openssl").args(args).current_dir(&dir));
-        };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=aptix test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
-        std::fs::write(
-            dir.join("server.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ]);
+        let dir = certificates();
         let (amqp_port, redis_port, https_port) = (free_port(), free_port(), free_port());
         let service = |name: &str, accept: u16, connect: u16| {
             format!(
@@ -214,6 +221,12 @@ async fn clean_up(namespace: &str) {
 #[tokio::test]
 async fn a_turn_runs_end_to_end_over_tls_to_rabbitmq_redis_and_the_model() {
     a_turn_over_tls("http1").await;
+}
+
+/// By default the server chooses by ALPN; stunnel chooses nothing, which leaves HTTP/1.1.
+#[tokio::test]
+async fn a_model_call_goes_as_http1_inside_tls_by_default_when_the_server_offers_no_choice() {
+    a_turn_over_tls("auto").await;
 }
 
 /// HTTP/2 inside TLS: the client asks for `h2` by ALPN (stunnel passes the bytes on to the
