@@ -8,7 +8,8 @@
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
 //!   with a publisher confirm (and noting it in the runs index); the HTTP API (`http` and
-//!   `routes`), batches (`batch`, read back in `batch_results`, failed lines sent again in
+//!   `routes`, its connections served in `serve`: HTTP/1.1, and HTTP/2 by prior knowledge),
+//!   batches (`batch`, read back in `batch_results`, failed lines sent again in
 //!   `batch_retry`), the runs list (`runs`) and the console (`console`, static pages over
 //!   the public API).
 //! - [`queue`] — the broker's three parts, the job queue (jobs, delayed retries, dead

@@ -3,7 +3,8 @@
 //! Owns: the router and the OpenAPI document (built from the same annotated handlers, so the
 //! document covers every route), the layers every request passes (request id, access log,
 //! catch-panic, timeouts), the extractors and answers the handlers share (tenant, size-limited
-//! body, path ids, query parameters, trace context) and serving. The handlers themselves are in
+//! body, path ids, query parameters, trace context). Connections are served by `serve` (HTTP/1.1
+//! and HTTP/2 by prior knowledge, each with its deadlines). The handlers themselves are in
 //! [`super::routes`]: turns, sessions, the synchronous endpoint, batches, index, operations.
 //! Must not: hold business logic — that is the front door's ([`super::FrontDoor`]).
 //!
@@ -29,9 +30,9 @@ use super::extract::{OpenApiJson, failure};
 use super::openapi::{self as api_doc, ExecuteResult, Failure};
 use super::routes;
 use super::routes::ops::{healthz, metrics, readyz};
+pub use super::serve::{HEADER_READ_TIMEOUT, HTTP2_STREAMS, Reading, serve, serve_with};
 use crate::contexts::KnownContexts;
 use crate::contract::ErrorCode;
-use crate::metrics::Metrics;
 use crate::tokens::ApiTokens;
 use crate::trace::TraceContext;
 
@@ -270,91 +271,6 @@ pub fn ops_router(state: HttpState) -> Router {
             .with_state(state),
         counted_in,
     )
-}
-
-/// How long, by default, the API waits for a client's next bytes ([`crate::net::READ_TIMEOUT`]).
-pub const HEADER_READ_TIMEOUT: Duration = crate::net::READ_TIMEOUT;
-
-/// How long a stopping server waits for open connections (an SSE stream never ends by itself).
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// How a server reads its clients: how long it waits for their bytes, and where it counts the
-/// connections it closed for waiting too long.
-#[derive(Clone)]
-pub struct Reading {
-    /// The wait for a request's headers (from the moment the connection is accepted, or the
-    /// previous answer was sent); a body's own wait is [`HttpParts::read_timeout`].
-    pub timeout: Duration,
-    /// Counts closed connections (`aptix_http_connections_timed_out_total`).
-    pub metrics: Arc<Metrics>,
-}
-
-/// Serves `router` on `listener` until `shutdown` fires, closing connections that do not send
-/// their headers within [`HEADER_READ_TIMEOUT`] (slow or idle clients).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> std::io::Result<()> {
-    let reading = Reading {
-        timeout: HEADER_READ_TIMEOUT,
-        metrics: Arc::new(Metrics::new()),
-    };
-    serve_with(listener, router, shutdown, reading).await
-}
-
-/// [`serve`] reading clients as `reading` says. HTTP/1.1 only (what the API speaks): a
-/// protocol-sniffing server reads a connection's first bytes before any timeout runs, and a
-/// connection that sends nothing would be held for ever.
-pub async fn serve_with(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: tokio_util::sync::CancellationToken,
-    reading: Reading,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(reading.timeout);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, _peer) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait a moment, keep serving.
-                    tracing::warn!(error = %e, "could not accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        crate::net::no_delay(&stream);
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        let metrics = reading.metrics.clone();
-        tokio::spawn(async move {
-            match conn.await {
-                Ok(()) => {}
-                Err(e) if e.is_timeout() => {
-                    metrics.http_timed_out("headers");
-                    tracing::debug!("closed a connection that sent no request in time");
-                }
-                Err(e) => tracing::debug!(error = %e, "connection closed with an error"),
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("connections still open after the shutdown grace period; closing them");
-    }
-    Ok(())
 }
 
 /// An address the API must not listen on as configured.

@@ -34,6 +34,7 @@ pub mod openapi;
 mod pickup;
 pub mod routes;
 pub mod runs;
+mod serve;
 
 pub use error::SubmitError;
 pub use pickup::Pickup;

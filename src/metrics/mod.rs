@@ -86,6 +86,7 @@ pub struct Metrics {
     http_duration: RouteHistograms,
     http_in_flight: Family<RouteLabel, Gauge>,
     http_timeouts: Family<Labels, Counter>,
+    http_connections: Family<Labels, Counter>,
     dependency_up: Family<Labels, Gauge>,
     webhook_outcomes: Family<[(&'static str, &'static str); 2], Counter>,
     webhook_attempt_seconds: Histogram,
@@ -139,6 +140,13 @@ impl Metrics {
     /// the server waited for `phase`: `"headers"` or `"body"`.
     pub fn http_timed_out(&self, phase: &'static str) {
         self.http_timeouts.get_or_create(&[("phase", phase)]).inc();
+    }
+
+    /// The API accepted a connection that speaks `protocol`: `"http1"` or `"http2"`.
+    pub fn http_connection(&self, protocol: &'static str) {
+        self.http_connections
+            .get_or_create(&[("protocol", protocol)])
+            .inc();
     }
 
     /// An HTTP request was answered: `route` is the route's template (the same few series

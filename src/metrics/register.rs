@@ -237,6 +237,12 @@ impl Metrics {
             "HTTP connections closed because the client sent nothing for the read timeout (APTIX_HTTP_READ_TIMEOUT_SECS), by what it was to send: phase=\"headers\" (a request's headers, or the next request on an idle keep-alive connection) or phase=\"body\" (the next bytes of a body)",
             http_timeouts.clone(),
         );
+        let http_connections = Family::<Labels, Counter>::default();
+        registry.register(
+            "http_connections",
+            "Connections the API accepted, by the protocol their first bytes spoke: protocol=\"http1\" (HTTP/1.1, a connection per call in flight) or protocol=\"http2\" (HTTP/2 by prior knowledge, many calls as streams of one connection)",
+            http_connections.clone(),
+        );
         let dependency_up = Family::<Labels, Gauge>::default();
         registry.register(
             "dependency_up",
@@ -317,6 +323,7 @@ impl Metrics {
             http_duration,
             http_in_flight,
             http_timeouts,
+            http_connections,
             dependency_up,
             webhook_outcomes,
             webhook_attempt_seconds,

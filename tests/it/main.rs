@@ -38,6 +38,7 @@ mod compose;
 mod compose_golden;
 mod config_file;
 mod connections;
+mod connections_http2;
 mod console;
 mod console_batches;
 mod console_runs;
