@@ -188,7 +188,12 @@ impl Served {
     /// Serves one connection to its end.
     async fn connection(self: Arc<Self>, stream: TcpStream) {
         let metrics = &self.reading.metrics;
-        let spoken = match sniff(&stream, self.reading.timeout).await {
+        let sniffed = tokio::select! {
+            sniffed = sniff(&stream, self.reading.timeout) => sniffed,
+            // A stopping server does not wait for a client that has not spoken.
+            _ = self.shutdown.cancelled() => return,
+        };
+        let spoken = match sniffed {
             Ok(Some(spoken)) => spoken,
             Ok(None) => {
                 metrics.http_timed_out("headers");
@@ -383,6 +388,75 @@ impl HttpBody for WhileOpen {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stopping server lets an HTTP/2 stream and an HTTP/1.1 call that are being answered
+    /// finish, closes a connection that has not spoken and an idle one at once, and returns.
+    #[tokio::test]
+    async fn a_stopping_server_finishes_the_calls_it_answers_and_waits_for_no_silent_client() {
+        use tokio::io::AsyncReadExt as _;
+        let router = Router::new().route(
+            "/slow",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                "done"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let stop = CancellationToken::new();
+        let reading = Reading {
+            timeout: Duration::from_secs(30),
+            metrics: Arc::new(Metrics::new()),
+        };
+        let server = tokio::spawn(serve_with(listener, router, stop.clone(), reading));
+        let mut silent = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = |h2: bool| {
+            let builder = crate::tls::client_builder(None).unwrap_or_else(|e| panic!("{e}"));
+            let builder = if h2 {
+                builder.http2_prior_knowledge()
+            } else {
+                builder.http1_only()
+            };
+            builder.build().unwrap_or_else(|e| panic!("{e}"))
+        };
+        let url = format!("http://{addr}/slow");
+        let (h1, h2) = (client(false), client(true));
+        let calls = tokio::spawn(async move {
+            let (a, b) = tokio::join!(h1.get(&url).send(), h2.get(&url).send());
+            let mut versions = Vec::new();
+            for answer in [a, b] {
+                let answer = answer.unwrap_or_else(|e| panic!("{e}"));
+                versions.push(answer.version());
+                let text = answer.text().await.unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(text, "done");
+            }
+            versions
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stopping = Instant::now();
+        stop.cancel();
+        let served = tokio::time::timeout(Duration::from_secs(5), server).await;
+        assert!(
+            matches!(served, Ok(Ok(Ok(())))),
+            "the server returned within the grace period: {served:?}"
+        );
+        assert!(stopping.elapsed() < Duration::from_secs(2), "{:?}", stopping.elapsed());
+        let versions = calls.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            versions,
+            [reqwest::Version::HTTP_11, reqwest::Version::HTTP_2]
+        );
+        let mut rest = Vec::new();
+        let read = silent.read_to_end(&mut rest).await;
+        assert!(
+            matches!(read, Ok(0)) || read.is_err(),
+            "the silent connection was closed: {read:?}"
+        );
+    }
 
     #[test]
     fn the_preface_is_told_from_a_request_line_by_as_few_bytes_as_it_takes() {
