@@ -444,7 +444,11 @@ mod tests {
             matches!(served, Ok(Ok(Ok(())))),
             "the server returned within the grace period: {served:?}"
         );
-        assert!(stopping.elapsed() < Duration::from_secs(2), "{:?}", stopping.elapsed());
+        assert!(
+            stopping.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            stopping.elapsed()
+        );
         let versions = calls.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             versions,

@@ -54,7 +54,13 @@ pub struct LoopOptions {
     pub callgrind: Option<super::bench_callgrind::Counted>,
     /// With callgrind: a directory to keep its profile in (else it is removed after the run).
     pub callgrind_out: Option<std::path::PathBuf>,
+    /// The clients call the front door over HTTP/2 by prior knowledge, each call a stream.
+    pub http2: bool,
 }
+
+/// Calls one of the clients' HTTP/2 connections carries (under the front door's
+/// `HTTP2_STREAMS`, past which calls would wait in the client).
+const STREAMS_PER_CONNECTION: usize = 500;
 
 /// Declares `n` session reply queues the way a worker does (one status of a typical size
 /// each), lets them sit idle, and prints RabbitMQ's resident memory per queue; deletes them
@@ -193,14 +199,28 @@ pub(super) struct Driven {
 /// `opts.sessions` clients, each sending its next turn through the synchronous endpoint of the
 /// front door at `base` as soon as the previous one answered, until `opts.turns` were sent.
 pub(super) async fn drive(base: &str, opts: &LoopOptions) -> anyhow::Result<Driven> {
-    let http = aptix_worker::tls::http_client_builder(None)?
-        .pool_max_idle_per_host(opts.sessions)
-        .timeout(Duration::from_secs(120))
-        .build()?;
+    // Over HTTP/1.1 one client keeps a connection per session; over HTTP/2 each client is a
+    // connection, carrying the calls of up to `STREAMS_PER_CONNECTION` sessions.
+    let connections = if opts.http2 {
+        opts.sessions.max(1).div_ceil(STREAMS_PER_CONNECTION)
+    } else {
+        1
+    };
+    let https = (0..connections)
+        .map(|_| {
+            let builder = if opts.http2 {
+                aptix_worker::tls::client_builder(None)?.http2_prior_knowledge()
+            } else {
+                aptix_worker::tls::http_client_builder(None)?.pool_max_idle_per_host(opts.sessions)
+            };
+            builder.timeout(Duration::from_secs(120)).build()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let clients = (0..opts.sessions.max(1)).map(|client| {
-        let (http, base, next) = (http.clone(), base.to_string(), next.clone());
+        let http = https[client % https.len()].clone();
+        let (base, next) = (base.to_string(), next.clone());
         let (turns, fresh) = (opts.turns, opts.new_session_per_turn);
         let start = started
             + opts
@@ -285,12 +305,17 @@ impl Driven {
         let mut all: Vec<Duration> = self.first.iter().chain(&self.later).copied().collect();
         all.sort();
         println!(
-            "aptix-bench turns --closed-loop: {} clients (started {}), {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
+            "aptix-bench turns --closed-loop: {} clients (started {}, over {}), {} turns, {}, model latency {} ms, worker concurrency {}, reply queues {reply_queues}, RabbitMQ + Redis, {layout}",
             opts.sessions,
             if opts.ramp_up.is_zero() {
                 "at once".to_string()
             } else {
                 format!("over {} ms", opts.ramp_up.as_millis())
+            },
+            if opts.http2 {
+                "HTTP/2, a stream each"
+            } else {
+                "HTTP/1.1, a connection each"
             },
             opts.turns,
             if opts.new_session_per_turn {

@@ -182,6 +182,11 @@ pub struct BenchArgs {
     /// turn and memory per turn in flight.
     #[arg(long, requires = "closed_loop")]
     pub processes: bool,
+    /// With --closed-loop: the clients call the front door over HTTP/2 by prior knowledge
+    /// (each call a stream; a connection per 500 clients) instead of a connection each over
+    /// HTTP/1.1.
+    #[arg(long, requires = "closed_loop")]
+    pub http2: bool,
     /// With --closed-loop: start the clients spread evenly over this many milliseconds
     /// instead of all at once (all at once, against a model of fixed latency, the clients
     /// stay in step: every turn arrives in a wave with the others).
@@ -262,6 +267,7 @@ async fn bench_turns(args: BenchArgs, config: Config) -> anyhow::Result<ExitCode
         baseline_messages,
         callgrind,
         callgrind_out,
+        http2,
         reply_queues,
         webhooks,
     } = args;
@@ -286,6 +292,7 @@ async fn bench_turns(args: BenchArgs, config: Config) -> anyhow::Result<ExitCode
             baseline_messages,
             callgrind,
             callgrind_out,
+            http2,
         };
         if processes {
             bench_procs::run(&config, &opts).await?;
