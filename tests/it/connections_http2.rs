@@ -72,25 +72,24 @@ async fn calls_waiting_at_once_are_streams_of_one_connection_and_outlast_the_rea
         AT_ONCE as u64,
         "the calls overlapped"
     );
+    // A call on the client's connection, then the server's count of HTTP/2 connections.
+    let call_and_count = || async {
+        let answer = h2
+            .get(format!("{}/healthz", app.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 200);
+        let text = app.metrics_text().await;
+        (connections(&text, "http2"), text)
+    };
     // The connection was not closed while its streams waited: the next call goes on it.
-    let answer = h2
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status().as_u16(), 200);
-    let text = app.metrics_text().await;
-    assert_eq!(connections(&text, "http2"), 1.0, "{text}");
+    let (counted, text) = call_and_count().await;
+    assert_eq!(counted, 1.0, "{text}");
     // The idle connection is closed after the read timeout; the next call opens another.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let answer = h2
-        .get(format!("{}/healthz", app.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status().as_u16(), 200);
-    let text = app.metrics_text().await;
-    assert_eq!(connections(&text, "http2"), 2.0, "{text}");
+    let (counted, text) = call_and_count().await;
+    assert_eq!(counted, 2.0, "{text}");
     assert!(
         connections(&text, "http1") >= 1.0,
         "the scrapes' own: {text}"
