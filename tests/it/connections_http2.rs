@@ -96,6 +96,38 @@ async fn calls_waiting_at_once_are_streams_of_one_connection_and_outlast_the_rea
     );
 }
 
+/// A streamed answer's lines come through its HTTP/2 stream as they are written, not when the
+/// answer is whole (the stream is counted open until its body ends).
+#[tokio::test]
+async fn a_streamed_answer_comes_through_its_stream_as_it_is_written() {
+    use crate::streaming::{answer_of, deltas, pieces, stream_lines_over, streaming_turn};
+    // Eight text pieces 250 ms apart: over two seconds, twice the read timeout.
+    let app = spawn(AppOptions {
+        backend: Backend::Embedded,
+        extra_env: vec![("APTIX_HTTP_READ_TIMEOUT_SECS", "1".into())],
+        fake: pieces(8, 250),
+        ..AppOptions::default()
+    })
+    .await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let lines = stream_lines_over(&app, &h2, streaming_turn("h2-s", "t", "slowly")).await;
+    let shown = deltas(&lines);
+    let text: String = shown.iter().map(|d| d["text"].as_str().unwrap()).collect();
+    assert_eq!(text, answer_of(&lines), "the deltas make up the answer");
+    let first = lines.iter().find(|(_, l)| l["kind"] == "delta").unwrap().0;
+    let last = lines.last().unwrap().0;
+    assert!(
+        last.duration_since(first) > Duration::from_millis(1000),
+        "the first delta came {:?} before the end: it waited for the whole answer",
+        last.duration_since(first)
+    );
+    let text = app.metrics_text().await;
+    assert_eq!(connections(&text, "http2"), 1.0, "{text}");
+}
+
 /// Reads until the server hangs up; when it did (`None`: not within `limit`).
 async fn closed_after(mut conn: TcpStream, limit: Duration) -> Option<Duration> {
     let started = Instant::now();

@@ -39,8 +39,16 @@ pub(super) fn streaming_turn(session: &str, turn: &str, instruction: &str) -> St
 
 /// The NDJSON lines of a streamed synchronous answer, each with when it arrived.
 pub(super) async fn stream_lines(app: &App, body: String) -> Vec<(Instant, Value)> {
-    let resp = app
-        .http
+    stream_lines_over(app, &app.http, body).await
+}
+
+/// [`stream_lines`] with the client `http`.
+pub(super) async fn stream_lines_over(
+    app: &App,
+    http: &reqwest::Client,
+    body: String,
+) -> Vec<(Instant, Value)> {
+    let resp = http
         .post(format!("{}/api/ai/agent/execute", app.base))
         .bearer_auth("tok-a")
         .body(body)
