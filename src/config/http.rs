@@ -28,7 +28,8 @@ pub static READ_TIMEOUT: Setting = Setting {
     kind: Kind::Duration,
     default: Default::Value("15s"),
     about: "how long the API waits for a client's next bytes (headers, the rest of a body, the \
-            next request on a keep-alive connection) before closing the connection",
+            next request on a keep-alive connection, a stream on an HTTP/2 connection) before \
+            closing the connection",
 };
 
 /// `APTIX_CONSOLE`.

@@ -164,6 +164,12 @@ pub(super) async fn the_first_delta_reaches_the_client_while_the_model_still_str
     // Eight text pieces 250 ms apart: the model takes over two seconds to finish.
     let app = app(backend, pieces(8, 250), Vec::new()).await;
     let lines = stream_lines(&app, streaming_turn("s", "t", "slowly")).await;
+    came_while_written(&lines);
+}
+
+/// The first delta of a model writing for over two seconds arrived more than a second before
+/// the last line: the lines were not held back until the answer was whole.
+pub(super) fn came_while_written(lines: &[(Instant, Value)]) {
     let first = lines.iter().find(|(_, l)| l["kind"] == "delta").unwrap().0;
     let last = lines.last().unwrap().0;
     assert!(
