@@ -22,7 +22,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
-use axum::response::Response;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -345,24 +344,42 @@ struct CountedStreams {
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for CountedStreams {
-    type Response = Response;
+    type Response = hyper::Response<WhileOpen>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+    type Future = Answering;
 
-    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        let open = self.streams.opened();
-        let router = self.router.clone();
-        Box::pin(async move {
-            let answer = router.oneshot(request).await?;
-            Ok(answer.map(|body| Body::new(WhileOpen { body, _open: open })))
-        })
+    fn call(&self, request: hyper::Request<hyper::body::Incoming>) -> Answering {
+        Answering {
+            open: Some(self.streams.opened()),
+            answer: self.router.clone().oneshot(request),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request being answered, its stream counted open (handed on to the answer's body).
+    struct Answering {
+        open: Option<OpenStream>,
+        #[pin]
+        answer: tower::util::Oneshot<Router, hyper::Request<hyper::body::Incoming>>,
+    }
+}
+
+impl Future for Answering {
+    type Output = Result<hyper::Response<WhileOpen>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answer = std::task::ready!(this.answer.poll(cx))?;
+        let open = this.open.take();
+        Poll::Ready(Ok(answer.map(|body| WhileOpen { body, _open: open })))
     }
 }
 
 /// An answer's body that keeps its stream counted as open until it ends or is dropped.
 struct WhileOpen {
     body: Body,
-    _open: OpenStream,
+    _open: Option<OpenStream>,
 }
 
 impl HttpBody for WhileOpen {
