@@ -55,15 +55,19 @@ impl Pipeline {
         tenant: Option<&str>,
         live: Option<Arc<LiveTurn>>,
     ) -> Result<Settled, Interrupted> {
-        match super::boxed::boxed(|| self.open_user_turn(print, tenant, live)).await? {
-            Opened::Settled(settled) => Ok(settled),
-            Opened::Reason {
-                run,
-                progress,
-                input,
-                previous,
-            } => Ok(self.reason(run, progress, input, previous).await?),
-        }
+        // The opened run is taken apart in a statement of its own: a `match` on the opening's
+        // answer would keep that answer (and the `?`'s copy of it) alive across the loop.
+        let (run, progress, input, previous) =
+            match super::boxed::boxed(|| self.open_user_turn(print, tenant, live)).await? {
+                Opened::Settled(settled) => return Ok(settled),
+                Opened::Reason {
+                    run,
+                    progress,
+                    input,
+                    previous,
+                } => (run, progress, input, previous),
+            };
+        Ok(self.reason(run, progress, input, previous).await?)
     }
 
     async fn open_user_turn(
@@ -129,10 +133,13 @@ impl Pipeline {
                 });
                 let session = loaded.unwrap_or_else(|| self.life.new_session(sid));
                 let refused = backends::refused(errors);
+                // Boxed: a rare path whose state (9 KB) every opening turn would carry.
                 return Ok(Opened::Settled(
-                    self.life
-                        .fail_at_start(held, record, session, live, refused, begun.runs)
-                        .await?,
+                    Box::pin(
+                        self.life
+                            .fail_at_start(held, record, session, live, refused, begun.runs),
+                    )
+                    .await?,
                 ));
             }
             Err(e) => {
@@ -241,256 +248,265 @@ impl Pipeline {
     /// call, which is small; unboxed, every waiting turn carried the size of the settling
     /// states too (measured with `size_of_val` on a release build: 21.7 → 13 KB per turn's
     /// task, with the record boxed in [`Run`]).
-    pub(super) async fn reason(
+    ///
+    /// Written as a function that returns its loop, not as an `async fn`: an `async fn` keeps
+    /// its arguments where they arrived and moves them again into its body, so every waiting
+    /// turn carried the run and its progress twice (~900 bytes); an `async move` block uses
+    /// what it captured in place.
+    pub(super) fn reason(
         &self,
         mut run: Run,
         mut progress: TurnProgress,
         mut input: Vec<Value>,
         mut previous: Option<String>,
-    ) -> Result<Settled, RetryableFailure> {
-        let mut api_warnings: Vec<ErrorMessage> = Vec::new();
-        loop {
-            // The tokens of an answer without tool calls, counted beside the write that
-            // settles the turn.
-            let mut uncounted = None;
-            // Resume from a checkpoint (a re-run after a crash), or ask the model.
-            let checkpoint = match run.record().checkpoint.clone() {
-                Some(cp) if input.is_empty() => {
-                    info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
-                    progress = cp.progress;
-                    Some(cp.response)
-                }
-                _ => None,
-            };
-            // The tools of this step: those the call offers are those its answer may call.
-            let tools_mode = compose::tools_mode(&self.catalog, &progress);
-            let mcp = self
-                .tools
-                .offered(&tools_mode.key, run.session().session_id.tenant());
-            let from_model = checkpoint.is_none();
-            let response = match checkpoint {
-                Some(response) => response,
-                None => {
-                    if progress.iterations >= self.life.settings.max_iterations {
-                        let result = InvokeResult::failure(permanent(
-                            ErrorCode::IterationLimit,
-                            format!(
-                                "the turn reached the limit of {} model calls without a final answer",
-                                self.life.settings.max_iterations
-                            ),
-                        ));
-                        return Box::pin(self.life.fail_turn(run, result)).await;
+    ) -> impl Future<Output = Result<Settled, RetryableFailure>> + '_ {
+        async move {
+            let mut api_warnings: Vec<ErrorMessage> = Vec::new();
+            loop {
+                // The tokens of an answer without tool calls, counted beside the write that
+                // settles the turn.
+                let mut uncounted = None;
+                // Resume from a checkpoint (a re-run after a crash), or ask the model.
+                let checkpoint = match run.record().checkpoint.clone() {
+                    Some(cp) if input.is_empty() => {
+                        info!(response_id = %cp.response.id, "resuming the turn from its checkpoint");
+                        progress = cp.progress;
+                        Some(cp.response)
                     }
-                    let sent = std::mem::take(&mut input);
-                    match self
-                        .model
-                        .call_model(
-                            &mut run,
-                            &mut progress,
-                            (&tools_mode, &mcp),
-                            sent,
-                            previous.as_deref(),
-                            &self.life,
-                        )
-                        .await
-                    {
-                        Err(retryable) => {
-                            return Err(Box::pin(self.life.hand_back(run, retryable)).await);
+                    _ => None,
+                };
+                // The tools of this step: those the call offers are those its answer may call.
+                let tools_mode = compose::tools_mode(&self.catalog, &progress);
+                let mcp = self
+                    .tools
+                    .offered(&tools_mode.key, run.session().session_id.tenant());
+                let from_model = checkpoint.is_none();
+                let response = match checkpoint {
+                    Some(response) => response,
+                    None => {
+                        if progress.iterations >= self.life.settings.max_iterations {
+                            let result = InvokeResult::failure(permanent(
+                                ErrorCode::IterationLimit,
+                                format!(
+                                    "the turn reached the limit of {} model calls without a final answer",
+                                    self.life.settings.max_iterations
+                                ),
+                            ));
+                            return Box::pin(self.life.fail_turn(run, result)).await;
                         }
-                        Ok(Err(CallEnd::Failed(failed))) => {
-                            return Box::pin(self.life.fail_turn(run, *failed)).await;
-                        }
-                        Ok(Err(CallEnd::Cancelled)) => {
-                            return Box::pin(self.life.cancel_turn(run)).await;
-                        }
-                        // An answer that calls tools is saved before any of them runs: a
-                        // re-run resumes here instead of running them twice. An answer without
-                        // calls settles the turn in the next write, so a checkpoint would be a
-                        // second write of the same turn one round trip earlier; a run that dies
-                        // in between asks the model again, as one that dies during the call.
-                        Ok(Ok((response, spent))) if model_call::calls_tools(&response) => {
-                            let apart = self.life.count_in_write(&mut run, spent);
-                            let saved =
-                                Box::pin(self.life.checkpoint(&mut run, &response, &progress));
-                            let saved = match apart {
-                                Some(spent) => self.counting(spent, saved).await,
-                                None => saved.await,
-                            };
-                            if let Err(f) = saved {
-                                return Err(Box::pin(self.life.hand_back(run, f)).await);
+                        let sent = std::mem::take(&mut input);
+                        match self
+                            .model
+                            .call_model(
+                                &mut run,
+                                &mut progress,
+                                (&tools_mode, &mcp),
+                                sent,
+                                previous.as_deref(),
+                                &self.life,
+                            )
+                            .await
+                        {
+                            Err(retryable) => {
+                                return Err(Box::pin(self.life.hand_back(run, retryable)).await);
                             }
-                            response
-                        }
-                        Ok(Ok((response, spent))) => {
-                            uncounted = Some(spent);
-                            response
+                            Ok(Err(CallEnd::Failed(failed))) => {
+                                return Box::pin(self.life.fail_turn(run, *failed)).await;
+                            }
+                            Ok(Err(CallEnd::Cancelled)) => {
+                                return Box::pin(self.life.cancel_turn(run)).await;
+                            }
+                            // An answer that calls tools is saved before any of them runs: a
+                            // re-run resumes here instead of running them twice. An answer without
+                            // calls settles the turn in the next write, so a checkpoint would be a
+                            // second write of the same turn one round trip earlier; a run that dies
+                            // in between asks the model again, as one that dies during the call.
+                            Ok(Ok((response, spent))) if model_call::calls_tools(&response) => {
+                                let apart = self.life.count_in_write(&mut run, spent);
+                                let saved =
+                                    Box::pin(self.life.checkpoint(&mut run, &response, &progress));
+                                let saved = match apart {
+                                    Some(spent) => self.counting(spent, saved).await,
+                                    None => saved.await,
+                                };
+                                if let Err(f) = saved {
+                                    return Err(Box::pin(self.life.hand_back(run, f)).await);
+                                }
+                                response
+                            }
+                            Ok(Ok((response, spent))) => {
+                                uncounted = Some(spent);
+                                response
+                            }
                         }
                     }
-                }
-            };
-            let mut tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
-            tools.extend(mcp.iter().map(|t| &t.def));
+                };
+                let mut tools: Vec<&ToolDef> = self.catalog.tools_for(&tools_mode);
+                tools.extend(mcp.iter().map(|t| &t.def));
 
-            let mut texts = Vec::new();
-            let mut refusals = Vec::new();
-            let mut calls = Vec::new();
-            let mut approvals: Vec<ToolCall> = Vec::new();
-            for item in &response.items {
-                match item {
-                    OutputItem::Text(t) => texts.push(t.clone()),
-                    OutputItem::Refusal(r) => refusals.push(r.clone()),
-                    OutputItem::FunctionCall {
-                        call_id,
-                        name,
-                        arguments,
-                    } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
-                    OutputItem::Reasoning => {}
-                    // Ran by the model server during the call: recorded once, when it came.
-                    OutputItem::Hosted(call) if from_model => {
-                        super::hosted::note(&mut run, &self.life.metrics, call);
-                    }
-                    OutputItem::Hosted(_) => {}
-                    OutputItem::ApprovalRequest {
-                        id,
-                        server_label,
-                        name,
-                        arguments,
-                    } => approvals.extend(super::hosted::question(
-                        // Counted as asked once, when the answer came (not again on resuming).
-                        from_model.then_some(&*self.life.metrics),
-                        (id, server_label, name, arguments),
-                    )),
-                    OutputItem::Unknown { item_type: kind } => {
-                        warn!(kind = %kind, "ignoring an unknown output item");
-                        api_warnings.push(ErrorMessage::new(
+                let mut texts = Vec::new();
+                let mut refusals = Vec::new();
+                let mut calls = Vec::new();
+                let mut approvals: Vec<ToolCall> = Vec::new();
+                for item in &response.items {
+                    match item {
+                        OutputItem::Text(t) => texts.push(t.clone()),
+                        OutputItem::Refusal(r) => refusals.push(r.clone()),
+                        OutputItem::FunctionCall {
+                            call_id,
+                            name,
+                            arguments,
+                        } => calls.push((call_id.clone(), name.clone(), arguments.clone())),
+                        OutputItem::Reasoning => {}
+                        // Ran by the model server during the call: recorded once, when it came.
+                        OutputItem::Hosted(call) if from_model => {
+                            super::hosted::note(&mut run, &self.life.metrics, call);
+                        }
+                        OutputItem::Hosted(_) => {}
+                        OutputItem::ApprovalRequest {
+                            id,
+                            server_label,
+                            name,
+                            arguments,
+                        } => approvals.extend(super::hosted::question(
+                            // Counted as asked once, when the answer came (not again on resuming).
+                            from_model.then_some(&*self.life.metrics),
+                            (id, server_label, name, arguments),
+                        )),
+                        OutputItem::Unknown { item_type: kind } => {
+                            warn!(kind = %kind, "ignoring an unknown output item");
+                            api_warnings.push(ErrorMessage::new(
                             ErrorCode::UnknownOutputItem,
                             format!(
                                 "the model returned an output item of type {kind:?}; it was ignored"
                             ),
                         ));
-                    }
-                }
-            }
-
-            if calls.is_empty() && approvals.is_empty() {
-                let mut text = texts.join("\n\n");
-                if text.is_empty() {
-                    text = refusals.join("\n\n");
-                }
-                let apart = uncounted.and_then(|spent| self.life.count_in_write(&mut run, spent));
-                let settle = || async {
-                    if text.is_empty() {
-                        let result = InvokeResult::failure(permanent(
-                            ErrorCode::LlmBadResponse,
-                            "the model answered with neither text nor tool calls",
-                        ));
-                        return self.life.fail_turn(run, result).await;
-                    }
-                    self.life
-                        .complete_turn(run, progress, response.id, text, api_warnings)
-                        .await
-                };
-                return match apart {
-                    Some(spent) => self.counting(spent, super::boxed::boxed(settle)).await,
-                    // Counted by the write itself, or a run resumed from its checkpoint:
-                    // counted when the answer came.
-                    None => super::boxed::boxed(settle).await,
-                };
-            }
-            debug_assert!(
-                uncounted.is_none(),
-                "an answer with calls is counted beside its checkpoint"
-            );
-
-            // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
-            // the one chosen before the loop.
-            let mut outputs: Vec<(String, String)> = Vec::new();
-            let mut client_calls: Vec<ToolCall> = approvals;
-            for (call_id, name, arguments) in calls {
-                let def = tools.iter().find(|t| t.name == name);
-                match def.map(|d| d.location) {
-                    None => {
-                        warn!(tool = %name, "model called a tool this mode does not offer");
-                        let out = json!({"error": format!("Tool '{name}' is not available in this mode.")}).to_string();
-                        outputs.push((call_id, out));
-                    }
-                    Some(ToolLocation::Client) => {
-                        match (ToolCallId::parse(&call_id), JsonText::parse(&arguments)) {
-                            (Ok(id), Ok(args)) => client_calls.push(ToolCall {
-                                tool_call_id: id,
-                                name,
-                                arguments_json: args,
-                            }),
-                            _ => {
-                                let out = json!({"error": format!("The call to '{name}' has invalid arguments JSON or call id; call it again with valid JSON.")}).to_string();
-                                outputs.push((call_id, out));
-                            }
                         }
                     }
-                    Some(ToolLocation::Server) => {
-                        let mcp_tool = mcp.iter().find(|t| t.def.name == name);
-                        // A call that needs a person's approval waits for it as a client call
-                        // (one approved and run already is in the ledger: D replays it).
-                        if let Some(tool) = mcp_tool.filter(|t| {
-                            t.needs_approval && !run.record().tool_ledger.contains_key(&call_id)
-                        }) {
-                            match ToolCallId::parse(&call_id) {
-                                Ok(id) => {
-                                    let counted = Counted::ApprovalAsked;
-                                    self.life.metrics.tools.call(
-                                        &tool.source,
-                                        &tool.remote,
-                                        counted,
-                                        None,
-                                    );
-                                    info!(tool = %name, %call_id, "the call waits for a person's approval");
-                                    client_calls.push(approval::question(&id, tool, &arguments));
-                                }
-                                Err(_) => {
-                                    let out = json!({"error": format!("The call to '{name}' has an invalid call id; call it again.")}).to_string();
+                }
+
+                if calls.is_empty() && approvals.is_empty() {
+                    let mut text = texts.join("\n\n");
+                    if text.is_empty() {
+                        text = refusals.join("\n\n");
+                    }
+                    let apart =
+                        uncounted.and_then(|spent| self.life.count_in_write(&mut run, spent));
+                    let settle = || async {
+                        if text.is_empty() {
+                            let result = InvokeResult::failure(permanent(
+                                ErrorCode::LlmBadResponse,
+                                "the model answered with neither text nor tool calls",
+                            ));
+                            return self.life.fail_turn(run, result).await;
+                        }
+                        self.life
+                            .complete_turn(run, progress, response.id, text, api_warnings)
+                            .await
+                    };
+                    return match apart {
+                        Some(spent) => self.counting(spent, super::boxed::boxed(settle)).await,
+                        // Counted by the write itself, or a run resumed from its checkpoint:
+                        // counted when the answer came.
+                        None => super::boxed::boxed(settle).await,
+                    };
+                }
+                debug_assert!(
+                    uncounted.is_none(),
+                    "an answer with calls is counted beside its checkpoint"
+                );
+
+                // Run server tools (in order), collect client calls; AGN-011 §4.4: the tool list is
+                // the one chosen before the loop.
+                let mut outputs: Vec<(String, String)> = Vec::new();
+                let mut client_calls: Vec<ToolCall> = approvals;
+                for (call_id, name, arguments) in calls {
+                    let def = tools.iter().find(|t| t.name == name);
+                    match def.map(|d| d.location) {
+                        None => {
+                            warn!(tool = %name, "model called a tool this mode does not offer");
+                            let out = json!({"error": format!("Tool '{name}' is not available in this mode.")}).to_string();
+                            outputs.push((call_id, out));
+                        }
+                        Some(ToolLocation::Client) => {
+                            match (ToolCallId::parse(&call_id), JsonText::parse(&arguments)) {
+                                (Ok(id), Ok(args)) => client_calls.push(ToolCall {
+                                    tool_call_id: id,
+                                    name,
+                                    arguments_json: args,
+                                }),
+                                _ => {
+                                    let out = json!({"error": format!("The call to '{name}' has invalid arguments JSON or call id; call it again with valid JSON.")}).to_string();
                                     outputs.push((call_id, out));
                                 }
                             }
-                            continue;
                         }
-                        if let Some(live) = run.live() {
-                            live.progress(format!("running the server tool {name}"));
-                        }
-                        match Box::pin(self.server_tool_call(
-                            &mut run,
-                            &mut progress,
-                            &call_id,
-                            (&name, mcp_tool),
-                            &arguments,
-                        ))
-                        .await
-                        {
-                            Ok(Ok(out)) => outputs.push((call_id, out)),
-                            Ok(Err(failed)) => {
-                                return Box::pin(self.life.fail_turn(run, *failed)).await;
+                        Some(ToolLocation::Server) => {
+                            let mcp_tool = mcp.iter().find(|t| t.def.name == name);
+                            // A call that needs a person's approval waits for it as a client call
+                            // (one approved and run already is in the ledger: D replays it).
+                            if let Some(tool) = mcp_tool.filter(|t| {
+                                t.needs_approval && !run.record().tool_ledger.contains_key(&call_id)
+                            }) {
+                                match ToolCallId::parse(&call_id) {
+                                    Ok(id) => {
+                                        let counted = Counted::ApprovalAsked;
+                                        self.life.metrics.tools.call(
+                                            &tool.source,
+                                            &tool.remote,
+                                            counted,
+                                            None,
+                                        );
+                                        info!(tool = %name, %call_id, "the call waits for a person's approval");
+                                        client_calls
+                                            .push(approval::question(&id, tool, &arguments));
+                                    }
+                                    Err(_) => {
+                                        let out = json!({"error": format!("The call to '{name}' has an invalid call id; call it again.")}).to_string();
+                                        outputs.push((call_id, out));
+                                    }
+                                }
+                                continue;
                             }
-                            Err(retryable) => {
-                                return Err(Box::pin(self.life.hand_back(run, retryable)).await);
+                            if let Some(live) = run.live() {
+                                live.progress(format!("running the server tool {name}"));
+                            }
+                            match Box::pin(self.server_tool_call(
+                                &mut run,
+                                &mut progress,
+                                &call_id,
+                                (&name, mcp_tool),
+                                &arguments,
+                            ))
+                            .await
+                            {
+                                Ok(Ok(out)) => outputs.push((call_id, out)),
+                                Ok(Err(failed)) => {
+                                    return Box::pin(self.life.fail_turn(run, *failed)).await;
+                                }
+                                Err(retryable) => {
+                                    return Err(Box::pin(self.life.hand_back(run, retryable)).await);
+                                }
                             }
                         }
                     }
                 }
+                if !client_calls.is_empty() {
+                    return Box::pin(self.life.await_client_tools(
+                        run,
+                        progress,
+                        response.id,
+                        client_calls,
+                        outputs,
+                    ))
+                    .await;
+                }
+                input = outputs
+                    .iter()
+                    .map(|(id, out)| compose::tool_output(id, out))
+                    .collect();
+                previous = Some(response.id);
             }
-            if !client_calls.is_empty() {
-                return Box::pin(self.life.await_client_tools(
-                    run,
-                    progress,
-                    response.id,
-                    client_calls,
-                    outputs,
-                ))
-                .await;
-            }
-            input = outputs
-                .iter()
-                .map(|(id, out)| compose::tool_output(id, out))
-                .collect();
-            previous = Some(response.id);
         }
     }
 

@@ -90,9 +90,10 @@ async fn only_an_answer_that_calls_tools_is_checkpointed() {
 
 /// Each turn in flight holds its run's future while it waits for the model (boxed once, in
 /// `execute_as`): at 10,000 turns in flight every KB of it is ~10 MB. A bound that fails when
-/// a new state makes it grow past it (it was ~13 KB when written).
+/// a new state makes it grow past it (it was ~13 KB when written; 8,368 bytes with rustc 1.95
+/// since the loop stopped carrying its arguments twice, 9,256 with them).
 #[tokio::test]
-async fn a_turns_run_stays_under_16_kb() {
+async fn a_turns_run_stays_under_9_kib() {
     let (_fake, pipeline) = pipeline_over(Arc::new(MemoryStore::new())).await;
     let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
     let request = parse_request(body.as_bytes(), &RequestLimits::default())
@@ -101,5 +102,5 @@ async fn a_turns_run_stays_under_16_kb() {
     let run = pipeline.run_job(&request, super::Origin::default());
     let size = std::mem::size_of_val(&run);
     eprintln!("a turn's run: {size} B");
-    assert!(size < 16 * 1024, "a turn's run grew to {size} B");
+    assert!(size < 9 * 1024, "a turn's run grew to {size} B");
 }

@@ -143,8 +143,9 @@ impl Worker {
         };
         let failure = match outcome {
             JobOutcome::Done(settled) => {
-                return self
-                    .reply(request.into(), delivery, *settled, Some(started))
+                // Boxed: the delivery's state (4.6 KB) is needed once the run is over, and
+                // unboxed every turn waiting on its model would carry it.
+                return Box::pin(self.reply(request.into(), delivery, *settled, Some(started)))
                     .await;
             }
             // A duplicate or a race the front door could not see must not publish a "failed"
@@ -179,14 +180,27 @@ impl Worker {
             self.metrics.job_retry("transient");
             return self.republish(delivery, next, delay).await;
         }
+        // Boxed: a rare path (its stored failure and the dead-lettering's state, ~2 KB) kept
+        // out of every turn's task, as are the others here (see `worker::tests`).
+        Box::pin(self.give_up(request, delivery, failure, next)).await
+    }
+
+    /// The retry limit reached: the turn failed with the last error (stored, then published)
+    /// and its job dead-lettered.
+    async fn give_up(
+        &self,
+        request: &AgentExecuteRequest,
+        delivery: &Delivery,
+        failure: ErrorMessage,
+        next: u32,
+    ) -> Disposition {
         let reason = format!(
             "gave up after {next} attempts; last error {}: {}",
             failure.error_code, failure.message
         );
         error!(%reason, "retry limit reached; failing the turn and dead-lettering the job");
         let final_error = ErrorMessage::new(failure.error_code, reason.clone());
-        // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
-        let result = match Box::pin(self.pipeline.give_up(request, final_error)).await {
+        let result = match self.pipeline.give_up(request, final_error).await {
             Ok(r) => r,
             // The failure cannot be stored, and nothing is published that is not stored: try
             // again later, at the same attempt, until the store answers.

@@ -8,7 +8,8 @@ use crate::queue::{JobMeta, JobQueue as _, MemoryBroker, Topology};
 /// A turn's task is what each job in flight costs while it waits for the model, beside its
 /// run (boxed apart by `Pipeline::execute_as`, bounded in `pipeline::tests`): it must not carry
 /// copies of futures it is not running (an `async fn` that takes a future and awaits it holds
-/// two), nor the largest of the rarely taken paths.
+/// two), nor the largest of the rarely taken paths, nor the delivery of the result, which
+/// starts once the run is over (3.4 KB with rustc 1.95; 8 KB with the delivery unboxed).
 #[tokio::test]
 async fn the_task_a_turn_runs_on_stays_small() {
     let broker = Arc::new(MemoryBroker::new());
@@ -52,7 +53,7 @@ async fn the_task_a_turn_runs_on_stays_small() {
     let size = std::mem::size_of_val(&task);
     eprintln!("pipeline {turn} B, task {size} B");
     assert!(
-        size < turn + 12 * 1024,
+        size < turn + 4 * 1024,
         "the task ({size} B) is much larger than the turn it runs ({turn} B)"
     );
 }
