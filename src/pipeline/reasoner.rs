@@ -253,6 +253,10 @@ impl Pipeline {
     /// its arguments where they arrived and moves them again into its body, so every waiting
     /// turn carried the run and its progress twice (~900 bytes); an `async move` block uses
     /// what it captured in place.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold its arguments twice"
+    )]
     pub(super) fn reason(
         &self,
         mut run: Run,
