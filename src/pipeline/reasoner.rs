@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::Pipeline;
 use super::backends;
 use super::compose;
-use super::lifecycle::Run;
+use super::lifecycle::{Begin, Run};
 use super::model_call;
 use super::outcome::{
     CallEnd, Interrupted, RetryableFailure, Settled, TurnPrint, TurnResult, permanent,
@@ -24,15 +24,15 @@ use super::outcome::{
 use super::server_tools::ToolEnd;
 use crate::catalog::{ToolDef, ToolLocation};
 use crate::contract::request::JsonText;
-use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId};
+use crate::contract::{ErrorCode, ErrorMessage, InvokeResult, ToolCall, ToolCallId, UserTurn};
 use crate::live::LiveTurn;
 use crate::llm::OutputItem;
 use crate::mcp::{McpTool, approval};
 use crate::metrics::ToolOutcome as Counted;
-use crate::store::{TurnProgress, TurnRecord, now_rfc3339};
+use crate::store::{ContextIds, TurnProgress, TurnRecord, now_rfc3339};
 
 /// Where a user turn stands once its run is open: answered already, or ready to reason.
-enum Opened {
+pub(super) enum Opened {
     /// Settled without a model call (a stored result, or contexts refused).
     Settled(Settled),
     /// The run and what its first model call is made from.
@@ -70,7 +70,7 @@ impl Pipeline {
         Ok(self.reason(run, progress, input, previous).await?)
     }
 
-    async fn open_user_turn(
+    pub(super) async fn open_user_turn(
         &self,
         print: TurnPrint<'_>,
         tenant: Option<&str>,
@@ -86,21 +86,8 @@ impl Pipeline {
         // For a tenant not known to have an index, the begin step looks whether it has one,
         // and the read follows only if so.
         let probe = self.retrieval_probe(sid);
-        let begin = self
-            .life
-            .begin(sid, tid, asked.as_ref().ok(), probe.as_deref());
-        let (begun, chunks) = super::boxed::boxed(|| async {
-            if probe.is_none() {
-                return tokio::join!(begin, self.context_chunks(sid, turn));
-            }
-            let begun = begin.await;
-            let chunks = match &begun {
-                Ok(b) if b.held.is_some() && b.probed != Some(false) => {
-                    self.context_chunks(sid, turn).await
-                }
-                _ => super::compose::artifact_chunks(turn),
-            };
-            (begun, chunks)
+        let (begun, chunks) = super::boxed::boxed(|| {
+            self.begin_beside_retrieval(turn, asked.as_ref().ok(), probe.as_deref())
         })
         .await;
         let begun = begun?;
@@ -239,6 +226,33 @@ impl Pipeline {
             input,
             previous,
         })
+    }
+
+    /// The begin step, and the retrieval beside it: at once when the tenant is known to have
+    /// an index (`probe` is `None`), else after the begin step says whether it has one. Its
+    /// own future (boxed by the caller), made of references: a begin step's future made
+    /// before and captured would be held twice, as captured and as awaited.
+    pub(super) async fn begin_beside_retrieval(
+        &self,
+        turn: &UserTurn,
+        asked: Option<&ContextIds>,
+        probe: Option<&str>,
+    ) -> (Result<Begin, Interrupted>, Vec<compose::ContextChunk>) {
+        let (sid, tid) = (turn.session_id(), turn.turn_id());
+        if probe.is_none() {
+            return tokio::join!(
+                self.life.begin(sid, tid, asked, probe),
+                self.context_chunks(sid, turn)
+            );
+        }
+        let begun = self.life.begin(sid, tid, asked, probe).await;
+        let chunks = match &begun {
+            Ok(b) if b.held.is_some() && b.probed != Some(false) => {
+                self.context_chunks(sid, turn).await
+            }
+            _ => super::compose::artifact_chunks(turn),
+        };
+        (begun, chunks)
     }
 
     /// The loop: call → run server tools → call again, until text or client tools.

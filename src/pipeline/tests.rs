@@ -104,3 +104,30 @@ async fn a_turns_run_stays_under_9_kib() {
     eprintln!("a turn's run: {size} B");
     assert!(size < 9 * 1024, "a turn's run grew to {size} B");
 }
+
+/// While its begin step runs, a turn also holds its opening (boxed apart from its run): with
+/// thousands of turns arriving at once, most of them are here when the worker's memory peaks.
+/// It must not carry its rare failure's state (6,400 bytes with rustc 1.95; 13,256 with it),
+/// nor the begin step's future twice.
+#[tokio::test]
+async fn a_turns_opening_stays_under_7_kib() {
+    let (_fake, pipeline) = pipeline_over(Arc::new(MemoryStore::new())).await;
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
+    let request = parse_request(body.as_bytes(), &RequestLimits::default())
+        .unwrap()
+        .request;
+    let crate::contract::AgentExecuteRequest::UserTurn(turn) = &request else {
+        unreachable!("a user turn's body")
+    };
+    let opening = pipeline.open_user_turn(super::outcome::TurnPrint::of(turn, None), None, None);
+    let size = std::mem::size_of_val(&opening);
+    eprintln!("a turn's opening: {size} B");
+    assert!(size < 7 * 1024, "a turn's opening grew to {size} B");
+    // And, boxed inside it while it runs, the begin step beside retrieval: 4,768 bytes with
+    // rustc 1.95 (the begin step's answer, 2,000 of them, is laid out beside every state);
+    // 7,168 with the begin step's future made before and captured.
+    let begin = pipeline.begin_beside_retrieval(turn, None, Some("probe"));
+    let size = std::mem::size_of_val(&begin);
+    eprintln!("its begin step: {size} B");
+    assert!(size < 5 * 1024, "a turn's begin step grew to {size} B");
+}
