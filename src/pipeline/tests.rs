@@ -88,6 +88,14 @@ async fn only_an_answer_that_calls_tools_is_checkpointed() {
     );
 }
 
+/// A user turn's request, parsed as a job's body is.
+fn a_user_turn() -> crate::contract::AgentExecuteRequest {
+    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
+    parse_request(body.as_bytes(), &RequestLimits::default())
+        .unwrap()
+        .request
+}
+
 /// Each turn in flight holds its run's future while it waits for the model (boxed once, in
 /// `execute_as`): at 10,000 turns in flight every KB of it is ~10 MB. A bound that fails when
 /// a new state makes it grow past it (it was ~13 KB when written; 8,368 bytes with rustc 1.95
@@ -95,10 +103,7 @@ async fn only_an_answer_that_calls_tools_is_checkpointed() {
 #[tokio::test]
 async fn a_turns_run_stays_under_9_kib() {
     let (_fake, pipeline) = pipeline_over(Arc::new(MemoryStore::new())).await;
-    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
-    let request = parse_request(body.as_bytes(), &RequestLimits::default())
-        .unwrap()
-        .request;
+    let request = a_user_turn();
     let run = pipeline.run_job(&request, super::Origin::default());
     let size = std::mem::size_of_val(&run);
     eprintln!("a turn's run: {size} B");
@@ -112,10 +117,7 @@ async fn a_turns_run_stays_under_9_kib() {
 #[tokio::test]
 async fn a_turns_opening_stays_under_7_kib() {
     let (_fake, pipeline) = pipeline_over(Arc::new(MemoryStore::new())).await;
-    let body = json!({"sessionId": "s", "turnId": "t", "instruction": "go"}).to_string();
-    let request = parse_request(body.as_bytes(), &RequestLimits::default())
-        .unwrap()
-        .request;
+    let request = a_user_turn();
     let crate::contract::AgentExecuteRequest::UserTurn(turn) = &request else {
         unreachable!("a user turn's body")
     };
