@@ -4,7 +4,9 @@
 //! Owns: that arithmetic and the memory probe. Must not: read configuration.
 
 /// What one turn in flight may cost a worker, for sizing the default concurrency: measured
-/// ~52–57 KiB at 10,000 in flight (`aptix-bench turns --in-flight`), rounded up.
+/// ~60 KiB of heap with the model over HTTP/1.1 (~35 KiB over HTTP/2) with 2,000 turns in
+/// flight against a 20 s model (`aptix-bench turns --closed-loop`; docs/benchmarks.md),
+/// rounded up.
 pub const MEMORY_PER_TURN: u64 = 64 << 10;
 /// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
 pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
