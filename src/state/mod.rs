@@ -8,12 +8,14 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A session lease: while held, only its holder may write the session's state. The token grows
-/// with every acquisition, so a write carrying an older token (a holder that paused past its
-/// lease) is rejected.
+/// A session lease: while held, only its holder may write the session's state. A write carrying
+/// a lease that is no longer the session's (a holder that paused past it) is rejected. The
+/// token grows with every taking of the kind: a lease taken on its own counts the session's
+/// takings, a turn's run counts the turn's runs (its count of runs begun); the holder's
+/// unique part makes each lease's value one no other taking has.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
-    /// The fencing token.
+    /// The fencing token (see above).
     pub token: u64,
     /// Who holds it (worker id and turn), for logs and debugging.
     pub holder: String,

@@ -91,6 +91,27 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
     );
 }
 
+/// Two turns of one session begun by one holder: a lease a begin step takes is its turn's run's
+/// (Redis numbers it by the turn's runs begun, so both first runs have token 1), so the first
+/// turn's run, paused past its lease while the second turn's run took it, writes nothing.
+pub(super) async fn a_paused_run_of_another_turn_cannot_write(s: Subject) {
+    let st = &s.store;
+    let (t1, t2) = (TurnId::parse("t1").unwrap(), TurnId::parse("t2").unwrap());
+    let (s_id, short) = (sid("s"), Duration::from_millis(500));
+    let begin = |tid| st.begin_turn(G, &s_id, tid, "w1", short, None, None);
+    let first = begin(&t1).await.unwrap();
+    let lease = first.lease.expect("a free session's lease");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = begin(&t2).await.unwrap();
+    assert_eq!((first.runs, second.runs), (1, 1), "each its turn's first run");
+    let taken = second.lease.expect("the first run's lease lapsed");
+    let stale = st.save(G, None, &turn("s", "t1"), &lease, true).await;
+    assert!(matches!(stale, Err(StoreError::Fenced(_))), "{stale:?}");
+    st.save(G, None, &turn("s", "t2"), &taken, true)
+        .await
+        .unwrap();
+}
+
 pub(super) async fn begin_counts_the_run_that_readers_then_see_running(s: Subject) {
     let st = &s.store;
     let tid = TurnId::parse("t").unwrap();
@@ -525,6 +546,7 @@ for_each_backend!(
     tests: [
         begin_takes_the_lease_and_reads_the_turn_and_session,
         begin_counts_the_run_that_readers_then_see_running,
+        a_paused_run_of_another_turn_cannot_write,
         begin_latches_a_new_sessions_contexts_and_only_then,
         a_save_reads_whether_the_turn_was_asked_to_stop,
         a_save_reads_whether_the_session_is_marked_watched,

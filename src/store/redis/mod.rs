@@ -11,8 +11,8 @@
 //! | `<ns>:turn:{<sid>}:<tid>` | string | turn record (JSON) | turn retention |
 //! | `<ns>:ledger:{<sid>}:<tid>` | hash | server tool outputs by `call_id`, the runs begun | turn retention |
 //! | `<ns>:prompt:<id>` | string | a call's instructions and tools (JSON), which transcripts name | twice the turn retention |
-//! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease | lease TTL |
-//! | `<ns>:fence:{<sid>}` | integer | last fencing token issued | as the turns index |
+//! | `<ns>:lease:{<sid>}` | string | `<token>:<holder>` of the current lease (a turn's run: its count of runs begun as the token) | lease TTL |
+//! | `<ns>:fence:{<sid>}` | integer | last fencing token a lease taken outside a turn's run was given | as the turns index |
 //! | `<ns>:owner:{<sid>}` | string | the tenant that owns the session | as the turns index |
 //! | `<ns>:contexts:{<sid>}` | string | the session's latched contexts (JSON) | as the turns index |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |

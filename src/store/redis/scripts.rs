@@ -27,10 +27,9 @@ redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
 return token
 ";
 
-/// KEYS: lease, fence counter, turn, turn's ledger, session, latched contexts, the turn's
-///       stop request, and (optional) a key to probe.
-/// ARGV: holder, lease TTL ms, counter TTL ms (and contexts TTL), contexts JSON or '', turn
-///       TTL ms.
+/// KEYS: lease, turn, turn's ledger, session, latched contexts, the turn's stop request, and
+///       (optional) a key to probe.
+/// ARGV: holder, lease TTL ms, contexts TTL ms, contexts JSON or '', turn TTL ms.
 /// Returns {token or false, turn JSON or false, ledger as field/value pairs (as before this
 /// run), session JSON or false, latched contexts JSON or false, runs begun, stop requested};
 /// the rest only when the lease was taken: the session, the contexts for a session not stored
@@ -38,28 +37,38 @@ return token
 /// admission gave them moments before), the count of runs begun with this one (kept in
 /// the ledger under `runs begun`), and whether the turn has been asked to stop (1 or 0); last,
 /// whether the probed key exists (1 or 0; -1 when none was named or the lease not taken).
-/// The turn, the session, the stop request and the latched contexts (all strings) are one
-/// `MGET`: contexts the front door's admission latched need no write here. The fencing token
-/// is drawn before the lease is tried (`SET NX`): a try that finds the lease held spends a
-/// number, and tokens stay increasing, which is all fencing asks of them.
+/// The lease, the turn, the session, the stop request and the latched contexts (all strings)
+/// are one `MGET`: a free lease is taken with a plain `SET` (the script is atomic), and a held
+/// one costs no write. The fencing token is the turn's count of runs begun, so taking the
+/// lease draws no number of its own: the holder (ARGV[1]) names the turn, so a lease's value
+/// names the turn and its run, which no other begin step's lease shares. (Leases taken
+/// outside a begin step, `ACQUIRE`, are numbered by the session's own counter; the holder's
+/// nonce, new at each taking, keeps their values apart from these.) A first run finds its
+/// ledger empty (a run records in it only once it has begun, so a ledger without runs begun
+/// holds nothing): only a later run reads it, its count of runs begun as before this one.
 const BEGIN: &str = r"
-local read = redis.call('MGET', KEYS[3], KEYS[5], KEYS[7], KEYS[6])
-local turn, session, stop = read[1], read[2], read[3]
-local ledger = redis.call('HGETALL', KEYS[4])
-local token = redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-if not redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {false, turn, ledger, false, false, 0, 0, -1}
+local read = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[6], KEYS[5])
+local turn, session, stop = read[2], read[3], read[4]
+if read[1] then
+  return {false, turn, redis.call('HGETALL', KEYS[3]), false, false, 0, 0, -1}
 end
-local runs = redis.call('HINCRBY', KEYS[4], 'runs begun', 1)
-redis.call('PEXPIRE', KEYS[4], ARGV[5])
+local runs = redis.call('HINCRBY', KEYS[3], 'runs begun', 1)
+local ledger = {}
+if runs > 1 then
+  ledger = redis.call('HGETALL', KEYS[3])
+  for i = 1, #ledger, 2 do
+    if ledger[i] == 'runs begun' then ledger[i + 1] = tostring(runs - 1) end
+  end
+end
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+redis.call('SET', KEYS[1], runs .. ':' .. ARGV[1], 'PX', ARGV[2])
 local latched = false
 if not session and ARGV[4] ~= '' then
-  latched = read[4] or redis.call('SET', KEYS[6], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
+  latched = read[5] or redis.call('SET', KEYS[5], ARGV[4], 'NX', 'GET', 'PX', ARGV[3]) or ARGV[4]
 end
 local probed = -1
-if KEYS[8] then probed = redis.call('EXISTS', KEYS[8]) end
-return {token, turn, ledger, session, latched, runs, stop and 1 or 0, probed}
+if KEYS[7] then probed = redis.call('EXISTS', KEYS[7]) end
+return {runs, turn, ledger, session, latched, runs, stop and 1 or 0, probed}
 ";
 
 const RENEW: &str = r"

@@ -55,9 +55,8 @@ impl RedisStore {
         let turn_key = self.turn_key("turn", session, turn);
         let (session_key, contexts_key) =
             (self.key("session", session), self.key("contexts", session));
-        let mut call = ScriptCall::new(&self.scripts.begin, if probe.is_some() { 8 } else { 7 });
+        let mut call = ScriptCall::new(&self.scripts.begin, if probe.is_some() { 7 } else { 6 });
         call.key_joined(&self.key_parts("lease", session))
-            .key_joined(&self.key_parts("fence", session))
             .key(&turn_key)
             .key_joined(&self.turn_key_parts("ledger", session, turn))
             .key(&session_key)
@@ -66,7 +65,11 @@ impl RedisStore {
         if let Some(key) = probe {
             call.key(key);
         }
-        call.arg(holder)
+        // The lease's value names the turn: its token counts the turn's runs, so two turns'
+        // first runs share a token, and a holder that does not name its turn must not give
+        // them one value.
+        let holder = format!("{turn}/{holder}");
+        call.arg(&holder)
             .arg(ms(ttl))
             .arg(ms(self.retention.turns_index()));
         match contexts {
@@ -76,10 +79,7 @@ impl RedisStore {
         call.arg(ms(self.retention.turns));
         let answer: BeginAnswer = call.invoke(&mut self.conn()).await.map_err(unavailable)?;
         let (token, raw_turn, ledger, raw_session, raw_latched, runs, stop, probed) = answer;
-        let lease = token.map(|token| Lease {
-            token,
-            holder: holder.to_string(),
-        });
+        let lease = token.map(|token| Lease { token, holder });
         let read = with_ledger(&turn_key, raw_turn, ledger).and_then(|turn| {
             Ok((
                 turn,
