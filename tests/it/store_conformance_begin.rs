@@ -103,7 +103,11 @@ pub(super) async fn a_paused_run_of_another_turn_cannot_write(s: Subject) {
     let lease = first.lease.expect("a free session's lease");
     tokio::time::sleep(Duration::from_millis(700)).await;
     let second = begin(&t2).await.unwrap();
-    assert_eq!((first.runs, second.runs), (1, 1), "each its turn's first run");
+    assert_eq!(
+        (first.runs, second.runs),
+        (1, 1),
+        "each its turn's first run"
+    );
     let taken = second.lease.expect("the first run's lease lapsed");
     let stale = st.save(G, None, &turn("s", "t1"), &lease, true).await;
     assert!(matches!(stale, Err(StoreError::Fenced(_))), "{stale:?}");

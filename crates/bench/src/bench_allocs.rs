@@ -67,37 +67,56 @@ pub fn report(turns: u64, counted: [(&str, Option<Allocated>, Option<Allocated>)
     )
 }
 
-/// The line the run prints about memory: the heap each of `in_flight` turns held at the
-/// process's peak, over what it held before the turns (host-independent, unlike resident
-/// memory: no allocator's slack or pages not given back). A peak the turns did not raise says
-/// so (it was set before them, at start-up).
-pub fn held_report(
-    in_flight: u64,
-    counted: [(&str, Option<Allocated>, Option<Allocated>); 2],
-) -> String {
-    let in_flight = in_flight.max(1);
+/// How many turns a process's heap is divided by: the most it held at once (read from its
+/// gauge while the turns ran), or, where that was not read, the turns started at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// The most in flight at once, as the process's own gauge showed.
+    Seen(u64),
+    /// The turns started at once (not read from the process: an upper bound).
+    Started(u64),
+}
+
+impl InFlight {
+    fn count(self) -> u64 {
+        match self {
+            Self::Seen(n) | Self::Started(n) => n.max(1),
+        }
+    }
+}
+
+/// The line the run prints about memory: the heap each turn in flight held at the process's
+/// peak, over what it held before the turns (host-independent, unlike resident memory: no
+/// allocator's slack or pages not given back). A peak the turns did not raise says so (it
+/// was set before them, at start-up).
+pub fn held_report(counted: [(&str, InFlight, Option<Allocated>, Option<Allocated>); 2]) -> String {
     let mut parts = Vec::new();
-    for (label, before, after) in counted {
+    for (label, in_flight, before, after) in counted {
         let (Some(before), Some(after)) = (before, after) else {
             return "  heap held per turn in flight: not counted (build aptix with `--features count-allocations` and name it in APTIX_BIN)".into();
         };
+        let n = in_flight.count();
+        let over = match in_flight {
+            InFlight::Seen(n) => format!("{n} in flight at most"),
+            InFlight::Started(n) => format!("{n} started at once"),
+        };
         if after.held_peak <= before.held_peak {
             parts.push(format!(
-                "{label} peak not raised by the turns (at most {:.1} KiB)",
-                before.held_peak.saturating_sub(before.held) as f64 / 1024.0 / in_flight as f64
+                "{label} peak not raised by the turns (at most {:.1} KiB; {over})",
+                before.held_peak.saturating_sub(before.held) as f64 / 1024.0 / n as f64
             ));
         } else {
             let grown = after.held_peak.saturating_sub(before.held);
             parts.push(format!(
-                "{label} {:.1} KiB ({} -> peak {} KiB)",
-                grown as f64 / 1024.0 / in_flight as f64,
+                "{label} {:.1} KiB ({over}; {} -> peak {} KiB)",
+                grown as f64 / 1024.0 / n as f64,
                 before.held / 1024,
                 after.held_peak / 1024
             ));
         }
     }
     format!(
-        "  heap held per turn in flight, {in_flight} at once (counting allocator, peak over before): {}",
+        "  heap held per turn in flight (counting allocator, peak over before): {}",
         parts.join(", ")
     )
 }
@@ -166,23 +185,49 @@ mod tests {
                 held_peak,
             })
         };
-        let line = held_report(
-            100,
-            [
-                (
-                    "serve",
-                    at(1 << 20, (1 << 20) + 1000),
-                    at(1 << 20, (1 << 20) + 409_600),
-                ),
-                ("worker", at(3 << 20, 5 << 20), at(3 << 20, 5 << 20)),
-            ],
-        );
+        let line = held_report([
+            (
+                "serve",
+                InFlight::Seen(100),
+                at(1 << 20, (1 << 20) + 1000),
+                at(1 << 20, (1 << 20) + 409_600),
+            ),
+            (
+                "worker",
+                InFlight::Started(100),
+                at(3 << 20, 5 << 20),
+                at(3 << 20, 5 << 20),
+            ),
+        ]);
         assert!(
-            line.ends_with("serve 4.0 KiB (1024 -> peak 1424 KiB), worker peak not raised by the turns (at most 20.5 KiB)"),
+            line.ends_with("serve 4.0 KiB (100 in flight at most; 1024 -> peak 1424 KiB), worker peak not raised by the turns (at most 20.5 KiB; 100 started at once)"),
             "{line}"
         );
+        // Half as many in flight: twice the heap each.
+        let half = held_report([
+            (
+                "serve",
+                InFlight::Seen(50),
+                at(1 << 20, 1 << 20),
+                at(1 << 20, (1 << 20) + 409_600),
+            ),
+            ("worker", InFlight::Seen(0), at(0, 0), at(0, 1024)),
+        ]);
         assert!(
-            held_report(1, [("serve", None, None), ("worker", None, None)]).contains("not counted")
+            half.contains("serve 8.0 KiB (50 in flight at most"),
+            "{half}"
+        );
+        assert!(
+            half.contains("worker 1.0 KiB (0 in flight at most"),
+            "{half}"
+        );
+        let none = (InFlight::Started(1), None, None);
+        assert!(
+            held_report([
+                ("serve", none.0, none.1, none.2),
+                ("worker", none.0, None, None)
+            ])
+            .contains("not counted")
         );
     }
 }

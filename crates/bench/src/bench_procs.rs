@@ -13,9 +13,11 @@ use anyhow::Context as _;
 use aptix_worker::config::Config;
 use aptix_worker::queue::RabbitBroker;
 use aptix_worker::store::RedisStore;
+use tokio_util::sync::CancellationToken;
 
-use super::bench_allocs::{held_report, report as allocs_report, scrape};
+use super::bench_allocs::{InFlight, held_report, report as allocs_report, scrape};
 use super::bench_callgrind::{Callgrind, Counted};
+use super::bench_in_flight as in_flight;
 use super::bench_loop::{LoopOptions, baseline, drive};
 use super::bench_verdict::Part;
 use super::procfs::{cpu_snapshot, status_kib};
@@ -395,9 +397,30 @@ async fn measure(
     if let Some((cg, p)) = counted {
         cg.zero(p.pid())?;
     }
+    // How many turns each process holds at once is read while they run, where the heap is
+    // counted and no process is under callgrind (the reads are work of the processes', in
+    // the CPU window: a run for memory, not for CPU).
+    let sampled = (allocated_before.1.is_some() && counted.is_none()).then(|| {
+        let stop = CancellationToken::new();
+        let watch = tokio::spawn(in_flight::watch(
+            scraper.clone(),
+            address.to_string(),
+            worker_ops.to_string(),
+            Duration::from_millis(100),
+            stop.clone(),
+        ));
+        (stop, watch)
+    });
     let before = cpu_snapshot(&watched);
     let driven = drive(&format!("http://{address}"), opts).await?;
     let after = cpu_snapshot(&watched);
+    let peaks = match sampled {
+        Some((stop, watch)) => {
+            stop.cancel();
+            watch.await.ok()
+        }
+        None => None,
+    };
     let instructions = counted
         .map(|(cg, p)| {
             cg.instructions(p.pid())
@@ -428,9 +451,14 @@ async fn measure(
     );
     let grown = |before: u64, p: &Proc| p.peak().saturating_sub(before);
     let (serve_grew, worker_grew) = (grown(resident.0, serve), grown(resident.1, worker));
-    let per_turn = |kib: u64| kib as f64 / opts.sessions.max(1) as f64;
+    let started = opts.sessions as u64;
+    let (serve_in_flight, worker_in_flight) = match peaks {
+        Some(p) => (InFlight::Seen(p.serve), InFlight::Seen(p.worker)),
+        None => (InFlight::Started(started), InFlight::Started(started)),
+    };
+    let per_turn = |kib: u64| kib as f64 / started.max(1) as f64;
     println!(
-        "  memory with {} turns in flight: serve {} -> peak {} MiB ({:.1} KiB per turn), worker {} -> peak {} MiB ({:.1} KiB per turn); together {:.1} KiB per turn in flight",
+        "  memory with {} turns started at once: serve {} -> peak {} MiB ({:.1} KiB per turn), worker {} -> peak {} MiB ({:.1} KiB per turn); together {:.1} KiB per turn started{}",
         opts.sessions,
         resident.0 / 1024,
         serve.peak() / 1024,
@@ -439,6 +467,16 @@ async fn measure(
         worker.peak() / 1024,
         per_turn(worker_grew),
         per_turn(serve_grew + worker_grew),
+        match peaks {
+            Some(p) => format!(
+                "; in flight at most: serve {} calls ({:.1} KiB resident each), worker {} turns ({:.1} KiB each)",
+                p.serve,
+                serve_grew as f64 / p.serve.max(1) as f64,
+                p.worker,
+                worker_grew as f64 / p.worker.max(1) as f64,
+            ),
+            None => String::new(),
+        }
     );
     println!(
         "{}",
@@ -452,13 +490,20 @@ async fn measure(
     );
     println!(
         "{}",
-        held_report(
-            opts.sessions as u64,
-            [
-                ("serve", allocated_before.0, allocated_after.0),
-                ("worker", allocated_before.1, allocated_after.1),
-            ]
-        )
+        held_report([
+            (
+                "serve",
+                serve_in_flight,
+                allocated_before.0,
+                allocated_after.0
+            ),
+            (
+                "worker",
+                worker_in_flight,
+                allocated_before.1,
+                allocated_after.1
+            ),
+        ])
     );
     if let (Some(before), Some(after)) = (commands_before, commands_after) {
         // The difference holds one read of the bench's own (the `INFO` before). Redis counts

@@ -10,6 +10,7 @@
 mod bench;
 mod bench_allocs;
 mod bench_callgrind;
+mod bench_in_flight;
 mod bench_loop;
 mod bench_procs;
 mod bench_stream;

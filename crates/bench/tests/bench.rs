@@ -130,7 +130,7 @@ fn the_first_delta_and_closed_loop_benches_run_with_their_baselines() {
             "aptix worker",
             "the fake model",
             "context switches per turn: aptix serve",
-            "memory with 4 turns in flight: serve",
+            "memory with 4 turns started at once: serve",
             "free-product ceiling: ",
             "bound by ",
             "baseline, the job leg (quorum queue, persistent, pipelined confirms, acked), 500 messages",
