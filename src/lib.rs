@@ -22,8 +22,9 @@
 //!   `ServerTools`, over [`tools`] and the mode [`catalog`], and the MCP servers operators
 //!   plug in through [`mcp`], whose calls its executor `server_tools::mcp` makes exactly once
 //!   where that matters; no model client, no store writer),
-//!   `reasoner` (E: the `Pipeline`, the only one that holds the others and loops; a client's
-//!   continuation, approvals of MCP calls included, re-enters it through `continuation`) and
+//!   `reasoner` (E: the `Pipeline`, the only one that holds the others and loops, once
+//!   `opening` has begun a user turn's run; a client's continuation, approvals of MCP calls
+//!   included, re-enters it through `continuation`) and
 //!   `lifecycle` (F: `Lifecycle`, the only holder of the store's writer in the pipeline, each
 //!   transition one atomic store step); `outcome` holds what a run comes to, `backends` maps a
 //!   turn's contexts to its model client, model and boot prompt; each model call holds to its

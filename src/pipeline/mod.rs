@@ -1,10 +1,10 @@
 //! The agent pipeline, one file per layer of AGN-027: [`compose`] (B: the model request, the
 //! boot prompt and the `[CONTEXT]` block), the model call in [`crate::llm`] (C),
 //! `server_tools` (D: one server tool call, or its output replayed from the turn's ledger),
-//! `reasoner` (E: the only loop; mode changes are decided there) and [`lifecycle`] (F: the only
-//! writer of a turn's state — the lease and every transition, each one atomic store step). This
-//! file holds the entry points ([`Pipeline::run`], [`Pipeline::execute`]), the settings and
-//! retrieval for the context block.
+//! `reasoner` (E: the only loop; mode changes are decided there; a user turn's run is opened
+//! before it in `opening`) and [`lifecycle`] (F: the only writer of a turn's state — the lease
+//! and every transition, each one atomic store step). This file holds the entry points
+//! ([`Pipeline::run`], [`Pipeline::execute`]), the settings and retrieval for the context block.
 //!
 //! A failure fails the **turn**, never the session: the session's continuation id is only moved
 //! forward when a turn reaches a point where every function call of the last response has been
@@ -21,6 +21,7 @@ mod history;
 mod hosted;
 pub mod lifecycle;
 pub(crate) mod model_call;
+mod opening;
 mod outcome;
 mod reasoner;
 mod server_tools;
