@@ -200,11 +200,16 @@ mod usd_option {
     }
 }
 
-/// Folds a day's tally (`<context>/<field>` → amount) into usage by context.
+/// Folds a day's tally (`<context>/<field>` → amount) into usage by context. A context's total
+/// is its input and output, plus what models reported beyond them (`more_total`); a day
+/// tallied by an earlier version, which kept a `total` of its own, shows the larger of that
+/// and this (the two agree on any day one version counted whole; on the day of an upgrade the
+/// sum counts the calls of both).
 fn by_context(
     tally: std::collections::BTreeMap<String, u64>,
 ) -> std::collections::BTreeMap<String, ContextUsage> {
     let mut out: std::collections::BTreeMap<String, ContextUsage> = Default::default();
+    let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     for (name, n) in tally {
         let Some((context, field)) = name.rsplit_once('/') else {
             continue;
@@ -216,10 +221,19 @@ fn by_context(
             "cached_input" => usage.cached_input_tokens = n,
             "output" => usage.output_tokens = n,
             "reasoning" => usage.reasoning_tokens = n,
-            "total" => usage.total_tokens = n,
+            "more_total" => totals.entry(context.to_string()).or_default().0 = n,
+            "total" => totals.entry(context.to_string()).or_default().1 = n,
             "cost_micros" => usage.cost_micros = n,
             _ => {}
         }
+    }
+    for (context, usage) in &mut out {
+        let (more, kept) = totals.get(context).copied().unwrap_or_default();
+        let summed = usage
+            .input_tokens
+            .saturating_add(usage.output_tokens)
+            .saturating_add(more);
+        usage.total_tokens = summed.max(kept);
     }
     out
 }

@@ -28,15 +28,22 @@ fn nothing(usage: &Usage) -> bool {
     usage.total_tokens == 0 && usage.cost_micros == 0
 }
 
-/// The tally's fields a call adds to, under its agent context: those above 0.
+/// The tally's fields a call adds to, under its agent context: those above 0. A call's total
+/// is its input and output (what the Responses API and the gateways report), so the tally
+/// keeps no total of its own: only what a model reported beyond those two, were it to
+/// (`more_total`; the reader adds it, [`super::by_context`]). One command fewer on every write
+/// that counts a call.
 fn tally(context: &str, usage: &Usage) -> Vec<(String, u64)> {
+    let more_total = usage
+        .total_tokens
+        .saturating_sub(usage.prompt_tokens.saturating_add(usage.completion_tokens));
     [
         ("calls", 1),
         ("input", usage.prompt_tokens),
         ("cached_input", usage.cached_tokens),
         ("output", usage.completion_tokens),
         ("reasoning", usage.reasoning_tokens),
-        ("total", usage.total_tokens),
+        ("more_total", more_total),
         ("cost_micros", usage.cost_micros),
     ]
     .into_iter()
@@ -135,5 +142,67 @@ impl Quotas {
             amount,
         }));
         Some(CounterAdds { keep_ms, adds })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::by_context;
+    use super::*;
+
+    fn usage(input: u64, output: u64, total: u64) -> Usage {
+        Usage {
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: total,
+            ..Usage::default()
+        }
+    }
+
+    #[test]
+    fn a_calls_total_is_its_input_and_output_and_the_tally_keeps_only_what_is_beyond() {
+        let fields = |u: &Usage| {
+            tally("c", u)
+                .into_iter()
+                .map(|(f, _)| f)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            fields(&usage(10, 5, 15)),
+            ["c/calls", "c/input", "c/output"]
+        );
+        assert_eq!(
+            tally("c", &usage(10, 5, 18)).last(),
+            Some(&("c/more_total".to_string(), 3))
+        );
+        // Tallied over two calls, the day reads back whole.
+        let mut day = std::collections::BTreeMap::new();
+        for u in [usage(10, 5, 15), usage(10, 5, 18)] {
+            for (field, n) in tally("c", &u) {
+                *day.entry(field).or_insert(0) += n;
+            }
+        }
+        let read = &by_context(day)["c"];
+        assert_eq!(
+            (
+                read.calls,
+                read.input_tokens,
+                read.output_tokens,
+                read.total_tokens
+            ),
+            (2, 20, 10, 33)
+        );
+    }
+
+    #[test]
+    fn a_day_an_earlier_version_tallied_keeps_its_total() {
+        let day = |fields: &[(&str, u64)]| {
+            by_context(fields.iter().map(|(f, n)| (format!("c/{f}"), *n)).collect())["c"]
+                .total_tokens
+        };
+        // A total of its own beyond input and output (a model that reported more).
+        assert_eq!(day(&[("input", 10), ("output", 5), ("total", 17)]), 17);
+        // The day of an upgrade: the earlier version's total holds only its own calls.
+        assert_eq!(day(&[("input", 30), ("output", 15), ("total", 15)]), 45);
     }
 }
