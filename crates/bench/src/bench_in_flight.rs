@@ -4,7 +4,8 @@
 //! turns run and kept at their highest. The heap a turn in flight holds is a process's peak
 //! over what it held before, divided by this, not by the turns started: with a short model,
 //! the first turns end before the last ones start, and dividing by every turn started would
-//! understate it.
+//! understate it. Read only in a run for memory (turns that wait on the model): the reads are
+//! work of the processes', which a run for CPU or allocations per turn should not count.
 
 use std::time::Duration;
 

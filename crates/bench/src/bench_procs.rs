@@ -397,10 +397,12 @@ async fn measure(
     if let Some((cg, p)) = counted {
         cg.zero(p.pid())?;
     }
-    // How many turns each process holds at once is read while they run, where the heap is
-    // counted and no process is under callgrind (the reads are work of the processes', in
-    // the CPU window: a run for memory, not for CPU).
-    let sampled = (allocated_before.1.is_some() && counted.is_none()).then(|| {
+    // How many turns each process holds at once is read while they run, in a run for memory:
+    // the heap counted, no process under callgrind, and turns that wait on the model (a
+    // second or more). The reads are the processes' own work, in the CPU and allocation
+    // windows, so a run for those (a fast model) makes none.
+    let for_memory = opts.latency >= Duration::from_secs(1);
+    let sampled = (allocated_before.1.is_some() && counted.is_none() && for_memory).then(|| {
         let stop = CancellationToken::new();
         let watch = tokio::spawn(in_flight::watch(
             scraper.clone(),
@@ -478,16 +480,17 @@ async fn measure(
             None => String::new(),
         }
     );
-    println!(
-        "{}",
-        allocs_report(
-            opts.turns as u64,
-            [
-                ("serve", allocated_before.0, allocated_after.0),
-                ("worker", allocated_before.1, allocated_after.1),
-            ]
-        )
+    let mut allocations = allocs_report(
+        opts.turns as u64,
+        [
+            ("serve", allocated_before.0, allocated_after.0),
+            ("worker", allocated_before.1, allocated_after.1),
+        ],
     );
+    if peaks.is_some() {
+        allocations.push_str(" (with the in-flight gauges' reads, every 100 ms)");
+    }
+    println!("{allocations}");
     println!(
         "{}",
         held_report([
