@@ -411,14 +411,15 @@ async fn measure(
             Duration::from_millis(100),
             stop.clone(),
         ));
-        (stop, watch)
+        // A run that ends early (its `?` below) stops the reads too.
+        (stop.drop_guard(), watch)
     });
     let before = cpu_snapshot(&watched);
     let driven = drive(&format!("http://{address}"), opts).await?;
     let after = cpu_snapshot(&watched);
     let peaks = match sampled {
         Some((stop, watch)) => {
-            stop.cancel();
+            drop(stop);
             watch.await.ok()
         }
         None => None,
