@@ -28,6 +28,7 @@ pub(super) enum Opened {
         previous: Option<String>,
     },
 }
+
 impl Pipeline {
     /// A user turn: its run opened (boxed: the begin step's answer, the records and the
     /// session it reads are large, and a turn waiting on its model should not carry them —

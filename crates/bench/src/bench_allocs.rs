@@ -43,10 +43,7 @@ fn read(text: &str) -> Option<Allocated> {
 
 /// The value of the sample `name` (one without labels) in a text exposition.
 fn counter(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
-        value.trim().parse::<f64>().ok().map(|v| v as u64)
-    })
+    super::bench_in_flight::gauge_sum(text, name, None)
 }
 
 /// The line the run prints: each process's allocations and bytes per turn over `turns`.

@@ -22,7 +22,7 @@ pub struct Peaks {
 
 /// The sum of the samples named `name` (with any labels but those that contain `leave_out`)
 /// in a text exposition; `None` when there is none.
-fn gauge_sum(text: &str, name: &str, leave_out: Option<&str>) -> Option<u64> {
+pub(crate) fn gauge_sum(text: &str, name: &str, leave_out: Option<&str>) -> Option<u64> {
     let mut found = None;
     for line in text.lines() {
         let Some(rest) = line.strip_prefix(name) else {
