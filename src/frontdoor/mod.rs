@@ -414,6 +414,11 @@ impl FrontDoor {
                     // so enqueue again (a duplicate job is harmless: turns are idempotent).
                     Some(existing) if existing.status == TurnStatus::Queued => {}
                     Some(existing) => {
+                        // Noted again as the admission's script would have (a first note
+                        // lost with a front door that stopped keeps no turn out of the lists).
+                        if noted == RunsNote::Yours {
+                            self.note_run(&IndexedTurn::of(accepted_ms, sid, tid)).await;
+                        }
                         self.metrics.duplicate_suppressed("frontdoor");
                         return Ok(TurnStatusView::from(*existing));
                     }

@@ -97,6 +97,61 @@ fn read(line: &str) -> Option<(bool, String)> {
     Some((in_script, name))
 }
 
+/// `redis-cli monitor` on the local Redis, keeping the lines that name namespace `ns` and come
+/// with turns: the workers' heartbeats and the stop poller's reads come with time (the
+/// settling write reads a stop request inside its script: that one is kept).
+struct Monitor {
+    child: std::process::Child,
+    reader: std::thread::JoinHandle<()>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    fn start(ns: &str) -> Self {
+        let mut child = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", "6379", "monitor"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-cli runs (the Redis tools are installed with Redis)");
+        let out = child.stdout.take().expect("its output");
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let reader = {
+            let (seen, ns) = (seen.clone(), ns.to_string());
+            let heartbeats = format!("{ns}:workers\"");
+            let stop_poll = format!("\"EXISTS\" \"{ns}:cancel:");
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if line.trim() == "OK" {
+                        let _ = ready_tx.send(());
+                    } else if line.contains(&ns) && !line.contains(&heartbeats) {
+                        let polled = line.contains(&stop_poll) && !line.contains(" lua]");
+                        if !polled {
+                            seen.lock().unwrap().push(line);
+                        }
+                    }
+                }
+            })
+        };
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("MONITOR answers OK");
+        Self {
+            child,
+            reader,
+            seen,
+        }
+    }
+
+    /// Stops watching; the lines seen.
+    fn stop(mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.reader.join();
+        self.seen.lock().unwrap().clone()
+    }
+}
+
 #[tokio::test]
 async fn a_turn_costs_redis_a_counted_number_of_commands() {
     let app = spawn(AppOptions {
@@ -115,36 +170,7 @@ async fn a_turn_costs_redis_a_counted_number_of_commands() {
         .await;
     assert_eq!(status, 200);
 
-    let mut monitor = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", "6379", "monitor"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("redis-cli runs (the Redis tools are installed with Redis)");
-    let out = monitor.stdout.take().expect("its output");
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let reader = {
-        let (seen, ns) = (seen.clone(), ns.clone());
-        // The workers' heartbeats and the stop poller's reads come with time, not with turns
-        // (the settling write reads a stop request inside its script: that one counts).
-        let heartbeats = format!("{ns}:workers\"");
-        let stop_poll = format!("\"EXISTS\" \"{ns}:cancel:");
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if line.trim() == "OK" {
-                    let _ = ready_tx.send(());
-                } else if line.contains(&ns) && !line.contains(&heartbeats) {
-                    let polled = line.contains(&stop_poll) && !line.contains(" lua]");
-                    if !polled {
-                        seen.lock().unwrap().push(line);
-                    }
-                }
-            }
-        })
-    };
-    ready_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("MONITOR answers OK");
+    let monitor = Monitor::start(&ns);
     const TURNS: usize = 20;
     for i in 0..TURNS {
         let (status, body) = app
@@ -160,11 +186,7 @@ async fn a_turn_costs_redis_a_counted_number_of_commands() {
     // The last turn's reply reached the client after its settle; what follows it (the
     // worker's ack bookkeeping) is given a moment to show — an absence cannot be waited for.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    let _ = reader.join();
-
-    let lines = seen.lock().unwrap().clone();
+    let lines = monitor.stop();
     let mut sent = BTreeMap::<String, usize>::new();
     let mut inside = BTreeMap::<String, usize>::new();
     for (in_script, name) in lines.iter().filter_map(|l| read(l)) {
@@ -222,4 +244,65 @@ fn a_monitor_line_is_read() {
         arguments(r#"1.0 [0 lua] "SET" "k" "{\"a\":\"\\u00e9\"}\xc3\xa9""#),
         [&b"SET"[..], b"k", "{\"a\":\"\\u00e9\"}\u{e9}".as_bytes()]
     );
+}
+
+/// Turns admitted at once by one front door: their runs index notes are written together
+/// (one `ZADD` for the notes that came while the previous one was in flight, rather than one
+/// inside each admission's script), each turn's accept answer waits for its note, and every
+/// turn is listed.
+#[tokio::test]
+async fn turns_admitted_at_once_are_noted_together_and_every_one_listed() {
+    let app = spawn(AppOptions {
+        backend: Backend::Services,
+        ..AppOptions::default()
+    })
+    .await;
+    let ns = app.topology.namespace.clone();
+    let turn = |session: String| {
+        json!({"sessionId": session, "turnId": "t", "instruction": "summarise the design"})
+            .to_string()
+    };
+    let (status, _) = app.post(Some("tok-a"), turn("warm".into())).await;
+    assert_eq!(status, 202);
+    let monitor = Monitor::start(&ns);
+    const TURNS: usize = 60;
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+    let sessions: Vec<String> = (0..TURNS).map(|i| format!("at-once-{tag}-{i}")).collect();
+    let posts = sessions
+        .iter()
+        .map(|s| app.post(Some("tok-a"), turn(s.clone())));
+    for (status, body) in futures_util::future::join_all(posts).await {
+        assert_eq!(status, 202, "{body}");
+    }
+    let lines = monitor.stop();
+    let runs_key = format!("\"{ns}:runs:{{");
+    let zadds = lines
+        .iter()
+        .filter(|l| l.contains("\"ZADD\"") || l.contains("\"zadd\""))
+        .filter(|l| l.contains(&runs_key))
+        .count();
+    let noted: usize = lines
+        .iter()
+        .filter(|l| l.contains(&runs_key))
+        .map(|l| arguments(l))
+        .filter(|a| a.first().is_some_and(|c| c.eq_ignore_ascii_case(b"ZADD")))
+        .map(|a| (a.len() - 3) / 2)
+        .sum();
+    println!("{TURNS} turns at once: {zadds} ZADDs of the runs index, {noted} entries");
+    assert_eq!(noted, TURNS, "each turn noted once");
+    assert!(
+        zadds > 0 && zadds < TURNS,
+        "notes with company are written together: {zadds} ZADDs for {TURNS} turns"
+    );
+    let (status, body) = app.get(Some("tok-a"), "/v1/turns?limit=200").await;
+    assert_eq!(status, 200, "{body}");
+    let listed: std::collections::BTreeSet<&str> = body["result"]["turns"]
+        .as_array()
+        .expect("a page of turns")
+        .iter()
+        .filter_map(|l| l["sessionId"].as_str())
+        .collect();
+    for s in &sessions {
+        assert!(listed.contains(s.as_str()), "{s} is listed: {body}");
+    }
 }

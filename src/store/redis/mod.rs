@@ -27,7 +27,7 @@
 //! written. The scripts a turn runs are sent as one `EVALSHA` command written in place
 //! (`call.rs`), loaded again where the server answers `NOSCRIPT`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands as _;
@@ -45,6 +45,7 @@ mod admission;
 mod call;
 mod codec;
 mod connection;
+mod group_commit;
 mod many;
 mod reads;
 mod records;
@@ -77,6 +78,10 @@ pub struct RedisStore {
     /// by tenant: the acceptance time, in milliseconds, of the note that did. Looked up on
     /// every admission, so hashed with foldhash rather than SipHash.
     runs_trimmed: std::sync::Arc<std::sync::Mutex<foldhash::HashMap<String, i64>>>,
+    /// The runs index notes this process writes together ([`RecordWriter::index_turn`]).
+    runs_notes: std::sync::Arc<group_commit::GroupCommit<(String, crate::store::IndexedTurn)>>,
+    /// Admissions under way in this process ([`SessionStore::admit_and_index`]).
+    admitting: std::sync::Arc<AtomicUsize>,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
@@ -139,6 +144,8 @@ impl RedisStore {
             replication,
             prompts_kept: Default::default(),
             runs_trimmed: Default::default(),
+            runs_notes: Default::default(),
+            admitting: Default::default(),
         })
     }
 
@@ -281,8 +288,10 @@ impl SessionStore for RedisStore {
         turn: &TurnRecord,
         accepted_ms: i64,
     ) -> Result<(Admission, RunsNote), StoreError> {
-        // A cluster's script reaches only its own slot: its caller notes the turn itself.
-        if self.conn.is_cluster() {
+        // A cluster's script reaches only its own slot, and a note with company goes with
+        // the next go of notes (one `ZADD` for many): either way its caller notes the turn.
+        let (others, _admitting) = group_commit::UnderWay::enter(&self.admitting);
+        if self.conn.is_cluster() || self.notes_have_company(others) {
             let (admission, _) = self.admit(owner, Some(contexts), turn, None).await?;
             return Ok((admission, RunsNote::Yours));
         }

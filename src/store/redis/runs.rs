@@ -1,11 +1,14 @@
 //! The runs index in Redis: one sorted set per tenant, `<ns>:runs:{<tenant>}`, each turn's
-//! entry name scored by the millisecond it was accepted. A note is one `ZADD NX`; now and
-//! then (once a minute per tenant and process) the same round trip drops the entries older
-//! than the turn retention and keeps the set that long, so an index never outgrows the
-//! records it names.
+//! entry name scored by the millisecond it was accepted. A quiet front door notes a turn in
+//! its admission's script; notes that have company (admissions that overlap) are written
+//! together, each tenant's of a go with one `ZADD NX` ([`super::group_commit`]): what a
+//! `ZADD` costs Redis is mostly its dispatch, which a go shares. Now and then (once a minute
+//! per tenant and process) a note's round trip also drops the entries older than the turn
+//! retention and keeps the set that long, so an index never outgrows the records it names.
 
 use std::time::Duration;
 
+use super::group_commit::{Answers, Writer};
 use super::{RedisStore, ms, unavailable};
 use crate::store::{IndexedTurn, RunsPage, StoreError, now_ms};
 
@@ -59,15 +62,79 @@ impl RedisStore {
         due
     }
 
-    /// [`crate::store::RecordWriter::index_turn`].
+    /// [`crate::store::RecordWriter::index_turn`]: the note joins the process's next go of
+    /// notes ([`super::group_commit`]), which writes each tenant's with one `ZADD`, and the
+    /// answer is that go's for its tenant.
     pub(super) async fn note_run(
         &self,
         tenant: &str,
         entry: &IndexedTurn,
     ) -> Result<(), StoreError> {
+        self.runs_notes
+            .write((tenant.to_string(), entry.clone()), || self.runs_writer())
+            .await
+            .map_err(StoreError::Unavailable)
+    }
+
+    /// Whether a note now would have company: notes are being written, or another admission
+    /// is under way in this process. The admission then leaves its note to the next go
+    /// rather than make it in its own script ([`crate::store::SessionStore::admit_and_index`]).
+    pub(super) fn notes_have_company(&self, other_admissions: usize) -> bool {
+        other_admissions > 0 || self.runs_notes.busy()
+    }
+
+    /// The writer of the process's notes: a copy of this store with a group commit of its own
+    /// (never used), so the task does not keep itself alive.
+    fn runs_writer(&self) -> Writer<(String, IndexedTurn)> {
+        let store = Self {
+            runs_notes: Default::default(),
+            ..self.clone()
+        };
+        Box::new(move |notes| {
+            let store = store.clone();
+            Box::pin(async move { store.write_notes(notes).await })
+        })
+    }
+
+    /// One go of notes: each tenant's in one `ZADD NX` (with the trim when one is due), the
+    /// tenants' side by side; an answer for each note, its tenant's.
+    async fn write_notes(&self, notes: Vec<(String, IndexedTurn)>) -> Answers {
+        let mut tenants: Vec<(&str, Vec<&IndexedTurn>)> = Vec::new();
+        for (tenant, entry) in &notes {
+            match tenants.iter_mut().find(|(t, _)| t == tenant) {
+                Some((_, entries)) => entries.push(entry),
+                None => tenants.push((tenant, vec![entry])),
+            }
+        }
+        let written = futures_util::future::join_all(
+            tenants
+                .iter()
+                .map(|(tenant, entries)| self.note_runs(tenant, entries)),
+        )
+        .await;
+        let answers: Vec<(&str, Result<(), String>)> = tenants
+            .iter()
+            .zip(written)
+            .map(|((tenant, _), w)| (*tenant, w.map_err(|e| e.to_string())))
+            .collect();
+        notes
+            .iter()
+            .map(|(tenant, _)| {
+                answers.iter().find(|(t, _)| t == tenant).map_or_else(
+                    || Err("no answer for its tenant".into()),
+                    |(_, a)| a.clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Notes `entries` in `tenant`'s index: one `ZADD NX`, the trim before it (and the
+    /// index's expiry after it) when one is due.
+    async fn note_runs(&self, tenant: &str, entries: &[&IndexedTurn]) -> Result<(), StoreError> {
         let key = self.runs_key(tenant);
+        let newest = entries.iter().map(|e| e.at_ms).max().unwrap_or_else(now_ms);
         let mut pipe = redis::pipe();
-        let trim = self.trim_due(tenant, entry.at_ms);
+        let trim = self.trim_due(tenant, newest);
         if trim {
             let oldest = self.oldest_run_kept();
             pipe.cmd("ZREMRANGEBYSCORE")
@@ -76,12 +143,11 @@ impl RedisStore {
                 .arg(format!("({oldest}"))
                 .ignore();
         }
-        pipe.cmd("ZADD")
-            .arg(&key)
-            .arg("NX")
-            .arg(entry.at_ms)
-            .arg(entry.member())
-            .ignore();
+        let add = pipe.cmd("ZADD").arg(&key).arg("NX");
+        for entry in entries {
+            add.arg(entry.at_ms).arg(entry.member());
+        }
+        add.ignore();
         if trim {
             pipe.cmd("PEXPIRE")
                 .arg(&key)

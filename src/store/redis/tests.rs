@@ -348,3 +348,53 @@ async fn a_runs_index_is_trimmed_by_the_first_note_then_once_a_minute() {
         "then once a minute again"
     );
 }
+
+/// Notes made at once are written together, each tenant's with its own answer: every note
+/// of a tenant whose index is sound lands, and those of a tenant whose index key holds
+/// something else fail without taking the others with them.
+#[tokio::test]
+async fn notes_made_at_once_land_each_with_its_own_tenants_answer() {
+    use crate::contract::{SessionId, TurnId};
+    use crate::store::{IndexedTurn, RecordWriter as _, now_ms};
+    let store = fresh_store().await;
+    let _: () = redis::cmd("SET")
+        .arg(store.runs_key("broken"))
+        .arg("not a sorted set")
+        .query_async(&mut store.conn())
+        .await
+        .unwrap();
+    let t0 = now_ms();
+    let notes = (0..300).map(|i| {
+        let tenant = ["acme", "globex", "broken"][i % 3];
+        let entry = IndexedTurn::of(
+            t0 + i as i64,
+            &SessionId::parse(format!("s{i}")).unwrap().within(tenant),
+            &TurnId::parse("t").unwrap(),
+        );
+        let store = store.clone();
+        tokio::spawn(async move { (tenant, store.index_turn(tenant, &entry).await) })
+    });
+    let mut answers = std::collections::BTreeMap::<(&str, bool), usize>::new();
+    for note in futures_util::future::join_all(notes).await {
+        let (tenant, answer) = note.unwrap();
+        *answers.entry((tenant, answer.is_ok())).or_default() += 1;
+    }
+    assert_eq!(
+        answers,
+        [
+            (("acme", true), 100),
+            (("broken", false), 100),
+            (("globex", true), 100)
+        ]
+        .into(),
+    );
+    for tenant in ["acme", "globex"] {
+        let count: usize = redis::cmd("ZCARD")
+            .arg(store.runs_key(tenant))
+            .query_async(&mut store.conn())
+            .await
+            .unwrap();
+        assert_eq!(count, 100, "{tenant}");
+    }
+    assert!(!store.runs_notes.busy(), "every note was answered");
+}
