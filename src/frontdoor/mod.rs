@@ -424,8 +424,9 @@ impl FrontDoor {
                     }
                 }
                 // The runs index is noted by the admission where the store can, else beside
-                // the enqueue (no trip of its own in a row); a turn whose job is not accepted
-                // leaves an entry its readers skip.
+                // the enqueue (no trip of its own in a row: handed in before it, its answer
+                // asked for after it, when it is usually there); a turn whose job is not
+                // accepted leaves an entry its readers skip.
                 let enqueued = match noted {
                     RunsNote::Noted => self.broker.enqueue(lane, &job, &meta).await,
                     RunsNote::Missed(why) => {
@@ -434,10 +435,9 @@ impl FrontDoor {
                     }
                     RunsNote::Yours => {
                         let run = IndexedTurn::of(accepted_ms, sid, tid);
-                        let (enqueued, ()) = tokio::join!(
-                            self.broker.enqueue(lane, &job, &meta),
-                            self.note_run(&run)
-                        );
+                        let noting = self.store.index_turn(run.session.tenant(), &run);
+                        let enqueued = self.broker.enqueue(lane, &job, &meta).await;
+                        self.noted(&run, noting).await;
                         enqueued
                     }
                 };
@@ -498,7 +498,14 @@ impl FrontDoor {
     /// and counted, not refused: the turn is accepted all the same, and only the lists miss
     /// its line.
     async fn note_run(&self, run: &IndexedTurn) {
-        if let Err(e) = self.store.index_turn(run.session.tenant(), run).await {
+        self.noted(run, self.store.index_turn(run.session.tenant(), run))
+            .await;
+    }
+
+    /// Waits for `run`'s note (handed in already) to be answered; a failure is logged and
+    /// counted.
+    async fn noted(&self, run: &IndexedTurn, noting: crate::store::Noting) {
+        if let Err(e) = noting.await {
             self.run_missed(run, &e);
         }
     }

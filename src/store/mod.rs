@@ -186,6 +186,10 @@ pub struct Saved {
     pub counts_missed: bool,
 }
 
+/// Whether a runs index note was written ([`RecordWriter::index_turn`]): its note is handed in
+/// already.
+pub type Noting = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// Who notes an admitted turn in the runs index ([`SessionStore::admit_and_index`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunsNote {
@@ -353,8 +357,10 @@ pub trait RecordWriter: StoreReader {
     /// Notes an accepted turn in `tenant`'s runs index ([`StoreReader::recent_turns`]), kept
     /// as long as turn records; a turn noted again keeps its first time. Not turn state: the
     /// front door notes a turn beside enqueueing it, and a note lost costs only its line in
-    /// the lists.
-    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError>;
+    /// the lists. The note is handed in by the call itself; the future answers whether it was
+    /// written, so a caller can do other work (the enqueue) before it asks, and a store may
+    /// write notes handed in meanwhile together.
+    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use super::MemoryStore;
 use crate::contract::{SessionId, TurnId};
-use crate::store::{BatchRecord, ContextIds, IndexedTurn, Prompt, RecordWriter, StoreError};
+use crate::store::{
+    BatchRecord, ContextIds, IndexedTurn, Noting, Prompt, RecordWriter, StoreError,
+};
 
 #[async_trait::async_trait]
 impl RecordWriter for MemoryStore {
@@ -75,14 +77,15 @@ impl RecordWriter for MemoryStore {
         Ok(())
     }
 
-    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError> {
-        let mut inner = self.lock()?;
-        let index = inner.runs_index.entry(tenant.to_string()).or_default();
-        // A turn noted again keeps its first time.
-        if index.noted.insert(entry.member()) {
-            index.order.insert(entry.position(), entry.clone());
-        }
-        Ok(())
+    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+        let noted = self.lock().map(|mut inner| {
+            let index = inner.runs_index.entry(tenant.to_string()).or_default();
+            // A turn noted again keeps its first time.
+            if index.noted.insert(entry.member()) {
+                index.order.insert(entry.position(), entry.clone());
+            }
+        });
+        Box::pin(std::future::ready(noted))
     }
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {

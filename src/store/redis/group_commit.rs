@@ -28,6 +28,26 @@ pub(super) type Answers = Vec<Result<(), String>>;
 pub(super) type Writer<T> =
     Box<dyn FnMut(Vec<T>) -> Pin<Box<dyn Future<Output = Answers> + Send>> + Send>;
 
+/// The answer for an item handed in: asked for after other work, it is usually there already
+/// (a note is written in less time than a job's publisher confirm takes), and then the
+/// asking costs no wake-up.
+pub(super) struct Answer {
+    answered: Result<oneshot::Receiver<Result<(), String>>, String>,
+    _waiting: UnderWay,
+}
+
+impl Answer {
+    /// The answer of the go that wrote the item.
+    pub(super) async fn wait(self) -> Result<(), String> {
+        match self.answered {
+            Ok(answered) => answered
+                .await
+                .unwrap_or_else(|_| Err("the writer stopped before it answered".into())),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// An item and who waits for its answer.
 struct Waiting<T> {
     item: T,
@@ -73,25 +93,28 @@ impl<T: Send + 'static> GroupCommit<T> {
         self.waiting.load(Ordering::Relaxed) > 0
     }
 
-    /// Hands `item` in and waits for the answer of the go that writes it. `writer` makes the
-    /// writer of a task that has to be started (the first item, or the first after the task
-    /// stopped).
-    pub(super) async fn write(
-        &self,
-        item: T,
-        writer: impl FnOnce() -> Writer<T>,
-    ) -> Result<(), String> {
-        // Waiting until this caller is done with it, answered or not.
-        let (_, _waiting) = UnderWay::enter(&self.waiting);
+    /// Hands `item` in now, to be written by the next go; the [`Answer`] is that go's for it.
+    /// `writer` makes the writer of a task that has to be started (the first item, or the
+    /// first after the task stopped).
+    pub(super) fn hand_in(&self, item: T, writer: impl FnOnce() -> Writer<T>) -> Answer {
+        // Waiting until its caller is done with the answer, or gives up on it.
+        let (_, waiting) = UnderWay::enter(&self.waiting);
         let (answer, answered) = oneshot::channel();
-        self.hand_in(Waiting { item, answer }, writer)?;
-        answered
-            .await
-            .unwrap_or_else(|_| Err("the writer stopped before it answered".into()))
+        let handed = self.queue_up(Waiting { item, answer }, writer);
+        Answer {
+            answered: handed.map(|()| answered),
+            _waiting: waiting,
+        }
+    }
+
+    /// Hands `item` in and waits for its answer.
+    #[cfg(test)]
+    async fn write(&self, item: T, writer: impl FnOnce() -> Writer<T>) -> Result<(), String> {
+        self.hand_in(item, writer).wait().await
     }
 
     /// Puts `waiting` in the task's queue, starting the task first if there is none.
-    fn hand_in(
+    fn queue_up(
         &self,
         waiting: Waiting<T>,
         writer: impl FnOnce() -> Writer<T>,

@@ -9,7 +9,7 @@ use super::codec::{decode, encode};
 use super::{HEARTBEATS_KEPT_MS, RedisStore, ms, unavailable};
 use crate::contract::{SessionId, TurnId};
 use crate::state::{BatchRecord, ContextIds};
-use crate::store::{IndexedTurn, Prompt, RecordWriter, StoreError};
+use crate::store::{IndexedTurn, Noting, Prompt, RecordWriter, StoreError};
 
 /// Prompts a store remembers having written.
 const PROMPTS_REMEMBERED: usize = 4096;
@@ -132,8 +132,8 @@ impl RecordWriter for RedisStore {
         Ok(())
     }
 
-    async fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Result<(), StoreError> {
-        self.note_run(tenant, entry).await
+    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+        self.note_run(tenant, entry)
     }
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {

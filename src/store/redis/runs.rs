@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::group_commit::{Answers, Writer};
 use super::{RedisStore, ms, unavailable};
-use crate::store::{IndexedTurn, RunsPage, StoreError, now_ms};
+use crate::store::{IndexedTurn, Noting, RunsPage, StoreError, now_ms};
 
 /// How often a process trims a tenant's index.
 const TRIM_EVERY: Duration = Duration::from_secs(60);
@@ -65,15 +65,11 @@ impl RedisStore {
     /// [`crate::store::RecordWriter::index_turn`]: the note joins the process's next go of
     /// notes ([`super::group_commit`]), which writes each tenant's with one `ZADD`, and the
     /// answer is that go's for its tenant.
-    pub(super) async fn note_run(
-        &self,
-        tenant: &str,
-        entry: &IndexedTurn,
-    ) -> Result<(), StoreError> {
-        self.runs_notes
-            .write((tenant.to_string(), entry.clone()), || self.runs_writer())
-            .await
-            .map_err(StoreError::Unavailable)
+    pub(super) fn note_run(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+        let answer = self
+            .runs_notes
+            .hand_in((tenant.to_string(), entry.clone()), || self.runs_writer());
+        Box::pin(async move { answer.wait().await.map_err(StoreError::Unavailable) })
     }
 
     /// Whether a note now would have company: notes are being written, or another admission
