@@ -5,7 +5,7 @@
 # beside those of an empty script (what every EVALSHA costs before its body). Callgrind counts
 # are the same on any host, so two snippets compare here the way they would compare in
 # production: use it before trading one command for another (a command fewer is not always
-# less work: docs/benchmarks.md has the cases measured).
+# less work: docs/benchmarks-journal.md, "Two cuts not made", has the cases measured).
 #
 #   ops/bench/redis-lua-cost.sh [calls=2000]
 #

@@ -45,7 +45,7 @@ use crate::app::{AppOptions, Backend, spawn};
 /// that is not the turn's first; 23 once the usage tally stopped keeping a total of its own
 /// per context (a call's total is its input and output: one `HINCRBY` fewer for each call
 /// counted). Fewer commands is not always less work for Redis: see
-/// docs/benchmarks.md for the two cuts measured and not made.
+/// docs/benchmarks-journal.md ("Two cuts not made") for the two cuts measured and not made.
 const MOST_SENT_PER_TURN: f64 = 3.0;
 const MOST_COMMANDS_PER_TURN: f64 = 23.0;
 

@@ -17,7 +17,7 @@
 //! | `<ns>:contexts:{<sid>}` | string | the session's latched contexts (JSON) | as the turns index |
 //! | `<ns>:live:{<sid>}:<tid>` | list | a streaming turn's latest live events (JSON) | 30 s after the latest |
 //! | `<ns>:batches:{<tenant>}` | sorted set | the tenant's batch ids by submission time (ms) | turn retention |
-//! | `<ns>:runs:{<tenant>}` | sorted set | the tenant's turns (`<sid> <tid>`) by acceptance time (ms): the runs index | turn retention (trimmed each minute) |
+//! | `<ns>:runs:{<tenant>}` | sorted set | the tenant's turns (`<sid> <tid>`) by acceptance time (ms): the runs index, noted by a quiet front door's admission script, else by one `ZADD` for the notes of a go (`group_commit.rs`) | turn retention (trimmed each minute) |
 //! | `<ns>:batchlines:{<batch>}:events:<len>:<sid>:<tid>` | set | URLs a batch line's turn event is still being delivered to | turn retention |
 //! | `<ns>:workers` | hash | each worker's heartbeat (JSON), by worker | 10 minutes after the latest |
 //! | `<ns>:replicated:{<sid>}` | string | marker written before `WAIT` (`APTIX_REDIS_MIN_REPLICAS`) | 5 s |
