@@ -33,7 +33,6 @@ pub(super) type Writer<T> =
 /// asking costs no wake-up.
 pub(super) struct Answer {
     answered: Result<oneshot::Receiver<Result<(), String>>, String>,
-    _waiting: UnderWay,
 }
 
 impl Answer {
@@ -48,24 +47,25 @@ impl Answer {
     }
 }
 
-/// An item and who waits for its answer.
+/// An item, who waits for its answer, and its place in the count of items not written yet.
 struct Waiting<T> {
     item: T,
     answer: oneshot::Sender<Result<(), String>>,
+    unwritten: UnderWay,
 }
 
 /// Items written together (see the module header).
 pub(super) struct GroupCommit<T> {
     queue: Mutex<Option<mpsc::UnboundedSender<Waiting<T>>>>,
-    /// Items handed in whose callers have not had their answer (or stopped waiting).
-    waiting: Arc<AtomicUsize>,
+    /// Items handed in and not written yet (answered, or dropped with a task that stopped).
+    unwritten: Arc<AtomicUsize>,
 }
 
 impl<T> Default for GroupCommit<T> {
     fn default() -> Self {
         Self {
             queue: Mutex::new(None),
-            waiting: Arc::default(),
+            unwritten: Arc::default(),
         }
     }
 }
@@ -88,22 +88,25 @@ impl Drop for UnderWay {
 
 impl<T: Send + 'static> GroupCommit<T> {
     /// Whether items are waiting to be written or being written: an item handed in now would
-    /// have company.
+    /// have company. (An item written and answered no longer counts, whether or not its caller
+    /// has asked for the answer yet.)
     pub(super) fn busy(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) > 0
+        self.unwritten.load(Ordering::Relaxed) > 0
     }
 
     /// Hands `item` in now, to be written by the next go; the [`Answer`] is that go's for it.
     /// `writer` makes the writer of a task that has to be started (the first item, or the
     /// first after the task stopped).
     pub(super) fn hand_in(&self, item: T, writer: impl FnOnce() -> Writer<T>) -> Answer {
-        // Waiting until its caller is done with the answer, or gives up on it.
-        let (_, waiting) = UnderWay::enter(&self.waiting);
+        let (_, unwritten) = UnderWay::enter(&self.unwritten);
         let (answer, answered) = oneshot::channel();
-        let handed = self.queue_up(Waiting { item, answer }, writer);
+        let waiting = Waiting {
+            item,
+            answer,
+            unwritten,
+        };
         Answer {
-            answered: handed.map(|()| answered),
-            _waiting: waiting,
+            answered: self.queue_up(waiting, writer).map(|()| answered),
         }
     }
 
@@ -151,9 +154,13 @@ async fn run<T>(mut queue: mpsc::UnboundedReceiver<Waiting<T>>, mut writer: Writ
                 Err(_) => break,
             }
         }
-        let (items, waiters): (Vec<T>, Vec<_>) = go.into_iter().map(|w| (w.item, w.answer)).unzip();
+        let (items, waiters): (Vec<T>, Vec<_>) = go
+            .into_iter()
+            .map(|w| (w.item, (w.answer, w.unwritten)))
+            .unzip();
         let mut answers = writer(items).await.into_iter();
-        for waiter in waiters {
+        // Each item stops counting as unwritten once its answer is sent.
+        for (waiter, _unwritten) in waiters {
             // A caller that stopped waiting has its item written all the same.
             let _ = waiter.send(
                 answers
@@ -252,12 +259,13 @@ mod tests {
         )
         .await;
         assert!(gave_up.is_err(), "the writer held the go");
-        assert!(!commit.busy(), "a caller that gave up is not waiting");
+        assert!(commit.busy(), "its item is still being written");
         release.add_permits(2);
         let next = commit
             .write("y".into(), || unreachable!("the task runs"))
             .await;
         assert_eq!(next, Ok(()));
+        assert!(!commit.busy(), "both written");
         assert_eq!(
             *goes.lock().unwrap(),
             vec![vec!["x".to_string()], vec!["y".to_string()]]
