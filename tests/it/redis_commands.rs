@@ -152,18 +152,24 @@ impl Monitor {
     }
 }
 
-#[tokio::test]
-async fn a_turn_costs_redis_a_counted_number_of_commands() {
-    let app = spawn(AppOptions {
+/// The whole product on the services, defaults.
+async fn services() -> crate::app::App {
+    spawn(AppOptions {
         backend: Backend::Services,
         ..AppOptions::default()
     })
-    .await;
+    .await
+}
+
+/// A user turn of a new session `session`.
+fn turn(session: String) -> String {
+    json!({"sessionId": session, "turnId": "t", "instruction": "summarise the design"}).to_string()
+}
+
+#[tokio::test]
+async fn a_turn_costs_redis_a_counted_number_of_commands() {
+    let app = services().await;
     let ns = app.topology.namespace.clone();
-    let turn = |session: String| {
-        json!({"sessionId": session, "turnId": "t", "instruction": "summarise the design"})
-            .to_string()
-    };
     // A first turn warms what is made once (scripts loaded, queues declared).
     let (status, _) = app
         .post_to(Some("tok-a"), "/api/ai/agent/execute", turn("warm".into()))
@@ -252,16 +258,8 @@ fn a_monitor_line_is_read() {
 /// turn is listed.
 #[tokio::test]
 async fn turns_admitted_at_once_are_noted_together_and_every_one_listed() {
-    let app = spawn(AppOptions {
-        backend: Backend::Services,
-        ..AppOptions::default()
-    })
-    .await;
+    let app = services().await;
     let ns = app.topology.namespace.clone();
-    let turn = |session: String| {
-        json!({"sessionId": session, "turnId": "t", "instruction": "summarise the design"})
-            .to_string()
-    };
     let (status, _) = app.post(Some("tok-a"), turn("warm".into())).await;
     assert_eq!(status, 202);
     let monitor = Monitor::start(&ns);
