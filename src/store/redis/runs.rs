@@ -95,33 +95,28 @@ impl RedisStore {
     /// One go of notes: each tenant's in one `ZADD NX` (with the trim when one is due), the
     /// tenants' side by side; an answer for each note, its tenant's.
     async fn write_notes(&self, notes: Vec<(String, IndexedTurn)>) -> Answers {
+        // Each note's tenant by its place among the go's tenants (a go may hold many).
+        let mut place = foldhash::HashMap::<&str, usize>::default();
         let mut tenants: Vec<(&str, Vec<&IndexedTurn>)> = Vec::new();
+        let mut of_note = Vec::with_capacity(notes.len());
         for (tenant, entry) in &notes {
-            match tenants.iter_mut().find(|(t, _)| t == tenant) {
-                Some((_, entries)) => entries.push(entry),
-                None => tenants.push((tenant, vec![entry])),
-            }
+            let at = *place.entry(tenant.as_str()).or_insert_with(|| {
+                tenants.push((tenant, Vec::new()));
+                tenants.len() - 1
+            });
+            tenants[at].1.push(entry);
+            of_note.push(at);
         }
-        let written = futures_util::future::join_all(
+        let written: Vec<Result<(), String>> = futures_util::future::join_all(
             tenants
                 .iter()
                 .map(|(tenant, entries)| self.note_runs(tenant, entries)),
         )
-        .await;
-        let answers: Vec<(&str, Result<(), String>)> = tenants
-            .iter()
-            .zip(written)
-            .map(|((tenant, _), w)| (*tenant, w.map_err(|e| e.to_string())))
-            .collect();
-        notes
-            .iter()
-            .map(|(tenant, _)| {
-                answers.iter().find(|(t, _)| t == tenant).map_or_else(
-                    || Err("no answer for its tenant".into()),
-                    |(_, a)| a.clone(),
-                )
-            })
-            .collect()
+        .await
+        .into_iter()
+        .map(|w| w.map_err(|e| e.to_string()))
+        .collect();
+        of_note.into_iter().map(|at| written[at].clone()).collect()
     }
 
     /// Notes `entries` in `tenant`'s index: one `ZADD NX`, the trim before it (and the
