@@ -417,7 +417,9 @@ impl FrontDoor {
                         // Noted again as the admission's script would have (a first note
                         // lost with a front door that stopped keeps no turn out of the lists).
                         if noted == RunsNote::Yours {
-                            self.note_run(&IndexedTurn::of(accepted_ms, sid, tid)).await;
+                            let run = IndexedTurn::of(accepted_ms, sid, tid);
+                            self.noted(sid, tid, self.store.index_turn(sid.tenant(), run))
+                                .await;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");
                         return Ok(TurnStatusView::from(*existing));
@@ -430,14 +432,14 @@ impl FrontDoor {
                 let enqueued = match noted {
                     RunsNote::Noted => self.broker.enqueue(lane, &job, &meta).await,
                     RunsNote::Missed(why) => {
-                        self.run_missed(&IndexedTurn::of(accepted_ms, sid, tid), &why);
+                        self.run_missed(sid, tid, &why);
                         self.broker.enqueue(lane, &job, &meta).await
                     }
                     RunsNote::Yours => {
                         let run = IndexedTurn::of(accepted_ms, sid, tid);
-                        let noting = self.store.index_turn(run.session.tenant(), &run);
+                        let noting = self.store.index_turn(sid.tenant(), run);
                         let enqueued = self.broker.enqueue(lane, &job, &meta).await;
-                        self.noted(&run, noting).await;
+                        self.noted(sid, tid, noting).await;
                         enqueued
                     }
                 };
@@ -494,26 +496,19 @@ impl FrontDoor {
 }
 
 impl FrontDoor {
-    /// Notes an accepted user turn in its tenant's runs index. A note that fails is logged
-    /// and counted, not refused: the turn is accepted all the same, and only the lists miss
-    /// its line.
-    async fn note_run(&self, run: &IndexedTurn) {
-        self.noted(run, self.store.index_turn(run.session.tenant(), run))
-            .await;
-    }
-
-    /// Waits for `run`'s note (handed in already) to be answered; a failure is logged and
-    /// counted.
-    async fn noted(&self, run: &IndexedTurn, noting: crate::store::Noting) {
+    /// Waits for the runs index note of `sid`'s turn `tid` (handed in already) to be
+    /// answered. A note that fails is logged and counted, not refused: the turn is accepted
+    /// all the same, and only the lists miss its line.
+    async fn noted(&self, sid: &SessionId, tid: &TurnId, noting: crate::store::Noting) {
         if let Err(e) = noting.await {
-            self.run_missed(run, &e);
+            self.run_missed(sid, tid, &e);
         }
     }
 
     /// Logs and counts a runs index note that failed.
-    fn run_missed(&self, run: &IndexedTurn, why: &dyn std::fmt::Display) {
+    fn run_missed(&self, sid: &SessionId, tid: &TurnId, why: &dyn std::fmt::Display) {
         self.metrics.runs_index_missed();
-        tracing::warn!(session_id = %run.session, turn_id = %run.turn, error = %why, "could not note a turn in the runs index; it is accepted, but the turns list will not show it");
+        tracing::warn!(session_id = %sid, turn_id = %tid, error = %why, "could not note a turn in the runs index; it is accepted, but the turns list will not show it");
     }
 }
 

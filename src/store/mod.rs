@@ -360,7 +360,7 @@ pub trait RecordWriter: StoreReader {
     /// the lists. The note is handed in by the call itself; the future answers whether it was
     /// written, so a caller can do other work (the enqueue) before it asks, and a store may
     /// write notes handed in meanwhile together.
-    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting;
+    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.

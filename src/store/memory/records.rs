@@ -77,12 +77,12 @@ impl RecordWriter for MemoryStore {
         Ok(())
     }
 
-    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting {
         let noted = self.lock().map(|mut inner| {
             let index = inner.runs_index.entry(tenant.to_string()).or_default();
             // A turn noted again keeps its first time.
             if index.noted.insert(entry.member()) {
-                index.order.insert(entry.position(), entry.clone());
+                index.order.insert(entry.position(), entry);
             }
         });
         Box::pin(std::future::ready(noted))

@@ -132,7 +132,7 @@ impl RecordWriter for RedisStore {
         Ok(())
     }
 
-    fn index_turn(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting {
         self.note_run(tenant, entry)
     }
 

@@ -65,10 +65,10 @@ impl RedisStore {
     /// [`crate::store::RecordWriter::index_turn`]: the note joins the process's next go of
     /// notes ([`super::group_commit`]), which writes each tenant's with one `ZADD`, and the
     /// answer is that go's for its tenant.
-    pub(super) fn note_run(&self, tenant: &str, entry: &IndexedTurn) -> Noting {
+    pub(super) fn note_run(&self, tenant: &str, entry: IndexedTurn) -> Noting {
         let answer = self
             .runs_notes
-            .hand_in((tenant.to_string(), entry.clone()), || self.runs_writer());
+            .hand_in((tenant.to_string(), entry), || self.runs_writer());
         Box::pin(async move { answer.wait().await.map_err(StoreError::Unavailable) })
     }
 
