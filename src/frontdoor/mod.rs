@@ -418,8 +418,7 @@ impl FrontDoor {
                         // lost with a front door that stopped keeps no turn out of the lists).
                         if noted == RunsNote::Yours {
                             let run = IndexedTurn::of(accepted_ms, sid, tid);
-                            self.noted(sid, tid, self.store.index_turn(sid.tenant(), run))
-                                .await;
+                            self.noted(sid, tid, self.store.index_turn(run)).await;
                         }
                         self.metrics.duplicate_suppressed("frontdoor");
                         return Ok(TurnStatusView::from(*existing));
@@ -437,7 +436,7 @@ impl FrontDoor {
                     }
                     RunsNote::Yours => {
                         let run = IndexedTurn::of(accepted_ms, sid, tid);
-                        let noting = self.store.index_turn(sid.tenant(), run);
+                        let noting = self.store.index_turn(run);
                         let enqueued = self.broker.enqueue(lane, &job, &meta).await;
                         self.noted(sid, tid, noting).await;
                         enqueued

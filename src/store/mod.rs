@@ -354,13 +354,13 @@ pub trait RecordWriter: StoreReader {
     /// turn record whose transcript names it: turn records name prompts rather than carry
     /// them. Cheap to call for every call: a store writes each prompt only now and then.
     async fn keep_prompt(&self, prompt: &Prompt) -> Result<(), StoreError>;
-    /// Notes an accepted turn in `tenant`'s runs index ([`StoreReader::recent_turns`]), kept
-    /// as long as turn records; a turn noted again keeps its first time. Not turn state: the
-    /// front door notes a turn beside enqueueing it, and a note lost costs only its line in
-    /// the lists. The note is handed in by the call itself; the future answers whether it was
-    /// written, so a caller can do other work (the enqueue) before it asks, and a store may
-    /// write notes handed in meanwhile together.
-    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting;
+    /// Notes an accepted turn in its session's tenant's runs index
+    /// ([`StoreReader::recent_turns`]), kept as long as turn records; a turn noted again keeps
+    /// its first time. Not turn state: a note lost costs only its line in the lists. The call
+    /// hands the note in; the future answers whether it was written, so a caller can do other
+    /// work (the enqueue) before it asks, and a store may write notes handed in meanwhile
+    /// together.
+    fn index_turn(&self, entry: IndexedTurn) -> Noting;
     /// Stores a batch (kept as long as turn records).
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError>;
     /// Writes worker `worker`'s heartbeat (see [`crate::vitals`]), over its last one.

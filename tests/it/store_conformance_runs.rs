@@ -48,10 +48,10 @@ async fn the_runs_index_lists_a_tenants_turns_newest_first_and_pages_without_gap
         entry(t0 + 20, "acme", "s1", "e"),
         entry(t0 + 15, "other", "s1", "x"),
     ] {
-        st.index_turn(e.session.tenant(), e.clone()).await.unwrap();
+        st.index_turn(e.clone()).await.unwrap();
     }
     // Noted again later (a resubmission): keeps its first time.
-    st.index_turn("acme", entry(t0 + 30, "acme", "s1", "a"))
+    st.index_turn(entry(t0 + 30, "acme", "s1", "a"))
         .await
         .unwrap();
     let all = newest(st.as_ref(), "acme").await;
@@ -129,7 +129,7 @@ async fn an_admitted_turn_is_noted_in_the_runs_index_once(s: Subject) {
             .await
             .unwrap();
         if note == RunsNote::Yours && matches!(admission, Admission::Turn(_)) {
-            st.index_turn("acme", run.clone()).await.unwrap();
+            st.index_turn(run.clone()).await.unwrap();
         }
         assert_ne!(
             std::mem::discriminant(&note),
@@ -260,7 +260,7 @@ async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
     let mut conn = crate::support::redis_connection().await;
     // An entry left from long ago; the first note of this process trims it.
     let _: () = conn.zadd(&key, old.member(), old.at_ms).await.unwrap();
-    g.store.index_turn("acme", fresh.clone()).await.unwrap();
+    g.store.index_turn(fresh.clone()).await.unwrap();
     let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
     assert_eq!(members, [fresh.member()]);
     let ttl: i64 = conn.pttl(&key).await.unwrap();
@@ -269,7 +269,7 @@ async fn redis_keeps_the_runs_index_as_long_as_turn_records() {
         "the index expires with the turn retention: {ttl} ms"
     );
     // Within the minute no trim: an old entry stays in the set, but no reader sees it.
-    g.store.index_turn("acme", old.clone()).await.unwrap();
+    g.store.index_turn(old.clone()).await.unwrap();
     let members: Vec<String> = conn.zrange(&key, 0, -1).await.unwrap();
     assert_eq!(members.len(), 2);
     let seen = newest(g.store.as_ref(), "acme").await;

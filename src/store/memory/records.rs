@@ -77,9 +77,10 @@ impl RecordWriter for MemoryStore {
         Ok(())
     }
 
-    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting {
+    fn index_turn(&self, entry: IndexedTurn) -> Noting {
         let noted = self.lock().map(|mut inner| {
-            let index = inner.runs_index.entry(tenant.to_string()).or_default();
+            let tenant = entry.session.tenant().to_string();
+            let index = inner.runs_index.entry(tenant).or_default();
             // A turn noted again keeps its first time.
             if index.noted.insert(entry.member()) {
                 index.order.insert(entry.position(), entry);

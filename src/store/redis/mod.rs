@@ -79,7 +79,7 @@ pub struct RedisStore {
     /// every admission, so hashed with foldhash rather than SipHash.
     runs_trimmed: std::sync::Arc<std::sync::Mutex<foldhash::HashMap<String, i64>>>,
     /// The runs index notes this process writes together ([`RecordWriter::index_turn`]).
-    runs_notes: std::sync::Arc<group_commit::GroupCommit<(String, crate::store::IndexedTurn)>>,
+    runs_notes: std::sync::Arc<group_commit::GroupCommit<crate::store::IndexedTurn>>,
     /// Admissions under way in this process ([`SessionStore::admit_and_index`]).
     admitting: std::sync::Arc<AtomicUsize>,
 }

@@ -132,8 +132,8 @@ impl RecordWriter for RedisStore {
         Ok(())
     }
 
-    fn index_turn(&self, tenant: &str, entry: IndexedTurn) -> Noting {
-        self.note_run(tenant, entry)
+    fn index_turn(&self, entry: IndexedTurn) -> Noting {
+        self.note_run(entry)
     }
 
     async fn put_batch(&self, batch: &BatchRecord) -> Result<(), StoreError> {

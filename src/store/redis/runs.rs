@@ -65,10 +65,8 @@ impl RedisStore {
     /// [`crate::store::RecordWriter::index_turn`]: the note joins the process's next go of
     /// notes ([`super::group_commit`]), which writes each tenant's with one `ZADD`, and the
     /// answer is that go's for its tenant.
-    pub(super) fn note_run(&self, tenant: &str, entry: IndexedTurn) -> Noting {
-        let answer = self
-            .runs_notes
-            .hand_in((tenant.to_string(), entry), || self.runs_writer());
+    pub(super) fn note_run(&self, entry: IndexedTurn) -> Noting {
+        let answer = self.runs_notes.hand_in(entry, || self.runs_writer());
         Box::pin(async move { answer.wait().await.map_err(StoreError::Unavailable) })
     }
 
@@ -81,7 +79,7 @@ impl RedisStore {
 
     /// The writer of the process's notes: a copy of this store with a group commit of its own
     /// (never used), so the task does not keep itself alive.
-    fn runs_writer(&self) -> Writer<(String, IndexedTurn)> {
+    fn runs_writer(&self) -> Writer<IndexedTurn> {
         let store = Self {
             runs_notes: Default::default(),
             ..self.clone()
@@ -94,13 +92,14 @@ impl RedisStore {
 
     /// One go of notes: each tenant's in one `ZADD NX` (with the trim when one is due), the
     /// tenants' side by side; an answer for each note, its tenant's.
-    async fn write_notes(&self, notes: Vec<(String, IndexedTurn)>) -> Answers {
+    async fn write_notes(&self, notes: Vec<IndexedTurn>) -> Answers {
         // Each note's tenant by its place among the go's tenants (a go may hold many).
         let mut place = foldhash::HashMap::<&str, usize>::default();
         let mut tenants: Vec<(&str, Vec<&IndexedTurn>)> = Vec::new();
         let mut of_note = Vec::with_capacity(notes.len());
-        for (tenant, entry) in &notes {
-            let at = *place.entry(tenant.as_str()).or_insert_with(|| {
+        for entry in &notes {
+            let tenant = entry.session.tenant();
+            let at = *place.entry(tenant).or_insert_with(|| {
                 tenants.push((tenant, Vec::new()));
                 tenants.len() - 1
             });

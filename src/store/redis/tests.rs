@@ -372,7 +372,7 @@ async fn notes_made_at_once_land_each_with_its_own_tenants_answer() {
             &TurnId::parse("t").unwrap(),
         );
         let store = store.clone();
-        tokio::spawn(async move { (tenant, store.index_turn(tenant, entry).await) })
+        tokio::spawn(async move { (tenant, store.index_turn(entry).await) })
     });
     let mut answers = std::collections::BTreeMap::<(&str, bool), usize>::new();
     for note in futures_util::future::join_all(notes).await {
