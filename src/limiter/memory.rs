@@ -18,8 +18,6 @@ struct Inner {
     slots: HashMap<String, HashMap<String, Instant>>,
     /// context → the earliest time of its next call.
     next_call: HashMap<String, Instant>,
-    /// key → (day, tokens counted that day); a new day replaces the old count.
-    tokens: HashMap<String, (String, u64)>,
     /// (key, day) → field → amount; a key keeps its latest [`TALLY_DAYS`] days.
     tallies: HashMap<(String, String), std::collections::BTreeMap<String, u64>>,
 }
@@ -119,32 +117,6 @@ impl LimitStore for MemoryLimits {
         let mut inner = self.lock()?;
         let n = inner.live_slots(context, Instant::now()).len();
         Ok(u32::try_from(n).unwrap_or(u32::MAX))
-    }
-
-    async fn add_tokens(
-        &self,
-        key: &str,
-        day: &str,
-        tokens: u64,
-        _keep: Duration,
-    ) -> Result<u64, LimitStoreError> {
-        let mut inner = self.lock()?;
-        let entry = inner
-            .tokens
-            .entry(key.to_string())
-            .or_insert_with(|| (day.to_string(), 0));
-        if entry.0 != day {
-            *entry = (day.to_string(), 0);
-        }
-        entry.1 = entry.1.saturating_add(tokens);
-        Ok(entry.1)
-    }
-
-    async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
-        Ok(match self.lock()?.tokens.get(key) {
-            Some((d, n)) if d == day => *n,
-            _ => 0,
-        })
     }
 
     async fn add_tally(

@@ -64,26 +64,22 @@ pub trait LimitStore: Send + Sync + 'static {
     async fn slow_down(&self, context: &str, pause: Duration) -> Result<(), LimitStoreError>;
     /// Live slots of the context (for tests and `aptix contexts`).
     async fn slots_in_use(&self, context: &str) -> Result<u32, LimitStoreError>;
-    /// Adds `tokens` to `key`'s count for `day` and returns the new count. A count is kept
-    /// at least `keep` after the change that made it (it is only read while its day lasts and
-    /// a week after).
-    async fn add_tokens(
-        &self,
-        key: &str,
-        day: &str,
-        tokens: u64,
-        keep: Duration,
-    ) -> Result<u64, LimitStoreError>;
-    /// The keys of `key`'s count and tally for `day` ([`LimitStore::add_tokens`],
-    /// [`LimitStore::add_tally`]), for a writer on the same server that adds to them in a step
-    /// of its own (a run's write: [`crate::store::CounterAdds`]), keeping them as those do;
-    /// `None` for a store without such keys.
-    fn day_keys(&self, key: &str, day: &str) -> Option<(String, String)> {
+    /// The key of `key`'s tally for `day` ([`LimitStore::add_tally`]), for a writer on the
+    /// same server that adds to it in a step of its own (a run's write:
+    /// [`crate::store::CounterAdds`]), keeping it as that does; `None` for a store without
+    /// such keys.
+    fn tally_key(&self, key: &str, day: &str) -> Option<String> {
         let _ = (key, day);
         None
     }
-    /// `key`'s count for `day` (0 when nothing was counted).
-    async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError>;
+    /// The count of tokens (or cost) `key` had for `day` in a key of its own, as versions
+    /// before 2026-12-05 kept beside the tally (0 when there is none): read with the tally so
+    /// that the day of an upgrade from a version that kept no tally still counts whole. Only
+    /// a store that outlives the process has one.
+    async fn earlier_count(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
+        let _ = (key, day);
+        Ok(0)
+    }
     /// Adds each `(field, amount)` of `counts` to `key`'s tally for `day`, in one step; a
     /// tally is kept at least `keep` after the change that made it.
     async fn add_tally(
@@ -93,19 +89,6 @@ pub trait LimitStore: Send + Sync + 'static {
         counts: &[(String, u64)],
         keep: Duration,
     ) -> Result<(), LimitStoreError>;
-    /// [`LimitStore::add_tokens`] and [`LimitStore::add_tally`] for the same `key` and
-    /// `day`: one step where the backend allows (Redis: one script).
-    async fn add_usage(
-        &self,
-        key: &str,
-        day: &str,
-        tokens: u64,
-        counts: &[(String, u64)],
-        keep: Duration,
-    ) -> Result<(), LimitStoreError> {
-        self.add_tokens(key, day, tokens, keep).await?;
-        self.add_tally(key, day, counts, keep).await
-    }
     /// `key`'s tally for `day`, by field (empty when nothing was counted).
     async fn tally(
         &self,

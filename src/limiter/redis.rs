@@ -65,28 +65,16 @@ end
 return 1
 ";
 
-/// KEYS: a day's count. ARGV: keep ms, the amount to count. Returns the count. The expiry is
-/// set by the write that makes the key, as in `ADD_USAGE`.
-const ADD_TOKENS: &str = r"
-local total = redis.call('INCRBY', KEYS[1], ARGV[2])
-if total == tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return total
-";
-
-/// KEYS: a day's count, the same day's tally (one slot). ARGV: keep ms, the amount to count,
-/// then the tally's field/amount pairs (each amount above 0). Adds both in one step. Each key
-/// is kept ARGV[1] from the write that made it (a day's keys are all made that day), so the
-/// expiry is set only by a write that finds a count or field new — a sum equal to the amount
-/// just added — not by every turn.
-const ADD_USAGE: &str = r"
-if redis.call('INCRBY', KEYS[1], ARGV[2]) == tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
+/// KEYS: a day's tally. ARGV: keep ms, then the tally's field/amount pairs (each amount above
+/// 0). Adds them in one step. The tally is kept ARGV[1] from the write that made it (a day's
+/// tally is made that day), so the expiry is set only by a write that finds a field new — a
+/// sum equal to the amount just added — not by every call.
+const ADD_TALLY: &str = r"
 local new = false
-for i = 3, #ARGV, 2 do
-  if redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then new = true end
+for i = 2, #ARGV, 2 do
+  if redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) == tonumber(ARGV[i + 1]) then new = true end
 end
-if new then redis.call('PEXPIRE', KEYS[2], ARGV[1]) end
+if new then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return 1
 ";
 
@@ -104,8 +92,7 @@ struct Scripts {
     count_slots: Script,
     try_rate: Script,
     slow_down: Script,
-    add_tokens: Script,
-    add_usage: Script,
+    add_tally: Script,
 }
 
 impl std::fmt::Debug for RedisLimits {
@@ -145,8 +132,7 @@ impl RedisLimits {
                 count_slots: Script::new(COUNT_SLOTS),
                 try_rate: Script::new(TRY_RATE),
                 slow_down: Script::new(SLOW_DOWN),
-                add_tokens: Script::new(ADD_TOKENS),
-                add_usage: Script::new(ADD_USAGE),
+                add_tally: Script::new(ADD_TALLY),
             }),
         })
     }
@@ -166,13 +152,13 @@ impl RedisLimits {
         }
     }
 
-    /// `key`'s count for `day`.
+    /// `key`'s count for `day`, as versions before 2026-12-05 kept it.
     fn count_key(&self, key: &str, day: &str) -> String {
         self.day_key("tokens", key, Some(day))
     }
 
     /// `key`'s tally for `day`.
-    fn tally_key(&self, key: &str, day: &str) -> String {
+    fn tally_key_of(&self, key: &str, day: &str) -> String {
         self.day_key("usage", key, Some(day))
     }
 
@@ -269,24 +255,7 @@ impl LimitStore for RedisLimits {
             .await
     }
 
-    async fn add_tokens(
-        &self,
-        key: &str,
-        day: &str,
-        tokens: u64,
-        keep: Duration,
-    ) -> Result<u64, LimitStoreError> {
-        self.scripts
-            .add_tokens
-            .key(self.count_key(key, day))
-            .arg(ms(keep))
-            .arg(tokens)
-            .invoke_async::<u64>(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)
-    }
-
-    async fn tokens(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
+    async fn earlier_count(&self, key: &str, day: &str) -> Result<u64, LimitStoreError> {
         let n: Option<u64> = redis::cmd("GET")
             .arg(self.count_key(key, day))
             .query_async(&mut self.conn.clone())
@@ -302,33 +271,8 @@ impl LimitStore for RedisLimits {
         counts: &[(String, u64)],
         keep: Duration,
     ) -> Result<(), LimitStoreError> {
-        // One hash per key and day; its fields in one atomic pipeline (one slot).
-        let hash = self.tally_key(key, day);
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for (field, n) in counts {
-            pipe.cmd("HINCRBY").arg(&hash).arg(field).arg(*n).ignore();
-        }
-        pipe.cmd("PEXPIRE").arg(&hash).arg(ms(keep)).ignore();
-        pipe.query_async::<()>(&mut self.conn.clone())
-            .await
-            .map_err(unavailable)
-    }
-
-    async fn add_usage(
-        &self,
-        key: &str,
-        day: &str,
-        tokens: u64,
-        counts: &[(String, u64)],
-        keep: Duration,
-    ) -> Result<(), LimitStoreError> {
-        let mut invocation = self.scripts.add_usage.prepare_invoke();
-        invocation
-            .key(self.count_key(key, day))
-            .key(self.tally_key(key, day))
-            .arg(ms(keep))
-            .arg(tokens);
+        let mut invocation = self.scripts.add_tally.prepare_invoke();
+        invocation.key(self.tally_key_of(key, day)).arg(ms(keep));
         for (field, n) in counts {
             invocation.arg(field).arg(*n);
         }
@@ -339,8 +283,8 @@ impl LimitStore for RedisLimits {
             .map_err(unavailable)
     }
 
-    fn day_keys(&self, key: &str, day: &str) -> Option<(String, String)> {
-        Some((self.count_key(key, day), self.tally_key(key, day)))
+    fn tally_key(&self, key: &str, day: &str) -> Option<String> {
+        Some(self.tally_key_of(key, day))
     }
 
     async fn tally(
@@ -349,7 +293,7 @@ impl LimitStore for RedisLimits {
         day: &str,
     ) -> Result<std::collections::BTreeMap<String, u64>, LimitStoreError> {
         redis::cmd("HGETALL")
-            .arg(self.tally_key(key, day))
+            .arg(self.tally_key_of(key, day))
             .query_async(&mut self.conn.clone())
             .await
             .map_err(unavailable)

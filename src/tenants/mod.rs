@@ -6,20 +6,21 @@
 //!   it holds one of the tenant's running slots — slots of a [`LimitStore`] set shared by every
 //!   worker, renewed while held, freed when the turn ends or its worker dies. A tenant that
 //!   floods its lane waits there; other tenants' jobs never queue behind it.
-//! - `tokensPerDay`: every model call adds its `usage` to the tenant's count for the UTC day;
-//!   once the count reaches the quota, the front door refuses the tenant's new user turns with
-//!   `QUOTA_EXCEEDED` until midnight UTC. Turns already accepted finish, and tool-result
-//!   continuations (the rest of an accepted turn) are still taken.
+//! - `tokensPerDay`: every model call adds its `usage` to the tenant's tally for the UTC day
+//!   (by agent context: what `GET /v1/tenant/usage` shows); once the day's tokens reach the
+//!   quota, the front door refuses the tenant's new user turns with `QUOTA_EXCEEDED` until
+//!   midnight UTC. Turns already accepted finish, and tool-result continuations (the rest of
+//!   an accepted turn) are still taken.
 //!
 //! Owns: the quota decisions and the counters. Must not: touch queues or sessions.
 
 pub mod file;
 mod spend;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use time::{OffsetDateTime, Time};
 
 use crate::limiter::{HeldSlot, LimitStore, LimitStoreError, MemoryLimits};
@@ -27,6 +28,7 @@ use crate::metrics::{Metrics, Tracked};
 
 pub use file::{TenantLimits, Tenants, TenantsError};
 pub use spend::Spent;
+pub use usage::{ContextUsage, TenantUsage};
 
 /// The label value of tenants that are not in the tenants file (keeps label sets bounded).
 pub const OTHER_TENANT_LABEL: &str = "other";
@@ -101,143 +103,6 @@ impl From<LimitStoreError> for QuotaError {
     }
 }
 
-/// What `GET /v1/tenant/usage` shows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct TenantUsage {
-    /// The tenant.
-    pub tenant: String,
-    /// The UTC day counted, `YYYY-MM-DD`.
-    pub day: String,
-    /// Model tokens (input + output) the tenant's turns spent that day.
-    pub tokens_used: u64,
-    /// The daily token quota, if the tenant has one.
-    pub tokens_per_day: Option<u64>,
-    /// When the day's count starts again from zero (RFC 3339, midnight UTC).
-    pub resets_at: String,
-    /// Turns running now across every worker, counted for tenants with `maxRunningTurns`
-    /// only (`null` otherwise).
-    pub running_turns: Option<u32>,
-    /// The cap on running turns, if the tenant has one.
-    pub max_running_turns: Option<u32>,
-    /// The day's estimated cost in US dollars, at the agent contexts' prices (absent when
-    /// nothing priced was spent).
-    #[serde(
-        rename = "estimatedCostUsd",
-        skip_serializing_if = "is_zero",
-        default,
-        with = "crate::contract::response::usd"
-    )]
-    #[schema(value_type = Option<f64>)]
-    pub cost_micros: u64,
-    /// The daily cost quota in US dollars, if the tenant has one.
-    #[serde(
-        rename = "costPerDayUsd",
-        skip_serializing_if = "Option::is_none",
-        default,
-        with = "usd_option"
-    )]
-    #[schema(value_type = Option<f64>)]
-    pub cost_per_day_micros: Option<u64>,
-    /// The day's model calls and tokens by agent context.
-    pub by_agent_context: std::collections::BTreeMap<String, ContextUsage>,
-}
-
-/// One agent context's share of a tenant's day ([`TenantUsage::by_agent_context`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ContextUsage {
-    /// Model calls answered.
-    pub calls: u64,
-    /// Input tokens.
-    pub input_tokens: u64,
-    /// Of the input tokens, those read from the prompt cache.
-    pub cached_input_tokens: u64,
-    /// Output tokens.
-    pub output_tokens: u64,
-    /// Of the output tokens, those spent reasoning.
-    pub reasoning_tokens: u64,
-    /// All tokens.
-    pub total_tokens: u64,
-    /// Estimated cost in US dollars (absent when the context has no prices).
-    #[serde(
-        rename = "estimatedCostUsd",
-        skip_serializing_if = "is_zero",
-        default,
-        with = "crate::contract::response::usd"
-    )]
-    #[schema(value_type = Option<f64>)]
-    pub cost_micros: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-/// [`crate::contract::response::usd`] for an optional amount.
-mod usd_option {
-    use serde::{Deserialize as _, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(micros: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
-        match micros {
-            Some(m) => crate::contract::response::usd::serialize(m, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-        Option::<f64>::deserialize(d)?
-            .map(|usd| {
-                if (0.0..1e12).contains(&usd) {
-                    Ok((usd * 1e6).round() as u64)
-                } else {
-                    Err(serde::de::Error::custom(
-                        "a cost in dollars must be 0 or more",
-                    ))
-                }
-            })
-            .transpose()
-    }
-}
-
-/// Folds a day's tally (`<context>/<field>` → amount) into usage by context. A context's total
-/// is its input and output, plus what models reported beyond them (`more_total`); a day
-/// tallied by an earlier version, which kept a `total` of its own, shows the larger of that
-/// and this (the two agree on any day one version counted whole; on the day of an upgrade the
-/// sum counts the calls of both).
-fn by_context(
-    tally: std::collections::BTreeMap<String, u64>,
-) -> std::collections::BTreeMap<String, ContextUsage> {
-    let mut out: std::collections::BTreeMap<String, ContextUsage> = Default::default();
-    let mut totals: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-    for (name, n) in tally {
-        let Some((context, field)) = name.rsplit_once('/') else {
-            continue;
-        };
-        let usage = out.entry(context.to_string()).or_default();
-        match field {
-            "calls" => usage.calls = n,
-            "input" => usage.input_tokens = n,
-            "cached_input" => usage.cached_input_tokens = n,
-            "output" => usage.output_tokens = n,
-            "reasoning" => usage.reasoning_tokens = n,
-            "more_total" => totals.entry(context.to_string()).or_default().0 = n,
-            "total" => totals.entry(context.to_string()).or_default().1 = n,
-            "cost_micros" => usage.cost_micros = n,
-            _ => {}
-        }
-    }
-    for (context, usage) in &mut out {
-        let (more, kept) = totals.get(context).copied().unwrap_or_default();
-        let summed = usage
-            .input_tokens
-            .saturating_add(usage.output_tokens)
-            .saturating_add(more);
-        usage.total_tokens = summed.max(kept);
-    }
-    out
-}
-
 /// The quotas of every tenant, over the counters every process shares.
 #[derive(Clone)]
 pub struct Quotas {
@@ -281,7 +146,8 @@ fn key(tenant: &str) -> String {
     format!("tenant:{tenant}")
 }
 
-/// The limiter key of a tenant's estimated cost count.
+/// The limiter key of the estimated cost count a tenant's days had before 2026-12-05 (the
+/// tally's `cost_micros` counts it now).
 fn cost_key(tenant: &str) -> String {
     format!("tenant-cost:{tenant}")
 }
@@ -362,24 +228,30 @@ impl Quotas {
     /// Refuses a new turn of `tenant` when its daily token (or cost) quota is spent.
     pub async fn check_tokens(&self, tenant: &str) -> Result<(), QuotaError> {
         let limits = self.tenants.limits(tenant);
+        let (tokens_quota, cost_quota) = (limits.tokens_per_day, limits.cost_per_day_micros);
+        if tokens_quota.is_none() && cost_quota.is_none() {
+            return Ok(());
+        }
+        let (day, resets_at, retry_after_secs) = today();
+        let spent = self
+            .spent(tenant, &day, tokens_quota.is_some(), cost_quota.is_some())
+            .await?;
         let quotas = [
             (
-                limits.tokens_per_day,
+                tokens_quota,
                 QuotaUnit::Tokens,
-                key(tenant),
+                spent.tokens,
                 "tokens_per_day",
             ),
             (
-                limits.cost_per_day_micros,
+                cost_quota,
                 QuotaUnit::CostMicros,
-                cost_key(tenant),
+                spent.cost_micros,
                 "cost_per_day",
             ),
         ];
-        for (quota, unit, counter, name) in quotas {
+        for (quota, unit, used, name) in quotas {
             let Some(quota) = quota else { continue };
-            let (day, resets_at, retry_after_secs) = today();
-            let used = self.store.tokens(&counter, &day).await?;
             if used < quota {
                 continue;
             }
@@ -396,40 +268,6 @@ impl Quotas {
             .into());
         }
         Ok(())
-    }
-
-    /// The tenant's counts now: today's, or those of `day` (`YYYY-MM-DD`) when given (kept
-    /// eight days: an older day has none).
-    pub async fn usage(
-        &self,
-        tenant: &str,
-        day: Option<&str>,
-    ) -> Result<TenantUsage, LimitStoreError> {
-        let limits = self.tenants.limits(tenant);
-        let (today, resets_at, _) = today();
-        let day = day.map_or(today, str::to_string);
-        let (k, cost) = (key(tenant), cost_key(tenant));
-        let (tokens_used, tally, cost_micros) = tokio::try_join!(
-            self.store.tokens(&k, &day),
-            self.store.tally(&k, &day),
-            self.store.tokens(&cost, &day),
-        )?;
-        let running_turns = match limits.max_running_turns {
-            Some(_) => Some(self.store.slots_in_use(&key(tenant)).await?),
-            None => None,
-        };
-        Ok(TenantUsage {
-            tenant: tenant.to_string(),
-            day,
-            tokens_used,
-            tokens_per_day: limits.tokens_per_day,
-            resets_at,
-            running_turns,
-            max_running_turns: limits.max_running_turns,
-            cost_micros,
-            cost_per_day_micros: limits.cost_per_day_micros,
-            by_agent_context: by_context(tally),
-        })
     }
 
     /// Waits until one of `tenant`'s running slots is free and takes it (at once for a tenant

@@ -1,12 +1,13 @@
-//! What a model call spent, counted against its tenant: its tokens (and estimated cost) against
-//! the daily quotas, and every kind of token in the day's tally by agent context. Counted
-//! apart ([`Quotas::spend`]), or as counters the run's next write adds to in its own step
+//! What a model call spent, counted against its tenant: every kind of token and the estimated
+//! cost in the day's tally by agent context, which is also what the daily quotas read (one
+//! record of the day's spending: no count of its own to agree with it). Counted apart
+//! ([`Quotas::spend`]), or as counters the run's next write adds to in its own step
 //! ([`Quotas::counts_in_write`]) where the limits live on the session store's server.
 //!
 //! A count that cannot be written is logged, not fatal: the call was made and its answer is
 //! good.
 
-use super::{KEEP_COUNT, Quotas, cost_key, count_day, key};
+use super::{KEEP_COUNT, Quotas, count_day, key};
 use crate::contract::Usage;
 use crate::store::{CounterAdd, CounterAdds};
 
@@ -76,24 +77,13 @@ impl Quotas {
         if nothing(&usage) {
             return;
         }
-        let tokens = usage.total_tokens;
-        let day = count_day();
         let counts = tally(context, &usage);
-        let (k, cost) = (key(tenant), cost_key(tenant));
-        let counted = self.store.add_usage(&k, &day, tokens, &counts, KEEP_COUNT);
-        let priced = async {
-            match usage.cost_micros {
-                0 => Ok(()),
-                n => self
-                    .store
-                    .add_tokens(&cost, &day, n, KEEP_COUNT)
-                    .await
-                    .map(drop),
-            }
-        };
-        let (counted, priced) = tokio::join!(counted, priced);
-        if let Err(e) = counted.and(priced) {
-            tracing::warn!(%tenant, tokens, error = %e, "cannot count the tenant's model usage; its quotas may be overrun");
+        let counted = self
+            .store
+            .add_tally(&key(tenant), &count_day(), &counts, KEEP_COUNT)
+            .await;
+        if let Err(e) = counted {
+            tracing::warn!(%tenant, tokens = usage.total_tokens, error = %e, "cannot count the tenant's model usage; its quotas may be overrun");
         }
     }
 
@@ -114,40 +104,24 @@ impl Quotas {
                 adds: Vec::new(),
             });
         }
-        let day = count_day();
-        let (count, tally_key) = self.store.day_keys(&key(tenant), &day)?;
-        let cost = match usage.cost_micros {
-            0 => None,
-            n => Some((self.store.day_keys(&cost_key(tenant), &day)?.0, n)),
-        };
+        let tally_key = self.store.tally_key(&key(tenant), &count_day())?;
         self.metrics
             .tenant_spent(self.label(tenant), usage.total_tokens);
-        let mut adds = vec![CounterAdd {
-            key: count,
-            field: None,
-            amount: usage.total_tokens,
-        }];
-        adds.extend(
-            tally(context, &usage)
-                .into_iter()
-                .map(|(field, amount)| CounterAdd {
-                    key: tally_key.clone(),
-                    field: Some(field),
-                    amount,
-                }),
-        );
-        adds.extend(cost.map(|(key, amount)| CounterAdd {
-            key,
-            field: None,
-            amount,
-        }));
+        let adds = tally(context, &usage)
+            .into_iter()
+            .map(|(field, amount)| CounterAdd {
+                key: tally_key.clone(),
+                field: Some(field),
+                amount,
+            })
+            .collect();
         Some(CounterAdds { keep_ms, adds })
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::by_context;
+    use super::super::usage::by_context;
     use super::*;
 
     fn usage(input: u64, output: u64, total: u64) -> Usage {

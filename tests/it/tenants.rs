@@ -229,6 +229,58 @@ async fn a_spent_token_quota_refuses_new_turns_until_midnight_utc(backend: Backe
     );
 }
 
+/// A day counted by a version before 2026-12-05 kept its tokens and cost in keys of their own
+/// beside the tally (which the versions before 2026-11-26 did not keep at all). On the day of
+/// an upgrade those counts still hold the quotas: the larger of them and the tally's sum is
+/// what the tenant used.
+#[tokio::test]
+async fn a_day_an_earlier_version_counted_still_holds_the_quotas() {
+    let app = spawn(AppOptions {
+        extra_env: vec![tenants_file(json!([
+            {"id": "tenant-a", "tokensPerDay": 100},
+            {"id": "tenant-b", "costPerDay": 1.0}
+        ]))],
+        ..AppOptions::default()
+    })
+    .await;
+    let today = time::OffsetDateTime::now_utc().date();
+    let day = format!(
+        "{:04}-{:02}-{:02}",
+        today.year(),
+        u8::from(today.month()),
+        today.day()
+    );
+    let ns = &app.topology.namespace;
+    let mut conn = crate::support::redis_connection().await;
+    for (key, n) in [
+        (format!("{ns}:limit:{{tenant:tenant-a}}:tokens:{day}"), 150),
+        (
+            format!("{ns}:limit:{{tenant-cost:tenant-b}}:tokens:{day}"),
+            2_000_000,
+        ),
+    ] {
+        let _: () = ::redis::cmd("SET")
+            .arg(key)
+            .arg(n)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let a = usage(&app, "tok-a").await;
+    assert_eq!(a["tokensUsed"], 150, "{a}");
+    let b = usage(&app, "tok-b").await;
+    assert_eq!(b["estimatedCostUsd"], 2.0, "{b}");
+    for (token, quota) in [("tok-a", "tokens"), ("tok-b", "cost")] {
+        let (status, body) = post_raw(&app, token, "/v1/turns", turn("s", "t", "hi")).await;
+        assert_eq!(
+            (status.0, code(&body)),
+            (429, "QUOTA_EXCEEDED"),
+            "{quota}: {body}"
+        );
+    }
+    assert!(app.fake.requests().is_empty(), "a refused turn ran");
+}
+
 /// POST with the status and the `Retry-After` header.
 async fn post_raw(
     app: &App,
