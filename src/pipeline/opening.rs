@@ -122,7 +122,8 @@ impl Pipeline {
         let boot = resolved.conversation.boot_prompt.clone();
         // The session is written at the start of the run only when it is new or the turn
         // changes it; otherwise the write that settles the turn is its next one.
-        let mut changed = loaded.is_none();
+        let new_session = loaded.is_none();
+        let mut changed = new_session;
         let mut session = loaded.unwrap_or_else(|| self.life.new_session(sid));
         if session.contexts != contexts {
             session.contexts = contexts;
@@ -160,6 +161,7 @@ impl Pipeline {
         let resuming = record.checkpoint.is_some();
         let start = super::lifecycle::Start {
             changed,
+            new_session,
             stored,
             runs: begun.runs,
             stop_requested: begun.stop_requested,

@@ -94,12 +94,14 @@ pub struct SessionState {
     /// The model response the next call continues from. Only ever points at a response whose
     /// function calls were all answered (DESIGN.md §3).
     pub previous_response_id: Option<String>,
-    /// Conversation items not yet in the store. The store keeps a session's conversation (the
-    /// items a replay continuation sends to servers that do not store responses) apart from
-    /// the session, append-only: a save that carries the session appends these items there,
-    /// and a session read back has none (read the conversation with
-    /// [`crate::store::StoreReader::conversation`]). Sessions stored before the conversation
-    /// moved out hold it here; it moves with their next save.
+    /// Conversation items not yet in the session's conversation list. The store keeps a
+    /// session's conversation (the items a replay continuation sends to servers that do not
+    /// store responses) apart from the session, append-only: a save that carries the session
+    /// appends these items there (read them with [`crate::store::StoreReader::conversation`]).
+    /// A session read back holds items only where its store kept them with it: a session with
+    /// no list yet, whose first run's last write kept its items
+    /// ([`crate::store::RunWrite::unlisted`]), or one stored before the conversation moved
+    /// out. They follow the listed ones, and move to the list with the session's next save.
     #[serde(default, skip_serializing)]
     pub conversation: Vec<Value>,
     /// Set once the model server answered `previous_response_not_found`, or answered a call

@@ -255,7 +255,8 @@ pub trait StoreReader: Send + Sync + 'static {
     /// The contexts the session latched, if any.
     async fn latched_contexts(&self, session: &SessionId)
     -> Result<Option<ContextIds>, StoreError>;
-    /// The session's conversation as stored, oldest item first (empty for an unknown session).
+    /// The session's conversation list, oldest item first (empty for an unknown session); the
+    /// items a session read back holds follow it ([`SessionState::conversation`]).
     async fn conversation(&self, session: &SessionId) -> Result<Vec<Value>, StoreError>;
     /// The live events kept of a turn ([`RecordWriter::keep_live`]), oldest first.
     async fn kept_live(

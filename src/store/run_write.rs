@@ -20,6 +20,13 @@ pub struct RunWrite<'a> {
     /// may skip asking whether it is new, which only a new record's first write needs (to list
     /// it among the session's turns).
     pub stored: bool,
+    /// The store holds no conversation list for the session: it was not stored when the run
+    /// began, and nothing the run wrote has listed any of its items. A write that gives the
+    /// lease back may then keep the session's items with the session instead of starting a
+    /// list (a session of one turn, the batch's shape, never gets one): they read back as the
+    /// session's items ([`SessionState::conversation`]) and its next save lists them, ahead of
+    /// its own. The whole conversation is always the list followed by those.
+    pub unlisted: bool,
     /// Counters to add to in the same step, where the store can
     /// ([`crate::store::SessionStore::steps_reach_other_keys`]).
     pub counts: Option<&'a CounterAdds>,

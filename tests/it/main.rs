@@ -49,6 +49,7 @@ mod contract_props;
 mod contract_request;
 mod contract_request_limits;
 mod contract_response;
+mod conversation;
 mod cpu_scheduling;
 mod direct_replies;
 mod errors;

@@ -2,7 +2,8 @@
 //! is not found, the fake's memory, answers and streamed events, idempotent replays.
 
 use super::pipeline_scenarios::*;
-use crate::support::{Setup, harness, request};
+use crate::conversation::{pairs, said};
+use crate::support::{Setup, StoreKind, harness, request};
 use aptix_worker::contract::{ErrorCode, SessionId, TurnId};
 use aptix_worker::fake_llm::{FakeOptions, Reply};
 use aptix_worker::pipeline::{PipelineSettings, SettledAs};
@@ -10,8 +11,9 @@ use aptix_worker::store::{TurnStatus, TurnStatusView};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-#[tokio::test]
-async fn replay_mode_resends_the_conversation() {
+/// A replaying context sends the whole conversation on every call, in order and once each, on
+/// either store (through the whole product: `conversation.rs`).
+async fn replay_mode_resends_the_conversation(store: StoreKind) {
     let mut settings = PipelineSettings::new("gpt-test");
     settings.replay = true;
     let h = harness(Setup {
@@ -20,31 +22,50 @@ async fn replay_mode_resends_the_conversation() {
             stateless: true,
             ..Default::default()
         },
+        store,
         ..Setup::default()
     })
     .await;
-    h.fake
-        .push([Reply::Text("one".into()), Reply::Text("two".into())]);
-    h.pipeline
-        .run(&request(turn("s", "t1", "first")))
-        .await
-        .unwrap();
+    h.fake.push([
+        Reply::Text("one".into()),
+        Reply::Text("two".into()),
+        Reply::Text("three".into()),
+    ]);
+    for (t, asked) in [("t1", "first"), ("t2", "second")] {
+        h.pipeline.run(&request(turn("s", t, asked))).await.unwrap();
+    }
     let r = h
         .pipeline
-        .run(&request(turn("s", "t2", "second")))
+        .run(&request(turn("s", "t3", "third")))
         .await
         .unwrap();
-    assert_eq!(final_text(&r), "two");
+    assert_eq!(final_text(&r), "three");
     let reqs = h.fake.requests();
-    assert!(reqs[1].get("previous_response_id").is_none());
-    let roles: Vec<&str> = reqs[1]["input"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["role"].as_str().unwrap_or(""))
-        .collect();
-    assert_eq!(roles, ["system", "user", "assistant", "user"]);
-    assert_eq!(reqs[1]["input"][2]["content"], "one");
+    assert!(reqs.iter().all(|r| r.get("previous_response_id").is_none()));
+    assert_eq!(
+        said(&reqs[1]),
+        pairs(&[("user", "first"), ("assistant", "one"), ("user", "second")])
+    );
+    assert_eq!(
+        said(&reqs[2]),
+        pairs(&[
+            ("user", "first"),
+            ("assistant", "one"),
+            ("user", "second"),
+            ("assistant", "two"),
+            ("user", "third")
+        ])
+    );
+}
+
+#[tokio::test]
+async fn replay_mode_resends_the_conversation_from_memory() {
+    replay_mode_resends_the_conversation(StoreKind::Memory).await;
+}
+
+#[tokio::test]
+async fn replay_mode_resends_the_conversation_from_redis() {
+    replay_mode_resends_the_conversation(StoreKind::Redis).await;
 }
 
 #[tokio::test]

@@ -418,6 +418,7 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         lease,
         release: false,
         stored,
+        unlisted: false,
         counts,
     };
     let first = counts(vec![

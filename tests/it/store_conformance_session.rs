@@ -3,7 +3,9 @@
 
 use super::store_conformance::*;
 use aptix_worker::contract::TurnId;
-use aptix_worker::store::{ModeChange, Prompt, StoreError, ToolOutput, TurnStatus, now_rfc3339};
+use aptix_worker::store::{
+    ModeChange, Prompt, RunWrite, StoreError, ToolOutput, TurnStatus, now_rfc3339,
+};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -87,6 +89,57 @@ pub(super) async fn the_conversation_grows_by_appends_and_only_under_the_lease(s
         st.conversation(&sid("other")).await.unwrap().is_empty(),
         "per session"
     );
+}
+
+/// A session's first run writes it last with the lease given back and no list behind it
+/// (`RunWrite::unlisted`): a store may keep the run's items with the session. On every store
+/// the whole conversation reads back as the list followed by the session's items, and the
+/// next run's save lists them ahead of its own, none lost and none doubled.
+pub(super) async fn a_first_runs_items_read_back_whole_and_the_next_save_lists_them(s: Subject) {
+    let st = &s.store;
+    let item = |n: u32| serde_json::json!({"role": "user", "content": format!("item {n}")});
+    let whole = async |st: &Arc<dyn aptix_worker::store::SessionStore>| {
+        let session = st.get_session(&sid("s")).await.unwrap().expect("stored");
+        let mut items = st.conversation(&sid("s")).await.unwrap();
+        items.extend(session.conversation);
+        items
+    };
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut state = session("s");
+    state.conversation = vec![item(1), item(2)];
+    let last = RunWrite {
+        session: Some(&state),
+        turn: &turn("s", "t1"),
+        lease: &lease,
+        release: true,
+        stored: false,
+        unlisted: true,
+        counts: None,
+    };
+    st.save_run(G, last).await.unwrap();
+    assert_eq!(whole(st).await, [item(1), item(2)]);
+    // The next run: the session as read back, its items still to list, then its own.
+    let lease = st
+        .acquire_lease(G, &sid("s"), "w2", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut next = st.get_session(&sid("s")).await.unwrap().expect("stored");
+    next.conversation.push(item(3));
+    st.save(G, Some(&next), &turn("s", "t2"), &lease, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        st.conversation(&sid("s")).await.unwrap(),
+        [item(1), item(2), item(3)],
+        "listed in order, once each"
+    );
+    let read = st.get_session(&sid("s")).await.unwrap().expect("stored");
+    assert!(read.conversation.is_empty(), "{:?}", read.conversation);
 }
 
 pub(super) async fn change_mode_appends_history(s: Subject) {
@@ -235,6 +288,7 @@ for_each_backend!(
     ],
     tests: [
         the_conversation_grows_by_appends_and_only_under_the_lease,
+        a_first_runs_items_read_back_whole_and_the_next_save_lists_them,
         change_mode_appends_history,
         racing_holders_take_turns_and_none_is_lost,
         a_prompt_is_kept_once_and_read_back_by_id,

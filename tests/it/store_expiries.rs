@@ -31,6 +31,7 @@ async fn the_turns_index_expires_from_the_turn_that_was_added_last() {
             lease: &lease,
             release: false,
             stored,
+            unlisted: false,
             counts: None,
         };
         st.save_run(G, write).await.unwrap()
@@ -143,6 +144,7 @@ async fn a_short_session_retention_never_unlists_a_turn_before_its_record() {
         lease: &lease,
         release: true,
         stored: false,
+        unlisted: false,
         counts: None,
     };
     st.save_run(G, write).await.unwrap();

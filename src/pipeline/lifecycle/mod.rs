@@ -151,6 +151,9 @@ pub(super) struct Run {
     /// The run changed the session (a new one, or its owner, contexts or mode key) and has not
     /// written it yet: the next write of the turn carries it.
     session_unsaved: bool,
+    /// The store holds no conversation list for the session yet
+    /// ([`crate::store::RunWrite::unlisted`]).
+    unlisted: bool,
     /// The prompts of requests in the transcript that the next write keeps.
     prompts: Vec<crate::state::Prompt>,
     /// A model call's usage that the next write counts in its own step
@@ -178,6 +181,7 @@ impl Run {
             reattach: false,
             keep_bodies: true,
             session_unsaved: false,
+            unlisted: false,
             prompts: Vec::new(),
             counts: None,
             stored: false,
@@ -323,6 +327,7 @@ impl Lifecycle {
             lease: run.held.lease(),
             release,
             stored: run.stored,
+            unlisted: run.unlisted,
             counts: counts.as_ref().map(|c| &c.adds),
         };
         match tokio::join!(keep, self.store.save_run(&GRANT, write)).1 {
@@ -332,9 +337,11 @@ impl Lifecycle {
                 }
                 run.stored = true;
                 if with_session {
-                    // The store holds them now.
+                    // The store holds them now (listed, or with the session by a write that
+                    // gave the lease back: the run writes nothing more).
                     run.session.conversation.clear();
                     run.session_unsaved = false;
+                    run.unlisted = false;
                 }
                 if release {
                     run.held.released_by_store();

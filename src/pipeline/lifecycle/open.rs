@@ -187,6 +187,7 @@ impl Lifecycle {
         run.reattach = reattach;
         run.keep_bodies = self.keeps_bodies(&run.session);
         run.session_unsaved = start.changed;
+        run.unlisted = start.new_session;
         run.stored = start.stored;
         if start.stored {
             if run.record.checkpoint.is_none() {
@@ -301,6 +302,8 @@ pub(crate) struct Start {
     /// The session is new, or the run changed it (owner, contexts, mode key, solution
     /// context): the run's next write carries it.
     pub(crate) changed: bool,
+    /// The session was not stored when the run began ([`crate::store::RunWrite::unlisted`]).
+    pub(crate) new_session: bool,
     /// The turn's record is stored (the front door wrote it); otherwise the run writes it.
     pub(crate) stored: bool,
     /// The runs of the turn begun, this one included ([`Begin::runs`]).

@@ -103,6 +103,7 @@ impl Lifecycle {
         // The step stored the session whole, any conversation items it held with it.
         run.session.conversation.clear();
         run.session_unsaved = false;
+        run.unlisted = false;
         Ok(true)
     }
 }

@@ -47,6 +47,7 @@ async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
 fn start() -> super::Start {
     super::Start {
         changed: true,
+        new_session: true,
         stored: false,
         runs: 1,
         stop_requested: false,
@@ -186,6 +187,7 @@ async fn a_run_of_a_stored_turn_writes_nothing_until_it_has_something_to_keep() 
     assert_eq!((begun.runs, begun.stop_requested), (1, false));
     let start = super::Start {
         changed: true,
+        new_session: true,
         stored: true,
         runs: begun.runs,
         stop_requested: begun.stop_requested,

@@ -99,6 +99,33 @@ impl<'s> ScriptCall<'s> {
         Ok(self)
     }
 
+    /// The next argument: the JSON object `value` with one more member, `name` (a plain
+    /// identifier) holding `items` as an array, written ahead of `value`'s own members — so
+    /// the member is added without a copy of `value`'s JSON made to put it in.
+    pub fn arg_json_with<T: serde::Serialize, I: serde::Serialize>(
+        &mut self,
+        value: &T,
+        name: &str,
+        items: &[I],
+    ) -> Result<&mut Self, StoreError> {
+        self.note_arg();
+        {
+            let mut out = self.cmd.writer_for_next_arg();
+            for part in ["{\"", name, "\":"] {
+                // Writing to a command's buffer cannot fail (it grows a vector).
+                let _ = std::io::Write::write_all(&mut out, part.as_bytes());
+            }
+            serde_json::to_writer(&mut out, items).map_err(StoreError::Encode)?;
+            let members = ObjectMembers {
+                out: &mut out,
+                opened: false,
+                first: true,
+            };
+            serde_json::to_writer(members, value).map_err(StoreError::Encode)?;
+        }
+        Ok(self)
+    }
+
     /// Sends the call; loads the script and sends it again if the server does not hold it.
     pub async fn invoke<T: FromRedisValue>(
         &self,
@@ -130,5 +157,88 @@ impl<'s> ScriptCall<'s> {
             }
             answer => answer,
         }
+    }
+}
+
+/// Writes a JSON object's members after members written already: drops its opening brace and
+/// puts a comma before its first member (none for an empty object, whose closing brace
+/// follows at once). Anything but an object is refused.
+struct ObjectMembers<'w, W: std::io::Write> {
+    out: &'w mut W,
+    /// The opening brace was seen.
+    opened: bool,
+    /// No byte after the brace was written yet.
+    first: bool,
+}
+
+impl<W: std::io::Write> std::io::Write for ObjectMembers<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        if !self.opened {
+            let Some((&b'{', after)) = rest.split_first() else {
+                return Err(std::io::Error::other("not a JSON object"));
+            };
+            self.opened = true;
+            rest = after;
+        }
+        if self.first
+            && let Some(&next) = rest.first()
+        {
+            self.first = false;
+            if next != b'}' {
+                self.out.write_all(b",")?;
+            }
+        }
+        self.out.write_all(rest)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last argument of `call`, as text.
+    fn last_arg(call: &ScriptCall<'_>) -> String {
+        let last = call.cmd.args_iter().last();
+        match last {
+            Some(redis::Arg::Simple(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+            other => panic!("no simple argument: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_object_gets_its_member_ahead_of_its_own_and_anything_else_is_refused() {
+        let script = Script::new("return 1");
+        let items = [serde_json::json!({"role": "user"}), serde_json::json!(2)];
+        let mut call = ScriptCall::new(&script, 0);
+        call.arg_json_with(
+            &serde_json::json!({"a": 1, "b": [true]}),
+            "conversation",
+            &items,
+        )
+        .expect("an object");
+        let text = last_arg(&call);
+        assert_eq!(
+            text,
+            r#"{"conversation":[{"role":"user"},2],"a":1,"b":[true]}"#
+        );
+        let read: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(read["conversation"][1], 2);
+
+        let empty: [u8; 0] = [];
+        call.arg_json_with(&serde_json::json!({}), "items", &empty)
+            .expect("an empty object");
+        assert_eq!(last_arg(&call), r#"{"items":[]}"#);
+
+        let refused = call.arg_json_with(&[1, 2], "items", &empty).err();
+        assert!(
+            matches!(refused, Some(StoreError::Encode(_))),
+            "{refused:?}"
+        );
     }
 }

@@ -440,6 +440,7 @@ impl SessionStore for RedisStore {
             lease,
             release,
             stored: false,
+            unlisted: false,
             counts: None,
         };
         self.save_as(write).await

@@ -105,8 +105,11 @@ macro_rules! append_conversation {
 ///       the session's watch mark, then one key per counter to add to.
 /// ARGV: lease value, turn JSON, turn TTL ms, release flag, turn id or '' (the record is
 ///       stored already: not asked whether it is new), session JSON or '', session TTL ms,
-///       the counters' TTL ms, their number, a field ('' for a plain count) and an amount for
-///       each, then the session's conversation items to append (with a session).
+///       the counters' TTL ms, their number, '1' when the session's items go to its
+///       conversation list or '0' when the session holds them (a session with no list, written
+///       by the run's last write: see `RunWrite::unlisted`), a field ('' for a plain count) and
+///       an amount for each counter, then the session's conversation items to append (with a
+///       session whose items go to the list).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
 /// back: the run is over), plus 2 when the session is marked watched, plus 4 when a counter
 /// could not be added to (a key of another type: never a reason to fail the write). A counter
@@ -141,7 +144,7 @@ end
 local counters = tonumber(ARGV[9])
 local missed = false
 for i = 1, counters do
-  local key, field, amount = KEYS[8 + i], ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local key, field, amount = KEYS[8 + i], ARGV[9 + 2 * i], ARGV[10 + 2 * i]
   local sum
   if field == '' then
     sum = redis.pcall('INCRBY', key, amount)
@@ -157,8 +160,9 @@ end
 if missed then read = read + 4 end
 if ARGV[6] == '' then return read end
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[7])
+if ARGV[10] == '0' then return read end
 ",
-    append_conversation!("6", "10 + 2 * counters", "7"),
+    append_conversation!("6", "11 + 2 * counters", "7"),
     "return read\n"
 );
 

@@ -118,8 +118,12 @@ impl RedisStore {
             lease,
             release,
             stored,
+            unlisted,
             counts,
         } = write;
+        // The run's last write of a session with no list keeps its items with it (see
+        // `RunWrite::unlisted`): no list to start, nor to keep as long as the session.
+        let inline = release && unlisted && session.is_some_and(|s| !s.conversation.is_empty());
         let counts = counts.filter(|c| !c.adds.is_empty());
         let (counts, missed) = match counts {
             Some(_) if !self.steps_reach_other_keys() => (None, true),
@@ -147,17 +151,21 @@ impl RedisStore {
             .arg(if release { "1" } else { "0" })
             .arg(if stored { "" } else { turn.turn_id.as_str() });
         match session {
+            Some(s) if inline => call.arg_json_with(s, "conversation", &s.conversation)?,
             Some(s) => call.arg_json(s)?,
             None => call.arg(""),
         };
         call.arg(ms(self.retention.sessions))
             .arg(counts.map_or(0, |c| c.keep_ms))
-            .arg(adds.len());
+            .arg(adds.len())
+            .arg(if inline { "0" } else { "1" });
         for add in adds {
             call.arg(add.field.as_deref().unwrap_or("")).arg(add.amount);
         }
-        for item in session.iter().flat_map(|s| &s.conversation) {
-            call.arg_json(item)?;
+        if !inline {
+            for item in session.iter().flat_map(|s| &s.conversation) {
+                call.arg_json(item)?;
+            }
         }
         let result: Result<i64, _> = call.invoke(&mut self.conn()).await;
         result

@@ -134,6 +134,59 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
     assert!(!raw.contains("\"conversation\""), "no longer inline: {raw}");
 }
 
+/// The last write of a run whose session has no list (`RunWrite::unlisted`) keeps the items
+/// with the session: no list key is made, so none is kept as long as the session (two
+/// commands fewer for a session of one turn). Without that mark the same write lists them.
+#[tokio::test]
+async fn a_sessions_items_stay_with_it_until_it_has_a_list() {
+    use crate::store::{Grant, RunWrite, SessionStore, TurnRecord};
+    let store = fresh_store().await;
+    let mut made = Vec::new();
+    for (name, unlisted) in [("one-turn", true), ("listed", false)] {
+        let sid = crate::contract::SessionId::parse(name).expect("valid id");
+        let lease = store
+            .acquire_lease(&Grant::for_tests(), &sid, "w", Duration::from_secs(30))
+            .await
+            .expect("lease")
+            .expect("free");
+        let tid = crate::contract::TurnId::parse("t").expect("valid id");
+        let turn = TurnRecord::queued(sid.clone(), tid, String::new(), "general".into());
+        let mut session: crate::store::SessionState = serde_json::from_value(serde_json::json!({
+            "sessionId": name, "modeId": "M", "modeKey": "general", "modeHistory": [],
+            "previousResponseId": null, "replay": false, "solutionContext": null,
+            "owner": null, "createdAt": "2026-12-05T00:00:00Z",
+            "updatedAt": "2026-12-05T00:00:00Z"
+        }))
+        .expect("a session");
+        session.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
+        let write = RunWrite {
+            session: Some(&session),
+            turn: &turn,
+            lease: &lease,
+            release: true,
+            stored: false,
+            unlisted,
+            counts: None,
+        };
+        store
+            .save_run(&Grant::for_tests(), write)
+            .await
+            .expect("save");
+        let list: i64 = redis::cmd("EXISTS")
+            .arg(store.key("conversation", &sid))
+            .query_async(&mut store.conn())
+            .await
+            .expect("EXISTS");
+        let read = crate::store::StoreReader::get_session(&store, &sid)
+            .await
+            .expect("read")
+            .expect("stored");
+        made.push((name, list, read.conversation.len()));
+    }
+    store.delete_namespace().await.expect("clean up");
+    assert_eq!(made, [("one-turn", 0, 1), ("listed", 1, 0)]);
+}
+
 /// A begin whose reads fail (a turn that does not decode) gives its lease back: the session
 /// is not left busy until the lease expires.
 #[tokio::test]
