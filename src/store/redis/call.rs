@@ -173,6 +173,14 @@ struct ObjectMembers<'w, W: std::io::Write> {
 
 impl<W: std::io::Write> std::io::Write for ObjectMembers<'_, W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    /// Each of the serialiser's tokens comes here: past the first, straight through.
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        if !self.first {
+            return self.out.write_all(buf);
+        }
         let mut rest = buf;
         if !self.opened {
             let Some((&b'{', after)) = rest.split_first() else {
@@ -181,16 +189,13 @@ impl<W: std::io::Write> std::io::Write for ObjectMembers<'_, W> {
             self.opened = true;
             rest = after;
         }
-        if self.first
-            && let Some(&next) = rest.first()
-        {
+        if let Some(&next) = rest.first() {
             self.first = false;
             if next != b'}' {
                 self.out.write_all(b",")?;
             }
         }
-        self.out.write_all(rest)?;
-        Ok(buf.len())
+        self.out.write_all(rest)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
