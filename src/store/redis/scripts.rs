@@ -3,16 +3,19 @@
 
 use redis::Script;
 
-/// A Lua function: `latch(key, value, ttl)` sets `key` to `value` unless it holds one, keeps it
-/// `ttl` ms either way, and returns what it holds — one command for a new key (`SET NX GET PX`,
-/// Redis 7.0 or later), two for one already set.
+/// A Lua function: `latch(key, value, ttl)` sets `key` to `value` unless it holds another, keeps
+/// it `ttl` ms either way, and returns what it holds. One command for a new key or one holding
+/// `value` already — a session's every turn but the first, whose latch is kept as long as its
+/// turns (`SET GET PX`, Redis 7.0 or later: writing the same value again is the `PEXPIRE` it
+/// would need); two for one holding another, which is put back (the script is atomic: no
+/// reader sees the other value).
 macro_rules! latch_fn {
     () => {
         r"
 local function latch(key, value, ttl)
-  local held = redis.call('SET', key, value, 'NX', 'GET', 'PX', ttl)
-  if not held then return value end
-  redis.call('PEXPIRE', key, ttl)
+  local held = redis.call('SET', key, value, 'GET', 'PX', ttl)
+  if not held or held == value then return value end
+  redis.call('SET', key, held, 'PX', ttl)
   return held
 end
 "
