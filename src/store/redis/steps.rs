@@ -13,6 +13,41 @@ use crate::store::{
     Begun, ContextIds, Grant, Lease, RunWrite, Saved, SessionStore as _, StoreError,
 };
 
+/// About the most a session's items may take as JSON, in bytes, to stay with its record
+/// (`RunWrite::unlisted`): a larger first turn starts the list at once, so the session's next
+/// begin does not read and decode a large record only to list its items again.
+const ITEMS_KEPT_WITH_SESSION: usize = 16 * 1024;
+
+/// Takes about the bytes `value` takes as JSON (its strings, keys and a few bytes a value)
+/// out of `left`; false once that runs out, or for a value nested deeper than an item ever is.
+fn take_json_size(value: &serde_json::Value, left: &mut usize, depth: u8) -> bool {
+    use serde_json::Value;
+    if depth > 32 {
+        return false;
+    }
+    let own = match value {
+        Value::String(text) => text.len() + 2,
+        Value::Object(members) => 2 + members.keys().map(|k| k.len() + 4).sum::<usize>(),
+        Value::Array(values) => 2 + values.len(),
+        _ => 8,
+    };
+    let Some(rest) = left.checked_sub(own) else {
+        return false;
+    };
+    *left = rest;
+    match value {
+        Value::Object(members) => members.values().all(|v| take_json_size(v, left, depth + 1)),
+        Value::Array(values) => values.iter().all(|v| take_json_size(v, left, depth + 1)),
+        _ => true,
+    }
+}
+
+/// Whether `items` may stay with the session's record ([`ITEMS_KEPT_WITH_SESSION`]).
+fn small_enough(items: &[serde_json::Value]) -> bool {
+    let mut left = ITEMS_KEPT_WITH_SESSION;
+    !items.is_empty() && items.iter().all(|item| take_json_size(item, &mut left, 0))
+}
+
 /// What [`crate::store::SessionStore::begin_turn`] is asked.
 pub(super) struct BeginStep<'a> {
     pub(super) session: &'a SessionId,
@@ -122,8 +157,9 @@ impl RedisStore {
             counts,
         } = write;
         // The run's last write of a session with no list keeps its items with it (see
-        // `RunWrite::unlisted`): no list to start, nor to keep as long as the session.
-        let inline = release && unlisted && session.is_some_and(|s| !s.conversation.is_empty());
+        // `RunWrite::unlisted`), when they are small: no list to start, nor to keep as long as
+        // the session.
+        let inline = release && unlisted && session.is_some_and(|s| small_enough(&s.conversation));
         let counts = counts.filter(|c| !c.adds.is_empty());
         let (counts, missed) = match counts {
             Some(_) if !self.steps_reach_other_keys() => (None, true),
@@ -175,5 +211,32 @@ impl RedisStore {
                 counts_missed: missed || read & 4 == 4,
             })
             .map_err(|e| self.map_fenced(sid, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn items_stay_with_the_session_only_while_small_and_shallow() {
+        let item = json!({"role": "user", "content": "hi"});
+        let mut left = 1000;
+        assert!(take_json_size(&item, &mut left, 0));
+        let taken = 1000 - left;
+        assert!(
+            (10..=item.to_string().len() + 8).contains(&taken),
+            "about its JSON: {taken}"
+        );
+        assert!(small_enough(std::slice::from_ref(&item)));
+        assert!(!small_enough(&[]), "nothing to keep");
+        let big = json!({"content": "x".repeat(ITEMS_KEPT_WITH_SESSION)});
+        assert!(!small_enough(&[big]));
+        let mut deep = json!(1);
+        for _ in 0..40 {
+            deep = json!([deep]);
+        }
+        assert!(!small_enough(&[deep]), "deeper than an item ever is");
     }
 }

@@ -136,13 +136,19 @@ async fn an_inline_conversation_moves_out_with_the_next_save() {
 
 /// The last write of a run whose session has no list (`RunWrite::unlisted`) keeps the items
 /// with the session: no list key is made, so none is kept as long as the session (two
-/// commands fewer for a session of one turn). Without that mark the same write lists them.
+/// commands fewer for a session of one turn). Without that mark the same write lists them, and
+/// so does a write whose items are large (the next begin would read them only to list them).
 #[tokio::test]
 async fn a_sessions_items_stay_with_it_until_it_has_a_list() {
     use crate::store::{Grant, RunWrite, SessionStore, TurnRecord};
     let store = fresh_store().await;
     let mut made = Vec::new();
-    for (name, unlisted) in [("one-turn", true), ("listed", false)] {
+    let large = "x".repeat(20 * 1024);
+    for (name, unlisted, said) in [
+        ("one-turn", true, "hi"),
+        ("listed", false, "hi"),
+        ("large", true, large.as_str()),
+    ] {
         let sid = crate::contract::SessionId::parse(name).expect("valid id");
         let lease = store
             .acquire_lease(&Grant::for_tests(), &sid, "w", Duration::from_secs(30))
@@ -158,7 +164,7 @@ async fn a_sessions_items_stay_with_it_until_it_has_a_list() {
             "updatedAt": "2026-12-05T00:00:00Z"
         }))
         .expect("a session");
-        session.conversation = vec![serde_json::json!({"role": "user", "content": "hi"})];
+        session.conversation = vec![serde_json::json!({"role": "user", "content": said})];
         let write = RunWrite {
             session: Some(&session),
             turn: &turn,
@@ -184,7 +190,10 @@ async fn a_sessions_items_stay_with_it_until_it_has_a_list() {
         made.push((name, list, read.conversation.len()));
     }
     store.delete_namespace().await.expect("clean up");
-    assert_eq!(made, [("one-turn", 0, 1), ("listed", 1, 0)]);
+    assert_eq!(
+        made,
+        [("one-turn", 0, 1), ("listed", 1, 0), ("large", 1, 0)]
+    );
 }
 
 /// A begin whose reads fail (a turn that does not decode) gives its lease back: the session
