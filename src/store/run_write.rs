@@ -43,13 +43,13 @@ pub struct CounterAdds {
     pub adds: Vec<CounterAdd>,
 }
 
-/// One addition to a counter: a plain count (`field: None`) or a field of a hash.
+/// One addition to a counter: a field of a hash (a tally's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CounterAdd {
-    /// The counter's key.
+    /// The counter's key (a hash).
     pub key: String,
-    /// The hash field, for a tally.
-    pub field: Option<String>,
+    /// The hash field.
+    pub field: String,
     /// The amount added.
     pub amount: u64,
 }

@@ -111,7 +111,7 @@ impl Quotas {
             .into_iter()
             .map(|(field, amount)| CounterAdd {
                 key: tally_key.clone(),
-                field: Some(field),
+                field,
                 amount,
             })
             .collect();

@@ -388,7 +388,7 @@ pub(super) async fn a_begin_step_probes_a_key_where_the_store_can(s: Subject) {
 }
 
 /// A run's write adds its counters in its own step on a store that can (a standalone Redis):
-/// plain counts and hash fields; one made by the write gets the counters' TTL, one already
+/// fields of hashes (tallies); one made by the write gets the counters' TTL, one already
 /// there keeps its own. A counter key of another type is reported and the write stands; a
 /// write fenced out adds nothing. The other stores say they cannot, and report the counters
 /// missed (the caller counts them apart). A write that may be a new record's first lists it
@@ -403,9 +403,9 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
     let t = turn("s", "t");
     let ns = s.namespace().unwrap_or("x").to_string();
     let key = |k: &str| format!("{ns}:counters:{k}");
-    let add = |k: &str, field: Option<&str>, amount| CounterAdd {
+    let add = |k: &str, field: &str, amount| CounterAdd {
         key: key(k),
-        field: field.map(str::to_string),
+        field: field.to_string(),
         amount,
     };
     let counts = |adds| CounterAdds {
@@ -422,9 +422,9 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         counts,
     };
     let first = counts(vec![
-        add("count", None, 7),
-        add("tally", Some("a/calls"), 1),
-        add("tally", Some("a/input"), 5),
+        add("count", "n", 7),
+        add("tally", "a/calls", 1),
+        add("tally", "a/input", 5),
     ]);
     if s.namespace().is_none() {
         assert!(!st.steps_reach_other_keys());
@@ -468,8 +468,9 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         .await
         .unwrap();
     assert!(!saved.counts_missed);
-    let count: u64 = ::redis::cmd("GET")
+    let count: u64 = ::redis::cmd("HGET")
         .arg(key("count"))
+        .arg("n")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -499,7 +500,7 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
         .query_async(&mut conn)
         .await
         .unwrap();
-    let odd = counts(vec![add("list", None, 1), add("count", None, 1)]);
+    let odd = counts(vec![add("list", "n", 1), add("count", "n", 1)]);
     let mut moved = t.clone();
     moved.status = TurnStatus::Completed;
     let saved = st
@@ -521,8 +522,9 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
             .status,
         TurnStatus::Completed
     );
-    let count: u64 = ::redis::cmd("GET")
+    let count: u64 = ::redis::cmd("HGET")
         .arg(key("count"))
+        .arg("n")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -534,8 +536,9 @@ pub(super) async fn a_runs_write_adds_its_counters_where_the_store_can(s: Subjec
     };
     let fenced = st.save_run(G, write(&stale, true, Some(&first))).await;
     assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
-    let count: u64 = ::redis::cmd("GET")
+    let count: u64 = ::redis::cmd("HGET")
         .arg(key("count"))
+        .arg("n")
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -110,9 +110,9 @@ macro_rules! append_conversation {
 ///       stored already: not asked whether it is new), session JSON or '', session TTL ms,
 ///       the counters' TTL ms, their number, '1' when the session's items go to its
 ///       conversation list or '0' when the session holds them (a session with no list, written
-///       by the run's last write: see `RunWrite::unlisted`), a field ('' for a plain count) and
-///       an amount for each counter, then the session's conversation items to append (with a
-///       session whose items go to the list).
+///       by the run's last write: see `RunWrite::unlisted`), a field and an amount for each
+///       counter (a hash), then the session's conversation items to append (with a session
+///       whose items go to the list).
 /// Returns 1 when the turn has been asked to stop (not read by a write that gives the lease
 /// back: the run is over), plus 2 when the session is marked watched, plus 4 when a counter
 /// could not be added to (a key of another type: never a reason to fail the write). A counter
@@ -148,12 +148,7 @@ local counters = tonumber(ARGV[9])
 local missed = false
 for i = 1, counters do
   local key, field, amount = KEYS[8 + i], ARGV[9 + 2 * i], ARGV[10 + 2 * i]
-  local sum
-  if field == '' then
-    sum = redis.pcall('INCRBY', key, amount)
-  else
-    sum = redis.pcall('HINCRBY', key, field, amount)
-  end
+  local sum = redis.pcall('HINCRBY', key, field, amount)
   if type(sum) ~= 'number' then
     missed = true
   elseif sum == tonumber(amount) then

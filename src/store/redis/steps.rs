@@ -196,7 +196,7 @@ impl RedisStore {
             .arg(adds.len())
             .arg(if inline { "0" } else { "1" });
         for add in adds {
-            call.arg(add.field.as_deref().unwrap_or("")).arg(add.amount);
+            call.arg(&add.field).arg(add.amount);
         }
         if !inline {
             for item in session.iter().flat_map(|s| &s.conversation) {
