@@ -14,6 +14,11 @@
 # 20 s, and the sites are those that held most at the process's heap peak (DHAT's t-gmax), per
 # turn in flight: what a turn waiting on its model keeps.
 #
+# APTIX_BIN names a binary to profile instead of the debug build (say a release build with line
+# tables and the system's allocator: `CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
+# CARGO_PROFILE_RELEASE_STRIP=false cargo build --release --features system-allocator`), whose
+# futures are laid out as the product's are. APTIX_LLM_HTTP=http2 puts the model calls on HTTP/2.
+#
 # Needs RabbitMQ and Redis (APTIX_AMQP_URL, APTIX_REDIS_URL; the local defaults otherwise),
 # valgrind and python3. Runs under a namespace of its own; leaves dhat.<process>.json in
 # target/alloc-sites/.
@@ -29,8 +34,12 @@ latency=$([ $held = 1 ] && echo 20000 || echo 0)
 case "$which" in worker|serve) ;; *) echo "worker or serve, not $which" >&2; exit 2 ;; esac
 command -v valgrind >/dev/null || { echo "valgrind is needed (apt-get install valgrind)" >&2; exit 2; }
 
-cargo build --quiet --features system-allocator
-bin=$PWD/target/debug/aptix
+if [ -n "${APTIX_BIN:-}" ]; then
+  bin=$(realpath "$APTIX_BIN")
+else
+  cargo build --quiet --features system-allocator
+  bin=$PWD/target/debug/aptix
+fi
 out=$PWD/target/alloc-sites
 mkdir -p "$out"
 rm -f "$out/dhat.$which.json"

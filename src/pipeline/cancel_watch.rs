@@ -7,13 +7,16 @@
 //! caller drops its work when [`Watched::cancelled`] fires).
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::until_cancelled::{UntilCancelled, until_cancelled};
 use crate::contract::{SessionId, TurnId};
 use crate::store::StoreReader;
 
@@ -92,8 +95,36 @@ impl CancelWatch {
 
 impl Watched {
     /// Completes once the turn was asked to stop.
-    pub(super) async fn cancelled(&self) {
+    #[cfg(test)]
+    async fn cancelled(&self) {
         self.token.cancelled().await;
+    }
+
+    /// Runs `work` unless the turn is asked to stop first; the turn is watched until the
+    /// returned future is done or dropped.
+    pub(super) fn unless_cancelled<F: Future>(self, work: F) -> UnlessCancelled<F> {
+        UnlessCancelled {
+            race: until_cancelled(self.token.clone(), work),
+            _watched: self,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A turn's work raced against a request to stop it ([`Watched::unless_cancelled`]);
+    /// the turn is watched while it runs.
+    pub(super) struct UnlessCancelled<F> {
+        #[pin]
+        race: UntilCancelled<F>,
+        _watched: Watched,
+    }
+}
+
+impl<F: Future> Future for UnlessCancelled<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().race.poll(cx)
     }
 }
 
@@ -182,6 +213,32 @@ mod tests {
         drop(one);
         drop(two);
         assert_eq!(watch.len(), 0, "dropped watches are forgotten");
+    }
+
+    #[tokio::test]
+    async fn a_race_gives_the_works_output_or_none_once_asked_to_stop_and_unwatches() {
+        let store = Arc::new(MemoryStore::new());
+        let watch = CancelWatch::new(store.clone(), Duration::from_millis(5));
+        let (s, t) = ids("s", "t");
+        let done = watch.watch(&s, &t).unless_cancelled(async { 7 });
+        assert_eq!(watch.len(), 1, "watched from the race's making");
+        assert_eq!(done.await, Some(7));
+        assert_eq!(watch.len(), 0, "a finished race is no longer watched");
+
+        // Work that never ends gives way to the stop, and is dropped.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let never = async move {
+            let _held = tx;
+            std::future::pending::<u32>().await
+        };
+        let race = watch.watch(&s, &t).unless_cancelled(never);
+        store.request_cancel(&s, &t).await.unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(5), race)
+            .await
+            .expect("the stop ends the race");
+        assert_eq!(out, None);
+        assert!(rx.await.is_err(), "the unfinished work was dropped");
+        assert_eq!(watch.len(), 0);
     }
 
     #[tokio::test]

@@ -448,17 +448,13 @@ impl ModelCaller {
 
     /// Runs `work` unless the turn is asked to stop first (`None`), watched with the worker's
     /// other turns in a model call.
-    pub(super) async fn unless_cancelled<T>(
+    pub(super) fn unless_cancelled<F: Future>(
         &self,
         sid: &SessionId,
         tid: &TurnId,
-        work: impl std::future::Future<Output = T>,
-    ) -> Option<T> {
-        let watched = self.cancels.watch(sid, tid);
-        tokio::select! {
-            out = work => Some(out),
-            () = watched.cancelled() => None,
-        }
+        work: F,
+    ) -> super::cancel_watch::UnlessCancelled<F> {
+        self.cancels.watch(sid, tid).unless_cancelled(work)
     }
 }
 

@@ -24,46 +24,55 @@ use super::*;
 
 impl Worker {
     /// Handles one delivery to its ack or requeue.
-    pub async fn handle(&self, delivery: Delivery) {
-        if delivery.redelivered {
-            self.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
-            self.metrics.redelivered();
-        }
-        let disposition = match parse_request(&delivery.body, &self.settings.limits) {
-            // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
-            Err(rejected) => Box::pin(self.unreadable(&delivery, rejected.errors)).await,
-            Ok(mut parsed) => {
-                // The session is the submitting tenant's: every key and queue of the turn is
-                // made from the scoped id.
-                parsed
-                    .request
-                    .scope_to(delivery.tenant.as_deref().unwrap_or(LOCAL_TENANT));
-                // The trace the front door started (or joined) goes on here; a job published
-                // without one starts its own.
-                let parent = TraceContext::from_header(delivery.traceparent.as_deref());
-                let span = info_span!(
-                    "job",
-                    session_id = %parsed.request.session_id(),
-                    turn_id = %parsed.request.turn_id(),
-                    attempt = delivery.attempt + 1,
-                    redelivered = delivery.redelivered,
-                    trace_id = %parent.trace_id(),
-                );
-                parent.adopt(&span);
-                let trace = parent.within(&span);
-                trace
-                    .scope(self.run_job(&parsed.request, &delivery).instrument(span))
-                    .await
+    ///
+    /// Returned as an `async move` block: an `async fn` would hold the delivery twice while
+    /// its turn runs (as the argument it came in, and in its body).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold the delivery twice"
+    )]
+    pub fn handle(&self, delivery: Delivery) -> impl Future<Output = ()> + Send + '_ {
+        async move {
+            if delivery.redelivered {
+                self.stats.redeliveries.fetch_add(1, Ordering::Relaxed);
+                self.metrics.redelivered();
             }
-        };
-        let acked = match disposition {
-            Disposition::Ack => delivery.ack().await,
-            Disposition::Requeue => delivery.requeue().await,
-        };
-        if let Err(e) = acked {
-            // The channel is gone; the broker redelivers the message and the store makes the
-            // second run return the committed result.
-            warn!(error = %e, "could not acknowledge a delivery; it will be redelivered");
+            let disposition = match parse_request(&delivery.body, &self.settings.limits) {
+                // Boxed: a rare path, kept out of every turn's task (see `worker::tests`).
+                Err(rejected) => Box::pin(self.unreadable(&delivery, rejected.errors)).await,
+                Ok(mut parsed) => {
+                    // The session is the submitting tenant's: every key and queue of the turn is
+                    // made from the scoped id.
+                    parsed
+                        .request
+                        .scope_to(delivery.tenant.as_deref().unwrap_or(LOCAL_TENANT));
+                    // The trace the front door started (or joined) goes on here; a job published
+                    // without one starts its own.
+                    let parent = TraceContext::from_header(delivery.traceparent.as_deref());
+                    let span = info_span!(
+                        "job",
+                        session_id = %parsed.request.session_id(),
+                        turn_id = %parsed.request.turn_id(),
+                        attempt = delivery.attempt + 1,
+                        redelivered = delivery.redelivered,
+                        trace_id = %parent.trace_id(),
+                    );
+                    parent.adopt(&span);
+                    let trace = parent.within(&span);
+                    trace
+                        .scope(self.run_job(&parsed.request, &delivery).instrument(span))
+                        .await
+                }
+            };
+            let acked = match disposition {
+                Disposition::Ack => delivery.ack().await,
+                Disposition::Requeue => delivery.requeue().await,
+            };
+            if let Err(e) = acked {
+                // The channel is gone; the broker redelivers the message and the store makes the
+                // second run return the committed result.
+                warn!(error = %e, "could not acknowledge a delivery; it will be redelivered");
+            }
         }
     }
 
