@@ -101,7 +101,12 @@ impl Pipeline {
             Ok(Ok(found)) => found,
             Ok(Err(errors)) => {
                 let record = existing.unwrap_or_else(|| {
-                    TurnRecord::queued(sid.clone(), tid.clone(), print.value(), String::new())
+                    Box::new(TurnRecord::queued(
+                        sid.clone(),
+                        tid.clone(),
+                        print.value(),
+                        String::new(),
+                    ))
                 });
                 let session = loaded.unwrap_or_else(|| self.life.new_session(sid));
                 let refused = backends::refused(errors);
@@ -155,8 +160,10 @@ impl Pipeline {
         // asked, streaming included.
         let stored = existing.is_some();
         let record = existing.unwrap_or_else(|| {
-            TurnRecord::queued(sid.clone(), tid.clone(), print.value(), mode.key.clone())
-                .with_streaming(turn.streaming())
+            Box::new(
+                TurnRecord::queued(sid.clone(), tid.clone(), print.value(), mode.key.clone())
+                    .with_streaming(turn.streaming()),
+            )
         });
         let resuming = record.checkpoint.is_some();
         let start = super::lifecycle::Start {

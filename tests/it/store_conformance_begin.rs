@@ -60,7 +60,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
         .await
         .unwrap();
     assert!(busy.lease.is_none() && busy.session.is_none());
-    assert_eq!(busy.turn.as_ref(), Some(&t));
+    assert_eq!(busy.turn.as_deref(), Some(&t));
     t.status = TurnStatus::Completed;
     st.save(G, None, &t, &lease, true).await.unwrap();
     let next = st
@@ -73,7 +73,7 @@ pub(super) async fn begin_takes_the_lease_and_reads_the_turn_and_session(s: Subj
         next.runs, 2,
         "this run counted too (the turn as read shows the one before)"
     );
-    assert_eq!(next.turn, Some(t.clone()));
+    assert_eq!(next.turn.as_deref(), Some(&t));
     state.conversation.clear(); // stored apart from the session
     assert_eq!(next.session, Some(state));
     // The lease begin took is a lease like any other: it fences the old holder's writes.

@@ -83,7 +83,7 @@ impl Lifecycle {
         };
         record.status = TurnStatus::Running;
         let session = session.unwrap_or_else(|| self.new_session(&sid));
-        let run = Run::open(session, record, held, None);
+        let run = Run::open(session, Box::new(record), held, None);
         self.fail_turn(run, result).await
     }
 }

@@ -167,13 +167,13 @@ pub(super) struct Run {
 impl Run {
     fn open(
         session: SessionState,
-        record: TurnRecord,
+        record: Box<TurnRecord>,
         held: HeldLease,
         live: Option<Arc<LiveTurn>>,
     ) -> Self {
         Self {
             session,
-            record: Box::new(record),
+            record,
             held,
             live,
             stop_read: None,
@@ -374,8 +374,8 @@ pub(super) fn busy(sid: &SessionId) -> NoLease {
 
 /// What a user turn's run starts from ([`Lifecycle::begin`]).
 pub(super) struct Begin {
-    /// The turn as stored.
-    pub(super) turn: Option<TurnRecord>,
+    /// The turn as stored (boxed as the store read it; the run keeps the box).
+    pub(super) turn: Option<Box<TurnRecord>>,
     /// The session's lease, renewed; `None` when the session is busy.
     pub(super) held: Option<HeldLease>,
     /// The session as stored (read only with the lease).

@@ -161,7 +161,7 @@ impl Lifecycle {
     pub(crate) async fn start_user_turn(
         &self,
         held: HeldLease,
-        mut record: TurnRecord,
+        mut record: Box<TurnRecord>,
         session: SessionState,
         start: Start,
         live: Option<Arc<LiveTurn>>,
@@ -210,7 +210,7 @@ impl Lifecycle {
     pub(crate) async fn fail_at_start(
         &self,
         held: HeldLease,
-        mut record: TurnRecord,
+        mut record: Box<TurnRecord>,
         session: SessionState,
         live: Option<Arc<LiveTurn>>,
         result: TurnResult,
@@ -248,7 +248,7 @@ impl Lifecycle {
             session.owner = Some(t.to_string());
         }
         session.mode_key = self.catalog.by_id_or_default(&session.mode_id).key.clone();
-        let mut run = Run::open(session, record, held, live);
+        let mut run = Run::open(session, Box::new(record), held, live);
         run.keep_bodies = self.keeps_bodies(&run.session);
         // A continuation is accepted only for a turn stored waiting for its tools.
         run.stored = true;

@@ -37,7 +37,7 @@ async fn running() -> (Arc<MemoryStore>, Pipeline, Run) {
     let session = pipeline.life.new_session(&sid);
     let run = pipeline
         .life
-        .start_user_turn(held, record, session, start(), None)
+        .start_user_turn(held, Box::new(record), session, start(), None)
         .await
         .unwrap();
     (store, pipeline, run)

@@ -359,7 +359,7 @@ impl SessionStore for MemoryStore {
     ) -> Result<Begun, StoreError> {
         let mut inner = self.lock()?;
         let key = (session.clone(), turn.clone());
-        let record = inner.turn(&key);
+        let record = inner.turn(&key).map(Box::new);
         let Some(lease) = inner.take_lease(session, holder, ttl) else {
             return Ok(Begun {
                 turn: record,

@@ -124,7 +124,7 @@ impl RedisStore {
         });
         match read {
             Ok((turn, session, latched)) => Ok(Begun {
-                turn,
+                turn: turn.map(Box::new),
                 lease,
                 session,
                 latched,
