@@ -168,16 +168,22 @@ impl Worker {
             JobOutcome::Busy => {
                 self.stats.busy.fetch_add(1, Ordering::Relaxed);
                 self.metrics.job_retry("session_busy");
-                return self
-                    .republish(delivery, delivery.attempt, self.settings.busy_delay)
-                    .await;
+                return Box::pin(self.republish(
+                    delivery,
+                    delivery.attempt,
+                    self.settings.busy_delay,
+                ))
+                .await;
             }
             JobOutcome::NoCapacity(why) => {
                 info!(message = %why.message, "no model capacity; the job runs again shortly at the same attempt");
                 self.metrics.job_retry("model_capacity");
-                return self
-                    .republish(delivery, delivery.attempt, self.settings.busy_delay)
-                    .await;
+                return Box::pin(self.republish(
+                    delivery,
+                    delivery.attempt,
+                    self.settings.busy_delay,
+                ))
+                .await;
             }
             JobOutcome::Retry(failure) => failure,
         };
@@ -187,10 +193,11 @@ impl Worker {
             warn!(code = %failure.error_code, message = %failure.message, retry = next, delay_ms = delay.as_millis() as u64, "transient failure; retrying later");
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
             self.metrics.job_retry("transient");
-            return self.republish(delivery, next, delay).await;
+            return Box::pin(self.republish(delivery, next, delay)).await;
         }
         // Boxed: a rare path (its stored failure and the dead-lettering's state, ~2 KB) kept
-        // out of every turn's task, as are the others here (see `worker::tests`).
+        // out of every turn's task, as are the others here, the republishing ones included
+        // (see `worker::tests`).
         Box::pin(self.give_up(request, delivery, failure, next)).await
     }
 
