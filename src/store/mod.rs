@@ -153,8 +153,7 @@ pub struct ToolOutput<'a> {
 /// What [`SessionStore::begin_turn`] found.
 #[derive(Debug)]
 pub struct Begun {
-    /// The turn as stored, boxed as it is read: the run keeps this box, and a turn waiting on
-    /// its begin step does not hold a record's worth (~1.5 KB) of it in every slot it passes.
+    /// The turn as stored, boxed as read (the run keeps the box; ~1.5 KB not held by value).
     pub turn: Option<Box<TurnRecord>>,
     /// The session's lease; `None` when another holder has it (the session is busy).
     pub lease: Option<Lease>,
