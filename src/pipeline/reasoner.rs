@@ -52,11 +52,9 @@ enum Step {
 impl Pipeline {
     /// The loop: call → run server tools → call again, until text or client tools.
     ///
-    /// The steps that settle the turn, save a checkpoint or run a server tool are boxed: a
-    /// turn's task is as large as its largest state, and a turn spends its time in the model
-    /// call, which is small; unboxed, every waiting turn carried the size of the settling
-    /// states too (measured with `size_of_val` on a release build: 21.7 → 13 KB per turn's
-    /// task, with the record boxed in [`Run`]).
+    /// A turn's future is as large as its largest state and a turn spends its time in the
+    /// model call, so the loop awaits nothing else: what an answer comes to (settling, a
+    /// checkpoint, server tools) is [`Pipeline::act`], whose own rare steps are boxed.
     ///
     /// Written as a function that returns its loop, not as an `async fn`: an `async fn` keeps
     /// its arguments where they arrived and moves them again into its body, so every waiting

@@ -149,12 +149,7 @@ async fn a_write_counted_beside_its_tokens_is_held_once() {
         context: "c".into(),
         usage: Default::default(),
     };
-    // A step that holds 4 KiB across its await.
-    let step = async {
-        let big = [1_u8; 4096];
-        tokio::task::yield_now().await;
-        big.iter().map(|b| usize::from(*b)).sum::<usize>()
-    };
+    let step = super::until_cancelled::holding_4_kib();
     let alone = std::mem::size_of_val(&step);
     assert!(alone >= 4096, "the step holds its 4 KiB: {alone} B");
     let counting = pipeline.counting(spent, step);

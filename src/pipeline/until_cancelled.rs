@@ -44,6 +44,15 @@ impl<F: Future> Future for UntilCancelled<F> {
     }
 }
 
+/// For tests of what a combinator holds: a future that keeps 4 KiB across its await and gives
+/// 4,096.
+#[cfg(test)]
+pub(crate) async fn holding_4_kib() -> usize {
+    let big = [1_u8; 4096];
+    tokio::task::yield_now().await;
+    big.iter().map(|b| usize::from(*b)).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,12 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_work_is_held_once() {
-        // A work that holds 4 KiB across its await.
-        let work = async {
-            let big = [1_u8; 4096];
-            tokio::task::yield_now().await;
-            big.iter().map(|b| usize::from(*b)).sum::<usize>()
-        };
+        let work = holding_4_kib();
         let alone = std::mem::size_of_val(&work);
         assert!(alone >= 4096, "the work holds its 4 KiB: {alone} B");
         let race = until_cancelled(CancellationToken::new(), work);
