@@ -37,6 +37,22 @@ pub fn client_builder(ca: Option<&ExtraCa>) -> Result<reqwest::ClientBuilder, re
     Ok(builder)
 }
 
+/// A rustls client set-up that trusts the system's roots and `ca`, for the connections the
+/// model client opens itself (`llm::h2conn`); ALPN is the caller's to set.
+pub fn client_config(ca: Option<&ExtraCa>) -> rustls::ClientConfig {
+    install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (_added, _unusable) = roots.add_parsable_certificates(native.certs);
+    if let Some(ca) = ca {
+        let extra = CertificateDer::pem_slice_iter(ca.pem().as_bytes()).filter_map(Result::ok);
+        let (_added, _unusable) = roots.add_parsable_certificates(extra);
+    }
+    rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
 /// A CA bundle file that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {

@@ -5,19 +5,24 @@
 //!
 //! A call waiting on its model holds its connection's buffers: over HTTP/1.1 hyper keeps a read
 //! buffer, a write buffer and a request channel per connection, about 25 KiB, so a thousand
-//! calls in flight hold a thousand connections. Over HTTP/2 the calls share connections and a
-//! waiting stream holds little. But hyper opens one HTTP/2 connection per client and queues,
-//! unseen, the streams past a server's `SETTINGS_MAX_CONCURRENT_STREAMS`, so each connection
-//! is a client of its own here, each call takes a [`Lease`] on the least loaded one, and a
-//! connection is added when every one carries `streams` calls.
+//! calls in flight hold a thousand connections. Over HTTP/2 the calls share connections, and
+//! each is a connection of our own (`h2conn.rs`, on `h2`), where a waiting call holds its
+//! stream and not a pooled client's request: each slot here is one such connection, each call
+//! takes a [`Lease`] on the least loaded one, and a connection is added when every one carries
+//! `streams` calls (what a server allows at once, `SETTINGS_MAX_CONCURRENT_STREAMS`, past which
+//! streams would wait unseen). Each slot also has a reqwest client: for background calls, for
+//! every call when a proxy is set in the environment, and for every call once a server asked
+//! for HTTP/2 or HTTP/1.1 chose HTTP/1.1 (learnt on the first connection; that one is closed).
 //!
 //! Owns: which client a call goes out on, and how many calls each carries. Must not: know
 //! what a call carries.
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use super::h2conn::{Link, Target};
 
 /// Calls one HTTP/2 connection carries by default (`model.http2_streams`): what most servers
 /// allow at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
@@ -113,18 +118,32 @@ impl Wire {
 /// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered
 /// before the connection counts as dead: one dead connection would otherwise hold every call
 /// on it until the call's own timeout.
-const PING_EVERY: Duration = Duration::from_secs(20);
-const PING_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const PING_EVERY: Duration = Duration::from_secs(20);
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Makes a client builder with the model client's timeouts and trust.
 pub(super) type MakeBuilder =
     Arc<dyn Fn() -> Result<reqwest::ClientBuilder, reqwest::Error> + Send + Sync>;
 
-/// One client, and the calls it carries now.
+/// One client (and, over HTTP/2, its connection of our own), and the calls it carries now.
 #[derive(Debug, Clone)]
 struct Slot {
     client: reqwest::Client,
+    /// The HTTP/2 connection a call is sent on, when calls go out on connections of our own
+    /// (HTTP/2 or a server's choice, no proxy); the client then carries the background
+    /// calls, and all of them once a server chose HTTP/1.1.
+    link: Option<Arc<Link>>,
     load: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    fn new(client: reqwest::Client, target: Option<&Arc<Target>>) -> Self {
+        Self {
+            client,
+            link: target.map(|t| Arc::new(Link::new(Arc::clone(t)))),
+            load: Arc::default(),
+        }
+    }
 }
 
 /// The clients calls go out on: the first, made with the configuration, and those added while
@@ -138,6 +157,11 @@ pub(super) struct Connections {
     streams: Option<usize>,
     wire: Wire,
     make: MakeBuilder,
+    /// Where connections of our own go (`None`: every call goes through reqwest's client).
+    target: Option<Arc<Target>>,
+    /// Set once the server chose HTTP/1.1 by ALPN: calls go through the first client, which
+    /// opens a connection per call in flight, from then on.
+    http1_chosen: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Connections {
@@ -152,30 +176,55 @@ impl std::fmt::Debug for Connections {
 impl Connections {
     /// Clients for `http` to a server reached `over_tls` (or not), each from a fresh builder
     /// of `make`, which must not have chosen a version. The first is made now, so a builder
-    /// that cannot be built stops the configuration, not a call.
+    /// that cannot be built stops the configuration, not a call. `direct` is the server, for
+    /// calls over HTTP/2 connections of our own; it is used when HTTP/2 may be spoken and no
+    /// proxy is set in the environment (reqwest's client goes through the proxy).
     pub(super) fn build(
         http: ModelHttp,
         over_tls: bool,
         make: MakeBuilder,
+        direct: impl FnOnce(bool) -> Result<Target, String>,
     ) -> Result<Self, reqwest::Error> {
         let wire = http.wire(over_tls);
+        let target = match wire {
+            Wire::Http1 => None,
+            _ if proxied(over_tls, |name| std::env::var_os(name)) => None,
+            Wire::Http2(_) | Wire::Negotiated(_) => {
+                match direct(matches!(wire, Wire::Negotiated(_))) {
+                    Ok(target) => Some(Arc::new(target)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "model calls go through the pooled HTTP client");
+                        None
+                    }
+                }
+            }
+        };
         Ok(Self {
-            first: Slot {
-                client: client(wire, &make)?,
-                load: Arc::default(),
-            },
+            first: Slot::new(client(wire, &make)?, target.as_ref()),
             more: Arc::default(),
             streams: wire.streams(),
             wire,
             make,
+            target,
+            http1_chosen: Arc::default(),
         })
+    }
+
+    /// Notes that the server chose HTTP/1.1: calls go through the first client from now on.
+    pub(super) fn note_http1_chosen(&self) {
+        if !self.http1_chosen.swap(true, Ordering::Relaxed) {
+            tracing::info!("the model server chose HTTP/1.1: a connection per call in flight");
+        }
     }
 
     /// The client for the next call (the least loaded), counted as carrying it until the lease
     /// is dropped.
     pub(super) fn lease(&self) -> Lease {
-        let Some(streams) = self.streams else {
-            return Lease::on(&self.first);
+        let Some(streams) = self
+            .streams
+            .filter(|_| !self.http1_chosen.load(Ordering::Relaxed))
+        else {
+            return Lease::on(&self.first, false);
         };
         let mut more = match self.more.lock() {
             Ok(more) => more,
@@ -187,20 +236,17 @@ impl Connections {
             .unwrap_or(&self.first)
             .clone();
         if least.load.load(Ordering::Relaxed) < streams {
-            return Lease::on(&least);
+            return Lease::on(&least, true);
         }
         match client(self.wire, &self.make) {
             Ok(client) => {
-                let slot = Slot {
-                    client,
-                    load: Arc::default(),
-                };
+                let slot = Slot::new(client, self.target.as_ref());
                 more.push(slot.clone());
-                Lease::on(&slot)
+                Lease::on(&slot, true)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open another HTTP/2 connection to the model server; the call shares a full one");
-                Lease::on(&least)
+                Lease::on(&least, true)
             }
         }
     }
@@ -228,18 +274,37 @@ fn client(wire: Wire, make: &MakeBuilder) -> Result<reqwest::Client, reqwest::Er
 
 /// A call's hold on its client: the client counts it until this is dropped.
 #[derive(Debug)]
-pub(super) struct Lease(Slot);
+pub(super) struct Lease(Slot, bool);
 
 impl Lease {
-    fn on(slot: &Slot) -> Self {
+    /// A hold on `slot`, whose own connection the call may go out on if `streams`.
+    fn on(slot: &Slot, streams: bool) -> Self {
         slot.load.fetch_add(1, Ordering::Relaxed);
-        Self(slot.clone())
+        Self(slot.clone(), streams)
     }
 
     /// The client to send the call on.
     pub(super) fn client(&self) -> &reqwest::Client {
         &self.0.client
     }
+
+    /// The connection of our own to send the call on, if calls go out so.
+    pub(super) fn link(&self) -> Option<&Link> {
+        self.0.link.as_deref().filter(|_| self.1)
+    }
+}
+
+/// Whether the environment names a proxy for the server's scheme (as reqwest's client reads
+/// it: `HTTPS_PROXY` or `HTTP_PROXY`, either case, or `ALL_PROXY`).
+fn proxied(over_tls: bool, var: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
+    let names: &[&str] = if over_tls {
+        &["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
+    } else {
+        &["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+    };
+    names
+        .iter()
+        .any(|name| var(name).is_some_and(|v| !v.is_empty()))
 }
 
 impl Drop for Lease {
@@ -253,8 +318,18 @@ mod tests {
     use super::*;
 
     fn connections(http: ModelHttp) -> Connections {
-        Connections::build(http, true, Arc::new(|| crate::tls::client_builder(None)))
-            .unwrap_or_else(|e| panic!("{e}"))
+        Connections::build(
+            http,
+            true,
+            Arc::new(|| crate::tls::client_builder(None)),
+            no_link,
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Leases are counted the same with connections of our own or without.
+    fn no_link(_: bool) -> Result<Target, String> {
+        Err("not in this test".into())
     }
 
     #[test]
@@ -314,8 +389,13 @@ mod tests {
         assert_eq!(http2.wire(false), Wire::Http2(two));
         assert_eq!(http2.wire(true), Wire::Http2(two));
         // Without TLS: one client, a connection per call, as `http1`.
-        let plain = Connections::build(auto, false, Arc::new(|| crate::tls::client_builder(None)))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let plain = Connections::build(
+            auto,
+            false,
+            Arc::new(|| crate::tls::client_builder(None)),
+            no_link,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         let leases: Vec<Lease> = (0..5).map(|_| plain.lease()).collect();
         assert_eq!((plain.len(), plain.streams), (1, None));
         drop(leases);
@@ -324,6 +404,56 @@ mod tests {
         let leases: Vec<Lease> = (0..3).map(|_| tls.lease()).collect();
         assert_eq!(tls.len(), 2, "a third call opens another client");
         drop(leases);
+    }
+
+    #[test]
+    fn a_proxy_for_the_servers_scheme_keeps_calls_on_the_pooled_client() {
+        let set = |names: &'static [&'static str]| {
+            move |name: &str| {
+                names
+                    .contains(&name)
+                    .then(|| std::ffi::OsString::from("http://p:3128"))
+            }
+        };
+        assert!(proxied(true, set(&["HTTPS_PROXY"])));
+        assert!(proxied(true, set(&["all_proxy"])));
+        assert!(
+            !proxied(true, set(&["HTTP_PROXY"])),
+            "a proxy for http:// alone"
+        );
+        assert!(proxied(false, set(&["http_proxy"])));
+        assert!(!proxied(false, set(&[])));
+        assert!(
+            !proxied(true, |_: &str| Some(std::ffi::OsString::new())),
+            "set but empty"
+        );
+    }
+
+    #[test]
+    fn calls_go_on_connections_of_our_own_when_http2_may_be_spoken() {
+        let target = |negotiated: bool| {
+            let url = reqwest::Url::parse("https://models.example/v1/responses")
+                .unwrap_or_else(|e| panic!("{e}"));
+            Target::new(
+                &url,
+                crate::tls::client_config(None),
+                negotiated,
+                Duration::from_secs(1),
+            )
+        };
+        let make: MakeBuilder = Arc::new(|| crate::tls::client_builder(None));
+        for (http, own) in [
+            (ModelHttp::default(), true),
+            (ModelHttp::parse("http2", 4).unwrap_or_default(), true),
+            (ModelHttp::Http1, false),
+        ] {
+            let set = Connections::build(http, true, Arc::clone(&make), target)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(set.lease().link().is_some(), own, "{http:?}");
+            // Once the server chose HTTP/1.1, calls go through the pooled client.
+            set.note_http1_chosen();
+            assert!(set.lease().link().is_none(), "{http:?}");
+        }
     }
 
     #[test]

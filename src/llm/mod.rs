@@ -13,7 +13,9 @@ use backon::Retryable as _;
 use crate::limiter::CallLimiter;
 
 mod background;
+mod body;
 mod connections;
+mod h2conn;
 mod hosted;
 mod parse;
 mod refusal;
@@ -207,6 +209,8 @@ pub struct LlmClient {
     http: Connections,
     /// `<base URL>/responses`, parsed once: each call sends a copy.
     endpoint: reqwest::Url,
+    /// A call's whole time, from sending to the answer's last byte (`model.timeout`).
+    timeout: Duration,
     api_key: Option<Secret>,
     max_retries: usize,
     min_backoff: Duration,
@@ -254,19 +258,28 @@ impl LlmClient {
         http: ModelHttp,
     ) -> Result<Self, ClientError> {
         let endpoint = responses_endpoint(base_url)?;
-        let ca = ca.cloned();
+        let trusted = ca.cloned();
         let http = Connections::build(
             http,
             endpoint.scheme() == "https",
             Arc::new(move || {
-                Ok(crate::tls::client_builder(ca.as_ref())?
+                Ok(crate::tls::client_builder(trusted.as_ref())?
                     .connect_timeout(connect_timeout)
                     .timeout(timeout))
             }),
+            |negotiated| {
+                let tls = if endpoint.scheme() == "https" {
+                    crate::tls::client_config(ca)
+                } else {
+                    crate::tls::client_config(None)
+                };
+                h2conn::Target::new(&endpoint, tls, negotiated, connect_timeout)
+            },
         )?;
         Ok(Self {
             http,
             endpoint,
+            timeout,
             api_key,
             max_retries,
             min_backoff: Duration::from_millis(500),
@@ -447,11 +460,72 @@ impl LlmClient {
         traceparent: Option<String>,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
-        let unavailable = AttemptError::transient;
         // Held until the answer is read: the connection counts this call until then.
         let lease = self.http.lease();
-        let mut req = lease
-            .client()
+        let sent = match lease.link() {
+            Some(link) => {
+                let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
+                match tokio::time::timeout(self.timeout, on_stream).await {
+                    Ok(sent) => sent?,
+                    Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
+                }
+            }
+            None => None,
+        };
+        let (status, headers, body) = match sent {
+            Some(answered) => return answered,
+            None => self.pooled(lease.client(), payload, traceparent).await?,
+        };
+        self.read(status, &headers, body, sink).await
+    }
+
+    /// The call as a stream of the lease's own connection: its answer, or `None` when the
+    /// server chose HTTP/1.1 (the call goes through the pooled client).
+    async fn on_stream(
+        &self,
+        link: &h2conn::Link,
+        payload: &bytes::Bytes,
+        traceparent: Option<&str>,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<Option<Result<ModelResponse, AttemptError>>, AttemptError> {
+        let unreachable =
+            |e: String| AttemptError::transient(format!("could not reach the model server ({e})"));
+        let mut sender = match link.ready().await.map_err(unreachable)? {
+            h2conn::Ready::Stream(sender) => sender,
+            h2conn::Ready::Http1Chosen => {
+                self.http.note_http1_chosen();
+                return Ok(None);
+            }
+        };
+        let key = self.api_key.as_ref().map(Secret::expose);
+        let request = link
+            .target()
+            .request(payload.len(), key, traceparent.map(str::to_owned))
+            .map_err(unreachable)?;
+        let (answer, mut body) = sender
+            .send_request(request, false)
+            .map_err(|e| unreachable(e.to_string()))?;
+        body.send_data(payload.clone(), true)
+            .map_err(|e| unreachable(e.to_string()))?;
+        let (head, stream) = answer
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .into_parts();
+        let body = body::Body::Stream(stream);
+        Ok(Some(
+            self.read(head.status.as_u16(), &head.headers, body, sink)
+                .await,
+        ))
+    }
+
+    /// The call through reqwest's client: the answer's status, headers and body.
+    async fn pooled(
+        &self,
+        client: &reqwest::Client,
+        payload: &bytes::Bytes,
+        traceparent: Option<String>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, body::Body), AttemptError> {
+        let mut req = client
             .post(self.endpoint.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(payload.clone());
@@ -463,14 +537,25 @@ impl LlmClient {
             req = req.header(crate::trace::TRACEPARENT, traceparent);
         }
         let resp = req.send().await.map_err(|e| {
-            unavailable(if e.is_timeout() {
-                "the model call timed out".to_string()
+            AttemptError::transient(if e.is_timeout() {
+                TIMED_OUT.to_string()
             } else {
                 format!("could not reach the model server ({})", without_url(&e))
             })
         })?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
+        Ok((status, headers, body::Body::Pooled(resp)))
+    }
+
+    /// Reads an answer: streamed to `sink` when it is an event stream, whole otherwise.
+    async fn read(
+        &self,
+        status: u16,
+        headers: &reqwest::header::HeaderMap,
+        body: body::Body,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
         let event_stream = headers
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -479,21 +564,24 @@ impl LlmClient {
             && event_stream
             && (200..300).contains(&status)
         {
-            return stream::read(resp, sink).await;
+            return stream::read(body, sink).await;
         }
-        let bytes = resp.bytes().await.map_err(|e| {
-            unavailable(if e.is_timeout() {
+        let bytes = body.whole().await.map_err(|cut| {
+            AttemptError::transient(if cut.timed_out {
                 "the model call timed out while reading the answer".to_string()
             } else {
-                format!("the answer was cut off ({})", without_url(&e))
+                format!("the answer was cut off ({})", cut.message)
             })
         })?;
         if (200..300).contains(&status) {
             return parse_bytes(&bytes);
         }
-        Err(refusal(status, &headers, &bytes, sink.is_some()))
+        Err(refusal(status, headers, &bytes, sink.is_some()))
     }
 }
+
+/// What a call that ran out of time says.
+const TIMED_OUT: &str = "the model call timed out";
 
 /// A reqwest error's text without the URL (which may carry credentials in a query string).
 /// The body with `"stream": true` added (as its first member: a body is a JSON object).

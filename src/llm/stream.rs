@@ -103,23 +103,23 @@ pub(super) fn step(event: &Value, sink: &(dyn Fn(LlmEvent) + Send + Sync)) -> St
 
 /// Reads a streamed answer to its end.
 pub(super) async fn read(
-    mut resp: reqwest::Response,
+    mut body: super::body::Body,
     sink: &(dyn Fn(LlmEvent) + Send + Sync),
 ) -> Result<ModelResponse, AttemptError> {
     let mut frames = Frames::default();
     loop {
-        let chunk = match resp.chunk().await {
+        let chunk = match body.chunk().await {
             Ok(Some(c)) => c,
             Ok(None) => {
                 return Err(AttemptError::transient(
                     "the answer stream ended before response.completed".into(),
                 ));
             }
-            Err(e) => {
-                return Err(AttemptError::transient(if e.is_timeout() {
+            Err(cut) => {
+                return Err(AttemptError::transient(if cut.timed_out {
                     "the model call timed out while streaming".to_string()
                 } else {
-                    format!("the answer stream broke off ({})", super::without_url(&e))
+                    format!("the answer stream broke off ({})", cut.message)
                 }));
             }
         };

@@ -87,3 +87,91 @@ mod endpoint_tests {
         }
     }
 }
+
+/// Calls over the client's own HTTP/2 connections (`h2conn`), against the fake model.
+mod over_streams {
+    use super::super::*;
+    use crate::fake_llm::{FakeLlm, FakeOptions, Reply};
+
+    async fn fake(options: FakeOptions) -> FakeLlm {
+        let at = "127.0.0.1:0".parse().expect("an address");
+        FakeLlm::start(at, options, None).await.expect("the fake")
+    }
+
+    fn client(fake: &FakeLlm, key: &str, timeout: Duration) -> LlmClient {
+        let http2 = ModelHttp::parse("http2", 100).expect("a setting");
+        let key = Some(Secret::new(key.to_string()));
+        LlmClient::with_ca(&fake.base_url(), key, timeout, timeout, 0, None, http2)
+            .expect("a client")
+            .with_min_backoff(Duration::from_millis(1))
+    }
+
+    fn body() -> SentRequest {
+        let raw = r#"{"model":"m","input":"hi"}"#.to_string();
+        SentRequest::new(serde_json::value::RawValue::from_string(raw).expect("JSON"))
+    }
+
+    /// The key goes with the call (the fake refuses calls without it, as the API does), the
+    /// answer comes back whole or streamed, and a refusal keeps the model's message.
+    #[tokio::test]
+    async fn a_call_on_a_stream_carries_the_key_and_reads_plain_streamed_and_refused_answers() {
+        let fake = fake(FakeOptions {
+            api_key: Some("sk-right".into()),
+            ..FakeOptions::default()
+        })
+        .await;
+        let llm = client(&fake, "sk-right", Duration::from_secs(10));
+        assert!(
+            llm.http.lease().link().is_some(),
+            "calls go on a stream of our own"
+        );
+        fake.push([Reply::Text("plain".into()), Reply::Text("streamed".into())]);
+        let plain = llm.create_response("m", &body()).await.expect("an answer");
+        assert!(matches!(plain.items.first(), Some(OutputItem::Text(t)) if t == "plain"));
+        let deltas = std::sync::Mutex::new(String::new());
+        let sink = |e: LlmEvent| {
+            if let LlmEvent::TextDelta(d) = e {
+                deltas.lock().expect("not poisoned").push_str(&d);
+            }
+        };
+        let streamed = llm
+            .create_response_streamed("m", &body(), Some(&sink))
+            .await
+            .expect("an answer");
+        assert!(matches!(streamed.items.first(), Some(OutputItem::Text(t)) if t == "streamed"));
+        assert_eq!(deltas.lock().expect("not poisoned").as_str(), "streamed");
+        fake.push([Reply::Error {
+            status: 400,
+            message: "no such model".into(),
+            retry_after_ms: None,
+        }]);
+        match llm.create_response("m", &body()).await {
+            Err(LlmError::Rejected { status, message }) => {
+                assert_eq!((status, message.as_str()), (400, "no such model"));
+            }
+            other => panic!("a rejection, not {other:?}"),
+        }
+        let wrong = client(&fake, "sk-wrong", Duration::from_secs(10));
+        match wrong.create_response("m", &body()).await {
+            Err(LlmError::Rejected { status: 401, .. }) => {}
+            other => panic!("the fake refuses a wrong key, not {other:?}"),
+        }
+    }
+
+    /// `model.timeout` holds a call on a stream as it holds one through reqwest.
+    #[tokio::test]
+    async fn a_call_on_a_stream_that_outlasts_the_timeout_fails_as_timed_out() {
+        let fake = fake(FakeOptions {
+            latency: Duration::from_secs(5),
+            ..FakeOptions::default()
+        })
+        .await;
+        let llm = client(&fake, "sk", Duration::from_millis(300));
+        match llm.create_response("m", &body()).await {
+            Err(LlmError::Unavailable { message, .. }) => {
+                assert_eq!(message, "the model call timed out");
+            }
+            other => panic!("a timeout, not {other:?}"),
+        }
+    }
+}
