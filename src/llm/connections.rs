@@ -11,8 +11,8 @@
 //! takes a [`Lease`] on the least loaded one, and a connection is added when every one carries
 //! `streams` calls (what a server allows at once, `SETTINGS_MAX_CONCURRENT_STREAMS`, past which
 //! streams would wait unseen). Each slot also has a reqwest client: for background calls, for
-//! every call when a proxy is set in the environment, and for every call once a server asked
-//! for HTTP/2 or HTTP/1.1 chose HTTP/1.1 (learnt on the first connection; that one is closed).
+//! every call when a proxy is set in the environment, and for every call once a server offered
+//! both versions by ALPN chose HTTP/1.1 (learnt on the first connection, which is closed).
 //!
 //! Owns: which client a call goes out on, and how many calls each carries. Must not: know
 //! what a call carries.
