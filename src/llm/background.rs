@@ -68,10 +68,7 @@ impl LlmClient {
         streamed: bool,
     ) -> Result<BackgroundCall, LlmError> {
         let streamed = streamed && self.streaming;
-        let payload = match streamed {
-            true => bytes::Bytes::from(super::streamed(body.json())),
-            false => body.bytes(),
-        };
+        let payload = super::send::Payload::new(body.bytes(), streamed).joined();
         let mut attempts = 0usize;
         let started = (|| {
             attempts += 1;

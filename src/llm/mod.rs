@@ -19,6 +19,7 @@ mod h2conn;
 mod hosted;
 mod parse;
 mod refusal;
+mod send;
 mod stream;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
@@ -26,8 +27,6 @@ pub use crate::state::{ModelResponse, OutputItem, SentRequest};
 pub use background::BackgroundCall;
 use connections::Connections;
 pub use connections::ModelHttp;
-use parse::parse_bytes;
-use refusal::refusal;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LlmError {
@@ -372,11 +371,8 @@ impl LlmClient {
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, LlmError> {
         let sink = sink.filter(|_| self.streaming);
-        // Made once; each attempt sends the same bytes (the body's own, unless streamed).
-        let payload = match sink {
-            Some(_) => bytes::Bytes::from(streamed(body.json())),
-            None => body.bytes(),
-        };
+        // Each attempt sends the body's own bytes (with `"stream": true` in front if streamed).
+        let payload = send::Payload::new(body.bytes(), sink.is_some());
         let backoff = self.backoff();
         let mut attempts = 0usize;
         let started = std::time::Instant::now();
@@ -415,7 +411,7 @@ impl LlmClient {
     async fn attempt(
         &self,
         model: &str,
-        payload: &bytes::Bytes,
+        payload: &send::Payload,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         use tracing::Instrument as _;
@@ -453,144 +449,6 @@ impl LlmClient {
             error: e.into(),
         })
     }
-
-    async fn send_once(
-        &self,
-        payload: &bytes::Bytes,
-        traceparent: Option<String>,
-        sink: Option<EventSink<'_>>,
-    ) -> Result<ModelResponse, AttemptError> {
-        // Held until the answer is read: the connection counts this call until then.
-        let lease = self.http.lease();
-        let sent = match lease.link() {
-            Some(link) => {
-                let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
-                match tokio::time::timeout(self.timeout, on_stream).await {
-                    Ok(sent) => sent?,
-                    Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
-                }
-            }
-            None => None,
-        };
-        let (status, headers, body) = match sent {
-            Some(answered) => return answered,
-            None => self.pooled(lease.client(), payload, traceparent).await?,
-        };
-        self.read(status, &headers, body, sink).await
-    }
-
-    /// The call as a stream of the lease's own connection: its answer, or `None` when the
-    /// server chose HTTP/1.1 (the call goes through the pooled client).
-    async fn on_stream(
-        &self,
-        link: &h2conn::Link,
-        payload: &bytes::Bytes,
-        traceparent: Option<&str>,
-        sink: Option<EventSink<'_>>,
-    ) -> Result<Option<Result<ModelResponse, AttemptError>>, AttemptError> {
-        let unreachable =
-            |e: String| AttemptError::transient(format!("could not reach the model server ({e})"));
-        let mut sender = match link.ready().await.map_err(unreachable)? {
-            h2conn::Ready::Stream(sender) => sender,
-            h2conn::Ready::Http1Chosen => {
-                self.http.note_http1_chosen();
-                return Ok(None);
-            }
-        };
-        let key = self.api_key.as_ref().map(Secret::expose);
-        let request = link
-            .target()
-            .request(payload.len(), key, traceparent.map(str::to_owned))
-            .map_err(unreachable)?;
-        let (answer, mut body) = sender
-            .send_request(request, false)
-            .map_err(|e| unreachable(e.to_string()))?;
-        body.send_data(payload.clone(), true)
-            .map_err(|e| unreachable(e.to_string()))?;
-        let (head, stream) = answer
-            .await
-            .map_err(|e| unreachable(e.to_string()))?
-            .into_parts();
-        let body = body::Body::Stream(stream);
-        Ok(Some(
-            self.read(head.status.as_u16(), &head.headers, body, sink)
-                .await,
-        ))
-    }
-
-    /// The call through reqwest's client: the answer's status, headers and body.
-    async fn pooled(
-        &self,
-        client: &reqwest::Client,
-        payload: &bytes::Bytes,
-        traceparent: Option<String>,
-    ) -> Result<(u16, reqwest::header::HeaderMap, body::Body), AttemptError> {
-        let mut req = client
-            .post(self.endpoint.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(payload.clone());
-        if let Some(key) = &self.api_key {
-            req = req.bearer_auth(key.expose());
-        }
-        // The turn's trace goes on to the model server: same trace id, a span of its own.
-        if let Some(traceparent) = traceparent {
-            req = req.header(crate::trace::TRACEPARENT, traceparent);
-        }
-        let resp = req.send().await.map_err(|e| {
-            AttemptError::transient(if e.is_timeout() {
-                TIMED_OUT.to_string()
-            } else {
-                format!("could not reach the model server ({})", without_url(&e))
-            })
-        })?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        Ok((status, headers, body::Body::Pooled(resp)))
-    }
-
-    /// Reads an answer: streamed to `sink` when it is an event stream, whole otherwise.
-    async fn read(
-        &self,
-        status: u16,
-        headers: &reqwest::header::HeaderMap,
-        body: body::Body,
-        sink: Option<EventSink<'_>>,
-    ) -> Result<ModelResponse, AttemptError> {
-        let event_stream = headers
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if let Some(sink) = sink
-            && event_stream
-            && (200..300).contains(&status)
-        {
-            return stream::read(body, sink).await;
-        }
-        let bytes = body.whole().await.map_err(|cut| {
-            AttemptError::transient(if cut.timed_out {
-                "the model call timed out while reading the answer".to_string()
-            } else {
-                format!("the answer was cut off ({})", cut.message)
-            })
-        })?;
-        if (200..300).contains(&status) {
-            return parse_bytes(&bytes);
-        }
-        Err(refusal(status, headers, &bytes, sink.is_some()))
-    }
-}
-
-/// What a call that ran out of time says.
-const TIMED_OUT: &str = "the model call timed out";
-
-/// A reqwest error's text without the URL (which may carry credentials in a query string).
-/// The body with `"stream": true` added (as its first member: a body is a JSON object).
-fn streamed(body: &str) -> String {
-    match body.strip_prefix('{').map(str::trim_start) {
-        Some(rest) if rest.starts_with('}') => format!("{{\"stream\":true{rest}"),
-        Some(rest) => format!("{{\"stream\":true,{rest}"),
-        None => body.to_owned(),
-    }
 }
 
 /// `<base_url>/responses`, the base checked to be an http(s) URL with a host.
@@ -609,6 +467,7 @@ fn responses_endpoint(base_url: &str) -> Result<reqwest::Url, ClientError> {
     Ok(endpoint)
 }
 
+/// A reqwest error's text without the URL (which may carry credentials in a query string).
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
     if let Some(url) = e.url() {

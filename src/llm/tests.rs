@@ -4,16 +4,30 @@ mod serde_tests {
     use super::super::*;
     use crate::contract::Usage;
 
+    /// The body's own bytes, past its brace, with `"stream": true` in a piece before them.
+    fn streamed(body: &'static str) -> serde_json::Value {
+        let payload = send::Payload::new(bytes::Bytes::from_static(body.as_bytes()), true);
+        let [head, rest] = payload.pieces();
+        assert_eq!(
+            &rest[..],
+            &body.as_bytes()[1..],
+            "not copied: a view past the brace"
+        );
+        let joined = payload.joined();
+        assert_eq!(joined, [head, rest].concat());
+        serde_json::from_slice(&joined).expect("json")
+    }
+
     #[test]
     fn a_streamed_body_asks_for_a_stream_and_keeps_the_rest() {
         let body = r#"{"model":"m","input":[{"role":"user","content":"{x}"}]}"#;
-        let v: serde_json::Value = serde_json::from_str(&streamed(body)).expect("json");
         assert_eq!(
-            v,
+            streamed(body),
             serde_json::json!({"stream": true, "model": "m", "input": [{"role": "user", "content": "{x}"}]})
         );
-        let v: serde_json::Value = serde_json::from_str(&streamed("{ }")).expect("json");
-        assert_eq!(v, serde_json::json!({"stream": true}));
+        assert_eq!(streamed("{ }"), serde_json::json!({"stream": true}));
+        let plain = send::Payload::new(bytes::Bytes::from_static(b"{}"), false);
+        assert_eq!(plain.joined(), &b"{}"[..]);
     }
 
     #[test]

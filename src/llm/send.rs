@@ -1,0 +1,190 @@
+//! One attempt of a model call: as a stream of the client's own HTTP/2 connection or through
+//! reqwest's client, and the reading of its answer, whole or as events.
+//!
+//! Owns: the request's bytes on the wire and the answer's status, headers and body. Must
+//! not: retry, or decide what a failure means beyond its kind (`refusal.rs`).
+
+use super::body::Body;
+use super::parse::parse_bytes;
+use super::refusal::refusal;
+use super::{AttemptError, EventSink, LlmClient, ModelResponse, h2conn, stream, without_url};
+use crate::secret::Secret;
+
+/// A call's body as it goes out: the request's bytes as kept (never copied on a stream), with
+/// `"stream": true` as their first member when the answer is to be streamed.
+#[derive(Debug)]
+pub(super) struct Payload {
+    body: bytes::Bytes,
+    streamed: bool,
+}
+
+impl Payload {
+    pub(super) fn new(body: bytes::Bytes, streamed: bool) -> Self {
+        Self { body, streamed }
+    }
+
+    /// The bytes to send, as a piece to put in front (empty unless streamed) and the body's
+    /// own (a view of it, past its opening brace when streamed).
+    pub(super) fn pieces(&self) -> [bytes::Bytes; 2] {
+        if !self.streamed || self.body.first() != Some(&b'{') {
+            return [bytes::Bytes::new(), self.body.clone()];
+        }
+        let rest = self.body.slice(1..);
+        let empty = rest.trim_ascii_start().first() == Some(&b'}');
+        let head: &'static [u8] = if empty {
+            b"{\"stream\":true"
+        } else {
+            b"{\"stream\":true,"
+        };
+        [bytes::Bytes::from_static(head), rest]
+    }
+
+    /// The bytes in one piece (a copy when streamed), for a client that takes one.
+    pub(super) fn joined(&self) -> bytes::Bytes {
+        match self.pieces() {
+            [head, rest] if head.is_empty() => rest,
+            [head, rest] => [head, rest].concat().into(),
+        }
+    }
+
+    /// How many bytes go out.
+    fn len(&self) -> usize {
+        self.pieces().iter().map(bytes::Bytes::len).sum()
+    }
+}
+
+impl LlmClient {
+    pub(super) async fn send_once(
+        &self,
+        payload: &Payload,
+        traceparent: Option<String>,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
+        // Held until the answer is read: the connection counts this call until then.
+        let lease = self.http.lease();
+        let sent = match lease.link() {
+            Some(link) => {
+                let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
+                match tokio::time::timeout(self.timeout, on_stream).await {
+                    Ok(sent) => sent?,
+                    Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
+                }
+            }
+            None => None,
+        };
+        let (status, headers, body) = match sent {
+            Some(answered) => return answered,
+            None => self.pooled(lease.client(), payload, traceparent).await?,
+        };
+        self.read(status, &headers, body, sink).await
+    }
+
+    /// The call as a stream of the lease's own connection: its answer, or `None` when the
+    /// server chose HTTP/1.1 (the call goes through the pooled client).
+    async fn on_stream(
+        &self,
+        link: &h2conn::Link,
+        payload: &Payload,
+        traceparent: Option<&str>,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<Option<Result<ModelResponse, AttemptError>>, AttemptError> {
+        let unreachable =
+            |e: String| AttemptError::transient(format!("could not reach the model server ({e})"));
+        let mut sender = match link.ready().await.map_err(unreachable)? {
+            h2conn::Ready::Stream(sender) => sender,
+            h2conn::Ready::Http1Chosen => {
+                self.http.note_http1_chosen();
+                return Ok(None);
+            }
+        };
+        let key = self.api_key.as_ref().map(Secret::expose);
+        let request = link
+            .target()
+            .request(payload.len(), key, traceparent.map(str::to_owned))
+            .map_err(unreachable)?;
+        let (answer, mut out) = sender
+            .send_request(request, false)
+            .map_err(|e| unreachable(e.to_string()))?;
+        // The body's own bytes go out, `"stream": true` in a piece of its own before them.
+        let [head, rest] = payload.pieces();
+        if !head.is_empty() {
+            out.send_data(head, false)
+                .map_err(|e| unreachable(e.to_string()))?;
+        }
+        out.send_data(rest, true)
+            .map_err(|e| unreachable(e.to_string()))?;
+        let (head, stream) = answer
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .into_parts();
+        let body = Body::Stream(stream);
+        Ok(Some(
+            self.read(head.status.as_u16(), &head.headers, body, sink)
+                .await,
+        ))
+    }
+
+    /// The call through reqwest's client: the answer's status, headers and body.
+    async fn pooled(
+        &self,
+        client: &reqwest::Client,
+        payload: &Payload,
+        traceparent: Option<String>,
+    ) -> Result<(u16, reqwest::header::HeaderMap, Body), AttemptError> {
+        let mut req = client
+            .post(self.endpoint.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload.joined());
+        if let Some(key) = &self.api_key {
+            req = req.bearer_auth(key.expose());
+        }
+        // The turn's trace goes on to the model server: same trace id, a span of its own.
+        if let Some(traceparent) = traceparent {
+            req = req.header(crate::trace::TRACEPARENT, traceparent);
+        }
+        let resp = req.send().await.map_err(|e| {
+            AttemptError::transient(if e.is_timeout() {
+                TIMED_OUT.to_string()
+            } else {
+                format!("could not reach the model server ({})", without_url(&e))
+            })
+        })?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        Ok((status, headers, Body::Pooled(resp)))
+    }
+
+    /// Reads an answer: streamed to `sink` when it is an event stream, whole otherwise.
+    async fn read(
+        &self,
+        status: u16,
+        headers: &reqwest::header::HeaderMap,
+        body: Body,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
+        let event_stream = headers
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if let Some(sink) = sink
+            && event_stream
+            && (200..300).contains(&status)
+        {
+            return stream::read(body, sink).await;
+        }
+        let bytes = body.whole().await.map_err(|cut| {
+            AttemptError::transient(if cut.timed_out {
+                "the model call timed out while reading the answer".to_string()
+            } else {
+                format!("the answer was cut off ({})", cut.message)
+            })
+        })?;
+        if (200..300).contains(&status) {
+            return parse_bytes(&bytes);
+        }
+        Err(refusal(status, headers, &bytes, sink.is_some()))
+    }
+}
+
+/// What a call that ran out of time says.
+const TIMED_OUT: &str = "the model call timed out";
