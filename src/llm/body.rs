@@ -1,5 +1,6 @@
-//! An answer's body as it arrives, whichever way the call went: through reqwest's client, or
-//! as a stream of the model client's own HTTP/2 connection (`h2conn.rs`).
+//! An answer's body as it arrives, whichever way the call went: through reqwest's client, as a
+//! stream of the model client's own HTTP/2 connection (`h2conn.rs`), or on one of its own
+//! HTTP/1.1 connections (`h1conn.rs`), which the body gives back once dropped.
 //!
 //! Owns: reading the pieces, and giving a stream's flow-control credit back as they are read.
 //! Must not: parse them.
@@ -12,6 +13,12 @@ pub(super) enum Body {
     Pooled(reqwest::Response),
     /// A stream of the model client's own HTTP/2 connection.
     Stream(h2::RecvStream),
+    /// An answer on one of the model client's own HTTP/1.1 connections, which it holds until
+    /// it is dropped (then the connection goes back to its pool).
+    Connection {
+        incoming: hyper::body::Incoming,
+        _checkout: super::h1conn::Checkout,
+    },
 }
 
 /// Why a body stopped before its end.
@@ -43,6 +50,24 @@ impl Body {
                     timed_out: false,
                     message: e.to_string(),
                 }),
+            },
+            Self::Connection { incoming, .. } => loop {
+                use http_body_util::BodyExt as _;
+                match incoming.frame().await {
+                    None => return Ok(None),
+                    Some(Ok(frame)) => {
+                        // Trailers carry nothing an answer needs.
+                        if let Ok(piece) = frame.into_data() {
+                            return Ok(Some(piece));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        return Err(Cut {
+                            timed_out: false,
+                            message: e.to_string(),
+                        });
+                    }
+                }
             },
         }
     }

@@ -1,18 +1,17 @@
 //! The HTTP connections a model client calls over: HTTP/1.1, one connection per call in
-//! flight (reqwest's pool keeps them for the next calls), or HTTP/2, every call a stream on one
-//! of as few connections as the calls in flight need. By default (`auto`) the server chooses on
+//! flight (kept for the next calls), or HTTP/2, every call a stream on one of as few
+//! connections as the calls in flight need. By default (`auto`) the server chooses on
 //! `https://` (ALPN: HTTP/2 if it offers it) and a plain `http://` server gets HTTP/1.1.
 //!
-//! A call waiting on its model holds its connection's buffers: over HTTP/1.1 hyper keeps a read
-//! buffer, a write buffer and a request channel per connection, about 25 KiB, so a thousand
-//! calls in flight hold a thousand connections. Over HTTP/2 the calls share connections, and
-//! each is a connection of our own (`h2conn.rs`, on `h2`), where a waiting call holds its
-//! stream and not a pooled client's request: each slot here is one such connection, each call
-//! takes a [`Lease`] on the least loaded one, and a connection is added when every one carries
-//! `streams` calls (what a server allows at once, `SETTINGS_MAX_CONCURRENT_STREAMS`, past which
-//! streams would wait unseen). Each slot also has a reqwest client: for background calls, for
-//! every call when a proxy is set in the environment, and for every call once a server offered
-//! both versions by ALPN chose HTTP/1.1 (learnt on the first connection, which is closed).
+//! The connections are the client's own: HTTP/2 ones on `h2` (`h2conn.rs`), HTTP/1.1 ones on
+//! hyper's connection-level client (`h1conn.rs`), so a waiting call holds its stream or its
+//! connection's checkout, not a general client's pooled request. Over HTTP/2 each slot here is
+//! one connection, each call takes a [`Lease`] on the least loaded one, and a connection is
+//! added when every one carries `streams` calls (what a server allows at once,
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`, past which streams would wait unseen). A server offered
+//! both versions that chooses HTTP/1.1 gets the call on the connection that learnt it, and
+//! every call on HTTP/1.1 connections from then on. Each slot also has a reqwest client: for
+//! background calls, and for every call when a proxy is set in the environment.
 //!
 //! Owns: which client a call goes out on, and how many calls each carries. Must not: know
 //! what a call carries.
@@ -22,7 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::h2conn::{Link, Target};
+use super::h1conn::Pool;
+use super::h2conn::Link;
+use super::target::{Alpn, Target};
 
 /// Calls one HTTP/2 connection carries by default (`model.http2_streams`): what most servers
 /// allow at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
@@ -133,6 +134,8 @@ struct Slot {
     /// (HTTP/2 or a server's choice, no proxy); the client then carries the background
     /// calls, and all of them once a server chose HTTP/1.1.
     link: Option<Arc<Link>>,
+    /// The HTTP/1.1 connections of our own (the first slot's, when calls may go out so).
+    pool: Option<Arc<Pool>>,
     load: Arc<AtomicUsize>,
 }
 
@@ -141,6 +144,7 @@ impl Slot {
         Self {
             client,
             link: target.map(|t| Arc::new(Link::new(Arc::clone(t)))),
+            pool: None,
             load: Arc::default(),
         }
     }
@@ -176,31 +180,35 @@ impl std::fmt::Debug for Connections {
 impl Connections {
     /// Clients for `http` to a server reached `over_tls` (or not), each from a fresh builder
     /// of `make`, which must not have chosen a version. The first is made now, so a builder
-    /// that cannot be built stops the configuration, not a call. `direct` is the server, for
-    /// calls over HTTP/2 connections of our own; it is used when HTTP/2 may be spoken and no
-    /// proxy is set in the environment (reqwest's client goes through the proxy).
+    /// that cannot be built stops the configuration, not a call. `direct` makes the server as
+    /// a target offering an ALPN choice, for calls on connections of our own; they are used
+    /// unless a proxy is set in the environment (reqwest's client goes through the proxy).
     pub(super) fn build(
         http: ModelHttp,
         over_tls: bool,
         make: MakeBuilder,
-        direct: impl FnOnce(bool) -> Result<Target, String>,
+        direct: impl Fn(Alpn) -> Result<Target, String>,
     ) -> Result<Self, reqwest::Error> {
         let wire = http.wire(over_tls);
-        let target = match wire {
-            Wire::Http1 => None,
-            _ if proxied(over_tls, |name| std::env::var_os(name)) => None,
-            Wire::Http2(_) | Wire::Negotiated(_) => {
-                match direct(matches!(wire, Wire::Negotiated(_))) {
-                    Ok(target) => Some(Arc::new(target)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "model calls go through the pooled HTTP client");
-                        None
-                    }
-                }
+        let own = !proxied(over_tls, |name| std::env::var_os(name));
+        let target = |alpn| match direct(alpn) {
+            Ok(target) => Some(Arc::new(target)),
+            Err(e) => {
+                tracing::warn!(error = %e, "model calls go through the general HTTP client");
+                None
             }
         };
+        let (streams_to, pooled_to) = match wire {
+            _ if !own => (None, None),
+            Wire::Http1 => (None, target(Alpn::Http1)),
+            Wire::Http2(_) => (target(Alpn::H2), None),
+            Wire::Negotiated(_) => (target(Alpn::Both), target(Alpn::Http1)),
+        };
+        let mut first = Slot::new(client(wire, &make)?, streams_to.as_ref());
+        first.pool = pooled_to.map(|t| Arc::new(Pool::new(t)));
+        let target = streams_to;
         Ok(Self {
-            first: Slot::new(client(wire, &make)?, target.as_ref()),
+            first,
             more: Arc::default(),
             streams: wire.streams(),
             wire,
@@ -208,6 +216,11 @@ impl Connections {
             target,
             http1_chosen: Arc::default(),
         })
+    }
+
+    /// The HTTP/1.1 connections of our own, if calls may go out on them.
+    pub(super) fn pool(&self) -> Option<&Arc<Pool>> {
+        self.first.pool.as_ref()
     }
 
     /// Notes that the server chose HTTP/1.1: calls go through the first client from now on.
@@ -288,9 +301,14 @@ impl Lease {
         &self.0.client
     }
 
-    /// The connection of our own to send the call on, if calls go out so.
+    /// The HTTP/2 connection of our own to send the call on, if calls go out so.
     pub(super) fn link(&self) -> Option<&Link> {
         self.0.link.as_deref().filter(|_| self.1)
+    }
+
+    /// The HTTP/1.1 connections of our own to send the call on, if calls go out so.
+    pub(super) fn pool(&self) -> Option<&Arc<Pool>> {
+        self.0.pool.as_ref().filter(|_| !self.1)
     }
 }
 
@@ -328,7 +346,7 @@ mod tests {
     }
 
     /// Leases are counted the same with connections of our own or without.
-    fn no_link(_: bool) -> Result<Target, String> {
+    fn no_link(_: Alpn) -> Result<Target, String> {
         Err("not in this test".into())
     }
 
@@ -430,29 +448,43 @@ mod tests {
     }
 
     #[test]
-    fn calls_go_on_connections_of_our_own_when_http2_may_be_spoken() {
-        let target = |negotiated: bool| {
+    fn calls_go_on_connections_of_our_own_in_the_version_the_setting_allows() {
+        let target = |alpn: Alpn| {
             let url = reqwest::Url::parse("https://models.example/v1/responses")
                 .unwrap_or_else(|e| panic!("{e}"));
             Target::new(
                 &url,
                 crate::tls::client_config(None),
-                negotiated,
+                alpn,
                 Duration::from_secs(1),
             )
         };
         let make: MakeBuilder = Arc::new(|| crate::tls::client_builder(None));
-        for (http, own) in [
-            (ModelHttp::default(), true),
-            (ModelHttp::parse("http2", 4).unwrap_or_default(), true),
-            (ModelHttp::Http1, false),
+        // (setting, on a stream of our own, on an HTTP/1.1 connection of our own once the
+        // server chose HTTP/1.1)
+        for (http, streams, then_pooled) in [
+            (ModelHttp::default(), true, true),
+            (
+                ModelHttp::parse("http2", 4).unwrap_or_default(),
+                true,
+                false,
+            ),
+            (ModelHttp::Http1, false, true),
         ] {
             let set = Connections::build(http, true, Arc::clone(&make), target)
                 .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(set.lease().link().is_some(), own, "{http:?}");
-            // Once the server chose HTTP/1.1, calls go through the pooled client.
+            let lease = set.lease();
+            assert_eq!(lease.link().is_some(), streams, "{http:?}");
+            assert_eq!(lease.pool().is_some(), !streams, "{http:?}");
             set.note_http1_chosen();
-            assert!(set.lease().link().is_none(), "{http:?}");
+            let lease = set.lease();
+            assert!(lease.link().is_none(), "{http:?}");
+            assert_eq!(lease.pool().is_some(), then_pooled, "{http:?}");
+            assert_eq!(
+                lease.pool().map(|p| p.target().alpn()),
+                then_pooled.then_some(Alpn::Http1),
+                "{http:?}"
+            );
         }
     }
 

@@ -15,123 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
-use tokio::net::TcpStream;
 
-use super::connections::{PING_EVERY, PING_TIMEOUT};
-
-/// Where a connection goes and how it is opened; shared by every connection to one server.
-pub(super) struct Target {
-    /// The `/responses` endpoint, as the request's `:scheme`, `:authority` and `:path`.
-    uri: http::Uri,
-    host: String,
-    port: u16,
-    /// The TLS set-up on `https://` (with the ALPN protocols offered), and the name checked.
-    tls: Option<(
-        tokio_rustls::TlsConnector,
-        rustls_pki_types::ServerName<'static>,
-    )>,
-    /// The server chooses the version by ALPN: one that does not choose `h2` gets HTTP/1.1.
-    negotiated: bool,
-    connect_timeout: Duration,
-    /// How often an idle connection is pinged, and how long a ping may go unanswered.
-    pings: (Duration, Duration),
-}
-
-impl std::fmt::Debug for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Target")
-            .field("uri", &self.uri)
-            .field("tls", &self.tls.is_some())
-            .field("negotiated", &self.negotiated)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Target {
-    /// A server at `endpoint` (an http(s) URL with a host). `tls` is the client set-up for
-    /// `https://` (ignored on `http://`): `negotiated` offers `h2` and `http/1.1` and lets
-    /// the server choose, otherwise `h2` alone is offered and spoken whatever the answer.
-    pub(super) fn new(
-        endpoint: &reqwest::Url,
-        tls: rustls::ClientConfig,
-        negotiated: bool,
-        connect_timeout: Duration,
-    ) -> Result<Self, String> {
-        let uri: http::Uri = endpoint
-            .as_str()
-            .parse()
-            .map_err(|e| format!("the endpoint is not a URI: {e}"))?;
-        let host = endpoint
-            .host_str()
-            .ok_or_else(|| "the endpoint has no host".to_string())?
-            // An IPv6 literal is written in brackets in a URL, bare to the resolver.
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = endpoint
-            .port_or_known_default()
-            .ok_or_else(|| "the endpoint has no port".to_string())?;
-        let tls = if endpoint.scheme() == "https" {
-            let mut tls = tls;
-            tls.alpn_protocols = if negotiated {
-                vec![b"h2".to_vec(), b"http/1.1".to_vec()]
-            } else {
-                vec![b"h2".to_vec()]
-            };
-            let name = rustls_pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| format!("{host:?} is not a name TLS can check: {e}"))?;
-            Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), name))
-        } else {
-            None
-        };
-        Ok(Self {
-            uri,
-            host,
-            port,
-            tls,
-            negotiated,
-            connect_timeout,
-            pings: (PING_EVERY, PING_TIMEOUT),
-        })
-    }
-
-    /// Pings every `every`, a connection dropped when one goes unanswered for `timeout`.
-    #[cfg(test)]
-    fn pinging(mut self, every: Duration, timeout: Duration) -> Self {
-        self.pings = (every, timeout);
-        self
-    }
-
-    /// A `POST` of `length` bytes of JSON to the endpoint, with the model key and the trace's
-    /// parent when given.
-    pub(super) fn request(
-        &self,
-        length: usize,
-        key: Option<&str>,
-        traceparent: Option<String>,
-    ) -> Result<http::Request<()>, String> {
-        let mut request = http::Request::post(self.uri.clone())
-            .body(())
-            .map_err(|e| format!("the request cannot be made: {e}"))?;
-        let headers = request.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
-        if let Some(key) = key {
-            let mut value = HeaderValue::try_from(format!("Bearer {key}"))
-                .map_err(|_| "the model key cannot be sent in a header".to_string())?;
-            // Never kept in the connection's header table (HPACK never-indexed).
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
-        if let Some(traceparent) = traceparent
-            && let Ok(value) = HeaderValue::try_from(traceparent)
-        {
-            headers.insert(crate::trace::TRACEPARENT, value);
-        }
-        Ok(request)
-    }
-}
+use super::target::{Alpn, Io, Target, connect};
 
 /// A connection's sending half: clones share the connection.
 pub(super) type Sender = h2::client::SendRequest<Bytes>;
@@ -140,8 +25,9 @@ pub(super) type Sender = h2::client::SendRequest<Bytes>;
 pub(super) enum Ready {
     /// A stream may be opened now.
     Stream(Sender),
-    /// The server chose HTTP/1.1 by ALPN: the call goes another way.
-    Http1Chosen,
+    /// The server chose HTTP/1.1 by ALPN on this connection: the call goes another way (on
+    /// it, if it can).
+    Http1Chosen(Io),
 }
 
 /// One connection to a [`Target`], opened when first needed and again when found gone.
@@ -205,7 +91,7 @@ impl Link {
                     held.failed = None;
                     sender
                 }
-                Ok(Ready::Http1Chosen) => return Ok(Ready::Http1Chosen),
+                Ok(chosen @ Ready::Http1Chosen(_)) => return Ok(chosen),
                 Err(e) => {
                     held.failed = Some((std::time::Instant::now(), e.clone()));
                     return Err(e);
@@ -223,24 +109,13 @@ impl Link {
 
 /// Opens a connection: TCP, TLS on `https://`, the HTTP/2 handshake; its task drives it.
 async fn open(target: &Target) -> Result<Ready, String> {
-    let connect = TcpStream::connect((target.host.as_str(), target.port));
-    let tcp = tokio::time::timeout(target.connect_timeout, connect)
-        .await
-        .map_err(|_| "connecting timed out".to_string())?
-        .map_err(|e| format!("cannot connect: {e}"))?;
-    // A request is written in one go; Nagle's delay would only hold its last segment.
-    let _ = tcp.set_nodelay(true);
-    let Some((connector, name)) = &target.tls else {
-        return handshake(tcp, target.pings).await.map(Ready::Stream);
-    };
-    let tls = tokio::time::timeout(target.connect_timeout, connector.connect(name.clone(), tcp))
-        .await
-        .map_err(|_| "the TLS handshake timed out".to_string())?
-        .map_err(|e| format!("the TLS handshake failed: {e}"))?;
-    if target.negotiated && tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-        return Ok(Ready::Http1Chosen);
+    match connect(target).await? {
+        Io::Plain(tcp) => handshake(tcp, target.pings()).await.map(Ready::Stream),
+        Io::Tls(tls) if target.alpn() == Alpn::Both && !Io::chose_h2(&tls) => {
+            Ok(Ready::Http1Chosen(Io::Tls(tls)))
+        }
+        Io::Tls(tls) => handshake(tls, target.pings()).await.map(Ready::Stream),
     }
-    handshake(tls, target.pings).await.map(Ready::Stream)
 }
 
 /// Windows a stream and the connection give the server: an answer of a few megabytes

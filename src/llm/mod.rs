@@ -15,12 +15,14 @@ use crate::limiter::CallLimiter;
 mod background;
 mod body;
 mod connections;
+mod h1conn;
 mod h2conn;
 mod hosted;
 mod parse;
 mod refusal;
 mod send;
 mod stream;
+mod target;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem, SentRequest};
@@ -266,13 +268,13 @@ impl LlmClient {
                     .connect_timeout(connect_timeout)
                     .timeout(timeout))
             }),
-            |negotiated| {
+            |alpn| {
                 let tls = if endpoint.scheme() == "https" {
                     crate::tls::client_config(ca)
                 } else {
                     crate::tls::client_config(None)
                 };
-                h2conn::Target::new(&endpoint, tls, negotiated, connect_timeout)
+                target::Target::new(&endpoint, tls, alpn, connect_timeout)
             },
         )?;
         Ok(Self {

@@ -7,7 +7,9 @@
 use super::body::Body;
 use super::parse::parse_bytes;
 use super::refusal::refusal;
-use super::{AttemptError, EventSink, LlmClient, ModelResponse, h2conn, stream, without_url};
+use super::{
+    AttemptError, EventSink, LlmClient, ModelResponse, h1conn, h2conn, stream, without_url,
+};
 use crate::secret::Secret;
 
 /// A call's body as it goes out: the request's bytes as kept (never copied on a stream), with
@@ -62,15 +64,20 @@ impl LlmClient {
     ) -> Result<ModelResponse, AttemptError> {
         // Held until the answer is read: the connection counts this call until then.
         let lease = self.http.lease();
-        let sent = match lease.link() {
-            Some(link) => {
-                let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
-                match tokio::time::timeout(self.timeout, on_stream).await {
-                    Ok(sent) => sent?,
-                    Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
-                }
+        let sent = if let Some(link) = lease.link() {
+            let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
+            match tokio::time::timeout(self.timeout, on_stream).await {
+                Ok(sent) => sent?,
+                Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
             }
-            None => None,
+        } else if let Some(pool) = lease.pool() {
+            let on_connection = self.on_connection(pool, payload, traceparent.as_deref(), sink);
+            match tokio::time::timeout(self.timeout, on_connection).await {
+                Ok(sent) => Some(sent),
+                Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
+            }
+        } else {
+            None
         };
         let (status, headers, body) = match sent {
             Some(answered) => return answered,
@@ -88,19 +95,24 @@ impl LlmClient {
         traceparent: Option<&str>,
         sink: Option<EventSink<'_>>,
     ) -> Result<Option<Result<ModelResponse, AttemptError>>, AttemptError> {
-        let unreachable =
-            |e: String| AttemptError::transient(format!("could not reach the model server ({e})"));
         let mut sender = match link.ready().await.map_err(unreachable)? {
             h2conn::Ready::Stream(sender) => sender,
-            h2conn::Ready::Http1Chosen => {
+            h2conn::Ready::Http1Chosen(io) => {
                 self.http.note_http1_chosen();
-                return Ok(None);
+                // The call goes on the connection that learnt the choice.
+                let Some(pool) = self.http.pool() else {
+                    return Ok(None);
+                };
+                let connection = pool.adopt(io).await.map_err(unreachable)?;
+                let sent = self.send_on(pool, connection, payload, traceparent, sink);
+                return Ok(Some(sent.await));
             }
         };
         let key = self.api_key.as_ref().map(Secret::expose);
+        let traceparent = traceparent.map(str::to_owned);
         let request = link
             .target()
-            .request(payload.len(), key, traceparent.map(str::to_owned))
+            .request((), payload.len(), key, traceparent, false)
             .map_err(unreachable)?;
         let (answer, mut out) = sender
             .send_request(request, false)
@@ -122,6 +134,49 @@ impl LlmClient {
             self.read(head.status.as_u16(), &head.headers, body, sink)
                 .await,
         ))
+    }
+
+    /// The call on one of the HTTP/1.1 connections of our own (taken for the call, given back
+    /// once its answer is read).
+    async fn on_connection(
+        &self,
+        pool: &std::sync::Arc<h1conn::Pool>,
+        payload: &Payload,
+        traceparent: Option<&str>,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
+        let connection = pool.checkout().await.map_err(unreachable)?;
+        self.send_on(pool, connection, payload, traceparent, sink)
+            .await
+    }
+
+    /// The call on `connection`, one of `pool`'s.
+    async fn send_on(
+        &self,
+        pool: &h1conn::Pool,
+        mut connection: h1conn::Checkout,
+        payload: &Payload,
+        traceparent: Option<&str>,
+        sink: Option<EventSink<'_>>,
+    ) -> Result<ModelResponse, AttemptError> {
+        let key = self.api_key.as_ref().map(Secret::expose);
+        let body = http_body_util::Full::new(payload.joined());
+        let traceparent = traceparent.map(str::to_owned);
+        let request = pool
+            .target()
+            .request(body, payload.len(), key, traceparent, true)
+            .map_err(unreachable)?;
+        let (head, incoming) = connection
+            .send(request)
+            .await
+            .map_err(unreachable)?
+            .into_parts();
+        let body = Body::Connection {
+            incoming,
+            _checkout: connection,
+        };
+        self.read(head.status.as_u16(), &head.headers, body, sink)
+            .await
     }
 
     /// The call through reqwest's client: the answer's status, headers and body.
@@ -184,6 +239,11 @@ impl LlmClient {
         }
         Err(refusal(status, headers, &bytes, sink.is_some()))
     }
+}
+
+/// A call that could not reach the model server, and why.
+fn unreachable(e: String) -> AttemptError {
+    AttemptError::transient(format!("could not reach the model server ({e})"))
 }
 
 /// What a call that ran out of time says.

@@ -9,7 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::net::TcpListener;
 
-use super::{Link, Ready, Target};
+use super::super::target::{Alpn, Target};
+use super::{Link, Ready};
 
 /// What the test server does with a connection after answering its first request.
 #[derive(Clone, Copy)]
@@ -81,7 +82,7 @@ fn target(url: &str) -> Target {
     Target::new(
         &url,
         crate::tls::client_config(None),
-        false,
+        Alpn::H2,
         Duration::from_millis(500),
     )
     .expect("a target")
@@ -92,7 +93,9 @@ async fn call(link: &Link, text: &'static str) -> Result<Bytes, String> {
     let Ready::Stream(mut sender) = link.ready().await? else {
         return Err("HTTP/1.1 was chosen".into());
     };
-    let request = link.target().request(text.len(), Some("sk-test"), None)?;
+    let request = link
+        .target()
+        .request((), text.len(), Some("sk-test"), None, false)?;
     let (answer, mut body) = sender
         .send_request(request, false)
         .map_err(|e| e.to_string())?;

@@ -1,0 +1,136 @@
+//! The pool against an HTTP/1.1 server written here on plain TCP: a connection per call in
+//! flight, each given back and taken again once its answer is read, and one the server closed
+//! never taken again. (An answer dropped before its end is hyper's to settle: it reads the
+//! rest or closes the connection, which `ready` then reports.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::super::body::Body;
+use super::super::target::{Alpn, Target};
+use super::Pool;
+
+/// A server answering each request with its body after `delay`; with `close`, it says so and
+/// closes the connection after each answer. Counts the connections it accepted.
+async fn server(delay: Duration, close: bool) -> (Target, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let addr = listener.local_addr().expect("its address");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(socket, delay, close));
+        }
+    });
+    let url = reqwest::Url::parse(&format!("http://{addr}/v1/responses")).expect("a URL");
+    let config = crate::tls::client_config(None);
+    let target = Target::new(&url, config, Alpn::Http1, Duration::from_secs(1)).expect("a target");
+    (target, accepted)
+}
+
+async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
+    let mut buffer = Vec::new();
+    loop {
+        // The head, then as many bytes as its content-length says.
+        let head_end = loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            let mut piece = [0u8; 4096];
+            match socket.read(&mut piece).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&piece[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).to_lowercase();
+        assert!(
+            head.starts_with("post /v1/responses http/1.1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < head_end + length {
+            let mut piece = [0u8; 4096];
+            match socket.read(&mut piece).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&piece[..n]),
+            }
+        }
+        let body: Vec<u8> = buffer.drain(..head_end + length).skip(head_end).collect();
+        tokio::time::sleep(delay).await;
+        let connection = if close { "close" } else { "keep-alive" };
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n",
+            body.len()
+        );
+        if socket.write_all(answer.as_bytes()).await.is_err()
+            || socket.write_all(&body).await.is_err()
+        {
+            return;
+        }
+        if close {
+            return;
+        }
+    }
+}
+
+/// One call through `pool`: the body sent comes back.
+async fn call(pool: &Arc<Pool>, text: &'static str) -> Result<Bytes, String> {
+    let mut connection = pool.checkout().await?;
+    let body = http_body_util::Full::new(Bytes::from_static(text.as_bytes()));
+    let request = pool
+        .target()
+        .request(body, text.len(), Some("sk"), None, true)?;
+    let incoming = connection.send(request).await?.into_body();
+    Body::Connection {
+        incoming,
+        _checkout: connection,
+    }
+    .whole()
+    .await
+    .map_err(|cut| cut.message)
+}
+
+#[tokio::test]
+async fn calls_in_flight_take_a_connection_each_and_later_calls_take_them_again() {
+    let (target, accepted) = server(Duration::from_millis(100), false).await;
+    let pool = Arc::new(Pool::new(Arc::new(target)));
+    let calls = (0..4).map(|_| call(&pool, "[1]"));
+    for answer in futures_util::future::join_all(calls).await {
+        assert_eq!(answer.as_deref(), Ok(&b"[1]"[..]));
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        4,
+        "one connection per call in flight"
+    );
+    assert_eq!(pool.idle(), 4, "each given back once its answer was read");
+    for _ in 0..3 {
+        assert_eq!(call(&pool, "{}").await.as_deref(), Ok(&b"{}"[..]));
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        4,
+        "calls one after another reuse them"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closes_is_not_taken_again() {
+    let (target, accepted) = server(Duration::ZERO, true).await;
+    let pool = Arc::new(Pool::new(Arc::new(target)));
+    for text in ["[1]", "[2]", "[3]"] {
+        assert_eq!(call(&pool, text).await.as_deref(), Ok(text.as_bytes()));
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}

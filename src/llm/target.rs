@@ -1,0 +1,192 @@
+//! Where the model client's own connections go and how one is opened: the server's address,
+//! its TLS set-up with the ALPN protocols offered, the request a call sends (`h2conn.rs`,
+//! `h1conn.rs`).
+//!
+//! Owns: the endpoint as a target, TCP and TLS opening, the request head. Must not: speak a
+//! version of HTTP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use tokio::net::TcpStream;
+
+use super::connections::{PING_EVERY, PING_TIMEOUT};
+
+/// What a TLS connection offers by ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Alpn {
+    /// `h2` alone, spoken whatever the answer.
+    H2,
+    /// `h2` and `http/1.1`: the server chooses.
+    Both,
+    /// `http/1.1` alone.
+    Http1,
+}
+
+/// Where a connection goes and how it is opened; shared by every connection to one server.
+pub(super) struct Target {
+    /// The `/responses` endpoint, as the request's `:scheme`, `:authority` and `:path`.
+    uri: http::Uri,
+    host: String,
+    port: u16,
+    /// The TLS set-up on `https://` (with the ALPN protocols offered), and the name checked.
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls_pki_types::ServerName<'static>,
+    )>,
+    /// What TLS offers by ALPN.
+    alpn: Alpn,
+    connect_timeout: Duration,
+    /// How often an idle connection is pinged, and how long a ping may go unanswered.
+    pings: (Duration, Duration),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("uri", &self.uri)
+            .field("tls", &self.tls.is_some())
+            .field("alpn", &self.alpn)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Target {
+    /// A server at `endpoint` (an http(s) URL with a host). `tls` is the client set-up for
+    /// `https://` (ignored on `http://`), offering `alpn`.
+    pub(super) fn new(
+        endpoint: &reqwest::Url,
+        tls: rustls::ClientConfig,
+        alpn: Alpn,
+        connect_timeout: Duration,
+    ) -> Result<Self, String> {
+        let uri: http::Uri = endpoint
+            .as_str()
+            .parse()
+            .map_err(|e| format!("the endpoint is not a URI: {e}"))?;
+        let host = endpoint
+            .host_str()
+            .ok_or_else(|| "the endpoint has no host".to_string())?
+            // An IPv6 literal is written in brackets in a URL, bare to the resolver.
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = endpoint
+            .port_or_known_default()
+            .ok_or_else(|| "the endpoint has no port".to_string())?;
+        let tls = if endpoint.scheme() == "https" {
+            let mut tls = tls;
+            tls.alpn_protocols = match alpn {
+                Alpn::H2 => vec![b"h2".to_vec()],
+                Alpn::Both => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+                Alpn::Http1 => vec![b"http/1.1".to_vec()],
+            };
+            let name = rustls_pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| format!("{host:?} is not a name TLS can check: {e}"))?;
+            Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), name))
+        } else {
+            None
+        };
+        Ok(Self {
+            uri,
+            host,
+            port,
+            tls,
+            alpn,
+            connect_timeout,
+            pings: (PING_EVERY, PING_TIMEOUT),
+        })
+    }
+
+    /// What TLS offers by ALPN.
+    pub(super) fn alpn(&self) -> Alpn {
+        self.alpn
+    }
+
+    /// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered.
+    pub(super) fn pings(&self) -> (Duration, Duration) {
+        self.pings
+    }
+
+    /// Pings every `every`, a connection dropped when one goes unanswered for `timeout`.
+    #[cfg(test)]
+    pub(super) fn pinging(mut self, every: Duration, timeout: Duration) -> Self {
+        self.pings = (every, timeout);
+        self
+    }
+
+    /// A `POST` of `length` bytes of JSON to the endpoint, with the model key and the trace's
+    /// parent when given: over HTTP/2 to the whole URI (its `:scheme`, `:authority` and
+    /// `:path`), over HTTP/1.1 to its path with a `Host` header.
+    pub(super) fn request<B>(
+        &self,
+        body: B,
+        length: usize,
+        key: Option<&str>,
+        traceparent: Option<String>,
+        http1: bool,
+    ) -> Result<http::Request<B>, String> {
+        let mut request = if http1 {
+            let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+            http::Request::post(path)
+        } else {
+            http::Request::post(self.uri.clone())
+        }
+        .body(body)
+        .map_err(|e| format!("the request cannot be made: {e}"))?;
+        let headers = request.headers_mut();
+        if http1 && let Some(authority) = self.uri.authority() {
+            let host = HeaderValue::try_from(authority.as_str())
+                .map_err(|e| format!("the host cannot be sent in a header: {e}"))?;
+            headers.insert(HOST, host);
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+        if let Some(key) = key {
+            let mut value = HeaderValue::try_from(format!("Bearer {key}"))
+                .map_err(|_| "the model key cannot be sent in a header".to_string())?;
+            // Never kept in an HTTP/2 connection's header table (HPACK never-indexed).
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        if let Some(traceparent) = traceparent
+            && let Ok(value) = HeaderValue::try_from(traceparent)
+        {
+            headers.insert(crate::trace::TRACEPARENT, value);
+        }
+        Ok(request)
+    }
+}
+
+/// An opened connection: plain TCP, or TLS over it.
+pub(super) enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Io {
+    /// Whether the server chose `h2` by ALPN.
+    pub(super) fn chose_h2(tls: &tokio_rustls::client::TlsStream<TcpStream>) -> bool {
+        tls.get_ref().1.alpn_protocol() == Some(b"h2")
+    }
+}
+
+/// Opens a connection to `target`: TCP, then TLS on `https://`, each within the connect timeout.
+pub(super) async fn connect(target: &Target) -> Result<Io, String> {
+    let connect = TcpStream::connect((target.host.as_str(), target.port));
+    let tcp = tokio::time::timeout(target.connect_timeout, connect)
+        .await
+        .map_err(|_| "connecting timed out".to_string())?
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    // A request is written in one go; Nagle's delay would only hold its last segment.
+    let _ = tcp.set_nodelay(true);
+    let Some((connector, name)) = &target.tls else {
+        return Ok(Io::Plain(tcp));
+    };
+    let tls = tokio::time::timeout(target.connect_timeout, connector.connect(name.clone(), tcp))
+        .await
+        .map_err(|_| "the TLS handshake timed out".to_string())?
+        .map_err(|e| format!("the TLS handshake failed: {e}"))?;
+    Ok(Io::Tls(Box::new(tls)))
+}
