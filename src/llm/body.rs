@@ -17,7 +17,7 @@ pub(super) enum Body {
     /// it is dropped (then the connection goes back to its pool).
     Connection {
         incoming: hyper::body::Incoming,
-        _checkout: super::h1conn::Checkout,
+        checkout: super::h1conn::Checkout,
     },
 }
 
@@ -51,10 +51,13 @@ impl Body {
                     message: e.to_string(),
                 }),
             },
-            Self::Connection { incoming, .. } => loop {
+            Self::Connection { incoming, checkout } => loop {
                 use http_body_util::BodyExt as _;
                 match incoming.frame().await {
-                    None => return Ok(None),
+                    None => {
+                        checkout.answered();
+                        return Ok(None);
+                    }
                     Some(Ok(frame)) => {
                         // Trailers carry nothing an answer needs.
                         if let Ok(piece) = frame.into_data() {
@@ -69,6 +72,20 @@ impl Body {
                     }
                 }
             },
+        }
+    }
+
+    /// Reads what is left of a body whose answer is complete (a stream's terminal event came)
+    /// as far as it has arrived, without waiting: a body seen to its end lets its HTTP/1.1
+    /// connection carry the next call.
+    pub(super) fn finish(&mut self) {
+        use futures_util::FutureExt as _;
+        // The end usually comes with the last event; a few pieces more are skipped.
+        for _ in 0..4 {
+            match self.chunk().now_or_never() {
+                Some(Ok(Some(_))) => {}
+                Some(Ok(None) | Err(_)) | None => return,
+            }
         }
     }
 

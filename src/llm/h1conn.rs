@@ -55,6 +55,7 @@ impl Pool {
                 return Ok(Checkout {
                     pool: Arc::clone(self),
                     sender: Some(sender),
+                    answered: false,
                 });
             }
         }
@@ -62,6 +63,7 @@ impl Pool {
         Ok(Checkout {
             pool: Arc::clone(self),
             sender: Some(sender),
+            answered: false,
         })
     }
 
@@ -74,6 +76,7 @@ impl Pool {
         Ok(Checkout {
             pool: Arc::clone(self),
             sender: Some(sender),
+            answered: false,
         })
     }
 
@@ -99,12 +102,15 @@ impl Pool {
     }
 }
 
-/// A connection taken for one call; given back to its pool when dropped (after the answer is
-/// read: the body holds it), unless it closed.
+/// A connection taken for one call; given back to its pool when dropped if the call's answer
+/// was read to its end (the body holds it) and it is still open. A call cut short (timed
+/// out, cancelled, broken off) takes its connection with it: what the server still sends on
+/// it belongs to no one.
 #[derive(Debug)]
 pub(super) struct Checkout {
     pool: Arc<Pool>,
     sender: Option<Sender>,
+    answered: bool,
 }
 
 impl Checkout {
@@ -130,12 +136,19 @@ impl Checkout {
     }
 }
 
+impl Checkout {
+    /// Notes that the answer was read to its end: the connection may carry another call.
+    pub(super) fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
 impl Drop for Checkout {
     fn drop(&mut self) {
         let Some(sender) = self.sender.take() else {
             return;
         };
-        if sender.is_closed() {
+        if !self.answered || sender.is_closed() {
             return;
         }
         let mut idle = self.pool.idle.lock().unwrap_or_else(|p| p.into_inner());

@@ -173,7 +173,7 @@ impl LlmClient {
             .into_parts();
         let body = Body::Connection {
             incoming,
-            _checkout: connection,
+            checkout: connection,
         };
         self.read(head.status.as_u16(), &head.headers, body, sink)
             .await

@@ -125,6 +125,7 @@ pub(super) async fn read(
         };
         for event in frames.push(&chunk) {
             if let Step::Done(result) = step(&event, sink) {
+                body.finish();
                 return *result;
             }
         }

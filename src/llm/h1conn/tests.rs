@@ -94,7 +94,7 @@ async fn call(pool: &Arc<Pool>, text: &'static str) -> Result<Bytes, String> {
     let incoming = connection.send(request).await?.into_body();
     Body::Connection {
         incoming,
-        _checkout: connection,
+        checkout: connection,
     }
     .whole()
     .await
@@ -133,4 +133,17 @@ async fn a_connection_the_server_closes_is_not_taken_again() {
         assert_eq!(call(&pool, text).await.as_deref(), Ok(text.as_bytes()));
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}
+
+/// A call cut short (here by its time running out) takes its connection with it: the next
+/// call does not wait behind an answer that belongs to no one.
+#[tokio::test]
+async fn a_connection_whose_call_was_cut_short_is_not_taken_again() {
+    let (target, accepted) = server(Duration::from_millis(300), false).await;
+    let pool = Arc::new(Pool::new(Arc::new(target)));
+    let cut = tokio::time::timeout(Duration::from_millis(50), call(&pool, "[1]")).await;
+    assert!(cut.is_err(), "the first call ran out of time");
+    assert_eq!(pool.idle(), 0, "its connection was not given back");
+    assert_eq!(call(&pool, "[2]").await.as_deref(), Ok(&b"[2]"[..]));
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
