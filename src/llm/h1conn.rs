@@ -59,7 +59,8 @@ impl Pool {
                 });
             }
         }
-        let sender = open(&self.target).await?;
+        // Boxed, as each opening below: a rare step, kept out of every waiting call's future.
+        let sender = Box::pin(open(&self.target)).await?;
         Ok(Checkout {
             pool: Arc::clone(self),
             sender: Some(sender),
@@ -70,8 +71,8 @@ impl Pool {
     /// A connection opened elsewhere (TLS on which the server chose HTTP/1.1), for one call.
     pub(super) async fn adopt(self: &Arc<Self>, io: Io) -> Result<Checkout, String> {
         let sender = match io {
-            Io::Plain(tcp) => handshake(tcp).await?,
-            Io::Tls(tls) => handshake(tls).await?,
+            Io::Plain(tcp) => Box::pin(handshake(tcp)).await?,
+            Io::Tls(tls) => Box::pin(handshake(tls)).await?,
         };
         Ok(Checkout {
             pool: Arc::clone(self),
@@ -131,7 +132,7 @@ impl Checkout {
                 None => return Err(error.into_error().to_string()),
             },
         };
-        let fresh = self.sender.insert(open(&self.pool.target).await?);
+        let fresh = self.sender.insert(Box::pin(open(&self.pool.target)).await?);
         fresh.send_request(unsent).await.map_err(|e| e.to_string())
     }
 }

@@ -84,7 +84,8 @@ impl Link {
         let sender = match (&held.open, &held.failed) {
             (Some((_, sender)), _) => sender.clone(),
             (None, Some((at, e))) if *at >= asked => return Err(e.clone()),
-            (None, _) => match open(&self.target).await {
+            // Boxed: a rare step, kept out of every waiting call's future.
+            (None, _) => match Box::pin(open(&self.target)).await {
                 Ok(Ready::Stream(sender)) => {
                     held.opened += 1;
                     held.open = Some((held.opened, sender.clone()));

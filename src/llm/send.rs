@@ -83,7 +83,7 @@ impl LlmClient {
             Some(answered) => return answered,
             None => self.pooled(lease.client(), payload, traceparent).await?,
         };
-        self.read(status, &headers, body, sink).await
+        Box::pin(self.read(status, &headers, body, sink)).await
     }
 
     /// The call as a stream of the lease's own connection: its answer, or `None` when the
@@ -131,8 +131,7 @@ impl LlmClient {
             .into_parts();
         let body = Body::Stream(stream);
         Ok(Some(
-            self.read(head.status.as_u16(), &head.headers, body, sink)
-                .await,
+            Box::pin(self.read(head.status.as_u16(), &head.headers, body, sink)).await,
         ))
     }
 
@@ -175,8 +174,7 @@ impl LlmClient {
             incoming,
             checkout: connection,
         };
-        self.read(head.status.as_u16(), &head.headers, body, sink)
-            .await
+        Box::pin(self.read(head.status.as_u16(), &head.headers, body, sink)).await
     }
 
     /// The call through reqwest's client: the answer's status, headers and body.
