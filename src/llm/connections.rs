@@ -19,11 +19,10 @@
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use super::h1conn::Pool;
 use super::h2conn::Link;
-use super::target::{Alpn, Target};
+use super::target::{Alpn, PING_EVERY, PING_TIMEOUT, Target};
 
 /// Calls one HTTP/2 connection carries by default (`model.http2_streams`): what most servers
 /// allow at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
@@ -115,12 +114,6 @@ impl Wire {
         }
     }
 }
-
-/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered
-/// before the connection counts as dead: one dead connection would otherwise hold every call
-/// on it until the call's own timeout.
-pub(super) const PING_EVERY: Duration = Duration::from_secs(20);
-pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Makes a client builder with the model client's timeouts and trust.
 pub(super) type MakeBuilder =
@@ -334,6 +327,7 @@ impl Drop for Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn connections(http: ModelHttp) -> Connections {
         Connections::build(

@@ -152,8 +152,8 @@ where
     Ok(sender)
 }
 
-/// Pings every `every` ([`PING_EVERY`]); returns when a ping goes unanswered for `timeout`
-/// ([`PING_TIMEOUT`]). A connection that cannot ping stays as it is.
+/// Pings every `every` (`target::PING_EVERY`); returns when a ping goes unanswered for
+/// `timeout` (`target::PING_TIMEOUT`). A connection that cannot ping stays as it is.
 async fn keep_alive(pinger: Option<h2::PingPong>, (every, timeout): (Duration, Duration)) {
     let Some(mut pinger) = pinger else {
         return std::future::pending().await;

@@ -11,7 +11,11 @@ use std::time::Duration;
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use tokio::net::TcpStream;
 
-use super::connections::{PING_EVERY, PING_TIMEOUT};
+/// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered
+/// before the connection counts as dead: one dead connection would otherwise hold every call
+/// on it until the call's own timeout.
+pub(super) const PING_EVERY: Duration = Duration::from_secs(20);
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a TLS connection offers by ALPN.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
