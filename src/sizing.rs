@@ -4,10 +4,10 @@
 //! Owns: that arithmetic and the memory probe. Must not: read configuration.
 
 /// What one turn in flight may cost a worker, for sizing the default concurrency: measured
-/// ~54 KiB of heap and ~53 KiB resident with the model over HTTP/1.1 (2026-12-05; ~24 KiB of
-/// heap, ~30 resident over HTTP/2, 2026-12-07) with 2,000 turns in flight against a 20 s model
-/// (`aptix-bench turns --closed-loop`; docs/benchmarks.md), rounded up for the allocator's
-/// slack and a model's longer answers: HTTP/1.1, the default on `http://`, sets it.
+/// ~48 KiB of heap and ~47 KiB resident with the model over HTTP/1.1 (~20 KiB of heap, ~26
+/// resident over HTTP/2) with 2,000 turns in flight against a 20 s model (`aptix-bench turns
+/// --closed-loop`; docs/benchmarks.md, 2026-12-07), rounded up for the allocator's slack and
+/// a model's longer answers: HTTP/1.1, the default on `http://`, sets it.
 pub const MEMORY_PER_TURN: u64 = 64 << 10;
 /// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
 pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
