@@ -86,8 +86,9 @@ impl LlmClient {
         Box::pin(self.read(status, &headers, body, sink)).await
     }
 
-    /// The call as a stream of the lease's own connection: its answer, or `None` when the
-    /// server chose HTTP/1.1 (the call goes through the pooled client).
+    /// The call as a stream of the lease's own connection: its answer (on that connection as
+    /// HTTP/1.1 if the server chose so), or `None` when the server chose HTTP/1.1 and there
+    /// are no HTTP/1.1 connections of our own to take the call (it goes through reqwest's).
     async fn on_stream(
         &self,
         link: &h2conn::Link,
