@@ -124,8 +124,7 @@ pub(super) type MakeBuilder =
 struct Slot {
     client: reqwest::Client,
     /// The HTTP/2 connection a call is sent on, when calls go out on connections of our own
-    /// (HTTP/2 or a server's choice, no proxy); the client then carries the background
-    /// calls, and all of them once a server chose HTTP/1.1.
+    /// (HTTP/2 or a server's choice, no proxy); the client then carries the background calls.
     link: Option<Arc<Link>>,
     /// The HTTP/1.1 connections of our own (the first slot's, when calls may go out so).
     pool: Option<Arc<Pool>>,
@@ -156,8 +155,8 @@ pub(super) struct Connections {
     make: MakeBuilder,
     /// Where connections of our own go (`None`: every call goes through reqwest's client).
     target: Option<Arc<Target>>,
-    /// Set once the server chose HTTP/1.1 by ALPN: calls go through the first client, which
-    /// opens a connection per call in flight, from then on.
+    /// Set once the server chose HTTP/1.1 by ALPN: calls go on the first slot's HTTP/1.1
+    /// connections (a connection per call in flight) from then on.
     http1_chosen: Arc<AtomicBool>,
 }
 
@@ -199,14 +198,13 @@ impl Connections {
         };
         let mut first = Slot::new(client(wire, &make)?, streams_to.as_ref());
         first.pool = pooled_to.map(|t| Arc::new(Pool::new(t)));
-        let target = streams_to;
         Ok(Self {
             first,
             more: Arc::default(),
             streams: wire.streams(),
             wire,
             make,
-            target,
+            target: streams_to,
             http1_chosen: Arc::default(),
         })
     }
@@ -216,7 +214,7 @@ impl Connections {
         self.first.pool.as_ref()
     }
 
-    /// Notes that the server chose HTTP/1.1: calls go through the first client from now on.
+    /// Notes that the server chose HTTP/1.1: calls go on HTTP/1.1 connections from now on.
     pub(super) fn note_http1_chosen(&self) {
         if !self.http1_chosen.swap(true, Ordering::Relaxed) {
             tracing::info!("the model server chose HTTP/1.1: a connection per call in flight");

@@ -135,9 +135,7 @@ impl Checkout {
         let fresh = self.sender.insert(Box::pin(open(&self.pool.target)).await?);
         fresh.send_request(unsent).await.map_err(|e| e.to_string())
     }
-}
 
-impl Checkout {
     /// Notes that the answer was read to its end: the connection may carry another call.
     pub(super) fn answered(&mut self) {
         self.answered = true;

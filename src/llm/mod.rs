@@ -23,6 +23,8 @@ mod refusal;
 mod send;
 mod stream;
 mod target;
+#[cfg(test)]
+mod test_listener;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 pub use crate::state::{ModelResponse, OutputItem, SentRequest};

@@ -1,5 +1,6 @@
-//! One attempt of a model call: as a stream of the client's own HTTP/2 connection or through
-//! reqwest's client, and the reading of its answer, whole or as events.
+//! One attempt of a model call: as a stream of the client's own HTTP/2 connection, on one of
+//! its own HTTP/1.1 connections, or through reqwest's client, and the reading of its answer,
+//! whole or as events.
 //!
 //! Owns: the request's bytes on the wire and the answer's status, headers and body. Must
 //! not: retry, or decide what a failure means beyond its kind (`refusal.rs`).
@@ -64,18 +65,17 @@ impl LlmClient {
     ) -> Result<ModelResponse, AttemptError> {
         // Held until the answer is read: the connection counts this call until then.
         let lease = self.http.lease();
+        // On our own connections the call's whole time is held here (reqwest holds its own).
+        let timed_out = |_| AttemptError::transient(TIMED_OUT.to_string());
         let sent = if let Some(link) = lease.link() {
             let on_stream = self.on_stream(link, payload, traceparent.as_deref(), sink);
-            match tokio::time::timeout(self.timeout, on_stream).await {
-                Ok(sent) => sent?,
-                Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
-            }
+            tokio::time::timeout(self.timeout, on_stream)
+                .await
+                .map_err(timed_out)??
         } else if let Some(pool) = lease.pool() {
             let on_connection = self.on_connection(pool, payload, traceparent.as_deref(), sink);
-            match tokio::time::timeout(self.timeout, on_connection).await {
-                Ok(sent) => Some(sent),
-                Err(_) => return Err(AttemptError::transient(TIMED_OUT.to_string())),
-            }
+            let sent = tokio::time::timeout(self.timeout, on_connection).await;
+            Some(sent.map_err(timed_out)?)
         } else {
             None
         };

@@ -32,6 +32,8 @@ pub(super) enum Alpn {
 pub(super) struct Target {
     /// The `/responses` endpoint, as the request's `:scheme`, `:authority` and `:path`.
     uri: http::Uri,
+    /// What an HTTP/1.1 request names: the endpoint's path, and its authority as `Host`.
+    origin: (http::Uri, HeaderValue),
     host: String,
     port: u16,
     /// The TLS set-up on `https://` (with the ALPN protocols offered), and the name checked.
@@ -79,6 +81,12 @@ impl Target {
         let port = endpoint
             .port_or_known_default()
             .ok_or_else(|| "the endpoint has no port".to_string())?;
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let authority = uri.authority().map_or("", |a| a.as_str());
+        let origin = (
+            http::Uri::try_from(path).map_err(|e| format!("the endpoint's path: {e}"))?,
+            HeaderValue::try_from(authority).map_err(|e| format!("the endpoint's host: {e}"))?,
+        );
         let tls = if endpoint.scheme() == "https" {
             let mut tls = tls;
             tls.alpn_protocols = match alpn {
@@ -94,6 +102,7 @@ impl Target {
         };
         Ok(Self {
             uri,
+            origin,
             host,
             port,
             tls,
@@ -131,19 +140,13 @@ impl Target {
         traceparent: Option<String>,
         http1: bool,
     ) -> Result<http::Request<B>, String> {
-        let mut request = if http1 {
-            let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
-            http::Request::post(path)
-        } else {
-            http::Request::post(self.uri.clone())
-        }
-        .body(body)
-        .map_err(|e| format!("the request cannot be made: {e}"))?;
+        let target = if http1 { &self.origin.0 } else { &self.uri };
+        let mut request = http::Request::post(target.clone())
+            .body(body)
+            .map_err(|e| format!("the request cannot be made: {e}"))?;
         let headers = request.headers_mut();
-        if http1 && let Some(authority) = self.uri.authority() {
-            let host = HeaderValue::try_from(authority.as_str())
-                .map_err(|e| format!("the host cannot be sent in a header: {e}"))?;
-            headers.insert(HOST, host);
+        if http1 {
+            headers.insert(HOST, self.origin.1.clone());
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));

@@ -9,25 +9,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::super::body::Body;
 use super::super::target::{Alpn, Target};
+use super::super::test_listener::counting;
 use super::Pool;
 
 /// A server answering each request with its body after `delay`; with `close`, it says so and
 /// closes the connection after each answer. Counts the connections it accepted.
 async fn server(delay: Duration, close: bool) -> (Target, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let addr = listener.local_addr().expect("its address");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve(socket, delay, close));
-        }
-    });
+    let (addr, accepted) = counting(move |socket| serve(socket, delay, close)).await;
     let url = reqwest::Url::parse(&format!("http://{addr}/v1/responses")).expect("a URL");
     let config = crate::tls::client_config(None);
     let target = Target::new(&url, config, Alpn::Http1, Duration::from_secs(1)).expect("a target");

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::net::TcpListener;
 
 use super::super::target::{Alpn, Target};
+use super::super::test_listener::counting;
 use super::{Link, Ready};
 
 /// What the test server does with a connection after answering its first request.
@@ -25,16 +25,7 @@ enum After {
 
 /// An HTTP/2 server echoing each request's body; counts the connections it accepted.
 async fn server(after: After) -> (String, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let addr = listener.local_addr().expect("its address");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while let Ok((socket, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve(socket, after));
-        }
-    });
+    let (addr, accepted) = counting(move |socket| serve(socket, after)).await;
     (format!("http://{addr}/v1/responses"), accepted)
 }
 
@@ -157,17 +148,13 @@ async fn a_connection_that_stops_answering_its_pings_is_dropped_and_replaced() {
 /// waited for one opening share its failure instead of each opening (and timing out) in turn.
 #[tokio::test]
 async fn calls_waiting_for_an_opening_that_fails_share_its_failure() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let addr = listener.local_addr().expect("its address");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            held.push(socket);
-        }
-    });
+    // Held, never answered: the handshake times out.
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (addr, accepted) = counting(move |socket| {
+        let held = Arc::clone(&held);
+        async move { held.lock().expect("not poisoned").push(socket) }
+    })
+    .await;
     let link = Link::new(Arc::new(target(&format!(
         "https://localhost:{}/v1/responses",
         addr.port()
