@@ -14,11 +14,9 @@ pub(super) enum Body {
     /// A stream of the model client's own HTTP/2 connection.
     Stream(h2::RecvStream),
     /// An answer on one of the model client's own HTTP/1.1 connections, which it holds until
-    /// it is dropped (then the connection goes back to its pool).
-    Connection {
-        incoming: hyper::body::Incoming,
-        checkout: super::h1conn::Checkout,
-    },
+    /// it is dropped (then the connection goes back to its pool if the answer was read to its
+    /// end).
+    Connection(super::h1conn::Checkout),
 }
 
 /// Why a body stopped before its end.
@@ -51,27 +49,10 @@ impl Body {
                     message: e.to_string(),
                 }),
             },
-            Self::Connection { incoming, checkout } => loop {
-                use http_body_util::BodyExt as _;
-                match incoming.frame().await {
-                    None => {
-                        checkout.answered();
-                        return Ok(None);
-                    }
-                    Some(Ok(frame)) => {
-                        // Trailers carry nothing an answer needs.
-                        if let Ok(piece) = frame.into_data() {
-                            return Ok(Some(piece));
-                        }
-                    }
-                    Some(Err(e)) => {
-                        return Err(Cut {
-                            timed_out: false,
-                            message: e.to_string(),
-                        });
-                    }
-                }
-            },
+            Self::Connection(checkout) => checkout.piece().await.map_err(|message| Cut {
+                timed_out: false,
+                message,
+            }),
         }
     }
 

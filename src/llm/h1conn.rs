@@ -1,38 +1,33 @@
-//! HTTP/1.1 connections to the model server, held here on hyper's connection-level client: a
-//! call takes an idle connection (or opens one: HTTP/1.1 carries one call at a time), sends
-//! on it, and gives it back once its answer is read. While it waits a call holds its
-//! connection's checkout and its answer's channel — not a pooled client's request, its
-//! service stack and its copied header maps (what a call through reqwest's client held).
+//! HTTP/1.1 connections to the model server: a call takes an idle connection (or opens one:
+//! HTTP/1.1 carries one call at a time), sends on it, and gives it back once its answer is
+//! read. While it waits a call holds its connection and nothing more: no task, no buffers
+//! (`h1wire.rs` reads and writes).
 //!
 //! An idle connection is kept for [`IDLE`] (reqwest's default), newest first; one the server
 //! closed, or whose answer was not read to its end, is dropped when found.
 //!
-//! Owns: opening, keeping and reusing connections. Must not: choose the version, read answers,
-//! retry.
+//! Owns: opening, keeping and reusing connections. Must not: choose the version, parse
+//! answers, retry a call the server may have seen.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::HeaderMap;
 
+use super::h1wire::Conn;
 use super::target::{Io, Target, connect};
 
 /// How long an idle connection is kept.
 const IDLE: Duration = Duration::from_secs(90);
-
-/// A connection's sending half.
-type Sender = http1::SendRequest<Full<Bytes>>;
 
 /// The idle connections to one [`Target`].
 #[derive(Debug)]
 pub(super) struct Pool {
     target: Arc<Target>,
     /// Oldest first, each with when it was given back.
-    idle: Mutex<VecDeque<(Instant, Sender)>>,
+    idle: Mutex<VecDeque<(Instant, Conn<Io>)>>,
 }
 
 impl Pool {
@@ -48,49 +43,39 @@ impl Pool {
         &self.target
     }
 
-    /// A connection ready for one request: the newest idle one that still is, else a new one.
+    /// A connection for one call: the newest idle one still open, else a new one.
     pub(super) async fn checkout(self: &Arc<Self>) -> Result<Checkout, String> {
-        while let Some(mut sender) = self.take_idle() {
-            if sender.ready().await.is_ok() {
-                return Ok(Checkout {
-                    pool: Arc::clone(self),
-                    sender: Some(sender),
-                    answered: false,
-                });
-            }
+        if let Some(conn) = self.take_idle() {
+            return Ok(self.lend(conn, true));
         }
-        // Boxed, as each opening below: a rare step, kept out of every waiting call's future.
-        let sender = Box::pin(open(&self.target)).await?;
-        Ok(Checkout {
-            pool: Arc::clone(self),
-            sender: Some(sender),
-            answered: false,
-        })
+        // Boxed: a rare step, kept out of every waiting call's future.
+        let io = Box::pin(connect(&self.target)).await?;
+        Ok(self.lend(Conn::new(io), false))
     }
 
     /// A connection opened elsewhere (TLS on which the server chose HTTP/1.1), for one call.
-    pub(super) async fn adopt(self: &Arc<Self>, io: Io) -> Result<Checkout, String> {
-        let sender = match io {
-            Io::Plain(tcp) => Box::pin(handshake(tcp)).await?,
-            Io::Tls(tls) => Box::pin(handshake(tls)).await?,
-        };
-        Ok(Checkout {
-            pool: Arc::clone(self),
-            sender: Some(sender),
-            answered: false,
-        })
+    pub(super) fn adopt(self: &Arc<Self>, io: Io) -> Checkout {
+        self.lend(Conn::new(io), false)
     }
 
-    /// The newest idle connection not known to be closed; those idle too long are dropped.
-    fn take_idle(&self) -> Option<Sender> {
+    fn lend(self: &Arc<Self>, conn: Conn<Io>, reused: bool) -> Checkout {
+        Checkout {
+            pool: Arc::clone(self),
+            conn: Some(conn),
+            reused,
+        }
+    }
+
+    /// The newest idle connection still open; those idle too long are dropped.
+    fn take_idle(&self) -> Option<Conn<Io>> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         while idle.front().is_some_and(|(since, _)| now - *since > IDLE) {
             idle.pop_front();
         }
-        while let Some((_, sender)) = idle.pop_back() {
-            if !sender.is_closed() {
-                return Some(sender);
+        while let Some((_, mut conn)) = idle.pop_back() {
+            if conn.still_open() {
+                return Some(conn);
             }
         }
         None
@@ -104,78 +89,61 @@ impl Pool {
 }
 
 /// A connection taken for one call; given back to its pool when dropped if the call's answer
-/// was read to its end (the body holds it) and it is still open. A call cut short (timed
-/// out, cancelled, broken off) takes its connection with it: what the server still sends on
-/// it belongs to no one.
+/// was read to its end and the server keeps the connection. A call cut short (timed out,
+/// cancelled, broken off) takes its connection with it: what the server still sends on it
+/// belongs to no one.
 #[derive(Debug)]
 pub(super) struct Checkout {
     pool: Arc<Pool>,
-    sender: Option<Sender>,
-    answered: bool,
+    /// Always there until dropped.
+    conn: Option<Conn<Io>>,
+    /// Whether the connection carried an earlier call.
+    reused: bool,
 }
 
 impl Checkout {
-    /// Sends `request` on the connection. A request an idle connection could not take (the
-    /// server closed it as the call began) goes once more on a new connection.
-    pub(super) async fn send(
+    /// Sends a request (its `head`, then the body's pieces) and reads its answer's status and
+    /// headers. A request an idle connection could not take (the server closed it as the call
+    /// began) goes once more on a new connection; one that went out is never sent again here.
+    pub(super) async fn call(
         &mut self,
-        request: http::Request<Full<Bytes>>,
-    ) -> Result<http::Response<hyper::body::Incoming>, String> {
-        let sender = self
-            .sender
-            .as_mut()
-            .ok_or_else(|| "the connection was given back".to_string())?;
-        let unsent = match sender.try_send_request(request).await {
-            Ok(response) => return Ok(response),
-            Err(mut error) => match error.take_message() {
-                Some(unsent) => unsent,
-                None => return Err(error.into_error().to_string()),
-            },
-        };
-        let fresh = self.sender.insert(Box::pin(open(&self.pool.target)).await?);
-        fresh.send_request(unsent).await.map_err(|e| e.to_string())
+        head: &[u8],
+        body: [&[u8]; 2],
+    ) -> Result<(u16, HeaderMap), String> {
+        let conn = self.conn.as_mut().ok_or(GIVEN_BACK)?;
+        if let Err(e) = conn.send(head, body).await {
+            if !self.reused {
+                return Err(e.to_string());
+            }
+            self.reused = false;
+            let io = Box::pin(connect(&self.pool.target)).await?;
+            let conn = self.conn.insert(Conn::new(io));
+            conn.send(head, body).await.map_err(|e| e.to_string())?;
+        }
+        self.conn.as_mut().ok_or(GIVEN_BACK)?.answer().await
     }
 
-    /// Notes that the answer was read to its end: the connection may carry another call.
-    pub(super) fn answered(&mut self) {
-        self.answered = true;
+    /// The answer's next piece, `None` at its end.
+    pub(super) async fn piece(&mut self) -> Result<Option<Bytes>, String> {
+        self.conn.as_mut().ok_or(GIVEN_BACK)?.piece().await
     }
 }
+
+/// What a checkout's use after its connection went says (it cannot happen: the connection
+/// goes only when the checkout is dropped).
+const GIVEN_BACK: &str = "the connection was given back";
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        let Some(sender) = self.sender.take() else {
+        let Some(conn) = self.conn.take() else {
             return;
         };
-        if !self.answered || sender.is_closed() {
+        if !conn.between_calls() {
             return;
         }
         let mut idle = self.pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.push_back((Instant::now(), sender));
+        idle.push_back((Instant::now(), conn));
     }
-}
-
-/// Opens a connection (TCP, TLS offering `http/1.1` on `https://`); its task drives it.
-async fn open(target: &Target) -> Result<Sender, String> {
-    match connect(target).await? {
-        Io::Plain(tcp) => handshake(tcp).await,
-        Io::Tls(tls) => handshake(tls).await,
-    }
-}
-
-async fn handshake<T>(io: T) -> Result<Sender, String>
-where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) = http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| format!("the HTTP/1.1 connection could not start: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "a model server's HTTP/1.1 connection ended");
-        }
-    });
-    Ok(sender)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ mod background;
 mod body;
 mod connections;
 mod h1conn;
+mod h1wire;
 mod h2conn;
 mod hosted;
 mod parse;

@@ -104,7 +104,7 @@ impl LlmClient {
                 let Some(pool) = self.http.pool() else {
                     return Ok(None);
                 };
-                let connection = pool.adopt(io).await.map_err(unreachable)?;
+                let connection = pool.adopt(io);
                 let sent = self.send_on(pool, connection, payload, traceparent, sink);
                 return Ok(Some(sent.await));
             }
@@ -113,7 +113,7 @@ impl LlmClient {
         let traceparent = traceparent.map(str::to_owned);
         let request = link
             .target()
-            .request((), payload.len(), key, traceparent, false)
+            .request(payload.len(), key, traceparent)
             .map_err(unreachable)?;
         let (answer, mut out) = sender
             .send_request(request, false)
@@ -160,22 +160,20 @@ impl LlmClient {
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         let key = self.api_key.as_ref().map(Secret::expose);
-        let body = http_body_util::Full::new(payload.joined());
-        let traceparent = traceparent.map(str::to_owned);
-        let request = pool
-            .target()
-            .request(body, payload.len(), key, traceparent, true)
-            .map_err(unreachable)?;
-        let (head, incoming) = connection
-            .send(request)
-            .await
-            .map_err(unreachable)?
-            .into_parts();
-        let body = Body::Connection {
-            incoming,
-            checkout: connection,
+        let (status, headers) = {
+            // The head is let go once sent; the body's pieces are the request's own bytes.
+            let head = pool
+                .target()
+                .http1_head(payload.len(), key, traceparent)
+                .map_err(unreachable)?;
+            let [opening, rest] = payload.pieces();
+            connection
+                .call(&head, [&opening, &rest])
+                .await
+                .map_err(unreachable)?
         };
-        Box::pin(self.read(head.status.as_u16(), &head.headers, body, sink)).await
+        let body = Body::Connection(connection);
+        Box::pin(self.read(status, &headers, body, sink)).await
     }
 
     /// The call through reqwest's client: the answer's status, headers and body.

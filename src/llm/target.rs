@@ -1,6 +1,6 @@
 //! Where the model client's own connections go and how one is opened: the server's address,
 //! its TLS set-up with the ALPN protocols offered, the request a call sends (`h2conn.rs`,
-//! `h1conn.rs`).
+//! `h1conn.rs`), and an opened connection as what HTTP/1.1 reads and writes (`h1wire.rs`).
 //!
 //! Owns: the endpoint as a target, TCP and TLS opening, the request head. Must not: speak a
 //! version of HTTP.
@@ -8,7 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// How often an idle HTTP/2 connection is pinged, and how long a ping may go unanswered
@@ -32,8 +36,9 @@ pub(super) enum Alpn {
 pub(super) struct Target {
     /// The `/responses` endpoint, as the request's `:scheme`, `:authority` and `:path`.
     uri: http::Uri,
-    /// What an HTTP/1.1 request names: the endpoint's path, and its authority as `Host`.
-    origin: (http::Uri, HeaderValue),
+    /// An HTTP/1.1 request's head up to its per-call headers: the request line (the
+    /// endpoint's path), `host` (its authority) and `content-type`.
+    http1_head: Vec<u8>,
     host: String,
     port: u16,
     /// The TLS set-up on `https://` (with the ALPN protocols offered), and the name checked.
@@ -83,10 +88,13 @@ impl Target {
             .ok_or_else(|| "the endpoint has no port".to_string())?;
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
         let authority = uri.authority().map_or("", |a| a.as_str());
-        let origin = (
-            http::Uri::try_from(path).map_err(|e| format!("the endpoint's path: {e}"))?,
-            HeaderValue::try_from(authority).map_err(|e| format!("the endpoint's host: {e}"))?,
-        );
+        if !field_value(path) || path.contains(' ') || !field_value(authority) {
+            return Err("the endpoint's path or host cannot be sent in a request".to_string());
+        }
+        let http1_head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n"
+        )
+        .into_bytes();
         let tls = if endpoint.scheme() == "https" {
             let mut tls = tls;
             tls.alpn_protocols = match alpn {
@@ -102,7 +110,7 @@ impl Target {
         };
         Ok(Self {
             uri,
-            origin,
+            http1_head,
             host,
             port,
             tls,
@@ -129,30 +137,23 @@ impl Target {
         self
     }
 
-    /// A `POST` of `length` bytes of JSON to the endpoint, with the model key and the trace's
-    /// parent when given: over HTTP/2 to the whole URI (its `:scheme`, `:authority` and
-    /// `:path`), over HTTP/1.1 to its path with a `Host` header.
-    pub(super) fn request<B>(
+    /// A `POST` of `length` bytes of JSON to the endpoint over HTTP/2 (to its `:scheme`,
+    /// `:authority` and `:path`), with the model key and the trace's parent when given.
+    pub(super) fn request(
         &self,
-        body: B,
         length: usize,
         key: Option<&str>,
         traceparent: Option<String>,
-        http1: bool,
-    ) -> Result<http::Request<B>, String> {
-        let target = if http1 { &self.origin.0 } else { &self.uri };
-        let mut request = http::Request::post(target.clone())
-            .body(body)
+    ) -> Result<http::Request<()>, String> {
+        let mut request = http::Request::post(self.uri.clone())
+            .body(())
             .map_err(|e| format!("the request cannot be made: {e}"))?;
         let headers = request.headers_mut();
-        if http1 {
-            headers.insert(HOST, self.origin.1.clone());
-        }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
         if let Some(key) = key {
             let mut value = HeaderValue::try_from(format!("Bearer {key}"))
-                .map_err(|_| "the model key cannot be sent in a header".to_string())?;
+                .map_err(|_| KEY_NOT_SENDABLE.to_string())?;
             // Never kept in an HTTP/2 connection's header table (HPACK never-indexed).
             value.set_sensitive(true);
             headers.insert(AUTHORIZATION, value);
@@ -164,6 +165,45 @@ impl Target {
         }
         Ok(request)
     }
+
+    /// The same request's head over HTTP/1.1 (to the endpoint's path, with `host`), ending in
+    /// its blank line.
+    pub(super) fn http1_head(
+        &self,
+        length: usize,
+        key: Option<&str>,
+        traceparent: Option<&str>,
+    ) -> Result<Vec<u8>, String> {
+        use std::io::Write as _;
+        let mut head = Vec::with_capacity(self.http1_head.len() + 192);
+        head.extend_from_slice(&self.http1_head);
+        // Writing to a Vec cannot fail.
+        let _ = write!(head, "content-length: {length}\r\n");
+        if let Some(key) = key {
+            if !field_value(key) {
+                return Err(KEY_NOT_SENDABLE.to_string());
+            }
+            let _ = write!(head, "authorization: Bearer {key}\r\n");
+        }
+        if let Some(traceparent) = traceparent
+            && field_value(traceparent)
+        {
+            let _ = write!(head, "traceparent: {traceparent}\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        Ok(head)
+    }
+}
+
+/// What a call says when the model key cannot go in a header.
+const KEY_NOT_SENDABLE: &str = "the model key cannot be sent in a header";
+
+/// Whether `value` can be sent as a header's value as it is (no line breaks or other control
+/// characters, which would end the header early).
+fn field_value(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 /// An opened connection: plain TCP, or TLS over it.
@@ -176,6 +216,74 @@ impl Io {
     /// Whether the server chose `h2` by ALPN.
     pub(super) fn chose_h2(tls: &tokio_rustls::client::TlsStream<TcpStream>) -> bool {
         tls.get_ref().1.alpn_protocol() == Some(b"h2")
+    }
+}
+
+impl super::h1wire::Wire for Io {
+    async fn readable(&self) -> std::io::Result<()> {
+        match self {
+            Self::Plain(tcp) => tcp.readable().await,
+            // TLS may hold bytes it already read and decrypted: the read itself tells.
+            Self::Tls(_) => Ok(()),
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(tcp) => tcp.is_write_vectored(),
+            Self::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
     }
 }
 

@@ -1,7 +1,6 @@
 //! The pool against an HTTP/1.1 server written here on plain TCP: a connection per call in
 //! flight, each given back and taken again once its answer is read, and one the server closed
-//! never taken again. (An answer dropped before its end is hyper's to settle: it reads the
-//! rest or closes the connection, which `ready` then reports.)
+//! never taken again, nor one whose answer was not read to its end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,17 +15,28 @@ use super::super::target::{Alpn, Target};
 use super::super::test_listener::counting;
 use super::Pool;
 
-/// A server answering each request with its body after `delay`; with `close`, it says so and
-/// closes the connection after each answer. Counts the connections it accepted.
-async fn server(delay: Duration, close: bool) -> (Target, Arc<AtomicUsize>) {
-    let (addr, accepted) = counting(move |socket| serve(socket, delay, close)).await;
+/// What the server does with a connection after each answer.
+#[derive(Clone, Copy, PartialEq)]
+enum After {
+    /// Keeps it for the next request.
+    Keep,
+    /// Says `connection: close`, and closes it.
+    SaysClose,
+    /// Says nothing, and closes it.
+    Closes,
+}
+
+/// A server answering each request with its body after `delay`, then doing with the
+/// connection what `after` says. Counts the connections it accepted.
+async fn server(delay: Duration, after: After) -> (Target, Arc<AtomicUsize>) {
+    let (addr, accepted) = counting(move |socket| serve(socket, delay, after)).await;
     let url = reqwest::Url::parse(&format!("http://{addr}/v1/responses")).expect("a URL");
     let config = crate::tls::client_config(None);
     let target = Target::new(&url, config, Alpn::Http1, Duration::from_secs(1)).expect("a target");
     (target, accepted)
 }
 
-async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
+async fn serve(mut socket: TcpStream, delay: Duration, after: After) {
     let mut buffer = Vec::new();
     loop {
         // The head, then as many bytes as its content-length says.
@@ -46,6 +56,7 @@ async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
             "{head}"
         );
         assert!(head.contains("\r\nhost: 127.0.0.1:"), "{head}");
+        assert!(head.contains("\r\nauthorization: bearer sk\r\n"), "{head}");
         let length: usize = head
             .lines()
             .find_map(|l| l.strip_prefix("content-length: "))
@@ -60,7 +71,11 @@ async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
         }
         let body: Vec<u8> = buffer.drain(..head_end + length).skip(head_end).collect();
         tokio::time::sleep(delay).await;
-        let connection = if close { "close" } else { "keep-alive" };
+        let connection = if after == After::SaysClose {
+            "close"
+        } else {
+            "keep-alive"
+        };
         let answer = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: {connection}\r\n\r\n",
             body.len()
@@ -70,7 +85,7 @@ async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
         {
             return;
         }
-        if close {
+        if after != After::Keep {
             return;
         }
     }
@@ -79,23 +94,18 @@ async fn serve(mut socket: TcpStream, delay: Duration, close: bool) {
 /// One call through `pool`: the body sent comes back.
 async fn call(pool: &Arc<Pool>, text: &'static str) -> Result<Bytes, String> {
     let mut connection = pool.checkout().await?;
-    let body = http_body_util::Full::new(Bytes::from_static(text.as_bytes()));
-    let request = pool
-        .target()
-        .request(body, text.len(), Some("sk"), None, true)?;
-    let incoming = connection.send(request).await?.into_body();
-    Body::Connection {
-        incoming,
-        checkout: connection,
-    }
-    .whole()
-    .await
-    .map_err(|cut| cut.message)
+    let head = pool.target().http1_head(text.len(), Some("sk"), None)?;
+    let (status, _) = connection.call(&head, [b"", text.as_bytes()]).await?;
+    assert_eq!(status, 200);
+    Body::Connection(connection)
+        .whole()
+        .await
+        .map_err(|cut| cut.message)
 }
 
 #[tokio::test]
 async fn calls_in_flight_take_a_connection_each_and_later_calls_take_them_again() {
-    let (target, accepted) = server(Duration::from_millis(100), false).await;
+    let (target, accepted) = server(Duration::from_millis(100), After::Keep).await;
     let pool = Arc::new(Pool::new(Arc::new(target)));
     let calls = (0..4).map(|_| call(&pool, "[1]"));
     for answer in futures_util::future::join_all(calls).await {
@@ -119,7 +129,7 @@ async fn calls_in_flight_take_a_connection_each_and_later_calls_take_them_again(
 
 #[tokio::test]
 async fn a_connection_the_server_closes_is_not_taken_again() {
-    let (target, accepted) = server(Duration::ZERO, true).await;
+    let (target, accepted) = server(Duration::ZERO, After::SaysClose).await;
     let pool = Arc::new(Pool::new(Arc::new(target)));
     for text in ["[1]", "[2]", "[3]"] {
         assert_eq!(call(&pool, text).await.as_deref(), Ok(text.as_bytes()));
@@ -131,11 +141,27 @@ async fn a_connection_the_server_closes_is_not_taken_again() {
 /// call does not wait behind an answer that belongs to no one.
 #[tokio::test]
 async fn a_connection_whose_call_was_cut_short_is_not_taken_again() {
-    let (target, accepted) = server(Duration::from_millis(300), false).await;
+    let (target, accepted) = server(Duration::from_millis(300), After::Keep).await;
     let pool = Arc::new(Pool::new(Arc::new(target)));
     let cut = tokio::time::timeout(Duration::from_millis(50), call(&pool, "[1]")).await;
     assert!(cut.is_err(), "the first call ran out of time");
     assert_eq!(pool.idle(), 0, "its connection was not given back");
     assert_eq!(call(&pool, "[2]").await.as_deref(), Ok(&b"[2]"[..]));
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+/// A server that closes an idle connection without a word (as one whose keep-alive ran out):
+/// the pool sees it closed when the next call would take it, and that call goes on a new one
+/// (sent on the closed one, it would have found no answer).
+#[tokio::test]
+async fn an_idle_connection_the_server_closed_unsaid_is_not_taken_again() {
+    let (target, accepted) = server(Duration::ZERO, After::Closes).await;
+    let pool = Arc::new(Pool::new(Arc::new(target)));
+    for text in ["[1]", "[2]", "[3]"] {
+        assert_eq!(call(&pool, text).await.as_deref(), Ok(text.as_bytes()));
+        assert_eq!(pool.idle(), 1, "the server said nothing: kept");
+        // The server's close reaches the client.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
 }

@@ -84,9 +84,7 @@ async fn call(link: &Link, text: &'static str) -> Result<Bytes, String> {
     let Ready::Stream(mut sender) = link.ready().await? else {
         return Err("HTTP/1.1 was chosen".into());
     };
-    let request = link
-        .target()
-        .request((), text.len(), Some("sk-test"), None, false)?;
+    let request = link.target().request(text.len(), Some("sk-test"), None)?;
     let (answer, mut body) = sender
         .send_request(request, false)
         .map_err(|e| e.to_string())?;
