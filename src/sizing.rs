@@ -4,11 +4,11 @@
 //! Owns: that arithmetic and the memory probe. Must not: read configuration.
 
 /// What one turn in flight may cost a worker, for sizing the default concurrency: measured
-/// ~48 KiB of heap and ~47 KiB resident with the model over HTTP/1.1 (~20 KiB of heap, ~26
-/// resident over HTTP/2) with 2,000 turns in flight against a 20 s model (`aptix-bench turns
-/// --closed-loop`; docs/benchmarks.md, 2026-12-07), rounded up for the allocator's slack and
-/// a model's longer answers: HTTP/1.1, the default on `http://`, sets it.
-pub const MEMORY_PER_TURN: u64 = 64 << 10;
+/// 18.3–18.5 KiB of heap and 22–26 KiB resident with the model over HTTP/1.1, 19.7 KiB of
+/// heap and 25–27 KiB resident over HTTP/2, with 2,000 and with 8,000 turns in flight against
+/// a slow model (`aptix-bench turns --closed-loop`; docs/benchmarks.md, 2026-12-07, later),
+/// rounded up for the allocator's slack, a model's longer answers and retrieved context.
+pub const MEMORY_PER_TURN: u64 = 32 << 10;
 /// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
 pub const MIN_DEFAULT_CONCURRENCY: usize = 64;
 /// See [`MIN_DEFAULT_CONCURRENCY`].
@@ -65,17 +65,49 @@ mod tests {
     #[test]
     fn the_default_concurrency_is_a_quarter_of_the_memory_within_bounds() {
         const MIB: u64 = 1 << 20;
-        // 256 MiB: 64 MiB for turns at 64 KiB each.
-        assert_eq!(concurrency_for_memory(256 * MIB), 1024);
-        assert_eq!(concurrency_for_memory(1024 * MIB), 4096);
+        // 256 MiB: 64 MiB for turns at 32 KiB each.
+        assert_eq!(concurrency_for_memory(256 * MIB), 2048);
+        assert_eq!(concurrency_for_memory(512 * MIB), 4096);
+        assert_eq!(concurrency_for_memory(1024 * MIB), MAX_DEFAULT_CONCURRENCY);
         assert_eq!(
             concurrency_for_memory(64 * 1024 * MIB),
             MAX_DEFAULT_CONCURRENCY
         );
-        assert_eq!(concurrency_for_memory(8 * MIB), MIN_DEFAULT_CONCURRENCY);
+        assert_eq!(concurrency_for_memory(4 * MIB), MIN_DEFAULT_CONCURRENCY);
         assert!(
             memory_limit().is_some_and(|m| m > 0),
             "this machine's memory is readable"
         );
+    }
+
+    /// The manifests add a worker per default concurrency's worth of waiting jobs: the
+    /// scaler's figure is what a worker at the deployment's memory limit runs at once.
+    #[test]
+    fn the_scaler_adds_a_worker_per_default_concurrency_at_the_deployments_limit() {
+        use yaml_rust2::{Yaml, YamlLoader};
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/ops/k8s/worker.yaml");
+        let text = std::fs::read_to_string(path).expect("the worker's manifest");
+        let docs = YamlLoader::load_from_str(&text).expect("YAML");
+        let kind = |d: &&Yaml| d["kind"].as_str().map(str::to_owned);
+        let deployment = docs
+            .iter()
+            .find(|d| kind(d).as_deref() == Some("Deployment"));
+        let limit = deployment.expect("a Deployment")["spec"]["template"]["spec"]["containers"][0]
+            ["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("a memory limit");
+        let gib: u64 = limit
+            .strip_suffix("Gi")
+            .and_then(|n| n.parse().ok())
+            .expect("in Gi");
+        let scaler = docs
+            .iter()
+            .find(|d| kind(d).as_deref() == Some("ScaledObject"));
+        let per_worker: usize = scaler.expect("a ScaledObject")["spec"]["triggers"][0]["metadata"]
+            ["value"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("a queue length");
+        assert_eq!(per_worker, concurrency_for_memory(gib << 30));
     }
 }

@@ -15,7 +15,7 @@ pub static CONCURRENCY: Setting = Setting {
     kind: Kind::Number,
     default: Default::Computed(
         "a quarter of the memory the process may use (its cgroup's limit, else the machine's) at \
-         64 KiB per turn, between 64 and 8192",
+         32 KiB per turn, between 64 and 8192",
     ),
     about: "turns one worker runs at once. A turn mostly waits on the model, so this bounds a \
             worker's memory, not its CPU; each agent context's own limits protect the model server",

@@ -4,8 +4,8 @@
 //! `https://` (ALPN: HTTP/2 if it offers it) and a plain `http://` server gets HTTP/1.1.
 //!
 //! The connections are the client's own: HTTP/2 ones on `h2` (`h2conn.rs`), HTTP/1.1 ones on
-//! hyper's connection-level client (`h1conn.rs`), so a waiting call holds its stream or its
-//! connection's checkout, not a general client's pooled request. Over HTTP/2 each slot here is
+//! a codec of our own (`h1conn.rs`, `h1wire.rs`), so a waiting call holds its stream or its
+//! connection (and no buffer), not a general client's pooled request. Over HTTP/2 each slot here is
 //! one connection, each call takes a [`Lease`] on the least loaded one, and a connection is
 //! added when every one carries `streams` calls (what a server allows at once,
 //! `SETTINGS_MAX_CONCURRENT_STREAMS`, past which streams would wait unseen). A server offered
