@@ -77,7 +77,7 @@ pub static HTTP: Setting = Setting {
             HTTP/1.1), `http1` (a connection per call in flight) or `http2` (always, by prior \
             knowledge on `http://`; a server that does not speak it fails every call). Over \
             HTTP/2 the calls are streams on as few connections as `model.http2_streams` \
-            allows, and a call in flight holds far less memory",
+            allows (fewer sockets; about the same memory per call as HTTP/1.1)",
 };
 
 /// `APTIX_LLM_HTTP2_STREAMS`.
