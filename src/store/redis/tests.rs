@@ -460,3 +460,61 @@ async fn notes_made_at_once_land_each_with_its_own_tenants_answer() {
     }
     assert!(!store.runs_notes.busy(), "every note was answered");
 }
+
+/// A burst of run writes (a batch whose model calls answered together) goes to Redis at most
+/// [`super::WRITES_AT_ONCE`] at a time: the rest wait before their commands are built, and
+/// every write lands.
+#[tokio::test]
+async fn a_burst_of_run_writes_waits_for_room_before_building_its_commands() {
+    use crate::store::{Grant, RunWrite, SessionStore, TurnRecord};
+    let store = std::sync::Arc::new(fresh_store().await);
+    let burst = super::WRITES_AT_ONCE * 3;
+    let mut turns = Vec::new();
+    for i in 0..burst {
+        let sid = crate::contract::SessionId::parse(format!("s{i}")).expect("valid id");
+        let lease = store
+            .acquire_lease(&Grant::for_tests(), &sid, "w", Duration::from_secs(30))
+            .await
+            .expect("lease")
+            .expect("free");
+        let tid = crate::contract::TurnId::parse("t").expect("valid id");
+        turns.push((
+            TurnRecord::queued(sid, tid, String::new(), "general".into()),
+            lease,
+        ));
+    }
+    // On this test's one thread every write runs to its first wait before any answer is
+    // read: the first ones hold the room, the rest queue for it.
+    let writes: Vec<_> = turns
+        .into_iter()
+        .map(|(turn, lease)| {
+            let store = std::sync::Arc::clone(&store);
+            tokio::spawn(async move {
+                let write = RunWrite {
+                    session: None,
+                    turn: &turn,
+                    lease: &lease,
+                    release: true,
+                    stored: false,
+                    unlisted: false,
+                    counts: None,
+                };
+                store.save_run(&Grant::for_tests(), write).await.map(|_| ())
+            })
+        })
+        .collect();
+    let seen = tokio::spawn({
+        let store = std::sync::Arc::clone(&store);
+        async move { store.writes.available_permits() }
+    });
+    assert_eq!(seen.await.expect("looked"), 0, "the burst filled the room");
+    for write in writes {
+        write.await.expect("ran").expect("saved");
+    }
+    assert_eq!(
+        store.writes.available_permits(),
+        super::WRITES_AT_ONCE,
+        "every write gave its room back"
+    );
+    store.delete_namespace().await.expect("clean up");
+}
