@@ -82,16 +82,7 @@ pub struct RedisStore {
     runs_notes: std::sync::Arc<group_commit::GroupCommit<crate::store::IndexedTurn>>,
     /// Admissions under way in this process ([`SessionStore::admit_and_index`]).
     admitting: std::sync::Arc<AtomicUsize>,
-    /// Room for [`WRITES_AT_ONCE`] run writes on their way to Redis (`steps.rs`).
-    writes: std::sync::Arc<tokio::sync::Semaphore>,
 }
-
-/// Run writes (checkpoints, settles) one process has on their way to Redis at once. Redis runs
-/// them one after another, so this many keep its connection busy; a burst of turns settling
-/// together (a batch whose model calls all answer at once) waits its turn before building its
-/// commands, rather than holding each command's buffers (~9 KB a turn) in the connection's
-/// queue.
-pub(super) const WRITES_AT_ONCE: usize = 64;
 
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Redis(e)
@@ -155,7 +146,6 @@ impl RedisStore {
             runs_trimmed: Default::default(),
             runs_notes: Default::default(),
             admitting: Default::default(),
-            writes: std::sync::Arc::new(tokio::sync::Semaphore::new(WRITES_AT_ONCE)),
         })
     }
 

@@ -168,9 +168,6 @@ impl RedisStore {
         let adds = counts.map_or(&[][..], |c| &c.adds);
         let sid = &turn.session_id;
         let tid = &turn.turn_id;
-        // The command is built once there is room for it on the way (never closed: `None`
-        // cannot happen, and would only mean no wait).
-        let _room = self.writes.acquire().await.ok();
         // Room for the keys, a settled record, the session and a turn's conversation items.
         let mut call = ScriptCall::with_room(&self.scripts.save, 8 + adds.len(), 4096);
         call.key_joined(&self.key_parts("lease", sid))
