@@ -140,6 +140,7 @@ impl<W: Wire> Conn<W> {
                 }
             };
             self.buf.advance(head.len);
+            self.let_go();
             if head.status == 101 {
                 return Err("the server switched protocols, which no call asked for".into());
             }
@@ -148,9 +149,6 @@ impl<W: Wire> Conn<W> {
             }
             self.keep_alive = head.keep_alive;
             self.state = head.body;
-            if self.buf.is_empty() {
-                self.buf = BytesMut::new();
-            }
             return Ok((head.status, head.headers));
         }
     }
@@ -185,6 +183,7 @@ impl<W: Wire> Conn<W> {
                 State::ChunkSize => match httparse::parse_chunk_size(&self.buf) {
                     Ok(httparse::Status::Complete((used, size))) => {
                         self.buf.advance(used);
+                        self.let_go();
                         self.state = if size == 0 {
                             State::Trailers
                         } else {
@@ -209,6 +208,7 @@ impl<W: Wire> Conn<W> {
                         self.more("a chunk's end").await?;
                     } else if self.buf.starts_with(b"\r\n") {
                         self.buf.advance(2);
+                        self.let_go();
                         self.state = State::ChunkSize;
                     } else {
                         return Err("a chunk is longer than its size says".into());
@@ -222,7 +222,10 @@ impl<W: Wire> Conn<W> {
                         return Ok(None);
                     }
                     // A trailer carries nothing an answer needs.
-                    Some(end) => self.buf.advance(end + 2),
+                    Some(end) => {
+                        self.buf.advance(end + 2);
+                        self.let_go();
+                    }
                     None => self.more("the trailers").await?,
                 },
                 State::UntilClose => {
@@ -276,8 +279,9 @@ impl<W: Wire> Conn<W> {
         self.wire.read_buf(&mut self.buf).await
     }
 
-    /// Lets go of the read buffer once every byte of it was handed on (the pieces keep what
-    /// they hold; the room after them is not kept while the connection waits).
+    /// Lets go of the read buffer once every byte of it was handed on or passed over (the
+    /// pieces keep what they hold; the room after them is not kept while the connection waits,
+    /// for its answer or, in a stream, for the next chunk).
     fn let_go(&mut self) {
         if self.buf.is_empty() {
             self.buf = BytesMut::new();

@@ -268,3 +268,18 @@ async fn an_idle_connection_the_server_closed_is_seen_closed() {
     let mut talking = Conn::new(Scripted::new(&[b"HTTP/1.1 408"], true));
     assert!(!talking.still_open(), "bytes no call asked for");
 }
+
+#[tokio::test]
+async fn a_stream_waiting_for_its_next_chunk_holds_no_buffer() {
+    let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    let mut conn = Conn::new(Scripted::new(&[answer], true));
+    conn.send(b"", [b"", b""]).await.expect("sent");
+    conn.answer().await.expect("the head");
+    assert_eq!(
+        conn.piece().await.expect("a piece").as_deref(),
+        Some(&b"hello"[..])
+    );
+    let next = futures_util::FutureExt::now_or_never(conn.piece());
+    assert!(next.is_none(), "waiting for the next chunk");
+    assert_eq!(conn.buf.capacity(), 0, "no read buffer between chunks");
+}
