@@ -102,24 +102,25 @@ pub(super) struct Checkout {
 }
 
 impl Checkout {
-    /// Sends a request (its `head`, then the body's pieces) and reads its answer's status and
-    /// headers. A request an idle connection could not take (the server closed it as the call
-    /// began) goes once more on a new connection; one that went out is never sent again here.
-    pub(super) async fn call(
-        &mut self,
-        head: &[u8],
-        body: [&[u8]; 2],
-    ) -> Result<(u16, HeaderMap), String> {
+    /// Sends a request (its `head`, then the body's pieces). A request an idle connection
+    /// could not take (the server closed it as the call began) goes once more on a new
+    /// connection; one that went out is never sent again here.
+    pub(super) async fn send(&mut self, head: &[u8], body: [&[u8]; 2]) -> Result<(), String> {
         let conn = self.conn.as_mut().ok_or(GIVEN_BACK)?;
-        if let Err(e) = conn.send(head, body).await {
-            if !self.reused {
-                return Err(e.to_string());
-            }
-            self.reused = false;
-            let io = Box::pin(connect(&self.pool.target)).await?;
-            let conn = self.conn.insert(Conn::new(io));
-            conn.send(head, body).await.map_err(|e| e.to_string())?;
+        let Err(e) = conn.send(head, body).await else {
+            return Ok(());
+        };
+        if !self.reused {
+            return Err(e.to_string());
         }
+        self.reused = false;
+        let io = Box::pin(connect(&self.pool.target)).await?;
+        let conn = self.conn.insert(Conn::new(io));
+        conn.send(head, body).await.map_err(|e| e.to_string())
+    }
+
+    /// The answer's status and headers.
+    pub(super) async fn answer(&mut self) -> Result<(u16, HeaderMap), String> {
         self.conn.as_mut().ok_or(GIVEN_BACK)?.answer().await
     }
 

@@ -160,18 +160,18 @@ impl LlmClient {
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, AttemptError> {
         let key = self.api_key.as_ref().map(Secret::expose);
-        let (status, headers) = {
-            // The head is let go once sent; the body's pieces are the request's own bytes.
-            let head = pool
-                .target()
-                .http1_head(payload.len(), key, traceparent)
-                .map_err(unreachable)?;
-            let [opening, rest] = payload.pieces();
-            connection
-                .call(&head, [&opening, &rest])
-                .await
-                .map_err(unreachable)?
-        };
+        // The head is let go once sent: a waiting call holds its connection alone.
+        let head = pool
+            .target()
+            .http1_head(payload.len(), key, traceparent)
+            .map_err(unreachable)?;
+        let [opening, rest] = payload.pieces();
+        connection
+            .send(&head, [&opening, &rest])
+            .await
+            .map_err(unreachable)?;
+        drop(head);
+        let (status, headers) = connection.answer().await.map_err(unreachable)?;
         let body = Body::Connection(connection);
         Box::pin(self.read(status, &headers, body, sink)).await
     }
