@@ -104,7 +104,7 @@ heap = next(int(l.split("=")[1]) for l in lines if l.startswith("mem_heap_B="))
 start = next(i for i, l in enumerate(lines) if l.startswith("heap_tree=")) + 1
 # Frames of the allocator, the standard library and massif's own say little about who asked.
 plumbing = re.compile(r"library/|__rust|__rdl|GlobalAlloc|malloc|calloc|realloc|raw_vec|RawVec|alloc\.rs"
-                      r"|hashbrown|bytes_mut|\?\?\?|heap allocation functions|below massif")
+                      r"|hashbrown|bytes_mut|main\.rs:33|\?\?\?|heap allocation functions|below massif")
 held, stack = {}, []
 for line in lines[start:]:
     m = re.match(r"^( *)n(\d+): (\d+) (.*)$", line)
