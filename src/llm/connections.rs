@@ -439,6 +439,33 @@ mod tests {
         );
     }
 
+    /// Credentials in the endpoint's URL are sent as basic auth by the general client alone:
+    /// such an endpoint gets every call through it (its own connections would have put them
+    /// in `Host`).
+    #[test]
+    fn an_endpoint_with_credentials_in_its_url_keeps_calls_on_the_general_client() {
+        let make: MakeBuilder = Arc::new(|| crate::tls::client_builder(None));
+        for (url, own) in [
+            ("http://models.example/v1/responses", true),
+            ("http://user:secret@models.example/v1/responses", false),
+            ("http://user@models.example/v1/responses", false),
+        ] {
+            let target = |alpn: Alpn| {
+                let url = reqwest::Url::parse(url).unwrap_or_else(|e| panic!("{e}"));
+                Target::new(
+                    &url,
+                    crate::tls::client_config(None),
+                    alpn,
+                    Duration::from_secs(1),
+                )
+            };
+            let set = Connections::build(ModelHttp::default(), false, Arc::clone(&make), target)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(set.lease().pool().is_some(), own, "{url}");
+            assert!(set.lease().link().is_none(), "{url}");
+        }
+    }
+
     #[test]
     fn calls_go_on_connections_of_our_own_in_the_version_the_setting_allows() {
         let target = |alpn: Alpn| {

@@ -5,11 +5,10 @@
 //! Owns: the endpoint as a target, TCP and TLS opening, the request head. Must not: speak a
 //! version of HTTP.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -72,6 +71,11 @@ impl Target {
         alpn: Alpn,
         connect_timeout: Duration,
     ) -> Result<Self, String> {
+        // Credentials in the URL go as basic auth, which only the general client sends; here
+        // they would end up in `Host` (and `:authority`), which must not carry them.
+        if !endpoint.username().is_empty() || endpoint.password().is_some() {
+            return Err("the endpoint's URL carries credentials".to_string());
+        }
         let uri: http::Uri = endpoint
             .as_str()
             .parse()
