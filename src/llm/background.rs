@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::connections::Lease;
 use super::stream::Frames;
-use super::{AttemptError, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, SentRequest};
+use super::{AttemptError, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, WireRequest};
 
 /// The first pause between polls of a response in progress; it doubles up to [`POLL_MAX`].
 const POLL_MIN: Duration = Duration::from_millis(250);
@@ -64,11 +64,11 @@ impl LlmClient {
     /// returns once the server has given the response its id.
     pub async fn start_background(
         &self,
-        body: &SentRequest,
+        body: &WireRequest,
         streamed: bool,
     ) -> Result<BackgroundCall, LlmError> {
         let streamed = streamed && self.streaming;
-        let payload = super::send::Payload::new(body.bytes(), streamed).joined();
+        let payload = super::send::Payload::new(body.clone(), streamed).joined();
         let mut attempts = 0usize;
         let started = (|| {
             attempts += 1;

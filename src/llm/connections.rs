@@ -545,10 +545,7 @@ mod tests {
             ModelHttp::parse("http2", 100).unwrap_or_default(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let body = crate::state::SentRequest::new(
-            serde_json::value::RawValue::from_string(r#"{"model":"m","input":"hi"}"#.into())
-                .unwrap_or_else(|e| panic!("{e}")),
-        );
+        let body = crate::state::WireRequest::whole(&br#"{"model":"m","input":"hi"}"#[..]);
         match llm.create_response("m", &body).await {
             Err(super::super::LlmError::Unavailable { message, .. }) => {
                 assert!(

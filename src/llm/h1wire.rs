@@ -105,9 +105,10 @@ impl<W: Wire> Conn<W> {
     }
 
     /// Writes a request: its `head` (ending in the blank line), then the body's pieces.
-    pub(super) async fn send(&mut self, head: &[u8], body: [&[u8]; 2]) -> std::io::Result<()> {
+    pub(super) async fn send(&mut self, head: &[u8], body: [&[u8]; 3]) -> std::io::Result<()> {
         self.state = State::Sent;
-        let mut out = bytes::Buf::chain(bytes::Buf::chain(head, body[0]), body[1]);
+        let [a, b, c] = body;
+        let mut out = bytes::Buf::chain(bytes::Buf::chain(bytes::Buf::chain(head, a), b), c);
         self.wire.write_all_buf(&mut out).await?;
         self.wire.flush().await
     }

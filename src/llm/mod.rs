@@ -28,7 +28,7 @@ mod target;
 mod test_listener;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
-pub use crate::state::{ModelResponse, OutputItem, SentRequest};
+pub use crate::state::{ModelResponse, OutputItem, WireRequest};
 pub use background::BackgroundCall;
 use connections::Connections;
 pub use connections::ModelHttp;
@@ -362,7 +362,7 @@ impl LlmClient {
     pub async fn create_response(
         &self,
         model: &str,
-        body: &SentRequest,
+        body: &WireRequest,
     ) -> Result<ModelResponse, LlmError> {
         self.create_response_streamed(model, body, None).await
     }
@@ -372,12 +372,12 @@ impl LlmClient {
     pub async fn create_response_streamed(
         &self,
         model: &str,
-        body: &SentRequest,
+        body: &WireRequest,
         sink: Option<EventSink<'_>>,
     ) -> Result<ModelResponse, LlmError> {
         let sink = sink.filter(|_| self.streaming);
         // Each attempt sends the body's own bytes (with `"stream": true` in front if streamed).
-        let payload = send::Payload::new(body.bytes(), sink.is_some());
+        let payload = send::Payload::new(body.clone(), sink.is_some());
         let backoff = self.backoff();
         let mut attempts = 0usize;
         let started = std::time::Instant::now();

@@ -9,44 +9,56 @@ use super::body::Body;
 use super::parse::parse_bytes;
 use super::refusal::refusal;
 use super::{
-    AttemptError, EventSink, LlmClient, ModelResponse, h1conn, h2conn, stream, without_url,
+    AttemptError, EventSink, LlmClient, ModelResponse, WireRequest, h1conn, h2conn, stream,
+    without_url,
 };
 use crate::secret::Secret;
 
-/// A call's body as it goes out: the request's bytes as kept (never copied on a stream), with
-/// `"stream": true` as their first member when the answer is to be streamed.
+/// A call's body as it goes out: the request's pieces as made (never copied on a stream or
+/// a connection of our own), with `"stream": true` as their first member when the answer is
+/// to be streamed.
 #[derive(Debug)]
 pub(super) struct Payload {
-    body: bytes::Bytes,
+    body: WireRequest,
     streamed: bool,
 }
 
 impl Payload {
-    pub(super) fn new(body: bytes::Bytes, streamed: bool) -> Self {
+    pub(super) fn new(body: WireRequest, streamed: bool) -> Self {
         Self { body, streamed }
     }
 
     /// The bytes to send, as a piece to put in front (empty unless streamed) and the body's
-    /// own (a view of it, past its opening brace when streamed).
-    pub(super) fn pieces(&self) -> [bytes::Bytes; 2] {
-        if !self.streamed || self.body.first() != Some(&b'{') {
-            return [bytes::Bytes::new(), self.body.clone()];
+    /// own (views of them, the first past its opening brace when streamed).
+    pub(super) fn pieces(&self) -> [bytes::Bytes; 3] {
+        let [first, second] = self.body.pieces();
+        // The opening brace is in the first piece that has bytes.
+        let [first, second] = match first.is_empty() {
+            true => [second, first],
+            false => [first, second],
+        };
+        if !self.streamed || first.first() != Some(&b'{') {
+            return [bytes::Bytes::new(), first, second];
         }
-        let rest = self.body.slice(1..);
-        let empty = rest.trim_ascii_start().first() == Some(&b'}');
-        let head: &'static [u8] = if empty {
+        let rest = first.slice(1..);
+        let next = [&rest[..], &second[..]]
+            .into_iter()
+            .find_map(|piece| piece.trim_ascii_start().first().copied());
+        let head: &'static [u8] = if next == Some(b'}') {
             b"{\"stream\":true"
         } else {
             b"{\"stream\":true,"
         };
-        [bytes::Bytes::from_static(head), rest]
+        [bytes::Bytes::from_static(head), rest, second]
     }
 
-    /// The bytes in one piece (a copy when streamed), for a client that takes one.
+    /// The bytes in one piece (a copy unless the body is one piece, not streamed), for a
+    /// client that takes one.
     pub(super) fn joined(&self) -> bytes::Bytes {
         match self.pieces() {
-            [head, rest] if head.is_empty() => rest,
-            [head, rest] => [head, rest].concat().into(),
+            [head, one, rest] if head.is_empty() && rest.is_empty() => one,
+            [head, one, rest] if head.is_empty() && one.is_empty() => rest,
+            pieces => pieces.concat().into(),
         }
     }
 
@@ -118,13 +130,14 @@ impl LlmClient {
         let (answer, mut out) = sender
             .send_request(request, false)
             .map_err(|e| unreachable(e.to_string()))?;
-        // The body's own bytes go out, `"stream": true` in a piece of its own before them.
-        let [head, rest] = payload.pieces();
-        if !head.is_empty() {
-            out.send_data(head, false)
+        // The body's own pieces go out, `"stream": true` in a piece of its own before them.
+        // (The stream ends with the last piece: empty, for a body in one piece.)
+        let [head, first, second] = payload.pieces();
+        for piece in [head, first].into_iter().filter(|piece| !piece.is_empty()) {
+            out.send_data(piece, false)
                 .map_err(|e| unreachable(e.to_string()))?;
         }
-        out.send_data(rest, true)
+        out.send_data(second, true)
             .map_err(|e| unreachable(e.to_string()))?;
         let (head, stream) = answer
             .await
@@ -165,9 +178,9 @@ impl LlmClient {
             .target()
             .http1_head(payload.len(), key, traceparent)
             .map_err(unreachable)?;
-        let [opening, rest] = payload.pieces();
+        let [opening, first, second] = payload.pieces();
         connection
-            .send(&head, [&opening, &rest])
+            .send(&head, [&opening, &first, &second])
             .await
             .map_err(unreachable)?;
         drop(head);

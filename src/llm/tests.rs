@@ -4,30 +4,60 @@ mod serde_tests {
     use super::super::*;
     use crate::contract::Usage;
 
-    /// The body's own bytes, past its brace, with `"stream": true` in a piece before them.
-    fn streamed(body: &'static str) -> serde_json::Value {
-        let payload = send::Payload::new(bytes::Bytes::from_static(body.as_bytes()), true);
-        let [head, rest] = payload.pieces();
-        assert_eq!(
-            &rest[..],
-            &body.as_bytes()[1..],
-            "not copied: a view past the brace"
+    /// The body's own pieces, the first past its brace, with `"stream": true` in a piece
+    /// before them.
+    fn streamed(opening: &'static str, own: &'static str) -> serde_json::Value {
+        let body = WireRequest::new(
+            bytes::Bytes::from_static(opening.as_bytes()),
+            bytes::Bytes::from_static(own.as_bytes()),
         );
+        let payload = send::Payload::new(body, true);
+        let [head, first, second] = payload.pieces();
+        let body = [opening, own].concat();
+        assert_eq!(
+            [&first[..], &second[..]].concat(),
+            &body.as_bytes()[1..],
+            "the body past its brace"
+        );
+        for piece in [&first, &second] {
+            let within = |whole: &str| {
+                let range = whole.as_bytes().as_ptr_range();
+                piece.is_empty() || range.contains(&piece.as_ptr())
+            };
+            assert!(within(opening) || within(own), "not copied: views");
+        }
         let joined = payload.joined();
-        assert_eq!(joined, [head, rest].concat());
+        assert_eq!(joined, [head, first, second].concat());
         serde_json::from_slice(&joined).expect("json")
     }
 
     #[test]
     fn a_streamed_body_asks_for_a_stream_and_keeps_the_rest() {
         let body = r#"{"model":"m","input":[{"role":"user","content":"{x}"}]}"#;
+        let expected = serde_json::json!({"stream": true, "model": "m", "input": [{"role": "user", "content": "{x}"}]});
+        assert_eq!(streamed(body, ""), expected);
+        assert_eq!(streamed("", body), expected);
+        // A prompt's opening, then the call's own piece.
         assert_eq!(
-            streamed(body),
-            serde_json::json!({"stream": true, "model": "m", "input": [{"role": "user", "content": "{x}"}]})
+            streamed(
+                r#"{"input":[{"role":"user","content":"{x}"}"#,
+                r#"],"model":"m"}"#
+            ),
+            expected
         );
-        assert_eq!(streamed("{ }"), serde_json::json!({"stream": true}));
-        let plain = send::Payload::new(bytes::Bytes::from_static(b"{}"), false);
+        assert_eq!(streamed("{ }", ""), serde_json::json!({"stream": true}));
+        // Nothing but space between the pieces and the closing brace: no comma either.
+        assert_eq!(streamed("{ ", " }"), serde_json::json!({"stream": true}));
+        let plain = send::Payload::new(WireRequest::whole(&b"{}"[..]), false);
         assert_eq!(plain.joined(), &b"{}"[..]);
+        let pieces = WireRequest::new(
+            bytes::Bytes::from_static(b"{\"a\":"),
+            bytes::Bytes::from_static(b"1}"),
+        );
+        assert_eq!(
+            send::Payload::new(pieces, false).joined(),
+            &b"{\"a\":1}"[..]
+        );
     }
 
     #[test]
@@ -120,9 +150,8 @@ mod over_streams {
             .with_min_backoff(Duration::from_millis(1))
     }
 
-    fn body() -> SentRequest {
-        let raw = r#"{"model":"m","input":"hi"}"#.to_string();
-        SentRequest::new(serde_json::value::RawValue::from_string(raw).expect("JSON"))
+    fn body() -> WireRequest {
+        WireRequest::whole(&br#"{"model":"m","input":"hi"}"#[..])
     }
 
     /// The key goes with the call (the fake refuses calls without it, as the API does), the

@@ -16,7 +16,7 @@ use super::outcome::RetryableFailure;
 use crate::contract::{SessionId, TurnId};
 use crate::live::{LiveBody, LiveEvent};
 use crate::llm::{
-    BackgroundCall, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, SentRequest,
+    BackgroundCall, EventSink, LlmClient, LlmError, LlmEvent, ModelResponse, WireRequest,
 };
 use crate::state::ModelCallMark;
 
@@ -32,7 +32,7 @@ impl ModelCaller {
         &self,
         run: &mut Run,
         llm: &LlmClient,
-        body: &SentRequest,
+        body: &WireRequest,
         sink: Option<EventSink<'_>>,
         marks: &dyn CallMarks,
     ) -> Result<(Option<Result<ModelResponse, LlmError>>, bool), RetryableFailure> {
@@ -198,7 +198,7 @@ impl ModelCaller {
         &self,
         run: &mut Run,
         llm: &LlmClient,
-        body: &SentRequest,
+        body: &WireRequest,
         sink: Option<EventSink<'_>>,
         request: &str,
         marks: &dyn CallMarks,
@@ -244,9 +244,13 @@ impl ModelCaller {
 }
 
 /// A digest of a request body (what a re-attaching run compares its own request with).
-fn request_digest(body: &SentRequest) -> String {
+fn request_digest(body: &WireRequest) -> String {
     use sha2::Digest as _;
-    crate::hex::lower(&sha2::Sha256::digest(body.json().as_bytes())[..16])
+    let mut digest = sha2::Sha256::new();
+    for piece in body.pieces() {
+        digest.update(&piece);
+    }
+    crate::hex::lower(&digest.finalize()[..16])
 }
 
 /// Tells a streaming turn's clients that the text streamed so far is replaced by what

@@ -62,16 +62,6 @@ mod tests {
     }
 
     #[test]
-    fn the_bytes_sent_are_the_body_itself_not_a_copy() {
-        let body = sent(r#"{"model":"m","input":"hello"}"#);
-        let bytes = body.bytes();
-        assert_eq!(&bytes[..], body.json().as_bytes());
-        assert_eq!(bytes.as_ptr(), body.json().as_ptr());
-        // A clone of the record's body shares it too.
-        assert_eq!(body.clone().bytes().as_ptr(), body.json().as_ptr());
-    }
-
-    #[test]
     fn a_record_keeps_the_start_of_an_instruction_and_names_the_first_files() {
         use super::{ARTIFACTS_NAMED, INSTRUCTION_KEPT, TurnInput};
         let long = "é".repeat(INSTRUCTION_KEPT + 5);

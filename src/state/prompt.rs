@@ -26,6 +26,9 @@ pub struct Prompt {
     /// `{"instructions": …, "tools": […], "boot": {…}}` (no `tools` without any, no `boot`
     /// but for a session's first call).
     pub json: Arc<str>,
+    /// How every body sent with it opens: `{"instructions": …, "tools": […], "input": [` and
+    /// the boot message (see [`super::WireRequest`]); the call's own items follow.
+    pub opening: bytes::Bytes,
 }
 
 /// Prompts made so far, by a fast hash (XXH3, 128 bits) of their parts: a call whose prompt
@@ -97,9 +100,22 @@ impl Prompt {
         .unwrap_or_default();
         let digest = Sha256::digest(json.as_bytes());
         let id = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let mut opening = serde_json::to_vec(&Parts {
+            instructions,
+            tools,
+            boot: None,
+        })
+        .unwrap_or_default();
+        // In place of the object's closing brace, the input array opens.
+        opening.pop();
+        opening.extend_from_slice(b",\"input\":[");
+        if let Some(boot) = boot {
+            opening.extend_from_slice(boot.get().as_bytes());
+        }
         Self {
             id,
             json: json.into(),
+            opening: opening.into(),
         }
     }
 }
@@ -148,6 +164,10 @@ mod tests {
             r#"{"instructions":"be brief","tools":[{"type":"function","name":"f"}]}"#
         );
         assert_eq!(a.id.len(), 32);
+        assert_eq!(
+            &a.opening[..],
+            br#"{"instructions":"be brief","tools":[{"type":"function","name":"f"}],"input":["#
+        );
         assert_eq!(a, Prompt::of("be brief", Some(&tools), None));
         assert_ne!(a.id, Prompt::of("be brief", None, None).id);
         assert_ne!(a.id, Prompt::of("be long", Some(&tools), None).id);
@@ -175,6 +195,10 @@ mod tests {
     fn a_kept_request_gets_its_prompt_back_or_names_it() {
         let boot = RawValue::from_string(r#"{"role":"system","content":"boot"}"#.into()).unwrap();
         let prompt = Prompt::of("be brief", None, Some(&boot));
+        assert_eq!(
+            &prompt.opening[..],
+            br#"{"instructions":"be brief","input":[{"role":"system","content":"boot"}"#
+        );
         let request = kept(&format!(
             r#"{{"model":"m","aptixPrompt":"{}","input":[{{"role":"user"}}]}}"#,
             prompt.id

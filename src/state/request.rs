@@ -1,13 +1,13 @@
-//! A model request body exactly as it was sent, stored and read back as is.
+//! A model request body: as it goes out ([`WireRequest`], in pieces) and as a turn's
+//! transcript keeps it ([`SentRequest`], stored and read back as is).
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// A model request body exactly as it was sent: JSON text, stored and read back as is (it is
-/// written once, when the call is made, and never looked into by the pipeline again). Shared:
-/// the HTTP request sends these bytes without copying them ([`SentRequest::bytes`]).
+/// A model request body as a turn's transcript keeps it: JSON text, stored and read back as is
+/// (it is written once, when the call is made, and never looked into by the pipeline again).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct SentRequest(#[serde(with = "shared_raw")] Arc<serde_json::value::RawValue>);
@@ -23,23 +23,9 @@ impl SentRequest {
         self.0.get()
     }
 
-    /// The body's bytes for an HTTP request, sharing this body's memory.
-    pub fn bytes(&self) -> bytes::Bytes {
-        bytes::Bytes::from_owner(SharedJson(Arc::clone(&self.0)))
-    }
-
     /// The body as a JSON value (for inspection; the pipeline does not need it).
     pub fn to_value(&self) -> Result<Value, serde_json::Error> {
         serde_json::from_str(self.0.get())
-    }
-}
-
-/// A shared JSON text seen as bytes (the owner behind [`SentRequest::bytes`]).
-struct SharedJson(Arc<serde_json::value::RawValue>);
-
-impl AsRef<[u8]> for SharedJson {
-    fn as_ref(&self) -> &[u8] {
-        self.0.get().as_bytes()
     }
 }
 
@@ -62,5 +48,55 @@ mod shared_raw {
 impl PartialEq for SentRequest {
     fn eq(&self, other: &Self) -> bool {
         self.json() == other.json()
+    }
+}
+
+/// A model request body as it goes out, in two pieces never joined in memory: the opening its
+/// prompt gives every call with that prompt (instructions, tools, the start of `input` — the
+/// bulk of a body, made once and shared), then the call's own bytes (the rest of `input` and
+/// the call's other members). A call waiting on its answer holds only its own piece.
+#[derive(Debug, Clone, Default)]
+pub struct WireRequest {
+    opening: bytes::Bytes,
+    own: bytes::Bytes,
+}
+
+impl WireRequest {
+    /// A body that is `opening` then `own`, together one JSON object.
+    pub fn new(opening: bytes::Bytes, own: bytes::Bytes) -> Self {
+        Self { opening, own }
+    }
+
+    /// A body in one piece.
+    pub fn whole(json: impl Into<bytes::Bytes>) -> Self {
+        Self {
+            opening: bytes::Bytes::new(),
+            own: json.into(),
+        }
+    }
+
+    /// Its pieces, in order (views sharing their memory).
+    pub fn pieces(&self) -> [bytes::Bytes; 2] {
+        [self.opening.clone(), self.own.clone()]
+    }
+
+    /// How many bytes go out.
+    pub fn len(&self) -> usize {
+        self.opening.len() + self.own.len()
+    }
+
+    /// Whether it has no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The body in one piece (a copy; for inspection and tests, not for sending).
+    pub fn joined(&self) -> Vec<u8> {
+        [&self.opening[..], &self.own[..]].concat()
+    }
+
+    /// The body as a JSON value (for inspection; the pipeline does not need it).
+    pub fn to_value(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_slice(&self.joined())
     }
 }

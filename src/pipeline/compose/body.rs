@@ -6,15 +6,15 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{CallSpec, Continuation};
-use crate::state::{Prompt, Prompts, SentRequest};
+use crate::state::{Prompt, Prompts, SentRequest, WireRequest};
 
 /// One call's request: the body sent, and the body the turn's transcript keeps — the same
 /// without the call's prompt (instructions and tools, the same for every call of a mode and
 /// tool set), which it names instead and the store keeps once.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// The body sent.
-    pub sent: SentRequest,
+    /// The body sent: its prompt's opening (shared), then the call's own bytes.
+    pub sent: WireRequest,
     /// The body kept, naming its prompt.
     pub kept: SentRequest,
     /// The call's prompt.
@@ -23,13 +23,14 @@ pub struct Request {
 
 /// The body [`request`] sends (for tests of the body alone).
 #[cfg(test)]
-fn request_body(spec: &CallSpec<'_>) -> SentRequest {
+fn request_body(spec: &CallSpec<'_>) -> WireRequest {
     request(spec, &Prompts::default()).sent
 }
 
-/// The `CreateResponse` body for one call, serialised once (the text sent), with the body the
-/// transcript keeps: the input is serialised once for both, and the prompt made once per
-/// distinct prompt (`prompts` remembers them).
+/// The `CreateResponse` body for one call, with the body the transcript keeps: the input is
+/// serialised once for both, and the prompt made once per distinct prompt (`prompts`
+/// remembers them) — the body sent is that prompt's opening, shared, then the call's own
+/// bytes: the rest of the input and the call's other members.
 pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
     let replayed = match spec.continuation {
         Continuation::Replay(items) => items,
@@ -40,57 +41,59 @@ pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
     let first = replayed.first().or(spec.input.first());
     let boot = first.filter(|item| item.get("role").and_then(Value::as_str) == Some("system"));
     let rest = raw(&Input(replayed, spec.input, usize::from(boot.is_some())));
-    let boot = boot.map(raw);
-    let input = match &boot {
-        None => rest.clone(),
-        Some(boot) => {
-            let inner = &rest.get()[1..rest.get().len() - 1];
-            let comma = if inner.is_empty() { "" } else { "," };
-            RawValue::from_string(format!("[{}{comma}{inner}]", boot.get()))
-                .expect("an array of JSON values is JSON")
-        }
-    };
-    let prompt = prompts.of(spec.instructions.text(), spec.tools, boot.as_deref());
-    let body = |kept: bool| Body {
-        model: spec.model,
-        instructions: (!kept).then_some(spec.instructions.json()),
-        prompt: kept.then_some(prompt.id.as_str()),
-        previous_response_id: match spec.continuation {
-            Continuation::Previous(id) => Some(id),
-            Continuation::Fresh | Continuation::Replay(_) => None,
-        },
-        input: if kept { &rest } else { &input },
-        tools: spec.tools.filter(|_| !kept),
-        tool_choice: spec.tool_choice.map(|name| FunctionChoice {
-            kind: "function",
-            name,
-        }),
-        prompt_cache_key: spec.prompt_cache_key,
-        background: spec.background.then_some(true),
-        store: spec.background.then_some(true),
-        service_tier: spec.service_tier,
-    };
+    let prompt = prompts.of(
+        spec.instructions.text(),
+        spec.tools,
+        boot.map(raw).as_deref(),
+    );
     Request {
-        sent: SentRequest::new(raw(&body(false))),
-        kept: SentRequest::new(raw(&body(true))),
+        sent: WireRequest::new(
+            prompt.opening.clone(),
+            own_piece(&rest, boot.is_some(), &Members::of(spec, None, None)),
+        ),
+        kept: SentRequest::new(raw(&Members::of(spec, Some(&prompt.id), Some(&rest)))),
         prompt,
     }
 }
 
-/// The wire shape of a `CreateResponse` body, borrowing what it sends (and, as the transcript
-/// keeps it, naming its prompt instead of carrying it).
+/// The call's own piece of the body sent, after its prompt's opening (which ends inside the
+/// input array, after the boot message when `after_boot`): the input's other items, the
+/// array closed, then the call's other members, and the object closed.
+fn own_piece(input: &RawValue, after_boot: bool, members: &Members<'_>) -> bytes::Bytes {
+    let items = input.get();
+    let items = items
+        .strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'))
+        .unwrap_or_default();
+    let mut own = Vec::with_capacity(items.len() + 256);
+    if after_boot && !items.is_empty() {
+        own.push(b',');
+    }
+    own.extend_from_slice(items.as_bytes());
+    own.push(b']');
+    let at = own.len();
+    // Infallible: strings, bools and JSON values written to memory; `model` is always there,
+    // so the object written is never empty and its opening brace becomes a comma.
+    if serde_json::to_writer(&mut own, members).is_ok()
+        && let Some(brace) = own.get_mut(at)
+    {
+        *brace = b',';
+    }
+    own.into()
+}
+
+/// The members of a `CreateResponse` body besides its prompt's (instructions and tools):
+/// with the input and the prompt's name as the transcript keeps it, alone after the input
+/// as sent.
 #[derive(Serialize)]
-struct Body<'a> {
+struct Members<'a> {
     model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<&'a RawValue>,
     #[serde(rename = "aptixPrompt", skip_serializing_if = "Option::is_none")]
     prompt: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     previous_response_id: Option<&'a str>,
-    input: &'a RawValue,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
+    input: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<FunctionChoice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,6 +104,28 @@ struct Body<'a> {
     store: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     service_tier: Option<&'a str>,
+}
+
+impl<'a> Members<'a> {
+    fn of(spec: &CallSpec<'a>, prompt: Option<&'a str>, input: Option<&'a RawValue>) -> Self {
+        Self {
+            model: spec.model,
+            prompt,
+            previous_response_id: match spec.continuation {
+                Continuation::Previous(id) => Some(id),
+                Continuation::Fresh | Continuation::Replay(_) => None,
+            },
+            input,
+            tool_choice: spec.tool_choice.map(|name| FunctionChoice {
+                kind: "function",
+                name,
+            }),
+            prompt_cache_key: spec.prompt_cache_key,
+            background: spec.background.then_some(true),
+            store: spec.background.then_some(true),
+            service_tier: spec.service_tier,
+        }
+    }
 }
 
 /// The replayed items, then the call's new ones, as one array (without the first so many).
@@ -258,7 +283,7 @@ mod wire_tests {
             .keys()
             .map(String::as_str)
             .collect();
-        assert_eq!(keys, ["model", "instructions", "input", "tools"]);
+        assert_eq!(keys, ["instructions", "tools", "input", "model"]);
         // Sent as escaped once, when the block was made.
         assert_eq!(v["instructions"], json!(block));
         assert_eq!(v["input"], json!([history[0], input[0]]));
@@ -281,8 +306,52 @@ mod wire_tests {
             service_tier: None,
         });
         assert_eq!(
-            bare.json(),
-            r#"{"model":"m","instructions":"i","input":[{"role":"user","content":"now \"quoted\""}]}"#
+            bare.joined(),
+            br#"{"instructions":"i","input":[{"role":"user","content":"now \"quoted\""}],"model":"m"}"#
+        );
+    }
+
+    #[test]
+    fn calls_with_one_prompt_share_its_opening_and_hold_only_their_own_bytes() {
+        let catalog = ModeCatalog::builtin();
+        let wire = catalog.wire_tools(catalog.default_mode());
+        let instructions = Instructions::new("a long block of instructions".repeat(20));
+        let prompts = Prompts::default();
+        let boot = crate::pipeline::compose::system_message("boot prompt");
+        let call = |input: &[Value]| {
+            request(
+                &CallSpec {
+                    model: "m",
+                    instructions: &instructions,
+                    tools: wire.as_deref(),
+                    tool_choice: None,
+                    continuation: Continuation::Fresh,
+                    input,
+                    prompt_cache_key: None,
+                    background: false,
+                    service_tier: None,
+                },
+                &prompts,
+            )
+            .sent
+        };
+        let a = call(&[boot.clone(), json!({"role": "user", "content": "one"})]);
+        let b = call(&[boot, json!({"role": "user", "content": "two"})]);
+        let ([opening_a, own_a], [opening_b, own_b]) = (a.pieces(), b.pieces());
+        assert_eq!(
+            opening_a.as_ptr(),
+            opening_b.as_ptr(),
+            "one opening, shared"
+        );
+        assert!(opening_a.len() > 1000, "the bulk: {}", opening_a.len());
+        for own in [&own_a, &own_b] {
+            let own = std::str::from_utf8(own).expect("text");
+            assert!(own.len() < 100, "{own}");
+            assert!(!own.contains("instructions") && !own.contains("boot prompt"));
+        }
+        assert_eq!(
+            own_a,
+            &br#",{"role":"user","content":"one"}],"model":"m"}"#[..]
         );
     }
 }
