@@ -105,7 +105,7 @@ impl Checkout {
     /// Sends a request (its `head`, then the body's pieces). A request an idle connection
     /// could not take (the server closed it as the call began) goes once more on a new
     /// connection; one that went out is never sent again here.
-    pub(super) async fn send(&mut self, head: &[u8], body: [&[u8]; 3]) -> Result<(), String> {
+    pub(super) async fn send(&mut self, head: &[u8], body: &[&[u8]; 3]) -> Result<(), String> {
         let conn = self.conn.as_mut().ok_or(GIVEN_BACK)?;
         let Err(e) = conn.send(head, body).await else {
             return Ok(());

@@ -105,9 +105,9 @@ impl<W: Wire> Conn<W> {
     }
 
     /// Writes a request: its `head` (ending in the blank line), then the body's pieces.
-    pub(super) async fn send(&mut self, head: &[u8], body: [&[u8]; 3]) -> std::io::Result<()> {
+    pub(super) async fn send(&mut self, head: &[u8], body: &[&[u8]; 3]) -> std::io::Result<()> {
         self.state = State::Sent;
-        let [a, b, c] = body;
+        let [a, b, c] = *body;
         let mut out = bytes::Buf::chain(bytes::Buf::chain(bytes::Buf::chain(head, a), b), c);
         self.wire.write_all_buf(&mut out).await?;
         self.wire.flush().await

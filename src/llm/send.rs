@@ -31,17 +31,34 @@ impl Payload {
     /// The bytes to send, as a piece to put in front (empty unless streamed) and the body's
     /// own (views of them, the first past its opening brace when streamed).
     pub(super) fn pieces(&self) -> [bytes::Bytes; 3] {
+        let (head, first, skip, second) = self.layout();
+        [
+            bytes::Bytes::from_static(head),
+            first.slice(skip..),
+            second.clone(),
+        ]
+    }
+
+    /// [`Self::pieces`] borrowed: what a connection of our own writes (a call waiting on its
+    /// write holds three slices, not three more handles).
+    pub(super) fn slices(&self) -> [&[u8]; 3] {
+        let (head, first, skip, second) = self.layout();
+        [head, &first[skip..], second]
+    }
+
+    /// The piece in front, the body's piece holding its opening brace with how many of its
+    /// bytes to pass over, and the other piece.
+    fn layout(&self) -> (&'static [u8], &bytes::Bytes, usize, &bytes::Bytes) {
         let [first, second] = self.body.pieces();
         // The opening brace is in the first piece that has bytes.
-        let [first, second] = match first.is_empty() {
-            true => [second, first],
-            false => [first, second],
+        let (first, second) = match first.is_empty() {
+            true => (second, first),
+            false => (first, second),
         };
         if !self.streamed || first.first() != Some(&b'{') {
-            return [bytes::Bytes::new(), first, second];
+            return (b"", first, 0, second);
         }
-        let rest = first.slice(1..);
-        let next = [&rest[..], &second[..]]
+        let next = [&first[1..], &second[..]]
             .into_iter()
             .find_map(|piece| piece.trim_ascii_start().first().copied());
         let head: &'static [u8] = if next == Some(b'}') {
@@ -49,7 +66,7 @@ impl Payload {
         } else {
             b"{\"stream\":true,"
         };
-        [bytes::Bytes::from_static(head), rest, second]
+        (head, first, 1, second)
     }
 
     /// The bytes in one piece (a copy unless the body is one piece, not streamed), for a
@@ -64,7 +81,7 @@ impl Payload {
 
     /// How many bytes go out.
     fn len(&self) -> usize {
-        self.pieces().iter().map(bytes::Bytes::len).sum()
+        self.slices().iter().map(|piece| piece.len()).sum()
     }
 }
 
@@ -178,9 +195,8 @@ impl LlmClient {
             .target()
             .http1_head(payload.len(), key, traceparent)
             .map_err(unreachable)?;
-        let [opening, first, second] = payload.pieces();
         connection
-            .send(&head, [&opening, &first, &second])
+            .send(&head, &payload.slices())
             .await
             .map_err(unreachable)?;
         drop(head);

@@ -248,7 +248,7 @@ fn request_digest(body: &WireRequest) -> String {
     use sha2::Digest as _;
     let mut digest = sha2::Sha256::new();
     for piece in body.pieces() {
-        digest.update(&piece);
+        digest.update(piece);
     }
     crate::hex::lower(&digest.finalize()[..16])
 }

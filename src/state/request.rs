@@ -75,9 +75,9 @@ impl WireRequest {
         }
     }
 
-    /// Its pieces, in order (views sharing their memory).
-    pub fn pieces(&self) -> [bytes::Bytes; 2] {
-        [self.opening.clone(), self.own.clone()]
+    /// Its pieces, in order.
+    pub fn pieces(&self) -> [&bytes::Bytes; 2] {
+        [&self.opening, &self.own]
     }
 
     /// How many bytes go out.

@@ -95,7 +95,7 @@ async fn serve(mut socket: TcpStream, delay: Duration, after: After) {
 async fn call(pool: &Arc<Pool>, text: &'static str) -> Result<Bytes, String> {
     let mut connection = pool.checkout().await?;
     let head = pool.target().http1_head(text.len(), Some("sk"), None)?;
-    connection.send(&head, [b"", b"", text.as_bytes()]).await?;
+    connection.send(&head, &[b"", b"", text.as_bytes()]).await?;
     let (status, _) = connection.answer().await?;
     assert_eq!(status, 200);
     Body::Connection(connection)

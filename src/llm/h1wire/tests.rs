@@ -91,7 +91,7 @@ async fn read(answer: &[u8], cuts: &[usize], open: bool) -> Result<(u16, Vec<u8>
         from = cut;
     }
     let mut conn = Conn::new(Scripted::new(&pieces, open));
-    conn.send(b"POST / HTTP/1.1\r\n\r\n", [b"{", b"", b"}"])
+    conn.send(b"POST / HTTP/1.1\r\n\r\n", &[b"{", b"", b"}"])
         .await
         .map_err(|e| e.to_string())?;
     assert_eq!(conn.wire.written, b"POST / HTTP/1.1\r\n\r\n{}");
@@ -205,7 +205,7 @@ async fn an_answer_cut_off_or_not_http_is_an_error_and_the_connection_not_kept()
     ];
     for (answer, expected) in cases {
         let mut conn = Conn::new(Scripted::new(&[answer], false));
-        conn.send(b"POST / HTTP/1.1\r\n\r\n", [b"", b"", b""])
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", &[b"", b"", b""])
             .await
             .expect("sent");
         let read = async {
@@ -224,14 +224,14 @@ async fn an_endless_head_or_chunk_line_is_refused_at_its_bound() {
     let mut head = b"HTTP/1.1 200 OK\r\nx-filler: ".to_vec();
     head.resize(super::MAX_HEAD + 10, b'x');
     let mut conn = Conn::new(Scripted::new(&[&head], true));
-    conn.send(b"", [b"", b"", b""]).await.expect("sent");
+    conn.send(b"", &[b"", b"", b""]).await.expect("sent");
     let error = conn.answer().await.expect_err("too long");
     assert!(error.contains("head is over 65536 bytes"), "{error}");
 
     let mut line = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;".to_vec();
     line.resize(line.len() + super::MAX_LINE + 10, b'x');
     let mut conn = Conn::new(Scripted::new(&[&line], true));
-    conn.send(b"", [b"", b"", b""]).await.expect("sent");
+    conn.send(b"", &[b"", b"", b""]).await.expect("sent");
     conn.answer().await.expect("the head");
     let error = conn.piece().await.expect_err("too long");
     assert!(error.contains("a chunk's size line is over"), "{error}");
@@ -241,7 +241,7 @@ async fn an_endless_head_or_chunk_line_is_refused_at_its_bound() {
 async fn a_connection_waiting_for_its_answer_holds_no_buffer() {
     // The server has sent nothing yet: the read waits with no room made.
     let mut conn = Conn::new(Scripted::new(&[], true));
-    conn.send(b"POST / HTTP/1.1\r\n\r\n", [b"", b"", b""])
+    conn.send(b"POST / HTTP/1.1\r\n\r\n", &[b"", b"", b""])
         .await
         .expect("sent");
     let waiting = futures_util::FutureExt::now_or_never(conn.answer());
@@ -250,7 +250,7 @@ async fn a_connection_waiting_for_its_answer_holds_no_buffer() {
     // Once an answer was read whole, nothing is kept either.
     let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
     let mut conn = Conn::new(Scripted::new(&[answer], true));
-    conn.send(b"", [b"", b"", b""]).await.expect("sent");
+    conn.send(b"", &[b"", b"", b""]).await.expect("sent");
     conn.answer().await.expect("the head");
     let piece = conn.piece().await.expect("a piece");
     assert_eq!(piece.as_deref(), Some(&b"ok"[..]));
@@ -273,7 +273,7 @@ async fn an_idle_connection_the_server_closed_is_seen_closed() {
 async fn a_stream_waiting_for_its_next_chunk_holds_no_buffer() {
     let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
     let mut conn = Conn::new(Scripted::new(&[answer], true));
-    conn.send(b"", [b"", b"", b""]).await.expect("sent");
+    conn.send(b"", &[b"", b"", b""]).await.expect("sent");
     conn.answer().await.expect("the head");
     assert_eq!(
         conn.piece().await.expect("a piece").as_deref(),

@@ -344,7 +344,7 @@ mod wire_tests {
             "one opening, shared"
         );
         assert!(opening_a.len() > 1000, "the bulk: {}", opening_a.len());
-        for own in [&own_a, &own_b] {
+        for own in [own_a, own_b] {
             let own = std::str::from_utf8(own).expect("text");
             assert!(own.len() < 100, "{own}");
             assert!(!own.contains("instructions") && !own.contains("boot prompt"));
