@@ -414,7 +414,7 @@ fn backends(
         backends = backends.with_conversation(
             &c.id,
             Conversation {
-                boot_prompt: c.boot_prompt.clone(),
+                boot_prompt: c.boot_prompt.as_str().into(),
                 model: c.model.clone(),
             },
         );

@@ -60,7 +60,10 @@ impl FrontDoor {
                             None => ("expired", None),
                             Some(r) => {
                                 let settled = r.status.is_settled();
-                                (r.status.as_str(), if settled { r.result } else { None })
+                                (
+                                    r.status.as_str(),
+                                    if settled { r.result.map(|r| *r) } else { None },
+                                )
                             }
                         };
                         BatchResultLine {

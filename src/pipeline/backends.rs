@@ -33,8 +33,9 @@ pub struct AgentBackend {
 /// A conversation context as the pipeline uses it.
 #[derive(Debug, Clone)]
 pub struct Conversation {
-    /// The system message of a session's first model call.
-    pub boot_prompt: String,
+    /// The system message of a session's first model call (shared: a turn waiting on that
+    /// call holds a reference, not a copy).
+    pub boot_prompt: Arc<str>,
     /// Overrides the agent context's model.
     pub model: Option<String>,
 }
@@ -88,7 +89,7 @@ impl Backends {
             conversations: [(
                 DEFAULT_CONTEXT.to_string(),
                 Arc::new(Conversation {
-                    boot_prompt: boot_prompt.to_string(),
+                    boot_prompt: boot_prompt.into(),
                     model: None,
                 }),
             )]

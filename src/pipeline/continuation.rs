@@ -55,7 +55,7 @@ impl Pipeline {
                 && record.status != TurnStatus::Running
             {
                 self.life.metrics.duplicate_suppressed("worker");
-                return Err(Box::new(Ok(Settled::stored(result.clone()))));
+                return Err(Box::new(Ok(Settled::stored((**result).clone()))));
             }
             // Awaiting client tools (a continuation run directly), queued for the continuation
             // the front door accepted, or running with the pending calls still recorded (a run
@@ -145,7 +145,7 @@ impl Pipeline {
             .life
             .open_continuation(held, record, session, tenant, live.clone());
         let settled = self
-            .continue_with_results(run, cont, &expected, submitted, pending)
+            .continue_with_results(run, cont, &expected, submitted, *pending)
             .await;
         if let Some(live) = live {
             live.finish().await;
@@ -176,7 +176,7 @@ impl Pipeline {
         }
         if run.record().checkpoint.is_some() {
             return Ok(self
-                .reason(run, TurnProgress::default(), Vec::new(), None)
+                .reason(run, TurnProgress::default(), Default::default(), None)
                 .await?);
         }
         let mut input: Vec<Value> = pending
@@ -222,7 +222,7 @@ impl Pipeline {
         // The next step is the model call, whose safe point the write above answered (kept
         // in the run by `accept_tool_results`).
         let previous = Some(pending.response_id.clone());
-        Ok(self.reason(run, progress, input, previous).await?)
+        Ok(self.reason(run, progress, input.into(), previous).await?)
     }
 
     /// The client's answer `r` to an approval question about a call of `tool` with

@@ -81,6 +81,28 @@ impl CallMarks for Lifecycle {
     }
 }
 
+/// A call's new input: its items and, on a session's first call, the boot prompt whose
+/// system message opens them — made into an item only once the call is answered, so a turn
+/// waiting on its first call holds the prompt's shared text, not a JSON tree of it.
+#[derive(Debug, Default)]
+pub(super) struct CallInput {
+    pub(super) boot: Option<Arc<str>>,
+    pub(super) items: Vec<Value>,
+}
+
+impl CallInput {
+    /// Whether there is nothing new to send (a run resuming from its checkpoint).
+    pub(super) fn is_empty(&self) -> bool {
+        self.boot.is_none() && self.items.is_empty()
+    }
+}
+
+impl From<Vec<Value>> for CallInput {
+    fn from(items: Vec<Value>) -> Self {
+        Self { boot: None, items }
+    }
+}
+
 impl ModelCaller {
     /// A caller over these backends, reading through `store`, its calls watched for cancel
     /// requests by `cancels`.
@@ -108,7 +130,7 @@ impl ModelCaller {
         run: &mut Run,
         progress: &mut TurnProgress,
         (tools_mode, mcp): (&crate::catalog::Mode, &[Arc<crate::mcp::McpTool>]),
-        input: Vec<Value>,
+        CallInput { boot, items: input }: CallInput,
         previous: Option<&str>,
         marks: &dyn CallMarks,
     ) -> Result<Result<(ModelResponse, Spent), CallEnd>, RetryableFailure> {
@@ -171,6 +193,7 @@ impl ModelCaller {
                         (None, None) => Continuation::Fresh,
                     },
                     input: &input,
+                    boot: boot.as_deref(),
                     prompt_cache_key: cache_key.as_deref(),
                     background,
                     service_tier: tier.map(ServiceTier::as_str),
@@ -412,6 +435,9 @@ impl ModelCaller {
         if let Some(usage) = discarded {
             progress.usage.add(usage);
             spent.usage.add(usage);
+        }
+        if let Some(boot) = boot {
+            progress.turn_items.push(compose::system_message(&boot));
         }
         progress.turn_items.extend(input);
         progress

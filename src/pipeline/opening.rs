@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
 use tracing::{debug, info};
 
 use super::Pipeline;
 use super::backends;
 use super::compose;
 use super::lifecycle::{Begin, Run};
+use super::model_call::CallInput;
 use super::outcome::{Interrupted, Settled, TurnPrint, store_failure};
 use crate::contract::UserTurn;
 use crate::live::LiveTurn;
@@ -24,7 +24,7 @@ pub(super) enum Opened {
     Reason {
         run: Run,
         progress: TurnProgress,
-        input: Vec<Value>,
+        input: CallInput,
         previous: Option<String>,
     },
 }
@@ -199,22 +199,21 @@ impl Pipeline {
             return Ok(Opened::Reason {
                 run,
                 progress: TurnProgress::default(),
-                input: Vec::new(),
+                input: CallInput::default(),
                 previous,
             });
         }
         let first_call =
             run.session().previous_response_id.is_none() && run.session().conversation.is_empty();
-        let mut input = Vec::new();
-        if first_call {
-            input.push(compose::system_message(&boot));
-        }
-        input.push(compose::user_message(
-            &run.session().mode_key,
-            turn,
-            run.session().solution_context.as_deref(),
-            &chunks,
-        ));
+        let input = CallInput {
+            boot: first_call.then_some(boot),
+            items: vec![compose::user_message(
+                &run.session().mode_key,
+                turn,
+                run.session().solution_context.as_deref(),
+                &chunks,
+            )],
+        };
         let progress = TurnProgress {
             tools_mode_key: mode.key.clone(),
             ..Default::default()

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use super::Pipeline;
 use super::compose;
 use super::lifecycle::Run;
-use super::model_call;
+use super::model_call::{self, CallInput};
 use super::outcome::{CallEnd, RetryableFailure, Settled, TurnResult, permanent};
 use super::server_tools::ToolEnd;
 use crate::catalog::{Mode, ToolDef, ToolLocation};
@@ -68,7 +68,7 @@ impl Pipeline {
         &self,
         mut run: Run,
         mut progress: TurnProgress,
-        mut input: Vec<Value>,
+        mut input: CallInput,
         mut previous: Option<String>,
     ) -> impl Future<Output = Result<Settled, RetryableFailure>> + '_ {
         async move {
@@ -108,7 +108,7 @@ impl Pipeline {
                             .call_model(
                                 &mut run,
                                 &mut progress,
-                                (&tools_mode, &mcp),
+                                (tools_mode, &mcp),
                                 sent,
                                 previous.as_deref(),
                                 &self.life,
@@ -121,7 +121,7 @@ impl Pipeline {
                         run,
                         progress,
                         answer,
-                        (&tools_mode, &mcp),
+                        (tools_mode, &mcp),
                         &mut api_warnings,
                     )
                     .await
@@ -133,7 +133,7 @@ impl Pipeline {
                         response_id,
                     } => {
                         (run, progress) = (back, now);
-                        input = outputs;
+                        input = outputs.into();
                         previous = Some(response_id);
                     }
                     Step::Over(over) => return over,

@@ -112,6 +112,17 @@ mod tests {
         assert!(moved.result.is_some_and(|r| r.is_successful()));
     }
 
+    /// Every turn waiting on its model holds its record (boxed, from the begin step to the
+    /// settle): its result, pending client tools and checkpoint are there only at the end of
+    /// a run or between runs, and are boxed so a waiting turn does not carry their room
+    /// (1,504 bytes inline, rustc 1.95; 552 boxed).
+    #[test]
+    fn a_record_keeps_its_rare_parts_out_of_line() {
+        let size = std::mem::size_of::<super::TurnRecord>();
+        eprintln!("a turn's record: {size} B");
+        assert!(size <= 640, "a turn's record grew to {size} B");
+    }
+
     #[test]
     fn shortened_counts_characters_not_bytes() {
         use super::shortened;

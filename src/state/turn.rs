@@ -125,7 +125,7 @@ pub struct TurnRecord {
     /// The mode the turn started in (AGN-011 §3.2 snapshot).
     pub mode_key: String,
     /// Set while the turn waits for client tools (and while their results are processed).
-    pub pending: Option<PendingTools>,
+    pub pending: Option<Box<PendingTools>>,
     /// Client tool call ids already answered by a continuation: a redelivered continuation is
     /// recognised instead of being taken for a mismatch.
     #[serde(default)]
@@ -144,12 +144,12 @@ pub struct TurnRecord {
     /// Finished (RFC 3339).
     pub completed_at: Option<String>,
     /// The last result (continuation or final) or the failure.
-    pub result: Option<InvokeResult<AgentExecuteResponse>>,
+    pub result: Option<Box<InvokeResult<AgentExecuteResponse>>>,
     /// The last model answer and the loop state right after it, saved before any of its tools
     /// run: a re-run after a crash resumes here instead of asking the model again, so tools
     /// recorded in the ledger are not run twice.
     #[serde(default)]
-    pub checkpoint: Option<Checkpoint>,
+    pub checkpoint: Option<Box<Checkpoint>>,
     /// Fingerprint of the continuation (tool results) the front door accepted for the calls
     /// in `pending`: the same continuation sent again is recognised, a different one refused.
     #[serde(default)]
@@ -337,14 +337,14 @@ impl TurnRecord {
         self.pending = None;
         self.checkpoint = None;
         self.completed_at = Some(now_rfc3339());
-        self.result = Some(InvokeResult::failure(ErrorMessage::new(
+        self.result = Some(Box::new(InvokeResult::failure(ErrorMessage::new(
             ErrorCode::TurnCancelled,
             format!(
                 "turn {} of session {} was cancelled",
                 self.turn_id,
                 self.session_id.client_id()
             ),
-        )));
+        ))));
         self
     }
 }

@@ -47,7 +47,7 @@ impl From<TurnRecord> for TurnStatusView {
             attempts: r.attempts,
             submitted_at: r.submitted_at,
             completed_at: r.completed_at,
-            result: r.result,
+            result: r.result.map(|result| *result),
         }
     }
 }
@@ -61,7 +61,7 @@ impl From<&TurnRecord> for TurnStatusView {
             attempts: r.attempts,
             submitted_at: r.submitted_at.clone(),
             completed_at: r.completed_at.clone(),
-            result: r.result.clone(),
+            result: r.result.as_deref().cloned(),
             service_tier: r.calls.iter().rev().find_map(|c| c.service_tier.clone()),
         }
     }
@@ -186,7 +186,7 @@ impl TurnInspection {
                 .collect(),
             service_tier: r.service_tier.clone(),
             bodies_withheld: r.bodies_withheld,
-            result: r.result.clone(),
+            result: r.result.as_deref().cloned(),
         }
     }
 }

@@ -369,7 +369,7 @@ impl Worker {
                 return Err(Disposition::Requeue);
             }
         };
-        match record.filter(|r| r.status.is_settled() && r.result.as_ref() == Some(result)) {
+        match record.filter(|r| r.status.is_settled() && r.result.as_deref() == Some(result)) {
             Some(r) => Ok(Some(TurnStatusView::from(r))),
             None => {
                 warn!("the turn no longer holds this result; not publishing it");

@@ -70,6 +70,14 @@ async fn a_replaying_model_gets_the_whole_conversation_once_in_order(backend: Ba
             .all(|r| r.get("previous_response_id").is_none()),
         "every call replays"
     );
+    // The session's system message opens every call once: the first carries it as the
+    // turn's boot prompt, the later ones replay it from the stored conversation.
+    for request in &requests {
+        let input = request["input"].as_array().expect("input items");
+        let systems = input.iter().filter(|item| item["role"] == "system").count();
+        assert_eq!(input[0]["role"], "system", "{request}");
+        assert_eq!(systems, 1, "{request}");
+    }
     assert_eq!(said(&requests[0]), pairs(&[("user", "first")]));
     assert_eq!(
         said(&requests[1]),

@@ -37,15 +37,18 @@ pub fn request(spec: &CallSpec<'_>, prompts: &Prompts) -> Request {
         Continuation::Fresh | Continuation::Previous(_) => &[],
     };
     // A session's first item, the system message with its boot prompt, is the same for every
-    // session of a conversation context: it goes with the prompt too.
+    // session of a conversation context: it goes with the prompt too. On the first call it
+    // comes as the prompt's text; a replayed conversation opens with it.
     let first = replayed.first().or(spec.input.first());
-    let boot = first.filter(|item| item.get("role").and_then(Value::as_str) == Some("system"));
-    let rest = raw(&Input(replayed, spec.input, usize::from(boot.is_some())));
-    let prompt = prompts.of(
-        spec.instructions.text(),
-        spec.tools,
-        boot.map(raw).as_deref(),
-    );
+    let listed = first
+        .filter(|item| item.get("role").and_then(Value::as_str) == Some("system"))
+        .filter(|_| spec.boot.is_none());
+    let rest = raw(&Input(replayed, spec.input, usize::from(listed.is_some())));
+    let boot = match spec.boot {
+        Some(text) => Some(raw(&SystemMessage::of(text))),
+        None => listed.map(raw),
+    };
+    let prompt = prompts.of(spec.instructions.text(), spec.tools, boot.as_deref());
     Request {
         sent: WireRequest::new(
             prompt.opening.clone(),
@@ -128,6 +131,33 @@ impl<'a> Members<'a> {
     }
 }
 
+/// A session's system message ([`super::system_message`]) written from its text, with no
+/// JSON tree made for it.
+#[derive(Serialize)]
+struct SystemMessage<'a> {
+    role: &'static str,
+    content: [InputText<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct InputText<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+impl<'a> SystemMessage<'a> {
+    fn of(text: &'a str) -> Self {
+        Self {
+            role: "system",
+            content: [InputText {
+                kind: "input_text",
+                text,
+            }],
+        }
+    }
+}
+
 /// The replayed items, then the call's new ones, as one array (without the first so many).
 struct Input<'a>(&'a [Value], &'a [Value], usize);
 
@@ -177,6 +207,7 @@ mod body_tests {
                     tool_choice: None,
                     continuation: Continuation::Replay(replayed),
                     input,
+                    boot: None,
                     prompt_cache_key: None,
                     background: false,
                     service_tier: None,
@@ -209,6 +240,7 @@ mod body_tests {
             tool_choice: Some("workspace_read_file"),
             continuation: Continuation::Previous("resp_1"),
             input: &input,
+            boot: None,
             prompt_cache_key: Some("aptix-k"),
             background: true,
             service_tier: Some("flex"),
@@ -235,6 +267,7 @@ mod body_tests {
                 tool_choice: None,
                 continuation: Continuation::Fresh,
                 input: &input,
+                boot: None,
                 prompt_cache_key: None,
                 background: false,
                 service_tier: None,
@@ -272,6 +305,7 @@ mod wire_tests {
             tool_choice: None,
             continuation: Continuation::Replay(&history),
             input: &input,
+            boot: None,
             prompt_cache_key: None,
             background: false,
             service_tier: None,
@@ -301,6 +335,7 @@ mod wire_tests {
             tool_choice: None,
             continuation: Continuation::Fresh,
             input: &input,
+            boot: None,
             prompt_cache_key: None,
             background: false,
             service_tier: None,
@@ -327,6 +362,7 @@ mod wire_tests {
                     tool_choice: None,
                     continuation: Continuation::Fresh,
                     input,
+                    boot: None,
                     prompt_cache_key: None,
                     background: false,
                     service_tier: None,
@@ -353,5 +389,47 @@ mod wire_tests {
             own_a,
             &br#",{"role":"user","content":"one"}],"model":"m"}"#[..]
         );
+    }
+
+    /// A first call carries its boot prompt as text (the turn holds no JSON tree of it while
+    /// it waits): its body is the one the system message as its first item made, byte for
+    /// byte, on the same shared opening; its kept body names the same prompt.
+    #[test]
+    fn a_boot_prompt_given_as_text_opens_the_body_as_its_system_message_did() {
+        let text = "boot \"prompt\"\nwith a line \u{e9}";
+        assert_eq!(
+            raw(&SystemMessage::of(text)).get(),
+            raw(&crate::pipeline::compose::system_message(text)).get()
+        );
+        let prompts = Prompts::default();
+        let user = json!({"role": "user", "content": "now"});
+        let listed = [crate::pipeline::compose::system_message(text), user.clone()];
+        let call = |input: &[Value], boot| {
+            request(
+                &CallSpec {
+                    model: "m",
+                    instructions: &Instructions::new("i".into()),
+                    tools: None,
+                    tool_choice: None,
+                    continuation: Continuation::Fresh,
+                    input,
+                    boot,
+                    prompt_cache_key: None,
+                    background: false,
+                    service_tier: None,
+                },
+                &prompts,
+            )
+        };
+        let (as_item, as_text) = (call(&listed, None), call(&listed[1..], Some(text)));
+        assert_eq!(as_text.sent.joined(), as_item.sent.joined());
+        let [opening_item, _] = as_item.sent.pieces();
+        let [opening_text, own] = as_text.sent.pieces();
+        assert_eq!(opening_text.as_ptr(), opening_item.as_ptr(), "one opening");
+        assert!(!std::str::from_utf8(own).expect("text").contains("boot"));
+        assert_eq!(as_text.kept, as_item.kept);
+        assert_eq!(as_text.prompt.id, as_item.prompt.id);
+        let sent = as_text.sent.to_value().expect("JSON");
+        assert_eq!(sent["input"], json!(listed), "the system message first");
     }
 }

@@ -133,6 +133,9 @@ pub struct CallSpec<'a> {
     pub continuation: Continuation<'a>,
     /// The new input items of this call.
     pub input: &'a [Value],
+    /// The boot prompt, on a session's first call: its system message opens the input (the
+    /// turn carries the prompt's text, not the message, until the call is answered).
+    pub boot: Option<&'a str>,
     /// The session's prompt cache key ([`prompt_cache_key`]), when the context sends one.
     pub prompt_cache_key: Option<&'a str>,
     /// Made in background mode (`background` and `store` set): the call outlives the
@@ -325,15 +328,15 @@ pub fn language_of(path: &str) -> &'static str {
 }
 
 /// The mode whose tools a turn offers: the one it started in (a mode change inside a turn takes
-/// effect on tools from the next turn).
-pub(super) fn tools_mode(
-    catalog: &ModeCatalog,
+/// effect on tools from the next turn). Lent by the catalog: a turn waiting on its model holds
+/// no copy of it.
+pub(super) fn tools_mode<'a>(
+    catalog: &'a ModeCatalog,
     progress: &crate::store::TurnProgress,
-) -> crate::catalog::Mode {
+) -> &'a crate::catalog::Mode {
     catalog
         .by_key(&progress.tools_mode_key)
         .unwrap_or_else(|| catalog.default_mode())
-        .clone()
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ impl Lifecycle {
             && let Some(result) = record.result.clone()
         {
             held.release().await;
-            return Ok(Settled::stored(result));
+            return Ok(Settled::stored(*result));
         }
         self.fail_held(held, record, InvokeResult::failure(error))
             .await
@@ -57,7 +57,7 @@ impl Lifecycle {
             // say): its stored result, so that it is published again rather than never.
             (Some(record), _) if record.status.is_final() => {
                 held.release().await;
-                Ok(record.result.map(Settled::stored))
+                Ok(record.result.map(|result| Settled::stored(*result)))
             }
             _ => {
                 held.release().await;

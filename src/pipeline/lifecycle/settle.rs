@@ -66,7 +66,7 @@ impl Lifecycle {
             && let Some(result) = &rec.result
         {
             info!("the turn was cancelled; dropping its job");
-            return Err(Interrupted::NotTheTurns(Box::new(result.clone())));
+            return Err(Interrupted::NotTheTurns(result.clone()));
         }
         let done = rec.status.is_settled() || rec.pending.is_some();
         match (&rec.result, done) {
@@ -76,7 +76,7 @@ impl Lifecycle {
                     "turn already ran; returning its stored result"
                 );
                 self.metrics.duplicate_suppressed("worker");
-                Ok(Some(result.clone()))
+                Ok(Some((**result).clone()))
             }
             _ => Ok(None),
         }
@@ -116,7 +116,7 @@ impl Lifecycle {
         run.record.completed_at = Some(now_rfc3339());
         run.record.pending = None;
         run.record.checkpoint = None;
-        run.record.result = Some(result);
+        run.record.result = Some(Box::new(result));
         let result = self.settle(run, true).await?;
         info!(iterations, "turn completed");
         Ok(result)
@@ -143,14 +143,14 @@ impl Lifecycle {
         let result =
             InvokeResult::success(AgentExecuteResponse::ClientToolContinuation(continuation));
         run.record.status = TurnStatus::AwaitingClientTools;
-        run.record.pending = Some(PendingTools {
+        run.record.pending = Some(Box::new(PendingTools {
             response_id,
             client_calls,
             server_outputs,
             progress,
-        });
+        }));
         run.record.checkpoint = None;
-        run.record.result = Some(result);
+        run.record.result = Some(Box::new(result));
         // The session's continuation id is *not* moved to this response: its calls are
         // unanswered. The session is saved for what changed (replay flag, latched context).
         let result = self.settle(run, true).await?;
@@ -170,7 +170,7 @@ impl Lifecycle {
         run.record.pending = None;
         run.record.checkpoint = None;
         run.record.completed_at = Some(now_rfc3339());
-        run.record.result = Some(result);
+        run.record.result = Some(Box::new(result));
         // The session's continuation state is left as it was before the turn.
         self.settle(run, false).await
     }
@@ -210,7 +210,7 @@ impl Lifecycle {
             run.record.note_event(event, detail);
         }
         // Written once here: the record stored and the status published copy the text.
-        run.record.result = run.record.result.take().map(InvokeResult::written);
+        run.record.result = (run.record.result.take()).map(|result| Box::new(result.written()));
         let saved = match self.write(&mut run, with_session, true).await {
             Ok(saved) => saved,
             Err(f) => return Err(self.hand_back(run, f).await),

@@ -18,10 +18,10 @@ impl Lifecycle {
         response: &ModelResponse,
         progress: &TurnProgress,
     ) -> Result<(), RetryableFailure> {
-        run.record.checkpoint = Some(Checkpoint {
+        run.record.checkpoint = Some(Box::new(Checkpoint {
             response: response.clone(),
             progress: progress.clone(),
-        });
+        }));
         // The call it answers is over: nothing to re-attach to.
         run.record.model_call = None;
         self.write(run, false, false).await.map(|_| ())
