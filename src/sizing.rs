@@ -4,10 +4,11 @@
 //! Owns: that arithmetic and the memory probe. Must not: read configuration.
 
 /// What one turn in flight may cost a worker, for sizing the default concurrency: measured
-/// 18.3–18.5 KiB of heap and 22–26 KiB resident with the model over HTTP/1.1, 19.7 KiB of
-/// heap and 25–27 KiB resident over HTTP/2, with 2,000 and with 8,000 turns in flight against
-/// a slow model (`aptix-bench turns --closed-loop`; docs/benchmarks.md, 2026-12-07, later),
-/// rounded up for the allocator's slack, a model's longer answers and retrieved context.
+/// 13.3–16.0 KiB of heap and 16–19 KiB resident with the model over HTTP/1.1, 15.5–18.3 KiB
+/// of heap and 21–26 KiB resident over HTTP/2, with 2,000, 8,000 and 10,000 new sessions at
+/// once (`aptix-bench turns --closed-loop`; docs/benchmarks.md, 2026-12-07, evening), rounded
+/// up for the allocator's slack, a model's longer answers and retrieved context (a turn with
+/// retrieved context holds its chunks through the wait).
 pub const MEMORY_PER_TURN: u64 = 32 << 10;
 /// The default concurrency never goes below this or above [`MAX_DEFAULT_CONCURRENCY`].
 pub const MIN_DEFAULT_CONCURRENCY: usize = 64;

@@ -117,13 +117,7 @@ impl Pipeline {
                     )
                 };
                 match self
-                    .act(
-                        run,
-                        progress,
-                        answer,
-                        (tools_mode, &mcp),
-                        &mut api_warnings,
-                    )
+                    .act(run, progress, answer, (tools_mode, &mcp), &mut api_warnings)
                     .await
                 {
                     Step::Again {
