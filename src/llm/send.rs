@@ -73,8 +73,8 @@ impl Payload {
     /// client that takes one.
     pub(super) fn joined(&self) -> bytes::Bytes {
         match self.pieces() {
+            // The piece with the opening brace comes first: a body in one piece is that one.
             [head, one, rest] if head.is_empty() && rest.is_empty() => one,
-            [head, one, rest] if head.is_empty() && one.is_empty() => rest,
             pieces => pieces.concat().into(),
         }
     }

@@ -80,16 +80,6 @@ impl WireRequest {
         [&self.opening, &self.own]
     }
 
-    /// How many bytes go out.
-    pub fn len(&self) -> usize {
-        self.opening.len() + self.own.len()
-    }
-
-    /// Whether it has no bytes at all.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The body in one piece (a copy; for inspection and tests, not for sending).
     pub fn joined(&self) -> Vec<u8> {
         [&self.opening[..], &self.own[..]].concat()

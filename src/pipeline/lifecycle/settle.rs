@@ -210,7 +210,11 @@ impl Lifecycle {
             run.record.note_event(event, detail);
         }
         // Written once here: the record stored and the status published copy the text.
-        run.record.result = (run.record.result.take()).map(|result| Box::new(result.written()));
+        run.record.result = run.record.result.take().map(|mut result| {
+            // In its box: the result moves out and back, the box stays.
+            *result = (*result).written();
+            result
+        });
         let saved = match self.write(&mut run, with_session, true).await {
             Ok(saved) => saved,
             Err(f) => return Err(self.hand_back(run, f).await),
