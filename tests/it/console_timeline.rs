@@ -8,37 +8,26 @@
 use std::time::Duration;
 
 use aptix_worker::fake_llm::{FakeOptions, Reply};
-use fantoccini::Locator;
 use serde_json::json;
 
 use crate::app::{AppOptions, Backend, spawn};
 use crate::support::browser::Browser;
 
-/// The timeline's steps as `(kind, what)`: `what` is the step's first line.
+/// The timeline's steps as `(kind, what)`: `what` is the step's first line. Read in one
+/// script: the timeline is drawn again while a call streams, and a row found by one WebDriver
+/// request can be gone by the next (a stale element).
 async fn steps(browser: &Browser) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for row in browser
+    let rows = browser
         .client
-        .find_all(Locator::Css("#timeline tr.step"))
+        .execute(
+            "return [...document.querySelectorAll('#timeline tr.step')]
+                .map(row => [row.dataset.kind ?? '', row.querySelector('strong')?.innerText ?? null]);",
+            vec![],
+        )
         .await
-        .expect("the timeline's rows")
-    {
-        let kind = row
-            .attr("data-kind")
-            .await
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let what = row
-            .find(Locator::Css("strong"))
-            .await
-            .expect("a step names itself")
-            .text()
-            .await
-            .unwrap_or_default();
-        out.push((kind, what));
-    }
-    out
+        .expect("the timeline's rows");
+    serde_json::from_value(rows.clone())
+        .unwrap_or_else(|e| panic!("every step names itself ({e}): {rows}"))
 }
 
 fn step(kind: &str, what: &str) -> (String, String) {
