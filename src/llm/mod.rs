@@ -22,6 +22,7 @@ mod hosted;
 mod parse;
 mod refusal;
 mod send;
+mod skim;
 mod stream;
 mod target;
 #[cfg(test)]

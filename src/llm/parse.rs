@@ -9,6 +9,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::ControlFlow;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
@@ -20,7 +21,8 @@ use crate::contract::Usage;
 
 /// Normalises a `Response` object received as bytes (a non-streamed answer).
 pub(super) fn parse_bytes(bytes: &[u8]) -> Result<ModelResponse, AttemptError> {
-    let wire: Wire<'_> = serde_json::from_slice(bytes).map_err(|e| {
+    let wire = Wire::skimmed(bytes).map_or_else(|| serde_json::from_slice(bytes), Ok);
+    let wire: Wire<'_> = wire.map_err(|e| {
         bad(if e.is_data() {
             format!("the answer is not a Responses API response ({e})")
         } else {
@@ -47,7 +49,7 @@ fn bad(message: String) -> AttemptError {
 }
 
 /// The fields of a `Response` this client reads.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct Wire<'a> {
     #[serde(borrow, default)]
     id: Option<Text<'a>>,
@@ -65,6 +67,46 @@ struct Wire<'a> {
     usage: Option<WireUsage>,
     #[serde(borrow, default)]
     service_tier: Option<Text<'a>>,
+}
+
+impl<'a> Wire<'a> {
+    /// The fields read from their members' text alone, the others skimmed over
+    /// ([`super::skim`]); `None` when the answer is to be read the full way: a skim could not
+    /// walk it, a field did not parse from its text, or a field came twice (the full way
+    /// names each of these as serde_json does).
+    fn skimmed(bytes: &'a [u8]) -> Option<Self> {
+        fn field<'a, T: Deserialize<'a>>(slot: &mut Option<T>, text: &'a [u8]) -> ControlFlow<()> {
+            match serde_json::from_slice::<Option<T>>(text) {
+                Ok(value) if slot.is_none() => {
+                    *slot = value;
+                    ControlFlow::Continue(())
+                }
+                // A null read twice is a field twice too; so is any second one.
+                _ => ControlFlow::Break(()),
+            }
+        }
+        let mut wire = Wire::default();
+        // Members whose value was `null` leave their slot empty: counted apart, so that a
+        // field given twice is still sent the full way.
+        let mut seen = [false; 7];
+        super::skim::members(bytes, |name, text| {
+            let (slot, flow) = match name {
+                b"id" => (0, field(&mut wire.id, text)),
+                b"status" => (1, field(&mut wire.status, text)),
+                b"incomplete_details" => (2, field(&mut wire.incomplete_details, text)),
+                b"error" => (3, field(&mut wire.error, text)),
+                b"output" => (4, field(&mut wire.output, text)),
+                b"usage" => (5, field(&mut wire.usage, text)),
+                b"service_tier" => (6, field(&mut wire.service_tier, text)),
+                _ => return ControlFlow::Continue(()),
+            };
+            if std::mem::replace(&mut seen[slot], true) {
+                return ControlFlow::Break(());
+            }
+            flow
+        })?;
+        Some(wire)
+    }
 }
 
 #[derive(Deserialize)]
@@ -373,6 +415,54 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// An answer is read from its members' text, the echoed tools and instructions skimmed
+    /// over, and reads as it does parsed whole; where a skim cannot go, the whole parse names
+    /// the fault as before.
+    #[test]
+    fn a_skimmed_answer_reads_as_one_parsed_whole() {
+        for name in [
+            "01_text_response_openai_python_live_snapshot.json",
+            "01b_text_response_spec_example.json",
+            "02_function_call_response.json",
+        ] {
+            let bytes = serde_json::to_vec_pretty(&fixture(name)).expect("encodes");
+            let skimmed = Wire::skimmed(&bytes).expect("a skim walks the example");
+            let whole: Wire<'_> = serde_json::from_slice(&bytes).expect("parses");
+            assert_eq!(
+                normalise(skimmed).expect("reads"),
+                normalise(whole).expect("reads"),
+                "{name}"
+            );
+        }
+        // A field twice (even null first) is the parser's error, not the last one read.
+        for twice in [
+            &br#"{"id":"a","output":[],"id":"b"}"#[..],
+            br#"{"id":null,"output":[],"id":"b"}"#,
+        ] {
+            assert!(Wire::skimmed(twice).is_none());
+            let e = parse_bytes(twice).unwrap_err();
+            assert!(
+                matches!(&e.error, LlmError::BadResponse(m) if m.contains("duplicate field `id`")),
+                "{e:?}"
+            );
+        }
+        // A field of the wrong type: the same message as parsed whole.
+        let e = parse_bytes(br#"{"tools":[],"id":7,"output":[]}"#).unwrap_err();
+        assert!(
+            matches!(&e.error, LlmError::BadResponse(m) if m.starts_with("the answer is not a Responses API response (invalid type: integer `7`")),
+            "{e:?}"
+        );
+        // Brackets that do not match in a member no one reads: still not JSON.
+        let e = parse_bytes(br#"{"id":"r","tools":[{"type":"x"]],"output":[]}"#).unwrap_err();
+        assert!(
+            matches!(&e.error, LlmError::BadResponse(m) if m.starts_with("the answer is not JSON")),
+            "{e:?}"
+        );
+        // A name written with an escape is read whole, as the parser reads it.
+        let r = parse_bytes(br#"{"\u0069d":"r","output":[]}"#).expect("parses");
+        assert_eq!(r.id, "r");
     }
 
     #[test]
