@@ -194,6 +194,13 @@ mod tests {
         assert_eq!(found[0], ("id".into(), r#""r\"1\\""#.into()));
         assert_eq!(found[2], ("n".into(), "-1.5e3".into()));
         assert_eq!(found.len(), 8);
+        // Long strings, with an escaped quote and an escaped backslash last.
+        let long = r#"{"x":"0123456789abcdef0123456789\"abcdef","y":"0123456789abcdef01\\","z":1}"#;
+        agree(long);
+        assert_eq!(
+            skim(long).map(|m| m[2].clone()),
+            Some(("z".into(), "1".into()))
+        );
         assert_eq!(skim("{}"), Some(Vec::new()));
         assert_eq!(skim(" {\n} \n"), Some(Vec::new()));
     }
