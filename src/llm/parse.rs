@@ -2,9 +2,10 @@
 //! calls, reasoning, hosted tools' items, unknown types), the items kept for replay, usage, and `failed` /
 //! `incomplete` statuses.
 //!
-//! The answer is read into borrowed wire types that name only the fields used: everything
-//! else (the echoed tools, instructions, metadata…) is skipped without being built, and
-//! strings without escapes are not copied until they become part of the result.
+//! The answer is read into borrowed wire types that name only the fields used: each of its
+//! top-level members is found by a skim ([`super::skim`]) and only those used are parsed;
+//! everything else (the echoed tools, instructions, metadata…) is passed over without being
+//! built, and strings without escapes are not copied until they become part of the result.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -81,7 +82,7 @@ impl<'a> Wire<'a> {
                     *slot = value;
                     ControlFlow::Continue(())
                 }
-                // A null read twice is a field twice too; so is any second one.
+                // A value that does not parse, or a second one for a field already read.
                 _ => ControlFlow::Break(()),
             }
         }
