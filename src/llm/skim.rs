@@ -5,9 +5,9 @@
 //! brackets, where serde_json's `IgnoredAny` walks every token.
 //!
 //! A skim checks a value it passes over only for what finds its end: strings closed,
-//! brackets matched. Anything else it cannot walk — text that is no object, a name with an
-//! escape, a member past its depth limit — and the caller reads the text the full way, so
-//! its errors are the parser's own.
+//! brackets matched (not its numbers, literals, commas or control characters). What it
+//! cannot walk — text that is no object, a name with an escape, a member past its depth
+//! limit — the caller reads the full way, so its errors are the parser's own.
 //!
 //! Owns: walking an object's top level. Must not: parse values, or decide what a member
 //! means.
