@@ -78,20 +78,19 @@ impl<'a> Wire<'a> {
     fn skimmed(bytes: &'a [u8]) -> Option<Self> {
         fn field<'a, T: Deserialize<'a>>(slot: &mut Option<T>, text: &'a [u8]) -> ControlFlow<()> {
             match serde_json::from_slice::<Option<T>>(text) {
-                Ok(value) if slot.is_none() => {
+                Ok(value) => {
                     *slot = value;
                     ControlFlow::Continue(())
                 }
-                // A value that does not parse, or a second one for a field already read.
-                _ => ControlFlow::Break(()),
+                Err(_) => ControlFlow::Break(()),
             }
         }
         let mut wire = Wire::default();
-        // Members whose value was `null` leave their slot empty: counted apart, so that a
-        // field given twice is still sent the full way.
+        // Which fields were given (a `null` leaves its slot empty): one given twice goes the
+        // full way, which names it.
         let mut seen = [false; 7];
         super::skim::members(bytes, |name, text| {
-            let (slot, flow) = match name {
+            let (slot, read) = match name {
                 b"id" => (0, field(&mut wire.id, text)),
                 b"status" => (1, field(&mut wire.status, text)),
                 b"incomplete_details" => (2, field(&mut wire.incomplete_details, text)),
@@ -104,7 +103,7 @@ impl<'a> Wire<'a> {
             if std::mem::replace(&mut seen[slot], true) {
                 return ControlFlow::Break(());
             }
-            flow
+            read
         })?;
         Some(wire)
     }
