@@ -78,6 +78,7 @@ pub mod delivery;
 pub mod digits;
 pub mod fake_llm;
 pub mod frontdoor;
+mod h1;
 pub mod hex;
 pub mod limiter;
 pub mod live;

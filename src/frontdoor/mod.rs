@@ -28,6 +28,7 @@ mod continuation;
 mod counted;
 mod error;
 pub mod extract;
+mod h1;
 pub mod http;
 mod links;
 pub mod openapi;

@@ -4,8 +4,8 @@
 //!
 //! Which one a connection speaks is read from its first bytes (the HTTP/2 preface, or
 //! anything else) under the read timeout, so a connection that sends nothing is closed as
-//! before. HTTP/1.1 then waits for each request's headers as long (hyper's header timeout);
-//! HTTP/2 has none, so a connection that carries no stream for the read timeout is closed
+//! before. HTTP/1.1 (served by a codec of our own, `h1.rs`) then waits for each request's
+//! head as long; HTTP/2 (hyper's) has none, so a connection that carries no stream for the read timeout is closed
 //! (`GOAWAY`), and pings find a peer that went away while its streams were open. Both close
 //! gracefully when the server stops.
 //!
@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 
+use super::h1::Ended;
 use crate::metrics::Metrics;
 
 /// How long, by default, the API waits for a client's next bytes ([`crate::net::READ_TIMEOUT`]).
@@ -83,10 +84,6 @@ pub async fn serve_with(
     shutdown: CancellationToken,
     reading: Reading,
 ) -> std::io::Result<()> {
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(reading.timeout);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     http2
         .timer(TokioTimer::new())
@@ -94,7 +91,6 @@ pub async fn serve_with(
         .keep_alive_interval(PING_EVERY)
         .keep_alive_timeout(PING_TIMEOUT);
     let served = Arc::new(Served {
-        http1,
         http2,
         router,
         reading,
@@ -130,7 +126,6 @@ pub async fn serve_with(
 
 /// What every connection of one server is served with.
 struct Served {
-    http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
     router: Router,
     reading: Reading,
@@ -204,27 +199,33 @@ impl Served {
                 return;
             }
         };
-        let io = TokioIo::new(stream);
-        let ended = match spoken {
-            Spoken::Http1 => {
-                metrics.http_connection("http1");
-                let service = hyper_util::service::TowerToHyperService::new(self.router.clone());
-                let conn = pin!(self.http1.serve_connection(io, service));
-                self.until_stopped(conn, |c| c.graceful_shutdown()).await
+        if spoken == Spoken::Http1 {
+            metrics.http_connection("http1");
+            match super::h1::serve(stream, &self.router, &self.reading, &self.shutdown).await {
+                Ended::Closed => {}
+                Ended::TimedOut => {
+                    metrics.http_timed_out("headers");
+                    tracing::debug!("closed a connection that sent no request in time");
+                }
+                Ended::ClientGone => {
+                    tracing::debug!("the client went away while its request was answered");
+                }
+                Ended::Refused(why) => tracing::debug!(%why, "refused a request's head"),
+                Ended::Failed(e) => tracing::debug!(error = %e, "connection closed with an error"),
             }
-            Spoken::Http2 => {
-                metrics.http_connection("http2");
-                let streams = Arc::new(Streams::default());
-                let service = CountedStreams {
-                    router: self.router.clone(),
-                    streams: Arc::clone(&streams),
-                };
-                let conn = pin!(self.http2.serve_connection(io, service));
-                self.while_used(conn, &streams, |c| c.graceful_shutdown())
-                    .await
-            }
+            return;
+        }
+        metrics.http_connection("http2");
+        let streams = Arc::new(Streams::default());
+        let service = CountedStreams {
+            router: self.router.clone(),
+            streams: Arc::clone(&streams),
         };
-        match ended {
+        let conn = pin!(self.http2.serve_connection(TokioIo::new(stream), service));
+        match self
+            .while_used(conn, &streams, |c| c.graceful_shutdown())
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.is_timeout() => {
                 metrics.http_timed_out("headers");
@@ -232,22 +233,6 @@ impl Served {
             }
             Err(e) => tracing::debug!(error = %e, "connection closed with an error"),
         }
-    }
-
-    /// Drives `conn` to its end, asking it to close gracefully (`close`) when the server stops.
-    async fn until_stopped<C>(
-        &self,
-        mut conn: Pin<&mut C>,
-        close: impl FnOnce(Pin<&mut C>),
-    ) -> hyper::Result<()>
-    where
-        C: Future<Output = hyper::Result<()>>,
-    {
-        tokio::select! {
-            ended = conn.as_mut() => return ended,
-            _ = self.shutdown.cancelled() => close(conn.as_mut()),
-        }
-        conn.await
     }
 
     /// Drives an HTTP/2 connection to its end, asking it to close gracefully (`close`) when the

@@ -223,7 +223,7 @@ impl Io {
     }
 }
 
-impl super::h1wire::Wire for Io {
+impl crate::h1::Wire for Io {
     async fn readable(&self) -> std::io::Result<()> {
         match self {
             Self::Plain(tcp) => tcp.readable().await,

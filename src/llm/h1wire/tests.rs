@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{Conn, Wire};
+use super::Conn;
+use crate::h1::Wire;
 
 /// A server's bytes handed over in the given pieces, then the connection's end (or, `open`,
 /// nothing more: a read waits). What the client writes is kept.
@@ -94,7 +95,7 @@ async fn read(answer: &[u8], cuts: &[usize], open: bool) -> Result<(u16, Vec<u8>
     conn.send(b"POST / HTTP/1.1\r\n\r\n", &[b"{", b"", b"}"])
         .await
         .map_err(|e| e.to_string())?;
-    assert_eq!(conn.wire.written, b"POST / HTTP/1.1\r\n\r\n{}");
+    assert_eq!(conn.reader.wire().written, b"POST / HTTP/1.1\r\n\r\n{}");
     let (status, _) = conn.answer().await?;
     let mut body = Vec::new();
     while let Some(piece) = conn.piece().await? {
@@ -229,7 +230,7 @@ async fn an_endless_head_or_chunk_line_is_refused_at_its_bound() {
     assert!(error.contains("head is over 65536 bytes"), "{error}");
 
     let mut line = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1;".to_vec();
-    line.resize(line.len() + super::MAX_LINE + 10, b'x');
+    line.resize(line.len() + crate::h1::MAX_LINE + 10, b'x');
     let mut conn = Conn::new(Scripted::new(&[&line], true));
     conn.send(b"", &[b"", b"", b""]).await.expect("sent");
     conn.answer().await.expect("the head");
@@ -246,7 +247,7 @@ async fn a_connection_waiting_for_its_answer_holds_no_buffer() {
         .expect("sent");
     let waiting = futures_util::FutureExt::now_or_never(conn.answer());
     assert!(waiting.is_none(), "still waiting");
-    assert_eq!(conn.buf.capacity(), 0, "no read buffer while waiting");
+    assert_eq!(conn.reader.capacity(), 0, "no read buffer while waiting");
     // Once an answer was read whole, nothing is kept either.
     let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
     let mut conn = Conn::new(Scripted::new(&[answer], true));
@@ -254,7 +255,7 @@ async fn a_connection_waiting_for_its_answer_holds_no_buffer() {
     conn.answer().await.expect("the head");
     let piece = conn.piece().await.expect("a piece");
     assert_eq!(piece.as_deref(), Some(&b"ok"[..]));
-    assert_eq!(conn.buf.capacity(), 0, "the room after the body let go");
+    assert_eq!(conn.reader.capacity(), 0, "the room after the body let go");
     assert_eq!(conn.piece().await, Ok(None));
     assert!(conn.between_calls());
 }
@@ -281,5 +282,5 @@ async fn a_stream_waiting_for_its_next_chunk_holds_no_buffer() {
     );
     let next = futures_util::FutureExt::now_or_never(conn.piece());
     assert!(next.is_none(), "waiting for the next chunk");
-    assert_eq!(conn.buf.capacity(), 0, "no read buffer between chunks");
+    assert_eq!(conn.reader.capacity(), 0, "no read buffer between chunks");
 }
