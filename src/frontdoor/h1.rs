@@ -24,6 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody as _};
 use axum::http::{Method, Request, StatusCode, Version};
+use futures_util::FutureExt as _;
 use http_body_util::BodyExt as _;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
@@ -266,8 +267,8 @@ async fn beside(
     Ok(fed)
 }
 
-/// Writes the answer's head (`out`) and its body as it comes: a body whose first piece is its
-/// last goes out with the head in one write.
+/// Writes the answer's head (`out`) and its body as it comes: the head with the body's first
+/// piece when that is there at once (one write for a whole answer), alone before it when not.
 async fn write_body(
     reader: &mut Reader<TcpStream>,
     mut out: Vec<u8>,
@@ -280,17 +281,27 @@ async fn write_body(
         AnswerFraming::Length(n) => n,
         _ => u64::MAX,
     };
+    // A body whose first piece is not there yet (a stream's) has its head sent at once: the
+    // client learns its answer began.
+    let mut first = body.frame().now_or_never();
+    if first.is_none() {
+        write(reader, &out).await?;
+        out.clear();
+    }
     loop {
-        let frame = tokio::select! {
-            biased;
-            frame = body.frame() => frame,
-            gone = client_gone(reader), if watching => {
-                if gone {
-                    return Err(Ended::ClientGone);
+        let frame = match first.take() {
+            Some(frame) => frame,
+            None => tokio::select! {
+                biased;
+                frame = body.frame() => frame,
+                gone = client_gone(reader), if watching => {
+                    if gone {
+                        return Err(Ended::ClientGone);
+                    }
+                    watching = false;
+                    continue;
                 }
-                watching = false;
-                continue;
-            }
+            },
         };
         let data = match frame {
             None => break,

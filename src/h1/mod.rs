@@ -8,9 +8,9 @@
 
 mod read;
 
-pub(crate) use read::{Framing, HEAD_READ, Peer, Reader};
 #[cfg(test)]
 pub(crate) use read::MAX_LINE;
+pub(crate) use read::{Framing, HEAD_READ, Peer, Reader};
 
 /// What a connection reads from and writes to.
 pub(crate) trait Wire: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {

@@ -73,6 +73,16 @@ async fn server(read_timeout: Duration) -> Server {
             }),
         )
         .route(
+            "/late",
+            get(|| async {
+                let never = futures_util::stream::once(async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok::<_, std::io::Error>("late")
+                });
+                Body::from_stream(never)
+            }),
+        )
+        .route(
             "/empty",
             get(|| async { axum::http::StatusCode::NO_CONTENT }),
         );
@@ -250,6 +260,28 @@ async fn a_stream_goes_out_in_chunks_to_http_1_1_and_up_to_the_close_to_http_1_0
         "{text}"
     );
     assert!(text.ends_with("\r\n\r\none two three"), "{text}");
+}
+
+#[tokio::test]
+async fn a_stream_whose_first_piece_is_not_there_has_its_head_sent_at_once() {
+    let server = server(Duration::from_secs(30)).await;
+    let mut stream = connect(&server).await;
+    stream
+        .write_all(b"GET /late HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut head = [0u8; 512];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await;
+    let Ok(Ok(n)) = read else {
+        panic!("the head did not come: {read:?}");
+    };
+    let head = String::from_utf8_lossy(&head[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert!(
+        head.ends_with("transfer-encoding: chunked\r\n") || head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
 }
 
 #[tokio::test]
