@@ -8,7 +8,8 @@
 //!
 //! - [`frontdoor`] — validation, idempotency, recording the turn as queued and enqueueing it
 //!   with a publisher confirm (and noting it in the runs index); the HTTP API (`http` and
-//!   `routes`, its connections served in `serve`: HTTP/1.1, and HTTP/2 by prior knowledge),
+//!   `routes`, its connections served in `serve`: HTTP/1.1 on a codec of our own in `h1`,
+//!   and HTTP/2 by prior knowledge),
 //!   batches (`batch`, read back in `batch_results`, failed lines sent again in
 //!   `batch_retry`), the runs list (`runs`) and the console (`console`, static pages over
 //!   the public API).
@@ -57,7 +58,9 @@
 //! composition root that wires the parts from a configuration), [`metrics`], [`telemetry`]
 //! (logs and span export), [`trace`] (W3C trace context across the queue), [`tls`], [`net`]
 //! (listening sockets with a backlog for bursts), [`hex`] (bytes as hex text), [`digits`]
-//! (fixed-width decimal text), [`vitals`] (each worker's heartbeat and the system view folded
+//! (fixed-width decimal text), `h1` (how bytes come off an HTTP/1.1 connection: the read
+//! buffer and a body's framing, shared by the model client's connections and the API's),
+//! [`vitals`] (each worker's heartbeat and the system view folded
 //! from them), [`sched`] (the CPU
 //! scheduling class of the long-running processes), [`allocs`] (the counting allocator a
 //! `count-allocations` build installs, for the bench's allocations per turn), [`fake_llm`] (a
