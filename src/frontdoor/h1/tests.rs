@@ -73,6 +73,15 @@ async fn server(read_timeout: Duration) -> Server {
             }),
         )
         .route(
+            "/read",
+            post(|body: Body| async move {
+                match body.collect().await {
+                    Ok(_) => "whole".to_string(),
+                    Err(e) => format!("broken: {e}"),
+                }
+            }),
+        )
+        .route(
             "/late",
             get(|| async {
                 let never = futures_util::stream::once(async {
@@ -384,28 +393,8 @@ async fn a_head_that_is_not_http_1_1_is_answered_with_why_and_closed() {
 
 #[tokio::test]
 async fn a_body_that_breaks_off_reaches_the_handler_as_an_error() {
-    let router = Router::new().route(
-        "/read",
-        post(|body: Body| async move {
-            match body.collect().await {
-                Ok(_) => "whole".to_string(),
-                Err(e) => format!("broken: {e}"),
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let stop = CancellationToken::new();
-    let reading = Reading {
-        timeout: Duration::from_secs(30),
-        metrics: Arc::new(Metrics::new()),
-    };
-    tokio::spawn(serve_with(listener, router, stop.clone(), reading));
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let server = server(Duration::from_secs(30)).await;
+    let mut stream = connect(&server).await;
     stream
         .write_all(b"POST /read HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcdef\r\n")
         .await
@@ -416,5 +405,4 @@ async fn a_body_that_breaks_off_reaches_the_handler_as_an_error() {
         text.ends_with("broken: a chunk is longer than its size says"),
         "{text}"
     );
-    stop.cancel();
 }
