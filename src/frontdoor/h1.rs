@@ -33,7 +33,6 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use self::head::{AnswerFraming, RequestHead};
-use super::serve::Reading;
 use crate::h1::{Framing, HEAD_READ, Peer, Reader};
 
 /// How long a connection that will not carry another request goes on reading what its client
@@ -58,18 +57,17 @@ pub(super) enum Ended {
     Failed(String),
 }
 
-/// Serves `stream` until it ends: each request to `router`, each head within the read timeout
-/// of the previous answer (or the connection's start); stops between requests once `shutdown`
-/// fires.
+/// Serves `stream` until it ends: each request to `router`, each head within `timeout` of the
+/// previous answer (or the connection's start); stops between requests once `shutdown` fires.
 pub(super) async fn serve(
     stream: TcpStream,
     router: &Router,
-    reading: &Reading,
+    timeout: Duration,
     shutdown: &CancellationToken,
 ) -> Ended {
     let mut reader = Reader::new(stream, Peer::Client);
     loop {
-        let deadline = Instant::now() + reading.timeout;
+        let deadline = Instant::now() + timeout;
         let head = tokio::select! {
             head = read_head(&mut reader) => head,
             () = tokio::time::sleep_until(deadline) => return Ended::TimedOut,

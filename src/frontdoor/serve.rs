@@ -201,7 +201,8 @@ impl Served {
         };
         if spoken == Spoken::Http1 {
             metrics.http_connection("http1");
-            match super::h1::serve(stream, &self.router, &self.reading, &self.shutdown).await {
+            match super::h1::serve(stream, &self.router, self.reading.timeout, &self.shutdown).await
+            {
                 Ended::Closed => {}
                 Ended::TimedOut => {
                     metrics.http_timed_out("headers");
