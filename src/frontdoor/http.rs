@@ -4,7 +4,7 @@
 //! document covers every route), the layers every request passes (request id, access log,
 //! catch-panic, timeouts), the extractors and answers the handlers share (tenant, size-limited
 //! body, path ids, query parameters, trace context). Connections are served by `serve` (HTTP/1.1
-//! and HTTP/2 by prior knowledge, each with its deadlines). The handlers themselves are in
+//! on a codec of our own in `h1`, and HTTP/2 by prior knowledge, each with its deadlines). The handlers themselves are in
 //! [`super::routes`]: turns, sessions, the synchronous endpoint, batches, index, operations.
 //! Must not: hold business logic — that is the front door's ([`super::FrontDoor`]).
 //!
