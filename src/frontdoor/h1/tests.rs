@@ -406,3 +406,34 @@ async fn a_body_that_breaks_off_reaches_the_handler_as_an_error() {
         "{text}"
     );
 }
+
+/// What a waiting call costs: once its head is read, no read buffer is held — its body, come
+/// with the head, is a copy of its own, and the head's bytes are shared by the header values.
+#[tokio::test]
+async fn a_request_read_leaves_no_read_buffer_behind() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let mut client = TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (accepted, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut reader = crate::h1::Reader::new(accepted, crate::h1::Peer::Client);
+    client
+        .write_all(b"POST /v1/agent/execute HTTP/1.1\r\nauthorization: Bearer t\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let read = super::read_head(&mut reader).await;
+    let Ok(Some((head, Some(body)))) = read else {
+        panic!("the head and its body: {read:?}");
+    };
+    assert_eq!(body, &b"{\"a\":\"b c\"}"[..]);
+    assert_eq!(head.headers["authorization"], "Bearer t");
+    assert!(reader.body_done() && reader.buffered().is_empty());
+    assert_eq!(
+        reader.capacity(),
+        0,
+        "no read buffer held while the call waits"
+    );
+}
