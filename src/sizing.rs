@@ -6,7 +6,8 @@
 /// What one turn in flight may cost a worker, for sizing the default concurrency: measured
 /// 13.3–16.0 KiB of heap and 16–19 KiB resident with the model over HTTP/1.1, 15.5–18.3 KiB
 /// of heap and 21–26 KiB resident over HTTP/2, with 2,000, 8,000 and 10,000 new sessions at
-/// once (`aptix-bench turns --closed-loop`; docs/benchmarks.md, 2026-12-07, evening), rounded
+/// once (`aptix-bench turns --closed-loop`; docs/benchmarks.md, 2026-12-07, evening; four
+/// runs at 10,000 on 2026-12-08 spread 15.3–20.0 KiB of heap over HTTP/1.1), rounded
 /// up for the allocator's slack, a model's longer answers and retrieved context (a turn with
 /// retrieved context holds its chunks through the wait).
 pub const MEMORY_PER_TURN: u64 = 32 << 10;
