@@ -68,7 +68,11 @@ pub(super) async fn serve(
     let mut reader = Reader::new(stream, Peer::Client);
     loop {
         let deadline = Instant::now() + timeout;
+        // The head first: a request that is there is served even when its deadline passed
+        // while this task was not running (closing then would reset a request the client
+        // already sent on a connection it had every reason to think open).
         let head = tokio::select! {
+            biased;
             head = read_head(&mut reader) => head,
             () = tokio::time::sleep_until(deadline) => return Ended::TimedOut,
             () = shutdown.cancelled() => return Ended::Closed,

@@ -360,6 +360,35 @@ async fn a_silent_or_slow_client_is_closed_at_the_read_timeout_and_counted() {
     );
 }
 
+/// A request sent on an idle connection while the server could not run (a stalled runtime)
+/// is answered, not reset, even though the connection's deadline passed meanwhile.
+#[tokio::test]
+async fn a_request_that_came_before_the_server_looked_is_served_though_its_deadline_passed() {
+    let server = server(Duration::from_millis(100)).await;
+    for round in 0..8 {
+        let mut stream = connect(&server).await;
+        stream
+            .write_all(b"GET /hello HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut first = [0u8; 256];
+        let n = stream
+            .read(&mut first)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(first[..n].ends_with(b"hello"), "round {round}");
+        // The next request goes out, and the runtime (the server's too) stalls past the
+        // connection's deadline before anything runs.
+        stream
+            .write_all(b"GET /hello HTTP/1.1\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        std::thread::sleep(Duration::from_millis(300));
+        let text = all_of(&mut stream).await;
+        assert!(text.ends_with("\r\n\r\nhello"), "round {round}: {text:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_head_that_is_not_http_1_1_is_answered_with_why_and_closed() {
     let server = server(Duration::from_secs(30)).await;
