@@ -5,9 +5,9 @@
 //! Which one a connection speaks is read from its first bytes (the HTTP/2 preface, or
 //! anything else) under the read timeout, so a connection that sends nothing is closed as
 //! before. HTTP/1.1 (served by a codec of our own, `h1.rs`) then waits for each request's
-//! head as long; HTTP/2 (hyper's) has none, so a connection that carries no stream for the read timeout is closed
-//! (`GOAWAY`), and pings find a peer that went away while its streams were open. Both close
-//! gracefully when the server stops.
+//! head as long; HTTP/2 (hyper's) has none, so a connection that carries no stream for the
+//! read timeout is closed (`GOAWAY`), and pings find a peer that went away while its streams
+//! were open. Both close gracefully when the server stops.
 //!
 //! Owns: accepting, choosing the protocol, each connection's deadlines and its end. Must not:
 //! know what a request asks (that is the router's).
