@@ -65,7 +65,7 @@ pub(super) async fn serve(
     timeout: Duration,
     shutdown: &CancellationToken,
 ) -> Ended {
-    let mut reader = Reader::new(stream);
+    let mut reader = Reader::new(stream, Peer::Client);
     loop {
         let deadline = Instant::now() + timeout;
         // The head first: a request that is there is served even when its deadline passed
@@ -260,7 +260,7 @@ async fn beside(
     if std::mem::take(continue_owed) {
         write(reader, b"HTTP/1.1 100 Continue\r\n\r\n").await?;
     }
-    let piece = reader.piece(Peer::Client).await;
+    let piece = reader.piece().await;
     let fed = Beside::Fed {
         more: matches!(piece, Ok(Some(_))),
         whole: piece.is_ok(),

@@ -78,6 +78,7 @@ pub(crate) struct Reader<W> {
     /// No allocation while there are none.
     buf: BytesMut,
     body: Progress,
+    peer: Peer,
 }
 
 impl<W> std::fmt::Debug for Reader<W> {
@@ -90,11 +91,12 @@ impl<W> std::fmt::Debug for Reader<W> {
 }
 
 impl<W: Wire> Reader<W> {
-    pub(crate) fn new(wire: W) -> Self {
+    pub(crate) fn new(wire: W, peer: Peer) -> Self {
         Self {
             wire,
             buf: BytesMut::new(),
             body: Progress::Done,
+            peer,
         }
     }
 
@@ -149,14 +151,14 @@ impl<W: Wire> Reader<W> {
         self.body == Progress::Done
     }
 
-    /// The body's next piece as it arrives, `None` at its end (an error says what `peer` did).
-    /// After an error the body is not to be read further, nor the connection used again.
-    pub(crate) async fn piece(&mut self, peer: Peer) -> Result<Option<Bytes>, String> {
+    /// The body's next piece as it arrives, `None` at its end. After an error the body is not
+    /// to be read further, nor the connection used again.
+    pub(crate) async fn piece(&mut self) -> Result<Option<Bytes>, String> {
         loop {
             match self.body {
                 Progress::Done => return Ok(None),
                 Progress::Length(left) => {
-                    let piece = self.take_up_to(left, peer).await?;
+                    let piece = self.take_up_to(left).await?;
                     let left = left - piece.len() as u64;
                     self.body = if left == 0 {
                         Progress::Done
@@ -174,11 +176,11 @@ impl<W: Wire> Reader<W> {
                             Progress::ChunkData(size)
                         };
                     }
-                    Ok(httparse::Status::Partial) => self.more("a chunk's size line", peer).await?,
+                    Ok(httparse::Status::Partial) => self.more("a chunk's size line").await?,
                     Err(_) => return Err("a chunk's size line is not valid".into()),
                 },
                 Progress::ChunkData(left) => {
-                    let piece = self.take_up_to(left, peer).await?;
+                    let piece = self.take_up_to(left).await?;
                     let left = left - piece.len() as u64;
                     self.body = if left == 0 {
                         Progress::ChunkEnd
@@ -189,7 +191,7 @@ impl<W: Wire> Reader<W> {
                 }
                 Progress::ChunkEnd => {
                     if self.buf.len() < 2 {
-                        self.more("a chunk's end", peer).await?;
+                        self.more("a chunk's end").await?;
                     } else if self.buf.starts_with(b"\r\n") {
                         self.consume(2);
                         self.body = Progress::ChunkSize;
@@ -205,7 +207,7 @@ impl<W: Wire> Reader<W> {
                     }
                     // A trailer carries nothing either end needs.
                     Some(end) => self.consume(end + 2),
-                    None => self.more("the trailers", peer).await?,
+                    None => self.more("the trailers").await?,
                 },
                 Progress::UntilClose => {
                     if self.buf.is_empty()
@@ -223,14 +225,14 @@ impl<W: Wire> Reader<W> {
     }
 
     /// Up to `left` bytes of the body, reading first if none are held.
-    async fn take_up_to(&mut self, left: u64, peer: Peer) -> Result<Bytes, String> {
+    async fn take_up_to(&mut self, left: u64) -> Result<Bytes, String> {
         if self.buf.is_empty() {
             let room = usize::try_from(left).map_or(BODY_READ, |left| left.min(BODY_READ));
             if self.fill(room).await.map_err(|e| e.to_string())? == 0 {
                 return Err(format!(
                     "{} closed the connection within {}",
-                    peer.name(),
-                    peer.body()
+                    self.peer.name(),
+                    self.peer.body()
                 ));
             }
         }
@@ -241,14 +243,14 @@ impl<W: Wire> Reader<W> {
     }
 
     /// Reads more of a line that `what` needs whole (bounded).
-    async fn more(&mut self, what: &str, peer: Peer) -> Result<(), String> {
+    async fn more(&mut self, what: &str) -> Result<(), String> {
         if self.buf.len() >= MAX_LINE {
             return Err(format!("{what} is over {MAX_LINE} bytes"));
         }
         match self.fill(HEAD_READ).await.map_err(|e| e.to_string())? {
             0 => Err(format!(
                 "{} closed the connection within {what}",
-                peer.name()
+                self.peer.name()
             )),
             _ => Ok(()),
         }

@@ -59,7 +59,7 @@ enum State {
 impl<W: Wire> Conn<W> {
     pub(super) fn new(wire: W) -> Self {
         Self {
-            reader: Reader::new(wire),
+            reader: Reader::new(wire, Peer::Server),
             state: State::Idle,
             keep_alive: true,
         }
@@ -145,7 +145,7 @@ impl<W: Wire> Conn<W> {
         if self.state != State::Body {
             return Ok(None);
         }
-        match self.reader.piece(Peer::Server).await {
+        match self.reader.piece().await {
             Ok(None) => {
                 self.state = State::Idle;
                 Ok(None)

@@ -448,7 +448,7 @@ async fn a_request_read_leaves_no_read_buffer_behind() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let (accepted, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
-    let mut reader = crate::h1::Reader::new(accepted);
+    let mut reader = crate::h1::Reader::new(accepted, crate::h1::Peer::Client);
     client
         .write_all(b"POST /v1/agent/execute HTTP/1.1\r\nauthorization: Bearer t\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}")
         .await
