@@ -116,6 +116,14 @@ async fn server(read_timeout: Duration) -> Server {
 
 use futures_util::StreamExt as _;
 
+/// Writes `bytes` as the client.
+async fn send(stream: &mut TcpStream, bytes: &[u8]) {
+    stream
+        .write_all(bytes)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 async fn connect(server: &Server) -> TcpStream {
     TcpStream::connect(server.addr)
         .await
@@ -153,10 +161,7 @@ fn answers(mut text: &str) -> Vec<(String, String)> {
 async fn requests_one_after_another_and_pipelined_are_answered_in_order_on_one_connection() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"GET /hello HTTP/1.1\r\nhost: a\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut stream, b"GET /hello HTTP/1.1\r\nhost: a\r\n\r\n").await;
     let mut first = [0u8; 256];
     let n = stream
         .read(&mut first)
@@ -169,12 +174,7 @@ async fn requests_one_after_another_and_pipelined_are_answered_in_order_on_one_c
         "{first}"
     );
     // Three more in one write, the last asking to close.
-    stream
-        .write_all(
-            b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabcGET /hello HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nconnection: close\r\ncontent-length: 2\r\n\r\nxy",
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut stream, b"POST /echo HTTP/1.1\r\ncontent-length: 3\r\n\r\nabcGET /hello HTTP/1.1\r\n\r\nPOST /echo HTTP/1.1\r\nconnection: close\r\ncontent-length: 2\r\n\r\nxy",).await;
     let rest = answers(&all_of(&mut stream).await);
     let bodies: Vec<_> = rest.iter().map(|(_, body)| body.as_str()).collect();
     assert_eq!(bodies, ["abc", "hello", "xy"]);
@@ -186,10 +186,11 @@ async fn a_body_arriving_in_pieces_is_read_in_either_framing_and_continue_is_sai
 {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"POST /echo HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(
+        &mut stream,
+        b"POST /echo HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n",
+    )
+    .await;
     let mut said = [0u8; 25];
     stream
         .read_exact(&mut said)
@@ -198,10 +199,7 @@ async fn a_body_arriving_in_pieces_is_read_in_either_framing_and_continue_is_sai
     assert_eq!(&said, b"HTTP/1.1 100 Continue\r\n\r\n");
     for piece in [&b"01234"[..], b"56789"] {
         tokio::time::sleep(Duration::from_millis(30)).await;
-        stream
-            .write_all(piece)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        send(&mut stream, piece).await;
     }
     // Chunked, with an extension and a trailer, cut across writes.
     for piece in [
@@ -209,10 +207,7 @@ async fn a_body_arriving_in_pieces_is_read_in_either_framing_and_continue_is_sai
         b"cd\r\n3\r\nefg\r\n0\r\ntrailer: 1\r\n\r\n",
     ] {
         tokio::time::sleep(Duration::from_millis(30)).await;
-        stream
-            .write_all(piece)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        send(&mut stream, piece).await;
     }
     let both = answers(&all_of(&mut stream).await);
     let bodies: Vec<_> = both.iter().map(|(_, body)| body.as_str()).collect();
@@ -225,12 +220,11 @@ async fn a_body_no_handler_reads_is_not_asked_for_and_its_answer_still_arrives()
     let mut stream = connect(&server).await;
     // The handler answers without reading: the client is never told to go on, and the
     // connection closes after the answer (the body's bytes were not read).
-    stream
-        .write_all(
-            b"POST /refuse HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 100000\r\n\r\n",
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(
+        &mut stream,
+        b"POST /refuse HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 100000\r\n\r\n",
+    )
+    .await;
     // A client that sends anyway: the answer is not lost to a reset.
     let _ = stream.write_all(&vec![b'x'; 100_000]).await;
     let text = all_of(&mut stream).await;
@@ -249,10 +243,11 @@ async fn a_body_no_handler_reads_is_not_asked_for_and_its_answer_still_arrives()
 async fn a_stream_goes_out_in_chunks_to_http_1_1_and_up_to_the_close_to_http_1_0() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"GET /stream HTTP/1.1\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(
+        &mut stream,
+        b"GET /stream HTTP/1.1\r\nconnection: close\r\n\r\n",
+    )
+    .await;
     let text = all_of(&mut stream).await;
     assert!(text.contains("transfer-encoding: chunked\r\n"), "{text}");
     assert!(
@@ -260,9 +255,7 @@ async fn a_stream_goes_out_in_chunks_to_http_1_1_and_up_to_the_close_to_http_1_0
         "{text}"
     );
     let mut old = connect(&server).await;
-    old.write_all(b"GET /stream HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut old, b"GET /stream HTTP/1.0\r\n\r\n").await;
     let text = all_of(&mut old).await;
     assert!(
         !text.contains("transfer-encoding") && !text.contains("content-length"),
@@ -275,10 +268,7 @@ async fn a_stream_goes_out_in_chunks_to_http_1_1_and_up_to_the_close_to_http_1_0
 async fn a_stream_whose_first_piece_is_not_there_has_its_head_sent_at_once() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"GET /late HTTP/1.1\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut stream, b"GET /late HTTP/1.1\r\n\r\n").await;
     let mut head = [0u8; 512];
     let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut head)).await;
     let Ok(Ok(n)) = read else {
@@ -297,10 +287,11 @@ async fn a_stream_whose_first_piece_is_not_there_has_its_head_sent_at_once() {
 async fn head_and_bodiless_answers_carry_no_body() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"HEAD /hello HTTP/1.1\r\n\r\nGET /empty HTTP/1.1\r\nconnection: close\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(
+        &mut stream,
+        b"HEAD /hello HTTP/1.1\r\n\r\nGET /empty HTTP/1.1\r\nconnection: close\r\n\r\n",
+    )
+    .await;
     let text = all_of(&mut stream).await;
     let heads: Vec<_> = text.split("\r\n\r\n").collect();
     assert_eq!(heads.len(), 3, "{text}");
@@ -319,10 +310,7 @@ async fn head_and_bodiless_answers_carry_no_body() {
 async fn a_client_that_goes_away_while_it_waits_lets_its_handler_go() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"GET /wait HTTP/1.1\r\n\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut stream, b"GET /wait HTTP/1.1\r\n\r\n").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         !server.dropped.load(Ordering::SeqCst),
@@ -346,9 +334,7 @@ async fn a_silent_or_slow_client_is_closed_at_the_read_timeout_and_counted() {
     let mut silent = connect(&server).await;
     // A head begun and never finished.
     let mut slow = connect(&server).await;
-    slow.write_all(b"GET /hello HTTP/1.1\r\nhost")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut slow, b"GET /hello HTTP/1.1\r\nhost").await;
     for stream in [&mut silent, &mut slow] {
         let text = all_of(stream).await;
         assert_eq!(text, "", "closed without an answer");
@@ -367,10 +353,7 @@ async fn a_request_that_came_before_the_server_looked_is_served_though_its_deadl
     let server = server(Duration::from_millis(100)).await;
     for round in 0..8 {
         let mut stream = connect(&server).await;
-        stream
-            .write_all(b"GET /hello HTTP/1.1\r\n\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        send(&mut stream, b"GET /hello HTTP/1.1\r\n\r\n").await;
         let mut first = [0u8; 256];
         let n = stream
             .read(&mut first)
@@ -379,10 +362,11 @@ async fn a_request_that_came_before_the_server_looked_is_served_though_its_deadl
         assert!(first[..n].ends_with(b"hello"), "round {round}");
         // The next request goes out, and the runtime (the server's too) stalls past the
         // connection's deadline before anything runs.
-        stream
-            .write_all(b"GET /hello HTTP/1.1\r\nconnection: close\r\n\r\n")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        send(
+            &mut stream,
+            b"GET /hello HTTP/1.1\r\nconnection: close\r\n\r\n",
+        )
+        .await;
         std::thread::sleep(Duration::from_millis(300));
         let text = all_of(&mut stream).await;
         assert!(text.ends_with("\r\n\r\nhello"), "round {round}: {text:?}");
@@ -407,10 +391,7 @@ async fn a_head_that_is_not_http_1_1_is_answered_with_why_and_closed() {
         ),
     ] {
         let mut stream = connect(&server).await;
-        stream
-            .write_all(sent)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        send(&mut stream, sent).await;
         let text = all_of(&mut stream).await;
         assert!(
             text.starts_with(&format!("HTTP/1.1 {status}\r\n")),
@@ -424,10 +405,11 @@ async fn a_head_that_is_not_http_1_1_is_answered_with_why_and_closed() {
 async fn a_body_that_breaks_off_reaches_the_handler_as_an_error() {
     let server = server(Duration::from_secs(30)).await;
     let mut stream = connect(&server).await;
-    stream
-        .write_all(b"POST /read HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcdef\r\n")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(
+        &mut stream,
+        b"POST /read HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcdef\r\n",
+    )
+    .await;
     let text = all_of(&mut stream).await;
     assert!(text.contains("connection: close"), "{text}");
     assert!(
@@ -449,10 +431,7 @@ async fn a_request_read_leaves_no_read_buffer_behind() {
         .unwrap_or_else(|e| panic!("{e}"));
     let (accepted, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
     let mut reader = crate::h1::Reader::new(accepted, crate::h1::Peer::Client);
-    client
-        .write_all(b"POST /v1/agent/execute HTTP/1.1\r\nauthorization: Bearer t\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    send(&mut client, b"POST /v1/agent/execute HTTP/1.1\r\nauthorization: Bearer t\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}").await;
     let read = super::read_head(&mut reader).await;
     let Ok(Some((head, Some(body)))) = read else {
         panic!("the head and its body: {read:?}");
